@@ -1,0 +1,72 @@
+//! The crate's error type: one variant per thing that can go wrong when
+//! setting up or changing a region, each keeping its cause.
+
+use crate::interval::IntervalError;
+use crate::sys::mem::MemError;
+use crate::sys::uffd::UffdError;
+
+/// Errors of region and engine setup.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An address that must be aligned was not.
+    #[error("address {addr:#x} is not aligned to {align} bytes")]
+    Unaligned { addr: u64, align: usize },
+    /// A zero-length region or range.
+    #[error("length must be non-zero")]
+    ZeroLength,
+    /// A length that is not a multiple of the region's page size.
+    #[error("length {len} is not a multiple of the page size {page_size}")]
+    LengthNotPageMultiple { len: usize, page_size: usize },
+    /// A page size that is not a non-zero multiple of 4 KiB (or, for
+    /// hugetlb, not 2 MiB).
+    #[error("page size {page_size} is invalid: {reason}")]
+    BadPageSize {
+        page_size: usize,
+        reason: &'static str,
+    },
+    /// A range outside the region.
+    #[error(
+        "range [{start:#x}, {end:#x}) is outside the region [{region_start:#x}, {region_end:#x})"
+    )]
+    OutOfRange {
+        start: u64,
+        end: u64,
+        region_start: u64,
+        region_end: u64,
+    },
+    /// The new region overlaps one that exists.
+    #[error("region overlaps an existing region: {0}")]
+    Overlap(#[source] IntervalError),
+    /// The store holds fewer bytes than the region and does not zero-fill.
+    #[error("store {store} holds {store_len} bytes, fewer than the region's {region_len}")]
+    StoreTooShort {
+        store: String,
+        store_len: u64,
+        region_len: u64,
+    },
+    /// The `signal` engine runs the store inside a SIGBUS handler.
+    #[error("store {store} is not signal-safe; the signal engine runs stores inside the SIGBUS handler (use the poll, spin or workers engine)")]
+    StoreNotSignalSafe { store: String },
+    /// A kernel feature the request needs is missing.
+    #[error("{what} is not available: {reason}")]
+    Unsupported { what: &'static str, reason: String },
+    /// A userfaultfd call failed.
+    #[error(transparent)]
+    Uffd(#[from] UffdError),
+    /// A memory-management call failed.
+    #[error(transparent)]
+    Mem(#[from] MemError),
+    /// Another I/O error (thread creation, eventfd).
+    #[error("{op}: {source}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A store call made on the caller's thread (populate, write-back) failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,287 @@
+//! Per-page residency: 2 bits per region page, lock-free.
+//!
+//! This is VPRI's page-attribute bitmap (seed 003 §4.1): a device-style
+//! access checks [`Residency::is_resident`] before touching memory, and the
+//! fault path records what it installed. Words hold 32 pages each:
+//!
+//! ```text
+//!  word k:  | p31 | p30 | ... | p1 | p0 |     2 bits per page
+//!  00 absent   01 resident read-only   10 resident writable   11 poisoned
+//! ```
+//!
+//! A second bitmap holds one *claim* bit per page: the resolver that sets
+//! it owns the fetch of that page, so concurrent faults on one page (the
+//! signal engine runs handlers on every faulting thread) fetch the store
+//! and install the page exactly once; the losers simply retry the access.
+//!
+//! Updates are single atomic read-modify-write operations per word; a page
+//! query is one load (`O(1)`), a range query one load per 32 pages.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::AcqRel, Ordering::Acquire};
+
+/// What the runtime knows about one region page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PageState {
+    /// Not mapped; an access faults to the runtime.
+    Absent = 0,
+    /// Mapped read-only (zero page, or write-protected copy). On anonymous
+    /// memory a later write may be upgraded by the kernel without telling
+    /// us: "read-only" means "installed by a read".
+    ReadOnly = 1,
+    /// Mapped writable.
+    Writable = 2,
+    /// Poisoned after a store error: accesses get SIGBUS, never data.
+    Poisoned = 3,
+}
+
+impl PageState {
+    fn from_bits(b: u64) -> PageState {
+        match b & 3 {
+            0 => PageState::Absent,
+            1 => PageState::ReadOnly,
+            2 => PageState::Writable,
+            _ => PageState::Poisoned,
+        }
+    }
+}
+
+const LO: u64 = 0x5555_5555_5555_5555;
+
+/// The residency map of one region. See the module docs.
+#[derive(Debug)]
+pub struct Residency {
+    states: Box<[AtomicU64]>,
+    claims: Box<[AtomicU64]>,
+    pages: usize,
+}
+
+impl Residency {
+    /// All `pages` absent and unclaimed.
+    pub fn new(pages: usize) -> Residency {
+        let words = pages.div_ceil(32);
+        let cwords = pages.div_ceil(64);
+        Residency {
+            states: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            claims: (0..cwords).map(|_| AtomicU64::new(0)).collect(),
+            pages,
+        }
+    }
+
+    /// Number of pages tracked.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// The state of one page: one atomic load.
+    #[inline]
+    pub fn get(&self, page: usize) -> PageState {
+        debug_assert!(page < self.pages);
+        let w = self.states[page / 32].load(Acquire);
+        PageState::from_bits(w >> ((page % 32) * 2))
+    }
+
+    /// Sets one page's state; returns the previous one.
+    #[inline]
+    pub fn set(&self, page: usize, state: PageState) -> PageState {
+        let shift = (page % 32) * 2;
+        let prev = self.states[page / 32]
+            .fetch_update(AcqRel, Acquire, |w| {
+                Some((w & !(3 << shift)) | ((state as u64) << shift))
+            })
+            .unwrap_or_else(|w| w);
+        PageState::from_bits(prev >> shift)
+    }
+
+    /// Sets every page in `range` (one RMW per word).
+    pub fn set_range(&self, range: Range<usize>, state: PageState) {
+        let fill = LO * state as u64;
+        for_each_word(range, 32, |word, mask_lo| {
+            let mask = mask_lo | (mask_lo << 1);
+            let _ = self.states[word]
+                .fetch_update(AcqRel, Acquire, |w| Some((w & !mask) | (fill & mask)));
+        });
+    }
+
+    /// Whether every page of `range` is mapped (read-only or writable).
+    pub fn is_resident(&self, range: Range<usize>) -> bool {
+        let mut all = true;
+        for_each_word(range, 32, |word, mask_lo| {
+            if all {
+                let w = self.states[word].load(Acquire);
+                // 01 and 10 are resident: exactly one of the two bits set.
+                let one = (w ^ (w >> 1)) & LO;
+                all = one & mask_lo == mask_lo;
+            }
+        });
+        all
+    }
+
+    /// Number of pages in `range` in `state`.
+    pub fn count(&self, range: Range<usize>, state: PageState) -> usize {
+        let mut n = 0;
+        for_each_word(range, 32, |word, mask_lo| {
+            let w = self.states[word].load(Acquire);
+            let lo = w & LO;
+            let hi = (w >> 1) & LO;
+            let m = match state {
+                PageState::Absent => !lo & !hi & LO,
+                PageState::ReadOnly => lo & !hi,
+                PageState::Writable => !lo & hi,
+                PageState::Poisoned => lo & hi,
+            };
+            n += (m & mask_lo).count_ones() as usize;
+        });
+        n
+    }
+
+    /// Tries to take the fetch claim of `page`; true if we now own it.
+    #[inline]
+    pub fn try_claim(&self, page: usize) -> bool {
+        let bit = 1u64 << (page % 64);
+        self.claims[page / 64].fetch_or(bit, AcqRel) & bit == 0
+    }
+
+    /// Releases the claims of `range`.
+    pub fn release(&self, range: Range<usize>) {
+        for_each_word(range, 64, |word, mask| {
+            self.claims[word].fetch_and(!mask, AcqRel);
+        });
+    }
+
+    /// Whether `page` is claimed by some resolver right now.
+    pub fn is_claimed(&self, page: usize) -> bool {
+        self.claims[page / 64].load(Acquire) & (1 << (page % 64)) != 0
+    }
+
+    /// Claims the run of absent, unclaimed pages starting at `first`, up
+    /// to `max` pages and the end of `limit`; returns the claimed range
+    /// (empty when `first` itself could not be claimed or is not absent).
+    pub fn claim_run(&self, first: usize, max: usize, limit: usize) -> Range<usize> {
+        let end = (first + max).min(limit).min(self.pages);
+        let mut p = first;
+        while p < end {
+            if self.get(p) != PageState::Absent || !self.try_claim(p) {
+                break;
+            }
+            // Re-check after claiming: a resolver may have installed the
+            // page and released its claim between our load and our claim.
+            if self.get(p) != PageState::Absent {
+                self.release(p..p + 1);
+                break;
+            }
+            p += 1;
+        }
+        first..p
+    }
+}
+
+/// Calls `f(word, mask)` for each word touched by `range`, where `mask`
+/// has the low bit of each slot in range set (`per_word` slots per word;
+/// 32 two-bit slots or 64 one-bit slots).
+fn for_each_word(range: Range<usize>, per_word: usize, mut f: impl FnMut(usize, u64)) {
+    let width = 64 / per_word; // bits per slot
+    let slot_mask: u64 = if width == 2 { LO } else { u64::MAX };
+    let mut p = range.start;
+    while p < range.end {
+        let word = p / per_word;
+        let first = p % per_word;
+        let last = (range.end - word * per_word).min(per_word); // exclusive
+        let lo_bit = first * width;
+        let hi_bit = last * width; // exclusive
+        let mask = if hi_bit - lo_bit == 64 {
+            u64::MAX
+        } else {
+            ((1u64 << (hi_bit - lo_bit)) - 1) << lo_bit
+        };
+        f(word, mask & slot_mask);
+        p = (word + 1) * per_word;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const STATES: [PageState; 4] = [
+        PageState::Absent,
+        PageState::ReadOnly,
+        PageState::Writable,
+        PageState::Poisoned,
+    ];
+
+    proptest! {
+        #[test]
+        fn matches_a_vec_model(pages in 1usize..300, ops in prop::collection::vec((0usize..300, 0usize..80, 0usize..4), 1..50)) {
+            let r = Residency::new(pages);
+            let mut model = vec![PageState::Absent; pages];
+            for (start, len, s) in ops {
+                let start = start % pages;
+                let end = (start + len).min(pages);
+                let st = STATES[s];
+                if len % 3 == 0 && start < end {
+                    prop_assert_eq!(r.set(start, st), model[start]);
+                    model[start] = st;
+                } else {
+                    r.set_range(start..end, st);
+                    for m in &mut model[start..end] { *m = st; }
+                }
+                let qs = start / 2;
+                let qe = (qs + len).min(pages);
+                let resident = model[qs..qe].iter().all(|s| matches!(s, PageState::ReadOnly | PageState::Writable));
+                prop_assert_eq!(r.is_resident(qs..qe), resident);
+                for st in STATES {
+                    prop_assert_eq!(r.count(qs..qe, st), model[qs..qe].iter().filter(|&&x| x == st).count());
+                }
+                for (i, m) in model.iter().enumerate() {
+                    prop_assert_eq!(r.get(i), *m);
+                }
+            }
+        }
+
+        #[test]
+        fn claims_are_exclusive(pages in 1usize..200, ops in prop::collection::vec((0usize..200, 1usize..70), 1..30)) {
+            let r = Residency::new(pages);
+            let mut held = vec![false; pages];
+            for (first, max) in ops {
+                let first = first % pages;
+                let run = r.claim_run(first, max, pages);
+                for p in run.clone() {
+                    prop_assert!(!held[p]);
+                    held[p] = true;
+                }
+                if run.is_empty() { prop_assert!(held[first]); }
+                if first % 2 == 0 {
+                    r.release(run.clone());
+                    for p in run { held[p] = false; }
+                }
+                for (p, h) in held.iter().enumerate() { prop_assert_eq!(r.is_claimed(p), *h); }
+            }
+        }
+    }
+
+    #[test]
+    fn claim_run_stops_at_resident_pages() {
+        let r = Residency::new(100);
+        r.set(5, PageState::Writable);
+        assert_eq!(r.claim_run(2, 10, 100), 2..5);
+        assert_eq!(r.claim_run(5, 10, 100), 5..5);
+        assert_eq!(r.claim_run(95, 10, 100), 95..100);
+        assert_eq!(r.claim_run(90, 10, 93), 90..93);
+    }
+
+    #[test]
+    fn concurrent_claims_have_one_winner() {
+        let r = std::sync::Arc::new(Residency::new(64));
+        let wins: usize = (0..4)
+            .map(|_| {
+                let r = r.clone();
+                std::thread::spawn(move || (0..64).filter(|&p| r.try_claim(p)).count())
+            })
+            .map(|h| h.join().unwrap())
+            .sum();
+        assert_eq!(wins, 64);
+    }
+}

@@ -1,0 +1,349 @@
+//! The one fault-resolution path every engine shares.
+//!
+//! Given a region and a faulting address:
+//!
+//! 1. Find the region page; a poisoned page is reported, never refilled.
+//! 2. Claim the page (one bit in the residency map). A resolver that
+//!    loses the claim backs off: another thread is installing the page.
+//! 3. Fault-around: extend the claim over absent pages of the aligned
+//!    window of `fault_around` region pages holding the fault, so one ioctl
+//!    installs up to K pages.
+//! 4. Get the bytes: nothing for ZEROPAGE, the store's zero-copy view, or
+//!    the store's `fill` into the caller's scratch buffer, the page cache
+//!    via the alias view (CONTINUE), or a pre-touched pool page (MOVE).
+//! 5. One resolve ioctl; record what it did in the residency map; release
+//!    the claims. EEXIST means someone else installed the page: done, and
+//!    a WAKE for thread engines.
+//! 6. A store error poisons the faulting page (`UFFDIO_POISON`) so the
+//!    faulting thread gets SIGBUS instead of a zero page.
+//!
+//! Everything here is async-signal-safe when the store is: no allocation,
+//! no locks, only atomics and syscalls.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::region::Shared;
+use crate::residency::PageState;
+use crate::store::StoreError;
+use crate::sys::uffd::{Outcome, UffdError};
+use crate::sys::{self, rdtsc};
+use crate::ResolveOp;
+
+/// What became of a fault.
+#[derive(Debug)]
+pub(crate) enum Resolution {
+    /// The faulting page is installed (by us or by someone else).
+    Resolved,
+    /// Another resolver holds the page's claim: retry the access.
+    Busy,
+    /// An event is pending (EAGAIN): defer and retry later.
+    Retry,
+    /// The range is gone (ENOENT/ESRCH).
+    Gone,
+    /// The page was poisoned by an earlier store error.
+    Poisoned,
+    /// The store failed now; the page has been poisoned.
+    StoreFailed(StoreError),
+    /// An unexpected ioctl failure.
+    Failed(UffdError),
+}
+
+/// Resolves the fault at `addr`. `wake`: issue UFFDIO_WAKE when the page
+/// turns out to be there already (thread engines; the faulting thread is
+/// asleep). `scratch`: a buffer of at least one region page for stores
+/// without a zero-copy view.
+pub(crate) fn resolve(
+    r: &Shared,
+    addr: u64,
+    write: bool,
+    wake: bool,
+    scratch: &mut [u8],
+) -> Resolution {
+    let ps = r.page_size;
+    let page = ((addr - r.base) / ps as u64) as usize;
+    for _attempt in 0..8 {
+        match r.residency.get(page) {
+            PageState::Poisoned => return Resolution::Poisoned,
+            PageState::ReadOnly | PageState::Writable => {
+                if !r.signal_mode || sys::mem::is_mapped(r.page_addr(page), ps) {
+                    if wake {
+                        let _ = r.uffd.wake(r.page_addr(page), ps as u64);
+                    }
+                    return Resolution::Resolved;
+                }
+                // Stale: the page was dropped behind our back (MADV_DONTNEED
+                // with no event reader in signal mode). Refetch it.
+                r.residency.set(page, PageState::Absent);
+            }
+            PageState::Absent => {}
+        }
+        if !r.residency.try_claim(page) {
+            return Resolution::Busy;
+        }
+        if r.residency.get(page) != PageState::Absent {
+            r.residency.release(page..page + 1);
+            continue;
+        }
+        let run = claim_window(r, page, scratch.len());
+        match install(r, run.clone(), page, write, scratch) {
+            Step::Done => return Resolution::Resolved,
+            Step::Again => continue,
+            Step::Exists => {
+                if wake {
+                    let _ = r.uffd.wake(r.page_addr(page), ps as u64);
+                }
+                return Resolution::Resolved;
+            }
+            Step::Out(res) => return res,
+        }
+    }
+    // Eight rounds of partial progress without reaching our page: let the
+    // access retry (it will fault again and start over).
+    Resolution::Busy
+}
+
+/// Extends the claim on `page` over the absent pages of its aligned
+/// fault-around window, capped so the run fits the sources.
+fn claim_window(r: &Shared, page: usize, scratch_len: usize) -> Range<usize> {
+    let mut k = r.fault_around.max(1);
+    if r.needs_scratch() {
+        k = k.min((scratch_len / r.page_size).max(1));
+    }
+    k = k.min(r.max_run_pages);
+    if k == 1 {
+        return page..page + 1;
+    }
+    let win_start = page - page % k;
+    let win_end = (win_start + k).min(r.pages);
+    let mut end = page + 1;
+    while end < win_end && r.residency.get(end) == PageState::Absent && r.residency.try_claim(end) {
+        if r.residency.get(end) != PageState::Absent {
+            r.residency.release(end..end + 1);
+            break;
+        }
+        end += 1;
+    }
+    let mut start = page;
+    while start > win_start
+        && r.residency.get(start - 1) == PageState::Absent
+        && r.residency.try_claim(start - 1)
+    {
+        if r.residency.get(start - 1) != PageState::Absent {
+            r.residency.release(start - 1..start);
+            break;
+        }
+        start -= 1;
+    }
+    start..end
+}
+
+enum Step {
+    /// The faulting page is installed.
+    Done,
+    /// The faulting page already existed (EEXIST).
+    Exists,
+    /// Progress, but not on the faulting page: go round again.
+    Again,
+    /// Final answer.
+    Out(Resolution),
+}
+
+/// Installs the claimed `run` (which contains `page`) and releases it.
+fn install(r: &Shared, run: Range<usize>, page: usize, write: bool, scratch: &mut [u8]) -> Step {
+    let ps = r.page_size;
+    let dst = r.page_addr(run.start);
+    let bytes = (run.len() * ps) as u64;
+    let offset = (run.start * ps) as u64;
+    let mut state = PageState::Writable;
+
+    let outcome: Result<Outcome, CopyErr> = match r.op {
+        ResolveOp::Continue => {
+            if let Err(e) = fill_page_cache(r, run.clone()) {
+                return fail_store(r, run, page, e);
+            }
+            r.uffd.continue_(dst, bytes, 0).map_err(CopyErr::Uffd)
+        }
+        ResolveOp::Move => match r.pool.as_ref().and_then(|p| p.take(run.len())) {
+            Some(slots) => {
+                let n = slots.pages;
+                // Shrink the run to what the pool gave us.
+                let moved_run = run.start..run.start + n;
+                r.residency.release(moved_run.end..run.end);
+                let src = slots.addr;
+                if !r.store.is_zero() {
+                    // SAFETY: the slots are ours (taken from the pool) and
+                    // writable; nothing else references them.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(src as *mut u8, n * ps) };
+                    if let Err(e) = r.store.fill(offset, buf) {
+                        r.pool.as_ref().expect("pool").discard(slots);
+                        return fail_store(r, moved_run, page, e);
+                    }
+                }
+                // SAFETY: the source slots were prepared for this move and
+                // are not referenced anywhere else.
+                let out = unsafe { r.uffd.move_pages(dst, src, (n * ps) as u64, 0) };
+                if !matches!(out, Ok(Outcome::Done(_))) {
+                    r.pool.as_ref().expect("pool").discard(slots);
+                }
+                return finish(r, moved_run, page, out, PageState::Writable);
+            }
+            None => {
+                r.stats.pool_misses.fetch_add(1, Relaxed);
+                copy_run(r, &run, dst, offset, bytes, scratch)
+            }
+        },
+        ResolveOp::Copy | ResolveOp::Auto => {
+            if r.store.is_zero() && !write && r.zeropage_reads {
+                state = PageState::ReadOnly;
+                r.uffd.zeropage(dst, bytes, 0).map_err(CopyErr::Uffd)
+            } else {
+                copy_run(r, &run, dst, offset, bytes, scratch)
+            }
+        }
+    };
+    match outcome {
+        Ok(out) => finish(r, run, page, Ok(out), state),
+        Err(CopyErr::Uffd(e)) => finish(r, run, page, Err(e), state),
+        Err(CopyErr::Store(e)) => fail_store(r, run, page, e),
+    }
+}
+
+enum CopyErr {
+    Store(StoreError),
+    Uffd(UffdError),
+}
+
+impl From<UffdError> for CopyErr {
+    fn from(e: UffdError) -> Self {
+        CopyErr::Uffd(e)
+    }
+}
+
+/// UFFDIO_COPY of the run from the cheapest source: the zero buffer, the
+/// store's view, or the scratch buffer filled by the store.
+fn copy_run(
+    r: &Shared,
+    run: &Range<usize>,
+    dst: u64,
+    offset: u64,
+    bytes: u64,
+    scratch: &mut [u8],
+) -> Result<Outcome, CopyErr> {
+    let src: *const u8 = if r.store.is_zero() {
+        crate::region::zero_source(bytes as usize)
+    } else if let Some(v) = r.store.view(offset, bytes as usize) {
+        r.stats.zero_copy_fills.fetch_add(run.len() as u64, Relaxed);
+        v.as_ptr()
+    } else {
+        let buf = &mut scratch[..bytes as usize];
+        r.store.fill(offset, buf).map_err(CopyErr::Store)?;
+        r.stats.store_fills.fetch_add(run.len() as u64, Relaxed);
+        buf.as_ptr()
+    };
+    // SAFETY: `src` points at `bytes` readable bytes: the zero buffer is at
+    // least `bytes` long (max_run_pages caps runs), the view and the
+    // scratch slice were checked to be that long.
+    Ok(unsafe { r.uffd.copy(dst, src, bytes, 0) }?)
+}
+
+/// Makes sure every page of `run` is in the shmem/hugetlb page cache,
+/// filling it through the unregistered alias view.
+fn fill_page_cache(r: &Shared, run: Range<usize>) -> Result<(), StoreError> {
+    let ps = r.page_size;
+    let alias = r
+        .alias
+        .as_ref()
+        .expect("continue regions have an alias view");
+    let cached = r
+        .cached
+        .as_ref()
+        .expect("continue regions track the page cache");
+    for p in run {
+        if cached.get(p) {
+            continue;
+        }
+        let off = p * ps;
+        if r.store.is_zero() {
+            // Allocate the page-cache page without writing a byte.
+            sys::mem::madvise(alias.addr() + off as u64, ps, sys::mem::MADV_POPULATE_WRITE)
+                .map_err(|e| StoreError::Failed {
+                    offset: off as u64,
+                    reason: std::borrow::Cow::Borrowed(e.op),
+                })?;
+        } else {
+            // SAFETY: `off..off+ps` is inside the alias mapping, which is
+            // not registered with userfaultfd and is only written here,
+            // under the page's claim.
+            let buf = unsafe { std::slice::from_raw_parts_mut(alias.as_ptr().add(off), ps) };
+            r.store.fill(off as u64, buf)?;
+            r.stats.store_fills.fetch_add(1, Relaxed);
+        }
+        cached.set(p);
+    }
+    Ok(())
+}
+
+/// Records the outcome of the ioctl over `run` and releases its claims.
+fn finish(
+    r: &Shared,
+    run: Range<usize>,
+    page: usize,
+    out: Result<Outcome, UffdError>,
+    state: PageState,
+) -> Step {
+    let ps = r.page_size;
+    let t = rdtsc();
+    r.timing_resolved.store(t, Relaxed);
+    let step = match out {
+        Ok(Outcome::Done(_)) => {
+            r.residency.set_range(run.clone(), state);
+            r.stats.installed.fetch_add(run.len() as u64, Relaxed);
+            r.stats.ioctls.fetch_add(1, Relaxed);
+            Step::Done
+        }
+        Ok(Outcome::Partial { done, .. }) => {
+            let n = done / ps;
+            r.residency.set_range(run.start..run.start + n, state);
+            r.stats.installed.fetch_add(n as u64, Relaxed);
+            r.stats.ioctls.fetch_add(1, Relaxed);
+            if page < run.start + n {
+                Step::Done
+            } else {
+                Step::Again
+            }
+        }
+        Ok(Outcome::Exists) => {
+            // The first page of the run exists already.
+            r.residency.set(run.start, PageState::Writable);
+            r.stats.exists.fetch_add(1, Relaxed);
+            if page == run.start {
+                Step::Exists
+            } else {
+                Step::Again
+            }
+        }
+        Ok(Outcome::Retry) => {
+            r.stats.retries.fetch_add(1, Relaxed);
+            Step::Out(Resolution::Retry)
+        }
+        Ok(Outcome::Gone(_)) => Step::Out(Resolution::Gone),
+        Err(e) => Step::Out(Resolution::Failed(e)),
+    };
+    r.residency.release(run);
+    step
+}
+
+/// A store error: poison the faulting page so its thread gets SIGBUS, not
+/// a zero page; release the rest of the run.
+fn fail_store(r: &Shared, run: Range<usize>, page: usize, err: StoreError) -> Step {
+    r.residency.set(page, PageState::Poisoned);
+    r.stats.poisoned.fetch_add(1, Relaxed);
+    r.last_poisoned.store(page as u64, Relaxed);
+    let poisoned = r.uffd.poison(r.page_addr(page), r.page_size as u64, 0);
+    r.residency.release(run);
+    match poisoned {
+        Err(e) => Step::Out(Resolution::Failed(e)),
+        Ok(_) => Step::Out(Resolution::StoreFailed(err)),
+    }
+}

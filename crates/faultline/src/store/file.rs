@@ -1,0 +1,132 @@
+use std::fs::OpenOptions;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{PageStore, StoreError};
+use crate::sys::mem::{pread_full, pwrite_all, Mapping};
+use crate::sys::Errno;
+
+/// How a [`FileStore`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FileAccess {
+    /// A read-only shared mapping of the file: faults are resolved with
+    /// `UFFDIO_COPY` straight from the page cache, no intermediate copy.
+    /// Reading a mapping inside the SIGBUS handler is safe as long as the
+    /// file is not truncated underneath (that would be a SIGBUS inside the
+    /// handler and kill the process).
+    #[default]
+    Mmap,
+    /// `pread(2)` into a scratch buffer, then copy.
+    Pread,
+}
+
+/// A file (or a slice of one from `offset`). A file shorter than the
+/// region reads as zeros past its end; errors carry the path and offset.
+#[derive(Debug)]
+pub struct FileStore {
+    fd: OwnedFd,
+    path: PathBuf,
+    what: Arc<str>,
+    base: u64,
+    len: u64,
+    map: Option<Mapping>,
+    writable: bool,
+}
+
+impl FileStore {
+    /// Opens `path` (read-write when permitted, else read-only), using the
+    /// default [`FileAccess::Mmap`].
+    pub fn open(path: impl AsRef<Path>) -> std::io::Result<FileStore> {
+        Self::open_with(path, 0, FileAccess::default())
+    }
+
+    /// Opens `path`; the store's offset 0 is the file's byte `base`.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        base: u64,
+        access: FileAccess,
+    ) -> std::io::Result<FileStore> {
+        let path = path.as_ref().to_path_buf();
+        let (file, writable) = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(f) => (f, true),
+            Err(_) => (OpenOptions::new().read(true).open(&path)?, false),
+        };
+        let size = file.metadata()?.len();
+        let len = size.saturating_sub(base);
+        let fd: OwnedFd = file.into();
+        let map = match access {
+            FileAccess::Mmap if len > 0 && base.is_multiple_of(4096) => Some(
+                Mapping::file_readonly(&fd, len as usize, base).map_err(|e| {
+                    std::io::Error::new(e.source.kind(), format!("{}: {}", path.display(), e))
+                })?,
+            ),
+            _ => None,
+        };
+        let what: Arc<str> = format!("file {}", path.display()).into();
+        Ok(FileStore {
+            fd,
+            path,
+            what,
+            base,
+            len,
+            map,
+            writable,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl PageStore for FileStore {
+    fn describe(&self) -> &str {
+        &self.what
+    }
+    fn len(&self) -> Option<u64> {
+        Some(self.len)
+    }
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if let Some(v) = self.view(offset, buf.len()) {
+            buf.copy_from_slice(v);
+            return Ok(());
+        }
+        let n = pread_full(self.fd.as_raw_fd(), buf, self.base + offset).map_err(|e| {
+            StoreError::Io {
+                what: self.what.clone(),
+                op: "pread",
+                offset,
+                errno: Errno(e),
+            }
+        })?;
+        buf[n..].fill(0);
+        Ok(())
+    }
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        if !self.writable {
+            return Err(StoreError::ReadOnly {
+                what: self.what.clone(),
+                offset,
+            });
+        }
+        pwrite_all(self.fd.as_raw_fd(), data, self.base + offset).map_err(|e| StoreError::Io {
+            what: self.what.clone(),
+            op: "pwrite",
+            offset,
+            errno: Errno(e),
+        })
+    }
+    fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let m = self.map.as_ref()?;
+        if offset.checked_add(len as u64)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds of a live read-only mapping owned by `self`.
+        Some(unsafe { std::slice::from_raw_parts(m.as_ptr().add(offset as usize), len) })
+    }
+    fn signal_safe(&self) -> bool {
+        true
+    }
+}

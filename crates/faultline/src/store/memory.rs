@@ -1,0 +1,95 @@
+use std::cell::UnsafeCell;
+
+use super::{PageStore, StoreError, Tail};
+
+/// An in-process byte buffer, e.g. a snapshot. A region longer than the
+/// buffer is refused ([`Tail::Refuse`]).
+///
+/// Reads and write-backs of *different* pages may run concurrently; the
+/// runtime never fills and writes back the same page at once (the page's
+/// claim bit serialises them).
+pub struct MemoryStore {
+    data: Box<UnsafeCell<[u8]>>,
+    len: usize,
+}
+
+// SAFETY: concurrent access is to disjoint pages (see the type docs); the
+// buffer itself never moves or changes size.
+unsafe impl Sync for MemoryStore {}
+// SAFETY: owns its buffer.
+unsafe impl Send for MemoryStore {}
+
+impl MemoryStore {
+    /// Takes ownership of `data`.
+    pub fn new(data: Vec<u8>) -> MemoryStore {
+        let len = data.len();
+        let boxed: Box<[u8]> = data.into_boxed_slice();
+        // SAFETY: UnsafeCell<[u8]> has the same layout as [u8].
+        let data = unsafe { Box::from_raw(Box::into_raw(boxed) as *mut UnsafeCell<[u8]>) };
+        MemoryStore { data, len }
+    }
+
+    /// A copy of the current contents (for tests and checks).
+    pub fn snapshot(&self) -> Vec<u8> {
+        // SAFETY: reading the buffer; concurrent page writes would be a
+        // caller bug documented on the type.
+        unsafe { (*self.data.get()).to_vec() }
+    }
+
+    fn bytes(&self) -> *mut u8 {
+        self.data.get() as *mut u8
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl PageStore for MemoryStore {
+    fn describe(&self) -> &str {
+        "memory"
+    }
+    fn len(&self) -> Option<u64> {
+        Some(self.len as u64)
+    }
+    fn tail(&self) -> Tail {
+        Tail::Refuse
+    }
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let off = offset as usize;
+        let avail = self.len.saturating_sub(off).min(buf.len());
+        // SAFETY: `off + avail <= len`; the source is our buffer and does
+        // not overlap `buf` (a caller's scratch buffer).
+        unsafe { std::ptr::copy_nonoverlapping(self.bytes().add(off), buf.as_mut_ptr(), avail) };
+        buf[avail..].fill(0);
+        Ok(())
+    }
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        let off = offset as usize;
+        if off + data.len() > self.len {
+            return Err(StoreError::Failed {
+                offset,
+                reason: "write-back past the end of the memory store".into(),
+            });
+        }
+        // SAFETY: in bounds (checked); pages are written back by one thread
+        // at a time (type docs).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.bytes().add(off), data.len()) };
+        Ok(())
+    }
+    fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let off = offset as usize;
+        if off.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds; the buffer lives as long as `self`.
+        Some(unsafe { std::slice::from_raw_parts(self.bytes().add(off), len) })
+    }
+    fn signal_safe(&self) -> bool {
+        true
+    }
+}

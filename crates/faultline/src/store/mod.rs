@@ -1,0 +1,121 @@
+//! Backing stores: where a region's pages come from and go back to.
+//!
+//! A [`PageStore`] fills a buffer with the bytes at an offset and writes
+//! pages back. Stores that may run inside the SIGBUS handler (the `signal`
+//! engine resolves faults on the faulting thread) say so through
+//! [`PageStore::signal_safe`]: such a store must not allocate, take locks
+//! an application thread may hold, or call anything that is not
+//! async-signal-safe. `pread`, `memcpy` and atomics are fine.
+//!
+//! Stores that hold their data in memory offer a zero-copy
+//! [`PageStore::view`]: the runtime then resolves with `UFFDIO_COPY`
+//! straight from the store's memory, skipping the intermediate buffer.
+
+mod file;
+mod memory;
+mod zero;
+
+pub use file::{FileAccess, FileStore};
+pub use memory::MemoryStore;
+pub use zero::ZeroStore;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use crate::sys::Errno;
+
+/// A store failure. Constructing one never allocates (except
+/// `Failed` with an owned reason, which signal-safe stores must not use),
+/// so signal-safe stores can report errors from the SIGBUS handler.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// A system call failed.
+    #[error("{op} of {what} at offset {offset:#x} failed: {errno}")]
+    Io {
+        /// What was read (a file path, a device name).
+        what: Arc<str>,
+        /// The call that failed (`pread`, `pwrite`).
+        op: &'static str,
+        /// Byte offset in the store.
+        offset: u64,
+        /// The errno.
+        errno: Errno,
+    },
+    /// The store cannot take writes.
+    #[error("store {what} is read-only (write-back at offset {offset:#x})")]
+    ReadOnly { what: Arc<str>, offset: u64 },
+    /// Anything else, with a reason.
+    #[error("store failed at offset {offset:#x}: {reason}")]
+    Failed {
+        /// Byte offset in the store.
+        offset: u64,
+        /// Why.
+        reason: Cow<'static, str>,
+    },
+}
+
+impl StoreError {
+    /// The store offset the error concerns.
+    pub fn offset(&self) -> u64 {
+        match self {
+            StoreError::Io { offset, .. }
+            | StoreError::ReadOnly { offset, .. }
+            | StoreError::Failed { offset, .. } => *offset,
+        }
+    }
+}
+
+/// How a store treats a region longer than its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tail {
+    /// Bytes past the end read as zeros (a file shorter than its region).
+    ZeroFill,
+    /// A region longer than the store is refused at creation
+    /// ([`crate::Error::StoreTooShort`]).
+    Refuse,
+}
+
+/// A backing store. See the module docs.
+pub trait PageStore: Send + Sync + 'static {
+    /// Short description for messages ("file /data/graph.bin", "memory").
+    fn describe(&self) -> &str;
+
+    /// Bytes of data the store holds; `None` for a store without an end
+    /// (zeros).
+    fn len(&self) -> Option<u64>;
+
+    /// Whether [`len`](Self::len) is `Some(0)`.
+    fn is_empty(&self) -> bool {
+        self.len() == Some(0)
+    }
+
+    /// How a region longer than the store is treated.
+    fn tail(&self) -> Tail {
+        Tail::ZeroFill
+    }
+
+    /// Fills `buf` with the bytes at `offset`; bytes past the end of the
+    /// store are zeros (for [`Tail::ZeroFill`] stores).
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError>;
+
+    /// Writes `data` back at `offset`.
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError>;
+
+    /// A zero-copy view of `len` bytes at `offset`, if the store holds them
+    /// in memory that stays mapped while the store lives.
+    fn view(&self, _offset: u64, _len: usize) -> Option<&[u8]> {
+        None
+    }
+
+    /// Whether every page reads as zeros (lets the runtime use
+    /// `UFFDIO_ZEROPAGE` and skip copies).
+    fn is_zero(&self) -> bool {
+        false
+    }
+
+    /// Whether `fill`, `view` and `describe` may be called from a signal
+    /// handler (see the module docs). Defaults to `false`.
+    fn signal_safe(&self) -> bool {
+        false
+    }
+}

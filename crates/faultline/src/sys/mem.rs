@@ -1,0 +1,305 @@
+//! Memory mappings: anonymous, memfd-backed (shmem, hugetlb), file-backed.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+
+/// A failed memory-management call, keeping the errno.
+#[derive(Debug, thiserror::Error)]
+#[error("{op}: {source}")]
+pub struct MemError {
+    /// The call that failed.
+    pub op: &'static str,
+    /// The errno.
+    #[source]
+    pub source: io::Error,
+}
+
+fn last(op: &'static str) -> MemError {
+    MemError {
+        op,
+        source: io::Error::last_os_error(),
+    }
+}
+
+/// An owned mapping, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Mapping is a plain address range; all access goes through raw
+// pointers whose synchronisation is the user's (or the runtime's) business.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: &Mapping only exposes the address and length.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Private anonymous mapping, read-write.
+    pub fn anon(len: usize) -> Result<Mapping, MemError> {
+        Self::map(
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    }
+
+    /// Shared read-write mapping of `fd` at `offset`.
+    pub fn shared(fd: &OwnedFd, len: usize, offset: u64) -> Result<Mapping, MemError> {
+        Self::map(
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            offset as libc::off_t,
+        )
+    }
+
+    /// Read-only shared mapping of a file (for zero-copy COPY sources).
+    pub fn file_readonly(fd: &OwnedFd, len: usize, offset: u64) -> Result<Mapping, MemError> {
+        Self::map(
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            offset as libc::off_t,
+        )
+    }
+
+    fn map(
+        len: usize,
+        prot: i32,
+        flags: i32,
+        fd: i32,
+        off: libc::off_t,
+    ) -> Result<Mapping, MemError> {
+        // SAFETY: asking the kernel for a fresh mapping at an address of its
+        // choice cannot alias existing Rust objects.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, off) };
+        if p == libc::MAP_FAILED {
+            return Err(last("mmap"));
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
+            len,
+        })
+    }
+
+    /// Start address.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    /// Start address as an integer.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the mapping is empty (never, for a successful map).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `madvise` over a sub-range.
+    pub fn advise(&self, offset: usize, len: usize, advice: i32) -> Result<(), MemError> {
+        madvise(self.addr() + offset as u64, len, advice)
+    }
+
+    /// `mprotect` the whole mapping.
+    pub fn protect(&self, prot: i32) -> Result<(), MemError> {
+        // SAFETY: the range is exactly our own mapping.
+        if unsafe { libc::mprotect(self.ptr.as_ptr().cast(), self.len, prot) } != 0 {
+            return Err(last("mprotect"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own this mapping; nothing refers to it past drop.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// `madvise(addr, len, advice)`.
+pub fn madvise(addr: u64, len: usize, advice: i32) -> Result<(), MemError> {
+    // SAFETY: madvise only changes paging state of the given range; callers
+    // pass ranges they own.
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) } != 0 {
+        return Err(last("madvise"));
+    }
+    Ok(())
+}
+
+/// `MADV_POPULATE_READ` (5.14+).
+pub const MADV_POPULATE_READ: i32 = 22;
+/// `MADV_POPULATE_WRITE` (5.14+).
+pub const MADV_POPULATE_WRITE: i32 = 23;
+
+/// `memfd_create`, optionally hugetlb-backed (2 MiB pages).
+pub fn memfd(name: &str, hugetlb: bool) -> Result<OwnedFd, MemError> {
+    let cname = std::ffi::CString::new(name).unwrap_or_else(|_| c"faultline".into());
+    let mut flags = libc::MFD_CLOEXEC;
+    if hugetlb {
+        flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB;
+    }
+    // SAFETY: valid C string; returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(last("memfd_create"));
+    }
+    // SAFETY: fresh fd owned here.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `ftruncate`.
+pub fn ftruncate(fd: &OwnedFd, len: u64) -> Result<(), MemError> {
+    // SAFETY: plain syscall on an fd we own.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(last("ftruncate"));
+    }
+    Ok(())
+}
+
+/// `pread` until `buf` is full or EOF; returns the bytes read. Async-signal-safe.
+pub fn pread_full(fd: i32, buf: &mut [u8], mut offset: u64) -> Result<usize, i32> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writing into the unfilled tail of `buf`.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                buf[done..].as_mut_ptr().cast(),
+                buf.len() - done,
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = super::errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+        offset += n as u64;
+    }
+    Ok(done)
+}
+
+/// `pwrite` all of `buf`.
+pub fn pwrite_all(fd: i32, buf: &[u8], mut offset: u64) -> Result<(), i32> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: reading from the unwritten tail of `buf`.
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                buf[done..].as_ptr().cast(),
+                buf.len() - done,
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = super::errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        done += n as usize;
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// Free 2 MiB pages in the hugetlb pool (`/proc/meminfo` HugePages_Free).
+pub fn hugetlb_free_pages() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("HugePages_Free:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Whether every base page of `[addr, addr+len)` is mapped (`mincore`).
+/// Async-signal-safe: the result vector lives on the stack (up to 2 MiB).
+pub fn is_mapped(addr: u64, len: usize) -> bool {
+    let pages = len.div_ceil(4096).min(512);
+    let mut vec = [0u8; 512];
+    // SAFETY: `vec` has room for `pages` entries; mincore only reads the
+    // page tables of the range.
+    let r = unsafe { libc::mincore(addr as *mut libc::c_void, pages * 4096, vec.as_mut_ptr()) };
+    r == 0 && vec[..pages].iter().all(|v| v & 1 == 1)
+}
+
+/// Anonymous mapping at a fixed address that must be free
+/// (`MAP_FIXED_NOREPLACE`).
+pub fn anon_at(addr: u64, len: usize) -> Result<Mapping, MemError> {
+    Mapping::map_at(
+        addr,
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
+        -1,
+        0,
+    )
+}
+
+/// Shared mapping of `fd` at a fixed address that must be free.
+pub fn shared_at(addr: u64, fd: &OwnedFd, len: usize) -> Result<Mapping, MemError> {
+    Mapping::map_at(
+        addr,
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+        fd.as_raw_fd(),
+        0,
+    )
+}
+
+impl Mapping {
+    fn map_at(
+        addr: u64,
+        len: usize,
+        prot: i32,
+        flags: i32,
+        fd: i32,
+        off: libc::off_t,
+    ) -> Result<Mapping, MemError> {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping, so
+        // no live Rust object can be clobbered.
+        let p = unsafe { libc::mmap(addr as *mut libc::c_void, len, prot, flags, fd, off) };
+        if p == libc::MAP_FAILED {
+            return Err(last("mmap(MAP_FIXED_NOREPLACE)"));
+        }
+        if p as u64 != addr {
+            // Old kernels ignore the flag and treat the address as a hint.
+            // SAFETY: unmapping what we just mapped.
+            unsafe { libc::munmap(p, len) };
+            return Err(MemError {
+                op: "mmap(MAP_FIXED_NOREPLACE)",
+                source: io::Error::from_raw_os_error(libc::EEXIST),
+            });
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
+            len,
+        })
+    }
+}
