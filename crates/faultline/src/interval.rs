@@ -450,32 +450,36 @@ mod tests {
         // A permanent interval readers must always find.
         t.insert(0, 0x1000, 7).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
+        let reads = Arc::new(AtomicUsize::new(0));
         let readers: Vec<_> = (0..2)
             .map(|_| {
-                let (t, stop) = (t.clone(), stop.clone());
+                let (t, stop, reads) = (t.clone(), stop.clone(), reads.clone());
                 std::thread::spawn(move || {
-                    let mut n = 0u64;
                     while !stop.load(SeqCst) {
                         let g = t.read();
                         assert_eq!(g.lookup(0x800).map(|i| i.value), Some(7));
                         for w in g.items().windows(2) {
                             assert!(w[0].end <= w[1].start);
                         }
-                        n += 1;
+                        reads.fetch_add(1, SeqCst);
                     }
-                    n
                 })
             })
             .collect();
-        for i in 0..2000u64 {
+        // Write until the readers have overlapped with plenty of writes.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut i = 0u64;
+        while i < 2000 || (reads.load(SeqCst) < 10_000 && std::time::Instant::now() < deadline) {
             let s = 0x10000 + (i % 50) * 0x1000;
             t.insert(s, s + 0x1000, i).unwrap();
             t.remove(s, s + 0x1000);
+            i += 1;
         }
         stop.store(true, SeqCst);
         for r in readers {
-            assert!(r.join().unwrap() > 0);
+            r.join().unwrap();
         }
+        assert!(reads.load(SeqCst) > 0);
         assert_eq!(t.to_vec().len(), 1);
     }
 }

@@ -19,11 +19,14 @@
 //!    can find it);
 //! 2. waits, with a timeout, for in-flight resolutions to finish, so the
 //!    faults already being handled complete with real data;
-//! 3. makes the range `PROT_NONE`, then wakes and unregisters it: a thread
-//!    still blocked on a queued fault retries into `PROT_NONE` and gets
-//!    SIGSEGV. It never gets a zero page, which is what a plain
-//!    UNREGISTER or close would hand it (silent data loss);
-//! 4. unmaps.
+//! 3. poisons every page that is still absent (`UFFDIO_POISON`), then
+//!    wakes and unregisters the range: a thread still blocked on a queued
+//!    fault retries into a poison marker and gets SIGBUS. It never gets a
+//!    zero page, which is what a plain UNREGISTER or close would hand it
+//!    (silent data loss). Installed pages stay, so threads woken by the
+//!    drained resolutions find their data;
+//! 4. unmaps. A thread that touches the region after that gets SIGSEGV,
+//!    as for any unmapped memory.
 
 use std::sync::atomic::{
     AtomicBool, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::SeqCst,
@@ -57,6 +60,7 @@ pub(crate) struct Counters {
     pub zero_copy_fills: AtomicU64,
     pub exists: AtomicU64,
     pub retries: AtomicU64,
+    pub gone: AtomicU64,
     pub busy: AtomicU64,
     pub poisoned: AtomicU64,
     pub pool_misses: AtomicU64,
@@ -80,6 +84,8 @@ pub struct RegionStats {
     pub exists: u64,
     /// EAGAIN retries (pending events).
     pub retries: u64,
+    /// Resolve ioctls that found the range gone (ENOENT/ESRCH).
+    pub gone: u64,
     /// Faults that found another resolver busy on the page.
     pub busy: u64,
     /// Pages poisoned after store errors.
@@ -738,6 +744,7 @@ impl Region {
             zero_copy_fills: c.zero_copy_fills.load(Relaxed),
             exists: c.exists.load(Relaxed),
             retries: c.retries.load(Relaxed),
+            gone: c.gone.load(Relaxed),
             busy: c.busy.load(Relaxed),
             poisoned: c.poisoned.load(Relaxed),
             pool_misses: c.pool_misses.load(Relaxed),
@@ -831,7 +838,8 @@ impl Drop for Region {
         let (base, len) = (shared.base, shared.len);
         // 1. Unpublish: after the grace period no handler can find it.
         TABLE.remove(base, base + len);
-        // 2. Drain the resolutions already in flight.
+        // 2. Drain the resolutions already in flight (they complete with
+        //    real data).
         let deadline = Instant::now() + self.drain_timeout;
         let mut drained = true;
         while shared.inflight.load(SeqCst) != 0 {
@@ -841,8 +849,13 @@ impl Drop for Region {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        // 3. Fail closed for threads still blocked on queued faults.
-        let _ = map.protect(libc::PROT_NONE);
+        // 3. Fail closed for threads still blocked on queued faults: poison
+        //    every page that is still absent, then wake. They retry into a
+        //    poison marker and get SIGBUS. A plain UNREGISTER would let them
+        //    retry without userfaultfd and hand them zero pages. Installed
+        //    pages stay, so a thread woken by an in-flight resolution that
+        //    has not yet re-executed its access still finds its page.
+        poison_absent(&shared);
         let _ = shared.uffd.wake(base, len);
         let _ = shared.uffd.unregister(base, len);
         self.engine.region_removed();
@@ -859,6 +872,41 @@ impl Drop for Region {
             );
             crate::sys::write_stderr(w.as_bytes());
             std::mem::forget(shared);
+        }
+    }
+}
+
+/// Poisons every absent page of the region (runs of absent pages in one
+/// ioctl each). A page the map thinks absent but that exists is skipped.
+fn poison_absent(s: &Shared) {
+    let ps = s.page_size as u64;
+    let mut p = 0;
+    while p < s.pages {
+        if s.residency.get(p) != PageState::Absent {
+            p += 1;
+            continue;
+        }
+        let start = p;
+        while p < s.pages && s.residency.get(p) == PageState::Absent {
+            p += 1;
+        }
+        let mut a = s.page_addr(start);
+        let end = s.page_addr(p);
+        let mut retries = 0;
+        while a < end {
+            use crate::sys::uffd::{mode, Outcome};
+            match s.uffd.poison(a, end - a, mode::POISON_DONTWAKE) {
+                Ok(Outcome::Done(_)) | Ok(Outcome::Gone(_)) | Err(_) => break,
+                // Stopped at a page that exists: skip it.
+                Ok(Outcome::Partial { done, .. }) => a += (done as u64).next_multiple_of(ps) + ps,
+                Ok(Outcome::Exists) => a += ps,
+                // An event is pending; it clears when its thread runs.
+                Ok(Outcome::Retry) if retries < 1000 => {
+                    retries += 1;
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                Ok(Outcome::Retry) => a += ps,
+            }
         }
     }
 }

@@ -11,9 +11,12 @@
 //! 4. Get the bytes: nothing for ZEROPAGE, the store's zero-copy view, or
 //!    the store's `fill` into the caller's scratch buffer, the page cache
 //!    via the alias view (CONTINUE), or a pre-touched pool page (MOVE).
-//! 5. One resolve ioctl; record what it did in the residency map; release
-//!    the claims. EEXIST means someone else installed the page: done, and
-//!    a WAKE for thread engines.
+//! 5. One resolve ioctl (with DONTWAKE); record what it did in the
+//!    residency map; release the claims; then, for thread engines, WAKE the
+//!    sleeping faulting thread(s). The residency map therefore never
+//!    claims a page present before it is mapped, and a thread that resumes
+//!    from a fault always finds its page recorded. EEXIST means someone
+//!    else installed the page: done (and a WAKE).
 //! 6. A store error poisons the faulting page (`UFFDIO_POISON`) so the
 //!    faulting thread gets SIGBUS instead of a zero page.
 //!
@@ -26,7 +29,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use crate::region::Shared;
 use crate::residency::PageState;
 use crate::store::StoreError;
-use crate::sys::uffd::{Outcome, UffdError};
+use crate::sys::uffd::{mode, Outcome, UffdError};
 use crate::sys::{self, rdtsc};
 use crate::ResolveOp;
 
@@ -66,15 +69,30 @@ pub(crate) fn resolve(
         match r.residency.get(page) {
             PageState::Poisoned => return Resolution::Poisoned,
             PageState::ReadOnly | PageState::Writable => {
-                if !r.signal_mode || sys::mem::is_mapped(r.page_addr(page), ps) {
+                // Thread engines learn of dropped pages through REMOVE
+                // events, so a fault on a recorded page is a message that
+                // raced with its resolution: wake and done. The signal
+                // engine has no event reader: the page may have been
+                // dropped behind our back (MADV_DONTNEED). For anonymous
+                // memory mincore tells; for shmem/hugetlb (mincore reports
+                // the page cache, not the mapping) re-install, which is
+                // idempotent (EEXIST if it was there).
+                let stale = r.signal_mode
+                    && (r.kind != crate::MemoryKind::PrivateAnon
+                        || !sys::mem::is_mapped(r.page_addr(page), ps));
+                if !stale {
                     if wake {
                         let _ = r.uffd.wake(r.page_addr(page), ps as u64);
                     }
                     return Resolution::Resolved;
                 }
-                // Stale: the page was dropped behind our back (MADV_DONTNEED
-                // with no event reader in signal mode). Refetch it.
+                // Mark it absent under the claim, so a resolver that is
+                // just finishing this page cannot be overwritten.
+                if !r.residency.try_claim(page) {
+                    return Resolution::Busy;
+                }
                 r.residency.set(page, PageState::Absent);
+                r.residency.release(page..page + 1);
             }
             PageState::Absent => {}
         }
@@ -86,15 +104,25 @@ pub(crate) fn resolve(
             continue;
         }
         let run = claim_window(r, page, scratch.len());
-        match install(r, run.clone(), page, write, scratch) {
-            Step::Done => return Resolution::Resolved,
-            Step::Again => continue,
-            Step::Exists => {
-                if wake {
-                    let _ = r.uffd.wake(r.page_addr(page), ps as u64);
-                }
-                return Resolution::Resolved;
+        // Every ioctl runs with DONTWAKE: the faulting thread (thread
+        // engines) is woken only after the residency map and counters
+        // record the install, so a resumed thread always sees them.
+        let step = install(r, run.clone(), page, write, scratch);
+        if wake {
+            let woken = match &step {
+                Step::Done => Some((r.page_addr(run.start), (run.len() * ps) as u64)),
+                // A store failure is woken by the engine after it has
+                // printed its message (the thread is about to die).
+                Step::Exists => Some((r.page_addr(page), ps as u64)),
+                _ => None,
+            };
+            if let Some((a, l)) = woken {
+                let _ = r.uffd.wake(a, l);
             }
+        }
+        match step {
+            Step::Done | Step::Exists => return Resolution::Resolved,
+            Step::Again => continue,
             Step::Out(res) => return res,
         }
     }
@@ -162,7 +190,9 @@ fn install(r: &Shared, run: Range<usize>, page: usize, write: bool, scratch: &mu
             if let Err(e) = fill_page_cache(r, run.clone()) {
                 return fail_store(r, run, page, e);
             }
-            r.uffd.continue_(dst, bytes, 0).map_err(CopyErr::Uffd)
+            r.uffd
+                .continue_(dst, bytes, mode::CONTINUE_DONTWAKE)
+                .map_err(CopyErr::Uffd)
         }
         ResolveOp::Move => match r.pool.as_ref().and_then(|p| p.take(run.len())) {
             Some(slots) => {
@@ -182,7 +212,10 @@ fn install(r: &Shared, run: Range<usize>, page: usize, write: bool, scratch: &mu
                 }
                 // SAFETY: the source slots were prepared for this move and
                 // are not referenced anywhere else.
-                let out = unsafe { r.uffd.move_pages(dst, src, (n * ps) as u64, 0) };
+                let out = unsafe {
+                    r.uffd
+                        .move_pages(dst, src, (n * ps) as u64, mode::MOVE_DONTWAKE)
+                };
                 if !matches!(out, Ok(Outcome::Done(_))) {
                     r.pool.as_ref().expect("pool").discard(slots);
                 }
@@ -196,7 +229,9 @@ fn install(r: &Shared, run: Range<usize>, page: usize, write: bool, scratch: &mu
         ResolveOp::Copy | ResolveOp::Auto => {
             if r.store.is_zero() && !write && r.zeropage_reads {
                 state = PageState::ReadOnly;
-                r.uffd.zeropage(dst, bytes, 0).map_err(CopyErr::Uffd)
+                r.uffd
+                    .zeropage(dst, bytes, mode::ZEROPAGE_DONTWAKE)
+                    .map_err(CopyErr::Uffd)
             } else {
                 copy_run(r, &run, dst, offset, bytes, scratch)
             }
@@ -244,7 +279,7 @@ fn copy_run(
     // SAFETY: `src` points at `bytes` readable bytes: the zero buffer is at
     // least `bytes` long (max_run_pages caps runs), the view and the
     // scratch slice were checked to be that long.
-    Ok(unsafe { r.uffd.copy(dst, src, bytes, 0) }?)
+    Ok(unsafe { r.uffd.copy(dst, src, bytes, mode::COPY_DONTWAKE) }?)
 }
 
 /// Makes sure every page of `run` is in the shmem/hugetlb page cache,
@@ -327,7 +362,10 @@ fn finish(
             r.stats.retries.fetch_add(1, Relaxed);
             Step::Out(Resolution::Retry)
         }
-        Ok(Outcome::Gone(_)) => Step::Out(Resolution::Gone),
+        Ok(Outcome::Gone(_)) => {
+            r.stats.gone.fetch_add(1, Relaxed);
+            Step::Out(Resolution::Gone)
+        }
         Err(e) => Step::Out(Resolution::Failed(e)),
     };
     r.residency.release(run);
@@ -340,7 +378,9 @@ fn fail_store(r: &Shared, run: Range<usize>, page: usize, err: StoreError) -> St
     r.residency.set(page, PageState::Poisoned);
     r.stats.poisoned.fetch_add(1, Relaxed);
     r.last_poisoned.store(page as u64, Relaxed);
-    let poisoned = r.uffd.poison(r.page_addr(page), r.page_size as u64, 0);
+    let poisoned = r
+        .uffd
+        .poison(r.page_addr(page), r.page_size as u64, mode::POISON_DONTWAKE);
     r.residency.release(run);
     match poisoned {
         Err(e) => Step::Out(Resolution::Failed(e)),

@@ -89,6 +89,14 @@ pub struct EngineConfig {
     /// Abort the process, with a message, if one resolution takes longer
     /// than this (thread engines). Default: none.
     pub stall_timeout: Option<Duration>,
+    /// `signal` engine: run the SIGBUS handler on a per-thread alternate
+    /// stack of this many bytes (`SA_ONSTACK`), which every faulting thread
+    /// installs with [`SignalEngine::prepare_thread`]. Default: none, the
+    /// handler runs on the faulting thread's own stack. (Rust's standard
+    /// library gives every thread a small alternate stack for its overflow
+    /// handler; with `SA_ONSTACK` and no `prepare_thread`, the handler
+    /// would run there, which is too small for stores with deep stacks.)
+    pub altstack_bytes: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -99,6 +107,7 @@ impl Default for EngineConfig {
             workers: crate::sys::thread::online_cpus(),
             pin: true,
             stall_timeout: None,
+            altstack_bytes: None,
         }
     }
 }

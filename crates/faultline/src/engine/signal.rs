@@ -24,9 +24,10 @@
 //!   `O_DIRECT`, `io_uring`, `process_vm_readv`) is not a signal: the call
 //!   fails with `EFAULT`. Call [`crate::Region::populate`] on the range first.
 //! * The handler's stack and buffers must not lie in a registered range (a
-//!   fault there inside the handler kills the process). Thread stacks never
-//!   do unless the application puts them there; [`SignalEngine::prepare_thread`]
-//!   gives a thread a dedicated alternate stack.
+//!   fault there inside the handler kills the process). The scratch slots
+//!   are a private mapping; the handler runs on the faulting thread's stack,
+//!   or, with [`EngineConfig::altstack_bytes`], on a dedicated alternate
+//!   stack that [`SignalEngine::prepare_thread`] maps for each thread.
 //! * Without `CONFIG_MEMORY_FAILURE` a poisoned page raises the same
 //!   `BUS_ADRERR` as a missing one; the runtime remembers poisoned pages
 //!   in the residency map so it does not retry them forever.
@@ -117,17 +118,23 @@ impl SignalEngine {
             });
         }
         let uffd = crate::caps::open_uffd(true, feature::SIGBUS | super::common_features())?;
-        install_handler(config.scratch_bytes)?;
+        install_handler(config.scratch_bytes, config.altstack_bytes.is_some())?;
         Ok(Arc::new(SignalEngine {
             uffd: Arc::new(uffd),
             config,
         }))
     }
 
-    /// Gives the calling thread a dedicated 256 KiB alternate signal stack
-    /// (outside every region) for the SIGBUS handler, kept until the thread
-    /// exits. Optional: without it the handler runs on the thread's stack.
-    pub fn prepare_thread() -> crate::Result<()> {
+    /// Gives the calling thread a dedicated alternate signal stack of
+    /// [`EngineConfig::altstack_bytes`] (default 256 KiB), outside every
+    /// region, kept until the thread exits. Needed on every thread that may
+    /// fault when the engine was created with `altstack_bytes`.
+    pub fn prepare_thread(&self) -> crate::Result<()> {
+        let bytes = self
+            .config
+            .altstack_bytes
+            .unwrap_or(256 << 10)
+            .max(64 << 10);
         thread_local! {
             static ALTSTACK: RefCell<Option<AltStack>> = const { RefCell::new(None) };
         }
@@ -139,12 +146,11 @@ impl SignalEngine {
         }
         ALTSTACK.with(|a| {
             if a.borrow().is_none() {
-                let m = crate::sys::thread::install_altstack(256 << 10).map_err(|e| {
-                    crate::Error::Io {
+                let m =
+                    crate::sys::thread::install_altstack(bytes).map_err(|e| crate::Error::Io {
                         op: "sigaltstack",
                         source: e,
-                    }
-                })?;
+                    })?;
                 *a.borrow_mut() = Some(AltStack(m));
             }
             Ok(())
@@ -152,7 +158,7 @@ impl SignalEngine {
     }
 }
 
-fn install_handler(scratch_bytes: usize) -> crate::Result<()> {
+fn install_handler(scratch_bytes: usize, onstack: bool) -> crate::Result<()> {
     let _g = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
     COUNTERS.get_or_init(Counters::default);
     if SCRATCH.get().is_none() {
@@ -165,10 +171,11 @@ fn install_handler(scratch_bytes: usize) -> crate::Result<()> {
         });
     }
     if PREVIOUS.load(SeqCst).is_null() {
-        let prev = install_sigaction(libc::SIGBUS, on_sigbus).map_err(|e| crate::Error::Io {
-            op: "sigaction(SIGBUS)",
-            source: e,
-        })?;
+        let prev =
+            install_sigaction(libc::SIGBUS, on_sigbus, onstack).map_err(|e| crate::Error::Io {
+                op: "sigaction(SIGBUS)",
+                source: e,
+            })?;
         PREVIOUS.store(Box::into_raw(Box::new(prev)), SeqCst);
     }
     Ok(())

@@ -153,14 +153,20 @@ impl Handler {
                     delay: BACKOFF_MIN,
                 });
             }
-            Resolution::StoreFailed(e) => report(|w| {
-                let _ = w.write_str("store error at ");
-                r.describe_page(page_of(&r, addr), w);
-                let _ = write!(
-                    w,
-                    ": {e}; the page is poisoned and the faulting thread gets SIGBUS"
-                );
-            }),
+            Resolution::StoreFailed(e) => {
+                report(|w| {
+                    let _ = w.write_str("store error at ");
+                    r.describe_page(page_of(&r, addr), w);
+                    let _ = write!(
+                        w,
+                        ": {e}; the page is poisoned and the faulting thread gets SIGBUS"
+                    );
+                });
+                // Only now let the thread run into the poison marker.
+                let _ = self
+                    .uffd
+                    .wake(addr & !(r.page_size as u64 - 1), r.page_size as u64);
+            }
             Resolution::Failed(e) => fail_closed(|w| {
                 let _ = write!(w, "resolving a fault failed ({e}) at ");
                 r.describe_page(page_of(&r, addr), w);

@@ -100,17 +100,22 @@ pub fn poll_in(fds: &[i32], timeout_ms: i32, revents: &mut [i16]) -> io::Result<
 /// A saved `sigaction`, for chaining and restoring.
 pub type SigAction = libc::sigaction;
 
-/// Installs `handler` (an `SA_SIGINFO` handler) for `sig` with `SA_ONSTACK`
-/// and `SA_NODEFER`, returning the previous action.
+/// Installs `handler` (an `SA_SIGINFO` handler) for `sig` with
+/// `SA_NODEFER` (and `SA_ONSTACK` if `onstack`), returning the previous
+/// action.
 pub fn install_sigaction(
     sig: i32,
     handler: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void),
+    onstack: bool,
 ) -> io::Result<SigAction> {
     // SAFETY: sigaction structs are plain data; we fill every field we use.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = handler as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER | libc::SA_RESTART;
+        sa.sa_sigaction = handler as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_RESTART;
+        if onstack {
+            sa.sa_flags |= libc::SA_ONSTACK;
+        }
         libc::sigemptyset(&mut sa.sa_mask);
         let mut old: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(sig, &sa, &mut old) != 0 {

@@ -1,0 +1,438 @@
+//! Scenarios that must kill, abort or hang a process run in a child
+//! process (this test binary re-executed with `FAULTLINE_CHILD` set); the
+//! parent checks how it ended and what it printed, with a timeout on every
+//! wait. The parent itself installs no signal handlers.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use faultline::*;
+
+const SIGBUS: i32 = libc::SIGBUS;
+const SIGABRT: i32 = libc::SIGABRT;
+const CHILD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Prints a line to stdout immediately (the child may die right after).
+fn say(s: &str) {
+    let line = format!("{s}\n");
+    // SAFETY: plain write of a valid buffer.
+    unsafe { libc::write(1, line.as_ptr().cast(), line.len()) };
+}
+
+// ---------------------------------------------------------------- store errors
+
+fn store_error_child(kind: EngineKind) {
+    let len = 16 * 4096;
+    let data = vec![0x5Au8; len];
+    let region = Region::builder(len)
+        .store(FailingStore {
+            inner: MemoryStore::new(data),
+            fail_from: 8 * 4096,
+        })
+        .build_dyn(engine_of(kind))
+        .unwrap();
+    say(&format!("REGION {}", region.id()));
+    say(&format!("GOOD {:#x}", read(region.as_ptr(), 4096)));
+    let v = read(region.as_ptr(), 9 * 4096 + 3);
+    // Must not get here: the page is poisoned.
+    say(&format!("READ {v:#x}"));
+}
+
+fn check_store_error(name: &str, kind: EngineKind) {
+    if let Some(s) = child_scenario() {
+        if s == name {
+            store_error_child(kind);
+        }
+        return;
+    }
+    let r = run_child(name, name, CHILD_TIMEOUT);
+    assert!(!r.timed_out, "{name}: child hung\n{}", r.stderr);
+    assert_eq!(
+        r.signal(),
+        Some(SIGBUS),
+        "{name}: {:?}\n{}",
+        r.status,
+        r.stderr
+    );
+    assert!(r.stdout.contains("GOOD 0x5a"), "{}", r.stdout);
+    assert!(
+        !r.stdout.contains("READ"),
+        "{name}: the faulting thread read a value: {}",
+        r.stdout
+    );
+    assert!(
+        r.stderr.contains("store error at region #")
+            && r.stderr.contains("offset 0x9000")
+            && r.stderr.contains("injected failure"),
+        "{name}: message names region, offset and cause:\n{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn store_error_poisons_poll() {
+    check_store_error("store_error_poisons_poll", EngineKind::Poll);
+}
+#[test]
+fn store_error_poisons_spin() {
+    check_store_error("store_error_poisons_spin", EngineKind::Spin);
+}
+#[test]
+fn store_error_poisons_workers() {
+    check_store_error("store_error_poisons_workers", EngineKind::Workers);
+}
+#[test]
+fn store_error_poisons_signal() {
+    check_store_error("store_error_poisons_signal", EngineKind::Signal);
+}
+
+// ---------------------------------------------------------------- panics
+
+fn check_panic(name: &str, kind: EngineKind) {
+    if let Some(s) = child_scenario() {
+        if s == name {
+            let region = Region::builder(4 * 4096)
+                .store(PanickingStore)
+                .build_dyn(engine_of(kind))
+                .unwrap();
+            let v = read(region.as_ptr(), 0);
+            say(&format!("READ {v:#x}"));
+        }
+        return;
+    }
+    let r = run_child(name, name, CHILD_TIMEOUT);
+    assert!(!r.timed_out, "{name}: child hung\n{}", r.stderr);
+    assert_eq!(
+        r.signal(),
+        Some(SIGABRT),
+        "{name}: {:?}\n{}",
+        r.status,
+        r.stderr
+    );
+    assert!(!r.stdout.contains("READ"), "{}", r.stdout);
+    assert!(
+        r.stderr.contains("panicked") && r.stderr.contains("failing closed"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn store_panic_fails_closed_poll() {
+    check_panic("store_panic_fails_closed_poll", EngineKind::Poll);
+}
+#[test]
+fn store_panic_fails_closed_workers() {
+    check_panic("store_panic_fails_closed_workers", EngineKind::Workers);
+}
+#[test]
+fn store_panic_fails_closed_signal() {
+    check_panic("store_panic_fails_closed_signal", EngineKind::Signal);
+}
+
+// ---------------------------------------------------------------- stalls
+
+fn stall_child(watchdog: bool) {
+    let cfg = EngineConfig {
+        stall_timeout: watchdog.then_some(Duration::from_millis(300)),
+        ..EngineConfig::default()
+    };
+    let store = SlowStore {
+        inner: MemoryStore::new(vec![1; 4 * 4096]),
+        delay: Duration::from_secs(3600),
+        entered: AtomicUsize::new(0),
+    };
+    let region = Region::builder(4 * 4096)
+        .store(store)
+        .build_dyn(engine::create(EngineKind::Poll, cfg).unwrap())
+        .unwrap();
+    say("BLOCKING");
+    let v = read(region.as_ptr(), 0);
+    say(&format!("READ {v:#x}"));
+}
+
+#[test]
+fn stalled_store_with_watchdog_fails_closed() {
+    let name = "stalled_store_with_watchdog_fails_closed";
+    if let Some(s) = child_scenario() {
+        if s == name {
+            stall_child(true);
+        }
+        return;
+    }
+    let r = run_child(name, name, CHILD_TIMEOUT);
+    assert!(!r.timed_out, "watchdog did not fire\n{}", r.stderr);
+    assert_eq!(r.signal(), Some(SIGABRT), "{:?}\n{}", r.status, r.stderr);
+    assert!(
+        r.stderr.contains("has taken more than") && r.stderr.contains("slow-test-store"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stdout.contains("READ"));
+}
+
+#[test]
+fn stalled_store_without_watchdog_times_out_cleanly() {
+    let name = "stalled_store_without_watchdog_times_out_cleanly";
+    if let Some(s) = child_scenario() {
+        if s == name {
+            stall_child(false);
+        }
+        return;
+    }
+    let r = run_child(name, name, Duration::from_secs(2));
+    assert!(
+        r.timed_out,
+        "the child should still be blocked in its fault: {:?}",
+        r.status
+    );
+    assert!(
+        r.stdout.contains("BLOCKING") && !r.stdout.contains("READ"),
+        "{}",
+        r.stdout
+    );
+}
+
+// ---------------------------------------------------------------- teardown
+
+static DROPPED_BASE: AtomicU64 = AtomicU64::new(0);
+static DROPPED_LEN: AtomicU64 = AtomicU64::new(0);
+static FIXUPS: AtomicUsize = AtomicUsize::new(0);
+
+/// The application's own SIGSEGV/SIGBUS handler in the teardown child: an
+/// access to the dropped region gets a fresh page filled with 0xEE, so the
+/// test can tell "signal" (0xEE) from "zero page" (0x00) from "data".
+extern "C" fn fixup(sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: valid siginfo from the kernel.
+    let addr = unsafe { (*info).si_addr() } as u64;
+    let (b, l) = (DROPPED_BASE.load(SeqCst), DROPPED_LEN.load(SeqCst));
+    if b != 0 && addr >= b && addr < b + l {
+        let page = addr & !4095;
+        // SAFETY: replaces a page of the dropped (unmapped or poisoned)
+        // region that nothing else owns any more.
+        unsafe {
+            let p = libc::mmap(
+                page as *mut libc::c_void,
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+            if p != libc::MAP_FAILED {
+                libc::memset(p, 0xEE, 4096);
+            }
+        }
+        FIXUPS.fetch_add(1, SeqCst);
+        return;
+    }
+    // SAFETY: restoring the default action and re-raising.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+fn install_fixup() {
+    for sig in [libc::SIGSEGV, libc::SIGBUS] {
+        // SAFETY: installing a plain SA_SIGINFO handler.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = fixup as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// `inflight` threads fault on pages whose store fetch is slow; one more
+/// thread faults behind them (queued) for the thread engines. The region is
+/// dropped while they are in flight.
+fn drop_inflight_child(kind: EngineKind, inflight: usize) {
+    install_fixup();
+    let len = 64 * 4096;
+    let data = pattern(len);
+    let store = Arc::new(SlowStore {
+        inner: MemoryStore::new(data.clone()),
+        delay: Duration::from_millis(300),
+        entered: AtomicUsize::new(0),
+    });
+    let region = Region::builder(len)
+        .shared_store(store.clone())
+        .build_dyn(engine_of(kind))
+        .unwrap();
+    DROPPED_BASE.store(region.addr(), SeqCst);
+    DROPPED_LEN.store(len as u64, SeqCst);
+    let base = region.as_ptr() as usize;
+    let offsets: Vec<usize> = (0..inflight + 1).map(|i| i * 3 * 4096 + 5).collect();
+    let mut readers = Vec::new();
+    for (i, &off) in offsets.iter().enumerate() {
+        if i == inflight {
+            // The queued fault: start it once the others are in flight.
+            assert!(wait_until(Duration::from_secs(5), || store
+                .entered
+                .load(SeqCst)
+                >= inflight));
+        }
+        readers.push(std::thread::spawn(move || read(base as *const u8, off)));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let t0 = std::time::Instant::now();
+    drop(region);
+    say(&format!("DROP {:?}", t0.elapsed()));
+    for (i, r) in readers.into_iter().enumerate() {
+        let v = r.join().unwrap();
+        say(&format!("READER {i} {v:#x} want {:#x}", data[offsets[i]]));
+    }
+    say(&format!("FIXUPS {}", FIXUPS.load(SeqCst)));
+}
+
+fn check_drop_inflight(name: &str, kind: EngineKind, inflight: usize) {
+    if let Some(s) = child_scenario() {
+        if s == name {
+            drop_inflight_child(kind, inflight);
+        }
+        return;
+    }
+    let r = run_child(name, name, CHILD_TIMEOUT);
+    assert!(!r.timed_out, "{name}: hung\n{}\n{}", r.stdout, r.stderr);
+    assert!(
+        r.status.is_some_and(|s| s.success()),
+        "{name}: {:?}\n{}\n{}",
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+    let mut data_reads = 0;
+    for line in r.stdout.lines().filter(|l| l.starts_with("READER")) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (got, want) = (f[2], f[4]);
+        assert_ne!(got, "0x0", "{name}: a reader got a zero page: {line}");
+        assert!(got == want || got == "0xee", "{name}: {line}");
+        if got == want {
+            data_reads += 1;
+        }
+    }
+    // The in-flight resolutions completed with the store's data... unless
+    // a woken reader lost the race with the unmap (then it saw 0xee).
+    assert!(r.stdout.contains("DROP"), "{}", r.stdout);
+    eprintln!("{name}: {data_reads} reader(s) got data\n{}", r.stdout);
+}
+
+#[test]
+fn drop_with_faults_in_flight_never_hands_out_zero_pages_poll() {
+    check_drop_inflight(
+        "drop_with_faults_in_flight_never_hands_out_zero_pages_poll",
+        EngineKind::Poll,
+        1,
+    );
+}
+
+#[test]
+fn drop_with_faults_in_flight_never_hands_out_zero_pages_signal() {
+    check_drop_inflight(
+        "drop_with_faults_in_flight_never_hands_out_zero_pages_signal",
+        EngineKind::Signal,
+        3,
+    );
+}
+
+// ---------------------------------------------------------------- chaining
+
+static FOREIGN: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn app_sigbus(_sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: valid siginfo.
+    let addr = unsafe { (*info).si_addr() } as u64 & !4095;
+    FOREIGN.fetch_add(1, SeqCst);
+    // Map something readable where the file ended, so the access can go on.
+    // SAFETY: replaces the page past EOF of the test's own file mapping.
+    unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            4096,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        );
+    }
+}
+
+#[test]
+fn signal_engine_chains_foreign_sigbus_and_preserves_errno() {
+    let name = "signal_engine_chains_foreign_sigbus_and_preserves_errno";
+    if let Some(s) = child_scenario() {
+        if s != name {
+            return;
+        }
+        // The application's handler comes first.
+        // SAFETY: installing a plain SA_SIGINFO handler.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = app_sigbus as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+        }
+        let region = Region::builder(64 * 4096)
+            .store(MemoryStore::new(pattern(64 * 4096)))
+            .build_dyn(engine_of(EngineKind::Signal))
+            .unwrap();
+        // errno survives a fault handled in between.
+        faultline::sys::set_errno(1234);
+        let v = read(region.as_ptr(), 7 * 4096 + 9);
+        let e = faultline::sys::errno();
+        say(&format!(
+            "ERRNO {e} VALUE {v:#x} WANT {:#x}",
+            pat(7 * 4096 + 9)
+        ));
+        // A SIGBUS that is not ours: a file mapping read past EOF.
+        let f = TempFile::with(&[7u8; 100]);
+        let file = std::fs::File::open(&f.0).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh read-only mapping of a small file.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * 4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        } as *const u8;
+        assert_eq!(read(p, 0), 7);
+        let past = read(p, 4096 + 1);
+        say(&format!("FOREIGN {} PAST {past}", FOREIGN.load(SeqCst)));
+        say(&format!("STILL {:#x}", read(region.as_ptr(), 9 * 4096)));
+        return;
+    }
+    let r = run_child(name, name, CHILD_TIMEOUT);
+    assert!(
+        r.status.is_some_and(|s| s.success()),
+        "{:?}\n{}\n{}",
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+    let want = format!(
+        "ERRNO 1234 VALUE {:#x} WANT {:#x}",
+        pat(7 * 4096 + 9),
+        pat(7 * 4096 + 9)
+    );
+    assert!(r.stdout.contains(&want), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("FOREIGN 1 PAST 0"),
+        "the application's handler saw the foreign SIGBUS: {}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(&format!("STILL {:#x}", pat(9 * 4096))),
+        "{}",
+        r.stdout
+    );
+}

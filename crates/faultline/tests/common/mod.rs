@@ -1,0 +1,453 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, reason = "each test binary uses a subset")]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use faultline::*;
+
+/// The byte a pattern store holds at `off`.
+pub fn pat(off: usize) -> u8 {
+    ((off as u64).wrapping_mul(2654435761) >> 13) as u8
+}
+
+pub fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(pat).collect()
+}
+
+/// A temporary file, removed on drop.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn with(data: &[u8]) -> TempFile {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "faultline-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let mut f = std::fs::File::create(&p).unwrap();
+        f.write_all(data).unwrap();
+        TempFile(p)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Zero,
+    Memory,
+    File,
+    FilePread,
+}
+
+impl StoreKind {
+    pub const ALL: [StoreKind; 4] = [
+        StoreKind::Zero,
+        StoreKind::Memory,
+        StoreKind::File,
+        StoreKind::FilePread,
+    ];
+
+    /// The store, the expected contents, and a temp file to keep alive.
+    pub fn make(self, len: usize) -> (Arc<dyn PageStore>, Arc<Vec<u8>>, Option<TempFile>) {
+        match self {
+            StoreKind::Zero => (Arc::new(ZeroStore), Arc::new(vec![0; len]), None),
+            StoreKind::Memory => {
+                let d = pattern(len);
+                (Arc::new(MemoryStore::new(d.clone())), Arc::new(d), None)
+            }
+            StoreKind::File | StoreKind::FilePread => {
+                let d = pattern(len);
+                let f = TempFile::with(&d);
+                let access = if self == StoreKind::File {
+                    FileAccess::Mmap
+                } else {
+                    FileAccess::Pread
+                };
+                let s = FileStore::open_with(&f.0, 0, access).unwrap();
+                (Arc::new(s), Arc::new(d), Some(f))
+            }
+        }
+    }
+}
+
+/// Memory kinds usable here, with the reason for those that are not.
+pub fn usable_kinds() -> Vec<MemoryKind> {
+    let caps = capabilities();
+    let mut v = Vec::new();
+    for k in [
+        MemoryKind::PrivateAnon,
+        MemoryKind::Shmem,
+        MemoryKind::Hugetlb,
+    ] {
+        match &caps.kind(k).ioctls {
+            Ok(_) => v.push(k),
+            Err(why) => eprintln!("SKIP memory kind {}: {why}", k.name()),
+        }
+    }
+    v
+}
+
+/// Reads a byte through a volatile load (the fault must really happen).
+pub fn read(p: *const u8, off: usize) -> u8 {
+    // SAFETY: callers pass offsets inside a live region.
+    unsafe { p.add(off).read_volatile() }
+}
+
+pub fn write(p: *mut u8, off: usize, v: u8) {
+    // SAFETY: as in `read`.
+    unsafe { p.add(off).write_volatile(v) }
+}
+
+/// `threads` threads touch every page of `region` in their own random
+/// order; a thread writes a marker at byte `8*t` of the pages it owns for
+/// writing. While they run, every read checks bytes outside the marker
+/// area against `expect`; afterwards every byte of the region is checked.
+pub fn hammer(region: &Region, expect: &[u8], threads: usize, seed: u64) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let ps = region.page_size();
+    let len = region.len();
+    let base = region.as_ptr() as usize;
+    let pages = len / 4096; // touch at base-page granularity
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || {
+                let p = base as *mut u8;
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ (t as u64 * 7919));
+                let mut order: Vec<usize> = (0..pages).collect();
+                order.shuffle(&mut rng);
+                for pg in order {
+                    let off = pg * 4096;
+                    let writer = (pg + t) % threads == 0 && pg % 3 != 1;
+                    if writer {
+                        write(p, off + 8 * t, 0xA0 | t as u8);
+                    }
+                    // Check a sample of bytes past the marker area.
+                    for k in [64usize, 100, 1000, 2047, 4095] {
+                        let o = off + k;
+                        let got = read(p, o);
+                        assert_eq!(
+                            got, expect[o],
+                            "thread {t} page {pg} offset {o:#x} (region page size {ps})"
+                        );
+                    }
+                }
+            });
+        }
+    });
+    // SAFETY: every page is resident now; the region lives across this call.
+    let all = unsafe { std::slice::from_raw_parts(region.as_ptr(), len) };
+    for pg in 0..pages {
+        let off = pg * 4096;
+        for t in 0..threads {
+            let writer = (pg + t) % threads == 0 && pg % 3 != 1;
+            let want = if writer {
+                0xA0 | t as u8
+            } else {
+                expect[off + 8 * t]
+            };
+            assert_eq!(all[off + 8 * t], want, "marker of thread {t} in page {pg}");
+        }
+        let rest = off + 8 * threads..off + 4096;
+        if all[rest.clone()] != expect[rest.clone()] {
+            let bad = rest.clone().find(|&i| all[i] != expect[i]).unwrap();
+            panic!(
+                "byte {bad:#x}: got {:#x}, store has {:#x}",
+                all[bad], expect[bad]
+            );
+        }
+    }
+}
+
+/// Result of a child process run.
+#[derive(Debug)]
+pub struct ChildResult {
+    pub timed_out: bool,
+    pub status: Option<std::process::ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl ChildResult {
+    pub fn signal(&self) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
+        self.status.and_then(|s| s.signal())
+    }
+}
+
+/// Re-runs this test binary's test `name` in a child process with
+/// `FAULTLINE_CHILD=scenario`, killing it after `timeout`.
+pub fn run_child(name: &str, scenario: &str, timeout: Duration) -> ChildResult {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("FAULTLINE_CHILD", scenario)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + timeout;
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            timed_out = true;
+            let _ = child.kill();
+            break child.wait().ok();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    use std::io::Read;
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    ChildResult {
+        timed_out,
+        status: if timed_out { None } else { status },
+        stdout,
+        stderr,
+    }
+}
+
+/// The scenario this process should run, if it is a child.
+pub fn child_scenario() -> Option<String> {
+    std::env::var("FAULTLINE_CHILD").ok()
+}
+
+/// Waits until `f()` or the timeout; returns whether `f()` became true.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    f()
+}
+
+/// One engine per kind with a 4 MiB scratch and, for the workers engine,
+/// `workers` threads.
+pub fn engine_of(kind: EngineKind) -> Arc<dyn Engine> {
+    let cfg = EngineConfig {
+        workers: 3,
+        ..EngineConfig::default()
+    };
+    engine::create(kind, cfg).unwrap()
+}
+
+/// The matrix: engine x store x memory kind, `threads` threads hammering
+/// a region of `len` bytes.
+pub fn matrix(engines: &[EngineKind], len: usize, threads: usize) {
+    let mut ran = 0;
+    for kind in usable_kinds() {
+        if kind == MemoryKind::Hugetlb
+            && faultline::sys::mem::hugetlb_free_pages() < (len >> 21) as u64
+        {
+            eprintln!(
+                "SKIP hugetlb: pool has fewer than {} free 2 MiB pages",
+                len >> 21
+            );
+            continue;
+        }
+        for sk in StoreKind::ALL {
+            for &e in engines {
+                let (store, expect, _tmp) = sk.make(len);
+                let fa = match sk {
+                    StoreKind::Memory | StoreKind::FilePread => 4,
+                    _ => 1,
+                };
+                let t0 = Instant::now();
+                let region = Region::builder(len)
+                    .kind(kind)
+                    .shared_store(store)
+                    .fault_around(fa)
+                    .build_dyn(engine_of(e))
+                    .unwrap_or_else(|err| panic!("{e:?} {sk:?} {kind:?}: {err}"));
+                hammer(&region, &expect, threads, 42 + ran);
+                let st = region.stats();
+                assert_eq!(
+                    region.resident_pages(),
+                    region.pages(),
+                    "{e:?} {sk:?} {kind:?}"
+                );
+                assert_eq!(st.poisoned, 0);
+                eprintln!(
+                    "ok {:>8} {:>10} {:>12}: {:>6} faults {:>6} installed {:>5} ioctls in {:?}",
+                    e.name(),
+                    format!("{sk:?}"),
+                    kind.name(),
+                    st.faults,
+                    st.installed,
+                    st.ioctls,
+                    t0.elapsed()
+                );
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran > 0);
+}
+
+/// Regions of 4, 16 and 64 KiB pages: every fault installs a whole region
+/// page, so faults <= pages and data is intact.
+pub fn page_sizes(engines: &[EngineKind]) {
+    for &e in engines {
+        for ps in [4096usize, 16384, 65536] {
+            let len = 16 << 20;
+            let (store, expect, _t) = StoreKind::Memory.make(len);
+            let region = Region::builder(len)
+                .page_size(ps)
+                .shared_store(store)
+                .fault_around(2)
+                .build_dyn(engine_of(e))
+                .unwrap();
+            hammer(&region, &expect, 4, ps as u64);
+            let st = region.stats();
+            assert_eq!(st.installed as usize, len / ps, "{e:?} page size {ps}");
+            // Signal-engine threads that lose a page's claim retry the access
+            // (counted in `busy`); every other fault installs or finds a page.
+            assert!((st.faults - st.busy) as usize <= len / 4096, "{e:?} {st:?}");
+            assert_eq!(region.resident_pages(), len / ps);
+        }
+    }
+}
+
+/// Many threads fault on the same pages at once; every page must be
+/// fetched from the store and installed exactly once.
+pub fn concurrent_faults_once(e: EngineKind) {
+    let pages = 256;
+    let len = pages * 4096;
+    let (store, expect, _t) = StoreKind::FilePread.make(len);
+    let region = Region::builder(len)
+        .shared_store(store)
+        .build_dyn(engine_of(e))
+        .unwrap();
+    let base = region.as_ptr() as usize;
+    let barrier = std::sync::Barrier::new(8);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for pg in 0..pages {
+                    if pg % 16 == 0 {
+                        barrier.wait();
+                    }
+                    let off = pg * 4096 + 123;
+                    assert_eq!(read(base as *const u8, off), expect[off]);
+                }
+            });
+        }
+    });
+    let st = region.stats();
+    assert_eq!(
+        st.store_fills, pages as u64,
+        "{e:?}: each page fetched once ({st:?})"
+    );
+    assert_eq!(
+        st.installed, pages as u64,
+        "{e:?}: each page installed once ({st:?})"
+    );
+}
+
+/// A store that fails from `fail_from` on (signal-safe).
+pub struct FailingStore {
+    pub inner: MemoryStore,
+    pub fail_from: u64,
+}
+
+impl PageStore for FailingStore {
+    fn describe(&self) -> &str {
+        "failing-test-store"
+    }
+    fn len(&self) -> Option<u64> {
+        self.inner.len()
+    }
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if offset + buf.len() as u64 > self.fail_from {
+            return Err(StoreError::Failed {
+                offset,
+                reason: "injected failure".into(),
+            });
+        }
+        self.inner.fill(offset, buf)
+    }
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.inner.write_back(offset, data)
+    }
+    fn signal_safe(&self) -> bool {
+        true
+    }
+}
+
+/// A store whose fill panics.
+pub struct PanickingStore;
+
+impl PageStore for PanickingStore {
+    fn describe(&self) -> &str {
+        "panicking-test-store"
+    }
+    fn len(&self) -> Option<u64> {
+        None
+    }
+    fn fill(&self, _offset: u64, _buf: &mut [u8]) -> Result<(), StoreError> {
+        panic!("test store panics on purpose")
+    }
+    fn write_back(&self, _offset: u64, _data: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn signal_safe(&self) -> bool {
+        true
+    }
+}
+
+/// A store that sleeps `delay` in every fill and counts entries.
+pub struct SlowStore {
+    pub inner: MemoryStore,
+    pub delay: Duration,
+    pub entered: std::sync::atomic::AtomicUsize,
+}
+
+impl PageStore for SlowStore {
+    fn describe(&self) -> &str {
+        "slow-test-store"
+    }
+    fn len(&self) -> Option<u64> {
+        self.inner.len()
+    }
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.entered
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(self.delay);
+        self.inner.fill(offset, buf)
+    }
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.inner.write_back(offset, data)
+    }
+    fn signal_safe(&self) -> bool {
+        true
+    }
+}

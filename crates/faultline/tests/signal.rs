@@ -1,0 +1,136 @@
+//! The `signal` engine in process: this binary installs the runtime's
+//! SIGBUS handler (and nothing else does), so it lives apart from the
+//! thread-engine tests.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use faultline::*;
+
+#[test]
+fn matrix_signal_engine_stores_kinds_64mib_8_threads() {
+    matrix(&[EngineKind::Signal], 64 << 20, 8);
+}
+
+#[test]
+fn page_sizes_4k_16k_64k() {
+    page_sizes(&[EngineKind::Signal]);
+}
+
+#[test]
+fn concurrent_faults_on_one_page_resolved_once() {
+    concurrent_faults_once(EngineKind::Signal);
+}
+
+#[test]
+fn zero_store_read_maps_the_zero_page_and_write_copies() {
+    let e = engine_of(EngineKind::Signal);
+    let r = Region::builder(16 * 4096).build_dyn(e).unwrap();
+    assert_eq!(read(r.as_ptr(), 5), 0);
+    assert_eq!(r.page_state(0), PageState::ReadOnly);
+    write(r.as_ptr(), 4096 + 5, 9);
+    assert_eq!(r.page_state(1), PageState::Writable);
+    assert_eq!(read(r.as_ptr(), 4096 + 5), 9);
+    // A write to the zero page is an ordinary COW fault the kernel handles.
+    write(r.as_ptr(), 7, 3);
+    assert_eq!(read(r.as_ptr(), 7), 3);
+    assert_eq!(r.stats().faults, 2);
+}
+
+#[test]
+fn a_store_that_is_not_signal_safe_is_refused() {
+    struct NotSafe;
+    impl PageStore for NotSafe {
+        fn describe(&self) -> &str {
+            "remote-thing"
+        }
+        fn len(&self) -> Option<u64> {
+            None
+        }
+        fn fill(&self, _o: u64, b: &mut [u8]) -> Result<(), StoreError> {
+            b.fill(1);
+            Ok(())
+        }
+        fn write_back(&self, _o: u64, _d: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+    let err = Region::builder(4096)
+        .store(NotSafe)
+        .build_dyn(engine_of(EngineKind::Signal))
+        .unwrap_err();
+    assert!(matches!(err, Error::StoreNotSignalSafe { .. }), "{err}");
+    assert!(err.to_string().contains("remote-thing"));
+    // The same store is fine with a thread engine.
+    let r = Region::builder(4096)
+        .store(NotSafe)
+        .build_dyn(engine_of(EngineKind::Poll))
+        .unwrap();
+    assert_eq!(read(r.as_ptr(), 0), 1);
+}
+
+#[test]
+fn syscalls_into_unpopulated_pages_get_efault_until_populated() {
+    let len = 8 * 4096;
+    let data = pattern(len);
+    let f = TempFile::with(&data);
+    let r = Region::builder(len)
+        .store(MemoryStore::new(vec![0x11; len]))
+        .build_dyn(engine_of(EngineKind::Signal))
+        .unwrap();
+    let file = std::fs::File::open(&f.0).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: reading into the region's memory, which is ours.
+    let n = unsafe { libc::pread(file.as_raw_fd(), r.as_ptr().cast(), 4096, 0) };
+    let e = std::io::Error::last_os_error().raw_os_error();
+    assert_eq!(
+        (n, e),
+        (-1, Some(libc::EFAULT)),
+        "a kernel-mode fault is not a signal"
+    );
+    r.populate(0, 4096).unwrap();
+    // SAFETY: as above.
+    let n = unsafe { libc::pread(file.as_raw_fd(), r.as_ptr().cast(), 4096, 0) };
+    assert_eq!(n, 4096);
+    assert_eq!(read(r.as_ptr(), 100), data[100]);
+}
+
+#[test]
+fn shmem_continue_refaults_from_the_page_cache() {
+    let len = 32 * 4096;
+    let data = pattern(len);
+    let r = Region::builder(len)
+        .kind(MemoryKind::Shmem)
+        .store(MemoryStore::new(data.clone()))
+        .build_dyn(engine_of(EngineKind::Signal))
+        .unwrap();
+    assert_eq!(r.resolve_op(), ResolveOp::Continue);
+    write(r.as_ptr(), 3 * 4096, 0x77);
+    assert_eq!(r.stats().store_fills, 1);
+    // Zap the mapping: the page cache keeps the data, the next access is a
+    // minor fault resolved with CONTINUE alone (no store read).
+    faultline::sys::mem::madvise(r.addr() + 3 * 4096, 4096, libc::MADV_DONTNEED).unwrap();
+    assert_eq!(read(r.as_ptr(), 3 * 4096), 0x77);
+    assert_eq!(read(r.as_ptr(), 3 * 4096 + 1), data[3 * 4096 + 1]);
+    assert_eq!(r.stats().store_fills, 1);
+    assert_eq!(r.stats().faults, 2);
+}
+
+#[test]
+fn residency_is_visible_to_a_presence_check() {
+    let r = Arc::new(
+        Region::builder(64 * 4096)
+            .store(MemoryStore::new(pattern(64 * 4096)))
+            .fault_around(8)
+            .build_dyn(engine_of(EngineKind::Signal))
+            .unwrap(),
+    );
+    assert!(!r.is_resident(0, 4096));
+    let _ = read(r.as_ptr(), 10 * 4096);
+    assert!(r.is_resident(8 * 4096, 8 * 4096));
+    assert!(!r.is_resident(0, 8 * 4096));
+    assert!(!r.is_resident(16 * 4096, 1));
+    assert_eq!(r.resident_pages(), 8);
+}

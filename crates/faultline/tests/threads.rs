@@ -1,0 +1,296 @@
+//! Thread engines (poll, spin, workers) against the real kernel. No signal
+//! handlers are installed in this binary.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use faultline::*;
+
+const THREAD_ENGINES: [EngineKind; 3] = [EngineKind::Poll, EngineKind::Spin, EngineKind::Workers];
+
+#[test]
+fn matrix_engines_stores_kinds_64mib_8_threads() {
+    matrix(&THREAD_ENGINES, 64 << 20, 8);
+}
+
+#[test]
+fn page_sizes_4k_16k_64k() {
+    page_sizes(&THREAD_ENGINES);
+}
+
+#[test]
+fn concurrent_faults_on_one_page_resolved_once() {
+    for e in THREAD_ENGINES {
+        concurrent_faults_once(e);
+    }
+}
+
+#[test]
+fn fault_around_stops_at_region_edges() {
+    let e = engine_of(EngineKind::Poll);
+    let ps = 4096usize;
+    // Two regions back to back at a fixed address. Another test may grab
+    // the hole between our munmap and mmap: retry with a new hole.
+    let a_data = pattern(10 * ps);
+    let (a, b) = (0..20)
+        .find_map(|_| {
+            let hole = faultline::sys::mem::Mapping::anon(20 * ps).unwrap();
+            let at = hole.addr();
+            drop(hole);
+            let a = Region::builder(10 * ps)
+                .at(at)
+                .store(MemoryStore::new(a_data.clone()))
+                .fault_around(4)
+                .build_dyn(e.clone())
+                .ok()?;
+            let b = Region::builder(10 * ps)
+                .at(at + 10 * ps as u64)
+                .store(MemoryStore::new(vec![0xBB; 10 * ps]))
+                .fault_around(4)
+                .build_dyn(e.clone())
+                .ok()?;
+            Some((a, b))
+        })
+        .expect("two adjacent regions");
+    // Last page of A: window [8, 12) clipped to [8, 10).
+    assert_eq!(read(a.as_ptr(), 9 * ps + 1), a_data[9 * ps + 1]);
+    assert_eq!(a.stats().installed, 2);
+    assert_eq!(b.resident_pages(), 0, "fault-around must not cross into B");
+    assert!(a.is_resident(8 * ps, 2 * ps));
+    assert!(!a.is_resident(7 * ps, ps));
+    // Page 5: window [4, 8): four pages in one ioctl.
+    assert_eq!(read(a.as_ptr(), 5 * ps), a_data[5 * ps]);
+    assert_eq!(a.stats().installed, 6);
+    assert_eq!(a.stats().ioctls, 2);
+    // First page of B: window [0, 4) of B.
+    assert_eq!(read(b.as_ptr(), 0), 0xBB);
+    assert_eq!(b.resident_pages(), 4);
+    assert_eq!(a.resident_pages(), 6);
+}
+
+#[test]
+fn regions_added_and_removed_while_others_fault() {
+    for kind in [EngineKind::Poll, EngineKind::Workers] {
+        let e = engine_of(kind);
+        let len = 16 << 20;
+        let (store, expect, _t) = StoreKind::Memory.make(len);
+        let big = Region::builder(len)
+            .shared_store(store)
+            .build_dyn(e.clone())
+            .unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let churn = s.spawn(|| {
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let data = vec![n as u8; 8 * 4096];
+                    let r = Region::builder(8 * 4096)
+                        .store(MemoryStore::new(data))
+                        .build_dyn(e.clone())
+                        .unwrap();
+                    assert_eq!(read(r.as_ptr(), 3 * 4096 + 7), n as u8);
+                    drop(r);
+                    n += 1;
+                }
+                n
+            });
+            hammer(&big, &expect, 4, 7);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let n = churn.join().unwrap();
+            assert!(n > 0);
+            eprintln!("{kind:?}: {n} regions created and dropped meanwhile");
+        });
+    }
+}
+
+#[test]
+fn madv_dontneed_event_makes_pages_absent_and_refetchable() {
+    let e = engine_of(EngineKind::Poll);
+    let len = 32 * 4096;
+    let data = pattern(len);
+    let r = Region::builder(len)
+        .store(MemoryStore::new(data.clone()))
+        .build_dyn(e)
+        .unwrap();
+    for pg in 0..32 {
+        write(r.as_ptr(), pg * 4096, 0xEE);
+    }
+    assert_eq!(r.resident_pages(), 32);
+    faultline::sys::mem::madvise(r.addr(), len / 2, libc::MADV_DONTNEED).unwrap();
+    assert!(wait_until(Duration::from_secs(5), || r.resident_pages() == 16));
+    // Dropped pages come back from the store, not as zeros.
+    assert_eq!(read(r.as_ptr(), 0), data[0]);
+    assert_eq!(read(r.as_ptr(), 16 * 4096), 0xEE);
+    assert!(r.engine().stats().events >= 1);
+}
+
+#[test]
+fn move_resolution_from_a_pre_touched_pool() {
+    for (store_kind, pool) in [
+        (StoreKind::Memory, 16usize),
+        (StoreKind::Zero, 16),
+        (StoreKind::Memory, 4096),
+    ] {
+        let len = 8 << 20;
+        let (store, expect, _t) = store_kind.make(len);
+        let r = Region::builder(len)
+            .shared_store(store)
+            .resolve_op(ResolveOp::Move)
+            .move_pool(pool)
+            .fault_around(4)
+            .build_dyn(engine_of(EngineKind::Poll))
+            .unwrap();
+        assert_eq!(r.resolve_op(), ResolveOp::Move);
+        hammer(&r, &expect, 4, 3);
+        let st = r.stats();
+        assert_eq!(st.installed as usize, r.pages());
+        eprintln!("MOVE {store_kind:?} pool {pool}: {st:?}");
+    }
+}
+
+#[test]
+fn populate_installs_without_faults() {
+    let len = 64 * 4096;
+    let data = pattern(len);
+    let r = Region::builder(len)
+        .store(MemoryStore::new(data.clone()))
+        .build_dyn(engine_of(EngineKind::Poll))
+        .unwrap();
+    r.populate(4096 * 8, 4096 * 8).unwrap();
+    assert!(r.is_resident(4096 * 8, 4096 * 8));
+    assert!(!r.is_resident(0, 4096));
+    assert_eq!(r.stats().faults, 0);
+    assert_eq!(read(r.as_ptr(), 4096 * 9 + 1), data[4096 * 9 + 1]);
+    assert_eq!(r.stats().faults, 0);
+    assert!(matches!(r.populate(1, 4096), Err(Error::Unaligned { .. })));
+    assert!(matches!(
+        r.populate(0, len + 4096),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(r.populate(0, 0), Err(Error::ZeroLength)));
+}
+
+#[test]
+fn a_file_shorter_than_the_region_zero_fills_the_tail() {
+    let file_len = 5 * 4096 + 100;
+    let data = pattern(file_len);
+    let f = TempFile::with(&data);
+    for access in [FileAccess::Mmap, FileAccess::Pread] {
+        let r = Region::builder(8 * 4096)
+            .store(FileStore::open_with(&f.0, 0, access).unwrap())
+            .fault_around(8)
+            .build_dyn(engine_of(EngineKind::Poll))
+            .unwrap();
+        // SAFETY: all 8 pages are mapped and resolved on access.
+        let all = unsafe { std::slice::from_raw_parts(r.as_ptr(), 8 * 4096) };
+        assert_eq!(&all[..file_len], &data[..]);
+        assert!(all[file_len..].iter().all(|&b| b == 0));
+    }
+}
+
+#[test]
+fn bad_input_gets_typed_errors() {
+    let e = engine_of(EngineKind::Poll);
+    assert!(matches!(
+        Region::builder(0).build_dyn(e.clone()),
+        Err(Error::ZeroLength)
+    ));
+    assert!(matches!(
+        Region::builder(8192).page_size(6000).build_dyn(e.clone()),
+        Err(Error::BadPageSize {
+            page_size: 6000,
+            ..
+        })
+    ));
+    assert!(matches!(
+        Region::builder(4096 * 3)
+            .page_size(8192)
+            .build_dyn(e.clone()),
+        Err(Error::LengthNotPageMultiple { .. })
+    ));
+    assert!(matches!(
+        Region::builder(4096)
+            .at(0x7000_0000_0123)
+            .build_dyn(e.clone()),
+        Err(Error::Unaligned {
+            addr: 0x7000_0000_0123,
+            align: 4096
+        })
+    ));
+    let r = Region::builder(16 * 4096).build_dyn(e.clone()).unwrap();
+    assert!(matches!(
+        Region::builder(16 * 4096)
+            .at(r.addr() + 8 * 4096)
+            .build_dyn(e.clone()),
+        Err(Error::Overlap(_))
+    ));
+    assert!(matches!(
+        Region::builder(16 * 4096)
+            .store(MemoryStore::new(vec![1; 4096]))
+            .build_dyn(e.clone()),
+        Err(Error::StoreTooShort {
+            store_len: 4096,
+            region_len: 65536,
+            ..
+        })
+    ));
+    // Kernel capabilities: MOVE on shmem and CONTINUE on private memory do
+    // not exist; a feature bit the kernel does not know is refused.
+    assert!(matches!(
+        Region::builder(4096)
+            .kind(MemoryKind::Shmem)
+            .resolve_op(ResolveOp::Move)
+            .build_dyn(e.clone()),
+        Err(Error::Unsupported { what: "MOVE", .. })
+    ));
+    assert!(matches!(
+        Region::builder(4096)
+            .resolve_op(ResolveOp::Continue)
+            .build_dyn(e.clone()),
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(matches!(
+        faultline::caps::open_uffd(true, 1 << 40),
+        Err(Error::Unsupported {
+            what: "userfaultfd feature",
+            ..
+        })
+    ));
+    if faultline::sys::mem::hugetlb_free_pages() == 0 {
+        assert!(matches!(
+            Region::builder(2 << 20)
+                .kind(MemoryKind::Hugetlb)
+                .build_dyn(e.clone()),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+    // Errors read well.
+    let msg = Region::builder(16 * 4096)
+        .store(MemoryStore::new(vec![1; 4096]))
+        .build_dyn(e)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("4096") && msg.contains("65536"), "{msg}");
+}
+
+#[test]
+fn stores_report_errors_with_path_and_offset() {
+    let f = TempFile::with(&[1u8; 4096]);
+    let s = FileStore::open(&f.0).unwrap();
+    let mut buf = vec![0u8; 8192];
+    s.fill(0, &mut buf).unwrap();
+    assert_eq!(&buf[..4096], &[1u8; 4096][..]);
+    assert!(buf[4096..].iter().all(|&b| b == 0));
+    let ro = Arc::new(faultline::MemoryStore::new(vec![0; 10]));
+    assert!(ro.write_back(8, &[1, 2, 3]).is_err());
+    // A directory cannot be read: the error names the path and offset.
+    let dir = FileStore::open_with(std::env::temp_dir(), 0, FileAccess::Pread).unwrap();
+    let err = dir.fill(4096, &mut buf).unwrap_err().to_string();
+    assert!(
+        err.contains(&std::env::temp_dir().display().to_string()) && err.contains("0x1000"),
+        "{err}"
+    );
+}
