@@ -1,0 +1,809 @@
+//! The kernel's own fault paths: the baselines every faultline engine is compared
+//! with.
+//!
+//! Each latency function maps a fresh region, then times one access per 4 KiB page
+//! with [`rdtsc`] around that single load or store, so each sample is one trip
+//! through the kernel's fault handler (or, for the warm file, one fault that maps
+//! many pages followed by plain accesses: fault-around maps at least 16 pages, and
+//! where the page cache holds large folios far more, ~200-250 pages per fault on
+//! ext4 under Linux 6.18):
+//!
+//! ```text
+//!   page:   0      1      2           n-1
+//!         +------+------+------+ ... +------+
+//!         | t0 W t1     |      |     |      |   W = write_volatile(1) (or a read)
+//!         +------+------+------+ ... +------+   sample[i] = t1 - t0 (cycles)
+//! ```
+//!
+//! Transparent huge pages are switched off for every anonymous and shmem mapping
+//! (`MADV_NOHUGEPAGE`), so every 4 KiB page faults on its own. Each mapping is
+//! unmapped and each temporary file removed when the measuring function returns.
+//! Minor-fault counts come from `getrusage(RUSAGE_THREAD)` around the timed loop.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+
+use super::plot;
+use super::report::{fmt_count, fmt_ns, print_latency_table, print_table, Record};
+use super::stats::{cycles_to_ns_vec, Summary};
+use super::tsc::{rdtsc, tsc};
+use super::BenchCtx;
+
+/// Base page size these benchmarks touch.
+pub const PAGE: usize = 4096;
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14).
+pub const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// A mapping that is unmapped on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; threads that share it
+// only touch disjoint pages (see `scale_anon`).
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn map(
+        len: usize,
+        prot: libc::c_int,
+        flags: libc::c_int,
+        fd: libc::c_int,
+        what: &str,
+    ) -> anyhow::Result<Mapping> {
+        if len == 0 {
+            bail!("mmap of {what}: zero length");
+        }
+        // SAFETY: a fresh mapping at a kernel-chosen address: no existing memory is
+        // affected; the result is checked against MAP_FAILED.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(errno()).with_context(|| format!("mmap of {len} bytes ({what})"));
+        }
+        Ok(Mapping { ptr: p.cast(), len })
+    }
+
+    /// Private anonymous read-write memory with THP off.
+    fn anon(len: usize) -> anyhow::Result<Mapping> {
+        let m = Self::map(
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            "private anonymous",
+        )?;
+        m.no_huge_pages()?;
+        Ok(m)
+    }
+
+    fn madvise(
+        &self,
+        off: usize,
+        len: usize,
+        advice: libc::c_int,
+        what: &str,
+    ) -> anyhow::Result<()> {
+        debug_assert!(off + len <= self.len);
+        // SAFETY: the range lies inside this live mapping; advice values used here
+        // (NOHUGEPAGE, POPULATE_WRITE) do not invalidate memory Rust refers to.
+        let r = unsafe { libc::madvise(self.ptr.add(off).cast(), len, advice) };
+        if r != 0 {
+            return Err(errno())
+                .with_context(|| format!("madvise({what}) of {len} bytes at +{off}"));
+        }
+        Ok(())
+    }
+
+    /// `MADV_NOHUGEPAGE` over the whole mapping. EINVAL is accepted only on a kernel
+    /// without THP support (then nothing can be mapped huge anyway).
+    fn no_huge_pages(&self) -> anyhow::Result<()> {
+        match self.madvise(0, self.len, libc::MADV_NOHUGEPAGE, "MADV_NOHUGEPAGE") {
+            Err(e)
+                if e.downcast_ref::<std::io::Error>()
+                    .and_then(|e| e.raw_os_error())
+                    == Some(libc::EINVAL)
+                    && !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() =>
+            {
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    fn pages(&self) -> usize {
+        self.len / PAGE
+    }
+
+    /// Address of page `i` (must be < `pages()`).
+    fn page(&self, i: usize) -> *mut u8 {
+        assert!(i < self.pages());
+        // SAFETY: in bounds of the mapping, checked above.
+        unsafe { self.ptr.add(i * PAGE) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr..ptr+len` is the mapping this value created and nothing
+        // borrows it past the value's life.
+        if unsafe { libc::munmap(self.ptr.cast(), self.len) } != 0 {
+            eprintln!(
+                "faultline bench: munmap of {} bytes failed: {}",
+                self.len,
+                errno()
+            );
+        }
+    }
+}
+
+/// A temporary file in `std::env::temp_dir()`, removed on drop.
+struct TempFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl TempFile {
+    /// A file of `pages` pages of non-zero bytes, read once so its page cache is warm.
+    fn warm(pages: usize) -> anyhow::Result<TempFile> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "faultline-bench-{}-{}.dat",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        let t = TempFile {
+            path,
+            file: file.try_clone()?,
+        };
+        let chunk: Vec<u8> = (0..1 << 20).map(|i| (i % 251 + 1) as u8).collect();
+        let mut left = pages * PAGE;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            file.write_all(&chunk[..n])
+                .with_context(|| format!("writing {}", t.path.display()))?;
+            left -= n;
+        }
+        let mut f = File::open(&t.path).with_context(|| format!("opening {}", t.path.display()))?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0usize;
+        loop {
+            let n = f
+                .read(&mut buf)
+                .with_context(|| format!("reading {}", t.path.display()))?;
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        if total != pages * PAGE {
+            bail!(
+                "{}: read back {total} bytes, wrote {}",
+                t.path.display(),
+                pages * PAGE
+            );
+        }
+        Ok(t)
+    }
+
+    /// Read-only private mapping of the whole file.
+    fn map_private_ro(&self, pages: usize) -> anyhow::Result<Mapping> {
+        Mapping::map(
+            pages * PAGE,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            self.file.as_raw_fd(),
+            "MAP_PRIVATE file",
+        )
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            eprintln!("faultline bench: removing {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// A memfd of `pages` pages mapped `MAP_SHARED` read-write with THP off.
+fn shmem(pages: usize) -> anyhow::Result<(OwnedFd, Mapping)> {
+    let name = CString::new("faultline-bench").expect("no NUL");
+    // SAFETY: `name` is a valid NUL-terminated string; the result is checked.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno()).context("memfd_create");
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = pages * PAGE;
+    // SAFETY: plain syscall on an fd we own.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(errno()).with_context(|| format!("ftruncate memfd to {len} bytes"));
+    }
+    let m = Mapping::map(
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED,
+        fd.as_raw_fd(),
+        "MAP_SHARED memfd",
+    )?;
+    m.no_huge_pages()?;
+    Ok((fd, m))
+}
+
+/// Minor faults taken so far by the calling thread.
+pub fn minor_faults() -> u64 {
+    // SAFETY: rusage is plain old data; all-zero is valid.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage; RUSAGE_THREAD cannot fail on Linux.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    ru.ru_minflt as u64
+}
+
+/// Read or write one byte per page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// `read_volatile` of the page's first byte.
+    Read,
+    /// `write_volatile(1)` to the page's first byte.
+    Write,
+}
+
+impl Access {
+    /// `read` or `write`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+        }
+    }
+
+    /// Touch `p` once.
+    ///
+    /// # Safety
+    /// `p` must point into a live mapping that permits this access.
+    #[inline(always)]
+    unsafe fn touch(self, p: *mut u8) -> u8 {
+        match self {
+            // SAFETY: guaranteed by the caller.
+            Access::Read => unsafe { std::ptr::read_volatile(p) },
+            Access::Write => {
+                // SAFETY: guaranteed by the caller.
+                unsafe { std::ptr::write_volatile(p, 1) };
+                1
+            }
+        }
+    }
+}
+
+/// Time one access to each of the first `n` pages of `m`.
+fn time_each(m: &Mapping, n: usize, access: Access) -> Vec<u64> {
+    // Written now so the result buffer does not fault inside the loop.
+    let mut out = vec![u64::MAX; n];
+    let mut sink = 0u8;
+    for (i, slot) in out.iter_mut().enumerate() {
+        let p = m.page(i);
+        let t0 = rdtsc();
+        // SAFETY: `p` is inside the live mapping, which permits `access`.
+        sink ^= unsafe { access.touch(p) };
+        let t1 = rdtsc();
+        *slot = t1.wrapping_sub(t0);
+    }
+    std::hint::black_box(sink);
+    out
+}
+
+/// A kernel fault path measured one access per page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelPath {
+    /// Private anonymous memory, write (allocates and zeroes a page).
+    AnonWrite,
+    /// Private anonymous memory, read (maps the shared zero page).
+    AnonRead,
+    /// memfd `MAP_SHARED`, write.
+    ShmemWrite,
+    /// memfd `MAP_SHARED`, read of a hole.
+    ShmemRead,
+    /// `MAP_PRIVATE` read-only file mapping, page cache warm (fault-around: 16 or
+    /// more pages per fault; see the module docs).
+    FileWarm,
+    /// Private anonymous write, `MADV_POPULATE_WRITE` of the next page before each
+    /// access.
+    PopulateAhead,
+}
+
+impl KernelPath {
+    /// Every path, in table order.
+    pub const ALL: [KernelPath; 6] = [
+        KernelPath::AnonWrite,
+        KernelPath::AnonRead,
+        KernelPath::ShmemWrite,
+        KernelPath::ShmemRead,
+        KernelPath::FileWarm,
+        KernelPath::PopulateAhead,
+    ];
+
+    /// Mechanism name used in records.
+    pub fn mechanism(self) -> &'static str {
+        match self {
+            KernelPath::AnonWrite => "kernel-anon-write",
+            KernelPath::AnonRead => "kernel-anon-read",
+            KernelPath::ShmemWrite | KernelPath::ShmemRead => "kernel-shmem",
+            KernelPath::FileWarm => "kernel-file-warm",
+            KernelPath::PopulateAhead => "kernel-populate-ahead",
+        }
+    }
+
+    /// The access each sample makes.
+    pub fn access(self) -> Access {
+        match self {
+            KernelPath::AnonRead | KernelPath::ShmemRead | KernelPath::FileWarm => Access::Read,
+            _ => Access::Write,
+        }
+    }
+
+    /// Measure `n` pages.
+    pub fn measure(self, n: usize) -> anyhow::Result<PathRun> {
+        if n == 0 {
+            bail!("need at least one page");
+        }
+        match self {
+            KernelPath::AnonWrite | KernelPath::AnonRead => {
+                let m = Mapping::anon(n * PAGE)?;
+                Ok(PathRun::timed(|| time_each(&m, n, self.access())))
+            }
+            KernelPath::ShmemWrite | KernelPath::ShmemRead => {
+                let (_fd, m) = shmem(n)?;
+                Ok(PathRun::timed(|| time_each(&m, n, self.access())))
+            }
+            KernelPath::FileWarm => {
+                let f = TempFile::warm(n)?;
+                let m = f.map_private_ro(n)?;
+                Ok(PathRun::timed(|| time_each(&m, n, Access::Read)))
+            }
+            KernelPath::PopulateAhead => populate_ahead_run(n),
+        }
+    }
+}
+
+/// The samples of one [`KernelPath::measure`].
+#[derive(Clone, Debug)]
+pub struct PathRun {
+    /// Cycles of each access, one per page.
+    pub cycles: Vec<u64>,
+    /// Minor faults the thread took during the loop.
+    pub minor_faults: u64,
+    /// Wall time of the whole loop divided by pages (includes the `madvise` calls
+    /// of `PopulateAhead` and the timing overhead).
+    pub wall_ns_per_page: f64,
+}
+
+impl PathRun {
+    fn timed(f: impl FnOnce() -> Vec<u64>) -> PathRun {
+        let f0 = minor_faults();
+        let t = Instant::now();
+        let cycles = f();
+        let wall = t.elapsed().as_nanos() as f64;
+        PathRun {
+            minor_faults: minor_faults() - f0,
+            wall_ns_per_page: wall / cycles.len().max(1) as f64,
+            cycles,
+        }
+    }
+
+    /// Pages per minor fault (16 or more for the warm file, 1 for the others).
+    pub fn pages_per_fault(&self) -> f64 {
+        self.cycles.len() as f64 / self.minor_faults.max(1) as f64
+    }
+}
+
+fn populate_ahead_run(n: usize) -> anyhow::Result<PathRun> {
+    let m = Mapping::anon(n * PAGE)?;
+    let mut out = vec![u64::MAX; n];
+    let f0 = minor_faults();
+    let start = Instant::now();
+    m.madvise(0, PAGE, MADV_POPULATE_WRITE, "MADV_POPULATE_WRITE")?;
+    for (i, slot) in out.iter_mut().enumerate() {
+        if i + 1 < n {
+            m.madvise(
+                (i + 1) * PAGE,
+                PAGE,
+                MADV_POPULATE_WRITE,
+                "MADV_POPULATE_WRITE",
+            )?;
+        }
+        let p = m.page(i);
+        let t0 = rdtsc();
+        // SAFETY: `p` is inside the live read-write mapping.
+        unsafe { std::ptr::write_volatile(p, 1) };
+        let t1 = rdtsc();
+        *slot = t1.wrapping_sub(t0);
+    }
+    let wall = start.elapsed().as_nanos() as f64;
+    Ok(PathRun {
+        cycles: out,
+        minor_faults: minor_faults() - f0,
+        wall_ns_per_page: wall / n as f64,
+    })
+}
+
+/// Cycles of each first write to `n` pages of private anonymous memory.
+pub fn anon_write(n: usize) -> anyhow::Result<Vec<u64>> {
+    Ok(KernelPath::AnonWrite.measure(n)?.cycles)
+}
+
+/// Cycles of each first read of `n` pages of private anonymous memory (zero page).
+pub fn anon_read(n: usize) -> anyhow::Result<Vec<u64>> {
+    Ok(KernelPath::AnonRead.measure(n)?.cycles)
+}
+
+/// Cycles of each first write to `n` pages of a `MAP_SHARED` memfd.
+pub fn shmem_write(n: usize) -> anyhow::Result<Vec<u64>> {
+    Ok(KernelPath::ShmemWrite.measure(n)?.cycles)
+}
+
+/// Cycles of each first read of `n` pages of a `MAP_SHARED` memfd.
+pub fn shmem_read(n: usize) -> anyhow::Result<Vec<u64>> {
+    Ok(KernelPath::ShmemRead.measure(n)?.cycles)
+}
+
+/// Cycles of each first read of `n` pages of a warm file mapped `MAP_PRIVATE`.
+pub fn file_warm_read(n: usize) -> anyhow::Result<Vec<u64>> {
+    Ok(KernelPath::FileWarm.measure(n)?.cycles)
+}
+
+/// Cycles of each write to `n` anonymous pages, each populated one access ahead
+/// with `MADV_POPULATE_WRITE`; `wall_ns_per_page` includes the `madvise`.
+pub fn populate_ahead(n: usize) -> anyhow::Result<PathRun> {
+    KernelPath::PopulateAhead.measure(n)
+}
+
+/// Result of a sequential pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SeqRun {
+    /// Pages touched.
+    pub pages: usize,
+    /// Wall time per page.
+    pub ns_per_page: f64,
+    /// Minor faults taken.
+    pub minor_faults: u64,
+}
+
+impl SeqRun {
+    /// Pages per minor fault.
+    pub fn pages_per_fault(&self) -> f64 {
+        self.pages as f64 / self.minor_faults.max(1) as f64
+    }
+}
+
+fn pages_of(bytes: usize) -> anyhow::Result<usize> {
+    let p = bytes / PAGE;
+    if p == 0 {
+        bail!("need at least one page ({bytes} bytes given)");
+    }
+    Ok(p)
+}
+
+fn seq_pass(m: &Mapping, pages: usize, access: Access) -> SeqRun {
+    let f0 = minor_faults();
+    let t = Instant::now();
+    let mut sink = 0u8;
+    for i in 0..pages {
+        // SAFETY: page `i` is inside the live mapping, which permits `access`.
+        sink ^= unsafe { access.touch(m.page(i)) };
+    }
+    let wall = t.elapsed().as_nanos() as f64;
+    std::hint::black_box(sink);
+    SeqRun {
+        pages,
+        ns_per_page: wall / pages as f64,
+        minor_faults: minor_faults() - f0,
+    }
+}
+
+/// Sequential first write of one byte per page of fresh anonymous memory (THP off).
+pub fn seq_first_touch_anon_run(bytes: usize) -> anyhow::Result<SeqRun> {
+    let pages = pages_of(bytes)?;
+    let m = Mapping::anon(pages * PAGE)?;
+    Ok(seq_pass(&m, pages, Access::Write))
+}
+
+/// Sequential read of one byte per page of a warm file mapped `MAP_PRIVATE`.
+pub fn seq_scan_file_warm_run(bytes: usize) -> anyhow::Result<SeqRun> {
+    let pages = pages_of(bytes)?;
+    let f = TempFile::warm(pages)?;
+    let m = f.map_private_ro(pages)?;
+    Ok(seq_pass(&m, pages, Access::Read))
+}
+
+/// Wall ns per page of [`seq_first_touch_anon_run`].
+pub fn seq_first_touch_anon(bytes: usize) -> anyhow::Result<f64> {
+    Ok(seq_first_touch_anon_run(bytes)?.ns_per_page)
+}
+
+/// Wall ns per page of [`seq_scan_file_warm_run`].
+pub fn seq_scan_file_warm(bytes: usize) -> anyhow::Result<f64> {
+    Ok(seq_scan_file_warm_run(bytes)?.ns_per_page)
+}
+
+/// `threads` threads each first-write their own `pages_per_thread` slice of one
+/// anonymous mapping (THP off); returns total faults per second of wall time.
+pub fn scale_anon(threads: usize, pages_per_thread: usize) -> anyhow::Result<f64> {
+    if threads == 0 || pages_per_thread == 0 {
+        bail!("need at least one thread and one page per thread");
+    }
+    let m = Mapping::anon(threads * pages_per_thread * PAGE)?;
+    let barrier = Barrier::new(threads + 1);
+    let wall = std::thread::scope(|s| {
+        for t in 0..threads {
+            let (m, barrier) = (&m, &barrier);
+            s.spawn(move || {
+                barrier.wait();
+                for i in t * pages_per_thread..(t + 1) * pages_per_thread {
+                    // SAFETY: each thread writes only its own pages of the live,
+                    // read-write mapping.
+                    unsafe { std::ptr::write_volatile(m.page(i), 1) };
+                }
+            });
+        }
+        barrier.wait();
+        // The scope joins every thread before returning, so `elapsed()` below
+        // covers the slowest thread.
+        Instant::now()
+    });
+    let secs = wall.elapsed().as_secs_f64();
+    Ok((threads * pages_per_thread) as f64 / secs.max(1e-9))
+}
+
+/// Options of `faultline bench kernel`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct KernelArgs {
+    /// Pages (one fault each) per latency measurement.
+    #[arg(short = 'n', long, default_value_t = 100_000)]
+    pub pages: usize,
+    /// MiB per sequential pass (anonymous first touch, warm file scan).
+    #[arg(long, default_value_t = 64)]
+    pub seq_mib: usize,
+    /// Pages each thread first-touches in the scaling run.
+    #[arg(long, default_value_t = 16_384)]
+    pub scale_pages: usize,
+    /// Thread counts of the scaling run.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8])]
+    pub threads: Vec<usize>,
+    /// Repetitions of each sequential and scaling pass (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+}
+
+impl KernelArgs {
+    /// Small defaults for the all-benches run.
+    pub fn quick() -> KernelArgs {
+        KernelArgs {
+            pages: 20_000,
+            seq_mib: 32,
+            scale_pages: 8_192,
+            threads: vec![1, 2, 4, 8],
+            reps: 3,
+        }
+    }
+}
+
+/// `faultline bench kernel`: latency of every kernel path, sequential per-page
+/// cost, and multi-threaded first-touch throughput.
+pub fn run(ctx: &mut BenchCtx, args: &KernelArgs) -> anyhow::Result<()> {
+    let reps = args.reps.max(1);
+    let steps = KernelPath::ALL.len() + 2 * reps + args.threads.len() * reps;
+    let mut progress = ctx.progress(steps as u64, "kernel");
+    let tsc = tsc();
+
+    let mut records = Vec::new();
+    let mut samples = Vec::new();
+    for path in KernelPath::ALL {
+        progress.step(&format!("{} {}", path.mechanism(), path.access().name()));
+        let mut run = path
+            .measure(args.pages)
+            .with_context(|| format!("{} {}", path.mechanism(), path.access().name()))?;
+        let ppf = run.pages_per_fault();
+        samples.push((
+            format!("{} {}", path.mechanism(), path.access().name()),
+            cycles_to_ns_vec(&run.cycles, tsc),
+        ));
+        let s = Summary::from_cycles(&mut run.cycles, tsc);
+        records.push(
+            Record::new("kernel", path.mechanism(), "-", path.access().name(), &s)
+                .with("minor_faults", run.minor_faults)
+                .with("pages_per_fault", ppf)
+                .with("wall_ns_per_page", run.wall_ns_per_page),
+        );
+    }
+
+    let bytes = args.seq_mib << 20;
+    let mut seq_rows = Vec::new();
+    let mut seq_records = Vec::new();
+    for (mech, access) in [
+        ("kernel-anon-write", Access::Write),
+        ("kernel-file-warm", Access::Read),
+    ] {
+        let mut runs = Vec::new();
+        for _ in 0..reps {
+            progress.step(&format!("seq {mech}"));
+            runs.push(match access {
+                Access::Write => seq_first_touch_anon_run(bytes)?,
+                Access::Read => seq_scan_file_warm_run(bytes)?,
+            });
+        }
+        let mut ns: Vec<f64> = runs.iter().map(|r| r.ns_per_page).collect();
+        let s = Summary::from_ns(&mut ns);
+        let ppf = runs.iter().map(SeqRun::pages_per_fault).sum::<f64>() / runs.len() as f64;
+        seq_rows.push(vec![
+            mech.to_string(),
+            access.name().into(),
+            fmt_count(runs[0].pages as u64),
+            fmt_ns(s.median),
+            fmt_ns(s.min),
+            fmt_ns(s.max),
+            format!("{ppf:.1}"),
+        ]);
+        seq_records.push(
+            Record::new("seq", mech, "-", access.name(), &s)
+                .with("pages", runs[0].pages)
+                .with("reps", reps)
+                .with("ns_per_page", s.median)
+                .with("pages_per_fault", ppf),
+        );
+    }
+
+    let mut scale_rows = Vec::new();
+    let mut scale_records = Vec::new();
+    let mut scale_points = Vec::new();
+    let mut base = None;
+    for &t in &args.threads {
+        let mut rates = Vec::new();
+        for _ in 0..reps {
+            progress.step(&format!("scale {t} threads"));
+            rates.push(scale_anon(t, args.scale_pages)?);
+        }
+        // Summary over ns per fault (the inverse of the rate).
+        let mut ns: Vec<f64> = rates.iter().map(|r| 1e9 / r).collect();
+        let s = Summary::from_ns(&mut ns);
+        let fps = 1e9 / s.median;
+        let base_fps = *base.get_or_insert(fps);
+        scale_points.push((t as f64, fps));
+        scale_rows.push(vec![
+            t.to_string(),
+            fmt_count((t * args.scale_pages) as u64),
+            fmt_count(fps.round() as u64),
+            fmt_ns(s.median),
+            format!("{:.2}x", fps / base_fps),
+        ]);
+        scale_records.push(
+            Record::new("scale", "kernel-anon-write", "-", "write", &s)
+                .with("threads", t)
+                .with("pages_per_thread", args.scale_pages)
+                .with("faults_per_sec", fps)
+                .with("reps", reps),
+        );
+    }
+    progress.finish();
+
+    println!("\nKernel fault paths, one access per 4 KiB page, TSC cycles of the access itself");
+    println!(
+        "(TSC {:.3} GHz, empty rdtsc pair {} cycles included; ratio = median / kernel-anon-write median)",
+        tsc.ghz(),
+        tsc.overhead_cycles
+    );
+    let k = records[0].median_ns;
+    for r in &mut records {
+        r.ratio_to_kernel = Some(r.median_ns / k);
+    }
+    print_latency_table(&records);
+    let extra_rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            vec![
+                format!("{} {}", r.mechanism, r.access),
+                fmt_count(r.extra_f64("minor_faults").unwrap_or(0.0) as u64),
+                format!("{:.1}", r.extra_f64("pages_per_fault").unwrap_or(0.0)),
+                fmt_ns(r.extra_f64("wall_ns_per_page").unwrap_or(f64::NAN)),
+            ]
+        })
+        .collect();
+    println!();
+    print_table(
+        &["path", "minor faults", "pages/fault", "wall per page"],
+        &extra_rows,
+    );
+
+    println!("\nSequential pass, one byte per 4 KiB page, wall time per page ({reps} reps)");
+    print_table(
+        &[
+            "mechanism",
+            "access",
+            "pages",
+            "median/page",
+            "min",
+            "max",
+            "pages/fault",
+        ],
+        &seq_rows,
+    );
+    println!(
+        "\nFirst-touch scaling: T threads, {} pages each, one anonymous mapping (median of {reps})",
+        fmt_count(args.scale_pages as u64)
+    );
+    print_table(
+        &["threads", "faults", "faults/s", "ns/fault", "speedup"],
+        &scale_rows,
+    );
+
+    if let Some(dir) = ctx.plot_dir.clone() {
+        plot::latency_histograms(&dir, "kernel_latency", &samples)?;
+        plot::line_chart(
+            &dir,
+            "kernel_scale",
+            "Kernel anonymous first-touch throughput",
+            "threads",
+            "faults/s",
+            &[("kernel-anon-write".into(), scale_points)],
+            false,
+        )?;
+        ctx.note_plot(&dir, "kernel_latency");
+        ctx.note_plot(&dir, "kernel_scale");
+    }
+
+    for r in records.into_iter().chain(seq_records).chain(scale_records) {
+        ctx.report.push(r);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_path_measures_small_n() {
+        for p in KernelPath::ALL {
+            let r = p.measure(64).unwrap();
+            assert_eq!(r.cycles.len(), 64);
+            assert!(r.cycles.iter().all(|&c| c != u64::MAX));
+        }
+    }
+
+    #[test]
+    fn anon_write_faults_every_page() {
+        let r = KernelPath::AnonWrite.measure(256).unwrap();
+        // Allow a few extra faults (stack, allocator), never fewer than one per page.
+        assert!(r.minor_faults >= 256, "minor faults {}", r.minor_faults);
+    }
+
+    #[test]
+    fn seq_and_scale_run() {
+        let s = seq_first_touch_anon_run(64 * PAGE).unwrap();
+        assert_eq!(s.pages, 64);
+        assert!(s.ns_per_page > 0.0);
+        assert!(seq_scan_file_warm(64 * PAGE).unwrap() > 0.0);
+        assert!(scale_anon(2, 64).unwrap() > 0.0);
+        assert!(seq_first_touch_anon(100).is_err());
+    }
+}

@@ -1,0 +1,167 @@
+//! `faultline bench`: fault latency and throughput benchmarks, side by side with
+//! the kernel's own fault paths.
+//!
+//! How the pieces fit:
+//! 1. [`run`] builds a [`BenchCtx`] (calibrated TSC, an empty [`report::Report`],
+//!    the `--plot` directory) and runs the selected sub-benches in order; with no
+//!    sub-command it runs [`BenchCmd::default_selection`].
+//! 2. Each sub-bench (`kernel`, `notify`, ...) measures, prints its tables to stdout,
+//!    writes its figures into `ctx.plot_dir`, and pushes [`report::Record`]s onto
+//!    `ctx.report`.
+//! 3. [`BenchCtx::finish`] fills in `ratio_to_kernel` and writes `--json`.
+//!
+//! Adding a sub-bench: a module with an `Args` struct and
+//! `run(&mut BenchCtx, &Args)`, a [`BenchCmd`] variant, and one arm in
+//! [`BenchCmd::run`].
+//!
+//! Building blocks: [`tsc`] (clock), [`stats`] (summaries), [`report`] (records,
+//! JSON, tables), [`progress`] (stderr progress), [`plot`] (SVG + PNG figures),
+//! [`kernel`] (kernel fault-path baselines), [`notify`] (cross-thread
+//! notification latency).
+
+// The building blocks are also the API of the engine benches (latency, seq,
+// scale) still to be added: until then parts of them are unused in this binary.
+#[allow(dead_code)]
+pub mod kernel;
+pub mod notify;
+#[allow(dead_code)]
+pub mod plot;
+#[allow(dead_code)]
+pub mod progress;
+#[allow(dead_code)]
+pub mod report;
+#[allow(dead_code)]
+pub mod stats;
+#[allow(dead_code)]
+pub mod tsc;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+pub use kernel::KernelArgs;
+pub use notify::NotifyArgs;
+
+/// Benches whose records get a `ratio_to_kernel` (fault latency benches).
+pub const RATIO_BENCHES: [&str; 2] = ["kernel", "latency"];
+
+/// Arguments of `faultline bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Which bench to run (all of them if omitted).
+    #[command(subcommand)]
+    pub cmd: Option<BenchCmd>,
+    /// Write every record as JSON to this file.
+    #[arg(long, global = true)]
+    pub json: Option<PathBuf>,
+    /// Write figures (SVG and PNG) into this directory.
+    #[arg(long, global = true)]
+    pub plot: Option<PathBuf>,
+}
+
+/// The sub-benches.
+#[derive(clap::Subcommand, Clone, Debug)]
+pub enum BenchCmd {
+    /// Cross-thread notification latency (signal, futex, eventfd, pipe, spin),
+    /// next to the seed's Table 2.1.
+    Notify(NotifyArgs),
+    /// The kernel's own fault paths: per-fault latency, sequential per-page cost,
+    /// first-touch scaling over threads.
+    Kernel(KernelArgs),
+}
+
+impl BenchCmd {
+    /// What `faultline bench` without a sub-command runs, with small defaults.
+    pub fn default_selection() -> Vec<BenchCmd> {
+        vec![
+            BenchCmd::Kernel(KernelArgs::quick()),
+            BenchCmd::Notify(NotifyArgs::quick()),
+        ]
+    }
+
+    /// Run this sub-bench into `ctx`.
+    pub fn run(&self, ctx: &mut BenchCtx) -> anyhow::Result<()> {
+        match self {
+            BenchCmd::Notify(a) => notify::run(ctx, a).context("bench notify"),
+            BenchCmd::Kernel(a) => kernel::run(ctx, a).context("bench kernel"),
+        }
+    }
+}
+
+/// State shared by the sub-benches of one `faultline bench` run.
+pub struct BenchCtx {
+    /// Every record measured so far.
+    pub report: report::Report,
+    /// Where figures go (`--plot`), if anywhere.
+    pub plot_dir: Option<PathBuf>,
+    /// Where the JSON goes (`--json`), if anywhere.
+    pub json: Option<PathBuf>,
+    /// Figures written so far (stems, without `.svg`/`.png`).
+    pub plots: Vec<PathBuf>,
+}
+
+impl BenchCtx {
+    /// A context for one run; calibrates the TSC if not done yet.
+    pub fn new(json: Option<PathBuf>, plot_dir: Option<PathBuf>) -> BenchCtx {
+        BenchCtx {
+            report: report::Report::new(tsc::tsc()),
+            plot_dir,
+            json,
+            plots: Vec::new(),
+        }
+    }
+
+    /// A progress display for a sub-bench of `steps` steps (hidden off a TTY).
+    pub fn progress(&self, steps: u64, name: &str) -> progress::Progress {
+        progress::Progress::new(steps, name)
+    }
+
+    /// Remember that figure `dir/name.{svg,png}` was written.
+    pub fn note_plot(&mut self, dir: &Path, name: &str) {
+        self.plots.push(dir.join(name));
+    }
+
+    /// Fill in ratios to the kernel, write the JSON file, list the outputs.
+    pub fn finish(mut self) -> anyhow::Result<report::Report> {
+        self.report.apply_kernel_ratios(&RATIO_BENCHES);
+        if let Some(path) = &self.json {
+            self.report.write_json(path)?;
+            println!(
+                "\nwrote {} ({} records)",
+                path.display(),
+                self.report.records.len()
+            );
+        }
+        if !self.plots.is_empty() {
+            println!("figures (.svg and .png):");
+            for p in &self.plots {
+                println!("  {}", p.display());
+            }
+            if !plot::font_available() {
+                println!(
+                    "  (no font found: figures have no text; set FAULTLINE_PLOT_FONT to a .ttf)"
+                );
+            }
+        }
+        Ok(self.report)
+    }
+}
+
+/// Entry point of `faultline bench`.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let cmds = match args.cmd {
+        Some(c) => vec![c],
+        None => BenchCmd::default_selection(),
+    };
+    let mut ctx = BenchCtx::new(args.json, args.plot);
+    let m = &ctx.report.machine;
+    println!(
+        "machine: {} | kernel {} | {} CPUs | TSC {:.3} GHz | {}",
+        m.cpu, m.kernel, m.nproc, m.tsc_ghz, m.date
+    );
+    for c in &cmds {
+        c.run(&mut ctx)?;
+    }
+    ctx.finish()?;
+    Ok(())
+}

@@ -1,0 +1,682 @@
+//! Figures for the benchmarks, each written as `NAME.svg` and `NAME.png`.
+//!
+//! How it works:
+//! 1. Each figure is drawn by one function generic over the plotters backend and
+//!    called twice, once with the SVG and once with the bitmap backend.
+//! 2. Text needs a font: plotters' `ab_glyph` feature has none built in, so the
+//!    first figure registers DejaVu Sans from `/usr/share/fonts/truetype/dejavu/`
+//!    (or the TTF named by `FAULTLINE_PLOT_FONT`). Without a font the figures are
+//!    still written, only without any text: a missing font never fails a benchmark.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use anyhow::{anyhow, Context};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::stats::percentile_sorted;
+
+/// Default figure size in pixels (SVG user units).
+const SIZE: (u32, u32) = (1000, 640);
+
+const FONT_PATHS: [&str; 2] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+/// Register a font for plot text once per process; `false` if none was found.
+pub fn font_available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        let candidates: Vec<PathBuf> = match std::env::var_os("FAULTLINE_PLOT_FONT") {
+            Some(p) => vec![PathBuf::from(p)],
+            None => FONT_PATHS.iter().map(PathBuf::from).collect(),
+        };
+        for p in candidates {
+            if let Ok(bytes) = std::fs::read(&p) {
+                // The font registry wants 'static bytes; one font (~700 KiB) is
+                // leaked once per process.
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+}
+
+fn perr<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("plotting: {e:?}")
+}
+
+/// Closures cannot be generic, so each figure is a small struct implementing this.
+trait Figure {
+    fn size(&self) -> (u32, u32) {
+        SIZE
+    }
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        text: bool,
+    ) -> anyhow::Result<()>;
+}
+
+fn write_figure<F: Figure>(dir: &Path, name: &str, fig: &F, text: bool) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let svg = dir.join(format!("{name}.svg"));
+    let png = dir.join(format!("{name}.png"));
+    {
+        let root = SVGBackend::new(&svg, fig.size()).into_drawing_area();
+        root.fill(&WHITE).map_err(perr)?;
+        fig.draw(&root, text)
+            .with_context(|| format!("drawing {}", svg.display()))?;
+        root.present().map_err(perr)?;
+    }
+    {
+        let root = BitMapBackend::new(&png, fig.size()).into_drawing_area();
+        root.fill(&WHITE).map_err(perr)?;
+        fig.draw(&root, text)
+            .with_context(|| format!("drawing {}", png.display()))?;
+        root.present()
+            .map_err(perr)
+            .with_context(|| format!("writing {}", png.display()))?;
+    }
+    Ok(())
+}
+
+fn color(i: usize) -> RGBColor {
+    const C: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+    ];
+    C[i % C.len()]
+}
+
+/// Pad a range so a zero-width one still draws.
+fn padded(lo: f64, hi: f64) -> Range<f64> {
+    if hi > lo {
+        lo..hi
+    } else {
+        let d = if lo == 0.0 { 1.0 } else { lo.abs() * 0.05 };
+        lo - d..hi + d
+    }
+}
+
+/// A histogram of latency samples, ready to draw.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hist {
+    /// `(bin start, bin end, fraction of the kept samples)`; fractions sum to 1.
+    pub bins: Vec<(f64, f64, f64)>,
+    /// Median of all samples.
+    pub median: f64,
+    /// Bins are log-spaced (the kept samples span more than [`LOG_SPAN`]x).
+    pub log: bool,
+}
+
+/// Kept samples spanning more than this factor get log-spaced bins and a log axis.
+pub const LOG_SPAN: f64 = 20.0;
+
+/// Bin `samples` at or below their p99 into `bins` bins: linear bins, or
+/// log-spaced ones when the kept samples span more than [`LOG_SPAN`]x.
+pub fn histogram_bins(samples: &[f64], bins: usize) -> Hist {
+    let mut s: Vec<f64> = samples.iter().copied().filter(|v| v.is_finite()).collect();
+    if s.is_empty() || bins == 0 {
+        return Hist {
+            bins: Vec::new(),
+            median: 0.0,
+            log: false,
+        };
+    }
+    s.sort_unstable_by(f64::total_cmp);
+    let median = percentile_sorted(&s, 50.0);
+    let cut = percentile_sorted(&s, 99.0);
+    s.retain(|&v| v <= cut);
+    let log = s[0] > 0.0 && cut / s[0] > LOG_SPAN;
+    // Bin in log10 space when `log`; `f` maps a sample into the binning space.
+    let f = |v: f64| if log { v.log10() } else { v };
+    let finv = |v: f64| if log { 10f64.powf(v) } else { v };
+    let r = padded(f(s[0]), f(cut));
+    let w = (r.end - r.start) / bins as f64;
+    let mut counts = vec![0usize; bins];
+    for &v in &s {
+        let i = (((f(v) - r.start) / w).max(0.0) as usize).min(bins - 1);
+        counts[i] += 1;
+    }
+    let n = s.len() as f64;
+    let bins = counts
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            let lo = r.start + i as f64 * w;
+            (finv(lo), finv(lo + w), c as f64 / n)
+        })
+        .collect();
+    Hist { bins, median, log }
+}
+
+struct Histograms<'a> {
+    sets: &'a [(String, Vec<f64>)],
+}
+
+impl Figure for Histograms<'_> {
+    fn size(&self) -> (u32, u32) {
+        (1000, (220 * self.sets.len() as u32).max(300))
+    }
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        text: bool,
+    ) -> anyhow::Result<()> {
+        let k = self.sets.len().max(1);
+        let panels = root.split_evenly((k, 1));
+        for (i, ((label, samples), area)) in self.sets.iter().zip(panels.iter()).enumerate() {
+            let h = histogram_bins(samples, 60);
+            let (Some(first), Some(last)) = (h.bins.first(), h.bins.last()) else {
+                continue;
+            };
+            // Drawn in log10 space when the bins are log-spaced.
+            let tx = |v: f64| {
+                if h.log {
+                    v.max(f64::MIN_POSITIVE).log10()
+                } else {
+                    v
+                }
+            };
+            let ymax = h.bins.iter().map(|b| b.2).fold(0.0, f64::max) * 1.15;
+            let mut b = ChartBuilder::on(area);
+            b.margin(8);
+            if text {
+                b.caption(
+                    format!(
+                        "{label}: n = {}, median {:.0} ns (samples above p99 removed{})",
+                        samples.len(),
+                        h.median,
+                        if h.log { ", log scale" } else { "" }
+                    ),
+                    ("sans-serif", 18),
+                )
+                .x_label_area_size(if i + 1 == k { 50 } else { 30 })
+                .y_label_area_size(70);
+            }
+            let xr = padded(tx(first.0), tx(last.1));
+            let keys = if h.log {
+                log_ticks(&[], xr.start, xr.end)
+            } else {
+                plotters::coord::types::RangedCoordf64::from(xr.clone()).key_points(10)
+            };
+            let x_axis = KeyedAxis {
+                inner: xr.into(),
+                keys,
+            };
+            let mut chart = b
+                .build_cartesian_2d(x_axis, 0.0..ymax.max(1e-9))
+                .map_err(perr)?;
+            let log = h.log;
+            let xfmt = move |v: &f64| {
+                if log {
+                    fmt_axis(10f64.powf(*v).round())
+                } else {
+                    fmt_axis(*v)
+                }
+            };
+            // Without a font the mesh is left out: its labels need text layout.
+            if text {
+                let mut mesh = chart.configure_mesh();
+                mesh.disable_x_mesh()
+                    .light_line_style(TRANSPARENT)
+                    .label_style(("sans-serif", 14))
+                    .y_labels(4)
+                    .x_label_formatter(&xfmt)
+                    .y_label_formatter(&|v| format!("{v:.2}"))
+                    .y_desc("fraction");
+                if i + 1 == k {
+                    mesh.x_desc("latency (ns)")
+                        .axis_desc_style(("sans-serif", 15));
+                }
+                mesh.draw().map_err(perr)?;
+            }
+            let median = tx(h.median);
+            let bins: Vec<(f64, f64, f64)> = h
+                .bins
+                .iter()
+                .map(|&(lo, hi, fr)| (tx(lo), tx(hi), fr))
+                .collect();
+            let c = color(i);
+            chart
+                .draw_series(
+                    bins.iter().map(|&(lo, hi, f)| {
+                        Rectangle::new([(lo, 0.0), (hi, f)], c.mix(0.75).filled())
+                    }),
+                )
+                .map_err(perr)?;
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(median, 0.0), (median, ymax)],
+                    BLACK.stroke_width(1),
+                )))
+                .map_err(perr)?;
+        }
+        Ok(())
+    }
+}
+
+/// One latency histogram panel per mechanism, stacked vertically, written as
+/// `dir/name.svg` and `dir/name.png`. Samples are ns; those above each set's p99
+/// are dropped; y is the fraction of the kept samples per bin; a black line marks
+/// the median.
+pub fn latency_histograms(
+    dir: &Path,
+    name: &str,
+    sets: &[(String, Vec<f64>)],
+) -> anyhow::Result<()> {
+    write_figure(dir, name, &Histograms { sets }, font_available())
+}
+
+struct PhaseBars<'a> {
+    bars: &'a [(String, f64, f64, f64)],
+}
+
+const PHASES: [&str; 3] = ["trigger", "resolve", "return"];
+
+impl Figure for PhaseBars<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        text: bool,
+    ) -> anyhow::Result<()> {
+        let k = self.bars.len().max(1) as u32;
+        let (left, right) = root.split_horizontally(root.dim_in_pixel().0 / 2);
+        for (panel, area) in [left, right].iter().enumerate() {
+            let percent = panel == 1;
+            let ymax = if percent {
+                100.0
+            } else {
+                self.bars
+                    .iter()
+                    .map(|b| b.1 + b.2 + b.3)
+                    .fold(0.0, f64::max)
+                    .max(1.0)
+                    * 1.1
+            };
+            let mut b = ChartBuilder::on(area);
+            b.margin(10);
+            if text {
+                b.caption(
+                    if percent {
+                        "share of each phase (%)"
+                    } else {
+                        "phase cost (cycles)"
+                    },
+                    ("sans-serif", 18),
+                )
+                .x_label_area_size(40)
+                .y_label_area_size(70);
+            }
+            let mut chart = b
+                .build_cartesian_2d((0u32..k - 1).into_segmented(), 0.0..ymax)
+                .map_err(perr)?;
+            let fmt = |v: &SegmentValue<u32>| match v {
+                SegmentValue::CenterOf(i) => self
+                    .bars
+                    .get(*i as usize)
+                    .map_or_else(String::new, |b| b.0.clone()),
+                _ => String::new(),
+            };
+            if text {
+                chart
+                    .configure_mesh()
+                    .disable_x_mesh()
+                    .light_line_style(TRANSPARENT)
+                    .label_style(("sans-serif", 14))
+                    .x_labels(k as usize + 1)
+                    .x_label_formatter(&fmt)
+                    .y_label_formatter(&|v| fmt_axis(*v))
+                    .y_desc(if percent { "%" } else { "cycles" })
+                    .draw()
+                    .map_err(perr)?;
+            }
+            for (p, phase) in PHASES.iter().enumerate() {
+                let c = color(p);
+                let rects = self.bars.iter().enumerate().map(|(i, b)| {
+                    let vals = [b.1, b.2, b.3];
+                    let total = (b.1 + b.2 + b.3).max(f64::MIN_POSITIVE);
+                    let scale = if percent { 100.0 / total } else { 1.0 };
+                    let y0: f64 = vals[..p].iter().sum::<f64>() * scale;
+                    let y1 = y0 + vals[p] * scale;
+                    let mut r = Rectangle::new(
+                        [
+                            (SegmentValue::Exact(i as u32), y0),
+                            (SegmentValue::Exact(i as u32 + 1), y1),
+                        ],
+                        c.filled(),
+                    );
+                    r.set_margin(0, 0, 12, 12);
+                    r
+                });
+                let series = chart.draw_series(rects).map_err(perr)?;
+                if text {
+                    series.label(*phase).legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled())
+                    });
+                }
+            }
+            if text {
+                chart
+                    .configure_series_labels()
+                    .background_style(WHITE.mix(0.8))
+                    .border_style(BLACK)
+                    .position(SeriesLabelPosition::UpperRight)
+                    .draw()
+                    .map_err(perr)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Stacked bars of the trigger / resolve / return phases of each mechanism
+/// (`(label, trigger, resolve, return)` in cycles): absolute cycles on the left,
+/// percentage shares on the right. Written as `dir/name.svg` and `dir/name.png`.
+pub fn phase_bars(dir: &Path, name: &str, bars: &[(String, f64, f64, f64)]) -> anyhow::Result<()> {
+    write_figure(dir, name, &PhaseBars { bars }, font_available())
+}
+
+struct Lines<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    series: &'a [(String, Vec<(f64, f64)>)],
+    log_x: bool,
+}
+
+impl Figure for Lines<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        text: bool,
+    ) -> anyhow::Result<()> {
+        let tx = |x: f64| {
+            if self.log_x {
+                x.max(f64::MIN_POSITIVE).log10()
+            } else {
+                x
+            }
+        };
+        let pts = || self.series.iter().flat_map(|s| s.1.iter().copied());
+        let (xmin, xmax) = pts().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+            (a.min(tx(p.0)), b.max(tx(p.0)))
+        });
+        let ymax = pts().map(|p| p.1).fold(0.0, f64::max);
+        if !xmin.is_finite() {
+            return Ok(());
+        }
+        let xr = padded(xmin, xmax);
+        let pad = (xr.end - xr.start) * 0.03;
+        let mut b = ChartBuilder::on(root);
+        b.margin(15);
+        if text {
+            b.caption(self.title, ("sans-serif", 22))
+                .x_label_area_size(45)
+                .y_label_area_size(80);
+        }
+        let x_range = xr.start - pad..xr.end + pad;
+        let keys = if self.log_x {
+            log_ticks(&pts().map(|p| p.0).collect::<Vec<_>>(), xmin, xmax)
+        } else {
+            plotters::coord::types::RangedCoordf64::from(x_range.clone()).key_points(10)
+        };
+        let mut chart = b
+            .build_cartesian_2d(
+                KeyedAxis {
+                    inner: x_range.into(),
+                    keys,
+                },
+                0.0..(ymax * 1.1).max(1e-9),
+            )
+            .map_err(perr)?;
+        let log_x = self.log_x;
+        let xfmt = move |v: &f64| {
+            if log_x {
+                fmt_axis((10f64.powf(*v) * 1000.0).round() / 1000.0)
+            } else {
+                fmt_axis(*v)
+            }
+        };
+        let yfmt = |v: &f64| fmt_axis(*v);
+        if text {
+            chart
+                .configure_mesh()
+                .light_line_style(RGBColor(235, 235, 235))
+                .label_style(("sans-serif", 14))
+                .axis_desc_style(("sans-serif", 16))
+                .x_desc(self.x_label)
+                .y_desc(self.y_label)
+                .x_label_formatter(&xfmt)
+                .y_label_formatter(&yfmt)
+                .draw()
+                .map_err(perr)?;
+        }
+        for (i, (label, points)) in self.series.iter().enumerate() {
+            let c = color(i);
+            let p: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (tx(x), y)).collect();
+            let s = chart
+                .draw_series(LineSeries::new(p.clone(), c.stroke_width(2)))
+                .map_err(perr)?;
+            if text {
+                s.label(label.as_str()).legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                });
+            }
+            chart
+                .draw_series(p.iter().map(|&xy| Circle::new(xy, 4, c.filled())))
+                .map_err(perr)?;
+        }
+        if text {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(perr)?;
+        }
+        Ok(())
+    }
+}
+
+/// A linear f64 axis whose ticks are exactly `keys` (plotters' own
+/// `WithKeyPoints` cannot be used with `configure_mesh`).
+struct KeyedAxis {
+    inner: plotters::coord::types::RangedCoordf64,
+    keys: Vec<f64>,
+}
+
+impl Ranged for KeyedAxis {
+    type FormatOption = plotters::coord::ranged1d::DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        self.inner.map(value, limit)
+    }
+
+    fn key_points<Hint: plotters::coord::ranged1d::KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
+        if hint.max_num_points() == 0 {
+            Vec::new()
+        } else {
+            self.keys.clone()
+        }
+    }
+
+    fn range(&self) -> Range<f64> {
+        self.inner.range()
+    }
+}
+
+/// Tick positions (log10 of x) for a log axis: the data's own x values when
+/// there are few of them (1, 2, 4, ... 64 pages per fault), else 1-2-5 per decade.
+fn log_ticks(xs: &[f64], lo_log: f64, hi_log: f64) -> Vec<f64> {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|&x| x > 0.0).collect();
+    v.sort_unstable_by(f64::total_cmp);
+    v.dedup();
+    if !v.is_empty() && v.len() <= 12 {
+        return v.iter().map(|x| x.log10()).collect();
+    }
+    let mut out = Vec::new();
+    for d in lo_log.floor() as i32..=hi_log.ceil() as i32 {
+        for m in [1.0, 2.0, 5.0] {
+            let t = (m * 10f64.powi(d)).log10();
+            if t >= lo_log - 1e-9 && t <= hi_log + 1e-9 {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+/// Axis tick text: `0.5`, `16`, `1.2k`, `3.4M`.
+fn fmt_axis(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if a >= 1e4 {
+        format!("{:.0}k", v / 1e3)
+    } else if a >= 100.0 || (v - v.round()).abs() < 1e-9 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// A line chart (one line with markers per series), written as `dir/name.svg` and
+/// `dir/name.png`. With `log_x` the x axis is logarithmic (x must be > 0).
+pub fn line_chart(
+    dir: &Path,
+    name: &str,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    log_x: bool,
+) -> anyhow::Result<()> {
+    let fig = Lines {
+        title,
+        x_label,
+        y_label,
+        series,
+        log_x,
+    };
+    write_figure(dir, name, &fig, font_available())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("faultline-plot-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn sets() -> Vec<(String, Vec<f64>)> {
+        vec![
+            (
+                "a".into(),
+                (0..1000).map(|i| 1000.0 + (i % 97) as f64 * 10.0).collect(),
+            ),
+            (
+                "b".into(),
+                (0..500)
+                    .map(|i| 50_000.0 + (i % 13) as f64 * 900.0)
+                    .collect(),
+            ),
+            ("c".into(), (1..2000).map(|i| 1e7 / i as f64).collect()),
+        ]
+    }
+
+    fn check(dir: &Path, name: &str) {
+        for ext in ["svg", "png"] {
+            let len = std::fs::metadata(dir.join(format!("{name}.{ext}")))
+                .unwrap()
+                .len();
+            assert!(len > 500, "{name}.{ext} is only {len} bytes");
+        }
+    }
+
+    #[test]
+    fn bins_sum_to_one_and_drop_outliers() {
+        let mut v: Vec<f64> = (1..=1000).map(f64::from).collect();
+        v.push(1e9);
+        let h = histogram_bins(&v, 10);
+        assert_eq!(h.bins.len(), 10);
+        let total: f64 = h.bins.iter().map(|b| b.2).sum();
+        assert!((total - 1.0).abs() < 1e-9);
+        assert!(h.bins.last().unwrap().1 < 1e6);
+        assert_eq!(h.median, 501.0);
+        // 1..=991 spans more than LOG_SPAN: log-spaced bins.
+        assert!(h.log);
+        assert!((h.bins[0].0 - 1.0).abs() < 1e-9);
+        let lin = histogram_bins(&[100.0, 150.0, 200.0], 4);
+        assert!(!lin.log);
+        assert!((lin.bins[1].0 - 125.0).abs() < 1e-9);
+        assert!(histogram_bins(&[], 10).bins.is_empty());
+        assert_eq!(histogram_bins(&[5.0, 5.0], 4).bins.len(), 4);
+    }
+
+    #[test]
+    fn figures_with_and_without_text() {
+        for text in [true, false] {
+            if text && !font_available() {
+                continue;
+            }
+            let dir = tmpdir(if text { "text" } else { "notext" });
+            let s = sets();
+            write_figure(&dir, "hist", &Histograms { sets: &s }, text).unwrap();
+            check(&dir, "hist");
+            let bars = vec![
+                ("poll".to_string(), 1000.0, 5000.0, 800.0),
+                ("spin".into(), 900.0, 2000.0, 700.0),
+            ];
+            write_figure(&dir, "phases", &PhaseBars { bars: &bars }, text).unwrap();
+            check(&dir, "phases");
+            write_figure(&dir, "phases1", &PhaseBars { bars: &bars[..1] }, text).unwrap();
+            check(&dir, "phases1");
+            let series = vec![
+                (
+                    "kernel".to_string(),
+                    vec![(1.0, 1500.0), (16.0, 100.0), (64.0, 80.0)],
+                ),
+                (
+                    "copy".into(),
+                    vec![(1.0, 3200.0), (16.0, 1350.0), (64.0, 1200.0)],
+                ),
+            ];
+            let fig = Lines {
+                title: "t",
+                x_label: "x",
+                y_label: "y",
+                series: &series,
+                log_x: true,
+            };
+            write_figure(&dir, "lines", &fig, text).unwrap();
+            check(&dir, "lines");
+            // FAULTLINE_KEEP_TEST_PLOTS=1 keeps the figures for a look.
+            if std::env::var_os("FAULTLINE_KEEP_TEST_PLOTS").is_none() {
+                std::fs::remove_dir_all(&dir).unwrap();
+            } else {
+                eprintln!("kept {}", dir.display());
+            }
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! Breadth-first search over CSR slices.
+//!
+//! [`bfs_parallel`] is the benchmark kernel, shaped like UMap's BFS:
+//! level-synchronous and top-down, each level scans *all* vertices and
+//! expands those on the current level, so every level streams through the
+//! whole index and jumps around in the edge array. How it works:
+//!
+//! 1. `level[source] = 0`; all other entries are `u32::MAX` (unreached).
+//!    The array lives in ordinary memory and is fully written before the
+//!    search, so its page faults are not part of the measurement.
+//! 2. For level `l`, `threads` workers take chunks of 4096 vertices from a
+//!    shared counter; for each `v` with `level[v] == l` they claim every
+//!    unreached neighbour with a compare-and-swap to `l + 1` (the CAS makes
+//!    the per-level counts exact; the level values would be the same without
+//!    it).
+//! 3. A barrier ends the level; the search stops when a level discovers no
+//!    vertex.
+//!
+//! [`bfs_reference`] is a plain queue BFS used to validate the result: BFS
+//! levels are unique, so both must agree on every vertex.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::time::Instant;
+
+/// Level of a vertex the search did not reach.
+pub const UNREACHED: u32 = u32::MAX;
+
+/// Vertices per work chunk.
+const CHUNK: usize = 4096;
+
+/// Counters for one BFS level.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LevelStats {
+    /// The level (distance from the source).
+    pub level: u32,
+    /// Vertices on this level (expanded).
+    pub frontier: u64,
+    /// Adjacency entries scanned.
+    pub edges_scanned: u64,
+    /// Vertices discovered for the next level.
+    pub discovered: u64,
+    /// Wall time of the level.
+    pub seconds: f64,
+}
+
+/// Outcome of [`bfs_parallel`].
+#[derive(Debug, Clone)]
+pub struct BfsResult {
+    /// Level of every vertex, [`UNREACHED`] if not reached.
+    pub levels: Vec<u32>,
+    /// One entry per expanded level.
+    pub per_level: Vec<LevelStats>,
+    /// Wall time of the search (excluding allocation of `levels`).
+    pub seconds: f64,
+}
+
+impl BfsResult {
+    /// Number of vertices reached (including the source).
+    pub fn reached(&self) -> u64 {
+        self.levels.iter().filter(|&&l| l != UNREACHED).count() as u64
+    }
+}
+
+/// The input does not describe a graph the search can walk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BfsError {
+    /// The source is not a vertex.
+    SourceOutOfRange {
+        /// The requested source.
+        source: u64,
+        /// Number of vertices.
+        vertices: u64,
+    },
+    /// An index entry or edge target points outside the arrays.
+    Malformed,
+}
+
+impl fmt::Display for BfsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BfsError::SourceOutOfRange { source, vertices } => {
+                write!(
+                    f,
+                    "source vertex {source} out of range (graph has {vertices} vertices)"
+                )
+            }
+            BfsError::Malformed => f.write_str("malformed graph: index or edge out of range"),
+        }
+    }
+}
+
+impl std::error::Error for BfsError {}
+
+fn check_source(index: &[u64], source: u64) -> Result<usize, BfsError> {
+    let n = index.len().saturating_sub(1) as u64;
+    if source >= n {
+        return Err(BfsError::SourceOutOfRange {
+            source,
+            vertices: n,
+        });
+    }
+    Ok(source as usize)
+}
+
+/// Simple queue BFS over in-memory slices (the validation reference).
+pub fn bfs_reference(index: &[u64], edges: &[u64], source: u64) -> Result<Vec<u32>, BfsError> {
+    let s = check_source(index, source)?;
+    let n = index.len() - 1;
+    let mut levels = vec![UNREACHED; n];
+    levels[s] = 0;
+    let mut queue = VecDeque::from([s]);
+    while let Some(v) = queue.pop_front() {
+        let next = levels[v] + 1;
+        let adj = edges
+            .get(index[v] as usize..index[v + 1] as usize)
+            .ok_or(BfsError::Malformed)?;
+        for &w in adj {
+            let slot = levels.get_mut(w as usize).ok_or(BfsError::Malformed)?;
+            if *slot == UNREACHED {
+                *slot = next;
+                queue.push_back(w as usize);
+            }
+        }
+    }
+    Ok(levels)
+}
+
+/// State shared by the coordinator and the workers of one search.
+struct Shared<'a> {
+    index: &'a [u64],
+    edges: &'a [u64],
+    levels: &'a [AtomicU32],
+    current: AtomicU32,
+    next_chunk: AtomicUsize,
+    frontier: AtomicU64,
+    scanned: AtomicU64,
+    discovered: AtomicU64,
+    done: AtomicBool,
+    malformed: AtomicBool,
+}
+
+impl Shared<'_> {
+    /// Expands the current level over the chunks this worker claims.
+    fn work_level(&self) {
+        let n = self.levels.len();
+        let cur = self.current.load(Ordering::Relaxed);
+        let (mut frontier, mut scanned, mut discovered) = (0u64, 0u64, 0u64);
+        loop {
+            let start = self.next_chunk.fetch_add(CHUNK, Ordering::Relaxed);
+            if start >= n {
+                break;
+            }
+            for v in start..(start + CHUNK).min(n) {
+                if self.levels[v].load(Ordering::Relaxed) != cur {
+                    continue;
+                }
+                frontier += 1;
+                let Some(adj) = self
+                    .edges
+                    .get(self.index[v] as usize..self.index[v + 1] as usize)
+                else {
+                    self.malformed.store(true, Ordering::Relaxed);
+                    continue;
+                };
+                scanned += adj.len() as u64;
+                for &w in adj {
+                    let Some(slot) = self.levels.get(w as usize) else {
+                        self.malformed.store(true, Ordering::Relaxed);
+                        continue;
+                    };
+                    if slot.load(Ordering::Relaxed) == UNREACHED
+                        && slot
+                            .compare_exchange(
+                                UNREACHED,
+                                cur + 1,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            )
+                            .is_ok()
+                    {
+                        discovered += 1;
+                    }
+                }
+            }
+        }
+        self.frontier.fetch_add(frontier, Ordering::Relaxed);
+        self.scanned.fetch_add(scanned, Ordering::Relaxed);
+        self.discovered.fetch_add(discovered, Ordering::Relaxed);
+    }
+}
+
+/// Level-synchronous top-down BFS with `threads` workers (see the module
+/// docs). `index` has `n + 1` entries, `edges` `index[n]`.
+pub fn bfs_parallel(
+    index: &[u64],
+    edges: &[u64],
+    source: u64,
+    threads: usize,
+) -> Result<BfsResult, BfsError> {
+    let s = check_source(index, source)?;
+    let n = index.len() - 1;
+    let threads = threads.max(1);
+    // Writing every entry here pre-faults the array before the clock starts.
+    let levels: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(UNREACHED)).collect();
+    levels[s].store(0, Ordering::Relaxed);
+    let shared = Shared {
+        index,
+        edges,
+        levels: &levels,
+        current: AtomicU32::new(0),
+        next_chunk: AtomicUsize::new(0),
+        frontier: AtomicU64::new(0),
+        scanned: AtomicU64::new(0),
+        discovered: AtomicU64::new(0),
+        done: AtomicBool::new(false),
+        malformed: AtomicBool::new(false),
+    };
+    // Start and end of each level: workers plus the coordinator.
+    let barrier = Barrier::new(threads + 1);
+    let mut per_level = Vec::new();
+    let t0 = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                barrier.wait();
+                if shared.done.load(Ordering::Acquire) {
+                    break;
+                }
+                shared.work_level();
+                barrier.wait();
+            });
+        }
+        for level in 0u32.. {
+            let lt = Instant::now();
+            shared.current.store(level, Ordering::Relaxed);
+            shared.next_chunk.store(0, Ordering::Relaxed);
+            barrier.wait();
+            barrier.wait();
+            let stats = LevelStats {
+                level,
+                frontier: shared.frontier.swap(0, Ordering::Relaxed),
+                edges_scanned: shared.scanned.swap(0, Ordering::Relaxed),
+                discovered: shared.discovered.swap(0, Ordering::Relaxed),
+                seconds: lt.elapsed().as_secs_f64(),
+            };
+            per_level.push(stats);
+            if stats.discovered == 0 || level == UNREACHED - 1 {
+                shared.done.store(true, Ordering::Release);
+                barrier.wait();
+                break;
+            }
+        }
+    });
+    let seconds = t0.elapsed().as_secs_f64();
+    if shared.malformed.load(Ordering::Relaxed) {
+        return Err(BfsError::Malformed);
+    }
+    Ok(BfsResult {
+        levels: levels.into_iter().map(AtomicU32::into_inner).collect(),
+        per_level,
+        seconds,
+    })
+}
+
+/// First vertex whose level differs, as `(vertex, got, expected)`.
+pub fn first_mismatch(got: &[u32], expected: &[u32]) -> Option<(usize, u32, u32)> {
+    if got.len() != expected.len() {
+        return Some((got.len().min(expected.len()), UNREACHED, UNREACHED));
+    }
+    got.iter()
+        .zip(expected)
+        .position(|(a, b)| a != b)
+        .map(|v| (v, got[v], expected[v]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::csr::from_edges;
+    use super::super::rmat::{generate, GenOptions, RmatParams};
+    use super::*;
+    use indicatif::ProgressBar;
+    use std::io::Cursor;
+
+    #[test]
+    fn path_and_isolated() {
+        // 0 - 1 - 2 - 3, 4 isolated.
+        let g = from_edges(5, &[(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2)]);
+        let want = vec![0, 1, 2, 3, UNREACHED];
+        assert_eq!(bfs_reference(&g.index, &g.edges, 0).unwrap(), want);
+        let r = bfs_parallel(&g.index, &g.edges, 0, 2).unwrap();
+        assert_eq!(r.levels, want);
+        assert_eq!(r.reached(), 4);
+        assert_eq!(r.per_level.len(), 4);
+        assert_eq!(r.per_level.iter().map(|l| l.frontier).sum::<u64>(), 4);
+        assert_eq!(r.per_level.iter().map(|l| l.edges_scanned).sum::<u64>(), 6);
+        assert_eq!(
+            bfs_parallel(&g.index, &g.edges, 5, 1).unwrap_err(),
+            BfsError::SourceOutOfRange {
+                source: 5,
+                vertices: 5
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_is_an_error_not_a_panic() {
+        let index = [0u64, 1, 1];
+        let edges = [9u64];
+        assert_eq!(
+            bfs_parallel(&index, &edges, 0, 2).unwrap_err(),
+            BfsError::Malformed
+        );
+        assert_eq!(
+            bfs_reference(&index, &edges, 0).unwrap_err(),
+            BfsError::Malformed
+        );
+    }
+
+    #[test]
+    fn matches_reference_on_rmat() {
+        for (scale, seed) in [(8, 1), (11, 2), (12, 3)] {
+            let p = RmatParams {
+                scale,
+                edge_factor: 8,
+                seed,
+                scramble: true,
+            };
+            let mut out = Cursor::new(Vec::new());
+            let opts = GenOptions {
+                threads: 2,
+                mem_limit: 1 << 30,
+            };
+            generate(&p, &opts, &mut out, &ProgressBar::hidden()).unwrap();
+            let words: Vec<u64> = out
+                .into_inner()
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let n = 1usize << scale;
+            let (index, edges) = words.split_at(n + 1);
+            for source in [0, 5] {
+                let want = bfs_reference(index, edges, source).unwrap();
+                for threads in [1, 4] {
+                    let got = bfs_parallel(index, edges, source, threads).unwrap();
+                    assert_eq!(first_mismatch(&got.levels, &want), None);
+                }
+            }
+        }
+    }
+}

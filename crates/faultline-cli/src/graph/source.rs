@@ -1,0 +1,299 @@
+//! Where the BFS reads the graph from: a [`GraphSource`] exposes the CSR
+//! arrays as slices, however they are backed, plus counters for the report.
+//!
+//! [`MmapSource`] is the kernel baseline: the file mapped `MAP_PRIVATE`,
+//! `PROT_READ`, faults resolved by the kernel from the page cache. The
+//! faultline-backed source (a region with a `File` store) plugs in next to
+//! it; see `run_bfs`.
+//!
+//! Page-cache state is set up per run, independent of the source:
+//! [`warm_file`] reads the file once; [`drop_file_cache`] asks the kernel
+//! to forget its cached pages (`fdatasync` then `POSIX_FADV_DONTNEED`) and
+//! checks with `mincore` how many stayed.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::ptr::NonNull;
+
+use anyhow::Context;
+
+use super::csr::CsrLayout;
+
+/// Cumulative counters of a source; the report uses differences.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SourceStats {
+    /// Page faults (minor + major for the kernel; handled faults for
+    /// faultline).
+    pub faults: u64,
+    /// Of which major (needed I/O), when known.
+    pub major_faults: u64,
+    /// Bytes read from the file's storage, when known.
+    pub bytes_read: Option<u64>,
+    /// Time spent resolving faults. For the kernel: system CPU time of the
+    /// process (almost all of it fault handling during a BFS), summed over
+    /// threads.
+    pub handler_seconds: f64,
+}
+
+impl SourceStats {
+    /// Counters accumulated between `earlier` and `self`.
+    pub fn since(&self, earlier: &SourceStats) -> SourceStats {
+        SourceStats {
+            faults: self.faults.saturating_sub(earlier.faults),
+            major_faults: self.major_faults.saturating_sub(earlier.major_faults),
+            bytes_read: match (self.bytes_read, earlier.bytes_read) {
+                (Some(a), Some(b)) => Some(a.saturating_sub(b)),
+                _ => None,
+            },
+            handler_seconds: (self.handler_seconds - earlier.handler_seconds).max(0.0),
+        }
+    }
+}
+
+/// A CSR graph exposed as slices, e.g. through a memory mapping.
+pub trait GraphSource: Sync {
+    /// `index`, `n + 1` entries.
+    fn index(&self) -> &[u64];
+    /// `edges`, `index[n]` entries.
+    fn edges(&self) -> &[u64];
+    /// Cumulative counters now.
+    fn stats(&self) -> SourceStats;
+    /// Effective page size in bytes.
+    fn page_size(&self) -> u64;
+}
+
+/// The kernel's page size.
+pub fn kernel_page_size() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(v).unwrap_or(4096)
+}
+
+/// Process-wide fault and system-time counters from `getrusage`, plus
+/// `read_bytes` from `/proc/self/io` (absent without task I/O accounting).
+pub fn process_stats() -> SourceStats {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `ru` is valid for writes of one `rusage`; RUSAGE_SELF is valid.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    let (minflt, majflt, stime) = if rc == 0 {
+        // SAFETY: getrusage succeeded, so it initialised `ru`.
+        let ru = unsafe { ru.assume_init() };
+        (
+            ru.ru_minflt as u64,
+            ru.ru_majflt as u64,
+            ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 * 1e-6,
+        )
+    } else {
+        (0, 0, 0.0)
+    };
+    SourceStats {
+        faults: minflt + majflt,
+        major_faults: majflt,
+        bytes_read: proc_read_bytes(),
+        handler_seconds: stime,
+    }
+}
+
+fn proc_read_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A read-only private mapping of a whole file.
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and owned; sharing `&[u64]` views of it
+// between threads is like sharing any immutable buffer.
+unsafe impl Send for Mapping {}
+// SAFETY: as above, no interior mutability.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn map(file: &File, len: usize) -> io::Result<Self> {
+        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) aliases no
+        // Rust object; fd is a valid open file.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        Ok(Self { ptr, len })
+    }
+
+    /// `count` words starting at word `first`.
+    fn words(&self, first: usize, count: usize) -> &[u64] {
+        assert!((first + count) * 8 <= self.len, "slice past the mapping");
+        // SAFETY: the range is inside the mapping (asserted), the mapping
+        // is page-aligned so word offsets are 8-aligned, it stays mapped and
+        // read-only for the lifetime of `&self`, and every bit pattern is a
+        // valid u64. The file must not be truncated while mapped (that would
+        // raise SIGBUS, not undefined behaviour in Rust terms we can
+        // prevent); the benchmark owns the file for the run.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<u64>().add(first), count) }
+    }
+
+    /// Number of pages of the mapping resident in the page cache.
+    fn resident_pages(&self) -> io::Result<u64> {
+        let page = kernel_page_size() as usize;
+        let mut vec = vec![0u8; self.len.div_ceil(page)];
+        // SAFETY: `ptr..ptr+len` is our mapping; `vec` has one byte per page.
+        let rc = unsafe { libc::mincore(self.ptr.as_ptr().cast(), self.len, vec.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping we created; no slices of it
+        // outlive `self` (they borrow it).
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// The kernel baseline: the CSR file mapped `MAP_PRIVATE | PROT_READ`.
+pub struct MmapSource {
+    map: Mapping,
+    layout: CsrLayout,
+}
+
+impl MmapSource {
+    /// Maps `path`, whose layout was already validated.
+    pub fn open(path: &Path, layout: CsrLayout) -> anyhow::Result<Self> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let len = file
+            .metadata()
+            .with_context(|| format!("stat {}", path.display()))?
+            .len();
+        anyhow::ensure!(
+            len == layout.file_bytes(),
+            "{} changed size: {len} bytes, expected {}",
+            path.display(),
+            layout.file_bytes()
+        );
+        let len = usize::try_from(len).context("file too large to map")?;
+        let map = Mapping::map(&file, len).with_context(|| format!("mmap {}", path.display()))?;
+        Ok(Self { map, layout })
+    }
+}
+
+impl GraphSource for MmapSource {
+    fn index(&self) -> &[u64] {
+        self.map.words(0, self.layout.vertices as usize + 1)
+    }
+
+    fn edges(&self) -> &[u64] {
+        self.map.words(
+            self.layout.vertices as usize + 1,
+            self.layout.edges as usize,
+        )
+    }
+
+    fn stats(&self) -> SourceStats {
+        process_stats()
+    }
+
+    fn page_size(&self) -> u64 {
+        kernel_page_size()
+    }
+}
+
+/// Reads the whole file once so its pages are in the page cache.
+pub fn warm_file(path: &Path) -> anyhow::Result<()> {
+    let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+}
+
+/// Result of [`drop_file_cache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheDrop {
+    /// Pages of the file.
+    pub pages: u64,
+    /// Pages still cached afterwards (`None` if `mincore` failed).
+    pub still_cached: Option<u64>,
+}
+
+impl CacheDrop {
+    /// Whether the file left the cache (all but at most 1 % of its pages).
+    pub fn worked(&self) -> bool {
+        self.still_cached.is_some_and(|c| c * 100 <= self.pages)
+    }
+}
+
+/// Drops the file's pages from the page cache: `fdatasync` (dirty pages
+/// cannot be dropped), `posix_fadvise(POSIX_FADV_DONTNEED)`, then counts the
+/// pages still cached with `mincore`. Pages mapped by any process stay.
+pub fn drop_file_cache(path: &Path) -> anyhow::Result<CacheDrop> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    file.sync_data()
+        .with_context(|| format!("fdatasync {}", path.display()))?;
+    // SAFETY: plain syscall on a valid fd; no memory is passed.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc))
+            .with_context(|| format!("posix_fadvise(DONTNEED) {}", path.display()));
+    }
+    let len = file
+        .metadata()
+        .with_context(|| format!("stat {}", path.display()))?
+        .len();
+    let pages = len.div_ceil(kernel_page_size());
+    let len = usize::try_from(len).context("file too large to map")?;
+    let map = Mapping::map(&file, len).with_context(|| format!("mmap {}", path.display()))?;
+    Ok(CacheDrop {
+        pages,
+        still_cached: map.resident_pages().ok(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::csr::{from_edges, write_csr};
+    use super::*;
+
+    #[test]
+    fn mmap_source_reads_the_file() {
+        let g = from_edges(3, &[(0, 1), (1, 0), (1, 2), (2, 1)]);
+        let path = std::env::temp_dir().join(format!("faultline-src-{}", std::process::id()));
+        write_csr(&mut File::create(&path).unwrap(), &g).unwrap();
+        let src = MmapSource::open(&path, g.layout()).unwrap();
+        assert_eq!(src.index(), &g.index[..]);
+        assert_eq!(src.edges(), &g.edges[..]);
+        let before = src.stats();
+        assert!(src.stats().since(&before).faults < 1_000_000);
+        drop(src);
+        let d = drop_file_cache(&path).unwrap();
+        assert_eq!(d.pages, 1);
+        warm_file(&path).unwrap();
+        std::fs::remove_file(path).unwrap();
+    }
+}

@@ -1,0 +1,4 @@
+//! `faultline info`.
+pub fn run() -> anyhow::Result<()> {
+    anyhow::bail!("not yet implemented")
+}

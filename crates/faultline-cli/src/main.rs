@@ -1,0 +1,42 @@
+//! `faultline`: capability report, benchmarks and demo workloads for the
+//! faultline user-space page-fault runtime.
+
+mod bench;
+mod graph;
+mod info;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "faultline",
+    version,
+    about = "User-space page-fault runtime: capabilities and benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the kernel's userfaultfd capabilities and what each memory kind supports.
+    Info,
+    /// Fault latency and throughput benchmarks, side by side with the kernel's own fault path.
+    Bench(bench::BenchArgs),
+    /// Graph files: generate (R-MAT) or import (edge list) a binary CSR graph.
+    #[command(subcommand)]
+    Graph(graph::GraphCmd),
+    /// Breadth-first search over a CSR graph file mapped through the kernel or faultline.
+    Bfs(graph::BfsArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Info => info::run(),
+        Command::Bench(args) => bench::run(args),
+        Command::Graph(cmd) => graph::run_graph(cmd),
+        Command::Bfs(args) => graph::run_bfs(args),
+    }
+}
