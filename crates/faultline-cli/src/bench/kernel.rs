@@ -151,14 +151,15 @@ impl Drop for Mapping {
 }
 
 /// A temporary file in `std::env::temp_dir()`, removed on drop.
-struct TempFile {
-    path: PathBuf,
+pub struct TempFile {
+    /// Where the file is.
+    pub path: PathBuf,
     file: File,
 }
 
 impl TempFile {
     /// A file of `pages` pages of non-zero bytes, read once so its page cache is warm.
-    fn warm(pages: usize) -> anyhow::Result<TempFile> {
+    pub fn warm(pages: usize) -> anyhow::Result<TempFile> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let path = std::env::temp_dir().join(format!(
             "faultline-bench-{}-{}.dat",

@@ -21,6 +21,7 @@
 
 // The building blocks are also the API of the engine benches (latency, seq,
 // scale) still to be added: until then parts of them are unused in this binary.
+pub mod engines;
 #[allow(dead_code)]
 pub mod kernel;
 pub mod notify;
@@ -68,13 +69,23 @@ pub enum BenchCmd {
     /// The kernel's own fault paths: per-fault latency, sequential per-page cost,
     /// first-touch scaling over threads.
     Kernel(KernelArgs),
+    /// Per-fault latency of every engine x resolve op, with the phase
+    /// breakdown (trigger / resolve / return), next to the kernel's paths.
+    Latency(engines::LatencyArgs),
+    /// Sequential first touch with fault-around 1..64 pages per fault,
+    /// against the kernel's first touch and a warm mmap file scan.
+    Seq(engines::SeqArgs),
+    /// Faults per second with 1, 2, 4, 8 faulting threads per engine.
+    Scale(engines::ScaleArgs),
 }
 
 impl BenchCmd {
     /// What `faultline bench` without a sub-command runs, with small defaults.
     pub fn default_selection() -> Vec<BenchCmd> {
         vec![
-            BenchCmd::Kernel(KernelArgs::quick()),
+            BenchCmd::Latency(engines::LatencyArgs::quick()),
+            BenchCmd::Seq(engines::SeqArgs::quick()),
+            BenchCmd::Scale(engines::ScaleArgs::quick()),
             BenchCmd::Notify(NotifyArgs::quick()),
         ]
     }
@@ -84,6 +95,9 @@ impl BenchCmd {
         match self {
             BenchCmd::Notify(a) => notify::run(ctx, a).context("bench notify"),
             BenchCmd::Kernel(a) => kernel::run(ctx, a).context("bench kernel"),
+            BenchCmd::Latency(a) => engines::run_latency(ctx, a).context("bench latency"),
+            BenchCmd::Seq(a) => engines::run_seq(ctx, a).context("bench seq"),
+            BenchCmd::Scale(a) => engines::run_scale(ctx, a).context("bench scale"),
         }
     }
 }

@@ -2,9 +2,10 @@
 //! arrays as slices, however they are backed, plus counters for the report.
 //!
 //! [`MmapSource`] is the kernel baseline: the file mapped `MAP_PRIVATE`,
-//! `PROT_READ`, faults resolved by the kernel from the page cache. The
-//! faultline-backed source (a region with a `File` store) plugs in next to
-//! it; see `run_bfs`.
+//! `PROT_READ`, faults resolved by the kernel from the page cache.
+//! [`FaultlineSource`] maps the same file as a faultline region backed by a
+//! `File` store: every first touch of a region page faults and one of the
+//! four engines installs it from the file.
 //!
 //! Page-cache state is set up per run, independent of the source:
 //! [`warm_file`] reads the file once; [`drop_file_cache`] asks the kernel
@@ -18,6 +19,7 @@ use std::path::Path;
 use std::ptr::NonNull;
 
 use anyhow::Context;
+use faultline::{EngineConfig, EngineKind, FileAccess, FileStore, Region};
 
 use super::csr::CsrLayout;
 
@@ -216,6 +218,126 @@ impl GraphSource for MmapSource {
 
     fn page_size(&self) -> u64 {
         kernel_page_size()
+    }
+}
+
+/// How a [`FaultlineSource`] is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultlineOptions {
+    /// Fault-delivery engine.
+    pub engine: EngineKind,
+    /// Region page size in bytes: a multiple of 4 KiB, at most 2 MiB.
+    pub page_size: u64,
+    /// Region pages resolved per fault (the aligned window around the
+    /// faulting page); 1 resolves only the faulting page.
+    pub fault_around: usize,
+    /// How the `File` store reads the file.
+    pub file_access: FileAccess,
+}
+
+/// The CSR file as a faultline region: private anonymous memory whose
+/// pages are installed on first touch from a `File` store on the file.
+///
+/// The region covers the whole file, rounded up to the region page size
+/// (the store reads zeros past the end of the file). Every engine is
+/// process-wide, so the BFS worker threads fault on the region like any
+/// other thread; nothing has to be set up per thread.
+pub struct FaultlineSource {
+    region: Region,
+    layout: CsrLayout,
+}
+
+impl FaultlineSource {
+    /// Maps `path`, whose layout was already validated, as a faultline
+    /// region with an engine created for this source alone.
+    pub fn open(path: &Path, layout: CsrLayout, opts: FaultlineOptions) -> anyhow::Result<Self> {
+        let ps = opts.page_size;
+        anyhow::ensure!(
+            ps.is_multiple_of(4096) && (4096..=2 << 20).contains(&ps),
+            "faultline page size {ps} must be a multiple of 4K from 4K to 2M"
+        );
+        let file_len = std::fs::metadata(path)
+            .with_context(|| format!("stat {}", path.display()))?
+            .len();
+        anyhow::ensure!(
+            file_len == layout.file_bytes(),
+            "{} changed size: {file_len} bytes, expected {}",
+            path.display(),
+            layout.file_bytes()
+        );
+        let region_len = usize::try_from(file_len.next_multiple_of(ps))
+            .context("graph file too large to map")?;
+        // Calibrate the TSC now (about 60 ms, once per process) so that the
+        // first `stats()` call does not land inside a timed run.
+        let _ = crate::bench::tsc::tsc();
+        let store = FileStore::open_with(path, 0, opts.file_access)
+            .with_context(|| format!("opening {} as a faultline file store", path.display()))?;
+        let engine = faultline::engine::create(opts.engine, EngineConfig::default())
+            .with_context(|| format!("creating the faultline {} engine", opts.engine.name()))?;
+        let region = Region::builder(region_len)
+            .page_size(ps as usize)
+            .store(store)
+            .fault_around(opts.fault_around)
+            .build_dyn(engine)
+            .with_context(|| {
+                format!(
+                    "creating a {} faultline region ({} engine, {ps}-byte pages) over {}",
+                    region_len,
+                    opts.engine.name(),
+                    path.display()
+                )
+            })?;
+        Ok(Self { region, layout })
+    }
+
+    /// `count` words starting at word `first` of the region.
+    fn words(&self, first: usize, count: usize) -> &[u64] {
+        assert!(
+            (first + count) * 8 <= self.region.len(),
+            "slice past the region"
+        );
+        // SAFETY: the range is inside the region (asserted), which is
+        // mapped readable for its whole length while `self.region` lives,
+        // i.e. for the lifetime of `&self`; the base is page-aligned so word
+        // offsets are 8-aligned, and every bit pattern is a valid u64. Pages
+        // not yet installed fault on first read and the engine installs the
+        // file's bytes (zeros past its end) before the read completes, so
+        // every read sees the file's contents. Nothing writes the region.
+        unsafe { std::slice::from_raw_parts(self.region.as_ptr().cast::<u64>().add(first), count) }
+    }
+}
+
+impl GraphSource for FaultlineSource {
+    fn index(&self) -> &[u64] {
+        self.words(0, self.layout.vertices as usize + 1)
+    }
+
+    fn edges(&self) -> &[u64] {
+        self.words(
+            self.layout.vertices as usize + 1,
+            self.layout.edges as usize,
+        )
+    }
+
+    /// `faults` are the faults the runtime handled on this region;
+    /// `bytes_read` the region pages filled from the store times the page
+    /// size; `handler_seconds` the TSC time spent in the resolve path: on
+    /// the faulting threads (SIGBUS handler) for the `signal` engine, on
+    /// the handler threads for the others. `major_faults` is the process's
+    /// (kernel faults on the store's own mapping of the file, if any).
+    fn stats(&self) -> SourceStats {
+        let s = self.region.stats();
+        let ps = self.region.page_size() as u64;
+        SourceStats {
+            faults: s.faults,
+            major_faults: process_stats().major_faults,
+            bytes_read: Some((s.store_fills + s.zero_copy_fills) * ps),
+            handler_seconds: crate::bench::tsc::tsc().cycles_to_ns(s.handler_cycles) * 1e-9,
+        }
+    }
+
+    fn page_size(&self) -> u64 {
+        self.region.page_size() as u64
     }
 }
 

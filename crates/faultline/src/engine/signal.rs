@@ -263,8 +263,14 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
                         return;
                     }
                     Ok(Resolution::Busy) => {
+                        // Another thread is installing the page: wait for its
+                        // claim to clear (bounded, ~100 us) rather than
+                        // re-fault and take another signal per retry.
                         r.stats.busy.fetch_add(1, Relaxed);
-                        std::hint::spin_loop();
+                        let deadline = rdtsc() + 260_000;
+                        while r.residency.is_claimed(page) && rdtsc() < deadline {
+                            std::hint::spin_loop();
+                        }
                         set_errno(saved);
                         return;
                     }
