@@ -11,21 +11,25 @@ use faultline::*;
 
 #[test]
 fn matrix_signal_engine_stores_kinds_64mib_8_threads() {
+    let _deadline = deadline(300);
     matrix(&[EngineKind::Signal], 64 << 20, 8);
 }
 
 #[test]
 fn page_sizes_4k_16k_64k() {
+    let _deadline = deadline(300);
     page_sizes(&[EngineKind::Signal]);
 }
 
 #[test]
 fn concurrent_faults_on_one_page_resolved_once() {
+    let _deadline = deadline(300);
     concurrent_faults_once(EngineKind::Signal);
 }
 
 #[test]
 fn zero_store_read_maps_the_zero_page_and_write_copies() {
+    let _deadline = deadline(300);
     let e = engine_of(EngineKind::Signal);
     let r = Region::builder(16 * 4096).build_dyn(e).unwrap();
     assert_eq!(read(r.as_ptr(), 5), 0);
@@ -41,6 +45,7 @@ fn zero_store_read_maps_the_zero_page_and_write_copies() {
 
 #[test]
 fn a_store_that_is_not_signal_safe_is_refused() {
+    let _deadline = deadline(300);
     struct NotSafe;
     impl PageStore for NotSafe {
         fn describe(&self) -> &str {
@@ -73,6 +78,7 @@ fn a_store_that_is_not_signal_safe_is_refused() {
 
 #[test]
 fn syscalls_into_unpopulated_pages_get_efault_until_populated() {
+    let _deadline = deadline(300);
     let len = 8 * 4096;
     let data = pattern(len);
     let f = TempFile::with(&data);
@@ -99,6 +105,7 @@ fn syscalls_into_unpopulated_pages_get_efault_until_populated() {
 
 #[test]
 fn shmem_continue_refaults_from_the_page_cache() {
+    let _deadline = deadline(300);
     let len = 32 * 4096;
     let data = pattern(len);
     let r = Region::builder(len)
@@ -120,6 +127,7 @@ fn shmem_continue_refaults_from_the_page_cache() {
 
 #[test]
 fn residency_is_visible_to_a_presence_check() {
+    let _deadline = deadline(300);
     let r = Arc::new(
         Region::builder(64 * 4096)
             .store(MemoryStore::new(pattern(64 * 4096)))

@@ -13,16 +13,19 @@ const THREAD_ENGINES: [EngineKind; 3] = [EngineKind::Poll, EngineKind::Spin, Eng
 
 #[test]
 fn matrix_engines_stores_kinds_64mib_8_threads() {
+    let _deadline = deadline(300);
     matrix(&THREAD_ENGINES, 64 << 20, 8);
 }
 
 #[test]
 fn page_sizes_4k_16k_64k() {
+    let _deadline = deadline(300);
     page_sizes(&THREAD_ENGINES);
 }
 
 #[test]
 fn concurrent_faults_on_one_page_resolved_once() {
+    let _deadline = deadline(300);
     for e in THREAD_ENGINES {
         concurrent_faults_once(e);
     }
@@ -30,6 +33,7 @@ fn concurrent_faults_on_one_page_resolved_once() {
 
 #[test]
 fn fault_around_stops_at_region_edges() {
+    let _deadline = deadline(300);
     let e = engine_of(EngineKind::Poll);
     let ps = 4096usize;
     // Two regions back to back at a fixed address. Another test may grab
@@ -73,6 +77,7 @@ fn fault_around_stops_at_region_edges() {
 
 #[test]
 fn regions_added_and_removed_while_others_fault() {
+    let _deadline = deadline(300);
     for kind in [EngineKind::Poll, EngineKind::Workers] {
         let e = engine_of(kind);
         let len = 16 << 20;
@@ -108,6 +113,7 @@ fn regions_added_and_removed_while_others_fault() {
 
 #[test]
 fn madv_dontneed_event_makes_pages_absent_and_refetchable() {
+    let _deadline = deadline(300);
     let e = engine_of(EngineKind::Poll);
     let len = 32 * 4096;
     let data = pattern(len);
@@ -129,6 +135,7 @@ fn madv_dontneed_event_makes_pages_absent_and_refetchable() {
 
 #[test]
 fn move_resolution_from_a_pre_touched_pool() {
+    let _deadline = deadline(300);
     for (store_kind, pool) in [
         (StoreKind::Memory, 16usize),
         (StoreKind::Zero, 16),
@@ -153,6 +160,7 @@ fn move_resolution_from_a_pre_touched_pool() {
 
 #[test]
 fn populate_installs_without_faults() {
+    let _deadline = deadline(300);
     let len = 64 * 4096;
     let data = pattern(len);
     let r = Region::builder(len)
@@ -175,6 +183,7 @@ fn populate_installs_without_faults() {
 
 #[test]
 fn a_file_shorter_than_the_region_zero_fills_the_tail() {
+    let _deadline = deadline(300);
     let file_len = 5 * 4096 + 100;
     let data = pattern(file_len);
     let f = TempFile::with(&data);
@@ -193,6 +202,7 @@ fn a_file_shorter_than_the_region_zero_fills_the_tail() {
 
 #[test]
 fn bad_input_gets_typed_errors() {
+    let _deadline = deadline(300);
     let e = engine_of(EngineKind::Poll);
     assert!(matches!(
         Region::builder(0).build_dyn(e.clone()),
@@ -278,6 +288,7 @@ fn bad_input_gets_typed_errors() {
 
 #[test]
 fn stores_report_errors_with_path_and_offset() {
+    let _deadline = deadline(300);
     let f = TempFile::with(&[1u8; 4096]);
     let s = FileStore::open(&f.0).unwrap();
     let mut buf = vec![0u8; 8192];

@@ -451,3 +451,31 @@ impl PageStore for SlowStore {
         true
     }
 }
+
+/// Aborts the test process with a message if the test is still running
+/// after `secs` seconds: a runtime bug must fail the run, never hang it.
+pub struct Deadline(Arc<std::sync::atomic::AtomicBool>);
+
+pub fn deadline(secs: u64) -> Deadline {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = done.clone();
+    let name = std::thread::current().name().unwrap_or("?").to_string();
+    std::thread::spawn(move || {
+        let end = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < end {
+            if d.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("test {name} exceeded its {secs} s deadline: aborting the test process");
+        std::process::abort();
+    });
+    Deadline(done)
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
