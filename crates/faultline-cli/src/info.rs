@@ -41,7 +41,11 @@ pub fn run() -> anyhow::Result<()> {
         }
     );
     println!();
-    for kind in [MemoryKind::PrivateAnon, MemoryKind::Shmem, MemoryKind::Hugetlb] {
+    for kind in [
+        MemoryKind::PrivateAnon,
+        MemoryKind::Shmem,
+        MemoryKind::Hugetlb,
+    ] {
         let k = c.kind(kind);
         match &k.ioctls {
             Ok(bits) => {
@@ -50,7 +54,11 @@ pub fn run() -> anyhow::Result<()> {
                     .filter(|(b, _)| bits & (1 << b) != 0)
                     .map(|(_, n)| *n)
                     .collect();
-                println!("memory kind {:<13} REGISTER grants: {}", kind.name(), granted.join(" "));
+                println!(
+                    "memory kind {:<13} REGISTER grants: {}",
+                    kind.name(),
+                    granted.join(" ")
+                );
             }
             Err(why) => {
                 println!("memory kind {:<13} unusable: {why}", kind.name());
@@ -59,12 +67,36 @@ pub fn run() -> anyhow::Result<()> {
         }
         println!("  resolve ops:");
         for (bit, name, what) in [
-            (ioctl_bit::COPY, "COPY", "install a copy of the store's bytes"),
-            (ioctl_bit::ZEROPAGE, "ZEROPAGE", "map the zero page on a read of a zero store"),
-            (ioctl_bit::MOVE, "MOVE", "move a pre-touched page in, zero-copy"),
-            (ioctl_bit::CONTINUE, "CONTINUE", "map a page already in the page cache (minor fault)"),
-            (ioctl_bit::POISON, "POISON", "fail a page closed after a store error"),
-            (ioctl_bit::WRITEPROTECT, "WRITEPROTECT", "write-protect for dirty tracking/watchpoints"),
+            (
+                ioctl_bit::COPY,
+                "COPY",
+                "install a copy of the store's bytes",
+            ),
+            (
+                ioctl_bit::ZEROPAGE,
+                "ZEROPAGE",
+                "map the zero page on a read of a zero store",
+            ),
+            (
+                ioctl_bit::MOVE,
+                "MOVE",
+                "move a pre-touched page in, zero-copy",
+            ),
+            (
+                ioctl_bit::CONTINUE,
+                "CONTINUE",
+                "map a page already in the page cache (minor fault)",
+            ),
+            (
+                ioctl_bit::POISON,
+                "POISON",
+                "fail a page closed after a store error",
+            ),
+            (
+                ioctl_bit::WRITEPROTECT,
+                "WRITEPROTECT",
+                "write-protect for dirty tracking/watchpoints",
+            ),
         ] {
             let verdict = match (bit, kind) {
                 (ioctl_bit::CONTINUE, MemoryKind::PrivateAnon) => {
@@ -79,7 +111,10 @@ pub fn run() -> anyhow::Result<()> {
                         _ => feature::WP_HUGETLBFS_SHMEM,
                     };
                     if c.features & need == need {
-                        println!("    {:<13} yes  (with REGISTER_MODE_WP; {what})", "WRITEPROTECT");
+                        println!(
+                            "    {:<13} yes  (with REGISTER_MODE_WP; {what})",
+                            "WRITEPROTECT"
+                        );
                         continue;
                     }
                     Some(format!("kernel lacks {}", feature_names(need).join(", ")))

@@ -21,7 +21,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use faultline::{engine, EngineConfig, EngineKind, MemoryKind, MemoryStore, PageStore, Region, ResolveOp, ZeroStore};
+use faultline::{
+    engine, EngineConfig, EngineKind, MemoryKind, MemoryStore, PageStore, Region, ResolveOp,
+    ZeroStore,
+};
 
 use super::kernel::{self, KernelPath, PAGE};
 use super::report::{fmt_count, fmt_ns, fmt_ratio, print_latency_table, print_table, Record};
@@ -35,11 +38,19 @@ const THESIS_UINTR: (f64, f64, f64) = (117.0, 1_710.0, 73.0);
 
 fn parse_engines(names: &[String]) -> anyhow::Result<Vec<EngineKind>> {
     if names.is_empty() {
-        return Ok(vec![EngineKind::Signal, EngineKind::Spin, EngineKind::Poll, EngineKind::Workers]);
+        return Ok(vec![
+            EngineKind::Signal,
+            EngineKind::Spin,
+            EngineKind::Poll,
+            EngineKind::Workers,
+        ]);
     }
     names
         .iter()
-        .map(|n| EngineKind::from_name(n).with_context(|| format!("unknown engine {n:?} (poll, spin, signal, workers)")))
+        .map(|n| {
+            EngineKind::from_name(n)
+                .with_context(|| format!("unknown engine {n:?} (poll, spin, signal, workers)"))
+        })
         .collect()
 }
 
@@ -51,7 +62,9 @@ fn make_engine(kind: EngineKind) -> anyhow::Result<Arc<dyn faultline::Engine>> {
 
 /// A store of `pages` pages of non-zero data, shared by the configurations.
 fn data_store(pages: usize) -> Arc<dyn PageStore> {
-    let data: Vec<u8> = (0..pages * PAGE).map(|i| (i as u64).wrapping_mul(0x9E37_79B9) as u8 | 1).collect();
+    let data: Vec<u8> = (0..pages * PAGE)
+        .map(|i| (i as u64).wrapping_mul(0x9E37_79B9) as u8 | 1)
+        .collect();
     Arc::new(MemoryStore::new(data))
 }
 
@@ -95,14 +108,62 @@ struct Config {
 }
 
 const CONFIGS: [Config; 8] = [
-    Config { op: "COPY", kind: MemoryKind::PrivateAnon, resolve: ResolveOp::Copy, zero: false, access: Access::Write },
-    Config { op: "COPY", kind: MemoryKind::PrivateAnon, resolve: ResolveOp::Copy, zero: false, access: Access::Read },
-    Config { op: "ZEROPAGE", kind: MemoryKind::PrivateAnon, resolve: ResolveOp::Auto, zero: true, access: Access::Read },
-    Config { op: "COPY-zero", kind: MemoryKind::PrivateAnon, resolve: ResolveOp::Auto, zero: true, access: Access::Write },
-    Config { op: "MOVE", kind: MemoryKind::PrivateAnon, resolve: ResolveOp::Move, zero: false, access: Access::Write },
-    Config { op: "MOVE", kind: MemoryKind::PrivateAnon, resolve: ResolveOp::Move, zero: false, access: Access::Read },
-    Config { op: "CONTINUE", kind: MemoryKind::Shmem, resolve: ResolveOp::Continue, zero: false, access: Access::Write },
-    Config { op: "CONTINUE", kind: MemoryKind::Shmem, resolve: ResolveOp::Continue, zero: false, access: Access::Read },
+    Config {
+        op: "COPY",
+        kind: MemoryKind::PrivateAnon,
+        resolve: ResolveOp::Copy,
+        zero: false,
+        access: Access::Write,
+    },
+    Config {
+        op: "COPY",
+        kind: MemoryKind::PrivateAnon,
+        resolve: ResolveOp::Copy,
+        zero: false,
+        access: Access::Read,
+    },
+    Config {
+        op: "ZEROPAGE",
+        kind: MemoryKind::PrivateAnon,
+        resolve: ResolveOp::Auto,
+        zero: true,
+        access: Access::Read,
+    },
+    Config {
+        op: "COPY-zero",
+        kind: MemoryKind::PrivateAnon,
+        resolve: ResolveOp::Auto,
+        zero: true,
+        access: Access::Write,
+    },
+    Config {
+        op: "MOVE",
+        kind: MemoryKind::PrivateAnon,
+        resolve: ResolveOp::Move,
+        zero: false,
+        access: Access::Write,
+    },
+    Config {
+        op: "MOVE",
+        kind: MemoryKind::PrivateAnon,
+        resolve: ResolveOp::Move,
+        zero: false,
+        access: Access::Read,
+    },
+    Config {
+        op: "CONTINUE",
+        kind: MemoryKind::Shmem,
+        resolve: ResolveOp::Continue,
+        zero: false,
+        access: Access::Write,
+    },
+    Config {
+        op: "CONTINUE",
+        kind: MemoryKind::Shmem,
+        resolve: ResolveOp::Continue,
+        zero: false,
+        access: Access::Read,
+    },
 ];
 
 /// Options of `faultline bench latency`.
@@ -138,9 +199,20 @@ struct Run {
     faults: u64,
 }
 
-fn measure(engine: &Arc<dyn faultline::Engine>, cfg: Config, n: usize, data: &Arc<dyn PageStore>) -> anyhow::Result<Run> {
-    let mut b = Region::builder(n * PAGE).kind(cfg.kind).resolve_op(cfg.resolve);
-    b = if cfg.zero { b.store(ZeroStore) } else { b.shared_store(data.clone()) };
+fn measure(
+    engine: &Arc<dyn faultline::Engine>,
+    cfg: Config,
+    n: usize,
+    data: &Arc<dyn PageStore>,
+) -> anyhow::Result<Run> {
+    let mut b = Region::builder(n * PAGE)
+        .kind(cfg.kind)
+        .resolve_op(cfg.resolve);
+    b = if cfg.zero {
+        b.store(ZeroStore)
+    } else {
+        b.shared_store(data.clone())
+    };
     if cfg.resolve == ResolveOp::Move {
         // Every page of the run comes from the pre-touched pool.
         b = b.move_pool(n);
@@ -167,7 +239,11 @@ fn measure(engine: &Arc<dyn faultline::Engine>, cfg: Config, n: usize, data: &Ar
     }
     std::hint::black_box(sink);
     let faults = region.stats().faults;
-    Ok(Run { cycles, phases, faults })
+    Ok(Run {
+        cycles,
+        phases,
+        faults,
+    })
 }
 
 /// `faultline bench latency`.
@@ -187,7 +263,10 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
         KernelPath::FileWarm,
         KernelPath::PopulateAhead,
     ];
-    let mut progress = ctx.progress((kernel_paths.len() + engines.len() * configs.len()) as u64, "latency");
+    let mut progress = ctx.progress(
+        (kernel_paths.len() + engines.len() * configs.len()) as u64,
+        "latency",
+    );
     let t = tsc();
     let data = data_store(n);
     let mut records = Vec::new();
@@ -199,7 +278,10 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
     for path in kernel_paths {
         progress.step(path.mechanism());
         let mut run = path.measure(n)?;
-        hist.push((format!("{} {}", path.mechanism(), path.access().name()), cycles_to_ns_vec(&run.cycles, t)));
+        hist.push((
+            format!("{} {}", path.mechanism(), path.access().name()),
+            cycles_to_ns_vec(&run.cycles, t),
+        ));
         let ppf = run.pages_per_fault();
         let s = Summary::from_cycles(&mut run.cycles, t);
         records.push(
@@ -223,7 +305,9 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
                 .with("faults", run.faults);
             if !run.phases.is_empty() {
                 let k = run.phases.len() as f64;
-                let mean = |f: fn(&(u64, u64, u64)) -> u64| run.phases.iter().map(f).sum::<u64>() as f64 / k;
+                let mean = |f: fn(&(u64, u64, u64)) -> u64| {
+                    run.phases.iter().map(f).sum::<u64>() as f64 / k
+                };
                 let (tr, rs, rt) = (mean(|p| p.0), mean(|p| p.1), mean(|p| p.2));
                 let med = |f: fn(&(u64, u64, u64)) -> u64| {
                     let mut v: Vec<u64> = run.phases.iter().map(f).collect();
@@ -238,9 +322,17 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
                     .with("resolve_cycles_median", med(|p| p.1))
                     .with("return_cycles_median", med(|p| p.2));
                 if cfg.op == "COPY" && cfg.access == Access::Write || cfg.op == "ZEROPAGE" {
-                    phase_rows.push((label.clone(), tr, rs, rt, med(|p| p.0), med(|p| p.1), med(|p| p.2)));
+                    phase_rows.push((
+                        label.clone(),
+                        tr,
+                        rs,
+                        rt,
+                        med(|p| p.0),
+                        med(|p| p.1),
+                        med(|p| p.2),
+                    ));
                     if cfg.op == "ZEROPAGE" {
-                        phase_bars.push((format!("{} ZEROPAGE", e.name()), tr, rs, rt));
+                        phase_bars.push((e.name().to_string(), tr, rs, rt));
                     }
                 }
             }
@@ -258,14 +350,21 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
     for r in &mut records {
         r.ratio_to_kernel = Some(r.median_ns / kmed);
     }
-    println!("\n== fault latency: {n} faults per row, one per 4 KiB page (TSC around the access) ==");
+    println!(
+        "\n== fault latency: {n} faults per row, one per 4 KiB page (TSC around the access) =="
+    );
     print_latency_table(&records);
 
     println!("\n== phase breakdown (cycles; seed 000 Figure 6.1 measured ZEROPAGE on gem5) ==");
     let mut rows = Vec::new();
     let share = |a: f64, b: f64, c: f64| {
         let t = a + b + c;
-        format!("{:.0}% / {:.0}% / {:.0}%", 100.0 * a / t, 100.0 * b / t, 100.0 * c / t)
+        format!(
+            "{:.0}% / {:.0}% / {:.0}%",
+            100.0 * a / t,
+            100.0 * b / t,
+            100.0 * c / t
+        )
     };
     for (l, tr, rs, rt, mtr, mrs, mrt) in &phase_rows {
         rows.push(vec![
@@ -278,7 +377,10 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
             format!("{mtr:.0} / {mrs:.0} / {mrt:.0}"),
         ]);
     }
-    for (l, (a, b, c)) in [("thesis: stock userfaultfd", THESIS_STOCK), ("thesis: UINTR forwarding", THESIS_UINTR)] {
+    for (l, (a, b, c)) in [
+        ("thesis: stock userfaultfd", THESIS_STOCK),
+        ("thesis: UINTR forwarding", THESIS_UINTR),
+    ] {
         rows.push(vec![
             l.into(),
             format!("{a:.0}"),
@@ -288,12 +390,26 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
             share(a, b, c),
             "-".into(),
         ]);
-        phase_bars.push((l.replace("thesis: ", "thesis "), a, b, c));
+        phase_bars.push((
+            if a > 5000.0 { "stock*" } else { "UINTR*" }.to_string(),
+            a,
+            b,
+            c,
+        ));
     }
     print_table(
-        &["config", "trigger", "resolve", "return", "total", "shares", "medians t/r/r"],
+        &[
+            "config",
+            "trigger",
+            "resolve",
+            "return",
+            "total",
+            "shares",
+            "medians t/r/r",
+        ],
         &rows,
     );
+    println!("(figure: ZEROPAGE read per engine; stock* and UINTR* are the thesis's gem5 numbers)");
     headline(&records);
     if let Some(dir) = ctx.plot_dir.clone() {
         std::fs::create_dir_all(&dir)?;
@@ -316,7 +432,9 @@ fn headline(records: &[Record]) {
             .find(|r| r.mechanism == mech && r.op == op && r.access == acc)
             .map(|r| r.median_ns)
     };
-    let Some(k) = med("kernel-anon-write", "-", "write") else { return };
+    let Some(k) = med("kernel-anon-write", "-", "write") else {
+        return;
+    };
     println!("\n== targets (medians of this run) ==");
     let best = ["signal", "spin", "poll", "workers"]
         .iter()
@@ -331,7 +449,10 @@ fn headline(records: &[Record]) {
         );
     }
     if let (Some(s), Some(p)) = (med("signal", "COPY", "write"), med("poll", "COPY", "write")) {
-        println!("signal vs poll (COPY write): {:.1}x faster [target >= 15x]", p / s);
+        println!(
+            "signal vs poll (COPY write): {:.1}x faster [target >= 15x]",
+            p / s
+        );
     }
 }
 
@@ -395,7 +516,14 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
         series[0].1.push((d as f64, k_anon.ns_per_page));
         series[1].1.push((d as f64, k_file.ns_per_page));
     }
-    let mut push = |ctx: &mut BenchCtx, mech: &str, store: &str, access: Access, depth: usize, ns: f64, faults: u64, kernel_ns: f64| {
+    let mut push = |ctx: &mut BenchCtx,
+                    mech: &str,
+                    store: &str,
+                    access: Access,
+                    depth: usize,
+                    ns: f64,
+                    faults: u64,
+                    kernel_ns: f64| {
         rows.push(vec![
             mech.to_string(),
             store.to_string(),
@@ -406,32 +534,80 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
         ]);
         let s = Summary::from_ns(&mut [ns]);
         ctx.report.push(
-            Record::new("seq", mech, if store == "zero" { "COPY-zero" } else { "COPY" }, access.name(), &s)
-                .with("store", store)
-                .with("pages_per_fault", depth)
-                .with("ns_per_page", ns)
-                .with("faults", faults)
-                .with("ratio_to_kernel_path", ns / kernel_ns),
+            Record::new(
+                "seq",
+                mech,
+                if store == "zero" { "COPY-zero" } else { "COPY" },
+                access.name(),
+                &s,
+            )
+            .with("store", store)
+            .with("pages_per_fault", depth)
+            .with("ns_per_page", ns)
+            .with("faults", faults)
+            .with("ratio_to_kernel_path", ns / kernel_ns),
         );
     };
-    push(ctx, "kernel-anon-write", "-", Access::Write, 1, k_anon.ns_per_page, k_anon.pages as u64, k_anon.ns_per_page);
-    push(ctx, "kernel-file-warm", "-", Access::Read, 1, k_file.ns_per_page, k_file.pages as u64, k_file.ns_per_page);
+    push(
+        ctx,
+        "kernel-anon-write",
+        "-",
+        Access::Write,
+        1,
+        k_anon.ns_per_page,
+        k_anon.pages as u64,
+        k_anon.ns_per_page,
+    );
+    push(
+        ctx,
+        "kernel-file-warm",
+        "-",
+        Access::Read,
+        1,
+        k_file.ns_per_page,
+        k_file.pages as u64,
+        k_file.ns_per_page,
+    );
     for &e in &engines {
         let engine = make_engine(e)?;
         let mut zs = Vec::new();
         let mut fs = Vec::new();
         for &d in &args.depths {
             progress.step(&format!("{} zero K={d}", e.name()));
-            let r = Region::builder(bytes).store(ZeroStore).fault_around(d).build_dyn(engine.clone())?;
+            let r = Region::builder(bytes)
+                .store(ZeroStore)
+                .fault_around(d)
+                .build_dyn(engine.clone())?;
             let ns = seq_touch(&r, Access::Write);
-            push(ctx, e.name(), "zero", Access::Write, d, ns, r.stats().faults, k_anon.ns_per_page);
+            push(
+                ctx,
+                e.name(),
+                "zero",
+                Access::Write,
+                d,
+                ns,
+                r.stats().faults,
+                k_anon.ns_per_page,
+            );
             zs.push((d as f64, ns));
             drop(r);
             progress.step(&format!("{} file K={d}", e.name()));
             let store = faultline::FileStore::open(&file.path)?;
-            let r = Region::builder(bytes).store(store).fault_around(d).build_dyn(engine.clone())?;
+            let r = Region::builder(bytes)
+                .store(store)
+                .fault_around(d)
+                .build_dyn(engine.clone())?;
             let ns = seq_touch(&r, Access::Read);
-            push(ctx, e.name(), "file", Access::Read, d, ns, r.stats().faults, k_file.ns_per_page);
+            push(
+                ctx,
+                e.name(),
+                "file",
+                Access::Read,
+                d,
+                ns,
+                r.stats().faults,
+                k_file.ns_per_page,
+            );
             fs.push((d as f64, ns));
         }
         series.push((format!("{} zero-store write", e.name()), zs));
@@ -442,10 +618,28 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
         "\n== sequential first touch, {} MiB, one access per 4 KiB page (ratio: zero rows vs kernel anon first touch, file rows vs kernel warm file scan) ==",
         args.mib
     );
-    print_table(&["mechanism", "store", "pages/fault", "ns/page", "faults", "ratio"], &rows);
+    print_table(
+        &[
+            "mechanism",
+            "store",
+            "pages/fault",
+            "ns/page",
+            "faults",
+            "ratio",
+        ],
+        &rows,
+    );
     if let Some(dir) = ctx.plot_dir.clone() {
         std::fs::create_dir_all(&dir)?;
-        super::plot::line_chart(&dir, "seq", "sequential first touch", "pages per fault", "ns per page", &series, true)?;
+        super::plot::line_chart(
+            &dir,
+            "seq",
+            "sequential first touch",
+            "pages per fault",
+            "ns per page",
+            &series,
+            true,
+        )?;
         ctx.note_plot(&dir, "seq");
     }
     Ok(())
@@ -476,7 +670,11 @@ impl ScaleArgs {
     }
 }
 
-fn scale_engine(engine: &Arc<dyn faultline::Engine>, threads: usize, pages: usize) -> anyhow::Result<f64> {
+fn scale_engine(
+    engine: &Arc<dyn faultline::Engine>,
+    threads: usize,
+    pages: usize,
+) -> anyhow::Result<f64> {
     let r = Region::builder(threads * pages * PAGE)
         .shared_store(data_store_small())
         .build_dyn(engine.clone())?;
@@ -489,7 +687,9 @@ fn scale_engine(engine: &Arc<dyn faultline::Engine>, threads: usize, pages: usiz
                 barrier.wait();
                 for i in 0..pages {
                     // SAFETY: thread `t`'s slice of the live region.
-                    unsafe { std::ptr::write_volatile((base as *mut u8).add((t * pages + i) * PAGE), 1) };
+                    unsafe {
+                        std::ptr::write_volatile((base as *mut u8).add((t * pages + i) * PAGE), 1)
+                    };
                 }
                 barrier.wait();
             });
@@ -523,11 +723,23 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
     }
     series.push(("kernel anon write".to_string(), kernel_pts.clone()));
     for (t, fps) in &kernel_pts {
-        rows.push(vec!["kernel-anon-write".into(), format!("{t}"), fmt_count(*fps as u64), "1.00x".into(), "-".into()]);
+        rows.push(vec![
+            "kernel-anon-write".into(),
+            format!("{t}"),
+            fmt_count(*fps as u64),
+            "1.00x".into(),
+            "-".into(),
+        ]);
         ctx.report.push(
-            Record::new("scale", "kernel-anon-write", "-", "write", &Summary::from_ns(&mut [1e9 / fps]))
-                .with("threads", *t as u64)
-                .with("faults_per_sec", *fps),
+            Record::new(
+                "scale",
+                "kernel-anon-write",
+                "-",
+                "write",
+                &Summary::from_ns(&mut [1e9 / fps]),
+            )
+            .with("threads", *t as u64)
+            .with("faults_per_sec", *fps),
         );
     }
     for &e in &engines {
@@ -546,10 +758,16 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
                 format!("{:.2}x", fps / base),
             ]);
             ctx.report.push(
-                Record::new("scale", e.name(), "COPY-zero", "write", &Summary::from_ns(&mut [1e9 / fps]))
-                    .with("threads", t as u64)
-                    .with("faults_per_sec", fps)
-                    .with("speedup_vs_1_thread", fps / base),
+                Record::new(
+                    "scale",
+                    e.name(),
+                    "COPY-zero",
+                    "write",
+                    &Summary::from_ns(&mut [1e9 / fps]),
+                )
+                .with("threads", t as u64)
+                .with("faults_per_sec", fps)
+                .with("speedup_vs_1_thread", fps / base),
             );
             pts.push((t as f64, fps));
         }
@@ -561,10 +779,27 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
         args.pages,
         faultline::sys::thread::online_cpus()
     );
-    print_table(&["mechanism", "threads", "faults/s", "vs kernel", "vs 1 thread"], &rows);
+    print_table(
+        &[
+            "mechanism",
+            "threads",
+            "faults/s",
+            "vs kernel",
+            "vs 1 thread",
+        ],
+        &rows,
+    );
     if let Some(dir) = ctx.plot_dir.clone() {
         std::fs::create_dir_all(&dir)?;
-        super::plot::line_chart(&dir, "scale", "first-touch throughput", "faulting threads", "faults per second", &series, true)?;
+        super::plot::line_chart(
+            &dir,
+            "scale",
+            "first-touch throughput",
+            "faulting threads",
+            "faults per second",
+            &series,
+            true,
+        )?;
         ctx.note_plot(&dir, "scale");
     }
     Ok(())
