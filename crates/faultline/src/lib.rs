@@ -47,6 +47,7 @@ pub mod engine;
 pub mod error;
 pub mod interval;
 pub mod policy;
+pub mod pool;
 pub mod region;
 pub mod residency;
 mod resolve;
@@ -59,6 +60,7 @@ pub use engine::{
     WorkersEngine,
 };
 pub use error::{Error, Result};
+pub use pool::{FramePoolConfig, FramePoolStats};
 pub use region::{Region, RegionBuilder, RegionStats};
 pub use residency::PageState;
 pub use store::{FileAccess, FileStore, MemoryStore, PageStore, StoreError, ZeroStore};

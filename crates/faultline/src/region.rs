@@ -29,7 +29,7 @@
 //!    as for any unmapped memory.
 
 use std::sync::atomic::{
-    AtomicBool, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::SeqCst,
+    AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::SeqCst,
 };
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -112,114 +112,6 @@ impl Bitset {
     }
 }
 
-/// Pre-touched private anonymous pages for `UFFDIO_MOVE`: the allocation
-/// and zeroing happen here, off the fault path; the fault only moves.
-///
-/// Slots are consumed in ring order (`next`); slots below `prepared` hold
-/// a populated page. When the ring runs dry the taker refills a batch with
-/// one `MADV_POPULATE_WRITE` (or falls back to COPY if another thread is
-/// refilling).
-#[derive(Debug)]
-pub(crate) struct MovePool {
-    map: Mapping,
-    page_size: usize,
-    slots: usize,
-    next: AtomicUsize,
-    prepared: AtomicUsize,
-    refilling: AtomicBool,
-}
-
-/// Slots taken from a [`MovePool`].
-pub(crate) struct Slots {
-    pub addr: u64,
-    pub pages: usize,
-}
-
-impl MovePool {
-    fn new(slots: usize, page_size: usize) -> Result<MovePool> {
-        let map = Mapping::anon(slots * page_size)?;
-        map.advise(0, map.len(), libc::MADV_NOHUGEPAGE)?;
-        // A forked child sharing these pages would make MOVE fail (EBUSY).
-        map.advise(0, map.len(), libc::MADV_DONTFORK)?;
-        map.advise(0, map.len(), mem::MADV_POPULATE_WRITE)?;
-        Ok(MovePool {
-            map,
-            page_size,
-            slots,
-            next: AtomicUsize::new(0),
-            prepared: AtomicUsize::new(slots),
-            refilling: AtomicBool::new(false),
-        })
-    }
-
-    /// Takes up to `want` contiguous prepared slots.
-    pub fn take(&self, want: usize) -> Option<Slots> {
-        for _ in 0..2 {
-            let mut cur = self.next.load(Relaxed);
-            loop {
-                let ready = self.prepared.load(Acquire).saturating_sub(cur);
-                let to_wrap = self.slots - cur % self.slots;
-                let n = want.min(ready).min(to_wrap);
-                if n == 0 {
-                    break;
-                }
-                match self
-                    .next
-                    .compare_exchange_weak(cur, cur + n, SeqCst, Relaxed)
-                {
-                    Ok(_) => {
-                        return Some(Slots {
-                            addr: self.map.addr() + ((cur % self.slots) * self.page_size) as u64,
-                            pages: n,
-                        })
-                    }
-                    Err(c) => cur = c,
-                }
-            }
-            if !self.refill() {
-                return None;
-            }
-        }
-        None
-    }
-
-    /// Re-populates consumed slots (after their pages were moved away).
-    fn refill(&self) -> bool {
-        if self.refilling.swap(true, SeqCst) {
-            return false;
-        }
-        let next = self.next.load(SeqCst);
-        let prepared = self.prepared.load(SeqCst);
-        // Slots in [prepared - slots, next) have been consumed.
-        let start = prepared;
-        let end = next + self.slots;
-        let mut ok = start < end;
-        let mut i = start;
-        while ok && i < end {
-            let slot = i % self.slots;
-            let run = (end - i).min(self.slots - slot);
-            ok = mem::madvise(
-                self.map.addr() + (slot * self.page_size) as u64,
-                run * self.page_size,
-                mem::MADV_POPULATE_WRITE,
-            )
-            .is_ok();
-            i += run;
-        }
-        if ok {
-            self.prepared.store(end, SeqCst);
-        }
-        self.refilling.store(false, SeqCst);
-        ok
-    }
-
-    /// Returns slots whose pages were not moved: zap them so a later reuse
-    /// starts from a fresh zero page, never from stale data.
-    pub fn discard(&self, s: Slots) {
-        let _ = mem::madvise(s.addr, s.pages * self.page_size, libc::MADV_DONTNEED);
-    }
-}
-
 /// Source of zeros for COPY from a zero store: a read-only anonymous
 /// mapping that is never written (every page is the shared zero page).
 const ZERO_SOURCE_BYTES: usize = 4 << 20;
@@ -260,7 +152,7 @@ pub(crate) struct Shared {
     pub residency: Residency,
     pub cached: Option<Bitset>,
     pub alias: Option<Mapping>,
-    pub pool: Option<MovePool>,
+    pub pool: Option<crate::pool::FramePool>,
     pub uffd: Arc<Uffd>,
     pub signal_mode: bool,
     pub inflight: AtomicUsize,
@@ -339,7 +231,7 @@ pub struct RegionBuilder {
     fault_around: usize,
     op: ResolveOp,
     at: Option<u64>,
-    pool_pages: Option<usize>,
+    pool: Option<crate::pool::FramePoolConfig>,
     drain_timeout: Duration,
 }
 
@@ -355,7 +247,7 @@ impl RegionBuilder {
             fault_around: 1,
             op: ResolveOp::Auto,
             at: None,
-            pool_pages: None,
+            pool: None,
             drain_timeout: Duration::from_secs(10),
         }
     }
@@ -400,9 +292,19 @@ impl RegionBuilder {
         self
     }
     /// Number of pre-touched pages kept for [`ResolveOp::Move`]
-    /// (default: `max(64, 4 * fault_around)`).
+    /// (default: `max(64, 4 * fault_around)`), refilled by the fault path.
     pub fn move_pool(mut self, pages: usize) -> Self {
-        self.pool_pages = Some(pages);
+        self.pool = Some(crate::pool::FramePoolConfig {
+            pages,
+            ..Default::default()
+        });
+        self
+    }
+    /// The frame pool of [`ResolveOp::Move`] in full: size, 2 MiB
+    /// transparent huge frames, a background refill thread. See
+    /// [`crate::pool`].
+    pub fn frame_pool(mut self, cfg: crate::pool::FramePoolConfig) -> Self {
+        self.pool = Some(cfg);
         self
     }
     /// How long dropping the region waits for in-flight faults.
@@ -525,8 +427,17 @@ impl RegionBuilder {
         }
         let (map, memfd) = match self.kind {
             MemoryKind::PrivateAnon => {
+                // Huge frames move in at PMD level: 2 MiB-aligned region.
+                let huge = self.pool.as_ref().is_some_and(|p| p.huge) && op == ResolveOp::Move;
                 let m = match self.at {
+                    Some(a) if huge && a % crate::pool::HUGE as u64 != 0 => {
+                        return Err(Error::Unaligned {
+                            addr: a,
+                            align: crate::pool::HUGE,
+                        })
+                    }
                     Some(a) => mem::anon_at(a, len)?,
+                    None if huge => Mapping::anon_aligned(len, crate::pool::HUGE)?,
                     None => Mapping::anon(len)?,
                 };
                 m.advise(0, len, libc::MADV_NOHUGEPAGE)?;
@@ -559,8 +470,11 @@ impl RegionBuilder {
             None => None,
         };
         let pool = if op == ResolveOp::Move {
-            let n = self.pool_pages.unwrap_or((4 * self.fault_around).max(64));
-            Some(MovePool::new(n.max(self.fault_around), ps)?)
+            let cfg = self.pool.clone().unwrap_or(crate::pool::FramePoolConfig {
+                pages: (4 * self.fault_around).max(64),
+                ..Default::default()
+            });
+            Some(crate::pool::FramePool::new(cfg, ps, self.fault_around)?)
         } else {
             None
         };
@@ -750,6 +664,11 @@ impl Region {
             pool_misses: c.pool_misses.load(Relaxed),
             handler_cycles: c.handler_cycles.load(Relaxed),
         }
+    }
+
+    /// Counters of the frame pool ([`ResolveOp::Move`] regions).
+    pub fn frame_pool_stats(&self) -> Option<crate::pool::FramePoolStats> {
+        self.shared().pool.as_ref().map(|p| p.stats())
     }
 
     /// TSC stamps of the most recent fault: when its handler started and

@@ -194,7 +194,12 @@ fn install(r: &Shared, run: Range<usize>, page: usize, write: bool, scratch: &mu
                 .continue_(dst, bytes, mode::CONTINUE_DONTWAKE)
                 .map_err(CopyErr::Uffd)
         }
-        ResolveOp::Move => match r.pool.as_ref().and_then(|p| p.take(run.len())) {
+        ResolveOp::Move => match r
+            .pool
+            .as_ref()
+            .filter(|p| run.start.is_multiple_of(p.slot_pages()))
+            .and_then(|p| p.take(run.len()))
+        {
             Some(slots) => {
                 let n = slots.pages;
                 // Shrink the run to what the pool gave us.
@@ -216,8 +221,11 @@ fn install(r: &Shared, run: Range<usize>, page: usize, write: bool, scratch: &mu
                     r.uffd
                         .move_pages(dst, src, (n * ps) as u64, mode::MOVE_DONTWAKE)
                 };
-                if !matches!(out, Ok(Outcome::Done(_))) {
-                    r.pool.as_ref().expect("pool").discard(slots);
+                let pool = r.pool.as_ref().expect("pool");
+                if matches!(out, Ok(Outcome::Done(_))) {
+                    pool.finish(slots);
+                } else {
+                    pool.discard(slots);
                 }
                 return finish(r, moved_run, page, out, PageState::Writable);
             }

@@ -142,3 +142,9 @@ fn residency_is_visible_to_a_presence_check() {
     assert!(!r.is_resident(16 * 4096, 1));
     assert_eq!(r.resident_pages(), 8);
 }
+
+#[test]
+fn move_from_a_background_filled_huge_frame_pool() {
+    let _deadline = deadline(300);
+    huge_frame_pool(EngineKind::Signal);
+}

@@ -305,3 +305,9 @@ fn stores_report_errors_with_path_and_offset() {
         "{err}"
     );
 }
+
+#[test]
+fn move_from_a_background_filled_huge_frame_pool() {
+    let _deadline = deadline(300);
+    huge_frame_pool(EngineKind::Poll);
+}

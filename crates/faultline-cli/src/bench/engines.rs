@@ -495,17 +495,38 @@ fn seq_touch(region: &Region, access: Access) -> f64 {
     t.elapsed().as_nanos() as f64 / pages as f64
 }
 
+/// Kernel first touch with transparent huge pages (`MADV_HUGEPAGE`), the
+/// kernel's own way of taking one fault per 2 MiB; ns per 4 KiB page.
+fn kernel_seq_thp(bytes: usize) -> anyhow::Result<f64> {
+    let m = faultline::sys::mem::Mapping::anon_aligned(bytes, 2 << 20)?;
+    m.advise(0, bytes, libc::MADV_HUGEPAGE)?;
+    let t = Instant::now();
+    for i in 0..bytes / PAGE {
+        // SAFETY: inside the live read-write mapping.
+        unsafe { std::ptr::write_volatile(m.as_ptr().add(i * PAGE), 1) };
+    }
+    Ok(t.elapsed().as_nanos() as f64 / (bytes / PAGE) as f64)
+}
+
+/// Pages of the frame pool of the `MOVE-huge` rows (32 MiB).
+const SEQ_POOL_PAGES: usize = 8192;
+
 /// `faultline bench seq`.
 pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
     let engines = parse_engines(&args.engines)?;
     let bytes = args.mib.max(1) << 20;
-    let mut progress = ctx.progress((2 + engines.len() * args.depths.len() * 2) as u64, "seq");
+    let mut progress = ctx.progress(
+        (3 + engines.len() * (args.depths.len() * 2 + 1)) as u64,
+        "seq",
+    );
     // Back the guest memory once so no mechanism pays the first-use cost.
     let _ = kernel::seq_first_touch_anon_run(bytes)?;
     progress.step("kernel anon first touch");
     let k_anon = kernel::seq_first_touch_anon_run(bytes)?;
     progress.step("kernel warm file scan");
     let k_file = kernel::seq_scan_file_warm_run(bytes)?;
+    progress.step("kernel THP first touch");
+    let k_thp = kernel_seq_thp(bytes)?;
     let file = super::kernel::TempFile::warm(bytes / PAGE)?;
     let mut rows = Vec::new();
     let mut series = vec![
@@ -568,6 +589,16 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
         k_file.pages as u64,
         k_file.ns_per_page,
     );
+    push(
+        ctx,
+        "kernel-anon-write-thp",
+        "-",
+        Access::Write,
+        512,
+        k_thp,
+        (bytes / (2 << 20)) as u64,
+        k_anon.ns_per_page,
+    );
     for &e in &engines {
         let engine = make_engine(e)?;
         let mut zs = Vec::new();
@@ -609,6 +640,41 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
                 k_file.ns_per_page,
             );
             fs.push((d as f64, ns));
+        }
+        // Frames prepared off the fault path (seed 004): a pool refilled by
+        // a background thread; 4 KiB frames moved 64 per fault, or 2 MiB
+        // huge frames moved in whole.
+        for (label, huge, fa) in [
+            ("zero/MOVE-4k", false, 64usize),
+            ("zero/MOVE-huge", true, 512),
+        ] {
+            progress.step(&format!("{} {label}", e.name()));
+            let r = Region::builder(bytes)
+                .store(ZeroStore)
+                .resolve_op(ResolveOp::Move)
+                .fault_around(fa)
+                .frame_pool(faultline::FramePoolConfig {
+                    pages: SEQ_POOL_PAGES,
+                    huge,
+                    background: true,
+                })
+                .build_dyn(engine.clone())?;
+            let ns = seq_touch(&r, Access::Write);
+            let pool = r.frame_pool_stats().unwrap_or_default();
+            push(
+                ctx,
+                e.name(),
+                label,
+                Access::Write,
+                fa,
+                ns,
+                r.stats().faults,
+                k_anon.ns_per_page,
+            );
+            ctx.report.records.last_mut().expect("just pushed").extra.insert(
+                "frame_pool".into(),
+                serde_json::json!({"pages": SEQ_POOL_PAGES, "huge": huge, "hits": pool.hits, "misses": pool.misses, "frames_prepared": pool.frames_prepared}),
+            );
         }
         series.push((format!("{} zero-store write", e.name()), zs));
         series.push((format!("{} file-store read", e.name()), fs));

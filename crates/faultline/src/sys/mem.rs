@@ -303,3 +303,31 @@ impl Mapping {
         })
     }
 }
+
+impl Mapping {
+    /// Private anonymous read-write mapping whose start is a multiple of
+    /// `align` (a power of two): map `len + align`, trim both ends.
+    pub fn anon_aligned(len: usize, align: usize) -> Result<Mapping, MemError> {
+        assert!(align.is_power_of_two());
+        let big = Mapping::anon(len + align)?;
+        let start = (big.addr() as usize).next_multiple_of(align);
+        let head = start - big.addr() as usize;
+        let tail = big.len() - head - len;
+        let whole = std::mem::ManuallyDrop::new(big);
+        // SAFETY: the head and tail lie inside the mapping we just made and
+        // own; after trimming, `[start, start+len)` is all that is left, and
+        // it becomes the new Mapping (the old one is never dropped).
+        unsafe {
+            if head > 0 {
+                libc::munmap(whole.as_ptr().cast(), head);
+            }
+            if tail > 0 {
+                libc::munmap((start + len) as *mut libc::c_void, tail);
+            }
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(start as *mut u8).expect("non-null"),
+            len,
+        })
+    }
+}

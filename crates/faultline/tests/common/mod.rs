@@ -479,3 +479,49 @@ impl Drop for Deadline {
         self.0.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+/// MOVE from a pool of 2 MiB huge frames refilled in the background: data
+/// intact, every page installed once, most windows moved in whole.
+pub fn huge_frame_pool(e: EngineKind) {
+    for sk in [StoreKind::Zero, StoreKind::Memory] {
+        let len = 32 << 20;
+        let (store, expect, _t) = sk.make(len);
+        let r = Region::builder(len)
+            .shared_store(store)
+            .resolve_op(ResolveOp::Move)
+            .fault_around(512)
+            .frame_pool(FramePoolConfig {
+                pages: 2048,
+                huge: true,
+                background: true,
+            })
+            .build_dyn(engine_of(e))
+            .unwrap();
+        assert_eq!(
+            r.addr() % (2 << 20),
+            0,
+            "huge frames need a 2 MiB aligned region"
+        );
+        hammer(&r, &expect, 4, 11);
+        let st = r.stats();
+        let ps = r.frame_pool_stats().unwrap();
+        assert_eq!(st.installed as usize, r.pages(), "{e:?} {sk:?} {st:?}");
+        assert!(
+            ps.hits > 0,
+            "{e:?} {sk:?}: no window was moved in whole: {ps:?}"
+        );
+        eprintln!("{e:?} {sk:?}: {st:?} {ps:?}");
+    }
+    // A fault-around that does not cover 2 MiB is refused.
+    let err = Region::builder(4 << 20)
+        .resolve_op(ResolveOp::Move)
+        .fault_around(8)
+        .frame_pool(FramePoolConfig {
+            pages: 512,
+            huge: true,
+            background: false,
+        })
+        .build_dyn(engine_of(e))
+        .unwrap_err();
+    assert!(matches!(err, Error::BadPageSize { .. }), "{err}");
+}
