@@ -51,6 +51,7 @@ pub mod pool;
 pub mod region;
 pub mod residency;
 mod resolve;
+pub mod runahead;
 pub mod store;
 pub mod sys;
 
@@ -63,6 +64,7 @@ pub use error::{Error, Result};
 pub use pool::{FramePoolConfig, FramePoolStats};
 pub use region::{Region, RegionBuilder, RegionStats};
 pub use residency::PageState;
+pub use runahead::{RunAheadConfig, RunAheadStats};
 pub use store::{FileAccess, FileStore, MemoryStore, PageStore, StoreError, ZeroStore};
 
 /// What memory backs a region.

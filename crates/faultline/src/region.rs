@@ -157,6 +157,8 @@ pub(crate) struct Shared {
     pub signal_mode: bool,
     pub inflight: AtomicUsize,
     pub stats: Counters,
+    pub feed: Option<crate::runahead::Feed>,
+    pub ahead: Option<Bitset>,
     pub timing_start: AtomicU64,
     pub timing_resolved: AtomicU64,
     pub last_poisoned: AtomicU64,
@@ -232,6 +234,7 @@ pub struct RegionBuilder {
     op: ResolveOp,
     at: Option<u64>,
     pool: Option<crate::pool::FramePoolConfig>,
+    run_ahead: Option<crate::runahead::RunAheadConfig>,
     drain_timeout: Duration,
 }
 
@@ -248,6 +251,7 @@ impl RegionBuilder {
             op: ResolveOp::Auto,
             at: None,
             pool: None,
+            run_ahead: None,
             drain_timeout: Duration::from_secs(10),
         }
     }
@@ -305,6 +309,13 @@ impl RegionBuilder {
     /// [`crate::pool`].
     pub fn frame_pool(mut self, cfg: crate::pool::FramePoolConfig) -> Self {
         self.pool = Some(cfg);
+        self
+    }
+    /// Run-ahead population: a background thread installs the windows a
+    /// sequential or strided stream of faults is about to reach (see
+    /// [`crate::runahead`]).
+    pub fn run_ahead(mut self, cfg: crate::runahead::RunAheadConfig) -> Self {
+        self.run_ahead = Some(cfg);
         self
     }
     /// How long dropping the region waits for in-flight faults.
@@ -524,6 +535,8 @@ impl RegionBuilder {
             signal_mode: engine.kind() == EngineKind::Signal,
             inflight: AtomicUsize::new(0),
             stats: Counters::default(),
+            feed: self.run_ahead.map(|_| crate::runahead::Feed::default()),
+            ahead: self.run_ahead.map(|_| Bitset::new(pages)),
             timing_start: AtomicU64::new(0),
             timing_resolved: AtomicU64::new(0),
             last_poisoned: AtomicU64::new(u64::MAX),
@@ -533,12 +546,29 @@ impl RegionBuilder {
             let _ = shared.uffd.unregister(map.addr(), len as u64);
             return Err(Error::Overlap(e));
         }
+        let populator = match self.run_ahead {
+            Some(cfg) => {
+                match crate::runahead::Populator::start(&shared, cfg, engine.scratch_bytes()) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        TABLE.remove(map.addr(), map.addr() + len as u64);
+                        let _ = shared.uffd.unregister(map.addr(), len as u64);
+                        return Err(Error::Io {
+                            op: "spawn run-ahead thread",
+                            source: e,
+                        });
+                    }
+                }
+            }
+            None => None,
+        };
         engine.region_added();
         Ok(Region {
             shared: Some(shared),
             map: Some(map),
             _memfd: memfd,
             engine,
+            populator,
             drain_timeout: self.drain_timeout,
         })
     }
@@ -550,6 +580,7 @@ pub struct Region {
     map: Option<Mapping>,
     _memfd: Option<std::os::fd::OwnedFd>,
     engine: Arc<dyn Engine>,
+    populator: Option<crate::runahead::Populator>,
     drain_timeout: Duration,
 }
 
@@ -666,6 +697,17 @@ impl Region {
         }
     }
 
+    /// Counters of run-ahead population, if enabled.
+    pub fn run_ahead_stats(&self) -> Option<crate::runahead::RunAheadStats> {
+        self.shared().feed.as_ref().map(|f| f.stats())
+    }
+
+    /// Whether run-ahead population installed region page `page` (before
+    /// any fault on it).
+    pub fn populated_ahead(&self, page: usize) -> bool {
+        self.shared().ahead.as_ref().is_some_and(|a| a.get(page))
+    }
+
     /// Counters of the frame pool ([`ResolveOp::Move`] regions).
     pub fn frame_pool_stats(&self) -> Option<crate::pool::FramePoolStats> {
         self.shared().pool.as_ref().map(|p| p.stats())
@@ -716,7 +758,7 @@ impl Region {
         while p < last {
             if s.residency.get(p) == PageState::Absent {
                 use crate::resolve::{resolve, Resolution};
-                match resolve(s, s.page_addr(p), true, true, &mut scratch) {
+                match resolve(s, s.page_addr(p), true, true, &mut scratch, None) {
                     Resolution::Resolved => {}
                     Resolution::Busy | Resolution::Retry => {
                         if Instant::now() > deadline {
@@ -752,6 +794,10 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        // 0. The populator reads the region's state: stop it first.
+        if let (Some(p), Some(s)) = (self.populator.as_mut(), self.shared.as_ref()) {
+            p.stop(s.feed.as_ref().expect("run-ahead regions have a feed"));
+        }
         let shared = self.shared.take().expect("live region");
         let map = self.map.take().expect("live region");
         let (base, len) = (shared.base, shared.len);

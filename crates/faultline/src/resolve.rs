@@ -26,7 +26,7 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::region::Shared;
+use crate::region::{Bitset, Shared};
 use crate::residency::PageState;
 use crate::store::StoreError;
 use crate::sys::uffd::{mode, Outcome, UffdError};
@@ -62,6 +62,7 @@ pub(crate) fn resolve(
     write: bool,
     wake: bool,
     scratch: &mut [u8],
+    ahead: Option<&Bitset>,
 ) -> Resolution {
     let ps = r.page_size;
     let page = ((addr - r.base) / ps as u64) as usize;
@@ -107,7 +108,7 @@ pub(crate) fn resolve(
         // Every ioctl runs with DONTWAKE: the faulting thread (thread
         // engines) is woken only after the residency map and counters
         // record the install, so a resumed thread always sees them.
-        let step = install(r, run.clone(), page, write, scratch);
+        let step = install(r, run.clone(), page, write, scratch, ahead);
         if wake {
             let woken = match &step {
                 Step::Done => Some((r.page_addr(run.start), (run.len() * ps) as u64)),
@@ -178,7 +179,14 @@ enum Step {
 }
 
 /// Installs the claimed `run` (which contains `page`) and releases it.
-fn install(r: &Shared, run: Range<usize>, page: usize, write: bool, scratch: &mut [u8]) -> Step {
+fn install(
+    r: &Shared,
+    run: Range<usize>,
+    page: usize,
+    write: bool,
+    scratch: &mut [u8],
+    ahead: Option<&Bitset>,
+) -> Step {
     let ps = r.page_size;
     let dst = r.page_addr(run.start);
     let bytes = (run.len() * ps) as u64;
@@ -227,7 +235,7 @@ fn install(r: &Shared, run: Range<usize>, page: usize, write: bool, scratch: &mu
                 } else {
                     pool.discard(slots);
                 }
-                return finish(r, moved_run, page, out, PageState::Writable);
+                return finish(r, moved_run, page, out, PageState::Writable, ahead);
             }
             None => {
                 r.stats.pool_misses.fetch_add(1, Relaxed);
@@ -246,8 +254,8 @@ fn install(r: &Shared, run: Range<usize>, page: usize, write: bool, scratch: &mu
         }
     };
     match outcome {
-        Ok(out) => finish(r, run, page, Ok(out), state),
-        Err(CopyErr::Uffd(e)) => finish(r, run, page, Err(e), state),
+        Ok(out) => finish(r, run, page, Ok(out), state, ahead),
+        Err(CopyErr::Uffd(e)) => finish(r, run, page, Err(e), state, ahead),
         Err(CopyErr::Store(e)) => fail_store(r, run, page, e),
     }
 }
@@ -334,23 +342,28 @@ fn finish(
     page: usize,
     out: Result<Outcome, UffdError>,
     state: PageState,
+    ahead: Option<&Bitset>,
 ) -> Step {
     let ps = r.page_size;
     let t = rdtsc();
     r.timing_resolved.store(t, Relaxed);
     let step = match out {
-        Ok(Outcome::Done(_)) => {
-            r.residency.set_range(run.clone(), state);
-            r.stats.installed.fetch_add(run.len() as u64, Relaxed);
-            r.stats.ioctls.fetch_add(1, Relaxed);
-            Step::Done
-        }
-        Ok(Outcome::Partial { done, .. }) => {
-            let n = done / ps;
-            r.residency.set_range(run.start..run.start + n, state);
+        Ok(Outcome::Done(_) | Outcome::Partial { .. }) => {
+            // COPY/MOVE stop at the first page that exists: a partial
+            // result installed the first `done` bytes.
+            let n = match out {
+                Ok(Outcome::Partial { done, .. }) => done / ps,
+                _ => run.len(),
+            };
+            let installed = run.start..run.start + n;
+            r.residency.set_range(installed.clone(), state);
             r.stats.installed.fetch_add(n as u64, Relaxed);
             r.stats.ioctls.fetch_add(1, Relaxed);
-            if page < run.start + n {
+            if let (Some(a), Some(feed)) = (ahead, r.feed.as_ref()) {
+                installed.clone().for_each(|p| a.set(p));
+                feed.populated.fetch_add(n as u64, Relaxed);
+            }
+            if page < installed.end {
                 Step::Done
             } else {
                 Step::Again

@@ -311,3 +311,9 @@ fn move_from_a_background_filled_huge_frame_pool() {
     let _deadline = deadline(300);
     huge_frame_pool(EngineKind::Poll);
 }
+
+#[test]
+fn run_ahead_installs_sequential_streams_ahead() {
+    let _deadline = deadline(300);
+    run_ahead_sequential(EngineKind::Poll);
+}

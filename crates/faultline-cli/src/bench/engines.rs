@@ -468,6 +468,9 @@ pub struct SeqArgs {
     /// Fault-around depths (region pages per fault).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64])]
     pub depths: Vec<usize>,
+    /// Repetitions of every pass; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
 }
 
 impl SeqArgs {
@@ -477,8 +480,23 @@ impl SeqArgs {
             mib: 64,
             engines: vec!["signal".into(), "poll".into()],
             depths: vec![1, 4, 16, 64],
+            reps: 1,
         }
     }
+}
+
+/// The median of `reps` runs of `f`.
+fn median_of<T>(
+    reps: usize,
+    mut f: impl FnMut() -> anyhow::Result<(f64, T)>,
+) -> anyhow::Result<(f64, T)> {
+    let mut runs = Vec::new();
+    for _ in 0..reps.max(1) {
+        runs.push(f()?);
+    }
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mid = runs.len() / 2;
+    Ok(runs.swap_remove(mid))
 }
 
 /// Touches one byte per 4 KiB page of `region` in order; ns per page.
@@ -521,12 +539,17 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
     );
     // Back the guest memory once so no mechanism pays the first-use cost.
     let _ = kernel::seq_first_touch_anon_run(bytes)?;
+    let reps = args.reps.max(1);
     progress.step("kernel anon first touch");
-    let k_anon = kernel::seq_first_touch_anon_run(bytes)?;
+    let (_, k_anon) = median_of(reps, || {
+        kernel::seq_first_touch_anon_run(bytes).map(|r| (r.ns_per_page, r))
+    })?;
     progress.step("kernel warm file scan");
-    let k_file = kernel::seq_scan_file_warm_run(bytes)?;
+    let (_, k_file) = median_of(reps, || {
+        kernel::seq_scan_file_warm_run(bytes).map(|r| (r.ns_per_page, r))
+    })?;
     progress.step("kernel THP first touch");
-    let k_thp = kernel_seq_thp(bytes)?;
+    let (k_thp, ()) = median_of(reps, || kernel_seq_thp(bytes).map(|v| (v, ())))?;
     let file = super::kernel::TempFile::warm(bytes / PAGE)?;
     let mut rows = Vec::new();
     let mut series = vec![
@@ -681,7 +704,7 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
     }
     progress.finish();
     println!(
-        "\n== sequential first touch, {} MiB, one access per 4 KiB page (ratio: zero rows vs kernel anon first touch, file rows vs kernel warm file scan) ==",
+        "\n== sequential first touch, {} MiB, one access per 4 KiB page, median of {reps} (ratio: zero rows vs kernel anon first touch, file rows vs kernel warm file scan) ==",
         args.mib
     );
     print_table(

@@ -25,6 +25,7 @@ pub mod engines;
 #[allow(dead_code)]
 pub mod kernel;
 pub mod notify;
+pub mod offload;
 #[allow(dead_code)]
 pub mod plot;
 #[allow(dead_code)]
@@ -77,6 +78,8 @@ pub enum BenchCmd {
     Seq(engines::SeqArgs),
     /// Faults per second with 1, 2, 4, 8 faulting threads per engine.
     Scale(engines::ScaleArgs),
+    /// Frame pool and run-ahead population (seed 004) on four workloads.
+    Offload(offload::OffloadArgs),
 }
 
 impl BenchCmd {
@@ -86,6 +89,7 @@ impl BenchCmd {
             BenchCmd::Latency(engines::LatencyArgs::quick()),
             BenchCmd::Seq(engines::SeqArgs::quick()),
             BenchCmd::Scale(engines::ScaleArgs::quick()),
+            BenchCmd::Offload(offload::OffloadArgs::quick()),
             BenchCmd::Notify(NotifyArgs::quick()),
         ]
     }
@@ -98,6 +102,7 @@ impl BenchCmd {
             BenchCmd::Latency(a) => engines::run_latency(ctx, a).context("bench latency"),
             BenchCmd::Seq(a) => engines::run_seq(ctx, a).context("bench seq"),
             BenchCmd::Scale(a) => engines::run_scale(ctx, a).context("bench scale"),
+            BenchCmd::Offload(a) => offload::run(ctx, a).context("bench offload"),
         }
     }
 }

@@ -229,6 +229,9 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
             if r.signal_mode {
                 r.timing_start.store(t0, Relaxed);
                 r.stats.faults.fetch_add(1, Relaxed);
+                if let Some(feed) = &r.feed {
+                    feed.post(page);
+                }
                 let counters = COUNTERS.get().expect("installed with the handler");
                 counters.faults.fetch_add(1, Relaxed);
                 let pool = SCRATCH.get().expect("installed with the handler");
@@ -249,7 +252,7 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
                     &mut []
                 };
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    resolve(&r, addr, is_write(ctx), false, scratch)
+                    resolve(&r, addr, is_write(ctx), false, scratch, None)
                 }));
                 if let Some(i) = slot {
                     pool.release(i);

@@ -113,13 +113,16 @@ impl Handler {
         };
         r.timing_start.store(t0, Relaxed);
         r.stats.faults.fetch_add(1, Relaxed);
+        if let Some(feed) = &r.feed {
+            feed.post(page_of(&r, addr));
+        }
         self.slot.addr.store(addr, Relaxed);
         self.slot
             .since
             .store(self.epoch.elapsed().as_nanos() as u64 + 1, SeqCst);
         let write = flags & pagefault_flag::WRITE != 0;
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            resolve(&r, addr, write, true, &mut self.scratch)
+            resolve(&r, addr, write, true, &mut self.scratch, None)
         }));
         self.slot.since.store(0, SeqCst);
         let dt = rdtsc().wrapping_sub(t0);

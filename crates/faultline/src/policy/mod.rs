@@ -50,11 +50,13 @@
 mod clock;
 mod fifo;
 mod list;
+mod predict;
 mod readahead;
 mod refault;
 
 pub use clock::Clock;
 pub use fifo::Fifo;
+pub use predict::StreamPredictor;
 pub use readahead::{Readahead, ReadaheadConfig, ReadaheadStats};
 pub use refault::RefaultAware;
 

@@ -165,3 +165,37 @@ pub fn remove_altstack() {
         libc::sigaltstack(&st, std::ptr::null_mut());
     }
 }
+
+/// `FUTEX_WAIT` on `word` while it equals `val`, for at most `timeout`.
+/// Returns on wake, timeout, value change or signal.
+pub fn futex_wait(word: &std::sync::atomic::AtomicU32, val: u32, timeout: std::time::Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a valid, aligned u32 for the call's duration; the
+    // timeout is a valid timespec. Errors (EAGAIN, ETIMEDOUT, EINTR) are
+    // all "go and look again".
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            val,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+/// `FUTEX_WAKE` one waiter on `word`. Async-signal-safe (one syscall).
+pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
+    // SAFETY: `word` is a valid, aligned u32.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        );
+    }
+}
