@@ -257,7 +257,7 @@ pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
             drop(r);
             let s = Summary::from_cycles(&mut tr.cycles, t);
             if config == "none" {
-                base_summary = Some(s.clone());
+                base_summary = Some(s);
             } else if let Some(b) = &base_summary {
                 gains.push(vec![
                     w.name().to_string(),

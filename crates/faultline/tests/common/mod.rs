@@ -545,8 +545,14 @@ pub fn run_ahead_sequential(e: EngineKind) {
             assert_eq!(read(p, pg * 4096 + k), expect[pg * 4096 + k], "page {pg}");
         }
     }
+    // The populator may still be finishing its last window.
+    let count = || (0..r.pages()).filter(|&pg| r.populated_ahead(pg)).count();
+    assert!(wait_until(
+        Duration::from_secs(5),
+        || r.run_ahead_stats().unwrap().pages_populated as usize == count()
+    ));
     let ra = r.run_ahead_stats().unwrap();
-    let ahead = (0..r.pages()).filter(|&pg| r.populated_ahead(pg)).count();
+    let ahead = count();
     let st = r.stats();
     eprintln!("{e:?}: {st:?} {ra:?} ahead {ahead}");
     assert_eq!(st.installed as usize, r.pages());
