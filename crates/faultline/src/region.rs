@@ -11,7 +11,7 @@
 //! ```
 //!
 //! Every engine finds the region of a faulting address through the
-//! process-wide [`TABLE`] (lock-free, so the SIGBUS handler can use it),
+//! process-wide `TABLE` (lock-free, so the SIGBUS handler can use it),
 //! marks itself in flight on the region, drops the table guard and
 //! resolves. Dropping a region:
 //!

@@ -4,11 +4,11 @@
 //! space).
 //!
 //! 1. Every fault delivered for the region (any engine) is posted to the
-//!    region's [`Feed`]: the page, a sequence number, and a futex wake if
+//!    region's feed: the page, a sequence number, and a futex wake if
 //!    the populator sleeps. Posting is two atomics and at most one syscall,
 //!    async-signal-safe.
 //! 2. The populator thread feeds the faults to a
-//!    [`StreamPredictor`](crate::policy::StreamPredictor) (sequential and
+//!    [`crate::policy::StreamPredictor`] (sequential and
 //!    strided streams) and resolves the predicted windows itself, through
 //!    the same resolve path, from its own CPU. The budget bounds how far
 //!    ahead of the last fault it goes.

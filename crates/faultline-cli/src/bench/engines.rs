@@ -26,7 +26,7 @@ use faultline::{
     ZeroStore,
 };
 
-use super::kernel::{self, KernelPath, PAGE};
+use super::kernel::{self, Access, KernelPath, PAGE};
 use super::report::{fmt_count, fmt_ns, fmt_ratio, print_latency_table, print_table, Record};
 use super::stats::{cycles_to_ns_vec, Summary};
 use super::tsc::{rdtsc, tsc};
@@ -66,35 +66,6 @@ fn data_store(pages: usize) -> Arc<dyn PageStore> {
         .map(|i| (i as u64).wrapping_mul(0x9E37_79B9) as u8 | 1)
         .collect();
     Arc::new(MemoryStore::new(data))
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Access {
-    Read,
-    Write,
-}
-
-impl Access {
-    fn name(self) -> &'static str {
-        match self {
-            Access::Read => "read",
-            Access::Write => "write",
-        }
-    }
-    /// # Safety
-    /// `p` must be valid for the access.
-    #[inline(always)]
-    unsafe fn touch(self, p: *mut u8) -> u8 {
-        match self {
-            // SAFETY: forwarded from the caller.
-            Access::Read => unsafe { std::ptr::read_volatile(p) },
-            Access::Write => {
-                // SAFETY: forwarded from the caller.
-                unsafe { std::ptr::write_volatile(p, 1) };
-                1
-            }
-        }
-    }
 }
 
 /// One latency configuration.
@@ -184,7 +155,7 @@ impl LatencyArgs {
     /// Small defaults for the all-benches run.
     pub fn quick() -> LatencyArgs {
         LatencyArgs {
-            pages: 10_000,
+            pages: 20_000,
             engines: Vec::new(),
             headline: true,
         }
@@ -477,7 +448,7 @@ impl SeqArgs {
     /// Small defaults for the all-benches run.
     pub fn quick() -> SeqArgs {
         SeqArgs {
-            mib: 64,
+            mib: 128,
             engines: vec!["signal".into(), "poll".into()],
             depths: vec![1, 4, 16, 64],
             reps: 1,

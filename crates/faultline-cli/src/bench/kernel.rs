@@ -284,7 +284,7 @@ impl Access {
     /// # Safety
     /// `p` must point into a live mapping that permits this access.
     #[inline(always)]
-    unsafe fn touch(self, p: *mut u8) -> u8 {
+    pub unsafe fn touch(self, p: *mut u8) -> u8 {
         match self {
             // SAFETY: guaranteed by the caller.
             Access::Read => unsafe { std::ptr::read_volatile(p) },

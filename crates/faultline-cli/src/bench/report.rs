@@ -109,7 +109,7 @@ impl Machine {
     /// Describe this machine.
     pub fn detect(tsc: &Tsc) -> Machine {
         Machine {
-            kernel: kernel_release(),
+            kernel: faultline::sys::kernel_release(),
             cpu: cpu_model(),
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             tsc_ghz: tsc.ghz(),
@@ -121,19 +121,6 @@ impl Machine {
             ),
         }
     }
-}
-
-fn kernel_release() -> String {
-    // SAFETY: utsname is plain old data; all-zero is a valid value.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid, writable utsname.
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return "unknown".into();
-    }
-    // SAFETY: uname NUL-terminates `release` on success.
-    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 fn cpu_model() -> String {

@@ -1,6 +1,6 @@
 //! Fault-delivery engines: how a fault reaches the resolve path.
 //!
-//! All four engines share [`crate::resolve`]; they differ only in who runs
+//! All four engines share the resolve path (`resolve.rs`); they differ only in who runs
 //! it and how that thread learns about the fault:
 //!
 //! ```text
