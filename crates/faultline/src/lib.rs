@@ -45,6 +45,7 @@
 pub mod caps;
 pub mod engine;
 pub mod error;
+pub mod evict;
 pub mod interval;
 pub mod policy;
 pub mod pool;
@@ -61,6 +62,7 @@ pub use engine::{
     WorkersEngine,
 };
 pub use error::{Error, Result};
+pub use evict::{EvictionConfig, EvictionStats};
 pub use pool::{FramePoolConfig, FramePoolStats};
 pub use region::{Region, RegionBuilder, RegionStats};
 pub use residency::PageState;

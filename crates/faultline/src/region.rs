@@ -158,6 +158,9 @@ pub(crate) struct Shared {
     pub inflight: AtomicUsize,
     pub stats: Counters,
     pub feed: Option<crate::runahead::Feed>,
+    /// Eviction state of a region with a budget (pages installed
+    /// write-protected, dirtied by WP faults).
+    pub evict: Option<crate::evict::EvictState>,
     pub ahead: Option<Bitset>,
     pub timing_start: AtomicU64,
     pub timing_resolved: AtomicU64,
@@ -235,6 +238,7 @@ pub struct RegionBuilder {
     at: Option<u64>,
     pool: Option<crate::pool::FramePoolConfig>,
     run_ahead: Option<crate::runahead::RunAheadConfig>,
+    budget: Option<crate::evict::EvictionConfig>,
     drain_timeout: Duration,
 }
 
@@ -252,6 +256,7 @@ impl RegionBuilder {
             at: None,
             pool: None,
             run_ahead: None,
+            budget: None,
             drain_timeout: Duration::from_secs(10),
         }
     }
@@ -316,6 +321,13 @@ impl RegionBuilder {
     /// [`crate::runahead`]).
     pub fn run_ahead(mut self, cfg: crate::runahead::RunAheadConfig) -> Self {
         self.run_ahead = Some(cfg);
+        self
+    }
+    /// A resident-memory budget: past it, an evictor thread writes dirty
+    /// pages back to the store and drops pages the policy picks (see
+    /// [`crate::evict`]). Private anonymous regions resolved with COPY.
+    pub fn budget(mut self, cfg: crate::evict::EvictionConfig) -> Self {
+        self.budget = Some(cfg);
         self
     }
     /// How long dropping the region waits for in-flight faults.
@@ -395,6 +407,27 @@ impl RegionBuilder {
                 what: "CONTINUE",
                 reason: "minor faults exist only for shmem and hugetlb".into(),
             });
+        }
+        if let Some(b) = &self.budget {
+            if self.kind != MemoryKind::PrivateAnon || op != ResolveOp::Copy {
+                return Err(Error::Unsupported {
+                    what: "a memory budget",
+                    reason: format!(
+                        "eviction supports private anonymous regions resolved with COPY (not {} with {})",
+                        self.kind.name(),
+                        op.name()
+                    ),
+                });
+            }
+            if b.budget_pages == 0 {
+                return Err(Error::ZeroLength);
+            }
+            if !capabilities().has(crate::sys::uffd::feature::PAGEFAULT_FLAG_WP) {
+                return Err(Error::Unsupported {
+                    what: "a memory budget",
+                    reason: "dirty tracking needs UFFD_FEATURE_PAGEFAULT_FLAG_WP".into(),
+                });
+            }
         }
         if self.store.is_zero() || op == ResolveOp::Continue {
             // No scratch needed.
@@ -491,6 +524,9 @@ impl RegionBuilder {
         };
         let uffd = engine.uffd().clone();
         let mode = match self.kind {
+            MemoryKind::PrivateAnon if self.budget.is_some() => {
+                register_mode::MISSING | register_mode::WP
+            }
             MemoryKind::PrivateAnon => register_mode::MISSING,
             _ => register_mode::MISSING | register_mode::MINOR,
         };
@@ -519,7 +555,9 @@ impl RegionBuilder {
             pages,
             kind: self.kind,
             op,
-            zeropage_reads: self.kind == MemoryKind::PrivateAnon && self.op == ResolveOp::Auto,
+            zeropage_reads: self.kind == MemoryKind::PrivateAnon
+                && self.op == ResolveOp::Auto
+                && self.budget.is_none(),
             fault_around: self.fault_around,
             max_run_pages: if self.store.is_zero() {
                 zero_len_pages
@@ -536,6 +574,9 @@ impl RegionBuilder {
             inflight: AtomicUsize::new(0),
             stats: Counters::default(),
             feed: self.run_ahead.map(|_| crate::runahead::Feed::default()),
+            evict: self
+                .budget
+                .map(|b| crate::evict::EvictState::new(pages, b.budget_pages, self.fault_around)),
             ahead: self.run_ahead.map(|_| Bitset::new(pages)),
             timing_start: AtomicU64::new(0),
             timing_resolved: AtomicU64::new(0),
@@ -562,8 +603,23 @@ impl RegionBuilder {
             }
             None => None,
         };
+        let evictor = match self.budget {
+            Some(cfg) => match crate::evict::Evictor::start(&shared, cfg) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    TABLE.remove(map.addr(), map.addr() + len as u64);
+                    let _ = shared.uffd.unregister(map.addr(), len as u64);
+                    return Err(Error::Io {
+                        op: "spawn evictor thread",
+                        source: e,
+                    });
+                }
+            },
+            None => None,
+        };
         engine.region_added();
         Ok(Region {
+            evictor,
             shared: Some(shared),
             map: Some(map),
             _memfd: memfd,
@@ -581,6 +637,7 @@ pub struct Region {
     _memfd: Option<std::os::fd::OwnedFd>,
     engine: Arc<dyn Engine>,
     populator: Option<crate::runahead::Populator>,
+    evictor: Option<crate::evict::Evictor>,
     drain_timeout: Duration,
 }
 
@@ -697,6 +754,53 @@ impl Region {
         }
     }
 
+    /// Counters of eviction, for regions with a budget.
+    pub fn eviction_stats(&self) -> Option<crate::evict::EvictionStats> {
+        self.shared().evict.as_ref().map(|e| e.stats())
+    }
+
+    /// Writes every dirty page back to the store (they stay resident,
+    /// clean and write-protected). Regions without a budget do not track
+    /// dirtiness: `Ok(0)`. Returns the pages written; on a store error the
+    /// remaining pages are still attempted and the first error returned.
+    pub fn flush(&self) -> Result<usize> {
+        let s = self.shared();
+        if s.evict.is_none() {
+            return Ok(0);
+        }
+        let mut written = 0;
+        let mut first_err = None;
+        for p in 0..s.pages {
+            if s.residency.get(p) != PageState::Writable {
+                continue;
+            }
+            // Wait for a fault or the evictor to let go of the page.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !s.residency.try_claim(p) {
+                if Instant::now() > deadline {
+                    return Err(Error::Io {
+                        op: "flush: claiming a page",
+                        source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+                    });
+                }
+                std::thread::yield_now();
+            }
+            if s.residency.get(p) == PageState::Writable {
+                match crate::evict::write_back(s, p) {
+                    Ok(()) => written += 1,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            s.residency.release(p..p + 1);
+        }
+        match first_err {
+            Some(e) => Err(Error::Store(e)),
+            None => Ok(written),
+        }
+    }
+
     /// Counters of run-ahead population, if enabled.
     pub fn run_ahead_stats(&self) -> Option<crate::runahead::RunAheadStats> {
         self.shared().feed.as_ref().map(|f| f.stats())
@@ -797,6 +901,16 @@ impl Drop for Region {
         // 0. The populator reads the region's state: stop it first.
         if let (Some(p), Some(s)) = (self.populator.as_mut(), self.shared.as_ref()) {
             p.stop(s.feed.as_ref().expect("run-ahead regions have a feed"));
+        }
+        // 0b. Stop evicting, then write every dirty page back.
+        if let Some(e) = self.evictor.as_mut() {
+            e.stop();
+            if let Err(err) = self.flush() {
+                crate::engine::report(|w| {
+                    use std::fmt::Write;
+                    let _ = write!(w, "region #{}: dropped with dirty pages that could not be written back: {err}", self.id());
+                });
+            }
         }
         let shared = self.shared.take().expect("live region");
         let map = self.map.take().expect("live region");

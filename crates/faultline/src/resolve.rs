@@ -67,7 +67,15 @@ pub(crate) fn resolve(
     let ps = r.page_size;
     let page = ((addr - r.base) / ps as u64) as usize;
     for _attempt in 0..8 {
-        match r.residency.get(page) {
+        let state = r.residency.get(page);
+        if state == PageState::ReadOnly && write && r.evict.is_some() {
+            // A write to a clean, write-protected page of a budget region.
+            match mark_dirty(r, page, wake) {
+                Some(res) => return res,
+                None => continue,
+            }
+        }
+        match state {
             PageState::Poisoned => return Resolution::Poisoned,
             PageState::ReadOnly | PageState::Writable => {
                 // Thread engines learn of dropped pages through REMOVE
@@ -104,11 +112,19 @@ pub(crate) fn resolve(
             r.residency.release(page..page + 1);
             continue;
         }
+        if let Some(ev) = r.evict.as_ref() {
+            ev.throttle();
+        }
         let run = claim_window(r, page, scratch.len());
         // Every ioctl runs with DONTWAKE: the faulting thread (thread
         // engines) is woken only after the residency map and counters
         // record the install, so a resumed thread always sees them.
         let step = install(r, run.clone(), page, write, scratch, ahead);
+        if matches!(step, Step::Done) && write && r.evict.is_some() {
+            // Installed clean; this fault is a write: dirty it now rather
+            // than take a second (WP) fault on the retry.
+            let _ = mark_dirty(r, page, false);
+        }
         if wake {
             let woken = match &step {
                 Step::Done => Some((r.page_addr(run.start), (run.len() * ps) as u64)),
@@ -243,6 +259,9 @@ fn install(
             }
         },
         ResolveOp::Copy | ResolveOp::Auto => {
+            if r.evict.is_some() {
+                state = PageState::ReadOnly;
+            }
             if r.store.is_zero() && !write && r.zeropage_reads {
                 state = PageState::ReadOnly;
                 r.uffd
@@ -292,10 +311,13 @@ fn copy_run(
         r.stats.store_fills.fetch_add(run.len() as u64, Relaxed);
         buf.as_ptr()
     };
+    // Budget regions install pages write-protected (clean); the first write
+    // takes a WP fault that marks them dirty.
+    let wp = if r.evict.is_some() { mode::COPY_WP } else { 0 };
     // SAFETY: `src` points at `bytes` readable bytes: the zero buffer is at
     // least `bytes` long (max_run_pages caps runs), the view and the
     // scratch slice were checked to be that long.
-    Ok(unsafe { r.uffd.copy(dst, src, bytes, mode::COPY_DONTWAKE) }?)
+    Ok(unsafe { r.uffd.copy(dst, src, bytes, mode::COPY_DONTWAKE | wp) }?)
 }
 
 /// Makes sure every page of `run` is in the shmem/hugetlb page cache,
@@ -359,6 +381,9 @@ fn finish(
             r.residency.set_range(installed.clone(), state);
             r.stats.installed.fetch_add(n as u64, Relaxed);
             r.stats.ioctls.fetch_add(1, Relaxed);
+            if let Some(ev) = r.evict.as_ref() {
+                installed.clone().for_each(|p| ev.installed(p));
+            }
             if let (Some(a), Some(feed)) = (ahead, r.feed.as_ref()) {
                 installed.clone().for_each(|p| a.set(p));
                 feed.populated.fetch_add(n as u64, Relaxed);
@@ -407,4 +432,32 @@ fn fail_store(r: &Shared, run: Range<usize>, page: usize, err: StoreError) -> St
         Err(e) => Step::Out(Resolution::Failed(e)),
         Ok(_) => Step::Out(Resolution::StoreFailed(err)),
     }
+}
+
+/// A write fault on a clean page of a budget region: un-protect it and
+/// mark it dirty. `None`: the page changed state meanwhile, look again.
+fn mark_dirty(r: &Shared, page: usize, wake: bool) -> Option<Resolution> {
+    if !r.residency.try_claim(page) {
+        // The evictor (or another resolver) holds it: retry the access.
+        return Some(Resolution::Busy);
+    }
+    if r.residency.get(page) != PageState::ReadOnly {
+        r.residency.release(page..page + 1);
+        return None;
+    }
+    let (addr, ps) = (r.page_addr(page), r.page_size as u64);
+    let res = match r.uffd.writeprotect(addr, ps, false, true) {
+        Ok(()) => {
+            r.residency.set(page, PageState::Writable);
+            Resolution::Resolved
+        }
+        // An event (the evictor's REMOVE) is pending: defer, like COPY.
+        Err(e) if e.errno() == libc::EAGAIN => Resolution::Retry,
+        Err(e) => Resolution::Failed(e),
+    };
+    r.residency.release(page..page + 1);
+    if wake && matches!(res, Resolution::Resolved) {
+        let _ = r.uffd.wake(addr, ps);
+    }
+    Some(res)
 }

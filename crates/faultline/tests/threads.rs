@@ -317,3 +317,21 @@ fn run_ahead_installs_sequential_streams_ahead() {
     let _deadline = deadline(300);
     run_ahead_sequential(EngineKind::Poll);
 }
+
+#[test]
+fn eviction_under_a_10_percent_budget_keeps_every_write() {
+    let _deadline = deadline(300);
+    for policy in [
+        faultline::policy::PolicyKind::Fifo,
+        faultline::policy::PolicyKind::Clock,
+        faultline::policy::PolicyKind::RefaultAware,
+    ] {
+        eviction_integrity(EngineKind::Poll, policy);
+    }
+}
+
+#[test]
+fn eviction_region_drop_writes_dirty_pages_back() {
+    let _deadline = deadline(120);
+    eviction_drop_writes_back(EngineKind::Poll);
+}

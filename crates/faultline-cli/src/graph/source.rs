@@ -233,6 +233,8 @@ pub struct FaultlineOptions {
     pub fault_around: usize,
     /// How the `File` store reads the file.
     pub file_access: FileAccess,
+    /// Resident budget in bytes (`None`: unlimited) and the eviction policy.
+    pub budget: Option<(u64, faultline::policy::PolicyKind)>,
 }
 
 /// The CSR file as a faultline region: private anonymous memory whose
@@ -274,19 +276,26 @@ impl FaultlineSource {
             .with_context(|| format!("opening {} as a faultline file store", path.display()))?;
         let engine = faultline::engine::create(opts.engine, EngineConfig::default())
             .with_context(|| format!("creating the faultline {} engine", opts.engine.name()))?;
-        let region = Region::builder(region_len)
+        let mut builder = Region::builder(region_len)
             .page_size(ps as usize)
             .store(store)
-            .fault_around(opts.fault_around)
-            .build_dyn(engine)
-            .with_context(|| {
-                format!(
-                    "creating a {} faultline region ({} engine, {ps}-byte pages) over {}",
-                    region_len,
-                    opts.engine.name(),
-                    path.display()
-                )
-            })?;
+            .fault_around(opts.fault_around);
+        if let Some((bytes, policy)) = opts.budget {
+            // Clean pages (the graph is only read) are dropped by the
+            // evictor and read again from the file on the next fault.
+            builder = builder.budget(faultline::EvictionConfig {
+                budget_pages: (bytes / ps).max(1) as usize,
+                policy,
+            });
+        }
+        let region = builder.build_dyn(engine).with_context(|| {
+            format!(
+                "creating a {} faultline region ({} engine, {ps}-byte pages) over {}",
+                region_len,
+                opts.engine.name(),
+                path.display()
+            )
+        })?;
         Ok(Self { region, layout })
     }
 

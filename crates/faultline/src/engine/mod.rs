@@ -244,7 +244,13 @@ pub(crate) fn fail_closed(f: impl FnOnce(&mut StackWriter)) -> ! {
 pub(crate) fn common_features() -> u64 {
     use crate::sys::uffd::feature::*;
     crate::caps::capabilities().features
-        & (MISSING_SHMEM | MINOR_SHMEM | MISSING_HUGETLBFS | MINOR_HUGETLBFS | POISON | MOVE)
+        & (PAGEFAULT_FLAG_WP
+            | MISSING_SHMEM
+            | MINOR_SHMEM
+            | MISSING_HUGETLBFS
+            | MINOR_HUGETLBFS
+            | POISON
+            | MOVE)
 }
 
 /// What the thread engines share: the fd, shutdown, counters, watchdog.

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use faultline::EvictionConfig;
 use faultline::*;
 
 /// The byte a pattern store holds at `off`.
@@ -561,4 +562,135 @@ pub fn run_ahead_sequential(e: EngineKind) {
     // Faults that did not just wait for the populator's claim installed a
     // window each: at most one per window.
     assert!(((st.faults - st.busy) as usize) <= r.pages() / 16, "{st:?}");
+}
+
+/// Writers modify pages of a region whose budget is 10% of its size while
+/// the evictor runs; every value read is the last one written, and after
+/// the region is dropped the store holds every last write.
+pub fn eviction_integrity(e: EngineKind, policy: faultline::policy::PolicyKind) {
+    use rand::{Rng, SeedableRng};
+    let pages = 2048;
+    let len = pages * 4096;
+    let store = Arc::new(MemoryStore::new(pattern(len)));
+    let r = Region::builder(len)
+        .shared_store(store.clone())
+        .fault_around(4)
+        .budget(EvictionConfig {
+            budget_pages: pages / 10,
+            policy,
+        })
+        .build_dyn(engine_of(e))
+        .unwrap();
+    let base = r.as_ptr() as usize;
+    let threads = 4;
+    // Thread t owns pages with p % threads == t; it remembers what it wrote.
+    let models: Vec<Vec<(usize, u8)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let p = base as *mut u8;
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(t as u64);
+                    let mut model: std::collections::HashMap<usize, u8> = Default::default();
+                    for i in 0..6000 {
+                        let pg = rng.gen_range(0..pages / threads) * threads + t;
+                        let off = pg * 4096 + rng.gen_range(0..64) * 64;
+                        if i % 3 == 0 {
+                            let v = rng.gen::<u8>();
+                            write(p, off, v);
+                            model.insert(off, v);
+                        } else {
+                            let want = model.get(&off).copied().unwrap_or(pat(off));
+                            assert_eq!(read(p, off), want, "thread {t} offset {off:#x}");
+                        }
+                    }
+                    model.into_iter().collect()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let es = r.eviction_stats().unwrap();
+    eprintln!("{e:?} {policy:?}: {:?} {es:?}", r.stats());
+    assert!(es.evicted > 0, "no eviction happened: {es:?}");
+    assert!(
+        es.written_back > 0,
+        "no dirty page was written back: {es:?}"
+    );
+    assert_eq!(es.write_back_errors, 0);
+    assert!(
+        es.max_resident as usize <= pages / 2,
+        "the budget ({}) did not hold even loosely: {es:?}",
+        pages / 10
+    );
+    drop(r);
+    let snap = store.snapshot();
+    let mut expect = pattern(len);
+    for m in &models {
+        for &(off, v) in m {
+            expect[off] = v;
+        }
+    }
+    if snap != expect {
+        let bad = (0..len).find(|&i| snap[i] != expect[i]).unwrap();
+        panic!(
+            "store byte {bad:#x}: {} != last written {}",
+            snap[bad], expect[bad]
+        );
+    }
+}
+
+/// Dropping a budget region writes its dirty pages back; a store that
+/// cannot take writes is reported by `flush`, not silently dropped.
+pub fn eviction_drop_writes_back(e: EngineKind) {
+    let len = 64 * 4096;
+    let store = Arc::new(MemoryStore::new(vec![0; len]));
+    let r = Region::builder(len)
+        .shared_store(store.clone())
+        .budget(EvictionConfig {
+            budget_pages: 1000,
+            policy: faultline::policy::PolicyKind::Clock,
+        })
+        .build_dyn(engine_of(e))
+        .unwrap();
+    for pg in 0..64 {
+        if pg % 2 == 0 {
+            write(r.as_ptr(), pg * 4096 + 7, pg as u8 + 1);
+        } else {
+            assert_eq!(read(r.as_ptr(), pg * 4096), 0);
+        }
+    }
+    assert_eq!(r.page_state(0), PageState::Writable, "written: dirty");
+    assert_eq!(r.page_state(1), PageState::ReadOnly, "only read: clean");
+    drop(r);
+    let snap = store.snapshot();
+    for pg in (0..64).step_by(2) {
+        assert_eq!(
+            snap[pg * 4096 + 7],
+            pg as u8 + 1,
+            "page {pg} written back at drop"
+        );
+    }
+    // A read-only file: the write-back fails and says so.
+    let f = TempFile::with(&vec![3u8; len]);
+    let c = std::ffi::CString::new(f.0.to_str().unwrap()).unwrap();
+    // SAFETY: chmod of our own temp file through a valid C string.
+    unsafe { libc::chmod(c.as_ptr(), 0o444) };
+    let ro = FileStore::open_with(&f.0, 0, FileAccess::Pread).unwrap();
+    let r = Region::builder(len)
+        .store(ro)
+        .budget(EvictionConfig {
+            budget_pages: 1000,
+            policy: faultline::policy::PolicyKind::Fifo,
+        })
+        .build_dyn(engine_of(e))
+        .unwrap();
+    write(r.as_ptr(), 5, 9);
+    // Root may write a 0444 file: only expect the error when it happens.
+    match r.flush() {
+        Ok(n) => assert_eq!(n, 1),
+        Err(err) => {
+            assert!(err.to_string().contains("read-only"), "{err}");
+            assert_eq!(r.eviction_stats().unwrap().write_back_errors, 1);
+        }
+    }
 }
