@@ -598,42 +598,24 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
         let mut zs = Vec::new();
         let mut fs = Vec::new();
         for &d in &args.depths {
-            progress.step(&format!("{} zero K={d}", e.name()));
-            let r = Region::builder(bytes)
-                .store(ZeroStore)
-                .fault_around(d)
-                .build_dyn(engine.clone())?;
-            let ns = seq_touch(&r, Access::Write);
-            push(
-                ctx,
-                e.name(),
-                "zero",
-                Access::Write,
-                d,
-                ns,
-                r.stats().faults,
-                k_anon.ns_per_page,
-            );
-            zs.push((d as f64, ns));
-            drop(r);
-            progress.step(&format!("{} file K={d}", e.name()));
-            let store = faultline::FileStore::open(&file.path)?;
-            let r = Region::builder(bytes)
-                .store(store)
-                .fault_around(d)
-                .build_dyn(engine.clone())?;
-            let ns = seq_touch(&r, Access::Read);
-            push(
-                ctx,
-                e.name(),
-                "file",
-                Access::Read,
-                d,
-                ns,
-                r.stats().faults,
-                k_file.ns_per_page,
-            );
-            fs.push((d as f64, ns));
+            for (store, access, kernel_ns, series) in [
+                ("zero", Access::Write, k_anon.ns_per_page, &mut zs),
+                ("file", Access::Read, k_file.ns_per_page, &mut fs),
+            ] {
+                progress.step(&format!("{} {store} K={d}", e.name()));
+                let (ns, faults) = median_of(reps, || {
+                    let b = Region::builder(bytes).fault_around(d);
+                    let b = if store == "zero" {
+                        b.store(ZeroStore)
+                    } else {
+                        b.store(faultline::FileStore::open(&file.path)?)
+                    };
+                    let r = b.build_dyn(engine.clone())?;
+                    Ok((seq_touch(&r, access), r.stats().faults))
+                })?;
+                push(ctx, e.name(), store, access, d, ns, faults, kernel_ns);
+                series.push((d as f64, ns));
+            }
         }
         // Frames prepared off the fault path (seed 004): a pool refilled by
         // a background thread; 4 KiB frames moved 64 per fault, or 2 MiB
