@@ -96,6 +96,42 @@ pub struct RegionStats {
     pub handler_cycles: u64,
 }
 
+/// Lock-free sequential-stream detection for adaptive read-ahead: the
+/// page where the last window ended and that window's size.
+#[derive(Debug)]
+pub(crate) struct ReadaheadState {
+    initial: usize,
+    max: usize,
+    next: AtomicU64,
+    window: AtomicUsize,
+}
+
+impl ReadaheadState {
+    fn new(cfg: crate::policy::ReadaheadConfig) -> ReadaheadState {
+        let initial = cfg.initial.max(1);
+        ReadaheadState {
+            initial,
+            max: cfg.max.max(initial),
+            next: AtomicU64::new(u64::MAX),
+            window: AtomicUsize::new(initial),
+        }
+    }
+
+    /// The window for a fault at `page`, and record it. Async-signal-safe.
+    /// Concurrent streams race benignly (a window may reset).
+    pub fn window_for(&self, page: usize) -> usize {
+        let sequential = self.next.load(Relaxed) == page as u64;
+        let w = if sequential {
+            (self.window.load(Relaxed) * 2).min(self.max)
+        } else {
+            self.initial
+        };
+        self.window.store(w, Relaxed);
+        self.next.store((page + w) as u64, Relaxed);
+        w
+    }
+}
+
 /// One bit per page, atomic.
 #[derive(Debug)]
 pub(crate) struct Bitset(Box<[AtomicU64]>);
@@ -158,6 +194,8 @@ pub(crate) struct Shared {
     pub inflight: AtomicUsize,
     pub stats: Counters,
     pub feed: Option<crate::runahead::Feed>,
+    /// Adaptive read-ahead state (see [`ReadaheadState`]).
+    pub readahead: Option<ReadaheadState>,
     /// Eviction state of a region with a budget (pages installed
     /// write-protected, dirtied by WP faults).
     pub evict: Option<crate::evict::EvictState>,
@@ -238,6 +276,7 @@ pub struct RegionBuilder {
     at: Option<u64>,
     pool: Option<crate::pool::FramePoolConfig>,
     run_ahead: Option<crate::runahead::RunAheadConfig>,
+    readahead: Option<crate::policy::ReadaheadConfig>,
     budget: Option<crate::evict::EvictionConfig>,
     drain_timeout: Duration,
 }
@@ -256,6 +295,7 @@ impl RegionBuilder {
             at: None,
             pool: None,
             run_ahead: None,
+            readahead: None,
             budget: None,
             drain_timeout: Duration::from_secs(10),
         }
@@ -321,6 +361,15 @@ impl RegionBuilder {
     /// [`crate::runahead`]).
     pub fn run_ahead(mut self, cfg: crate::runahead::RunAheadConfig) -> Self {
         self.run_ahead = Some(cfg);
+        self
+    }
+    /// Adaptive read-ahead instead of a fixed fault-around: a fault right
+    /// where the previous window ended doubles the window (up to
+    /// `cfg.max` region pages); any other fault starts again at
+    /// `cfg.initial` (the kernel's on-demand read-ahead, reduced to one
+    /// stream per region and kept lock-free for the SIGBUS handler).
+    pub fn readahead(mut self, cfg: crate::policy::ReadaheadConfig) -> Self {
+        self.readahead = Some(cfg);
         self
     }
     /// A resident-memory budget: past it, an evictor thread writes dirty
@@ -574,6 +623,7 @@ impl RegionBuilder {
             inflight: AtomicUsize::new(0),
             stats: Counters::default(),
             feed: self.run_ahead.map(|_| crate::runahead::Feed::default()),
+            readahead: self.readahead.map(ReadaheadState::new),
             evict: self
                 .budget
                 .map(|b| crate::evict::EvictState::new(pages, b.budget_pages, self.fault_around)),

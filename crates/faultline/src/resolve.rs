@@ -151,15 +151,23 @@ pub(crate) fn resolve(
 /// Extends the claim on `page` over the absent pages of its aligned
 /// fault-around window, capped so the run fits the sources.
 fn claim_window(r: &Shared, page: usize, scratch_len: usize) -> Range<usize> {
-    let mut k = r.fault_around.max(1);
+    let mut cap = usize::MAX;
     if r.needs_scratch() {
-        k = k.min((scratch_len / r.page_size).max(1));
+        cap = (scratch_len / r.page_size).max(1);
     }
-    k = k.min(r.max_run_pages);
+    cap = cap.min(r.max_run_pages);
+    // Adaptive read-ahead: a window starting at the fault, growing on a
+    // sequential stream; otherwise the fixed, aligned fault-around window.
+    let (win_start, k) = match r.readahead.as_ref() {
+        Some(ra) => (page, ra.window_for(page).min(cap)),
+        None => {
+            let k = r.fault_around.max(1).min(cap);
+            (page - page % k, k)
+        }
+    };
     if k == 1 {
         return page..page + 1;
     }
-    let win_start = page - page % k;
     let win_end = (win_start + k).min(r.pages);
     let mut end = page + 1;
     while end < win_end && r.residency.get(end) == PageState::Absent && r.residency.try_claim(end) {

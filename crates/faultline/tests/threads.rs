@@ -335,3 +335,9 @@ fn eviction_region_drop_writes_dirty_pages_back() {
     let _deadline = deadline(120);
     eviction_drop_writes_back(EngineKind::Poll);
 }
+
+#[test]
+fn adaptive_readahead_grows_on_streams_only() {
+    let _deadline = deadline(120);
+    adaptive_readahead(EngineKind::Poll);
+}

@@ -235,6 +235,9 @@ pub struct FaultlineOptions {
     pub file_access: FileAccess,
     /// Resident budget in bytes (`None`: unlimited) and the eviction policy.
     pub budget: Option<(u64, faultline::policy::PolicyKind)>,
+    /// Largest adaptive read-ahead window in region pages (0: fixed
+    /// fault-around windows).
+    pub readahead: usize,
 }
 
 /// The CSR file as a faultline region: private anonymous memory whose
@@ -280,6 +283,13 @@ impl FaultlineSource {
             .page_size(ps as usize)
             .store(store)
             .fault_around(opts.fault_around);
+        if opts.readahead > 0 {
+            builder = builder.readahead(faultline::policy::ReadaheadConfig {
+                initial: opts.fault_around.max(1),
+                max: opts.readahead.max(opts.fault_around),
+                streams: 1,
+            });
+        }
         if let Some((bytes, policy)) = opts.budget {
             // Clean pages (the graph is only read) are dropped by the
             // evictor and read again from the file on the next fault.

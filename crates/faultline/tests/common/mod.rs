@@ -694,3 +694,49 @@ pub fn eviction_drop_writes_back(e: EngineKind) {
         }
     }
 }
+
+/// Adaptive read-ahead: a sequential scan grows its window to the maximum
+/// (few faults); random accesses keep it at the initial size.
+pub fn adaptive_readahead(e: EngineKind) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let pages = 2048;
+    let len = pages * 4096;
+    let (store, expect, _t) = StoreKind::Memory.make(len);
+    let ra = faultline::policy::ReadaheadConfig {
+        initial: 1,
+        max: 64,
+        streams: 1,
+    };
+    let r = Region::builder(len)
+        .shared_store(store.clone())
+        .readahead(ra)
+        .build_dyn(engine_of(e))
+        .unwrap();
+    for pg in 0..pages {
+        assert_eq!(read(r.as_ptr(), pg * 4096 + 9), expect[pg * 4096 + 9]);
+    }
+    let st = r.stats();
+    // 1 + 2 + ... + 64 = 127 pages in 7 faults, then 64 per fault.
+    assert!(
+        st.faults <= 7 + (pages as u64 - 127).div_ceil(64) + 2,
+        "{e:?} sequential: {st:?}"
+    );
+    assert_eq!(st.installed as usize, pages);
+    drop(r);
+    let r = Region::builder(len)
+        .shared_store(store)
+        .readahead(ra)
+        .build_dyn(engine_of(e))
+        .unwrap();
+    let mut order: Vec<usize> = (0..pages).step_by(7).collect();
+    order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(1));
+    for &pg in &order {
+        assert_eq!(read(r.as_ptr(), pg * 4096), expect[pg * 4096]);
+    }
+    let st = r.stats();
+    assert!(
+        st.installed < 2 * order.len() as u64,
+        "{e:?} random: windows must stay small: {st:?}"
+    );
+}
