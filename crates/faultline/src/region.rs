@@ -912,7 +912,7 @@ impl Region {
         while p < last {
             if s.residency.get(p) == PageState::Absent {
                 use crate::resolve::{resolve, Resolution};
-                match resolve(s, s.page_addr(p), true, true, &mut scratch, None) {
+                match resolve(s, s.page_addr(p), true, false, true, &mut scratch, None) {
                     Resolution::Resolved => {}
                     Resolution::Busy | Resolution::Retry => {
                         if Instant::now() > deadline {

@@ -60,6 +60,7 @@ pub(crate) fn resolve(
     r: &Shared,
     addr: u64,
     write: bool,
+    wp: bool,
     wake: bool,
     scratch: &mut [u8],
     ahead: Option<&Bitset>,
@@ -68,7 +69,7 @@ pub(crate) fn resolve(
     let page = ((addr - r.base) / ps as u64) as usize;
     for _attempt in 0..8 {
         let state = r.residency.get(page);
-        if state == PageState::ReadOnly && write && r.evict.is_some() {
+        if r.evict.is_some() && write && (wp || state == PageState::ReadOnly) {
             // A write to a clean, write-protected page of a budget region.
             match mark_dirty(r, page, wake) {
                 Some(res) => return res,
@@ -449,7 +450,9 @@ fn mark_dirty(r: &Shared, page: usize, wake: bool) -> Option<Resolution> {
         // The evictor (or another resolver) holds it: retry the access.
         return Some(Resolution::Busy);
     }
-    if r.residency.get(page) != PageState::ReadOnly {
+    // A WP fault proves the page is mapped and protected, whatever the map
+    // says; only an absent page goes back to the install path.
+    if r.residency.get(page) == PageState::Absent {
         r.residency.release(page..page + 1);
         return None;
     }

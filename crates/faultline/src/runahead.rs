@@ -167,6 +167,7 @@ fn run(r: &Shared, cfg: RunAheadConfig, stop: &AtomicBool, scratch_bytes: usize)
                 r,
                 r.page_addr(w.start),
                 true,
+                false,
                 true,
                 &mut scratch,
                 Some(ahead),

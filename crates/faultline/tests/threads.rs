@@ -320,7 +320,7 @@ fn run_ahead_installs_sequential_streams_ahead() {
 
 #[test]
 fn eviction_under_a_10_percent_budget_keeps_every_write() {
-    let _deadline = deadline(300);
+    let _deadline = deadline(600);
     for policy in [
         faultline::policy::PolicyKind::Fifo,
         faultline::policy::PolicyKind::Clock,

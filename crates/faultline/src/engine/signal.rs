@@ -218,6 +218,24 @@ fn is_write(ctx: *mut libc::c_void) -> bool {
     }
 }
 
+/// Bit 0 of the x86 page-fault error code: the page was present (a
+/// protection fault: userfaultfd write-protect).
+fn is_protection(ctx: *mut libc::c_void) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `is_write`.
+        let err = unsafe {
+            (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize]
+        };
+        err & 1 != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ctx;
+        false
+    }
+}
+
 extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let t0 = rdtsc();
     let saved = errno();
@@ -252,7 +270,15 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
                     &mut []
                 };
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    resolve(&r, addr, is_write(ctx), false, scratch, None)
+                    resolve(
+                        &r,
+                        addr,
+                        is_write(ctx),
+                        is_protection(ctx),
+                        false,
+                        scratch,
+                        None,
+                    )
                 }));
                 if let Some(i) = slot {
                     pool.release(i);

@@ -122,7 +122,15 @@ impl Handler {
             .store(self.epoch.elapsed().as_nanos() as u64 + 1, SeqCst);
         let write = flags & pagefault_flag::WRITE != 0;
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            resolve(&r, addr, write, true, &mut self.scratch, None)
+            resolve(
+                &r,
+                addr,
+                write,
+                flags & pagefault_flag::WP != 0,
+                true,
+                &mut self.scratch,
+                None,
+            )
         }));
         self.slot.since.store(0, SeqCst);
         let dt = rdtsc().wrapping_sub(t0);
@@ -228,6 +236,13 @@ fn on_remove(start: u64, end: u64) {
         };
         let region_end = r.base + r.len;
         let stop = end.min(region_end);
+        if r.evict.is_some() {
+            // Budget regions: these events come from our own evictor, which
+            // keeps the map itself; a late event must not mark a page that
+            // was faulted back in since as absent.
+            a = stop;
+            continue;
+        }
         let ps = r.page_size as u64;
         // Only whole region pages are known to be gone.
         let first = (a - r.base).div_ceil(ps) as usize;
