@@ -96,15 +96,24 @@ pub struct RegionStats {
     pub handler_cycles: u64,
 }
 
-/// Lock-free sequential-stream detection for adaptive read-ahead: the
-/// page where the last window ended and that window's size.
+/// Lock-free sequential-stream detection for adaptive read-ahead: per
+/// stream slot, the page where the last window ended and that window's
+/// size. Each resolving thread uses its own slot (`streams` slots; a
+/// thread's slot is fixed on its first fault), so threads scanning
+/// different parts of a region do not reset each other's windows.
 #[derive(Debug)]
 pub(crate) struct ReadaheadState {
     initial: usize,
     max: usize,
-    next: AtomicU64,
-    window: AtomicUsize,
+    slots: Box<[(AtomicU64, AtomicUsize)]>,
 }
+
+thread_local! {
+    /// This thread's read-ahead stream slot (const-initialised, no
+    /// destructor: safe to read from a signal handler).
+    static STREAM: std::cell::Cell<u32> = const { std::cell::Cell::new(u32::MAX) };
+}
+static NEXT_STREAM: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl ReadaheadState {
     fn new(cfg: crate::policy::ReadaheadConfig) -> ReadaheadState {
@@ -112,22 +121,30 @@ impl ReadaheadState {
         ReadaheadState {
             initial,
             max: cfg.max.max(initial),
-            next: AtomicU64::new(u64::MAX),
-            window: AtomicUsize::new(initial),
+            slots: (0..cfg.streams.max(1))
+                .map(|_| (AtomicU64::new(u64::MAX), AtomicUsize::new(initial)))
+                .collect(),
         }
     }
 
     /// The window for a fault at `page`, and record it. Async-signal-safe.
-    /// Concurrent streams race benignly (a window may reset).
+    /// Threads sharing a slot race benignly (a window may reset).
     pub fn window_for(&self, page: usize) -> usize {
-        let sequential = self.next.load(Relaxed) == page as u64;
+        let me = STREAM.with(|s| {
+            if s.get() == u32::MAX {
+                s.set(NEXT_STREAM.fetch_add(1, Relaxed));
+            }
+            s.get()
+        });
+        let (next, window) = &self.slots[me as usize % self.slots.len()];
+        let sequential = next.load(Relaxed) == page as u64;
         let w = if sequential {
-            (self.window.load(Relaxed) * 2).min(self.max)
+            (window.load(Relaxed) * 2).min(self.max)
         } else {
             self.initial
         };
-        self.window.store(w, Relaxed);
-        self.next.store((page + w) as u64, Relaxed);
+        window.store(w, Relaxed);
+        next.store((page + w) as u64, Relaxed);
         w
     }
 }
@@ -364,10 +381,10 @@ impl RegionBuilder {
         self
     }
     /// Adaptive read-ahead instead of a fixed fault-around: a fault right
-    /// where the previous window ended doubles the window (up to
-    /// `cfg.max` region pages); any other fault starts again at
-    /// `cfg.initial` (the kernel's on-demand read-ahead, reduced to one
-    /// stream per region and kept lock-free for the SIGBUS handler).
+    /// where the same thread's previous window ended doubles the window
+    /// (up to `cfg.max` region pages); any other fault starts again at
+    /// `cfg.initial` (the kernel's on-demand read-ahead, with `cfg.streams`
+    /// per-thread stream slots, lock-free for the SIGBUS handler).
     pub fn readahead(mut self, cfg: crate::policy::ReadaheadConfig) -> Self {
         self.readahead = Some(cfg);
         self

@@ -287,7 +287,7 @@ impl FaultlineSource {
             builder = builder.readahead(faultline::policy::ReadaheadConfig {
                 initial: opts.fault_around.max(1),
                 max: opts.readahead.max(opts.fault_around),
-                streams: 1,
+                streams: 16,
             });
         }
         if let Some((bytes, policy)) = opts.budget {
