@@ -20,10 +20,11 @@
 //! unmapped and each temporary file removed when the measuring function returns.
 //! Minor-fault counts come from `getrusage(RUSAGE_THREAD)` around the timed loop.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
+
+use faultline::sys::mem::Mapping;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -40,114 +41,38 @@ use super::BenchCtx;
 /// Base page size these benchmarks touch.
 pub const PAGE: usize = 4096;
 
-/// `MADV_POPULATE_WRITE` (Linux 5.14).
-pub const MADV_POPULATE_WRITE: libc::c_int = 23;
+pub use faultline::sys::mem::MADV_POPULATE_WRITE;
 
 fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
 }
 
-/// A mapping that is unmapped on drop.
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
+/// Private anonymous read-write memory with THP off.
+fn anon(len: usize) -> anyhow::Result<Mapping> {
+    let m =
+        Mapping::anon(len).with_context(|| format!("mmap of {len} bytes (private anonymous)"))?;
+    no_huge_pages(&m)?;
+    Ok(m)
 }
 
-// SAFETY: the mapping is plain memory owned by this value; threads that share it
-// only touch disjoint pages (see `scale_anon`).
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    fn map(
-        len: usize,
-        prot: libc::c_int,
-        flags: libc::c_int,
-        fd: libc::c_int,
-        what: &str,
-    ) -> anyhow::Result<Mapping> {
-        if len == 0 {
-            bail!("mmap of {what}: zero length");
+/// `MADV_NOHUGEPAGE` over the whole mapping. EINVAL is accepted only on a
+/// kernel without THP support (then nothing can be mapped huge anyway).
+fn no_huge_pages(m: &Mapping) -> anyhow::Result<()> {
+    match m.advise(0, m.len(), libc::MADV_NOHUGEPAGE) {
+        Err(e)
+            if e.source.raw_os_error() == Some(libc::EINVAL)
+                && !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() =>
+        {
+            Ok(())
         }
-        // SAFETY: a fresh mapping at a kernel-chosen address: no existing memory is
-        // affected; the result is checked against MAP_FAILED.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
-        if p == libc::MAP_FAILED {
-            return Err(errno()).with_context(|| format!("mmap of {len} bytes ({what})"));
-        }
-        Ok(Mapping { ptr: p.cast(), len })
-    }
-
-    /// Private anonymous read-write memory with THP off.
-    fn anon(len: usize) -> anyhow::Result<Mapping> {
-        let m = Self::map(
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            "private anonymous",
-        )?;
-        m.no_huge_pages()?;
-        Ok(m)
-    }
-
-    fn madvise(
-        &self,
-        off: usize,
-        len: usize,
-        advice: libc::c_int,
-        what: &str,
-    ) -> anyhow::Result<()> {
-        debug_assert!(off + len <= self.len);
-        // SAFETY: the range lies inside this live mapping; advice values used here
-        // (NOHUGEPAGE, POPULATE_WRITE) do not invalidate memory Rust refers to.
-        let r = unsafe { libc::madvise(self.ptr.add(off).cast(), len, advice) };
-        if r != 0 {
-            return Err(errno())
-                .with_context(|| format!("madvise({what}) of {len} bytes at +{off}"));
-        }
-        Ok(())
-    }
-
-    /// `MADV_NOHUGEPAGE` over the whole mapping. EINVAL is accepted only on a kernel
-    /// without THP support (then nothing can be mapped huge anyway).
-    fn no_huge_pages(&self) -> anyhow::Result<()> {
-        match self.madvise(0, self.len, libc::MADV_NOHUGEPAGE, "MADV_NOHUGEPAGE") {
-            Err(e)
-                if e.downcast_ref::<std::io::Error>()
-                    .and_then(|e| e.raw_os_error())
-                    == Some(libc::EINVAL)
-                    && !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() =>
-            {
-                Ok(())
-            }
-            r => r,
-        }
-    }
-
-    fn pages(&self) -> usize {
-        self.len / PAGE
-    }
-
-    /// Address of page `i` (must be < `pages()`).
-    fn page(&self, i: usize) -> *mut u8 {
-        assert!(i < self.pages());
-        // SAFETY: in bounds of the mapping, checked above.
-        unsafe { self.ptr.add(i * PAGE) }
+        r => r.context("MADV_NOHUGEPAGE"),
     }
 }
 
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr..ptr+len` is the mapping this value created and nothing
-        // borrows it past the value's life.
-        if unsafe { libc::munmap(self.ptr.cast(), self.len) } != 0 {
-            eprintln!(
-                "faultline bench: munmap of {} bytes failed: {}",
-                self.len,
-                errno()
-            );
-        }
-    }
+/// Address of 4 KiB page `i` of `m` (must be inside it).
+fn page(m: &Mapping, i: usize) -> *mut u8 {
+    assert!(i < m.len() / PAGE);
+    m.as_ptr().wrapping_add(i * PAGE)
 }
 
 /// A temporary file in `std::env::temp_dir()`, removed on drop.
@@ -208,13 +133,7 @@ impl TempFile {
 
     /// Read-only private mapping of the whole file.
     fn map_private_ro(&self, pages: usize) -> anyhow::Result<Mapping> {
-        Mapping::map(
-            pages * PAGE,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE,
-            self.file.as_raw_fd(),
-            "MAP_PRIVATE file",
-        )
+        Mapping::file_private_readonly(&self.file, pages * PAGE).context("MAP_PRIVATE file")
     }
 }
 
@@ -228,27 +147,11 @@ impl Drop for TempFile {
 
 /// A memfd of `pages` pages mapped `MAP_SHARED` read-write with THP off.
 fn shmem(pages: usize) -> anyhow::Result<(OwnedFd, Mapping)> {
-    let name = CString::new("faultline-bench").expect("no NUL");
-    // SAFETY: `name` is a valid NUL-terminated string; the result is checked.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(errno()).context("memfd_create");
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let len = pages * PAGE;
-    // SAFETY: plain syscall on an fd we own.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(errno()).with_context(|| format!("ftruncate memfd to {len} bytes"));
-    }
-    let m = Mapping::map(
-        len,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_SHARED,
-        fd.as_raw_fd(),
-        "MAP_SHARED memfd",
-    )?;
-    m.no_huge_pages()?;
+    let fd = faultline::sys::mem::memfd("faultline-bench", false).context("memfd_create")?;
+    faultline::sys::mem::ftruncate(&fd, len as u64).context("ftruncate memfd")?;
+    let m = Mapping::shared(&fd, len, 0).context("MAP_SHARED memfd")?;
+    no_huge_pages(&m)?;
     Ok((fd, m))
 }
 
@@ -303,7 +206,7 @@ fn time_each(m: &Mapping, n: usize, access: Access) -> Vec<u64> {
     let mut out = vec![u64::MAX; n];
     let mut sink = 0u8;
     for (i, slot) in out.iter_mut().enumerate() {
-        let p = m.page(i);
+        let p = page(m, i);
         let t0 = rdtsc();
         // SAFETY: `p` is inside the live mapping, which permits `access`.
         sink ^= unsafe { access.touch(p) };
@@ -370,7 +273,7 @@ impl KernelPath {
         }
         match self {
             KernelPath::AnonWrite | KernelPath::AnonRead => {
-                let m = Mapping::anon(n * PAGE)?;
+                let m = anon(n * PAGE)?;
                 Ok(PathRun::timed(|| time_each(&m, n, self.access())))
             }
             KernelPath::ShmemWrite | KernelPath::ShmemRead => {
@@ -419,21 +322,18 @@ impl PathRun {
 }
 
 fn populate_ahead_run(n: usize) -> anyhow::Result<PathRun> {
-    let m = Mapping::anon(n * PAGE)?;
+    let m = &anon(n * PAGE)?;
     let mut out = vec![u64::MAX; n];
     let f0 = minor_faults();
     let start = Instant::now();
-    m.madvise(0, PAGE, MADV_POPULATE_WRITE, "MADV_POPULATE_WRITE")?;
+    m.advise(0, PAGE, MADV_POPULATE_WRITE)
+        .context("MADV_POPULATE_WRITE")?;
     for (i, slot) in out.iter_mut().enumerate() {
         if i + 1 < n {
-            m.madvise(
-                (i + 1) * PAGE,
-                PAGE,
-                MADV_POPULATE_WRITE,
-                "MADV_POPULATE_WRITE",
-            )?;
+            m.advise((i + 1) * PAGE, PAGE, MADV_POPULATE_WRITE)
+                .context("MADV_POPULATE_WRITE")?;
         }
-        let p = m.page(i);
+        let p = page(m, i);
         let t0 = rdtsc();
         // SAFETY: `p` is inside the live read-write mapping.
         unsafe { std::ptr::write_volatile(p, 1) };
@@ -511,7 +411,7 @@ fn seq_pass(m: &Mapping, pages: usize, access: Access) -> SeqRun {
     let mut sink = 0u8;
     for i in 0..pages {
         // SAFETY: page `i` is inside the live mapping, which permits `access`.
-        sink ^= unsafe { access.touch(m.page(i)) };
+        sink ^= unsafe { access.touch(page(m, i)) };
     }
     let wall = t.elapsed().as_nanos() as f64;
     std::hint::black_box(sink);
@@ -525,7 +425,7 @@ fn seq_pass(m: &Mapping, pages: usize, access: Access) -> SeqRun {
 /// Sequential first write of one byte per page of fresh anonymous memory (THP off).
 pub fn seq_first_touch_anon_run(bytes: usize) -> anyhow::Result<SeqRun> {
     let pages = pages_of(bytes)?;
-    let m = Mapping::anon(pages * PAGE)?;
+    let m = anon(pages * PAGE)?;
     Ok(seq_pass(&m, pages, Access::Write))
 }
 
@@ -553,7 +453,7 @@ pub fn scale_anon(threads: usize, pages_per_thread: usize) -> anyhow::Result<f64
     if threads == 0 || pages_per_thread == 0 {
         bail!("need at least one thread and one page per thread");
     }
-    let m = Mapping::anon(threads * pages_per_thread * PAGE)?;
+    let m = anon(threads * pages_per_thread * PAGE)?;
     let barrier = Barrier::new(threads + 1);
     let wall = std::thread::scope(|s| {
         for t in 0..threads {
@@ -563,7 +463,7 @@ pub fn scale_anon(threads: usize, pages_per_thread: usize) -> anyhow::Result<f64
                 for i in t * pages_per_thread..(t + 1) * pages_per_thread {
                     // SAFETY: each thread writes only its own pages of the live,
                     // read-write mapping.
-                    unsafe { std::ptr::write_volatile(m.page(i), 1) };
+                    unsafe { std::ptr::write_volatile(page(m, i), 1) };
                 }
             });
         }

@@ -16,9 +16,9 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::ptr::NonNull;
 
 use anyhow::Context;
+use faultline::sys::mem::Mapping;
 use faultline::{EngineConfig, EngineKind, FileAccess, FileStore, Region};
 
 use super::csr::CsrLayout;
@@ -105,73 +105,16 @@ fn proc_read_bytes() -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// A read-only private mapping of a whole file.
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is read-only and owned; sharing `&[u64]` views of it
-// between threads is like sharing any immutable buffer.
-unsafe impl Send for Mapping {}
-// SAFETY: as above, no interior mutability.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    fn map(file: &File, len: usize) -> io::Result<Self> {
-        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) aliases no
-        // Rust object; fd is a valid open file.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr =
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
-        Ok(Self { ptr, len })
-    }
-
-    /// `count` words starting at word `first`.
-    fn words(&self, first: usize, count: usize) -> &[u64] {
-        assert!((first + count) * 8 <= self.len, "slice past the mapping");
-        // SAFETY: the range is inside the mapping (asserted), the mapping
-        // is page-aligned so word offsets are 8-aligned, it stays mapped and
-        // read-only for the lifetime of `&self`, and every bit pattern is a
-        // valid u64. The file must not be truncated while mapped (that would
-        // raise SIGBUS, not undefined behaviour in Rust terms we can
-        // prevent); the benchmark owns the file for the run.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<u64>().add(first), count) }
-    }
-
-    /// Number of pages of the mapping resident in the page cache.
-    fn resident_pages(&self) -> io::Result<u64> {
-        let page = kernel_page_size() as usize;
-        let mut vec = vec![0u8; self.len.div_ceil(page)];
-        // SAFETY: `ptr..ptr+len` is our mapping; `vec` has one byte per page.
-        let rc = unsafe { libc::mincore(self.ptr.as_ptr().cast(), self.len, vec.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping we created; no slices of it
-        // outlive `self` (they borrow it).
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
-    }
+/// `count` little-endian words starting at word `first` of the `len`
+/// bytes at `base`.
+///
+/// # Safety
+/// `base..base+len` must stay mapped and readable, and not be written, for
+/// `'a`; `base` must be 8-aligned. (Every bit pattern is a valid `u64`.)
+unsafe fn words<'a>(base: *const u8, len: usize, first: usize, count: usize) -> &'a [u64] {
+    assert!((first + count) * 8 <= len, "slice past the mapping");
+    // SAFETY: in bounds (asserted); the caller guarantees the rest.
+    unsafe { std::slice::from_raw_parts(base.cast::<u64>().add(first), count) }
 }
 
 /// The kernel baseline: the CSR file mapped `MAP_PRIVATE | PROT_READ`.
@@ -195,18 +138,28 @@ impl MmapSource {
             layout.file_bytes()
         );
         let len = usize::try_from(len).context("file too large to map")?;
-        let map = Mapping::map(&file, len).with_context(|| format!("mmap {}", path.display()))?;
+        let map = Mapping::file_private_readonly(&file, len)
+            .with_context(|| format!("mmap {}", path.display()))?;
         Ok(Self { map, layout })
+    }
+}
+
+impl MmapSource {
+    fn words(&self, first: usize, count: usize) -> &[u64] {
+        // SAFETY: a read-only, page-aligned mapping owned by `self`; the
+        // benchmark owns the file for the run (truncating it would raise
+        // SIGBUS, not undefined behaviour we could prevent).
+        unsafe { words(self.map.as_ptr(), self.map.len(), first, count) }
     }
 }
 
 impl GraphSource for MmapSource {
     fn index(&self) -> &[u64] {
-        self.map.words(0, self.layout.vertices as usize + 1)
+        self.words(0, self.layout.vertices as usize + 1)
     }
 
     fn edges(&self) -> &[u64] {
-        self.map.words(
+        self.words(
             self.layout.vertices as usize + 1,
             self.layout.edges as usize,
         )
@@ -311,18 +264,12 @@ impl FaultlineSource {
 
     /// `count` words starting at word `first` of the region.
     fn words(&self, first: usize, count: usize) -> &[u64] {
-        assert!(
-            (first + count) * 8 <= self.region.len(),
-            "slice past the region"
-        );
-        // SAFETY: the range is inside the region (asserted), which is
-        // mapped readable for its whole length while `self.region` lives,
-        // i.e. for the lifetime of `&self`; the base is page-aligned so word
-        // offsets are 8-aligned, and every bit pattern is a valid u64. Pages
-        // not yet installed fault on first read and the engine installs the
-        // file's bytes (zeros past its end) before the read completes, so
-        // every read sees the file's contents. Nothing writes the region.
-        unsafe { std::slice::from_raw_parts(self.region.as_ptr().cast::<u64>().add(first), count) }
+        // SAFETY: the region is mapped readable for its whole length while
+        // `self.region` lives, its base is page-aligned, and nothing writes
+        // it. Pages not yet installed fault on first read and the engine
+        // installs the file's bytes (zeros past its end) before the read
+        // completes, so every read sees the file's contents.
+        unsafe { words(self.region.as_ptr(), self.region.len(), first, count) }
     }
 }
 
@@ -409,10 +356,11 @@ pub fn drop_file_cache(path: &Path) -> anyhow::Result<CacheDrop> {
         .len();
     let pages = len.div_ceil(kernel_page_size());
     let len = usize::try_from(len).context("file too large to map")?;
-    let map = Mapping::map(&file, len).with_context(|| format!("mmap {}", path.display()))?;
+    let map = Mapping::file_private_readonly(&file, len)
+        .with_context(|| format!("mmap {}", path.display()))?;
     Ok(CacheDrop {
         pages,
-        still_cached: map.resident_pages().ok(),
+        still_cached: map.resident_pages().ok().map(|n| n as u64),
     })
 }
 

@@ -48,7 +48,7 @@ impl Mapping {
     }
 
     /// Shared read-write mapping of `fd` at `offset`.
-    pub fn shared(fd: &OwnedFd, len: usize, offset: u64) -> Result<Mapping, MemError> {
+    pub fn shared(fd: &impl AsRawFd, len: usize, offset: u64) -> Result<Mapping, MemError> {
         Self::map(
             len,
             libc::PROT_READ | libc::PROT_WRITE,
@@ -59,7 +59,7 @@ impl Mapping {
     }
 
     /// Read-only shared mapping of a file (for zero-copy COPY sources).
-    pub fn file_readonly(fd: &OwnedFd, len: usize, offset: u64) -> Result<Mapping, MemError> {
+    pub fn file_readonly(fd: &impl AsRawFd, len: usize, offset: u64) -> Result<Mapping, MemError> {
         Self::map(
             len,
             libc::PROT_READ,
@@ -67,6 +67,24 @@ impl Mapping {
             fd.as_raw_fd(),
             offset as libc::off_t,
         )
+    }
+
+    /// Read-only private mapping of a file from its start (what an
+    /// application's `mmap` of a data file does: the kernel baseline).
+    pub fn file_private_readonly(fd: &impl AsRawFd, len: usize) -> Result<Mapping, MemError> {
+        Self::map(len, libc::PROT_READ, libc::MAP_PRIVATE, fd.as_raw_fd(), 0)
+    }
+
+    /// Pages of the mapping that are resident (`mincore`; for file
+    /// mappings: in the page cache).
+    pub fn resident_pages(&self) -> Result<usize, MemError> {
+        let mut vec = vec![0u8; self.len.div_ceil(super::BASE_PAGE)];
+        // SAFETY: the range is exactly our mapping; `vec` has one byte per
+        // base page.
+        if unsafe { libc::mincore(self.ptr.as_ptr().cast(), self.len, vec.as_mut_ptr()) } != 0 {
+            return Err(last("mincore"));
+        }
+        Ok(vec.iter().filter(|&&b| b & 1 != 0).count())
     }
 
     fn map(
