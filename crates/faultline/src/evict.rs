@@ -33,9 +33,11 @@
 //!    thread that touches it later faults and reads it back from the store.
 //!
 //! The evictor is asynchronous; a fault that finds the region well past
-//! its budget (budget + max(budget/4, 4 windows)) yields for up to ~1 ms
-//! for it to catch up, like the kernel's direct reclaim, so the budget
-//! holds approximately even when faults outrun the evictor.
+//! its budget (budget + max(budget/4, 4 windows)) waits for it, like the
+//! kernel's direct reclaim, so the budget holds approximately even when
+//! faults outrun the evictor: the signal engine yields in place (up to
+//! ~10 ms); thread engines defer the fault on their backoff queue, because
+//! the evictor's zap needs the handler thread to read its REMOVE event.
 //!
 //! A write-back that fails leaves the page resident and dirty, counted in
 //! `write_back_errors`; nothing is dropped that the store does not hold.
@@ -43,12 +45,10 @@
 //! (reporting pages it could not write).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::policy::PolicyKind;
-use crate::region::Shared;
+use crate::region::{RegionThread, Shared};
 use crate::residency::PageState;
 use crate::store::StoreError;
 use crate::sys::mem;
@@ -121,17 +121,19 @@ impl EvictState {
         self.log[i].store(page as u64 + 1, SeqCst);
     }
 
-    /// Called by the fault path before installing: past the limit, wait
-    /// (yielding, at most ~1 ms) for the evictor to catch up, as the
-    /// kernel's direct reclaim makes an allocating thread wait.
-    /// Async-signal-safe.
+    /// Whether the region is past budget + slack.
     #[inline]
-    pub fn throttle(&self) {
-        if self.resident.load(Relaxed) <= self.limit {
-            return;
-        }
-        let deadline = crate::sys::rdtsc() + 3_000_000;
-        while self.resident.load(Relaxed) > self.limit && crate::sys::rdtsc() < deadline {
+    pub fn over_limit(&self) -> bool {
+        self.resident.load(Relaxed) > self.limit
+    }
+
+    /// The signal engine's fault path past the limit: wait (yielding, at
+    /// most ~10 ms) for the evictor to catch up, as the kernel's direct
+    /// reclaim makes an allocating thread wait. Async-signal-safe. (Thread
+    /// engines defer the fault instead; see `resolve`.)
+    pub fn wait_below_limit(&self) {
+        let deadline = crate::sys::rdtsc() + 26_000_000;
+        while self.over_limit() && crate::sys::rdtsc() < deadline {
             std::thread::yield_now();
         }
     }
@@ -230,42 +232,11 @@ fn evict(r: &Shared, page: usize) -> bool {
     ok
 }
 
-/// The evictor thread of one region.
-pub(crate) struct Evictor {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-struct SharedPtr(*const Shared);
-// SAFETY: `Shared` is Sync; the pointer stays valid until `Evictor::stop`
-// has joined the thread (Region::drop stops it before freeing anything).
-unsafe impl Send for SharedPtr {}
-
-impl Evictor {
-    pub fn start(shared: &Shared, cfg: EvictionConfig) -> std::io::Result<Evictor> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s2, ptr) = (stop.clone(), SharedPtr(shared as *const Shared));
-        let thread = std::thread::Builder::new()
-            .name("faultline-evictor".into())
-            .spawn(move || {
-                let ptr = ptr;
-                // SAFETY: see `SharedPtr`.
-                let r: &Shared = unsafe { &*ptr.0 };
-                run(r, cfg, &s2);
-            })?;
-        Ok(Evictor {
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    pub fn stop(&mut self) {
-        self.stop.store(true, SeqCst);
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
-            let _ = t.join();
-        }
-    }
+/// Starts the evictor thread of `shared` (a region with a budget).
+pub(crate) fn start(shared: &Shared, cfg: EvictionConfig) -> std::io::Result<RegionThread> {
+    RegionThread::spawn("faultline-evictor", shared, move |r, stop| {
+        run(r, cfg, stop)
+    })
 }
 
 fn run(r: &Shared, cfg: EvictionConfig, stop: &AtomicBool) {

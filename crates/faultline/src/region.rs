@@ -29,7 +29,7 @@
 //!    as for any unmapped memory.
 
 use std::sync::atomic::{
-    AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::SeqCst,
+    AtomicBool, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::SeqCst,
 };
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -243,6 +243,54 @@ impl Shared {
             page * self.page_size,
             self.store.describe()
         );
+    }
+}
+
+/// A background thread working on one region's [`Shared`] (the run-ahead
+/// populator, the evictor). The region stops it (`stop`) before its state
+/// is freed, which is what keeps the borrowed pointer valid.
+pub(crate) struct RegionThread {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct SharedPtr(*const Shared);
+// SAFETY: `Shared` is Sync (atomics and data immutable after build); the
+// pointer stays valid until `RegionThread::stop` has joined the thread, which
+// `Region::drop` does before freeing anything.
+unsafe impl Send for SharedPtr {}
+
+impl RegionThread {
+    /// Runs `body(shared, stop_flag)` on a new thread named `name`.
+    pub fn spawn(
+        name: &str,
+        shared: &Shared,
+        body: impl FnOnce(&Shared, &AtomicBool) + Send + 'static,
+    ) -> std::io::Result<RegionThread> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, ptr) = (stop.clone(), SharedPtr(shared));
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let ptr = ptr;
+                // SAFETY: see `SharedPtr`.
+                body(unsafe { &*ptr.0 }, &flag)
+            })?;
+        Ok(RegionThread {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Sets the stop flag, calls `wake` to interrupt whatever the thread
+    /// waits on (it is also unparked), and joins it.
+    pub fn stop(&mut self, wake: impl FnOnce()) {
+        self.stop.store(true, SeqCst);
+        wake();
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
     }
 }
 
@@ -654,46 +702,33 @@ impl RegionBuilder {
             let _ = shared.uffd.unregister(map.addr(), len as u64);
             return Err(Error::Overlap(e));
         }
-        let populator = match self.run_ahead {
-            Some(cfg) => {
-                match crate::runahead::Populator::start(&shared, cfg, engine.scratch_bytes()) {
-                    Ok(p) => Some(p),
-                    Err(e) => {
-                        TABLE.remove(map.addr(), map.addr() + len as u64);
-                        let _ = shared.uffd.unregister(map.addr(), len as u64);
-                        return Err(Error::Io {
-                            op: "spawn run-ahead thread",
-                            source: e,
-                        });
-                    }
-                }
-            }
-            None => None,
-        };
-        let evictor = match self.budget {
-            Some(cfg) => match crate::evict::Evictor::start(&shared, cfg) {
-                Ok(e) => Some(e),
-                Err(e) => {
-                    TABLE.remove(map.addr(), map.addr() + len as u64);
-                    let _ = shared.uffd.unregister(map.addr(), len as u64);
-                    return Err(Error::Io {
-                        op: "spawn evictor thread",
-                        source: e,
-                    });
-                }
-            },
-            None => None,
-        };
         engine.region_added();
-        Ok(Region {
-            evictor,
+        let mut region = Region {
             shared: Some(shared),
             map: Some(map),
             _memfd: memfd,
             engine,
-            populator,
+            populator: None,
+            evictor: None,
             drain_timeout: self.drain_timeout,
-        })
+        };
+        // Background threads start last: if one cannot, dropping `region`
+        // tears everything down (stopping any thread already started).
+        let spawn_err = |op| move |e| Error::Io { op, source: e };
+        if let Some(cfg) = self.run_ahead {
+            let scratch = region.engine.scratch_bytes();
+            region.populator = Some(
+                crate::runahead::start(region.shared(), cfg, scratch)
+                    .map_err(spawn_err("spawn run-ahead thread"))?,
+            );
+        }
+        if let Some(cfg) = self.budget {
+            region.evictor = Some(
+                crate::evict::start(region.shared(), cfg)
+                    .map_err(spawn_err("spawn evictor thread"))?,
+            );
+        }
+        Ok(region)
     }
 }
 
@@ -703,8 +738,8 @@ pub struct Region {
     map: Option<Mapping>,
     _memfd: Option<std::os::fd::OwnedFd>,
     engine: Arc<dyn Engine>,
-    populator: Option<crate::runahead::Populator>,
-    evictor: Option<crate::evict::Evictor>,
+    populator: Option<RegionThread>,
+    evictor: Option<RegionThread>,
     drain_timeout: Duration,
 }
 
@@ -967,11 +1002,16 @@ impl Drop for Region {
     fn drop(&mut self) {
         // 0. The populator reads the region's state: stop it first.
         if let (Some(p), Some(s)) = (self.populator.as_mut(), self.shared.as_ref()) {
-            p.stop(s.feed.as_ref().expect("run-ahead regions have a feed"));
+            p.stop(|| {
+                s.feed
+                    .as_ref()
+                    .expect("run-ahead regions have a feed")
+                    .wake_all()
+            });
         }
         // 0b. Stop evicting, then write every dirty page back.
         if let Some(e) = self.evictor.as_mut() {
-            e.stop();
+            e.stop(|| ());
             if let Err(err) = self.flush() {
                 crate::engine::report(|w| {
                     use std::fmt::Write;

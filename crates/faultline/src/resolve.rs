@@ -106,15 +106,21 @@ pub(crate) fn resolve(
             }
             PageState::Absent => {}
         }
+        if let Some(ev) = r.evict.as_ref().filter(|ev| ev.over_limit()) {
+            if wake {
+                // Thread engines: defer it. Waiting here would stall the
+                // evictor, whose zap waits for this very thread to read the
+                // REMOVE event.
+                return Resolution::Retry;
+            }
+            ev.wait_below_limit();
+        }
         if !r.residency.try_claim(page) {
             return Resolution::Busy;
         }
         if r.residency.get(page) != PageState::Absent {
             r.residency.release(page..page + 1);
             continue;
-        }
-        if let Some(ev) = r.evict.as_ref() {
-            ev.throttle();
         }
         let run = claim_window(r, page, scratch.len());
         // Every ioctl runs with DONTWAKE: the faulting thread (thread
@@ -260,7 +266,23 @@ fn install(
                 } else {
                     pool.discard(slots);
                 }
-                return finish(r, moved_run, page, out, PageState::Writable, ahead);
+                match out {
+                    // EBUSY: the kernel could not take the source folio just
+                    // now (locked, being split or migrated); nothing moved.
+                    // Install this run with COPY instead.
+                    Err(e) if e.errno() == libc::EBUSY => {
+                        r.stats.pool_misses.fetch_add(1, Relaxed);
+                        let bytes = (moved_run.len() * ps) as u64;
+                        return match copy_run(r, &moved_run, dst, offset, bytes, scratch) {
+                            Ok(o) => finish(r, moved_run, page, Ok(o), PageState::Writable, ahead),
+                            Err(CopyErr::Uffd(e)) => {
+                                finish(r, moved_run, page, Err(e), PageState::Writable, ahead)
+                            }
+                            Err(CopyErr::Store(e)) => fail_store(r, moved_run, page, e),
+                        };
+                    }
+                    out => return finish(r, moved_run, page, out, PageState::Writable, ahead),
+                }
             }
             None => {
                 r.stats.pool_misses.fetch_add(1, Relaxed);

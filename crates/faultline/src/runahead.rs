@@ -17,12 +17,10 @@
 //!    (`ahead` pages never touched).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::policy::StreamPredictor;
-use crate::region::Shared;
+use crate::region::{RegionThread, Shared};
 use crate::residency::PageState;
 use crate::resolve::resolve;
 use crate::sys::thread::{futex_wait, futex_wake};
@@ -73,6 +71,12 @@ impl Feed {
         }
     }
 
+    /// Wakes the populator whatever it waits for (to stop it).
+    pub fn wake_all(&self) {
+        self.seq.fetch_add(1, SeqCst);
+        futex_wake(&self.seq);
+    }
+
     pub fn stats(&self) -> RunAheadStats {
         RunAheadStats {
             faults_seen: self.faults_seen.load(Relaxed),
@@ -82,52 +86,15 @@ impl Feed {
     }
 }
 
-/// The populator thread of one region.
-pub(crate) struct Populator {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-struct SharedPtr(*const Shared);
-// SAFETY: `Shared` is Sync (atomics and immutable data); the pointer stays
-// valid until `Populator::stop` has joined the thread (Region::drop stops
-// the populator before anything else).
-unsafe impl Send for SharedPtr {}
-
-impl Populator {
-    /// Starts the populator for `shared`, which must outlive it (the region
-    /// calls [`Populator::stop`] first thing on drop).
-    pub fn start(
-        shared: &Shared,
-        cfg: RunAheadConfig,
-        scratch_bytes: usize,
-    ) -> std::io::Result<Populator> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ptr = SharedPtr(shared as *const Shared);
-        let s2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("faultline-runahead".into())
-            .spawn(move || {
-                let ptr = ptr;
-                // SAFETY: see `SharedPtr`.
-                let r: &Shared = unsafe { &*ptr.0 };
-                run(r, cfg, &s2, scratch_bytes);
-            })?;
-        Ok(Populator {
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// Stops and joins the thread.
-    pub fn stop(&mut self, feed: &Feed) {
-        self.stop.store(true, SeqCst);
-        feed.seq.fetch_add(1, SeqCst);
-        futex_wake(&feed.seq);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// Starts the populator thread of `shared` (a region with a feed).
+pub(crate) fn start(
+    shared: &Shared,
+    cfg: RunAheadConfig,
+    scratch_bytes: usize,
+) -> std::io::Result<RegionThread> {
+    RegionThread::spawn("faultline-runahead", shared, move |r, stop| {
+        run(r, cfg, stop, scratch_bytes)
+    })
 }
 
 fn run(r: &Shared, cfg: RunAheadConfig, stop: &AtomicBool, scratch_bytes: usize) {

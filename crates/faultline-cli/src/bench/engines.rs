@@ -382,13 +382,10 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
     );
     println!("(figure: ZEROPAGE read per engine; stock* and UINTR* are the thesis's gem5 numbers)");
     headline(&records);
-    if let Some(dir) = ctx.plot_dir.clone() {
-        std::fs::create_dir_all(&dir)?;
-        super::plot::latency_histograms(&dir, "latency_hist", &hist)?;
-        ctx.note_plot(&dir, "latency_hist");
-        super::plot::phase_bars(&dir, "phases", &phase_bars)?;
-        ctx.note_plot(&dir, "phases");
-    }
+    ctx.figure("latency_hist", |d, n| {
+        super::plot::latency_histograms(d, n, &hist)
+    })?;
+    ctx.figure("phases", |d, n| super::plot::phase_bars(d, n, &phase_bars))?;
     for r in records {
         ctx.report.push(r);
     }
@@ -671,19 +668,17 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
         ],
         &rows,
     );
-    if let Some(dir) = ctx.plot_dir.clone() {
-        std::fs::create_dir_all(&dir)?;
+    ctx.figure("seq", |d, n| {
         super::plot::line_chart(
-            &dir,
-            "seq",
+            d,
+            n,
             "sequential first touch",
             "pages per fault",
             "ns per page",
             &series,
             true,
-        )?;
-        ctx.note_plot(&dir, "seq");
-    }
+        )
+    })?;
     Ok(())
 }
 
@@ -831,18 +826,16 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
         ],
         &rows,
     );
-    if let Some(dir) = ctx.plot_dir.clone() {
-        std::fs::create_dir_all(&dir)?;
+    ctx.figure("scale", |d, n| {
         super::plot::line_chart(
-            &dir,
-            "scale",
+            d,
+            n,
             "first-touch throughput",
             "faulting threads",
             "faults per second",
             &series,
             true,
-        )?;
-        ctx.note_plot(&dir, "scale");
-    }
+        )
+    })?;
     Ok(())
 }

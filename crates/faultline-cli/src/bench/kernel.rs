@@ -657,20 +657,20 @@ pub fn run(ctx: &mut BenchCtx, args: &KernelArgs) -> anyhow::Result<()> {
         &scale_rows,
     );
 
-    if let Some(dir) = ctx.plot_dir.clone() {
-        plot::latency_histograms(&dir, "kernel_latency", &samples)?;
+    ctx.figure("kernel_latency", |d, n| {
+        plot::latency_histograms(d, n, &samples)
+    })?;
+    ctx.figure("kernel_scale", |d, n| {
         plot::line_chart(
-            &dir,
-            "kernel_scale",
+            d,
+            n,
             "Kernel anonymous first-touch throughput",
             "threads",
             "faults/s",
             &[("kernel-anon-write".into(), scale_points)],
             false,
-        )?;
-        ctx.note_plot(&dir, "kernel_latency");
-        ctx.note_plot(&dir, "kernel_scale");
-    }
+        )
+    })?;
 
     for r in records.into_iter().chain(seq_records).chain(scale_records) {
         ctx.report.push(r);

@@ -135,6 +135,20 @@ impl BenchCtx {
         progress::Progress::new(steps, name)
     }
 
+    /// With `--plot`, draws figure `name` with `draw(dir, name)` and
+    /// remembers it; without, does nothing.
+    pub fn figure(
+        &mut self,
+        name: &str,
+        draw: impl FnOnce(&Path, &str) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        if let Some(dir) = self.plot_dir.clone() {
+            draw(&dir, name)?;
+            self.note_plot(&dir, name);
+        }
+        Ok(())
+    }
+
     /// Remember that figure `dir/name.{svg,png}` was written.
     pub fn note_plot(&mut self, dir: &Path, name: &str) {
         self.plots.push(dir.join(name));

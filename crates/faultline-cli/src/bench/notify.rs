@@ -771,10 +771,9 @@ pub fn run(ctx: &mut BenchCtx, args: &NotifyArgs) -> anyhow::Result<()> {
         );
     }
 
-    if let Some(dir) = ctx.plot_dir.clone() {
-        plot::latency_histograms(&dir, "notify_latency", &samples)?;
-        ctx.note_plot(&dir, "notify_latency");
-    }
+    ctx.figure("notify_latency", |d, n| {
+        plot::latency_histograms(d, n, &samples)
+    })?;
     for r in records {
         ctx.report.push(r);
     }

@@ -199,8 +199,10 @@ impl Engine for SignalEngine {
     }
 }
 
-/// Bit 1 of the x86 page-fault error code: the access was a write.
-fn is_write(ctx: *mut libc::c_void) -> bool {
+/// The x86 page-fault error code of a fault-generated SIGBUS, as
+/// (write, protection): bit 1 = the access was a write, bit 0 = the page
+/// was present (a userfaultfd write-protect fault).
+fn access_of(ctx: *mut libc::c_void) -> (bool, bool) {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: for an SA_SIGINFO handler the kernel passes a valid
@@ -209,30 +211,12 @@ fn is_write(ctx: *mut libc::c_void) -> bool {
         let err = unsafe {
             (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize]
         };
-        err & 2 != 0
+        (err & 2 != 0, err & 1 != 0)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = ctx;
-        true
-    }
-}
-
-/// Bit 0 of the x86 page-fault error code: the page was present (a
-/// protection fault: userfaultfd write-protect).
-fn is_protection(ctx: *mut libc::c_void) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: as in `is_write`.
-        let err = unsafe {
-            (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize]
-        };
-        err & 1 != 0
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ctx;
-        false
+        (true, false)
     }
 }
 
@@ -269,16 +253,9 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
                 } else {
                     &mut []
                 };
+                let (write, protection) = access_of(ctx);
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    resolve(
-                        &r,
-                        addr,
-                        is_write(ctx),
-                        is_protection(ctx),
-                        false,
-                        scratch,
-                        None,
-                    )
+                    resolve(&r, addr, write, protection, false, scratch, None)
                 }));
                 if let Some(i) = slot {
                     pool.release(i);

@@ -81,9 +81,18 @@ impl Handler {
         if n > 0 {
             self.counters.reads.fetch_add(1, Relaxed);
         }
-        for i in 0..n {
-            let m = self.msgs[i].decode();
-            each(self, m);
+        // Events first. The kernel returns a batch's faults before its
+        // events, but the thread that caused an event (madvise, the
+        // evictor's zap) is released as soon as the event is *read*: had we
+        // resolved the batch's faults first, one of them could re-install a
+        // page that the event then marks absent after the fact.
+        for faults in [false, true] {
+            for i in 0..n {
+                let m = self.msgs[i].decode();
+                if matches!(m, Msg::PageFault { .. }) == faults {
+                    each(self, m);
+                }
+            }
         }
         n
     }
@@ -236,13 +245,6 @@ fn on_remove(start: u64, end: u64) {
         };
         let region_end = r.base + r.len;
         let stop = end.min(region_end);
-        if r.evict.is_some() {
-            // Budget regions: these events come from our own evictor, which
-            // keeps the map itself; a late event must not mark a page that
-            // was faulted back in since as absent.
-            a = stop;
-            continue;
-        }
         let ps = r.page_size as u64;
         // Only whole region pages are known to be gone.
         let first = (a - r.base).div_ceil(ps) as usize;
