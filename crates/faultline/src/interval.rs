@@ -216,8 +216,73 @@ struct Snapshot<V> {
 pub struct SnapshotTable<V: Copy + Eq + Send + Sync + 'static> {
     writer: Mutex<IntervalMap<V>>,
     current: AtomicPtr<Snapshot<V>>,
+    grace: Grace,
+}
+
+/// A minimal userspace RCU: readers enter and leave read-side sections
+/// without locks, allocation or system calls (so signal handlers may read);
+/// a writer that has unpublished an object calls [`Grace::synchronize`] and,
+/// when it returns, no reader can still hold the object.
+///
+/// Two reader counters indexed by the parity of an epoch: a reader
+/// increments the counter of the current parity and re-checks the epoch; a
+/// writer flips the epoch and waits for the old parity's counter to drain.
+pub struct Grace {
     epoch: AtomicU64,
     readers: [AtomicUsize; 2],
+}
+
+impl Default for Grace {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Grace {
+    /// No readers, epoch 0 (usable in a `static`).
+    pub const fn new() -> Self {
+        Grace {
+            epoch: AtomicU64::new(0),
+            readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
+        }
+    }
+
+    /// Enters a read-side section; pass the result to [`Grace::exit`].
+    /// Async-signal-safe.
+    #[inline]
+    pub fn enter(&self) -> usize {
+        loop {
+            let e = self.epoch.load(SeqCst);
+            let parity = (e & 1) as usize;
+            self.readers[parity].fetch_add(1, SeqCst);
+            if self.epoch.load(SeqCst) == e {
+                return parity;
+            }
+            self.readers[parity].fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Leaves the read-side section entered with parity `parity`.
+    #[inline]
+    pub fn exit(&self, parity: usize) {
+        self.readers[parity].fetch_sub(1, SeqCst);
+    }
+
+    /// Waits until every reader that entered before this call has left.
+    /// Never call it from inside a read-side section.
+    pub fn synchronize(&self) {
+        let e = self.epoch.fetch_add(1, SeqCst);
+        let parity = (e & 1) as usize;
+        let mut spins = 0u32;
+        while self.readers[parity].load(SeqCst) != 0 {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
 }
 
 /// A read-side critical section: the snapshot stays valid while it lives.
@@ -246,7 +311,7 @@ impl<V: Copy + Eq + Send + Sync + 'static> ReadGuard<'_, V> {
 
 impl<V: Copy + Eq + Send + Sync + 'static> Drop for ReadGuard<'_, V> {
     fn drop(&mut self) {
-        self.table.readers[self.parity].fetch_sub(1, SeqCst);
+        self.table.grace.exit(self.parity);
     }
 }
 
@@ -262,8 +327,7 @@ impl<V: Copy + Eq + Send + Sync + 'static> SnapshotTable<V> {
         SnapshotTable {
             writer: Mutex::new(IntervalMap { items: Vec::new() }),
             current: AtomicPtr::new(std::ptr::null_mut()),
-            epoch: AtomicU64::new(0),
-            readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            grace: Grace::new(),
         }
     }
 
@@ -271,19 +335,12 @@ impl<V: Copy + Eq + Send + Sync + 'static> SnapshotTable<V> {
     /// async-signal-safe.
     #[inline]
     pub fn read(&self) -> ReadGuard<'_, V> {
-        loop {
-            let e = self.epoch.load(SeqCst);
-            let parity = (e & 1) as usize;
-            self.readers[parity].fetch_add(1, SeqCst);
-            if self.epoch.load(SeqCst) == e {
-                let snap = self.current.load(SeqCst);
-                return ReadGuard {
-                    table: self,
-                    parity,
-                    snap,
-                };
-            }
-            self.readers[parity].fetch_sub(1, SeqCst);
+        let parity = self.grace.enter();
+        let snap = self.current.load(SeqCst);
+        ReadGuard {
+            table: self,
+            parity,
+            snap,
         }
     }
 
@@ -314,19 +371,7 @@ impl<V: Copy + Eq + Send + Sync + 'static> SnapshotTable<V> {
             items: w.items.clone().into_boxed_slice(),
         }));
         let old = self.current.swap(snap, SeqCst);
-        // Grace period: flip the epoch, then wait until every reader that
-        // entered under the old parity (and so may hold `old`) has left.
-        let e = self.epoch.fetch_add(1, SeqCst);
-        let parity = (e & 1) as usize;
-        let mut spins = 0u32;
-        while self.readers[parity].load(SeqCst) != 0 {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        self.grace.synchronize();
         if !old.is_null() {
             // SAFETY: `old` was created by Box::into_raw in an earlier
             // publish, is no longer reachable through `current`, and no
