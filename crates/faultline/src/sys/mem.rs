@@ -157,6 +157,16 @@ pub fn madvise(addr: u64, len: usize, advice: i32) -> Result<(), MemError> {
     Ok(())
 }
 
+/// `mprotect(addr, len, prot)`. Async-signal-safe; returns the errno.
+pub fn mprotect(addr: u64, len: usize, prot: i32) -> Result<(), i32> {
+    // SAFETY: mprotect changes only the protection of the range; callers
+    // pass page-aligned ranges of mappings they manage.
+    if unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot) } != 0 {
+        return Err(super::errno());
+    }
+    Ok(())
+}
+
 /// `MADV_POPULATE_READ` (5.14+).
 pub const MADV_POPULATE_READ: i32 = 22;
 /// `MADV_POPULATE_WRITE` (5.14+).
@@ -235,6 +245,9 @@ pub fn pwrite_all(fd: i32, buf: &[u8], mut offset: u64) -> Result<(), i32> {
                 continue;
             }
             return Err(e);
+        }
+        if n == 0 {
+            return Err(libc::EIO);
         }
         done += n as usize;
         offset += n as u64;

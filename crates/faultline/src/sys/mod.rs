@@ -5,6 +5,7 @@
 //! async-signal-safe: no allocation, no locks.
 
 pub mod mem;
+pub mod perf;
 pub mod thread;
 pub mod uffd;
 
