@@ -55,6 +55,7 @@ mod resolve;
 pub mod runahead;
 pub mod store;
 pub mod sys;
+pub mod watch;
 
 pub use caps::{capabilities, Capabilities};
 pub use engine::{

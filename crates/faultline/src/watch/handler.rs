@@ -1,0 +1,1038 @@
+//! The signal handlers: SIGBUS (uffd write-protect faults), SIGSEGV
+//! (mprotect faults) and SIGTRAP (single-step completion, debug-register
+//! hits).
+//!
+//! ```text
+//!  write to a protected page
+//!    -> SIGBUS / SIGSEGV on the writing thread
+//!       grace.enter; page entry = hash probe; not ours -> chain
+//!       decode at RIP; emulate:      store goes to the alias, or
+//!         un-protect/store/re-protect under the page lock, or
+//!         /proc/self/mem (forced write, page stays read-only)
+//!       report hits (watched bytes written), RIP += len, return
+//!    -> not emulated: page lock, un-protect, set TF, return
+//!       the instruction runs once -> SIGTRAP (TRAP_TRACE)
+//!       re-protect, unlock, clear TF, report, return
+//! ```
+//!
+//! Everything the handlers write is in arena or runtime memory (never
+//! watchable). The runtime (grace counters, per-thread slots, the previous
+//! signal actions) lives in one leaked `mmap` so it survives watchers.
+
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::OnceLock;
+
+use super::emulate::{self, Cpu, MemFault, Memory, Outcome};
+use super::table::{page_of, PageEntry, Tier, PAGE};
+use super::{Hit, HitPath, Inner};
+use crate::interval::Grace;
+use crate::sys::thread::{install_sigaction, reset_to_default, SigAction};
+use crate::sys::{errno, rdtsc, set_errno};
+
+const SLOTS: usize = 128;
+const TRAP_TRACE: i32 = 2;
+const SEGV_ACCERR: i32 = 2;
+const EFLAGS_TF: i64 = 0x100;
+
+/// Per-thread state while a thread is inside a handler or single-stepping.
+pub(crate) struct Slot {
+    /// The thread's TCB pointer (`fs:0`), 0 when free.
+    key: AtomicU64,
+    tid: AtomicU32,
+    /// Nesting depth of handlers on this thread.
+    depth: AtomicU32,
+    in_callback: AtomicU32,
+    /// Pages opened for a single step (entry pointers), 0 = none.
+    step: [AtomicUsize; 2],
+    step_tf_was_set: AtomicU32,
+    step_ip: AtomicU64,
+    step_addr: AtomicU64,
+    step_len: AtomicU64,
+    step_before: [AtomicU64; 8],
+}
+
+/// Process-wide state of the handlers, in a leaked private mapping.
+pub(crate) struct Runtime {
+    pub grace: Grace,
+    pub active: AtomicPtr<Inner>,
+    slots: [Slot; SLOTS],
+    prev: [AtomicPtr<SigAction>; 3],
+    base: u64,
+    len: u64,
+}
+
+static RUNTIME: OnceLock<&'static Runtime> = OnceLock::new();
+
+/// The runtime, created and the handlers installed on first call.
+pub(crate) fn runtime() -> Result<&'static Runtime, super::WatchError> {
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if let Some(r) = RUNTIME.get() {
+        return Ok(r);
+    }
+    let _g = INIT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(r) = RUNTIME.get() {
+        return Ok(r);
+    }
+    let r = create_runtime()?;
+    let _ = RUNTIME.set(r);
+    Ok(r)
+}
+
+fn placeholder() -> Runtime {
+    Runtime {
+        grace: Grace::new(),
+        active: AtomicPtr::new(std::ptr::null_mut()),
+        slots: std::array::from_fn(|_| new_slot()),
+        prev: Default::default(),
+        base: 0,
+        len: 0,
+    }
+}
+
+fn new_slot() -> Slot {
+    Slot {
+        key: AtomicU64::new(0),
+        tid: AtomicU32::new(0),
+        depth: AtomicU32::new(0),
+        in_callback: AtomicU32::new(0),
+        step: Default::default(),
+        step_tf_was_set: AtomicU32::new(0),
+        step_ip: AtomicU64::new(0),
+        step_addr: AtomicU64::new(0),
+        step_len: AtomicU64::new(0),
+        step_before: Default::default(),
+    }
+}
+
+fn create_runtime() -> Result<&'static Runtime, super::WatchError> {
+    // The decoder builds its tables on first use (allocating): never let
+    // that happen inside a handler.
+    emulate::prepare();
+    let len = std::mem::size_of::<Runtime>().div_ceil(PAGE as usize) * PAGE as usize;
+    let m = crate::sys::mem::Mapping::anon(len).map_err(|e| super::WatchError::Sys {
+        op: "mmap",
+        addr: 0,
+        source: e.source,
+    })?;
+    let p = m.as_ptr() as *mut Runtime;
+    let mut rt = placeholder();
+    rt.base = m.addr();
+    rt.len = len as u64;
+    // SAFETY: `p` is a fresh, page-aligned private mapping of at least
+    // size_of::<Runtime>() bytes; we leak it so the reference is 'static.
+    unsafe { p.write(rt) };
+    std::mem::forget(m);
+    // SAFETY: initialised above and never unmapped.
+    let rt: &'static Runtime = unsafe { &*p };
+    for (i, (sig, h)) in [
+        (
+            libc::SIGBUS,
+            on_fault as extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void),
+        ),
+        (libc::SIGSEGV, on_fault),
+        (libc::SIGTRAP, on_trap),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let old = install_sigaction(sig, h, false).map_err(|e| super::WatchError::Sys {
+            op: "sigaction",
+            addr: 0,
+            source: e,
+        })?;
+        rt.prev[i].store(Box::into_raw(Box::new(old)), SeqCst);
+    }
+    Ok(rt)
+}
+
+/// Whether `[start, end)` overlaps the runtime's memory.
+pub(crate) fn runtime_overlaps(start: u64, end: u64) -> bool {
+    RUNTIME
+        .get()
+        .is_some_and(|r| start < r.base + r.len && r.base < end)
+}
+
+#[inline]
+fn thread_key() -> u64 {
+    let k: u64;
+    // SAFETY: on x86_64 Linux fs:0 holds the thread control block's self
+    // pointer (glibc and musl), unique per live thread; reading it has no
+    // side effects.
+    unsafe {
+        std::arch::asm!("mov {}, fs:0", out(reg) k, options(nostack, readonly, preserves_flags))
+    };
+    k
+}
+
+impl Runtime {
+    /// The calling thread's slot with its depth raised (pair with
+    /// [`Runtime::leave`]). A slot stays assigned to its thread; when all
+    /// are taken, an idle one (no handler, no step) is recycled.
+    fn enter(&self) -> Option<&Slot> {
+        let key = thread_key();
+        let start = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % SLOTS;
+        loop {
+            let s = self.probe(key, start).or_else(|| self.recycle(key))?;
+            if s.depth.fetch_add(1, SeqCst) == 0 {
+                // The key (TCB address) may belong to a new thread since the
+                // last use: learn the tid again when a hit needs it.
+                s.tid.store(0, Relaxed);
+            }
+            if s.key.load(SeqCst) == key {
+                return Some(s);
+            }
+            // Recycled under us: try again.
+            s.depth.fetch_sub(1, SeqCst);
+        }
+    }
+
+    fn probe(&self, key: u64, start: usize) -> Option<&Slot> {
+        for i in 0..SLOTS {
+            let s = &self.slots[(start + i) % SLOTS];
+            let k = s.key.load(Acquire);
+            if k == key {
+                return Some(s);
+            }
+            if k == 0 && s.key.compare_exchange(0, key, AcqRel, Acquire).is_ok() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    fn recycle(&self, key: u64) -> Option<&Slot> {
+        for s in &self.slots {
+            let old = s.key.load(SeqCst);
+            if s.depth.load(SeqCst) == 0
+                && s.step[0].load(SeqCst) == 0
+                && s.key.compare_exchange(old, key, SeqCst, SeqCst).is_ok()
+            {
+                if s.depth.load(SeqCst) == 0 && s.step[0].load(SeqCst) == 0 {
+                    return Some(s);
+                }
+                let _ = s.key.compare_exchange(key, old, SeqCst, SeqCst);
+            }
+        }
+        None
+    }
+
+    fn find_slot(&self) -> Option<&Slot> {
+        let key = thread_key();
+        let start = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % SLOTS;
+        (0..SLOTS)
+            .map(|i| &self.slots[(start + i) % SLOTS])
+            .find(|s| s.key.load(Acquire) == key)
+    }
+
+    /// The thread id of the slot's thread (looked up once per handler).
+    fn tid(s: &Slot) -> i32 {
+        let t = s.tid.load(Relaxed);
+        if t != 0 {
+            return t as i32;
+        }
+        let t = crate::sys::thread::gettid();
+        s.tid.store(t as u32, Relaxed);
+        t
+    }
+
+    fn leave(&self, s: &Slot) {
+        s.depth.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Whether the calling thread is inside one of our handlers.
+pub(crate) fn in_handler() -> bool {
+    RUNTIME
+        .get()
+        .and_then(|r| r.find_slot())
+        .is_some_and(|s| s.depth.load(Relaxed) > 0)
+}
+
+fn chain(rt: &Runtime, which: usize, sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let prev = rt.prev[which].load(SeqCst);
+    if !prev.is_null() {
+        // SAFETY: set once from a Box and never freed.
+        let prev = unsafe { &*prev };
+        let h = prev.sa_sigaction;
+        if h != libc::SIG_DFL && h != libc::SIG_IGN {
+            if prev.sa_flags & libc::SA_SIGINFO != 0 {
+                // SAFETY: installed by its owner as an SA_SIGINFO handler.
+                let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(h) };
+                f(sig, info, ctx);
+            } else {
+                // SAFETY: a plain `void (*)(int)` handler.
+                let f: extern "C" fn(i32) = unsafe { std::mem::transmute(h) };
+                f(sig);
+            }
+            return;
+        }
+        if h == libc::SIG_IGN && sig == libc::SIGTRAP {
+            return;
+        }
+    }
+    // Default action. A fault-generated signal re-raises on return; a
+    // SIGTRAP would be lost, so raise it.
+    reset_to_default(sig);
+    // SAFETY: raise is async-signal-safe.
+    unsafe {
+        libc::raise(sig);
+    }
+}
+
+fn gregs(ctx: *mut libc::c_void) -> *mut [i64; 23] {
+    // SAFETY: the kernel passes a valid ucontext_t to SA_SIGINFO handlers.
+    unsafe { &raw mut (*(ctx as *mut libc::ucontext_t)).uc_mcontext.gregs }
+}
+
+extern "C" fn on_fault(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let t0 = rdtsc();
+    let saved = errno();
+    let which = if sig == libc::SIGBUS { 0 } else { 1 };
+    let Some(rt) = RUNTIME.get() else {
+        return;
+    };
+    // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers.
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
+    let expected = if sig == libc::SIGBUS {
+        libc::BUS_ADRERR
+    } else {
+        SEGV_ACCERR
+    };
+    let parity = rt.grace.enter();
+    let mut handled = false;
+    if code == expected {
+        // SAFETY: fault-generated signal (si_code checked): REG_ERR is the
+        // page-fault error code.
+        let err = unsafe { (*gregs(ctx))[libc::REG_ERR as usize] };
+        let inner = rt.active.load(Acquire);
+        if err & 2 != 0 && !inner.is_null() {
+            // SAFETY: unpublished and freed only after a grace period, and
+            // we are inside a read section.
+            let inner = unsafe { &*inner };
+            if let Some(e) = inner.pages.get(page_of(addr)) {
+                let tier = e.tier();
+                let ours = match tier {
+                    // Disarmed while the fault was in flight: retry.
+                    Tier::Off => true,
+                    Tier::Mprotect => sig == libc::SIGSEGV,
+                    Tier::Uffd | Tier::Alias => sig == libc::SIGBUS,
+                };
+                if ours {
+                    handled = true;
+                    if tier != Tier::Off {
+                        handle_write(rt, inner, e, addr, ctx, t0);
+                    }
+                }
+            }
+        }
+    }
+    rt.grace.exit(parity);
+    if !handled {
+        chain(rt, which, sig, info, ctx);
+    }
+    set_errno(saved);
+}
+
+fn abort_with(msg: &[u8]) -> ! {
+    crate::sys::write_stderr(b"faultline watch: ");
+    crate::sys::write_stderr(msg);
+    crate::sys::write_stderr(b"\n");
+    std::process::abort();
+}
+
+fn handle_write(
+    rt: &Runtime,
+    inner: &Inner,
+    e: &PageEntry,
+    addr: u64,
+    ctx: *mut libc::c_void,
+    t0: u64,
+) {
+    let sh = inner.shared;
+    sh.faults.fetch_add(1, Relaxed);
+    if inner.trace {
+        for t in &sh.trace {
+            t.store(t0, Relaxed);
+        }
+    }
+    let Some(slot) = rt.enter() else {
+        abort_with(b"more than 128 threads in watch handlers at once");
+    };
+    let nested = slot.in_callback.load(Relaxed) != 0;
+    let g = gregs(ctx);
+    // SAFETY: valid ucontext (see `gregs`).
+    let ip = unsafe { (*g)[libc::REG_RIP as usize] } as u64;
+    let mut code = [0u8; 15];
+    let n = read_code(ip, &mut code);
+    let mut cpu = CtxCpu { ctx };
+    let mut mem = WatchMem {
+        inner,
+        slot,
+        ip,
+        report: !nested,
+        hits: 0,
+        touched_watched: false,
+    };
+    match emulate::emulate(&code[..n], &mut cpu, &mut mem) {
+        Outcome::Emulated => {
+            sh.emulated.fetch_add(1, Relaxed);
+            if inner.classify && !mem.touched_watched {
+                sh.false_positives.fetch_add(1, Relaxed);
+                e.false_positives.fetch_add(1, Relaxed);
+            }
+        }
+        Outcome::NotEmulated(_) => {
+            sh.single_stepped.fetch_add(1, Relaxed);
+            begin_step(inner, slot, e, &code[..n], &cpu, addr, ctx);
+        }
+    }
+    rt.leave(slot);
+    let t1 = rdtsc();
+    if inner.trace {
+        sh.trace[3].store(t1, Relaxed);
+    }
+    sh.handler_cycles.fetch_add(t1.wrapping_sub(t0), Relaxed);
+}
+
+/// Copies the instruction bytes at `ip`: up to the end of its page
+/// directly, the rest (an instruction straddling a page) through
+/// `/proc/self/mem` style checked reads so an unmapped next page cannot
+/// fault here.
+fn read_code(ip: u64, out: &mut [u8; 15]) -> usize {
+    let in_page = ((page_of(ip) + PAGE - ip) as usize).min(15);
+    // SAFETY: the CPU was executing at `ip`, so its page is mapped and
+    // readable (x86 has no execute-only pages without protection keys).
+    unsafe { std::ptr::copy_nonoverlapping(ip as *const u8, out.as_mut_ptr(), in_page) };
+    if in_page == 15 {
+        return 15;
+    }
+    let mut rest = [0u8; 15];
+    let want = 15 - in_page;
+    let local = libc::iovec {
+        iov_base: rest.as_mut_ptr().cast(),
+        iov_len: want,
+    };
+    let remote = libc::iovec {
+        iov_base: (ip + in_page as u64) as *mut libc::c_void,
+        iov_len: want,
+    };
+    // SAFETY: process_vm_readv on our own pid copies into `rest`; it returns
+    // an error instead of faulting for unmapped addresses.
+    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    let got = if got > 0 { got as usize } else { 0 };
+    out[in_page..in_page + got].copy_from_slice(&rest[..got]);
+    in_page + got
+}
+
+/// Registers of the interrupted context.
+struct CtxCpu {
+    ctx: *mut libc::c_void,
+}
+
+const GPR_INDEX: [usize; 16] = [
+    libc::REG_RAX as usize,
+    libc::REG_RCX as usize,
+    libc::REG_RDX as usize,
+    libc::REG_RBX as usize,
+    libc::REG_RSP as usize,
+    libc::REG_RBP as usize,
+    libc::REG_RSI as usize,
+    libc::REG_RDI as usize,
+    libc::REG_R8 as usize,
+    libc::REG_R9 as usize,
+    libc::REG_R10 as usize,
+    libc::REG_R11 as usize,
+    libc::REG_R12 as usize,
+    libc::REG_R13 as usize,
+    libc::REG_R14 as usize,
+    libc::REG_R15 as usize,
+];
+
+const FP_XSTATE_MAGIC1: u32 = 0x4650_5853;
+
+impl Cpu for CtxCpu {
+    fn gpr(&self, r: emulate::Gpr) -> u64 {
+        // SAFETY: valid ucontext; index in range.
+        unsafe { (*gregs(self.ctx))[GPR_INDEX[r & 15]] as u64 }
+    }
+    fn set_gpr(&mut self, r: emulate::Gpr, v: u64) {
+        // SAFETY: as above; the kernel restores these on sigreturn.
+        unsafe { (*gregs(self.ctx))[GPR_INDEX[r & 15]] = v as i64 }
+    }
+    fn rip(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { (*gregs(self.ctx))[libc::REG_RIP as usize] as u64 }
+    }
+    fn set_rip(&mut self, v: u64) {
+        // SAFETY: as above.
+        unsafe { (*gregs(self.ctx))[libc::REG_RIP as usize] = v as i64 }
+    }
+    fn rflags(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { (*gregs(self.ctx))[libc::REG_EFL as usize] as u64 }
+    }
+    fn set_rflags(&mut self, v: u64) {
+        // SAFETY: as above.
+        unsafe { (*gregs(self.ctx))[libc::REG_EFL as usize] = v as i64 }
+    }
+    fn vec(&self, n: usize, out: &mut [u8]) -> bool {
+        if n >= 16 || (out.len() != 16 && out.len() != 32) {
+            return false;
+        }
+        // SAFETY: valid ucontext; fpregs points at the saved FPU state in
+        // the signal frame (fxsave layout, extended by an xsave header
+        // when the sw_reserved magic says so).
+        unsafe {
+            let fp = (*(self.ctx as *const libc::ucontext_t)).uc_mcontext.fpregs as *const u8;
+            if fp.is_null() {
+                return false;
+            }
+            std::ptr::copy_nonoverlapping(fp.add(160 + 16 * n), out.as_mut_ptr(), 16);
+            if out.len() == 32 {
+                let magic = (fp.add(464) as *const u32).read_unaligned();
+                if magic != FP_XSTATE_MAGIC1 {
+                    return false;
+                }
+                let xstate_bv = (fp.add(512) as *const u64).read_unaligned();
+                if xstate_bv & 4 != 0 {
+                    std::ptr::copy_nonoverlapping(fp.add(576 + 16 * n), out[16..].as_mut_ptr(), 16);
+                } else {
+                    out[16..].fill(0);
+                }
+            }
+        }
+        true
+    }
+    fn fs_base(&self) -> Option<u64> {
+        // The handler runs on the interrupted thread: same FS base.
+        Some(thread_key())
+    }
+}
+
+/// Where emulated accesses go: the alias, a briefly opened page, the
+/// kernel's forced write, or (unwatched pages) straight to memory.
+struct WatchMem<'a> {
+    inner: &'a Inner,
+    slot: &'a Slot,
+    ip: u64,
+    report: bool,
+    hits: u32,
+    touched_watched: bool,
+}
+
+/// Watched runs of one store, with their bytes before it.
+struct Runs {
+    items: [(u64, u64, [u8; 32]); 4],
+    n: usize,
+}
+
+impl WatchMem<'_> {
+    /// The watched runs of `[a, a+n)` (within one page), or None if there
+    /// are more than fit (the caller then stores byte by byte).
+    fn collect_runs(&self, e: Option<&PageEntry>, a: u64, n: usize) -> Option<Runs> {
+        let mut runs = Runs {
+            items: [(0, 0, [0; 32]); 4],
+            n: 0,
+        };
+        let Some(e) = e else { return Some(runs) };
+        if !self.inner.classify {
+            return Some(runs);
+        }
+        let set = e.ranges.load(Acquire);
+        if set.is_null() {
+            return Some(runs);
+        }
+        // SAFETY: range sets are freed only after a grace period; every
+        // caller holds a read section.
+        let set = unsafe { &*set };
+        for (s, t) in set.intersect(a, a + n as u64) {
+            if runs.n == runs.items.len() {
+                return None;
+            }
+            let k = ((t - s) as usize).min(32);
+            let r = &mut runs.items[runs.n];
+            // SAFETY: watched bytes stay readable on every tier.
+            unsafe { std::ptr::copy_nonoverlapping(s as *const u8, r.2.as_mut_ptr(), k) };
+            r.0 = s;
+            r.1 = t;
+            runs.n += 1;
+        }
+        Some(runs)
+    }
+
+    /// Stores `data` at `addr` (within one page) through the page's tier.
+    /// For the Uffd and Mprotect tiers the caller holds the page lock.
+    fn raw_store(&self, e: Option<&PageEntry>, addr: u64, data: &[u8]) -> Result<(), MemFault> {
+        let tier = e.map_or(Tier::Off, |e| e.tier());
+        match (tier, e) {
+            (Tier::Alias, Some(e)) => {
+                let dst = addr.wrapping_add(e.alias_delta.load(Relaxed));
+                // SAFETY: the alias maps the same memfd pages writable.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, data.len()) };
+                Ok(())
+            }
+            (Tier::Uffd, Some(e)) => {
+                let uffd = &self.inner.uffd;
+                uffd.writeprotect(e.page, PAGE, false, true)
+                    .map_err(|_| MemFault)?;
+                // SAFETY: the page is mapped and, under the page lock,
+                // writable until we re-protect it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len())
+                };
+                uffd.writeprotect(e.page, PAGE, true, false)
+                    .map_err(|_| abort_with(b"cannot re-protect a watched page"))
+            }
+            (Tier::Mprotect, Some(_)) => {
+                crate::sys::mem::pwrite_all(self.inner.mem_raw(), data, addr).map_err(|_| MemFault)
+            }
+            _ => {
+                // Not a watched page (or disarmed meanwhile): plain store.
+                // SAFETY: the emulated instruction would have written here;
+                // if the page is not writable the fault is the program's.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len())
+                };
+                Ok(())
+            }
+        }
+    }
+
+    fn needs_lock(e: Option<&PageEntry>) -> Option<&PageEntry> {
+        e.filter(|e| matches!(e.tier(), Tier::Uffd | Tier::Mprotect))
+    }
+
+    /// Reports the runs of a store of `data` at `write.0`.
+    fn report_runs(
+        &mut self,
+        e: Option<&PageEntry>,
+        runs: &Runs,
+        write: (u64, usize),
+        data: &[u8],
+    ) {
+        let Some(e) = e else { return };
+        for r in &runs.items[..runs.n] {
+            self.report(e, r.0, r.1, write, &r.2, data);
+        }
+    }
+
+    fn report(
+        &mut self,
+        e: &PageEntry,
+        start: u64,
+        end: u64,
+        write: (u64, usize),
+        before: &[u8; 32],
+        data: &[u8],
+    ) {
+        self.touched_watched = true;
+        let sh = self.inner.shared;
+        if !self.report {
+            sh.suppressed.fetch_add(1, Relaxed);
+            return;
+        }
+        // `after` is what this store wrote (memory may already hold another
+        // thread's later write).
+        let mut after = [0u8; 32];
+        let n = ((end - start) as usize).min(32);
+        let k = (start - write.0) as usize;
+        after[..n].copy_from_slice(&data[k..k + n]);
+        let hit = Hit {
+            addr: start,
+            len: (end - start) as usize,
+            write_addr: write.0,
+            write_len: write.1,
+            before: *before,
+            after,
+            tid: Runtime::tid(self.slot),
+            ip: self.ip,
+            path: HitPath::Emulated,
+        };
+        deliver(self.inner, self.slot, e, &hit);
+        self.hits += 1;
+    }
+
+    fn load(&self, addr: u64, size: usize) -> u64 {
+        let mut b = [0u8; 8];
+        // SAFETY: readable (see `read`).
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), size.min(8)) };
+        u64::from_le_bytes(b)
+    }
+}
+
+fn deliver(inner: &Inner, slot: &Slot, e: &PageEntry, hit: &Hit) {
+    inner.shared.hits.fetch_add(1, Relaxed);
+    e.hits.fetch_add(1, Relaxed);
+    if let Some(cb) = &inner.callback {
+        slot.in_callback.fetch_add(1, Relaxed);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(hit)));
+        slot.in_callback.fetch_sub(1, Relaxed);
+        if r.is_err() {
+            abort_with(b"the watch callback panicked");
+        }
+    }
+}
+
+impl Memory for WatchMem<'_> {
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), MemFault> {
+        // Watched pages stay readable on every tier.
+        // SAFETY: the emulated instruction reads these bytes itself.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemFault> {
+        let mut off = 0usize;
+        while off < data.len() {
+            let a = addr + off as u64;
+            let n = ((page_of(a) + PAGE - a) as usize).min(data.len() - off);
+            let chunk = &data[off..off + n];
+            let e = self.inner.pages.get(page_of(a));
+            let Some(runs) = self.collect_runs(e, a, n) else {
+                // More watched runs than fit: store byte by byte so every
+                // run is reported.
+                for i in 0..n {
+                    self.write(a + i as u64, &chunk[i..i + 1])?;
+                }
+                off += n;
+                continue;
+            };
+            if self.inner.trace {
+                self.inner.shared.trace[1].store(rdtsc(), Relaxed);
+            }
+            let lock = Self::needs_lock(e);
+            if let Some(l) = lock {
+                l.lock();
+            }
+            let r = self.raw_store(e, a, chunk);
+            if let Some(l) = lock {
+                l.unlock();
+            }
+            r?;
+            if self.inner.trace {
+                self.inner.shared.trace[2].store(rdtsc(), Relaxed);
+            }
+            self.report_runs(e, &runs, (a, n), chunk);
+            off += n;
+        }
+        Ok(())
+    }
+
+    fn cas(&mut self, addr: u64, size: usize, expected: u64, new: u64) -> Result<u64, MemFault> {
+        if size == 0 || size > 8 || page_of(addr) != page_of(addr + size as u64 - 1) {
+            // A split-lock atomic: not emulated.
+            return Err(MemFault);
+        }
+        let e = self.inner.pages.get(page_of(addr));
+        let runs = self.collect_runs(e, addr, size).ok_or(MemFault)?;
+        let tier = e.map_or(Tier::Off, |e| e.tier());
+        let found = if tier == Tier::Alias || tier == Tier::Off {
+            let dst = match e {
+                Some(e) if tier == Tier::Alias => addr.wrapping_add(e.alias_delta.load(Relaxed)),
+                _ => addr,
+            };
+            // SAFETY: a page-contained atomic on writable memory (the
+            // alias, or an unwatched page the instruction targets).
+            unsafe { atomic_cas(dst, size, expected, new) }
+        } else {
+            // All writers to this page go through a handler holding the
+            // page lock, so load-compare-store under it is atomic.
+            let l = e.expect("tier implies entry");
+            l.lock();
+            let cur = self.load(addr, size);
+            let r = if cur == expected {
+                self.raw_store(e, addr, &new.to_le_bytes()[..size])
+                    .map(|_| cur)
+            } else {
+                Ok(cur)
+            };
+            l.unlock();
+            r?
+        };
+        if found == expected {
+            let mut runs = runs;
+            // `before` was read outside the atomic: use the value replaced.
+            let old = expected.to_le_bytes();
+            for r in &mut runs.items[..runs.n] {
+                let k = (r.0 - addr) as usize;
+                let m = (r.1 - r.0) as usize;
+                r.2[..m].copy_from_slice(&old[k..k + m]);
+            }
+            self.report_runs(e, &runs, (addr, size), &new.to_le_bytes()[..size]);
+        }
+        Ok(found)
+    }
+}
+
+/// # Safety
+/// `addr` must be valid for an atomic access of `size` bytes.
+unsafe fn atomic_cas(addr: u64, size: usize, expected: u64, new: u64) -> u64 {
+    use std::sync::atomic::{AtomicU16, AtomicU8};
+    // SAFETY: the caller guarantees validity; x86 tolerates misaligned
+    // locked accesses (they are slow, not wrong), so the casts are sound on
+    // this architecture for accesses that do not cross a page.
+    unsafe {
+        let r = match size {
+            1 => (*(addr as *const AtomicU8))
+                .compare_exchange(expected as u8, new as u8, SeqCst, SeqCst)
+                .map(u64::from)
+                .map_err(u64::from),
+            2 => (*(addr as *const AtomicU16))
+                .compare_exchange(expected as u16, new as u16, SeqCst, SeqCst)
+                .map(u64::from)
+                .map_err(u64::from),
+            4 => (*(addr as *const AtomicU32))
+                .compare_exchange(expected as u32, new as u32, SeqCst, SeqCst)
+                .map(u64::from)
+                .map_err(u64::from),
+            _ => (*(addr as *const AtomicU64)).compare_exchange(expected, new, SeqCst, SeqCst),
+        };
+        match r {
+            Ok(v) | Err(v) => v,
+        }
+    }
+}
+
+/// Opens the page for one single-stepped instruction.
+fn begin_step(
+    inner: &Inner,
+    slot: &Slot,
+    e: &PageEntry,
+    code: &[u8],
+    cpu: &CtxCpu,
+    fault_addr: u64,
+    ctx: *mut libc::c_void,
+) {
+    let idx = if slot.step[0].load(Relaxed) == 0 {
+        0
+    } else if slot.step[1].load(Relaxed) == 0 {
+        1
+    } else {
+        abort_with(b"a single-stepped instruction faulted on a third watched page");
+    };
+    if idx == 0 {
+        let (a, l) = emulate::write_target(code, cpu).unwrap_or((fault_addr, 1));
+        let l = l.min(64);
+        slot.step_addr.store(a, Relaxed);
+        slot.step_len.store(l as u64, Relaxed);
+        for i in 0..8 {
+            let b = a + 8 * i as u64;
+            let v = if (8 * i) < l {
+                let mut buf = [0u8; 8];
+                let k = (l - 8 * i).min(8);
+                let mut m = WatchMem {
+                    inner,
+                    slot,
+                    ip: 0,
+                    report: false,
+                    hits: 0,
+                    touched_watched: false,
+                };
+                let _ = m.read(b, &mut buf[..k]);
+                u64::from_le_bytes(buf)
+            } else {
+                0
+            };
+            slot.step_before[i].store(v, Relaxed);
+        }
+        slot.step_ip.store(cpu.rip(), Relaxed);
+    }
+    e.lock();
+    let r = match e.tier() {
+        Tier::Uffd | Tier::Alias => inner.uffd.writeprotect(e.page, PAGE, false, true).is_ok(),
+        Tier::Mprotect => {
+            crate::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32).is_ok()
+        }
+        Tier::Off => true,
+    };
+    if !r {
+        abort_with(b"cannot un-protect a watched page for a single step");
+    }
+    slot.step[idx].store(e as *const PageEntry as usize, Relaxed);
+    let g = gregs(ctx);
+    // SAFETY: valid ucontext; the kernel restores EFLAGS (TF included)
+    // on sigreturn, so the instruction runs once and traps.
+    unsafe {
+        if idx == 0 {
+            let was = (*g)[libc::REG_EFL as usize] & EFLAGS_TF != 0;
+            slot.step_tf_was_set.store(was as u32, Relaxed);
+        }
+        (*g)[libc::REG_EFL as usize] |= EFLAGS_TF;
+    }
+}
+
+extern "C" fn on_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let saved = errno();
+    let Some(rt) = RUNTIME.get() else {
+        return;
+    };
+    // SAFETY: valid siginfo.
+    let code = unsafe { (*info).si_code };
+    let parity = rt.grace.enter();
+    let inner = rt.active.load(Acquire);
+    let mut handled = false;
+    if code == TRAP_TRACE {
+        if let Some(slot) = rt.find_slot() {
+            if slot.step[0].load(Relaxed) != 0 {
+                handled = true;
+                // SAFETY: the watcher cannot be freed while a page lock is
+                // held (drop disarms every page under its lock first).
+                finish_step(rt, unsafe { &*inner }, slot, ctx);
+            }
+        }
+    } else if let Some(tag) =
+        // SAFETY: `info` is the siginfo the kernel passed us.
+        unsafe { crate::sys::perf::perf_sig_data(info) }
+    {
+        if !inner.is_null() {
+            // SAFETY: inside a read section; see `on_fault`.
+            let inner = unsafe { &*inner };
+            if let Some(h) = inner.shared.hw.get(tag as usize) {
+                if h.active.load(Acquire) {
+                    handled = true;
+                    hw_hit(rt, inner, h, ctx);
+                }
+            }
+        }
+    }
+    rt.grace.exit(parity);
+    if !handled {
+        chain(rt, 2, sig, info, ctx);
+    }
+    set_errno(saved);
+}
+
+fn finish_step(rt: &Runtime, inner: &Inner, slot: &Slot, ctx: *mut libc::c_void) {
+    slot.depth.fetch_add(1, SeqCst);
+    let mut first: Option<&PageEntry> = None;
+    for s in &slot.step {
+        let p = s.swap(0, Relaxed);
+        if p == 0 {
+            continue;
+        }
+        // SAFETY: entries are arena objects alive while the watcher is.
+        let e: &PageEntry = unsafe { &*(p as *const PageEntry) };
+        match e.tier() {
+            Tier::Uffd | Tier::Alias => {
+                let _ = inner.uffd.writeprotect(e.page, PAGE, true, false);
+            }
+            Tier::Mprotect => {
+                let _ = crate::sys::mem::mprotect(
+                    e.page,
+                    PAGE as usize,
+                    e.prot.load(Relaxed) as i32 & !libc::PROT_WRITE,
+                );
+            }
+            Tier::Off => {}
+        }
+        e.unlock();
+        first.get_or_insert(e);
+    }
+    let g = gregs(ctx);
+    // SAFETY: valid ucontext.
+    unsafe {
+        if slot.step_tf_was_set.load(Relaxed) == 0 {
+            (*g)[libc::REG_EFL as usize] &= !EFLAGS_TF;
+        }
+    }
+    // Report the watched bytes of the written range.
+    let a = slot.step_addr.load(Relaxed);
+    let l = slot.step_len.load(Relaxed) as usize;
+    let mut before = [0u8; 64];
+    for i in 0..8 {
+        before[8 * i..8 * i + 8].copy_from_slice(&slot.step_before[i].load(Relaxed).to_le_bytes());
+    }
+    let mut touched = false;
+    let nested = slot.in_callback.load(Relaxed) != 0;
+    if inner.classify {
+        let mut p = page_of(a);
+        while p < a + l as u64 {
+            if let Some(e) = inner.pages.get(p) {
+                let set = e.ranges.load(Acquire);
+                if !set.is_null() {
+                    // SAFETY: inside the trap handler's read section.
+                    let set = unsafe { &*set };
+                    for (s, t) in set.intersect(a.max(p), (a + l as u64).min(p + PAGE)) {
+                        touched = true;
+                        let mut b = [0u8; 32];
+                        let k = (s - a) as usize;
+                        let m = ((t - s) as usize).min(32);
+                        b[..m].copy_from_slice(&before[k..k + m]);
+                        let mut after = [0u8; 32];
+                        // SAFETY: readable watched bytes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(s as *const u8, after.as_mut_ptr(), m)
+                        };
+                        if nested {
+                            inner.shared.suppressed.fetch_add(1, Relaxed);
+                            continue;
+                        }
+                        let hit = Hit {
+                            addr: s,
+                            len: (t - s) as usize,
+                            write_addr: a,
+                            write_len: l,
+                            before: b,
+                            after,
+                            tid: Runtime::tid(slot),
+                            ip: slot.step_ip.load(Relaxed),
+                            path: HitPath::SingleStep,
+                        };
+                        deliver(inner, slot, e, &hit);
+                    }
+                }
+            }
+            p += PAGE;
+        }
+    }
+    if inner.classify && !touched {
+        if let Some(e) = first {
+            inner.shared.false_positives.fetch_add(1, Relaxed);
+            e.false_positives.fetch_add(1, Relaxed);
+        }
+    }
+    rt.leave(slot);
+}
+
+fn hw_hit(rt: &Runtime, inner: &Inner, h: &super::HwWatch, ctx: *mut libc::c_void) {
+    inner.shared.hw_hits.fetch_add(1, Relaxed);
+    let Some(slot) = rt.enter() else {
+        abort_with(b"more than 128 threads in watch handlers at once");
+    };
+    let addr = h.addr.load(Relaxed);
+    let len = h.len.load(Relaxed) as usize;
+    // SAFETY: the watched bytes are mapped (the CPU just wrote them).
+    let now = unsafe { super::read_small(addr, len) };
+    let old = h.shadow.swap(now, Relaxed);
+    let mut before = [0u8; 32];
+    let mut after = [0u8; 32];
+    before[..8].copy_from_slice(&old.to_le_bytes());
+    after[..8].copy_from_slice(&now.to_le_bytes());
+    let hit = Hit {
+        addr,
+        len,
+        write_addr: addr,
+        write_len: len,
+        before,
+        after,
+        tid: Runtime::tid(slot),
+        // SAFETY: valid ucontext.
+        ip: unsafe { (*gregs(ctx))[libc::REG_RIP as usize] } as u64,
+        path: HitPath::Hardware,
+    };
+    if slot.in_callback.load(Relaxed) != 0 {
+        inner.shared.suppressed.fetch_add(1, Relaxed);
+    } else {
+        inner.shared.hits.fetch_add(1, Relaxed);
+        if let Some(cb) = &inner.callback {
+            slot.in_callback.fetch_add(1, Relaxed);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(&hit)));
+            slot.in_callback.fetch_sub(1, Relaxed);
+            if r.is_err() {
+                abort_with(b"the watch callback panicked");
+            }
+        }
+    }
+    rt.leave(slot);
+}
