@@ -36,6 +36,9 @@ pub mod report;
 pub mod stats;
 #[allow(dead_code)]
 pub mod tsc;
+pub mod watch;
+#[allow(dead_code)]
+pub mod watch_ext;
 
 use std::path::{Path, PathBuf};
 
@@ -80,6 +83,9 @@ pub enum BenchCmd {
     Scale(engines::ScaleArgs),
     /// Frame pool and run-ahead population (seed 004) on four workloads.
     Offload(offload::OffloadArgs),
+    /// Watchpoints (seed 002 chapter 4): Tables 4.1, 4.3-4.6 next to the
+    /// thesis, a C mprotect+SIGSEGV baseline and GDB.
+    Watch(watch::WatchArgs),
 }
 
 impl BenchCmd {
@@ -90,6 +96,7 @@ impl BenchCmd {
             BenchCmd::Seq(engines::SeqArgs::quick()),
             BenchCmd::Scale(engines::ScaleArgs::quick()),
             BenchCmd::Offload(offload::OffloadArgs::quick()),
+            BenchCmd::Watch(watch::WatchArgs::quick()),
             BenchCmd::Notify(NotifyArgs::quick()),
         ]
     }
@@ -103,6 +110,7 @@ impl BenchCmd {
             BenchCmd::Seq(a) => engines::run_seq(ctx, a).context("bench seq"),
             BenchCmd::Scale(a) => engines::run_scale(ctx, a).context("bench scale"),
             BenchCmd::Offload(a) => offload::run(ctx, a).context("bench offload"),
+            BenchCmd::Watch(a) => watch::run(ctx, a).context("bench watch"),
         }
     }
 }
