@@ -37,8 +37,9 @@
 //! lock-free data structures the fault path reads; [`store`] holds backing
 //! stores; [`engine`] the delivery engines; `resolve` the one fault
 //! resolution path all engines share; [`region`] ties them together;
-//! [`policy`] holds pure paging policies. `DESIGN.md` has the threading
-//! model and lock order.
+//! [`policy`] holds pure paging policies; [`watch`] builds watchpoints on
+//! user-level page permissions (write-protect, emulated stores, debug
+//! registers). `DESIGN.md` has the threading model and lock order.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

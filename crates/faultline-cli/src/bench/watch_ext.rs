@@ -60,6 +60,9 @@ use super::report::{fmt_count, print_table};
 pub const SIGWATCH_C: &str = include_str!("../../../../tools/watchbench/sigwatch.c");
 /// Source of the `-O0` microbenchmark run under GDB (Table 4.6).
 pub const GDBTARGET_C: &str = include_str!("../../../../tools/watchbench/gdbtarget.c");
+/// `tools/watchbench/floor.c`: the cheapest possible signal-based write
+/// catch (the handler only steps over the store).
+pub const FLOOR_C: &str = include_str!("../../../../tools/watchbench/floor.c");
 
 /// Page size of the workloads.
 pub const PAGE: usize = 4096;
@@ -309,6 +312,28 @@ impl SigBreakdown {
             plain,
         })
     }
+}
+
+/// The signal-delivery floor on this machine: median TSC cycles of a write
+/// to a protected page whose handler only steps over the store, with
+/// (mprotect + SIGSEGV, uffd-wp + SIGBUS). Nothing that catches writes with
+/// page protection and signals can be cheaper.
+pub fn signal_floor(writes: usize) -> anyhow::Result<(f64, f64)> {
+    let dir = TempDir::new()?;
+    let exe = compile(&dir.0, "floor", FLOOR_C, &["-O2"])?;
+    let out = Command::new(&exe)
+        .arg(writes.max(1).to_string())
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    if !out.status.success() {
+        bail!("floor failed ({})", out.status);
+    }
+    let kv = parse_kv(&String::from_utf8_lossy(&out.stdout));
+    Ok((
+        get_u64(&kv, "segv.total", "floor")? as f64,
+        get_u64(&kv, "uffd.total", "floor")? as f64,
+    ))
 }
 
 /// Compile `sigwatch.c` (`cc -O2`) and time `writes` watched writes with the
