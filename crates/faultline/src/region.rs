@@ -344,6 +344,7 @@ pub struct RegionBuilder {
     readahead: Option<crate::policy::ReadaheadConfig>,
     budget: Option<crate::evict::EvictionConfig>,
     drain_timeout: Duration,
+    page_cache_file: Option<std::fs::File>,
 }
 
 impl RegionBuilder {
@@ -363,6 +364,7 @@ impl RegionBuilder {
             readahead: None,
             budget: None,
             drain_timeout: Duration::from_secs(10),
+            page_cache_file: None,
         }
     }
     /// Region page size: a non-zero multiple of 4 KiB (2 MiB for hugetlb).
@@ -447,6 +449,22 @@ impl RegionBuilder {
     /// How long dropping the region waits for in-flight faults.
     pub fn drain_timeout(mut self, t: Duration) -> Self {
         self.drain_timeout = t;
+        self
+    }
+
+    /// Maps this tmpfs/shmem file itself (`MAP_SHARED`) instead of a fresh
+    /// memfd, and treats its page cache as the store: pages already in the
+    /// page cache are installed with `UFFDIO_CONTINUE` (minor faults, no
+    /// copy, no allocation), pages that are not (holes) are filled from the
+    /// region's store (zeros by default) through the alias view. This is the
+    /// zero-copy path for data that already lives in memory, e.g. a file in
+    /// `/dev/shm`; the kernel's `mmap` of the same file is the baseline.
+    /// Implies [`MemoryKind::Shmem`]; the region may be shorter than the
+    /// file, not longer. The file must be opened read-write (userfaultfd
+    /// registers only shared mappings that may be written); writes go to it.
+    pub fn page_cache_file(mut self, file: std::fs::File) -> Self {
+        self.kind = MemoryKind::Shmem;
+        self.page_cache_file = Some(file);
         self
     }
 
@@ -561,7 +579,7 @@ impl RegionBuilder {
     }
 
     /// [`build`](Self::build) for an engine chosen at run time.
-    pub fn build_dyn(self, engine: Arc<dyn Engine>) -> Result<Region> {
+    pub fn build_dyn(mut self, engine: Arc<dyn Engine>) -> Result<Region> {
         let op = self.validate(&*engine)?;
         engine.check_alive()?;
         zero_source_init()?;
@@ -583,6 +601,7 @@ impl RegionBuilder {
                 }));
             }
         }
+        let from_file = self.page_cache_file.is_some();
         let (map, memfd) = match self.kind {
             MemoryKind::PrivateAnon => {
                 // Huge frames move in at PMD level: 2 MiB-aligned region.
@@ -600,6 +619,44 @@ impl RegionBuilder {
                 };
                 m.advise(0, len, libc::MADV_NOHUGEPAGE)?;
                 (m, None)
+            }
+            MemoryKind::Shmem if self.page_cache_file.is_some() => {
+                let file = self.page_cache_file.take().expect("checked");
+                if !mem::is_tmpfs(&file)? {
+                    return Err(Error::Unsupported {
+                        what: "page_cache_file",
+                        reason: "the file is not on tmpfs/shmem (minor faults and CONTINUE exist only for shmem and hugetlb)".into(),
+                    });
+                }
+                // SAFETY: F_GETFL only reads the fd's status flags.
+                let fl =
+                    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_GETFL) };
+                if fl & libc::O_ACCMODE != libc::O_RDWR {
+                    return Err(Error::Unsupported {
+                        what: "page_cache_file",
+                        reason: "the file must be opened read-write (userfaultfd registers only shared mappings that may be written)".into(),
+                    });
+                }
+                let file_len = file
+                    .metadata()
+                    .map_err(|e| Error::Io {
+                        op: "fstat",
+                        source: e,
+                    })?
+                    .len();
+                if (len as u64) > file_len.next_multiple_of(BASE_PAGE as u64) {
+                    return Err(Error::StoreTooShort {
+                        store: "page_cache_file".into(),
+                        store_len: file_len,
+                        region_len: len as u64,
+                    });
+                }
+                let fd: std::os::fd::OwnedFd = file.into();
+                let m = match self.at {
+                    Some(a) => mem::shared_at(a, &fd, len)?,
+                    None => Mapping::shared(&fd, len, 0)?,
+                };
+                (m, Some(fd))
             }
             MemoryKind::Shmem | MemoryKind::Hugetlb => {
                 let huge = self.kind == MemoryKind::Hugetlb;
@@ -627,6 +684,17 @@ impl RegionBuilder {
             }
             None => None,
         };
+        // Pages of a page_cache_file already in its page cache need no fill.
+        let cached = memfd.as_ref().map(|_| Bitset::new(pages));
+        if let (true, Some(c), Some(a)) = (from_file, &cached, &alias) {
+            let resident = a.resident_map()?;
+            let per = ps / BASE_PAGE;
+            for p in 0..pages {
+                if resident[p * per..(p + 1) * per].iter().all(|&r| r) {
+                    c.set(p);
+                }
+            }
+        }
         let pool = if op == ResolveOp::Move {
             let cfg = self.pool.clone().unwrap_or(crate::pool::FramePoolConfig {
                 pages: (4 * self.fault_around).max(64),
@@ -673,14 +741,14 @@ impl RegionBuilder {
                 && self.op == ResolveOp::Auto
                 && self.budget.is_none(),
             fault_around: self.fault_around,
-            max_run_pages: if self.store.is_zero() {
+            max_run_pages: if self.store.is_zero() && !from_file {
                 zero_len_pages
             } else {
                 usize::MAX
             },
             store: self.store,
             residency: Residency::new(pages),
-            cached: memfd.as_ref().map(|_| Bitset::new(pages)),
+            cached,
             alias,
             pool,
             uffd,

@@ -172,3 +172,64 @@ fn adaptive_readahead_grows_on_streams_only() {
     let _deadline = deadline(120);
     adaptive_readahead(EngineKind::Signal);
 }
+
+/// A region over a tmpfs file whose page cache already holds the data:
+/// minor faults resolved with CONTINUE, nothing copied from a store; holes
+/// read as zeros; the bytes are the file's.
+#[test]
+fn page_cache_file_is_installed_without_copies() {
+    use std::io::{Seek, SeekFrom, Write};
+    let _dl = deadline(60);
+    let pages = 256;
+    let path = std::path::PathBuf::from(format!("/dev/shm/faultline-pcf-{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let data = pattern(pages * 4096);
+    // Pages 100..120 stay a hole.
+    f.write_all(&data[..100 * 4096]).unwrap();
+    f.seek(SeekFrom::Start(120 * 4096)).unwrap();
+    f.write_all(&data[120 * 4096..]).unwrap();
+    let file = f;
+    std::fs::remove_file(&path).unwrap();
+    for kind in [EngineKind::Signal, EngineKind::Poll] {
+        let engine = engine_of(kind);
+        let region = Region::builder(pages * 4096)
+            .page_cache_file(file.try_clone().unwrap())
+            .fault_around(16)
+            .build_dyn(engine)
+            .unwrap();
+        assert_eq!(region.kind(), MemoryKind::Shmem);
+        assert_eq!(region.resolve_op(), ResolveOp::Continue);
+        for p in 0..pages {
+            for off in [0, 4095] {
+                let want = if (100..120).contains(&p) {
+                    0
+                } else {
+                    data[p * 4096 + off]
+                };
+                assert_eq!(
+                    read(region.as_ptr(), p * 4096 + off),
+                    want,
+                    "{kind:?} page {p}"
+                );
+            }
+        }
+        let s = region.stats();
+        assert_eq!(s.store_fills, 0, "{s:?}");
+        assert!(
+            s.faults <= (pages / 16 + 4) as u64,
+            "fault-around windows: {s:?}"
+        );
+    }
+    // Not tmpfs: refused with a reason.
+    let exe = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
+    let r = Region::builder(4096)
+        .page_cache_file(exe)
+        .build(&SignalEngine::new().unwrap());
+    assert!(matches!(r, Err(Error::Unsupported { .. })), "{:?}", r.err());
+}

@@ -161,13 +161,17 @@ pub enum FileAccessArg {
     Mmap,
     /// `pread(2)` into a scratch buffer, then copy.
     Pread,
+    /// Zero copy: the region maps the file itself (it must be on tmpfs,
+    /// e.g. `/dev/shm`) and installs its page-cache pages with
+    /// `UFFDIO_CONTINUE`; no store, no copy, no allocation.
+    PageCache,
 }
 
 impl FileAccessArg {
-    /// The library's setting.
+    /// The library's setting (the page-cache mode has no store).
     pub fn access(self) -> faultline::FileAccess {
         match self {
-            FileAccessArg::Mmap => faultline::FileAccess::Mmap,
+            FileAccessArg::Mmap | FileAccessArg::PageCache => faultline::FileAccess::Mmap,
             FileAccessArg::Pread => faultline::FileAccess::Pread,
         }
     }
@@ -437,6 +441,7 @@ fn open_faultline_source(
         page_size: cfg.page_size,
         fault_around,
         file_access: cfg.file_access.access(),
+        page_cache: cfg.file_access == FileAccessArg::PageCache,
         budget: cfg.budget_bytes.map(|b| (b, cfg.policy)),
         readahead: cfg.readahead,
     };
@@ -717,7 +722,11 @@ mod tests {
 
     impl TempGraph {
         fn new(tag: &str, scale: u32) -> TempGraph {
-            let path = std::env::temp_dir().join(format!(
+            Self::new_in(&std::env::temp_dir(), tag, scale)
+        }
+
+        fn new_in(dir: &Path, tag: &str, scale: u32) -> TempGraph {
+            let path = dir.join(format!(
                 "faultline-bfs-{tag}-{}-{scale}.bin",
                 std::process::id()
             ));
@@ -755,6 +764,10 @@ mod tests {
             assert_eq!(src.page_size(), cfg.page_size);
             assert!(stats.faults > 0, "{cfg:?}: {stats:?}");
             let read = stats.bytes_read.unwrap();
+            if cfg.file_access == FileAccessArg::PageCache {
+                assert_eq!(read, 0, "zero copy: nothing read through a store");
+                return;
+            }
             let region = self.layout.file_bytes().next_multiple_of(cfg.page_size);
             // Under a budget evicted pages are read again.
             assert!(
@@ -835,6 +848,46 @@ mod tests {
             },
             2,
         );
+    }
+
+    /// Zero copy from a tmpfs file's page cache (CONTINUE), poll engine
+    /// (the signal engine's SIGBUS handler is left to the test above).
+    #[test]
+    fn page_cache_mode_matches_reference() {
+        let shm = Path::new("/dev/shm");
+        if !shm.is_dir() {
+            eprintln!("no /dev/shm: skipped");
+            return;
+        }
+        let g = TempGraph::new_in(shm, "pagecache", 11);
+        for fa in [1, 16] {
+            g.check(
+                FaultlineConfig {
+                    file_access: FileAccessArg::PageCache,
+                    fault_around: fa,
+                    ..g.config(Engine::Poll)
+                },
+                2,
+            );
+        }
+        // A file that is not on tmpfs is refused with a reason.
+        let disk = TempGraph::new("pagecache-disk", 8);
+        let f = File::open(&disk.path).unwrap();
+        if faultline::sys::mem::is_tmpfs(&f).unwrap() {
+            eprintln!("the temp dir is tmpfs: refusal not checked");
+            return;
+        }
+        let err = open_faultline_source(
+            &disk.path,
+            disk.layout,
+            FaultlineConfig {
+                file_access: FileAccessArg::PageCache,
+                ..disk.config(Engine::Poll)
+            },
+        )
+        .err()
+        .expect("refused");
+        assert!(format!("{err:#}").contains("tmpfs"), "{err:#}");
     }
 
     #[test]

@@ -191,6 +191,9 @@ pub struct FaultlineOptions {
     /// Largest adaptive read-ahead window in region pages (0: fixed
     /// fault-around windows).
     pub readahead: usize,
+    /// Map the (tmpfs) file itself and install its page-cache pages with
+    /// CONTINUE instead of copying from a `File` store.
+    pub page_cache: bool,
 }
 
 /// The CSR file as a faultline region: private anonymous memory whose
@@ -228,14 +231,32 @@ impl FaultlineSource {
         // Calibrate the TSC now (about 60 ms, once per process) so that the
         // first `stats()` call does not land inside a timed run.
         let _ = crate::bench::tsc::tsc();
-        let store = FileStore::open_with(path, 0, opts.file_access)
-            .with_context(|| format!("opening {} as a faultline file store", path.display()))?;
         let engine = faultline::engine::create(opts.engine, EngineConfig::default())
             .with_context(|| format!("creating the faultline {} engine", opts.engine.name()))?;
         let mut builder = Region::builder(region_len)
             .page_size(ps as usize)
-            .store(store)
             .fault_around(opts.fault_around);
+        if opts.page_cache {
+            anyhow::ensure!(
+                opts.budget.is_none(),
+                "--file-access page-cache maps the file itself: a budget does not apply"
+            );
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .with_context(|| {
+                    format!(
+                        "opening {} read-write for --file-access page-cache",
+                        path.display()
+                    )
+                })?;
+            builder = builder.page_cache_file(file);
+        } else {
+            let store = FileStore::open_with(path, 0, opts.file_access)
+                .with_context(|| format!("opening {} as a faultline file store", path.display()))?;
+            builder = builder.store(store);
+        }
         if opts.readahead > 0 {
             builder = builder.readahead(faultline::policy::ReadaheadConfig {
                 initial: opts.fault_around.max(1),

@@ -87,6 +87,17 @@ impl Mapping {
         Ok(vec.iter().filter(|&&b| b & 1 != 0).count())
     }
 
+    /// Per base page of the mapping, whether it is resident (`mincore`;
+    /// for file mappings: in the page cache).
+    pub fn resident_map(&self) -> Result<Vec<bool>, MemError> {
+        let mut vec = vec![0u8; self.len.div_ceil(super::BASE_PAGE)];
+        // SAFETY: as in `resident_pages`.
+        if unsafe { libc::mincore(self.ptr.as_ptr().cast(), self.len, vec.as_mut_ptr()) } != 0 {
+            return Err(last("mincore"));
+        }
+        Ok(vec.iter().map(|&b| b & 1 != 0).collect())
+    }
+
     fn map(
         len: usize,
         prot: i32,
@@ -171,6 +182,17 @@ pub fn mprotect(addr: u64, len: usize, prot: i32) -> Result<(), i32> {
 pub const MADV_POPULATE_READ: i32 = 22;
 /// `MADV_POPULATE_WRITE` (5.14+).
 pub const MADV_POPULATE_WRITE: i32 = 23;
+
+/// Whether `fd` is a file on tmpfs/shmem (`fstatfs` magic `TMPFS_MAGIC`).
+pub fn is_tmpfs(fd: &impl AsRawFd) -> Result<bool, MemError> {
+    // SAFETY: statfs is plain data filled by the kernel.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer; the fd is open.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(last("fstatfs"));
+    }
+    Ok(st.f_type as i64 == 0x0102_1994)
+}
 
 /// `memfd_create`, optionally hugetlb-backed (2 MiB pages).
 pub fn memfd(name: &str, hugetlb: bool) -> Result<OwnedFd, MemError> {
