@@ -369,7 +369,7 @@ fn handle_write(
     let mut mem = WatchMem {
         inner,
         slot,
-        ip,
+        ctx,
         report: !nested,
         hits: 0,
         touched_watched: false,
@@ -377,10 +377,6 @@ fn handle_write(
     match emulate::emulate(&code[..n], &mut cpu, &mut mem) {
         Outcome::Emulated => {
             sh.emulated.fetch_add(1, Relaxed);
-            if inner.classify && !mem.touched_watched {
-                sh.false_positives.fetch_add(1, Relaxed);
-                e.false_positives.fetch_add(1, Relaxed);
-            }
         }
         Outcome::NotEmulated(_) => {
             sh.single_stepped.fetch_add(1, Relaxed);
@@ -515,7 +511,7 @@ impl Cpu for CtxCpu {
 struct WatchMem<'a> {
     inner: &'a Inner,
     slot: &'a Slot,
-    ip: u64,
+    ctx: *mut libc::c_void,
     report: bool,
     hits: u32,
     touched_watched: bool,
@@ -612,6 +608,13 @@ impl WatchMem<'_> {
         data: &[u8],
     ) {
         let Some(e) = e else { return };
+        if runs.n == 0 && self.inner.classify && e.tier() != Tier::Off {
+            // A store to a protected page that touched no watched byte: a
+            // false positive (counted per store, so stores performed by
+            // continued interpretation count as the faults they replace).
+            self.inner.shared.false_positives.fetch_add(1, Relaxed);
+            e.false_positives.fetch_add(1, Relaxed);
+        }
         for r in &runs.items[..runs.n] {
             self.report(e, r.0, r.1, write, &r.2, data);
         }
@@ -646,7 +649,10 @@ impl WatchMem<'_> {
             before: *before,
             after,
             tid: Runtime::tid(self.slot),
-            ip: self.ip,
+            // The instruction being performed (continued interpretation
+            // moves RIP past the faulting one).
+            // SAFETY: `ctx` is the live ucontext of this handler.
+            ip: unsafe { (*gregs(self.ctx))[libc::REG_RIP as usize] } as u64,
             path: HitPath::Emulated,
         };
         deliver(self.inner, self.slot, e, &hit);
@@ -824,7 +830,7 @@ fn begin_step(
                 let mut m = WatchMem {
                     inner,
                     slot,
-                    ip: 0,
+                    ctx: std::ptr::null_mut(),
                     report: false,
                     hits: 0,
                     touched_watched: false,
