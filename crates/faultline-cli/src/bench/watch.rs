@@ -102,6 +102,10 @@ pub struct WatchArgs {
     /// Seed of the random watch addresses.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// One signal per store (no continued interpretation after the
+    /// faulting store): the thesis's mechanism, one fault per write.
+    #[arg(long)]
+    pub no_interpret: bool,
     /// Only these tables (comma list of 4.1, 4.3, 4.4, 4.5, 4.6, scale).
     #[arg(long, value_delimiter = ',')]
     pub tables: Vec<String>,
@@ -118,6 +122,7 @@ impl WatchArgs {
             no_gdb: false,
             scale: 100_000,
             seed: 1,
+            no_interpret: false,
             tables: Vec::new(),
         }
     }
@@ -142,8 +147,15 @@ impl Block<'_> {
     }
 }
 
-fn watcher(memory: &str, classify: bool, hardware: bool, trace: bool) -> anyhow::Result<Watcher> {
+fn watcher(
+    memory: &str,
+    classify: bool,
+    hardware: bool,
+    trace: bool,
+    interpret: bool,
+) -> anyhow::Result<Watcher> {
     Watcher::builder()
+        .interpret(interpret)
         .classify(classify)
         .hardware(hardware)
         .trace(trace)
@@ -209,7 +221,7 @@ fn measure_block(
     let mut hits = 0;
     let mut spanned = 0;
     for (k, classify) in [(1usize, true), (2, false)] {
-        let w = watcher(&a.memory, classify, false, false)?;
+        let w = watcher(&a.memory, classify, false, false, !a.no_interpret)?;
         let b = block(&w, &a.memory, len)?;
         let mut base = Vec::new();
         let mut watched = Vec::new();
@@ -461,7 +473,7 @@ struct Events {
 
 fn events(memory: &str, n: usize) -> anyhow::Result<Events> {
     let t = tsc();
-    let w = watcher(memory, true, false, true)?;
+    let w = watcher(memory, true, false, true, false)?;
     let b = block(&w, memory, 2 * PAGE)?;
     let p = b.ptr();
     let target = p.wrapping_add(100);
@@ -719,7 +731,7 @@ fn table_46(ctx: &mut BenchCtx, a: &WatchArgs) -> anyhow::Result<()> {
         let offs = watch_ext::random_offsets(n, len, a.seed);
         let mut res = [0f64; 3];
         for (k, hw) in [(1usize, false), (2, true)] {
-            let w = watcher(&a.memory, true, hw, false)?;
+            let w = watcher(&a.memory, true, hw, false, !a.no_interpret)?;
             let b = block(&w, &a.memory, len)?;
             let mut base = Vec::new();
             let mut watched = Vec::new();
@@ -861,7 +873,7 @@ fn table_46(ctx: &mut BenchCtx, a: &WatchArgs) -> anyhow::Result<()> {
 
 fn scale(ctx: &mut BenchCtx, a: &WatchArgs) -> anyhow::Result<()> {
     let n = a.scale;
-    let w = watcher(&a.memory, true, false, false)?;
+    let w = watcher(&a.memory, true, false, false, !a.no_interpret)?;
     let len = (n * 16).div_ceil(PAGE) * PAGE;
     let b = block(&w, &a.memory, len)?;
     let p = b.ptr() as u64;

@@ -65,6 +65,23 @@
 //! [`Outcome::Emulated`] in both cases; callers that need to know whether
 //! the instruction completed compare `RIP` before and after.
 //!
+//! # Continuing past the store
+//!
+//! Each fault costs a signal round trip (about 3 us in a VM), so a loop
+//! storing to every byte of a watched page pays it per byte. [`run`]
+//! emulates the faulting store like [`emulate`] and then keeps
+//! *interpreting* the following instructions while they keep accessing hot
+//! (write-protected) pages, so one signal covers many iterations: plain
+//! register arithmetic, loads, compares, `CMOVcc`/`SETcc`, relative jumps
+//! and every store above (stores still go through [`Memory`], so every
+//! write to a watched byte is reported and the page never becomes
+//! writable). It stops before anything else (calls, returns, stack
+//! operations, system calls, indirect jumps, ...), on a memory fault,
+//! after a budget of instructions or after too many instructions without a
+//! hot access, always on an exact architectural state. Arithmetic flags
+//! again come from native execution, with the incoming flags loaded with
+//! `popfq`, so even "undefined" flags match the real instruction.
+//!
 //! # Signal safety
 //!
 //! Nothing here allocates, locks, formats or panics, with one exception:
@@ -125,6 +142,12 @@ pub trait Memory {
     /// found (== `expected` on success). Values are little-endian, zero
     /// extended to 64 bits.
     fn cas(&mut self, addr: u64, size: usize, expected: u64, new: u64) -> Result<u64, MemFault>;
+    /// Whether `addr` is on a page whose writes fault (worth interpreting
+    /// for, see [`run`]). Default: false.
+    fn hot(&self, addr: u64) -> bool {
+        let _ = addr;
+        false
+    }
 }
 
 /// A [`Memory`] access failed (address not backed by the emulation target).
@@ -219,8 +242,10 @@ fn decode(code: &[u8], ip: u64) -> Option<Instruction> {
 /// it is one of AH/CH/DH/BH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Reg {
-    num: Gpr,
-    size: usize,
+    /// [`Gpr`] number (0..16); a byte keeps decoded operands small.
+    num: u8,
+    /// Width in bytes (1, 2, 4, 8).
+    size: u8,
     high: bool,
 }
 
@@ -228,10 +253,20 @@ impl Reg {
     /// The accumulator (AL/AX/EAX/RAX) of `size` bytes.
     const fn acc(size: usize) -> Self {
         Reg {
-            num: RAX,
-            size,
+            num: RAX as u8,
+            size: size as u8,
             high: false,
         }
+    }
+
+    /// The register number as a [`Gpr`].
+    const fn gpr(self) -> Gpr {
+        self.num as Gpr
+    }
+
+    /// The width in bytes.
+    const fn bytes(self) -> usize {
+        self.size as usize
     }
 }
 
@@ -248,7 +283,14 @@ fn in_range(r: u32, lo: Register, hi: Register) -> Option<usize> {
 /// Maps an iced general-purpose register to a [`Reg`].
 fn gpr_of(r: Register) -> Option<Reg> {
     let n = r as u32;
-    let reg = |num, size, high| Some(Reg { num, size, high });
+    // Every index below is < 16, so the narrowing casts are exact.
+    let reg = |num: usize, size: u8, high| {
+        Some(Reg {
+            num: num as u8,
+            size,
+            high,
+        })
+    };
     if let Some(i) = in_range(n, Register::AL, Register::BL) {
         return reg(i, 1, false);
     }
@@ -304,18 +346,18 @@ const fn sext(v: u64, size: usize) -> i64 {
 
 /// Value of `r`, zero-extended.
 fn read_reg(cpu: &dyn Cpu, r: Reg) -> u64 {
-    let full = cpu.gpr(r.num);
+    let full = cpu.gpr(r.gpr());
     if r.high {
         (full >> 8) & 0xff
     } else {
-        full & mask(r.size)
+        full & mask(r.bytes())
     }
 }
 
 /// Writes `v` to `r` with x86-64 semantics: 8/16-bit writes merge, 32-bit
 /// writes zero-extend to 64 bits.
 fn write_reg(cpu: &mut dyn Cpu, r: Reg, v: u64) {
-    let full = cpu.gpr(r.num);
+    let full = cpu.gpr(r.gpr());
     let new = match (r.size, r.high) {
         (1, true) => (full & !0xff00) | ((v & 0xff) << 8),
         (1, false) => (full & !0xff) | (v & 0xff),
@@ -323,7 +365,7 @@ fn write_reg(cpu: &mut dyn Cpu, r: Reg, v: u64) {
         (4, _) => v & 0xffff_ffff,
         _ => v,
     };
-    cpu.set_gpr(r.num, new);
+    cpu.set_gpr(r.gpr(), new);
 }
 
 /// Value of a register or immediate operand, truncated to `size` bytes.
@@ -381,6 +423,41 @@ fn address(instr: &Instruction, op: u32, cpu: &dyn Cpu) -> Result<u64, Reason> {
         None if seg_missing => Err(Reason::Segment),
         None => Err(Reason::Unsupported),
     }
+}
+
+/// [`address`] with a fast path for the common case: an `OpKind::Memory`
+/// operand with a 64-bit base register (or RIP-relative), an optional
+/// 64-bit index and no FS/GS override. Only for instructions whose index register
+/// is an ordinary index (not MPX `BNDLDX`/`BNDSTX`, VSIB or AMX strides):
+/// everything [`classify`] and `translate` accept.
+fn address_fast(instr: &Instruction, op: u32, cpu: &dyn Cpu) -> Result<u64, Reason> {
+    let reg64 = |r: Register| in_range(r as u32, Register::RAX, Register::R15);
+    if instr.op_kind(op) == OpKind::Memory
+        && !matches!(instr.memory_segment(), Register::FS | Register::GS)
+    {
+        let (base, index) = (instr.memory_base(), instr.memory_index());
+        // RIP-relative displacements are already absolute.
+        let base_val = match base {
+            Register::RIP => Some(0),
+            _ => reg64(base).map(|i| cpu.gpr(i)),
+        };
+        let index_val = match index {
+            Register::None => Some(0),
+            _ => reg64(index).map(|i| {
+                cpu.gpr(i)
+                    .wrapping_mul(u64::from(instr.memory_index_scale()))
+            }),
+        };
+        // No base (absolute or index-only forms) takes the general path,
+        // which knows the address-size subtleties of those encodings.
+        if let (Some(b), Some(i)) = (base_val, index_val) {
+            return Ok(instr
+                .memory_displacement64()
+                .wrapping_add(b)
+                .wrapping_add(i));
+        }
+    }
+    address(instr, op, cpu)
 }
 
 /// Size in bytes of the instruction's memory operand if it is 1, 2, 4 or 8.
@@ -867,7 +944,7 @@ pub fn emulate(code: &[u8], cpu: &mut dyn Cpu, mem: &mut dyn Memory) -> Outcome 
     let Some(instr) = decode(code, cpu.rip()) else {
         return Outcome::NotEmulated(Reason::Undecodable);
     };
-    match run(&instr, cpu, mem) {
+    match exec(&instr, cpu, mem) {
         Ok(()) => Outcome::Emulated,
         Err(r) => Outcome::NotEmulated(r),
     }
@@ -875,7 +952,7 @@ pub fn emulate(code: &[u8], cpu: &mut dyn Cpu, mem: &mut dyn Memory) -> Outcome 
 
 /// Emulates `instr`. Invariant: on `Err`, neither `cpu` nor memory was
 /// modified.
-fn run(instr: &Instruction, cpu: &mut dyn Cpu, mem: &mut dyn Memory) -> Result<(), Reason> {
+fn exec(instr: &Instruction, cpu: &mut dyn Cpu, mem: &mut dyn Memory) -> Result<(), Reason> {
     let Some(kind) = classify(instr.code()) else {
         let m = instr.mnemonic();
         if matches!(m, Mnemonic::Cmp | Mnemonic::Test | Mnemonic::Bt)
@@ -893,7 +970,7 @@ fn run(instr: &Instruction, cpu: &mut dyn Cpu, mem: &mut dyn Memory) -> Result<(
     if instr.op_kind(0) != OpKind::Memory {
         return Err(Reason::NoMemoryWrite);
     }
-    let addr = address(instr, 0, cpu)?;
+    let addr = address_fast(instr, 0, cpu)?;
     let next = instr.next_ip();
     match kind {
         Kind::Store | Kind::StoreSwapped => {
@@ -1320,6 +1397,863 @@ pub fn write_target(code: &[u8], cpu: &dyn Cpu) -> Option<(u64, usize)> {
     Some((addr, elem))
 }
 
+// ---------------------------------------------------------------------------
+// Continuation: interpreting past the faulting store
+// ---------------------------------------------------------------------------
+
+/// Why [`run`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The next instruction is not in the interpreted set, does not decode,
+    /// or `fetch` returned too few bytes for it. `RIP` points at it.
+    Unsupported,
+    /// `budget` instructions ran.
+    Budget,
+    /// `idle_limit` consecutive instructions ran without accessing a hot
+    /// address.
+    Idle,
+    /// A memory access of the next instruction failed (or it would raise
+    /// `#GP`, like a misaligned `MOVAPS`): it was not executed and `RIP`
+    /// points at it.
+    Fault,
+    /// The first instruction was not emulated: nothing changed.
+    NotEmulated(Reason),
+}
+
+const TF: u64 = 1 << 8;
+const RSP: Gpr = 4;
+/// Decode cache entries, direct-mapped on the low bits of the IP (a loop
+/// body shorter than this many bytes never collides with itself).
+const CACHE_SLOTS: usize = 64;
+
+/// Register-destination arithmetic, executed natively with the incoming
+/// status flags loaded (so unchanged and "undefined" flags come out as the
+/// CPU produces them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arith {
+    Add,
+    Or,
+    Adc,
+    Sbb,
+    And,
+    Sub,
+    Xor,
+    Cmp,
+    Test,
+    Inc,
+    Dec,
+    Neg,
+    Not,
+    Shl,
+    Shr,
+    Sar,
+    Rol,
+    Ror,
+    Imul,
+}
+
+impl Arith {
+    /// Whether the result is written back (everything but CMP/TEST).
+    const fn writes(self) -> bool {
+        !matches!(self, Arith::Cmp | Arith::Test)
+    }
+}
+
+/// Runs `op` natively on `size`-byte register operands `dst`, `src` (`src`
+/// is the count for shifts and rotates, and the multiplier for IMUL), with
+/// the status flags of `flags` loaded first; returns (result truncated to
+/// `size`, RFLAGS after). `None` for IMUL on bytes (no such form).
+#[cfg(target_arch = "x86_64")]
+fn native(op: Arith, size: usize, dst: u64, src: u64, flags: u64) -> Option<(u64, u64)> {
+    // These define every status flag from the operands and CF (INC/DEC
+    // keep CF, which `alu` preloads): the cheaper CF-only preload is exact.
+    let cf_only = match op {
+        Arith::Add => Some(Alu::Add),
+        Arith::Adc => Some(Alu::Adc),
+        Arith::Sbb => Some(Alu::Sbb),
+        Arith::Sub => Some(Alu::Sub),
+        Arith::Cmp => Some(Alu::Cmp),
+        Arith::Inc => Some(Alu::Inc),
+        Arith::Dec => Some(Alu::Dec),
+        Arith::Neg => Some(Alu::Neg),
+        _ => None,
+    };
+    if let Some(a) = cf_only {
+        return alu(a, size, dst, src, flags & CF != 0);
+    }
+    let fin = flags & STATUS;
+    // Each block: RFLAGS <- (RFLAGS & !STATUS) | fin; the operation;
+    // capture RFLAGS.
+    macro_rules! bin {
+        ($insn:expr) => {{
+            let mut d: u64 = dst;
+            let fl: u64;
+            // SAFETY: register arithmetic between balanced pushfq/popfq and
+            // pushfq/pop pairs on the stack (allowed: `nostack` is not
+            // given). Only the status flags are replaced, so DF stays clear
+            // and TF/AC keep their values.
+            unsafe {
+                core::arch::asm!(
+                    "pushfq",
+                    "pop {fl}",
+                    "and {fl}, {keep}",
+                    "or {fl}, {fin}",
+                    "push {fl}",
+                    "popfq",
+                    $insn,
+                    "pushfq",
+                    "pop {fl}",
+                    d = inout(reg) d,
+                    s = in(reg) src,
+                    fin = in(reg) fin,
+                    keep = in(reg) !STATUS,
+                    fl = out(reg) fl,
+                );
+            }
+            (d, fl)
+        }};
+    }
+    macro_rules! un {
+        ($insn:expr) => {{
+            let mut d: u64 = dst;
+            let fl: u64;
+            // SAFETY: as in `bin!`, without a source operand.
+            unsafe {
+                core::arch::asm!(
+                    "pushfq",
+                    "pop {fl}",
+                    "and {fl}, {keep}",
+                    "or {fl}, {fin}",
+                    "push {fl}",
+                    "popfq",
+                    $insn,
+                    "pushfq",
+                    "pop {fl}",
+                    d = inout(reg) d,
+                    fin = in(reg) fin,
+                    keep = in(reg) !STATUS,
+                    fl = out(reg) fl,
+                );
+            }
+            (d, fl)
+        }};
+    }
+    macro_rules! sh {
+        ($insn:expr) => {{
+            let mut d: u64 = dst;
+            let fl: u64;
+            // SAFETY: as in `bin!`, with the count in CL.
+            unsafe {
+                core::arch::asm!(
+                    "pushfq",
+                    "pop {fl}",
+                    "and {fl}, {keep}",
+                    "or {fl}, {fin}",
+                    "push {fl}",
+                    "popfq",
+                    $insn,
+                    "pushfq",
+                    "pop {fl}",
+                    d = inout(reg) d,
+                    fin = in(reg) fin,
+                    keep = in(reg) !STATUS,
+                    fl = out(reg) fl,
+                    in("rcx") src,
+                );
+            }
+            (d, fl)
+        }};
+    }
+    macro_rules! sized_bin {
+        ($mn:literal) => {
+            match size {
+                1 => bin!(concat!($mn, " {d:l}, {s:l}")),
+                2 => bin!(concat!($mn, " {d:x}, {s:x}")),
+                4 => bin!(concat!($mn, " {d:e}, {s:e}")),
+                8 => bin!(concat!($mn, " {d}, {s}")),
+                _ => return None,
+            }
+        };
+    }
+    macro_rules! sized_un {
+        ($mn:literal) => {
+            match size {
+                1 => un!(concat!($mn, " {d:l}")),
+                2 => un!(concat!($mn, " {d:x}")),
+                4 => un!(concat!($mn, " {d:e}")),
+                8 => un!(concat!($mn, " {d}")),
+                _ => return None,
+            }
+        };
+    }
+    macro_rules! sized_sh {
+        ($mn:literal) => {
+            match size {
+                1 => sh!(concat!($mn, " {d:l}, cl")),
+                2 => sh!(concat!($mn, " {d:x}, cl")),
+                4 => sh!(concat!($mn, " {d:e}, cl")),
+                8 => sh!(concat!($mn, " {d}, cl")),
+                _ => return None,
+            }
+        };
+    }
+    let (r, fl) = match op {
+        Arith::Add => sized_bin!("add"),
+        Arith::Or => sized_bin!("or"),
+        Arith::Adc => sized_bin!("adc"),
+        Arith::Sbb => sized_bin!("sbb"),
+        Arith::And => sized_bin!("and"),
+        Arith::Sub => sized_bin!("sub"),
+        Arith::Xor => sized_bin!("xor"),
+        Arith::Cmp => sized_bin!("cmp"),
+        Arith::Test => sized_bin!("test"),
+        Arith::Inc => sized_un!("inc"),
+        Arith::Dec => sized_un!("dec"),
+        Arith::Neg => sized_un!("neg"),
+        Arith::Not => sized_un!("not"),
+        Arith::Shl => sized_sh!("shl"),
+        Arith::Shr => sized_sh!("shr"),
+        Arith::Sar => sized_sh!("sar"),
+        Arith::Rol => sized_sh!("rol"),
+        Arith::Ror => sized_sh!("ror"),
+        Arith::Imul => match size {
+            2 => bin!("imul {d:x}, {s:x}"),
+            4 => bin!("imul {d:e}, {s:e}"),
+            8 => bin!("imul {d}, {s}"),
+            _ => return None,
+        },
+    };
+    Some((r & mask(size), fl))
+}
+
+/// Not x86-64: nothing is computed natively, so nothing is interpreted.
+#[cfg(not(target_arch = "x86_64"))]
+fn native(_op: Arith, _size: usize, _dst: u64, _src: u64, _flags: u64) -> Option<(u64, u64)> {
+    None
+}
+
+/// A source operand of an interpreted instruction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Src {
+    Reg(Reg),
+    /// An immediate, sign-extended to 64 bits where the encoding says so.
+    Imm(u64),
+    /// Memory operand number `op` of `size` bytes, read through [`Memory`].
+    Mem {
+        op: u8,
+        size: u8,
+    },
+}
+
+/// How [`run`] executes a decoded instruction (decided once per decode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Not interpreted: stop before it.
+    Stop,
+    /// A store: [`emulate`]'s code path.
+    Store,
+    /// NOP, multi-byte NOP, ENDBR64.
+    Nop,
+    /// MOV/MOVZX (`sign` false) or MOVSX/MOVSXD (`sign` true) to a register.
+    Mov { dst: Reg, src: Src, sign: bool },
+    /// LEA.
+    Lea { dst: Reg },
+    /// `a op b` natively on `size` bytes; the result goes to `dst` (if
+    /// any), the status flags come from the native execution.
+    Arith {
+        op: Arith,
+        size: u8,
+        dst: Option<Reg>,
+        a: Src,
+        b: Src,
+    },
+    /// CMOVcc (condition `tttn`).
+    Cmov { cc: u8, dst: Reg, src: Src },
+    /// SETcc r8.
+    Setcc { cc: u8, dst: Reg },
+    /// BSWAP r32/r64.
+    Bswap { dst: Reg },
+    /// XCHG r, r.
+    Xchg { a: Reg, b: Reg },
+    /// JMP rel8/rel32.
+    Jmp { target: u64 },
+    /// Jcc rel8/rel32.
+    Jcc { cc: u8, target: u64 },
+    /// JRCXZ (`mask` all ones) / JECXZ (`mask` 32 bits).
+    Jrcxz { target: u64, mask: u64 },
+    /// LOOP (`zf` None), LOOPE (`Some(true)`), LOOPNE (`Some(false)`).
+    Loop { target: u64, zf: Option<bool> },
+}
+
+/// A register or immediate or memory source operand.
+fn src_of(instr: &Instruction, op: u32) -> Option<Src> {
+    match instr.op_kind(op) {
+        OpKind::Register => gpr_of(instr.op_register(op)).map(Src::Reg),
+        OpKind::Memory => match instr.memory_size().size() {
+            // `op` < 5 and `s` <= 8: the casts are exact.
+            s @ (1 | 2 | 4 | 8) => Some(Src::Mem {
+                op: op as u8,
+                size: s as u8,
+            }),
+            _ => None,
+        },
+        OpKind::Immediate8
+        | OpKind::Immediate16
+        | OpKind::Immediate32
+        | OpKind::Immediate64
+        | OpKind::Immediate8to16
+        | OpKind::Immediate8to32
+        | OpKind::Immediate8to64
+        | OpKind::Immediate32to64 => instr.try_immediate(op).ok().map(Src::Imm),
+        _ => None,
+    }
+}
+
+/// Operand `op` as a writable general-purpose register. RSP is refused:
+/// moving it could let the interpreted code's stack overlap the signal
+/// handler's own frame.
+fn written_reg(instr: &Instruction, op: u32) -> Option<Reg> {
+    if instr.op_kind(op) != OpKind::Register {
+        return None;
+    }
+    gpr_of(instr.op_register(op)).filter(|r| r.gpr() != RSP)
+}
+
+/// The `tttn` condition of a Jcc/CMOVcc/SETcc.
+fn cc_of(instr: &Instruction) -> Option<u8> {
+    // iced numbers conditions 1 (O) ..= 16 (G), 0 = none.
+    (instr.condition_code() as u8).checked_sub(1)
+}
+
+/// Whether the prefixes at the start of `bytes` include `0x66` (a near
+/// branch with it truncates RIP to 16 bits on AMD, and is ignored on Intel).
+fn operand_size_prefix(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .take_while(|&&b| {
+            matches!(
+                b,
+                0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3 | 0x40
+                    ..=0x4f
+            )
+        })
+        .any(|&b| b == 0x66)
+}
+
+/// Whether `a` is a canonical 48-bit address.
+const fn canonical(a: u64) -> bool {
+    (((a << 16) as i64) >> 16) as u64 == a
+}
+
+/// Target of a 64-bit near relative branch without a `0x66` prefix.
+fn branch_target(instr: &Instruction, bytes: &[u8]) -> Option<u64> {
+    if instr.op_kind(0) != OpKind::NearBranch64 || operand_size_prefix(bytes) {
+        return None;
+    }
+    let t = instr.near_branch64();
+    // A jump to a non-canonical address faults on the jump itself.
+    canonical(t).then_some(t)
+}
+
+/// `op a, b` with `a` the first operand (written back unless CMP/TEST).
+fn two(op: Arith, a: Src, b: Src) -> Option<Op> {
+    let size = match a {
+        Src::Reg(r) => r.size,
+        Src::Mem { size, .. } => size,
+        Src::Imm(_) => return None,
+    };
+    if matches!((a, b), (Src::Mem { .. }, Src::Mem { .. })) {
+        return None;
+    }
+    let dst = if op.writes() {
+        match a {
+            Src::Reg(r) if r.gpr() != RSP => Some(r),
+            _ => return None,
+        }
+    } else {
+        None
+    };
+    Some(Op::Arith {
+        op,
+        size,
+        dst,
+        a,
+        b,
+    })
+}
+
+/// Decides how [`run`] executes `instr`, whose encoding starts `bytes`.
+fn translate(instr: &Instruction, bytes: &[u8]) -> Op {
+    translate_inner(instr, bytes).unwrap_or(Op::Stop)
+}
+
+fn translate_inner(instr: &Instruction, bytes: &[u8]) -> Option<Op> {
+    use Code as C;
+    use Mnemonic as M;
+    if instr.is_invalid() {
+        return None;
+    }
+    let code = instr.code();
+    if let Some(kind) = classify(code) {
+        match kind {
+            Kind::Stos | Kind::Movs => return Some(Op::Store),
+            _ if instr.op_kind(0) == OpKind::Memory => {
+                // XCHG/XADD also write their register operand.
+                if matches!(kind, Kind::Xchg | Kind::Xadd) {
+                    written_reg(instr, 1)?;
+                }
+                return Some(Op::Store);
+            }
+            Kind::Setcc(cc) => {
+                return Some(Op::Setcc {
+                    cc,
+                    dst: written_reg(instr, 0)?,
+                })
+            }
+            // Register destination: below.
+            _ => {}
+        }
+    }
+    if instr.has_lock_prefix() {
+        return None;
+    }
+    let m = instr.mnemonic();
+    let unary = |op| two(op, Src::Reg(written_reg(instr, 0)?), Src::Imm(0));
+    let binary = |op| two(op, src_of(instr, 0)?, src_of(instr, 1)?);
+    let shift = |op| match src_of(instr, 1)? {
+        b @ (Src::Reg(_) | Src::Imm(_)) => two(op, Src::Reg(written_reg(instr, 0)?), b),
+        Src::Mem { .. } => None,
+    };
+    let op = match m {
+        M::Nop => matches!(
+            code,
+            C::Nopw | C::Nopd | C::Nopq | C::Nop_rm16 | C::Nop_rm32 | C::Nop_rm64
+        )
+        .then_some(Op::Nop)?,
+        M::Endbr64 => Op::Nop,
+        M::Mov | M::Movzx | M::Movsx | M::Movsxd => {
+            // MOVSXD r16 differs between vendors.
+            if code == C::Movsxd_r16_rm16 {
+                return None;
+            }
+            Op::Mov {
+                dst: written_reg(instr, 0)?,
+                src: src_of(instr, 1)?,
+                sign: matches!(m, M::Movsx | M::Movsxd),
+            }
+        }
+        M::Lea if instr.op_kind(1) == OpKind::Memory => Op::Lea {
+            dst: written_reg(instr, 0)?,
+        },
+        M::Add => binary(Arith::Add)?,
+        M::Or => binary(Arith::Or)?,
+        M::Adc => binary(Arith::Adc)?,
+        M::Sbb => binary(Arith::Sbb)?,
+        M::And => binary(Arith::And)?,
+        M::Sub => binary(Arith::Sub)?,
+        M::Xor => binary(Arith::Xor)?,
+        M::Cmp => binary(Arith::Cmp)?,
+        M::Test => binary(Arith::Test)?,
+        M::Inc => unary(Arith::Inc)?,
+        M::Dec => unary(Arith::Dec)?,
+        M::Neg => unary(Arith::Neg)?,
+        M::Not => unary(Arith::Not)?,
+        // SAL is SHL (0xD0-D3 /6 is an undocumented alias).
+        M::Shl | M::Sal => shift(Arith::Shl)?,
+        M::Shr => shift(Arith::Shr)?,
+        M::Sar => shift(Arith::Sar)?,
+        M::Rol => shift(Arith::Rol)?,
+        M::Ror => shift(Arith::Ror)?,
+        M::Imul => {
+            let dst = written_reg(instr, 0)?;
+            if dst.size < 2 {
+                return None;
+            }
+            match instr.op_count() {
+                2 => two(Arith::Imul, Src::Reg(dst), src_of(instr, 1)?)?,
+                // r = r/m * imm: the same product (and flags) as the
+                // two-operand form with the immediate in the destination.
+                3 => match (src_of(instr, 1)?, src_of(instr, 2)?) {
+                    (a @ (Src::Reg(_) | Src::Mem { .. }), b @ Src::Imm(_)) => Op::Arith {
+                        op: Arith::Imul,
+                        size: dst.size,
+                        dst: Some(dst),
+                        a,
+                        b,
+                    },
+                    _ => return None,
+                },
+                _ => return None,
+            }
+        }
+        M::Cmovo
+        | M::Cmovno
+        | M::Cmovb
+        | M::Cmovae
+        | M::Cmove
+        | M::Cmovne
+        | M::Cmovbe
+        | M::Cmova
+        | M::Cmovs
+        | M::Cmovns
+        | M::Cmovp
+        | M::Cmovnp
+        | M::Cmovl
+        | M::Cmovge
+        | M::Cmovle
+        | M::Cmovg => Op::Cmov {
+            cc: cc_of(instr)?,
+            dst: written_reg(instr, 0)?,
+            src: src_of(instr, 1)?,
+        },
+        M::Bswap if matches!(code, C::Bswap_r32 | C::Bswap_r64) => Op::Bswap {
+            dst: written_reg(instr, 0)?,
+        },
+        M::Xchg => Op::Xchg {
+            a: written_reg(instr, 0)?,
+            b: written_reg(instr, 1)?,
+        },
+        M::Jmp if matches!(code, C::Jmp_rel8_64 | C::Jmp_rel32_64) => Op::Jmp {
+            target: branch_target(instr, bytes)?,
+        },
+        M::Jrcxz if code == C::Jrcxz_rel8_64 => Op::Jrcxz {
+            target: branch_target(instr, bytes)?,
+            mask: u64::MAX,
+        },
+        M::Jecxz if code == C::Jecxz_rel8_64 => Op::Jrcxz {
+            target: branch_target(instr, bytes)?,
+            mask: 0xffff_ffff,
+        },
+        M::Loop if code == C::Loop_rel8_64_RCX => Op::Loop {
+            target: branch_target(instr, bytes)?,
+            zf: None,
+        },
+        M::Loope if code == C::Loope_rel8_64_RCX => Op::Loop {
+            target: branch_target(instr, bytes)?,
+            zf: Some(true),
+        },
+        M::Loopne if code == C::Loopne_rel8_64_RCX => Op::Loop {
+            target: branch_target(instr, bytes)?,
+            zf: Some(false),
+        },
+        _ if instr.is_jcc_short_or_near() => Op::Jcc {
+            cc: cc_of(instr)?,
+            target: branch_target(instr, bytes)?,
+        },
+        _ => return None,
+    };
+    Some(op)
+}
+
+/// Reads source `src`: (value zero-extended from its size, its size);
+/// immediates are `imm_size` bytes.
+fn value(
+    instr: &Instruction,
+    src: Src,
+    imm_size: usize,
+    cpu: &dyn Cpu,
+    mem: &mut dyn Memory,
+) -> Result<(u64, usize), Reason> {
+    match src {
+        Src::Reg(r) => Ok((read_reg(cpu, r), r.bytes())),
+        Src::Imm(v) => Ok((v & mask(imm_size), imm_size)),
+        Src::Mem { op, size } => {
+            let size = usize::from(size);
+            let addr = address_fast(instr, u32::from(op), cpu)?;
+            Ok((read_val(mem, addr, size)?, size))
+        }
+    }
+}
+
+/// Executes one translated instruction. Invariant (as for [`exec`]): on
+/// `Err`, neither `cpu` nor memory was modified.
+fn step(
+    instr: &Instruction,
+    op: Op,
+    cpu: &mut dyn Cpu,
+    mem: &mut dyn Memory,
+) -> Result<(), Reason> {
+    let mut next = instr.next_ip();
+    match op {
+        Op::Stop => return Err(Reason::Unsupported),
+        Op::Store => return exec(instr, cpu, mem),
+        Op::Nop => {}
+        Op::Mov { dst, src, sign } => {
+            let (v, size) = value(instr, src, dst.bytes(), cpu, mem)?;
+            let v = if sign { sext(v, size) as u64 } else { v };
+            write_reg(cpu, dst, v);
+        }
+        Op::Lea { dst } => {
+            // LEA ignores segment overrides; `address` knows (iced's
+            // `ignores_segment`), and applies the address size.
+            let a = address(instr, 1, cpu)?;
+            write_reg(cpu, dst, a);
+        }
+        Op::Arith {
+            op,
+            size,
+            dst,
+            a,
+            b,
+        } => {
+            let size = usize::from(size);
+            // Reads first: a fault leaves everything unchanged.
+            let (x, _) = value(instr, a, size, cpu, mem)?;
+            let (y, _) = value(instr, b, size, cpu, mem)?;
+            let fl = cpu.rflags();
+            let (r, native_fl) = native(op, size, x, y, fl).ok_or(Reason::Unsupported)?;
+            if let Some(d) = dst {
+                write_reg(cpu, d, r);
+            }
+            cpu.set_rflags(merge_flags(fl, native_fl, STATUS));
+        }
+        Op::Cmov { cc, dst, src } => {
+            // The source is read (and may fault) whatever the condition.
+            let (v, _) = value(instr, src, dst.bytes(), cpu, mem)?;
+            if condition(cc, cpu.rflags()) {
+                write_reg(cpu, dst, v);
+            } else if dst.size == 4 {
+                // A 32-bit CMOV zero-extends even when it does not move.
+                let v = read_reg(cpu, dst);
+                write_reg(cpu, dst, v);
+            }
+        }
+        Op::Setcc { cc, dst } => {
+            let v = u64::from(condition(cc, cpu.rflags()));
+            write_reg(cpu, dst, v);
+        }
+        Op::Bswap { dst } => {
+            let v = read_reg(cpu, dst);
+            let v = if dst.size == 4 {
+                u64::from((v as u32).swap_bytes())
+            } else {
+                v.swap_bytes()
+            };
+            write_reg(cpu, dst, v);
+        }
+        Op::Xchg { a, b } => {
+            // Sequential writes are right when `a` and `b` share a register
+            // (XCHG AL, AH).
+            let (x, y) = (read_reg(cpu, a), read_reg(cpu, b));
+            write_reg(cpu, a, y);
+            write_reg(cpu, b, x);
+        }
+        Op::Jmp { target } => next = target,
+        Op::Jcc { cc, target } => {
+            if condition(cc, cpu.rflags()) {
+                next = target;
+            }
+        }
+        Op::Jrcxz { target, mask } => {
+            if cpu.gpr(RCX) & mask == 0 {
+                next = target;
+            }
+        }
+        Op::Loop { target, zf } => {
+            let c = cpu.gpr(RCX).wrapping_sub(1);
+            cpu.set_gpr(RCX, c);
+            let z = cpu.rflags() & ZF != 0;
+            if c != 0 && zf.is_none_or(|want| want == z) {
+                next = target;
+            }
+        }
+    }
+    cpu.set_rip(next);
+    Ok(())
+}
+
+/// [`Memory`] wrapper for [`run`]: notes accesses to hot addresses and
+/// writes over decoded code.
+struct Track<'a> {
+    mem: &'a mut dyn Memory,
+    /// The current instruction accessed a hot address.
+    hot: bool,
+    /// Bytes `[lo, hi)` hold cached decoded instructions.
+    lo: u64,
+    hi: u64,
+    /// A write hit `[lo, hi)`: the decode cache is stale.
+    code_written: bool,
+}
+
+impl Track<'_> {
+    fn touch(&mut self, addr: u64, len: usize) {
+        if self.hot || len == 0 {
+            return;
+        }
+        let last = addr.wrapping_add(len as u64 - 1);
+        self.hot = self.mem.hot(addr) || ((last ^ addr) >> 12 != 0 && self.mem.hot(last));
+    }
+
+    fn wrote(&mut self, addr: u64, len: usize) {
+        if addr < self.hi && addr.saturating_add(len as u64) > self.lo {
+            self.code_written = true;
+        }
+    }
+
+    fn cover(&mut self, ip: u64, len: usize) {
+        self.lo = self.lo.min(ip);
+        self.hi = self.hi.max(ip.saturating_add(len as u64));
+    }
+}
+
+impl Memory for Track<'_> {
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), MemFault> {
+        self.touch(addr, buf.len());
+        self.mem.read(addr, buf)
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemFault> {
+        self.touch(addr, data.len());
+        self.wrote(addr, data.len());
+        self.mem.write(addr, data)
+    }
+
+    fn cas(&mut self, addr: u64, size: usize, expected: u64, new: u64) -> Result<u64, MemFault> {
+        self.touch(addr, size);
+        self.wrote(addr, size);
+        self.mem.cas(addr, size, expected, new)
+    }
+
+    fn hot(&self, addr: u64) -> bool {
+        self.mem.hot(addr)
+    }
+}
+
+/// One decode-cache entry.
+#[derive(Clone, Copy)]
+struct Slot {
+    ip: u64,
+    instr: Instruction,
+    op: Op,
+}
+
+/// Emulates the instruction at `cpu.rip()` (bytes `first_code`) exactly like
+/// [`emulate`], then keeps interpreting the following instructions inside
+/// the caller (typically the fault signal handler), so one signal covers
+/// many iterations of a loop that stores to write-protected pages.
+///
+/// If the first instruction is not emulated, returns
+/// `(0, Stop::NotEmulated(reason))` with nothing changed. Otherwise it
+/// continues with the instruction at the new `RIP`, fetched with
+/// `fetch(ip, &mut buf)` (which copies up to 15 code bytes at `ip` into
+/// `buf` and returns how many it copied; fewer than the instruction needs
+/// stops the run), while:
+///
+/// * the instruction is in the interpreted set (below),
+/// * fewer than `budget` instructions ran (the first one included; it
+///   always runs), and
+/// * fewer than `idle_limit` consecutive instructions ran without a
+///   memory access (read or write) to an address for which
+///   [`Memory::hot`] is true.
+///
+/// It stops *before* any instruction it cannot execute exactly, leaving
+/// the registers, flags and memory exactly as native execution would have
+/// them before that instruction; every store still goes through `mem`, so
+/// every write to a watched byte is still reported. Returns (instructions
+/// executed, why it stopped).
+///
+/// # Interpreted set
+///
+/// * every store [`emulate`] handles (same code path; a `REP` string
+///   instruction interrupted at a page end is simply executed again);
+/// * with a register destination and a register, immediate or memory
+///   source: `MOV MOVZX MOVSX MOVSXD LEA`, `ADD OR ADC SBB AND SUB XOR CMP
+///   TEST`, `INC DEC NEG NOT`, `SHL/SAL SHR SAR ROL ROR` (imm8, 1, CL),
+///   `IMUL r, r/m` and `IMUL r, r/m, imm`, `CMOVcc`, `SETcc r8`, `BSWAP
+///   r32/r64`, `XCHG r, r`; also `CMP`/`TEST` with a memory first operand;
+///   arithmetic flags come from executing the same operation natively on
+///   registers with the incoming flags loaded;
+/// * `NOP`, multi-byte `NOP`, `ENDBR64`;
+/// * `JMP rel8/rel32`, `Jcc rel8/rel32`, `JRCXZ`, `JECXZ`, `LOOP`,
+///   `LOOPE`, `LOOPNE` (64-bit addressing; not with a `0x66` prefix).
+///
+/// Everything else stops the run (`CALL`, `RET`, `PUSH`, `POP`, indirect
+/// jumps, `SYSCALL`, ...), as do instructions writing `RSP` (the handler's
+/// frame may sit just below the interrupted stack pointer). With `TF` set
+/// in `RFLAGS` only the first instruction runs. Memory operands are read
+/// through `mem` (RIP-relative, SIB, `0x67`, FS/GS through the [`Cpu`]
+/// bases); a failing read or write stops with [`Stop::Fault`] before the
+/// instruction (reads happen before any write, and stores are validated
+/// before writing).
+///
+/// Decoded instructions are kept in an on-stack direct-mapped cache, so a
+/// loop body is decoded once per call; a store over cached code flushes
+/// it. No allocation, no panics (after [`prepare`]).
+pub fn run(
+    first_code: &[u8],
+    fetch: &mut dyn FnMut(u64, &mut [u8; MAX_INSN_LEN]) -> usize,
+    cpu: &mut dyn Cpu,
+    mem: &mut dyn Memory,
+    budget: u32,
+    idle_limit: u32,
+) -> (u32, Stop) {
+    let mut t = Track {
+        mem,
+        hot: false,
+        lo: u64::MAX,
+        hi: 0,
+        code_written: false,
+    };
+    if let Outcome::NotEmulated(r) = emulate(first_code, cpu, &mut t) {
+        return (0, Stop::NotEmulated(r));
+    }
+    let mut done: u32 = 1;
+    let mut idle: u32 = u32::from(!t.hot);
+    if cpu.rflags() & TF != 0 {
+        // Being single-stepped: every instruction must trap.
+        return (done, Stop::Unsupported);
+    }
+    let empty = Slot {
+        ip: u64::MAX,
+        instr: Instruction::default(),
+        op: Op::Stop,
+    };
+    let mut cache = [empty; CACHE_SLOTS];
+    loop {
+        if done >= budget {
+            return (done, Stop::Budget);
+        }
+        if idle >= idle_limit {
+            return (done, Stop::Idle);
+        }
+        let ip = cpu.rip();
+        let slot = &mut cache[ip as usize % CACHE_SLOTS];
+        if slot.ip != ip {
+            let mut buf = [0u8; MAX_INSN_LEN];
+            let n = fetch(ip, &mut buf).min(MAX_INSN_LEN);
+            let bytes = buf.get(..n).unwrap_or(&[]);
+            let (instr, op) = match decode(bytes, ip) {
+                Some(i) => (i, translate(&i, bytes)),
+                None => (Instruction::default(), Op::Stop),
+            };
+            *slot = Slot { ip, instr, op };
+            t.cover(ip, instr.len());
+        }
+        if matches!(slot.op, Op::Stop) {
+            return (done, Stop::Unsupported);
+        }
+        t.hot = false;
+        if let Err(r) = step(&slot.instr, slot.op, cpu, &mut t) {
+            let why = if r == Reason::MemoryFault {
+                Stop::Fault
+            } else {
+                Stop::Unsupported
+            };
+            return (done, why);
+        }
+        done += 1;
+        idle = if t.hot { 0 } else { idle.saturating_add(1) };
+        if t.code_written {
+            for s in cache.iter_mut() {
+                s.ip = u64::MAX;
+            }
+            t.lo = u64::MAX;
+            t.hi = 0;
+            t.code_written = false;
+        }
+    }
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
@@ -1396,6 +2330,8 @@ mod tests {
     struct FakeMem {
         base: u64,
         data: Vec<u8>,
+        /// What [`Memory::hot`] answers for every address.
+        hot: bool,
     }
 
     impl FakeMem {
@@ -1403,6 +2339,7 @@ mod tests {
             FakeMem {
                 base: BASE,
                 data: vec![0; MEM_LEN],
+                hot: false,
             }
         }
         fn range(&self, addr: u64, len: usize) -> Result<core::ops::Range<usize>, MemFault> {
@@ -1455,6 +2392,9 @@ mod tests {
                 self.put(addr, size, new);
             }
             Ok(found)
+        }
+        fn hot(&self, _addr: u64) -> bool {
+            self.hot
         }
     }
 
@@ -2573,7 +3513,36 @@ mod tests {
             0x11, 0x13, 0x17, 0x29, 0x2b, 0x7e, 0x7f, 0xd6, 0xe7, 0xc3, 0xc0, 0xc1, 0xb0, 0xb1,
             0xab, 0xb3, 0xbb, 0xba, 0x94, 0x9c, 0x38, 0xc7,
         ];
+        // Interpreted instructions (rel8/imm8 operands appended at random).
+        const SNIPPETS: &[&[u8]] = &[
+            &[0x48, 0xff, 0xc1],       // inc rcx
+            &[0x48, 0x39, 0xf1],       // cmp rcx, rsi
+            &[0x72],                   // jb rel8
+            &[0x75],                   // jne rel8
+            &[0xeb],                   // jmp rel8
+            &[0xe2],                   // loop rel8
+            &[0xe3],                   // jrcxz rel8
+            &[0x88, 0x0c, 0x0f],       // mov [rdi+rcx], cl
+            &[0x89, 0x04, 0x8f],       // mov [rdi+rcx*4], eax
+            &[0x01, 0xc8],             // add eax, ecx
+            &[0x8b, 0x07],             // mov eax, [rdi]
+            &[0x0f, 0xb6, 0x04, 0x0e], // movzx eax, byte [rsi+rcx]
+            &[0x48, 0xc1, 0xe0],       // shl rax, imm8
+            &[0xd3, 0xf8],             // sar eax, cl
+            &[0x0f, 0xaf, 0xc1],       // imul eax, ecx
+            &[0x0f, 0x44, 0x07],       // cmove eax, [rdi]
+            &[0x0f, 0x9c, 0xc4],       // setl ah
+            &[0x80, 0x3f],             // cmp byte [rdi], imm8
+            &[0xf3, 0xaa],             // rep stosb
+            &[0x48, 0x0f, 0xc8],       // bswap rax
+            &[0x87, 0xd1],             // xchg ecx, edx
+            &[0x90],                   // nop
+            &[0x0f, 0x1f, 0x40, 0x00], // nop dword [rax]
+            &[0xf0, 0x48, 0x01, 0x07], // lock add [rdi], rax
+            &[0x48, 0x8d, 0x7f, 0x01], // lea rdi, [rdi+1]
+        ];
         let mut emulated = 0;
+        let mut continued = 0;
         for _ in 0..10_000 {
             let mut code = [0u8; 15];
             rng.fill(&mut code[..]);
@@ -2625,6 +3594,58 @@ mod tests {
 
             let (c0, m0) = (cpu.clone(), mem.clone());
             let _ = write_target(code, &cpu);
+
+            // The continuation: the same first instruction, then code mixing
+            // interpreted snippets and random bytes.
+            let first_len = decode(code, cpu.rip).map_or(code.len(), |i| i.len());
+            let mut region = code[..first_len].to_vec();
+            while region.len() < 160 {
+                if rng.gen_bool(0.8) {
+                    let s = SNIPPETS[rng.gen_range(0..SNIPPETS.len())];
+                    region.extend_from_slice(s);
+                    if s.len() == 1 || matches!(s.last(), Some(0x80..)) {
+                        // A rel8/imm8 for branch and shift snippets.
+                        region.push(rng.gen());
+                    }
+                } else {
+                    region.push(rng.gen());
+                }
+            }
+            let (mut c1, mut m1) = (c0.clone(), m0.clone());
+            m1.hot = rng.gen_bool(0.7);
+            let budget = rng.gen_range(0..200);
+            let idle = rng.gen_range(0..20);
+            let expect = emulate(code, &mut c0.clone(), &mut m0.clone());
+            let first = code;
+            let at = c1.rip;
+            let mut fetch = |ip: u64, buf: &mut [u8; 15]| {
+                let Some(off) = ip.checked_sub(at).filter(|&o| o < region.len() as u64) else {
+                    return 0;
+                };
+                let src = &region[off as usize..];
+                let n = src.len().min(15);
+                buf[..n].copy_from_slice(&src[..n]);
+                n
+            };
+            match run(first, &mut fetch, &mut c1, &mut m1, budget, idle) {
+                (n, Stop::NotEmulated(r)) => {
+                    assert_eq!(n, 0);
+                    assert_eq!(Outcome::NotEmulated(r), expect, "{code:02x?}");
+                    assert_eq!(c1, c0, "{code:02x?} {r:?}");
+                    assert!(m1.data == m0.data, "{code:02x?} {r:?}");
+                }
+                (n, why) => {
+                    assert_eq!(expect, Outcome::Emulated, "{code:02x?}");
+                    assert!(n >= 1 && n <= budget.max(1), "{n} {why:?}");
+                    assert!(why != Stop::Budget || n == budget.max(1));
+                    assert!(why != Stop::Idle || n >= idle);
+                    assert_eq!(c1.vec, c0.vec);
+                    if n > 1 {
+                        continued += 1;
+                    }
+                }
+            }
+
             match emulate(code, &mut cpu, &mut mem) {
                 Outcome::NotEmulated(r) => {
                     assert_eq!(cpu, c0, "{code:02x?} {r:?}");
@@ -2645,6 +3666,879 @@ mod tests {
         assert!(
             emulated > 500,
             "only {emulated} emulated: the fuzzer is not reaching stores"
+        );
+        assert!(
+            continued > 300,
+            "only {continued} runs went past the first instruction"
+        );
+    }
+
+    // ---- continuation (`run`) ------------------------------------------
+
+    /// A register file for [`Harness`]: RAX..R15 (RSP unused) and RFLAGS.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    struct RegFile {
+        gpr: [u64; 16],
+        flags: u64,
+    }
+
+    /// Runs machine code natively on a [`RegFile`]: an executable page
+    /// holding "load flags and registers; <code>; store them; ret".
+    struct Harness {
+        page: *mut u8,
+    }
+
+    const HARNESS_LEN: usize = 4096;
+
+    impl Harness {
+        fn new() -> Self {
+            // SAFETY: a fresh private anonymous mapping; checked below.
+            let p = unsafe {
+                libc::mmap(
+                    core::ptr::null_mut(),
+                    HARNESS_LEN,
+                    libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED, "mmap RWX");
+            Harness { page: p.cast() }
+        }
+
+        /// `mov reg, [rdi+off]` (opcode 0x8b) or `mov [rdi+off], reg` (0x89).
+        fn rdi_rel(op: u8, reg: usize, off: usize) -> [u8; 4] {
+            let rex = 0x48 | if reg >= 8 { 0x04 } else { 0 };
+            [rex, op, 0x40 | ((reg as u8 & 7) << 3) | 7, off as u8]
+        }
+
+        fn prologue() -> Vec<u8> {
+            // push rbx rbp r12 r13 r14 r15 rdi; push qword [rdi+0x80]; popfq
+            let mut v = vec![
+                0x53, 0x55, 0x41, 0x54, 0x41, 0x55, 0x41, 0x56, 0x41, 0x57, 0x57,
+            ];
+            v.extend_from_slice(&[0xff, 0xb7, 0x80, 0x00, 0x00, 0x00, 0x9d]);
+            for r in (0..16).filter(|&r| r != 4 && r != 7) {
+                v.extend_from_slice(&Self::rdi_rel(0x8b, r, r * 8));
+            }
+            v.extend_from_slice(&Self::rdi_rel(0x8b, 7, 7 * 8)); // rdi last
+            v
+        }
+
+        fn epilogue() -> Vec<u8> {
+            // pushfq; xchg rdi, [rsp+8]
+            let mut v = vec![0x9c, 0x48, 0x87, 0x7c, 0x24, 0x08];
+            for r in (0..16).filter(|&r| r != 4 && r != 7) {
+                v.extend_from_slice(&Self::rdi_rel(0x89, r, r * 8));
+            }
+            // pop rax; mov [rdi+0x80], rax; pop rax; mov [rdi+0x38], rax
+            v.extend_from_slice(&[0x58, 0x48, 0x89, 0x87, 0x80, 0x00, 0x00, 0x00]);
+            v.extend_from_slice(&[0x58, 0x48, 0x89, 0x47, 0x38]);
+            // pop r15 r14 r13 r12 rbp rbx; ret
+            v.extend_from_slice(&[
+                0x41, 0x5f, 0x41, 0x5e, 0x41, 0x5d, 0x41, 0x5c, 0x5d, 0x5b, 0xc3,
+            ]);
+            v
+        }
+
+        /// Where the code under test starts.
+        fn code_addr(&self) -> u64 {
+            self.page as u64 + Self::prologue().len() as u64
+        }
+
+        /// Runs `code` natively on `regs` (RSP is neither loaded nor
+        /// stored; `code` must not touch the stack).
+        fn run(&self, code: &[u8], regs: &mut RegFile) {
+            let mut v = Self::prologue();
+            v.extend_from_slice(code);
+            v.extend_from_slice(&Self::epilogue());
+            assert!(v.len() <= HARNESS_LEN);
+            // SAFETY: the page is ours and large enough (asserted).
+            unsafe { core::ptr::copy_nonoverlapping(v.as_ptr(), self.page, v.len()) };
+            // SAFETY: the page now holds a complete sysv64 function taking a
+            // `*mut RegFile`, which preserves the callee-saved registers.
+            let f: extern "sysv64" fn(*mut RegFile) = unsafe { core::mem::transmute(self.page) };
+            f(regs);
+        }
+    }
+
+    impl Drop for Harness {
+        fn drop(&mut self) {
+            // SAFETY: our own mapping, no longer used.
+            unsafe { libc::munmap(self.page.cast(), HARNESS_LEN) };
+        }
+    }
+
+    /// Decodes `code` at `cpu.rip`, translates and executes it with the
+    /// continuation interpreter.
+    fn interpret(code: &[u8], cpu: &mut FakeCpu, mem: &mut FakeMem) -> Result<Op, Reason> {
+        let instr = decode(code, cpu.rip).ok_or(Reason::Undecodable)?;
+        let op = translate(&instr, code);
+        step(&instr, op, cpu, mem)?;
+        Ok(op)
+    }
+
+    /// Random register file: interesting values, random status flags.
+    fn random_regs(rng: &mut SmallRng) -> RegFile {
+        let mut r = RegFile::default();
+        for v in r.gpr.iter_mut() {
+            let size = [1, 2, 4, 8][rng.gen_range(0..4)];
+            *v = match rng.gen_range(0..3) {
+                0 => interesting(rng, size) | (rng.gen::<u64>() & !mask(size)),
+                1 => interesting(rng, 8),
+                _ => rng.gen(),
+            };
+        }
+        r.flags = 0x202 | (rng.gen::<u64>() & STATUS);
+        r
+    }
+
+    fn cpu_from(regs: &RegFile, rip: u64) -> FakeCpu {
+        let mut cpu = FakeCpu::new();
+        cpu.gpr = regs.gpr;
+        cpu.rflags = regs.flags;
+        cpu.rip = rip;
+        cpu
+    }
+
+    /// Whether `instr` names RSP (any width) in a register operand or as a
+    /// memory base/index: its native value in the harness is meaningless.
+    fn uses_rsp(instr: &Instruction) -> bool {
+        let rsp = |r: Register| gpr_of(r).is_some_and(|g| g.gpr() == RSP && !g.high);
+        (0..instr.op_count())
+            .any(|i| instr.op_kind(i) == OpKind::Register && rsp(instr.op_register(i)))
+            || rsp(instr.memory_base())
+            || rsp(instr.memory_index())
+    }
+
+    /// Emulated vs native: all registers but RSP, the status flags, RIP.
+    #[track_caller]
+    fn compare(code: &[u8], h: &Harness, regs: &RegFile, mem: &mut FakeMem) -> Op {
+        let mut cpu = cpu_from(regs, h.code_addr());
+        let op = interpret(code, &mut cpu, mem).unwrap_or_else(|r| panic!("{code:02x?}: {r:?}"));
+        let mut native = *regs;
+        h.run(code, &mut native);
+        let what = format!("{code:02x?} {op:?} in {regs:x?}");
+        for r in (0..16).filter(|&r| r != RSP) {
+            assert_eq!(cpu.gpr[r], native.gpr[r], "gpr {r}: {what}");
+        }
+        assert_eq!(cpu.rflags & STATUS, native.flags & STATUS, "flags: {what}");
+        assert_eq!(cpu.rflags & !STATUS, regs.flags & !STATUS, "{what}");
+        assert_eq!(cpu.rip, h.code_addr() + code.len() as u64, "{what}");
+        op
+    }
+
+    /// Random register-form encoding from the interpreted families (and
+    /// some neighbours it must refuse), followed by random bytes that
+    /// serve as immediates/SIB/displacement; cut to the decoded length.
+    fn random_register_form(rng: &mut SmallRng) -> Vec<u8> {
+        let mut v = Vec::new();
+        if rng.gen_bool(0.3) {
+            v.push(0x66);
+        }
+        if rng.gen_bool(0.1) {
+            v.push(0x67); // matters for LEA only
+        }
+        if rng.gen_bool(0.6) {
+            v.push(0x40 | rng.gen_range(0..16u8));
+        }
+        let modrm = 0xc0 | (rng.gen::<u8>() & 0x3f);
+        let pick = |rng: &mut SmallRng, xs: &[u8]| xs[rng.gen_range(0..xs.len())];
+        match rng.gen_range(0..21) {
+            0 => {
+                let k = rng.gen_range(0..8u8);
+                v.extend_from_slice(&[(k << 3) | rng.gen_range(0..4), modrm]);
+            }
+            1 => v.push((rng.gen_range(0..8u8) << 3) | rng.gen_range(4..6)),
+            2 => v.extend_from_slice(&[pick(rng, &[0x80, 0x81, 0x83]), modrm]),
+            3 => v.extend_from_slice(&[rng.gen_range(0x84..0x8c), modrm]),
+            4 => v.push(rng.gen_range(0x90..0x98)),
+            5 => v.push(rng.gen_range(0xa8..0xaa)),
+            6 => v.push(rng.gen_range(0xb0..0xc0)),
+            7 => v.extend_from_slice(&[pick(rng, &[0xc6, 0xc7]), modrm & 0xc7]),
+            8 => v.extend_from_slice(&[0x0f, pick(rng, &[0xb6, 0xb7, 0xbe, 0xbf]), modrm]),
+            9 => v.extend_from_slice(&[0x63, modrm]),
+            10 => v.extend_from_slice(&[0x8d, (rng.gen_range(0..3u8) << 6) | (modrm & 0x3f)]),
+            11 => v.extend_from_slice(&[pick(rng, &[0xc0, 0xc1, 0xd0, 0xd1, 0xd2, 0xd3]), modrm]),
+            12 => v.extend_from_slice(&[pick(rng, &[0xf6, 0xf7]), modrm]),
+            13 => v.extend_from_slice(&[pick(rng, &[0xfe, 0xff]), modrm & 0xcf]),
+            14 => v.extend_from_slice(&[0x0f, 0xaf, modrm]),
+            15 => v.extend_from_slice(&[pick(rng, &[0x69, 0x6b]), modrm]),
+            16 => v.extend_from_slice(&[0x0f, 0x40 + rng.gen_range(0..16), modrm]),
+            17 => v.extend_from_slice(&[0x0f, 0x90 + rng.gen_range(0..16), modrm]),
+            18 => v.extend_from_slice(&[0x0f, 0xc8 + rng.gen_range(0..8)]),
+            19 => v = vec![0xf3, 0x0f, 0x1e, 0xfa],
+            _ => v.extend_from_slice(&[0x0f, 0x1f, rng.gen::<u8>() & 0xc7]),
+        }
+        for _ in 0..10 {
+            v.push(rng.gen());
+        }
+        v
+    }
+
+    #[test]
+    fn register_forms_match_native() {
+        prepare();
+        let h = Harness::new();
+        let mut rng = SmallRng::seed_from_u64(0xd1ff);
+        let mut mem = FakeMem::new();
+        let mut seen = std::collections::HashMap::<Mnemonic, usize>::new();
+        let mut refused = 0;
+        while seen.values().sum::<usize>() < 60_000 {
+            let mut code = random_register_form(&mut rng);
+            let Some(instr) = decode(&code, h.code_addr()) else {
+                continue;
+            };
+            code.truncate(instr.len());
+            let op = translate(&instr, &code);
+            let memory = match op {
+                Op::Mov { src, .. } | Op::Cmov { src, .. } => matches!(src, Src::Mem { .. }),
+                Op::Arith { a, b, .. } => {
+                    matches!(a, Src::Mem { .. }) || matches!(b, Src::Mem { .. })
+                }
+                _ => false,
+            };
+            if op == Op::Stop || op == Op::Store || memory || uses_rsp(&instr) {
+                refused += 1;
+                continue;
+            }
+            assert!(
+                !matches!(op, Op::Jmp { .. } | Op::Jcc { .. } | Op::Loop { .. }),
+                "{code:02x?}"
+            );
+            let regs = random_regs(&mut rng);
+            compare(&code, &h, &regs, &mut mem);
+            *seen.entry(instr.mnemonic()).or_default() += 1;
+        }
+        use Mnemonic as M;
+        for m in [
+            M::Mov,
+            M::Movzx,
+            M::Movsx,
+            M::Movsxd,
+            M::Lea,
+            M::Add,
+            M::Or,
+            M::Adc,
+            M::Sbb,
+            M::And,
+            M::Sub,
+            M::Xor,
+            M::Cmp,
+            M::Test,
+            M::Inc,
+            M::Dec,
+            M::Neg,
+            M::Not,
+            M::Shl,
+            M::Sal,
+            M::Shr,
+            M::Sar,
+            M::Rol,
+            M::Ror,
+            M::Imul,
+            M::Cmove,
+            M::Cmovl,
+            M::Cmovp,
+            M::Cmovo,
+            M::Seta,
+            M::Setle,
+            M::Setnp,
+            M::Bswap,
+            M::Xchg,
+            M::Nop,
+            M::Endbr64,
+        ] {
+            assert!(seen.get(&m).copied().unwrap_or(0) > 30, "{m:?}: {seen:?}");
+        }
+        assert!(refused > 1000, "the generator never hits refused forms");
+    }
+
+    #[test]
+    fn shifts_match_native_for_edge_counts() {
+        prepare();
+        let h = Harness::new();
+        let mut rng = SmallRng::seed_from_u64(0x5417);
+        let mut mem = FakeMem::new();
+        for size in [1usize, 2, 4, 8] {
+            let bits = 8 * size as u64;
+            let counts = [0, 1, bits - 1, bits, bits + 1, 31, 32, 33, 63, 64, 65, 255];
+            // /0 rol, /1 ror, /4 shl, /5 shr, /6 sal, /7 sar
+            for digit in [0u8, 1, 4, 5, 6, 7] {
+                for &count in &counts {
+                    for form in 0..3 {
+                        for _ in 0..20 {
+                            let mut code = Vec::new();
+                            match size {
+                                2 => code.push(0x66),
+                                8 => code.push(0x48),
+                                _ => {}
+                            }
+                            let wide = u8::from(size != 1);
+                            // RSP-family excluded (rm 4 is AH for bytes).
+                            let rm = [0u8, 1, 2, 3, 5, 6, 7, 4]
+                                [rng.gen_range(0..7 + usize::from(size == 1))];
+                            let modrm = 0xc0 | (digit << 3) | rm;
+                            let mut regs = random_regs(&mut rng);
+                            match form {
+                                0 => code.extend_from_slice(&[0xc0 | wide, modrm, count as u8]),
+                                1 => {
+                                    code.extend_from_slice(&[0xd2 | wide, modrm]);
+                                    regs.gpr[RCX] = (regs.gpr[RCX] & !0xff) | (count & 0xff);
+                                }
+                                _ => {
+                                    if count != 1 {
+                                        continue;
+                                    }
+                                    code.extend_from_slice(&[0xd0 | wide, modrm]);
+                                }
+                            }
+                            let op = compare(&code, &h, &regs, &mut mem);
+                            assert!(matches!(op, Op::Arith { .. }), "{code:02x?} {op:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Memory-source forms `op r, [rbx(+rsi*s)+disp8]` read through
+    /// `Memory`; the harness reads the same bytes natively.
+    #[test]
+    fn memory_sources_match_native() {
+        prepare();
+        let h = Harness::new();
+        let mut rng = SmallRng::seed_from_u64(0x3e3);
+        let mut buf = vec![0u8; 512];
+        rng.fill(&mut buf[..]);
+        let base = buf.as_ptr() as u64;
+        let mut mem = FakeMem {
+            base,
+            data: buf.clone(),
+            hot: false,
+        };
+        let mut ops: Vec<Vec<u8>> = Vec::new();
+        for k in 0..8u8 {
+            ops.push(vec![(k << 3) | 2]);
+            ops.push(vec![(k << 3) | 3]);
+        }
+        for o in [
+            &[0x38u8][..],
+            &[0x39],
+            &[0x84],
+            &[0x85],
+            &[0x8a],
+            &[0x8b],
+            &[0x63],
+            &[0x0f, 0xb6],
+            &[0x0f, 0xb7],
+            &[0x0f, 0xbe],
+            &[0x0f, 0xbf],
+            &[0x0f, 0xaf],
+            &[0x69],
+            &[0x6b],
+            &[0x80],
+            &[0x81],
+            &[0x83],
+            &[0xf6],
+            &[0xf7],
+        ] {
+            ops.push(o.to_vec());
+        }
+        for cc in 0..16u8 {
+            ops.push(vec![0x0f, 0x40 + cc]);
+        }
+        let mut ran = 0;
+        while ran < 20_000 {
+            let mut code = Vec::new();
+            if rng.gen_bool(0.3) {
+                code.push(0x66);
+            }
+            if rng.gen_bool(0.6) {
+                code.push(0x40 | rng.gen_range(0..16u8));
+            }
+            let op = &ops[rng.gen_range(0..ops.len())];
+            code.extend_from_slice(op);
+            let reg = rng.gen_range(0..8u8);
+            // cmp/test with an immediate: /7 and /0.
+            let reg = match op[0] {
+                0x80 | 0x81 | 0x83 => 7,
+                0xf6 | 0xf7 => 0,
+                _ => reg,
+            };
+            if rng.gen_bool(0.5) {
+                code.extend_from_slice(&[0x40 | (reg << 3) | 3, rng.gen()]); // [rbx+d8]
+            } else {
+                let scale = rng.gen_range(0..4u8);
+                // [rbx+rsi*s+d8]
+                code.extend_from_slice(&[
+                    0x44 | (reg << 3),
+                    (scale << 6) | (6 << 3) | 3,
+                    rng.gen(),
+                ]);
+            }
+            for _ in 0..8 {
+                code.push(rng.gen());
+            }
+            let Some(instr) = decode(&code, h.code_addr()) else {
+                continue;
+            };
+            code.truncate(instr.len());
+            let op = translate(&instr, &code);
+            if op == Op::Stop || uses_rsp(&instr) {
+                continue;
+            }
+            let mut regs = random_regs(&mut rng);
+            for r in [RBX, 11] {
+                regs.gpr[r] = base + 128;
+            }
+            let idx = rng.gen_range(0..8);
+            for r in [RSI, 14] {
+                regs.gpr[r] = idx;
+            }
+            compare(&code, &h, &regs, &mut mem);
+            ran += 1;
+        }
+        assert_eq!(mem.data, buf);
+    }
+
+    #[test]
+    fn branches_match_native() {
+        prepare();
+        let h = Harness::new();
+        let mut rng = SmallRng::seed_from_u64(0xb4);
+        let mut mem = FakeMem::new();
+        // Each branch skips `inc rax` (48 ff c0) when taken.
+        let mut codes: Vec<Vec<u8>> = vec![vec![0xeb, 0x03], vec![0xe9, 3, 0, 0, 0]];
+        for cc in 0..16u8 {
+            codes.push(vec![0x70 | cc, 0x03]);
+            codes.push(vec![0x0f, 0x80 | cc, 3, 0, 0, 0]);
+        }
+        codes.extend([
+            vec![0xe3, 0x03],       // jrcxz
+            vec![0x67, 0xe3, 0x03], // jecxz
+            vec![0xe2, 0x03],       // loop
+            vec![0xe1, 0x03],       // loope
+            vec![0xe0, 0x03],       // loopne
+            vec![0x3e, 0x74, 0x03], // ds (branch hint) je
+            vec![0xf2, 0xeb, 0x03], // bnd jmp
+        ]);
+        for code in &codes {
+            for _ in 0..200 {
+                let mut regs = random_regs(&mut rng);
+                regs.gpr[RAX] = 0;
+                regs.gpr[RCX] = [0, 1, 2, 1 << 32, (1 << 32) + 1, rng.gen()][rng.gen_range(0..6)];
+                let mut cpu = cpu_from(&regs, h.code_addr());
+                let op = interpret(code, &mut cpu, &mut mem).unwrap();
+                let mut full = code.clone();
+                full.extend_from_slice(&[0x48, 0xff, 0xc0]);
+                let mut native = regs;
+                h.run(&full, &mut native);
+                let taken = native.gpr[RAX] == 0;
+                let next = h.code_addr() + code.len() as u64;
+                assert_eq!(
+                    cpu.rip,
+                    if taken { next + 3 } else { next },
+                    "{code:02x?} {op:?}"
+                );
+                assert_eq!(cpu.gpr[RCX], native.gpr[RCX], "{code:02x?}");
+                assert_eq!(cpu.rflags, regs.flags, "{code:02x?}");
+            }
+        }
+        // 0x66-prefixed branches (16-bit RIP on AMD), LOOP with ECX, and
+        // indirect or stack-using control flow are refused.
+        for code in [
+            &[0x66, 0xeb, 0x03][..],
+            &[0x66, 0x74, 0x03],
+            &[0x66, 0x0f, 0x84, 3, 0, 0, 0],
+            &[0x67, 0xe2, 0x03],
+            &[0xe8, 0, 0, 0, 0],
+            &[0xc3],
+            &[0xff, 0xe0],
+            &[0xff, 0x20],
+            &[0x50],
+            &[0x58],
+            &[0x0f, 0x05],
+            &[0xcd, 0x80],
+            &[0xf3, 0x90], // pause
+            &[0x0f, 0x0b],
+            &[0x48, 0x83, 0xc4, 0x08],       // add rsp, 8
+            &[0x48, 0x89, 0xc4],             // mov rsp, rax
+            &[0x48, 0x8d, 0x64, 0x24, 0x08], // lea rsp, [rsp+8]
+            &[0x48, 0x87, 0xe0],             // xchg rax, rsp
+            &[0x48, 0x87, 0x20],             // xchg [rax], rsp
+            &[0xf7, 0xe1],                   // mul ecx
+            &[0xf7, 0xf9],                   // idiv ecx
+            &[0xf7, 0xe9],                   // imul ecx (one operand)
+            &[0xd1, 0xd0],                   // rcl eax, 1
+            &[0x0f, 0xa3, 0xc8],             // bt eax, ecx
+            &[0xf3, 0x0f, 0xb8, 0xc1],       // popcnt eax, ecx
+            &[0x0f, 0xbc, 0xc1],             // bsf eax, ecx
+            &[0x66, 0x0f, 0xc8],             // bswap ax
+            &[0x66, 0x63, 0xc1],             // movsxd ax, cx
+            &[0xa6],                         // cmpsb
+            &[0xac],                         // lodsb
+            &[0x0f, 0x18, 0x08],             // prefetcht0 [rax]
+            &[0x0f, 0x0d, 0x08],             // prefetchw [rax]
+            &[0x8c, 0xd8],                   // mov eax, ds
+            &[0x0f, 0x10, 0x00],             // movups xmm0, [rax]
+        ] {
+            let instr = decode(code, CODE).unwrap();
+            assert_eq!(translate(&instr, code), Op::Stop, "{code:02x?}");
+        }
+    }
+
+    #[test]
+    fn memory_source_addressing() {
+        let (mut cpu, mut mem) = setup();
+        rng_fill(&mut mem);
+        let q = |mem: &FakeMem, a: u64| mem.get(a, 8);
+        // mov al, [moffs64]
+        let mut code = vec![0xa0];
+        code.extend_from_slice(&(BASE + 0x33).to_le_bytes());
+        cpu.gpr[RAX] = 0x1111_1111_1111_1111;
+        interpret(&code, &mut cpu, &mut mem).unwrap();
+        assert_eq!(
+            cpu.gpr[RAX],
+            0x1111_1111_1111_1100 | u64::from(mem.data[0x33])
+        );
+        // mov rax, fs:[0x28]: needs the FS base.
+        let code = [0x64, 0x48, 0x8b, 0x04, 0x25, 0x28, 0, 0, 0];
+        assert_eq!(interpret(&code, &mut cpu, &mut mem), Err(Reason::Segment));
+        cpu.fs = Some(BASE + 0x100);
+        interpret(&code, &mut cpu, &mut mem).unwrap();
+        assert_eq!(cpu.gpr[RAX], q(&mem, BASE + 0x128));
+        // mov rdx, gs:[rax] without a GS base.
+        assert_eq!(
+            interpret(&[0x65, 0x48, 0x8b, 0x10], &mut cpu, &mut mem),
+            Err(Reason::Segment)
+        );
+        // lea rax, fs:[rcx+0x10]: LEA ignores the segment.
+        cpu.gpr[RCX] = 5;
+        interpret(&[0x64, 0x48, 0x8d, 0x41, 0x10], &mut cpu, &mut mem).unwrap();
+        assert_eq!(cpu.gpr[RAX], 0x15);
+        // mov rcx, [rip+0x20]
+        cpu.rip = BASE + 0x200;
+        interpret(&[0x48, 0x8b, 0x0d, 0x20, 0, 0, 0], &mut cpu, &mut mem).unwrap();
+        assert_eq!(cpu.gpr[RCX], q(&mem, BASE + 0x200 + 7 + 0x20));
+        // mov ecx, [eax]: 32-bit addressing truncates.
+        cpu.gpr[RAX] = 0xdead_0000_0000_0000 | (BASE + 0x40);
+        interpret(&[0x67, 0x8b, 0x08], &mut cpu, &mut mem).unwrap();
+        assert_eq!(cpu.gpr[RCX], q(&mem, BASE + 0x40) & 0xffff_ffff);
+        // movsx rdx, word [rax+rcx*8-8] with a negative index.
+        cpu.gpr[RAX] = BASE + 0x400;
+        cpu.gpr[RCX] = (-3i64) as u64;
+        interpret(&[0x48, 0x0f, 0xbf, 0x54, 0xc8, 0xf8], &mut cpu, &mut mem).unwrap();
+        assert_eq!(cpu.gpr[RDX], sext(mem.get(BASE + 0x400 - 32, 2), 2) as u64);
+        // cmp byte [rax], 0x7f (memory first operand, read only)
+        let before = mem.clone();
+        interpret(&[0x80, 0x38, 0x7f], &mut cpu, &mut mem).unwrap();
+        let (_, fl) = alu(Alu::Cmp, 1, mem.get(BASE + 0x400, 1), 0x7f, false).unwrap();
+        assert_eq!(cpu.rflags & STATUS, fl & STATUS);
+        assert_eq!(mem, before);
+        // A load straddling the end of memory faults, changing nothing.
+        cpu.gpr[RAX] = BASE + MEM_LEN as u64 - 4;
+        let c = cpu.clone();
+        assert_eq!(
+            interpret(&[0x48, 0x8b, 0x10], &mut cpu, &mut mem),
+            Err(Reason::MemoryFault)
+        );
+        assert_eq!(cpu, c);
+    }
+
+    fn rng_fill(mem: &mut FakeMem) {
+        SmallRng::seed_from_u64(3).fill(&mut mem.data[..]);
+    }
+
+    /// The byte loop of the brief: `mov [rdi+rcx], cl; inc rcx;
+    /// cmp rcx, rsi; jb loop`, then `nop; push rax`.
+    const LOOP: [u8; 13] = [
+        0x88, 0x0c, 0x0f, // mov [rdi+rcx], cl
+        0x48, 0xff, 0xc1, // inc rcx
+        0x48, 0x39, 0xf1, // cmp rcx, rsi
+        0x72, 0xf5, // jb -11
+        0x90, // nop
+        0x50, // push rax
+    ];
+
+    /// `run` on `code` placed at `cpu.rip`.
+    fn run_code(
+        code: &[u8],
+        cpu: &mut FakeCpu,
+        mem: &mut FakeMem,
+        budget: u32,
+        idle: u32,
+    ) -> (u32, Stop) {
+        let at = cpu.rip;
+        let first = &code[(cpu.rip - at) as usize..];
+        let mut fetch = |ip: u64, buf: &mut [u8; 15]| {
+            let Some(off) = ip.checked_sub(at).filter(|&o| o < code.len() as u64) else {
+                return 0;
+            };
+            let src = &code[off as usize..];
+            let n = src.len().min(15);
+            buf[..n].copy_from_slice(&src[..n]);
+            n
+        };
+        run(first, &mut fetch, cpu, mem, budget, idle)
+    }
+
+    #[test]
+    fn byte_loop_runs_to_completion_like_native() {
+        prepare();
+        let h = Harness::new();
+        for (count, init_flags) in [(300u64, 0x202), (1, 0x202 | STATUS), (4096, 0x202 | CF)] {
+            // Native, on a real buffer at the address FakeMem pretends to be.
+            let mut native_buf = vec![0xeeu8; 8192];
+            let base = native_buf.as_mut_ptr() as u64;
+            let mut regs = RegFile::default();
+            regs.gpr[RDI] = base + 16;
+            regs.gpr[RSI] = count;
+            regs.flags = init_flags;
+            let code = &LOOP[..LOOP.len() - 1]; // through the nop
+            let mut native = regs;
+            h.run(code, &mut native);
+
+            let mut mem = FakeMem {
+                base,
+                data: vec![0xee; 8192],
+                hot: true,
+            };
+            let mut cpu = cpu_from(&regs, CODE);
+            let (n, why) = run_code(&LOOP, &mut cpu, &mut mem, u32::MAX, 8);
+            // 4 instructions per byte, then the nop; stops at push.
+            assert_eq!((n, why), (4 * count as u32 + 1, Stop::Unsupported));
+            assert_eq!(cpu.rip, CODE + 12);
+            assert!(mem.data == native_buf);
+            for r in (0..16).filter(|&r| r != RSP) {
+                assert_eq!(cpu.gpr[r], native.gpr[r], "gpr {r}");
+            }
+            assert_eq!(cpu.gpr[RCX], count);
+            assert_eq!(cpu.rflags & STATUS, native.flags & STATUS);
+            assert_eq!(cpu.rflags & !STATUS, init_flags & !STATUS);
+        }
+    }
+
+    #[test]
+    fn run_budget_idle_and_stops() {
+        prepare();
+        let setup_loop = |hot: bool| {
+            let (mut cpu, mut mem) = setup();
+            mem.hot = hot;
+            cpu.gpr[RDI] = BASE;
+            cpu.gpr[RSI] = 100;
+            (cpu, mem)
+        };
+        // Budget: store inc cmp jb store inc cmp jb store inc.
+        let (mut cpu, mut mem) = setup_loop(true);
+        assert_eq!(
+            run_code(&LOOP, &mut cpu, &mut mem, 10, 4),
+            (10, Stop::Budget)
+        );
+        assert_eq!((cpu.gpr[RCX], cpu.rip), (3, CODE + 6));
+        assert_eq!(mem.at(BASE, 4), &[0, 1, 2, 0]);
+        // A budget of 0 or 1 still runs the faulting instruction.
+        for budget in [0, 1] {
+            let (mut cpu, mut mem) = setup_loop(true);
+            assert_eq!(
+                run_code(&LOOP, &mut cpu, &mut mem, budget, 4),
+                (1, Stop::Budget)
+            );
+            assert_eq!(cpu.rip, CODE + 3);
+        }
+        // Nothing hot: stops after `idle_limit` instructions.
+        for idle in [1, 2, 5, 9] {
+            let (mut cpu, mut mem) = setup_loop(false);
+            assert_eq!(
+                run_code(&LOOP, &mut cpu, &mut mem, 1000, idle),
+                (idle, Stop::Idle)
+            );
+        }
+        // Hot: the store every 4 instructions resets the idle count (the
+        // exit path, inc cmp jb nop, is 4 idle instructions)...
+        let (mut cpu, mut mem) = setup_loop(true);
+        assert_eq!(
+            run_code(&LOOP, &mut cpu, &mut mem, 1000, 5),
+            (401, Stop::Unsupported)
+        );
+        let (mut cpu, mut mem) = setup_loop(true);
+        assert_eq!(
+            run_code(&LOOP, &mut cpu, &mut mem, 1000, 4),
+            (401, Stop::Idle)
+        );
+        assert_eq!(cpu.rip, CODE + 12);
+        // ...unless the limit is below the distance between stores.
+        let (mut cpu, mut mem) = setup_loop(true);
+        assert_eq!(
+            run_code(&LOOP, &mut cpu, &mut mem, 1000, 3),
+            (4, Stop::Idle)
+        );
+        assert_eq!(cpu.rip, CODE); // before the second store
+
+        // Stops before unsupported instructions with exact state.
+        let (mut cpu, mut mem) = setup();
+        cpu.gpr[RAX] = BASE + 8;
+        cpu.gpr[RCX] = 0x1_0000_0041;
+        let code = [
+            0x89, 0x08, // mov [rax], ecx
+            0x83, 0xc1, 0x01, // add ecx, 1
+            0x8b, 0x50, 0xfc, // mov edx, [rax-4]
+            0x50, // push rax
+        ];
+        mem.put(BASE + 4, 4, 0x1234_5678);
+        assert_eq!(
+            run_code(&code, &mut cpu, &mut mem, 100, 100),
+            (3, Stop::Unsupported)
+        );
+        assert_eq!(cpu.rip, CODE + 8);
+        assert_eq!((cpu.gpr[RCX], cpu.gpr[RDX]), (0x42, 0x1234_5678));
+        assert_eq!(mem.get(BASE + 8, 4), 0x41);
+        assert_eq!(cpu.rflags & STATUS, PF); // 0x42: even parity
+                                             // Running off the fetched bytes stops too.
+        let (mut cpu, mut mem) = setup();
+        cpu.gpr[RAX] = BASE;
+        assert_eq!(
+            run_code(&code[..4], &mut cpu, &mut mem, 100, 100),
+            (1, Stop::Unsupported)
+        );
+        assert_eq!(cpu.rip, CODE + 2);
+
+        // A faulting store: stops before it, nothing half-done.
+        let (mut cpu, mut mem) = setup_loop(true);
+        cpu.gpr[RDI] = BASE + MEM_LEN as u64 - 5;
+        assert_eq!(
+            run_code(&LOOP, &mut cpu, &mut mem, 1000, 4),
+            (20, Stop::Fault)
+        );
+        assert_eq!((cpu.rip, cpu.gpr[RCX]), (CODE, 5));
+        // A faulting load, likewise.
+        let (mut cpu, mut mem) = setup();
+        cpu.gpr[RAX] = BASE;
+        let code = [0x89, 0x08, 0x8b, 0x50, 0xf0]; // mov [rax], ecx; mov edx, [rax-16]
+        cpu.gpr[RDX] = 7;
+        assert_eq!(
+            run_code(&code, &mut cpu, &mut mem, 100, 100),
+            (1, Stop::Fault)
+        );
+        assert_eq!((cpu.rip, cpu.gpr[RDX]), (CODE + 2, 7));
+
+        // The first instruction not emulated: nothing changes.
+        let (mut cpu, mut mem) = setup();
+        let (c, m) = (cpu.clone(), mem.clone());
+        assert_eq!(
+            run_code(&[0x01, 0xc8, 0x90], &mut cpu, &mut mem, 100, 100),
+            (0, Stop::NotEmulated(Reason::NoMemoryWrite))
+        );
+        assert_eq!((cpu, mem), (c, m));
+
+        // Single-stepping: only the first instruction.
+        let (mut cpu, mut mem) = setup_loop(true);
+        cpu.rflags |= TF;
+        assert_eq!(
+            run_code(&LOOP, &mut cpu, &mut mem, 100, 100),
+            (1, Stop::Unsupported)
+        );
+    }
+
+    #[test]
+    fn run_rep_stos_across_pages_and_self_modifying_code() {
+        prepare();
+        // rep stosb over 3 pages then nop nop push: the REP resumes.
+        let (mut cpu, mut mem) = setup();
+        mem.hot = true;
+        cpu.gpr[RDI] = BASE + 0x800;
+        cpu.gpr[RCX] = 0x2000;
+        cpu.gpr[RAX] = 0x5a;
+        let code = [0xf3, 0xaa, 0x90, 0x90, 0x50];
+        assert_eq!(
+            run_code(&code, &mut cpu, &mut mem, 100, 100),
+            (5, Stop::Unsupported)
+        );
+        assert_eq!((cpu.rip, cpu.gpr[RCX]), (CODE + 4, 0));
+        assert!(mem.data[0x800..0x2800].iter().all(|&b| b == 0x5a));
+
+        // Code in memory: a store rewriting an already-decoded
+        // instruction is seen on the next pass (the cache is flushed).
+        let (mut cpu, mut mem) = setup();
+        mem.hot = true;
+        let at = BASE + 0x100;
+        let code = [
+            0x88, 0x0f, // 0: mov [rdi], cl
+            0x48, 0xff, 0xc1, // 2: inc rcx (becomes "inc rdx" = 48 ff c2)
+            0x48, 0xff, 0xc3, // 5: inc rbx
+            0x48, 0x83, 0xfb, 0x02, // 8: cmp rbx, 2
+            0x72, 0xf2, // 12: jb 0
+            0x50, // 14: push rax
+        ];
+        mem.data[0x100..0x100 + code.len()].copy_from_slice(&code);
+        cpu.rip = at;
+        cpu.gpr[RDI] = at + 4; // the modrm byte of `inc`
+        cpu.gpr[RCX] = 0xc1;
+        let shared = Shared(std::rc::Rc::new(std::cell::RefCell::new(mem)));
+        let view = shared.0.clone();
+        let mut fetch = |ip: u64, buf: &mut [u8; 15]| {
+            let m = view.borrow();
+            let off = (ip - BASE) as usize;
+            buf.copy_from_slice(&m.data[off..off + 15]);
+            15
+        };
+        let mut mem = shared;
+        assert_eq!(
+            run(&code, &mut fetch, &mut cpu, &mut mem, 100, 100),
+            (10, Stop::Unsupported)
+        );
+        assert_eq!(cpu.rip, at + 14);
+        assert_eq!((cpu.gpr[RCX], cpu.gpr[RDX], cpu.gpr[RBX]), (0xc2, 1, 2));
+    }
+
+    /// A [`FakeMem`] that `fetch` can read while `run` holds the `Memory`.
+    struct Shared(std::rc::Rc<std::cell::RefCell<FakeMem>>);
+
+    impl Memory for Shared {
+        fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), MemFault> {
+            self.0.borrow_mut().read(addr, buf)
+        }
+        fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemFault> {
+            self.0.borrow_mut().write(addr, data)
+        }
+        fn cas(&mut self, addr: u64, size: usize, e: u64, n: u64) -> Result<u64, MemFault> {
+            self.0.borrow_mut().cas(addr, size, e, n)
+        }
+        fn hot(&self, addr: u64) -> bool {
+            self.0.borrow().hot(addr)
+        }
+    }
+
+    /// Cycles per interpreted instruction for the byte loop (printed; run
+    /// with `--release --nocapture` for meaningful numbers).
+    #[test]
+    fn byte_loop_cycles_per_instruction() {
+        prepare();
+        let mut samples = Vec::new();
+        let mut n = 0;
+        for _ in 0..15 {
+            let (mut cpu, mut mem) = setup();
+            mem.hot = true;
+            cpu.gpr[RDI] = BASE;
+            cpu.gpr[RSI] = 4096;
+            // SAFETY: RDTSC has no preconditions.
+            let t0 = unsafe { core::arch::x86_64::_rdtsc() };
+            let (done, why) = run_code(&LOOP, &mut cpu, &mut mem, u32::MAX, 16);
+            // SAFETY: as above.
+            let t1 = unsafe { core::arch::x86_64::_rdtsc() };
+            assert_eq!(why, Stop::Unsupported);
+            n = done;
+            samples.push((t1 - t0) as f64 / f64::from(done));
+        }
+        samples.sort_by(f64::total_cmp);
+        eprintln!(
+            "run: byte loop, {n} instructions per call, median {:.1} cycles/instruction \
+             (min {:.1}, max {:.1})",
+            samples[samples.len() / 2],
+            samples[0],
+            samples[samples.len() - 1]
         );
     }
 }

@@ -22,7 +22,7 @@
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
-use super::emulate::{self, Cpu, MemFault, Memory, Outcome};
+use super::emulate::{self, Cpu, MemFault, Memory, Stop};
 use super::table::{page_of, PageEntry, Tier, PAGE};
 use super::{Hit, HitPath, Inner};
 use crate::interval::Grace;
@@ -30,6 +30,12 @@ use crate::sys::thread::{install_sigaction, reset_to_default, SigAction};
 use crate::sys::{errno, rdtsc, set_errno};
 
 const SLOTS: usize = 128;
+/// Most instructions interpreted after a faulting store before returning
+/// to native execution.
+const RUN_BUDGET: u32 = 1 << 16;
+/// Return to native execution after this many consecutive instructions
+/// that touch no protected page (the loop has left the watched pages).
+const RUN_IDLE: u32 = 64;
 const TRAP_TRACE: i32 = 2;
 const SEGV_ACCERR: i32 = 2;
 const EFLAGS_TF: i64 = 0x100;
@@ -370,17 +376,43 @@ fn handle_write(
         inner,
         slot,
         ctx,
+        validated: [0; 4],
+        nvalid: 0,
         report: !nested,
         hits: 0,
         touched_watched: false,
     };
-    match emulate::emulate(&code[..n], &mut cpu, &mut mem) {
-        Outcome::Emulated => {
-            sh.emulated.fetch_add(1, Relaxed);
+    // Code on the faulting instruction's page is known to be mapped; other
+    // pages (branch targets of interpreted code) are read checked.
+    let mut fetch = |at: u64, buf: &mut [u8; 15]| {
+        if page_of(at) == page_of(ip) {
+            read_code(at, buf)
+        } else {
+            let first = ((page_of(at) + PAGE - at) as usize).min(15);
+            if !checked_read(at, &mut buf[..first]) {
+                return 0;
+            }
+            if first < 15 && checked_read(at + first as u64, &mut buf[first..]) {
+                15
+            } else {
+                first
+            }
         }
-        Outcome::NotEmulated(_) => {
+    };
+    let (budget, idle) = if inner.interpret {
+        (RUN_BUDGET, RUN_IDLE)
+    } else {
+        (1, 1)
+    };
+    match emulate::run(&code[..n], &mut fetch, &mut cpu, &mut mem, budget, idle) {
+        (_, Stop::NotEmulated(_)) => {
             sh.single_stepped.fetch_add(1, Relaxed);
             begin_step(inner, slot, e, &code[..n], &cpu, addr, ctx);
+        }
+        (done, _) => {
+            sh.emulated.fetch_add(1, Relaxed);
+            sh.interpreted
+                .fetch_add(u64::from(done.saturating_sub(1)), Relaxed);
         }
     }
     rt.leave(slot);
@@ -419,6 +451,73 @@ fn read_code(ip: u64, out: &mut [u8; 15]) -> usize {
     let got = if got > 0 { got as usize } else { 0 };
     out[in_page..in_page + got].copy_from_slice(&rest[..got]);
     in_page + got
+}
+
+/// Copies `data` to `dst` with one access of the native width when it is a
+/// naturally aligned 1/2/4/8-byte store (so racing readers never see it
+/// torn), bytewise otherwise.
+///
+/// # Safety
+/// `dst..dst+data.len()` must be writable.
+unsafe fn copy_native(dst: u64, data: &[u8]) {
+    // SAFETY: the caller guarantees the destination; each arm writes
+    // exactly `data.len()` bytes at an address aligned for its type.
+    unsafe {
+        match data.len() {
+            1 => std::ptr::write_volatile(dst as *mut u8, data[0]),
+            2 if dst % 2 == 0 => {
+                std::ptr::write_volatile(dst as *mut u16, u16::from_le_bytes([data[0], data[1]]))
+            }
+            4 if dst % 4 == 0 => std::ptr::write_volatile(
+                dst as *mut u32,
+                u32::from_le_bytes(data.try_into().expect("4 bytes")),
+            ),
+            8 if dst % 8 == 0 => std::ptr::write_volatile(
+                dst as *mut u64,
+                u64::from_le_bytes(data.try_into().expect("8 bytes")),
+            ),
+            _ => std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, data.len()),
+        }
+    }
+}
+
+/// Reads `out.len()` bytes at `src`, with one native-width access for an
+/// aligned 1/2/4/8-byte read when `whole` (the chunk is the whole access).
+///
+/// # Safety
+/// `src..src+out.len()` must be readable.
+unsafe fn load_native(src: u64, out: &mut [u8], whole: bool) {
+    // SAFETY: as in `copy_native`, reading.
+    unsafe {
+        match out.len() {
+            2 if whole && src % 2 == 0 => {
+                out.copy_from_slice(&std::ptr::read_volatile(src as *const u16).to_le_bytes())
+            }
+            4 if whole && src % 4 == 0 => {
+                out.copy_from_slice(&std::ptr::read_volatile(src as *const u32).to_le_bytes())
+            }
+            8 if whole && src % 8 == 0 => {
+                out.copy_from_slice(&std::ptr::read_volatile(src as *const u64).to_le_bytes())
+            }
+            _ => std::ptr::copy_nonoverlapping(src as *const u8, out.as_mut_ptr(), out.len()),
+        }
+    }
+}
+
+/// Reads our own memory without risking a fault: `process_vm_readv` fails
+/// with EFAULT where a load would raise a signal.
+fn checked_read(src: u64, out: &mut [u8]) -> bool {
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: out.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: src as *mut libc::c_void,
+        iov_len: out.len(),
+    };
+    // SAFETY: copies into `out` only; the kernel validates `src`.
+    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    got == out.len() as isize
 }
 
 /// Registers of the interrupted context.
@@ -512,6 +611,9 @@ struct WatchMem<'a> {
     inner: &'a Inner,
     slot: &'a Slot,
     ctx: *mut libc::c_void,
+    /// Unprotected pages read successfully during this handler.
+    validated: [u64; 4],
+    nvalid: usize,
     report: bool,
     hits: u32,
     touched_watched: bool,
@@ -565,7 +667,7 @@ impl WatchMem<'_> {
             (Tier::Alias, Some(e)) => {
                 let dst = addr.wrapping_add(e.alias_delta.load(Relaxed));
                 // SAFETY: the alias maps the same memfd pages writable.
-                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, data.len()) };
+                unsafe { copy_native(dst, data) };
                 Ok(())
             }
             (Tier::Uffd, Some(e)) => {
@@ -574,9 +676,7 @@ impl WatchMem<'_> {
                     .map_err(|_| MemFault)?;
                 // SAFETY: the page is mapped and, under the page lock,
                 // writable until we re-protect it.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len())
-                };
+                unsafe { copy_native(addr, data) };
                 uffd.writeprotect(e.page, PAGE, true, false)
                     .map_err(|_| abort_with(b"cannot re-protect a watched page"))
             }
@@ -584,13 +684,10 @@ impl WatchMem<'_> {
                 crate::sys::mem::pwrite_all(self.inner.mem_raw(), data, addr).map_err(|_| MemFault)
             }
             _ => {
-                // Not a watched page (or disarmed meanwhile): plain store.
-                // SAFETY: the emulated instruction would have written here;
-                // if the page is not writable the fault is the program's.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len())
-                };
-                Ok(())
+                // Not a protected page: leave the store to native execution
+                // (it may be unmapped, read-only or the application's own
+                // guard page; faulting on it here would be in our frame).
+                Err(MemFault)
             }
         }
     }
@@ -681,10 +778,38 @@ fn deliver(inner: &Inner, slot: &Slot, e: &PageEntry, hit: &Hit) {
 }
 
 impl Memory for WatchMem<'_> {
+    fn hot(&self, addr: u64) -> bool {
+        self.inner
+            .pages
+            .get(page_of(addr))
+            .is_some_and(|e| e.tier() != Tier::Off)
+    }
+
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), MemFault> {
-        // Watched pages stay readable on every tier.
-        // SAFETY: the emulated instruction reads these bytes itself.
-        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), buf.len()) };
+        let mut off = 0usize;
+        while off < buf.len() {
+            let a = addr + off as u64;
+            let n = ((page_of(a) + PAGE - a) as usize).min(buf.len() - off);
+            let page = page_of(a);
+            if self.hot(a) || self.validated[..self.nvalid].contains(&page) {
+                // Protected pages stay readable on every tier; validated
+                // pages were read safely earlier in this handler.
+                let one = n == buf.len();
+                // SAFETY: readable (see above).
+                unsafe { load_native(a, &mut buf[off..off + n], one) };
+            } else {
+                // Any other page may be unmapped, PROT_NONE or a page of
+                // another userfaultfd: read it with a call that fails
+                // instead of faulting in this frame.
+                if !checked_read(a, &mut buf[off..off + n]) {
+                    return Err(MemFault);
+                }
+                let i = self.nvalid % self.validated.len();
+                self.validated[i] = page;
+                self.nvalid = (self.nvalid + 1).min(self.validated.len());
+            }
+            off += n;
+        }
         Ok(())
     }
 
@@ -733,13 +858,13 @@ impl Memory for WatchMem<'_> {
         let e = self.inner.pages.get(page_of(addr));
         let runs = self.collect_runs(e, addr, size).ok_or(MemFault)?;
         let tier = e.map_or(Tier::Off, |e| e.tier());
-        let found = if tier == Tier::Alias || tier == Tier::Off {
-            let dst = match e {
-                Some(e) if tier == Tier::Alias => addr.wrapping_add(e.alias_delta.load(Relaxed)),
-                _ => addr,
-            };
-            // SAFETY: a page-contained atomic on writable memory (the
-            // alias, or an unwatched page the instruction targets).
+        if tier == Tier::Off {
+            // Not protected: native execution does it.
+            return Err(MemFault);
+        }
+        let found = if tier == Tier::Alias {
+            let dst = addr.wrapping_add(e.map_or(0, |e| e.alias_delta.load(Relaxed)));
+            // SAFETY: a page-contained atomic on the writable alias.
             unsafe { atomic_cas(dst, size, expected, new) }
         } else {
             // All writers to this page go through a handler holding the
@@ -831,6 +956,8 @@ fn begin_step(
                     inner,
                     slot,
                     ctx: std::ptr::null_mut(),
+                    validated: [0; 4],
+                    nvalid: 0,
                     report: false,
                     hits: 0,
                     touched_watched: false,

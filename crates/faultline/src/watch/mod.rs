@@ -149,6 +149,10 @@ pub struct Stats {
     pub emulated: u64,
     /// Faulting instructions single-stepped (not emulated).
     pub single_stepped: u64,
+    /// Instructions interpreted after a faulting store (continued
+    /// emulation: each store to a protected page they made would otherwise
+    /// have been a fault of its own).
+    pub interpreted: u64,
     /// Debug-register hits.
     pub hw_hits: u64,
     /// Writes to watched bytes made by the callback itself (performed, not
@@ -220,6 +224,7 @@ pub struct WatcherBuilder {
     hardware: bool,
     classify: bool,
     trace: bool,
+    interpret: bool,
 }
 
 impl WatcherBuilder {
@@ -250,6 +255,16 @@ impl WatcherBuilder {
         self.classify = yes;
         self
     }
+    /// After emulating the faulting store, keep interpreting the
+    /// following instructions while they keep touching protected pages
+    /// (default on): a loop writing a watched page then costs one signal per
+    /// run instead of one per store. Every store still goes through the
+    /// emulator (and is reported); registers, flags and memory are exactly
+    /// what native execution gives.
+    pub fn interpret(mut self, yes: bool) -> Self {
+        self.interpret = yes;
+        self
+    }
     /// Record TSC timestamps of the last fault's phases
     /// ([`Watcher::last_trace`]); for benchmarks.
     pub fn trace(mut self, yes: bool) -> Self {
@@ -269,6 +284,7 @@ pub(crate) struct Shared {
     false_positives: AtomicU64,
     emulated: AtomicU64,
     single_stepped: AtomicU64,
+    interpreted: AtomicU64,
     hw_hits: AtomicU64,
     suppressed: AtomicU64,
     handler_cycles: AtomicU64,
@@ -296,6 +312,7 @@ pub(crate) struct Inner {
     callback: Option<Callback>,
     classify: bool,
     trace: bool,
+    interpret: bool,
     writer: Mutex<Writer>,
     hw: hw::HwSlots,
     arena: Arena,
@@ -387,6 +404,7 @@ impl Watcher {
             hardware: true,
             classify: true,
             trace: false,
+            interpret: true,
         }
     }
 
@@ -423,6 +441,7 @@ impl Watcher {
                 false_positives: AtomicU64::new(0),
                 emulated: AtomicU64::new(0),
                 single_stepped: AtomicU64::new(0),
+                interpreted: AtomicU64::new(0),
                 hw_hits: AtomicU64::new(0),
                 suppressed: AtomicU64::new(0),
                 handler_cycles: AtomicU64::new(0),
@@ -447,6 +466,7 @@ impl Watcher {
             callback: b.callback,
             classify: b.classify,
             trace: b.trace,
+            interpret: b.interpret,
             writer: Mutex::new(Writer {
                 tree: RangeTree::default(),
                 entries: 0,
@@ -552,6 +572,7 @@ impl Watcher {
             false_positives: s.false_positives.load(Relaxed),
             emulated: s.emulated.load(Relaxed),
             single_stepped: s.single_stepped.load(Relaxed),
+            interpreted: s.interpreted.load(Relaxed),
             hw_hits: s.hw_hits.load(Relaxed),
             suppressed: s.suppressed.load(Relaxed),
             handler_cycles: s.handler_cycles.load(Relaxed),
