@@ -465,14 +465,14 @@ unsafe fn copy_native(dst: u64, data: &[u8]) {
     unsafe {
         match data.len() {
             1 => std::ptr::write_volatile(dst as *mut u8, data[0]),
-            2 if dst % 2 == 0 => {
+            2 if dst.is_multiple_of(2) => {
                 std::ptr::write_volatile(dst as *mut u16, u16::from_le_bytes([data[0], data[1]]))
             }
-            4 if dst % 4 == 0 => std::ptr::write_volatile(
+            4 if dst.is_multiple_of(4) => std::ptr::write_volatile(
                 dst as *mut u32,
                 u32::from_le_bytes(data.try_into().expect("4 bytes")),
             ),
-            8 if dst % 8 == 0 => std::ptr::write_volatile(
+            8 if dst.is_multiple_of(8) => std::ptr::write_volatile(
                 dst as *mut u64,
                 u64::from_le_bytes(data.try_into().expect("8 bytes")),
             ),
@@ -490,13 +490,13 @@ unsafe fn load_native(src: u64, out: &mut [u8], whole: bool) {
     // SAFETY: as in `copy_native`, reading.
     unsafe {
         match out.len() {
-            2 if whole && src % 2 == 0 => {
+            2 if whole && src.is_multiple_of(2) => {
                 out.copy_from_slice(&std::ptr::read_volatile(src as *const u16).to_le_bytes())
             }
-            4 if whole && src % 4 == 0 => {
+            4 if whole && src.is_multiple_of(4) => {
                 out.copy_from_slice(&std::ptr::read_volatile(src as *const u32).to_le_bytes())
             }
-            8 if whole && src % 8 == 0 => {
+            8 if whole && src.is_multiple_of(8) => {
                 out.copy_from_slice(&std::ptr::read_volatile(src as *const u64).to_le_bytes())
             }
             _ => std::ptr::copy_nonoverlapping(src as *const u8, out.as_mut_ptr(), out.len()),
