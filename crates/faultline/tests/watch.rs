@@ -330,6 +330,12 @@ fn other_threads_writes_never_missed_alias() {
 }
 
 #[test]
+fn other_threads_writes_never_missed_heap_uffd() {
+    let _g = serial();
+    no_miss_under_threads(false, false);
+}
+
+#[test]
 fn other_threads_writes_never_missed_exact() {
     let _g = serial();
     no_miss_under_threads(true, false);

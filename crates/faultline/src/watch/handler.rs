@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::
 use std::sync::OnceLock;
 
 use super::emulate::{self, Cpu, MemFault, Memory, Stop};
-use super::table::{page_of, PageEntry, Tier, PAGE};
+use super::table::{page_of, thread_key, PageEntry, Tier, PAGE};
 use super::{Hit, HitPath, Inner};
 use crate::interval::Grace;
 use crate::sys::thread::{install_sigaction, reset_to_default, SigAction};
@@ -156,18 +156,6 @@ pub(crate) fn runtime_overlaps(start: u64, end: u64) -> bool {
     RUNTIME
         .get()
         .is_some_and(|r| start < r.base + r.len && r.base < end)
-}
-
-#[inline]
-fn thread_key() -> u64 {
-    let k: u64;
-    // SAFETY: on x86_64 Linux fs:0 holds the thread control block's self
-    // pointer (glibc and musl), unique per live thread; reading it has no
-    // side effects.
-    unsafe {
-        std::arch::asm!("mov {}, fs:0", out(reg) k, options(nostack, readonly, preserves_flags))
-    };
-    k
 }
 
 impl Runtime {
@@ -322,11 +310,23 @@ extern "C" fn on_fault(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_v
                     // Disarmed while the fault was in flight: retry.
                     Tier::Off => true,
                     Tier::Mprotect => sig == libc::SIGSEGV,
-                    Tier::Uffd | Tier::Alias => sig == libc::SIGBUS,
+                    // SIGSEGV on a uffd page: another thread is storing to
+                    // it behind a write fence (see `raw_store`).
+                    Tier::Uffd => true,
+                    Tier::Alias => sig == libc::SIGBUS,
                 };
                 if ours {
                     handled = true;
-                    if tier != Tier::Off {
+                    if tier == Tier::Uffd && sig == libc::SIGSEGV && !e.held_by_me() {
+                        // Another thread has the page open behind its
+                        // write fence: wait for it, then retry the write
+                        // (it faults again, as SIGBUS, and is handled).
+                        e.lock();
+                        e.unlock();
+                    } else if tier != Tier::Off {
+                        // (A fenced page of our own interrupted frame, e.g.
+                        // a write from the callback, is emulated here: its
+                        // store goes through /proc/self/mem.)
                         handle_write(rt, inner, e, addr, ctx, t0);
                     }
                 }
@@ -378,6 +378,8 @@ fn handle_write(
         ctx,
         validated: [0; 4],
         nvalid: 0,
+        open: [0; 4],
+        nopen: 0,
         report: !nested,
         hits: 0,
         touched_watched: false,
@@ -404,7 +406,9 @@ fn handle_write(
     } else {
         (1, 1)
     };
-    match emulate::run(&code[..n], &mut fetch, &mut cpu, &mut mem, budget, idle) {
+    let outcome = emulate::run(&code[..n], &mut fetch, &mut cpu, &mut mem, budget, idle);
+    mem.close_all();
+    match outcome {
         (_, Stop::NotEmulated(_)) => {
             sh.single_stepped.fetch_add(1, Relaxed);
             begin_step(inner, slot, e, &code[..n], &cpu, addr, ctx);
@@ -614,6 +618,9 @@ struct WatchMem<'a> {
     /// Unprotected pages read successfully during this handler.
     validated: [u64; 4],
     nvalid: usize,
+    /// uffd pages opened for stores (entry addresses), closed on return.
+    open: [usize; 4],
+    nopen: usize,
     report: bool,
     hits: u32,
     touched_watched: bool,
@@ -670,15 +677,10 @@ impl WatchMem<'_> {
                 unsafe { copy_native(dst, data) };
                 Ok(())
             }
-            (Tier::Uffd, Some(e)) => {
-                let uffd = &self.inner.uffd;
-                uffd.writeprotect(e.page, PAGE, false, true)
-                    .map_err(|_| MemFault)?;
-                // SAFETY: the page is mapped and, under the page lock,
-                // writable until we re-protect it.
-                unsafe { copy_native(addr, data) };
-                uffd.writeprotect(e.page, PAGE, true, false)
-                    .map_err(|_| abort_with(b"cannot re-protect a watched page"))
+            (Tier::Uffd, Some(_)) => {
+                // The caller opened the page (`open_page`): the kernel's
+                // forced write now goes through.
+                crate::sys::mem::pwrite_all(self.inner.mem_raw(), data, addr).map_err(|_| MemFault)
             }
             (Tier::Mprotect, Some(_)) => {
                 crate::sys::mem::pwrite_all(self.inner.mem_raw(), data, addr).map_err(|_| MemFault)
@@ -693,7 +695,68 @@ impl WatchMem<'_> {
     }
 
     fn needs_lock(e: Option<&PageEntry>) -> Option<&PageEntry> {
-        e.filter(|e| matches!(e.tier(), Tier::Uffd | Tier::Mprotect))
+        e.filter(|e| e.tier() == Tier::Mprotect)
+    }
+
+    /// Opens a uffd-armed page for stores until [`WatchMem::close_all`]:
+    /// private anonymous memory has no second mapping and the kernel's
+    /// forced write refuses uffd-write-protected pages, so the page is
+    /// fenced read-only with `mprotect` (other threads' writes now fault and
+    /// wait for the page lock), its uffd protection lifted, and stores go
+    /// through `/proc/self/mem`. The page is never writable for another
+    /// thread. The fence splits the VMA only until `close_all` restores
+    /// the protection (then it merges back).
+    fn open_page(&mut self, e: &'static PageEntry) -> Result<(), MemFault> {
+        let p = e as *const PageEntry as usize;
+        if self.open[..self.nopen].contains(&p) || e.held_by_me() {
+            // Ours, or opened by the handler frame this one interrupted.
+            return Ok(());
+        }
+        if self.nopen == self.open.len() {
+            self.close_all();
+        }
+        e.lock();
+        let prot = e.prot.load(Relaxed) as i32;
+        if crate::sys::mem::mprotect(e.page, PAGE as usize, prot & !libc::PROT_WRITE).is_err() {
+            e.unlock();
+            return Err(MemFault);
+        }
+        if self
+            .inner
+            .uffd
+            .writeprotect(e.page, PAGE, false, true)
+            .is_err()
+        {
+            let _ = crate::sys::mem::mprotect(e.page, PAGE as usize, prot);
+            e.unlock();
+            return Err(MemFault);
+        }
+        self.open[self.nopen] = p;
+        self.nopen += 1;
+        Ok(())
+    }
+
+    /// Re-protects and un-fences every page this handler opened.
+    fn close_all(&mut self) {
+        for &p in &self.open[..self.nopen] {
+            // SAFETY: entries are arena objects alive while the watcher is.
+            let e: &PageEntry = unsafe { &*(p as *const PageEntry) };
+            if self
+                .inner
+                .uffd
+                .writeprotect(e.page, PAGE, true, false)
+                .is_err()
+            {
+                abort_with(b"cannot re-protect a watched page");
+            }
+            if crate::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32)
+                .is_err()
+            {
+                abort_with(b"cannot lift the write fence of a watched page");
+            }
+            e.unlock();
+        }
+        self.nopen = 0;
     }
 
     /// Reports the runs of a store of `data` at `write.0`.
@@ -832,6 +895,9 @@ impl Memory for WatchMem<'_> {
             if self.inner.trace {
                 self.inner.shared.trace[1].store(rdtsc(), Relaxed);
             }
+            if let Some(u) = e.filter(|e| e.tier() == Tier::Uffd) {
+                self.open_page(u)?;
+            }
             let lock = Self::needs_lock(e);
             if let Some(l) = lock {
                 l.lock();
@@ -870,7 +936,13 @@ impl Memory for WatchMem<'_> {
             // All writers to this page go through a handler holding the
             // page lock, so load-compare-store under it is atomic.
             let l = e.expect("tier implies entry");
-            l.lock();
+            let uffd = tier == Tier::Uffd;
+            if uffd {
+                // Held until the handler returns.
+                self.open_page(l)?;
+            } else {
+                l.lock();
+            }
             let cur = self.load(addr, size);
             let r = if cur == expected {
                 self.raw_store(e, addr, &new.to_le_bytes()[..size])
@@ -878,7 +950,9 @@ impl Memory for WatchMem<'_> {
             } else {
                 Ok(cur)
             };
-            l.unlock();
+            if !uffd {
+                l.unlock();
+            }
             r?
         };
         if found == expected {
@@ -958,6 +1032,8 @@ fn begin_step(
                     ctx: std::ptr::null_mut(),
                     validated: [0; 4],
                     nvalid: 0,
+                    open: [0; 4],
+                    nopen: 0,
                     report: false,
                     hits: 0,
                     touched_watched: false,

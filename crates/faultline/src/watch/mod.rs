@@ -13,7 +13,7 @@
 //! | memory | armed with | delivered as | the store goes through |
 //! |---|---|---|---|
 //! | [`Watcher::alloc`] memory (memfd) | uffd write-protect | SIGBUS | a second, writable mapping of the same pages |
-//! | anonymous: heap, `.bss`, `mmap` | uffd write-protect | SIGBUS | a brief un-protect of the page |
+//! | anonymous: heap, `.bss`, `mmap` | uffd write-protect | SIGBUS | `/proc/self/mem` behind a transient `mprotect` fence |
 //! | file-backed private (`.data`), or [`WatcherBuilder::exact`] | `mprotect` read-only | SIGSEGV | `/proc/self/mem` (the kernel's forced write; the page stays read-only) |
 //! | up to 4 aligned 1/2/4/8-byte watches | a CPU debug register (`perf_event_open`) | SIGTRAP after the write | nothing: the write already happened |
 //!
@@ -33,17 +33,32 @@
 //! single-step the instruction, re-protect in the SIGTRAP handler (about 15x
 //! dearer in this VM).
 //!
+//! A signal costs ~3 us here (the kernel's delivery and return alone), so a
+//! loop writing a watched page would pay that per store. After the faulting
+//! store the handler therefore keeps interpreting the following
+//! instructions ([`emulate::run`]: register ALU ops, shifts, multiplies,
+//! conditional moves, loads, branches, and every emulated store) while they
+//! keep touching protected pages, and returns to native execution at the
+//! first instruction it does not interpret or after 64 instructions that
+//! touch no protected page. Every store still goes through the emulator and
+//! is reported; register, flag and memory results are checked bit-exact
+//! against the CPU in the tests. Memory that is not protected is read with
+//! `process_vm_readv` (never a faulting load inside the handler) and never
+//! written from the handler. [`WatcherBuilder::interpret`] turns this off
+//! (one signal per store, the thesis's mechanism).
+//!
 //! # Writes from other threads
 //!
-//! On memfd memory (alias) and mprotect memory the page never becomes
-//! writable while the watch is armed: every write by every thread faults
-//! and is reported. On anonymous memory armed with uffd the emulated store
-//! un-protects the page for about a microsecond (under a per-page lock): a
-//! write by *another* thread to the same page inside that window is not
-//! seen. Use [`Watcher::alloc`] memory, or [`WatcherBuilder::exact`] (which
-//! arms anonymous memory with `mprotect` too), when other threads write to
-//! watched pages. The single-step fallback opens the same window on every
-//! tier.
+//! No tier ever makes a protected page writable for another thread while
+//! it performs an emulated store: on memfd memory the store goes through
+//! the alias; on mprotect memory through `/proc/self/mem`; on anonymous
+//! memory armed with uffd the page is first fenced read-only with
+//! `mprotect` (another thread's write then faults and waits for the page
+//! lock), the uffd protection lifted, the store made through
+//! `/proc/self/mem`, and both protections restored. Every write by every
+//! thread faults and is reported. The exception is the single-step
+//! fallback (instructions the emulator does not cover), which opens the
+//! page for one instruction on every tier.
 //!
 //! # Rules for the callback
 //!

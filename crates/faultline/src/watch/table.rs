@@ -34,6 +34,19 @@ use std::sync::Mutex;
 use crate::interval::Grace;
 use crate::sys::mem::Mapping;
 
+/// The calling thread's key: its TCB address (`fs:0`), unique among live
+/// threads.
+#[inline]
+pub fn thread_key() -> u64 {
+    let k: u64;
+    // SAFETY: on x86_64 Linux fs:0 holds the thread control block's self
+    // pointer (glibc and musl); reading it has no side effects.
+    unsafe {
+        std::arch::asm!("mov {}, fs:0", out(reg) k, options(nostack, readonly, preserves_flags))
+    };
+    k
+}
+
 /// Size of a base page.
 pub const PAGE: u64 = 4096;
 
@@ -160,8 +173,8 @@ pub struct PageEntry {
     pub prot: AtomicU32,
     pub ranges: AtomicPtr<RangeSet>,
     /// Serialises stores that open the page (un-protect or forced write)
-    /// and single-steps.
-    pub lock: AtomicU32,
+    /// and single-steps: 0, or the owning thread's key (its TCB address).
+    pub lock: AtomicU64,
     pub hits: AtomicU64,
     pub false_positives: AtomicU64,
 }
@@ -174,7 +187,7 @@ impl PageEntry {
             alias_delta: AtomicU64::new(0),
             prot: AtomicU32::new(0),
             ranges: AtomicPtr::new(std::ptr::null_mut()),
-            lock: AtomicU32::new(0),
+            lock: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             false_positives: AtomicU64::new(0),
         }
@@ -186,12 +199,13 @@ impl PageEntry {
 
     /// Spins (yielding) until the page lock is ours. Signal-safe as long as
     /// the holder never waits for the caller, which holds because the lock
-    /// is only taken around a store or a single step.
+    /// is only taken around stores, one handler's stores, or a single step.
     pub fn lock(&self) {
+        let me = thread_key();
         let mut spins = 0u32;
         while self
             .lock
-            .compare_exchange_weak(0, 1, Acquire, Relaxed)
+            .compare_exchange_weak(0, me, Acquire, Relaxed)
             .is_err()
         {
             spins += 1;
@@ -203,6 +217,11 @@ impl PageEntry {
                 unsafe { libc::sched_yield() };
             }
         }
+    }
+
+    /// Whether the calling thread holds the page lock.
+    pub fn held_by_me(&self) -> bool {
+        self.lock.load(Acquire) == thread_key()
     }
 
     pub fn unlock(&self) {
