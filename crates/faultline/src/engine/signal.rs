@@ -42,7 +42,7 @@ use crate::region::enter;
 use crate::residency::PageState;
 use crate::resolve::{resolve, Resolution};
 use crate::sys::mem::Mapping;
-use crate::sys::thread::{install_sigaction, reset_to_default, SigAction};
+use crate::sys::thread::{install_sigaction, SigAction};
 use crate::sys::uffd::{feature, Uffd};
 use crate::sys::{errno, rdtsc, set_errno};
 
@@ -315,31 +315,7 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
 /// Passes the signal to the previously installed handler, or performs the
 /// default action.
 fn chain(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let prev = PREVIOUS.load(SeqCst);
-    if !prev.is_null() {
-        // SAFETY: set once from a Box and never freed.
-        let prev = unsafe { &*prev };
-        let h = prev.sa_sigaction;
-        if h != libc::SIG_DFL && h != libc::SIG_IGN {
-            if prev.sa_flags & libc::SA_SIGINFO != 0 {
-                // SAFETY: the previous owner installed this as an SA_SIGINFO
-                // handler; we call it with the arguments the kernel gave us.
-                let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
-                    unsafe { std::mem::transmute(h) };
-                f(sig, info, ctx);
-            } else {
-                // SAFETY: a plain `void (*)(int)` handler.
-                let f: extern "C" fn(i32) = unsafe { std::mem::transmute(h) };
-                f(sig);
-            }
-            return;
-        }
-    }
-    // Default action: terminate. Re-raise with the default disposition; for
-    // a fault-generated SIGBUS the retried access would raise it anyway.
-    reset_to_default(sig);
-    // SAFETY: raise is async-signal-safe.
-    unsafe {
-        libc::raise(sig);
-    }
+    // SAFETY: PREVIOUS is set once from a Box and never freed; the rest is
+    // what the kernel passed us.
+    unsafe { crate::sys::thread::chain_to(PREVIOUS.load(SeqCst), sig, info, ctx) }
 }

@@ -125,6 +125,51 @@ pub fn install_sigaction(
     }
 }
 
+/// Passes a signal on to the action that was installed before ours
+/// (`prev`, null if none): calls its handler, ignores it if it was ignored
+/// (except a fault-generated signal, which would only repeat), or performs
+/// the default action. Async-signal-safe.
+///
+/// # Safety
+/// `prev` is null or points to a valid `sigaction` for `sig`; `info` and
+/// `ctx` are what the kernel passed to the calling handler.
+pub unsafe fn chain_to(
+    prev: *const SigAction,
+    sig: i32,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
+    if !prev.is_null() {
+        // SAFETY: the caller guarantees `prev`.
+        let prev = unsafe { &*prev };
+        let h = prev.sa_sigaction;
+        if h != libc::SIG_DFL && h != libc::SIG_IGN {
+            if prev.sa_flags & libc::SA_SIGINFO != 0 {
+                // SAFETY: installed by its owner as an SA_SIGINFO handler;
+                // called with the arguments the kernel gave us.
+                let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(h) };
+                f(sig, info, ctx);
+            } else {
+                // SAFETY: a plain `void (*)(int)` handler.
+                let f: extern "C" fn(i32) = unsafe { std::mem::transmute(h) };
+                f(sig);
+            }
+            return;
+        }
+        if h == libc::SIG_IGN && sig != libc::SIGBUS && sig != libc::SIGSEGV {
+            return;
+        }
+    }
+    // Default action: re-raise with the default disposition (for a
+    // fault-generated signal the retried access would raise it anyway).
+    reset_to_default(sig);
+    // SAFETY: raise is async-signal-safe.
+    unsafe {
+        libc::raise(sig);
+    }
+}
+
 /// Restores the default action of `sig`. Async-signal-safe.
 pub fn reset_to_default(sig: i32) {
     // SAFETY: sigaction is async-signal-safe; the struct is fully zeroed

@@ -26,7 +26,7 @@ use super::emulate::{self, Cpu, MemFault, Memory, Stop};
 use super::table::{page_of, thread_key, PageEntry, Tier, PAGE};
 use super::{Hit, HitPath, Inner};
 use crate::interval::Grace;
-use crate::sys::thread::{install_sigaction, reset_to_default, SigAction};
+use crate::sys::thread::{install_sigaction, SigAction};
 use crate::sys::{errno, rdtsc, set_errno};
 
 const SLOTS: usize = 128;
@@ -243,35 +243,9 @@ pub(crate) fn in_handler() -> bool {
 }
 
 fn chain(rt: &Runtime, which: usize, sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let prev = rt.prev[which].load(SeqCst);
-    if !prev.is_null() {
-        // SAFETY: set once from a Box and never freed.
-        let prev = unsafe { &*prev };
-        let h = prev.sa_sigaction;
-        if h != libc::SIG_DFL && h != libc::SIG_IGN {
-            if prev.sa_flags & libc::SA_SIGINFO != 0 {
-                // SAFETY: installed by its owner as an SA_SIGINFO handler.
-                let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
-                    unsafe { std::mem::transmute(h) };
-                f(sig, info, ctx);
-            } else {
-                // SAFETY: a plain `void (*)(int)` handler.
-                let f: extern "C" fn(i32) = unsafe { std::mem::transmute(h) };
-                f(sig);
-            }
-            return;
-        }
-        if h == libc::SIG_IGN && sig == libc::SIGTRAP {
-            return;
-        }
-    }
-    // Default action. A fault-generated signal re-raises on return; a
-    // SIGTRAP would be lost, so raise it.
-    reset_to_default(sig);
-    // SAFETY: raise is async-signal-safe.
-    unsafe {
-        libc::raise(sig);
-    }
+    // SAFETY: `prev` entries are set once from a Box and never freed; the
+    // rest is what the kernel passed us.
+    unsafe { crate::sys::thread::chain_to(rt.prev[which].load(SeqCst), sig, info, ctx) }
 }
 
 fn gregs(ctx: *mut libc::c_void) -> *mut [i64; 23] {
