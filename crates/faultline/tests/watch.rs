@@ -618,3 +618,34 @@ fn interpreted_copy_loop_reads_unwatched_memory_safely() {
     let st = w.stats();
     assert!(st.interpreted > 0 && st.faults < 50, "{st:?}");
 }
+
+#[inline(never)]
+fn rewrite_twice(p: *mut u8, n: usize) {
+    for i in 0..n {
+        wr(p.wrapping_add(i), 1u8);
+        wr(p.wrapping_add(i), 2u8);
+    }
+}
+
+#[test]
+fn heap_tier_coalesced_stores_keep_exact_values() {
+    let _g = serial();
+    let log = Log::new(16);
+    let w = watcher(&log, false, false);
+    let mut v = vec![9u8; 3 * 4096];
+    let base = v
+        .as_mut_ptr()
+        .wrapping_add(4096 - v.as_ptr() as usize % 4096);
+    w.watch(base as u64 + 100, 1).unwrap();
+    rewrite_twice(base, 4096);
+    // Two reports for the watched byte: 9 -> 1, then 1 -> 2.
+    assert_eq!(log.len(), 2, "{:?}", w.stats());
+    assert_eq!(log.get(0).2, 9);
+    assert_eq!(log.get(0).3, 1);
+    assert_eq!(log.get(1).2, 1);
+    assert_eq!(log.get(1).3, 2);
+    // SAFETY: our memory.
+    let page = unsafe { std::slice::from_raw_parts(base, 4096) };
+    assert!(page.iter().all(|&b| b == 2));
+    assert!(w.stats().faults < 64, "{:?}", w.stats());
+}

@@ -354,6 +354,9 @@ fn handle_write(
         nvalid: 0,
         open: [0; 4],
         nopen: 0,
+        pend: [0; 64],
+        pend_addr: 0,
+        pend_len: 0,
         report: !nested,
         hits: 0,
         touched_watched: false,
@@ -595,6 +598,10 @@ struct WatchMem<'a> {
     /// uffd pages opened for stores (entry addresses), closed on return.
     open: [usize; 4],
     nopen: usize,
+    /// Contiguous stores to an open page not yet written (`flush`).
+    pend: [u8; 64],
+    pend_addr: u64,
+    pend_len: usize,
     report: bool,
     hits: u32,
     touched_watched: bool,
@@ -711,7 +718,24 @@ impl WatchMem<'_> {
     }
 
     /// Re-protects and un-fences every page this handler opened.
+    /// Performs the coalesced stores (see `write`).
+    fn flush(&mut self) -> Result<(), MemFault> {
+        if self.pend_len == 0 {
+            return Ok(());
+        }
+        let r = crate::sys::mem::pwrite_all(
+            self.inner.mem_raw(),
+            &self.pend[..self.pend_len],
+            self.pend_addr,
+        );
+        self.pend_len = 0;
+        r.map_err(|_| MemFault)
+    }
+
     fn close_all(&mut self) {
+        if self.flush().is_err() {
+            abort_with(b"a store to a watched page failed after it was emulated");
+        }
         for &p in &self.open[..self.nopen] {
             // SAFETY: entries are arena objects alive while the watcher is.
             let e: &PageEntry = unsafe { &*(p as *const PageEntry) };
@@ -789,6 +813,11 @@ impl WatchMem<'_> {
             ip: unsafe { (*gregs(self.ctx))[libc::REG_RIP as usize] } as u64,
             path: HitPath::Emulated,
         };
+        // A callback sees memory as the program would: pending stores
+        // first.
+        if self.inner.callback.is_some() && self.flush().is_err() {
+            abort_with(b"a store to a watched page failed after it was emulated");
+        }
         deliver(self.inner, self.slot, e, &hit);
         self.hits += 1;
     }
@@ -823,6 +852,12 @@ impl Memory for WatchMem<'_> {
     }
 
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), MemFault> {
+        if self.pend_len > 0
+            && addr < self.pend_addr + self.pend_len as u64
+            && self.pend_addr < addr + buf.len() as u64
+        {
+            self.flush()?;
+        }
         let mut off = 0usize;
         while off < buf.len() {
             let a = addr + off as u64;
@@ -857,6 +892,13 @@ impl Memory for WatchMem<'_> {
             let n = ((page_of(a) + PAGE - a) as usize).min(data.len() - off);
             let chunk = &data[off..off + n];
             let e = self.inner.pages.get(page_of(a));
+            if self.pend_len > 0
+                && a < self.pend_addr + self.pend_len as u64
+                && self.pend_addr < a + n as u64
+            {
+                // Rewriting pending bytes: their `before` must be current.
+                self.flush()?;
+            }
             let Some(runs) = self.collect_runs(e, a, n) else {
                 // More watched runs than fit: store byte by byte so every
                 // run is reported.
@@ -871,6 +913,28 @@ impl Memory for WatchMem<'_> {
             }
             if let Some(u) = e.filter(|e| e.tier() == Tier::Uffd) {
                 self.open_page(u)?;
+                // Coalesce contiguous stores into one forced write (a byte
+                // loop: one pwrite per 64 bytes instead of per byte). The
+                // page is fenced and locked, so nobody else writes it.
+                if self.pend_len > 0
+                    && (self.pend_addr + self.pend_len as u64 != a
+                        || self.pend_len + n > self.pend.len())
+                {
+                    self.flush()?;
+                }
+                if n <= self.pend.len() {
+                    if self.pend_len == 0 {
+                        self.pend_addr = a;
+                    }
+                    self.pend[self.pend_len..self.pend_len + n].copy_from_slice(chunk);
+                    self.pend_len += n;
+                    if self.inner.trace {
+                        self.inner.shared.trace[2].store(rdtsc(), Relaxed);
+                    }
+                    self.report_runs(e, &runs, (a, n), chunk);
+                    off += n;
+                    continue;
+                }
             }
             let lock = Self::needs_lock(e);
             if let Some(l) = lock {
@@ -895,6 +959,7 @@ impl Memory for WatchMem<'_> {
             // A split-lock atomic: not emulated.
             return Err(MemFault);
         }
+        self.flush()?;
         let e = self.inner.pages.get(page_of(addr));
         let runs = self.collect_runs(e, addr, size).ok_or(MemFault)?;
         let tier = e.map_or(Tier::Off, |e| e.tier());
@@ -1008,6 +1073,9 @@ fn begin_step(
                     nvalid: 0,
                     open: [0; 4],
                     nopen: 0,
+                    pend: [0; 64],
+                    pend_addr: 0,
+                    pend_len: 0,
                     report: false,
                     hits: 0,
                     touched_watched: false,
