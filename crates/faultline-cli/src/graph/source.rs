@@ -241,6 +241,11 @@ impl FaultlineSource {
                 opts.budget.is_none(),
                 "--file-access page-cache maps the file itself: a budget does not apply"
             );
+            anyhow::ensure!(
+                file_len.next_multiple_of(4096).is_multiple_of(ps),
+                "--file-access page-cache maps the file itself, and a mapping cannot extend past its end: \
+                 use a page size that divides the file size ({file_len} bytes), e.g. 4K"
+            );
             let file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
