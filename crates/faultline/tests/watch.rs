@@ -649,3 +649,50 @@ fn heap_tier_coalesced_stores_keep_exact_values() {
     assert!(page.iter().all(|&b| b == 2));
     assert!(w.stats().faults < 64, "{:?}", w.stats());
 }
+
+/// Two threads run copy loops between two watched heap pages in opposite
+/// directions (each handler run opens both pages): no deadlock, every
+/// byte right.
+#[test]
+fn opposite_copy_loops_on_two_pages_do_not_deadlock() {
+    let _g = serial();
+    let w = watcher(&Log::new(4), false, false);
+    let mut v = vec![0u8; 5 * 4096];
+    let base = v
+        .as_mut_ptr()
+        .wrapping_add(4096 - v.as_ptr() as usize % 4096) as usize;
+    // Pages: A = base, B = base + 2 pages (the page between unwatched).
+    w.watch(base as u64 + 4000, 1).unwrap();
+    w.watch(base as u64 + 2 * 4096 + 4000, 1).unwrap();
+    let _dl = common::deadline(60);
+    std::thread::scope(|s| {
+        for t in 0..2usize {
+            s.spawn(move || {
+                let a = base as *mut u8;
+                let b = (base + 2 * 4096) as *mut u8;
+                let (src, dst) = if t == 0 { (a, b) } else { (b, a) };
+                for _ in 0..20 {
+                    for i in 0..2048 {
+                        let i = i + 2048 * t;
+                        // SAFETY: both pages are inside `v`.
+                        let x = unsafe { std::ptr::read_volatile(src.add(i)) };
+                        wr(dst.wrapping_add(i), x.wrapping_add(1));
+                        wr(src.wrapping_add(i), x);
+                    }
+                }
+            });
+        }
+    });
+    assert!(w.stats().faults > 0);
+    // SAFETY: both pages are inside `v`.
+    let (a, b) = unsafe {
+        (
+            std::slice::from_raw_parts(base as *const u8, 4096),
+            std::slice::from_raw_parts((base + 2 * 4096) as *const u8, 4096),
+        )
+    };
+    assert!(a[..2048].iter().all(|&x| x == 0) && a[2048..].iter().all(|&x| x == 1));
+    assert!(b[..2048].iter().all(|&x| x == 1) && b[2048..].iter().all(|&x| x == 0));
+    drop(w);
+    drop(v);
+}

@@ -696,7 +696,13 @@ impl WatchMem<'_> {
         if self.nopen == self.open.len() {
             self.close_all();
         }
-        e.lock();
+        // Never block on a page lock while holding another: if it is taken,
+        // close (and unlock) our open pages first. Two threads running
+        // loops over the same pages in opposite orders cannot deadlock.
+        if !e.try_lock() {
+            self.close_all();
+            e.lock();
+        }
         let prot = e.prot.load(Relaxed) as i32;
         if crate::sys::mem::mprotect(e.page, PAGE as usize, prot & !libc::PROT_WRITE).is_err() {
             e.unlock();

@@ -219,6 +219,13 @@ impl PageEntry {
         }
     }
 
+    /// Takes the page lock if it is free.
+    pub fn try_lock(&self) -> bool {
+        self.lock
+            .compare_exchange(0, thread_key(), Acquire, Relaxed)
+            .is_ok()
+    }
+
     /// Whether the calling thread holds the page lock.
     pub fn held_by_me(&self) -> bool {
         self.lock.load(Acquire) == thread_key()
