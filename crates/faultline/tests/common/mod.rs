@@ -531,6 +531,20 @@ pub fn huge_frame_pool(e: EngineKind) {
 /// store's bytes everywhere, and the populator installs pages before the
 /// application reaches them.
 pub fn run_ahead_sequential(e: EngineKind) {
+    // On a loaded 2-CPU machine the populator thread may not get a CPU
+    // while the scan runs; the timing-dependent checks get three tries
+    // (the data checks are hard on every try).
+    let mut last = String::new();
+    for _ in 0..3 {
+        match run_ahead_attempt(e) {
+            Ok(()) => return,
+            Err(why) => last = why,
+        }
+    }
+    panic!("run-ahead never got ahead in 3 tries: {last}");
+}
+
+fn run_ahead_attempt(e: EngineKind) -> Result<(), String> {
     let len = 32 << 20;
     let (store, expect, _t) = StoreKind::Memory.make(len);
     let r = Region::builder(len)
@@ -558,10 +572,15 @@ pub fn run_ahead_sequential(e: EngineKind) {
     eprintln!("{e:?}: {st:?} {ra:?} ahead {ahead}");
     assert_eq!(st.installed as usize, r.pages());
     assert!(ra.faults_seen > 0 && ra.pages_populated as usize == ahead);
-    assert!(ahead > 0, "the populator installed nothing");
+    if ahead == 0 {
+        return Err("the populator installed nothing".into());
+    }
     // Faults that did not just wait for the populator's claim installed a
     // window each: at most one per window.
-    assert!(((st.faults - st.busy) as usize) <= r.pages() / 16, "{st:?}");
+    if ((st.faults - st.busy) as usize) > r.pages() / 16 {
+        return Err(format!("more faults than windows: {st:?}"));
+    }
+    Ok(())
 }
 
 /// Writers modify pages of a region whose budget is 10% of its size while
