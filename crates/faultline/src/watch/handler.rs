@@ -346,21 +346,7 @@ fn handle_write(
     let mut code = [0u8; 15];
     let n = read_code(ip, &mut code);
     let mut cpu = CtxCpu { ctx };
-    let mut mem = WatchMem {
-        inner,
-        slot,
-        ctx,
-        validated: [0; 4],
-        nvalid: 0,
-        open: [0; 4],
-        nopen: 0,
-        pend: [0; 64],
-        pend_addr: 0,
-        pend_len: 0,
-        report: !nested,
-        hits: 0,
-        touched_watched: false,
-    };
+    let mut mem = WatchMem::new(inner, slot, ctx, !nested);
     // Code on the faulting instruction's page is known to be mapped; other
     // pages (branch targets of interpreted code) are read checked.
     let mut fetch = |at: u64, buf: &mut [u8; 15]| {
@@ -603,14 +589,30 @@ struct WatchMem<'a> {
     pend_addr: u64,
     pend_len: usize,
     report: bool,
-    hits: u32,
-    touched_watched: bool,
 }
 
 /// Watched runs of one store, with their bytes before it.
 struct Runs {
     items: [(u64, u64, [u8; 32]); 4],
     n: usize,
+}
+
+impl<'a> WatchMem<'a> {
+    fn new(inner: &'a Inner, slot: &'a Slot, ctx: *mut libc::c_void, report: bool) -> Self {
+        WatchMem {
+            inner,
+            slot,
+            ctx,
+            validated: [0; 4],
+            nvalid: 0,
+            open: [0; 4],
+            nopen: 0,
+            pend: [0; 64],
+            pend_addr: 0,
+            pend_len: 0,
+            report,
+        }
+    }
 }
 
 impl WatchMem<'_> {
@@ -793,7 +795,6 @@ impl WatchMem<'_> {
         before: &[u8; 32],
         data: &[u8],
     ) {
-        self.touched_watched = true;
         let sh = self.inner.shared;
         if !self.report {
             sh.suppressed.fetch_add(1, Relaxed);
@@ -825,7 +826,6 @@ impl WatchMem<'_> {
             abort_with(b"a store to a watched page failed after it was emulated");
         }
         deliver(self.inner, self.slot, e, &hit);
-        self.hits += 1;
     }
 
     fn load(&self, addr: u64, size: usize) -> u64 {
@@ -1071,21 +1071,7 @@ fn begin_step(
             let v = if (8 * i) < l {
                 let mut buf = [0u8; 8];
                 let k = (l - 8 * i).min(8);
-                let mut m = WatchMem {
-                    inner,
-                    slot,
-                    ctx: std::ptr::null_mut(),
-                    validated: [0; 4],
-                    nvalid: 0,
-                    open: [0; 4],
-                    nopen: 0,
-                    pend: [0; 64],
-                    pend_addr: 0,
-                    pend_len: 0,
-                    report: false,
-                    hits: 0,
-                    touched_watched: false,
-                };
+                let mut m = WatchMem::new(inner, slot, std::ptr::null_mut(), false);
                 let _ = m.read(b, &mut buf[..k]);
                 u64::from_le_bytes(buf)
             } else {
