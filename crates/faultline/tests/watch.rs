@@ -696,3 +696,44 @@ fn opposite_copy_loops_on_two_pages_do_not_deadlock() {
     drop(w);
     drop(v);
 }
+
+static mut FORK_VAR: [u64; 1024] = [3; 1024];
+
+/// A forked child is not watched: its writes to an mprotect-armed page
+/// land in its own memory (not, through the parent's /proc/self/mem, in
+/// the parent's), and the parent sees no hit.
+#[test]
+fn a_forked_child_writes_its_own_memory() {
+    let _g = serial();
+    let log = Log::new(8);
+    let w = watcher(&log, false, false);
+    let p = (&raw mut FORK_VAR as *mut u64).wrapping_add(512);
+    w.watch(p as u64, 8).unwrap();
+    // SAFETY: the child only stores, reads and calls _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        wr(p, 77u64);
+        // SAFETY: reading our own memory, then leaving without unwinding.
+        unsafe {
+            let ok = std::ptr::read_volatile(p) == 77;
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+    }
+    assert!(pid > 0);
+    let mut status = 0;
+    // SAFETY: waiting for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status:#x}"
+    );
+    // SAFETY: our memory.
+    assert_eq!(
+        unsafe { std::ptr::read_volatile(p) },
+        3,
+        "the child wrote the parent"
+    );
+    assert_eq!(log.len(), 0);
+    wr(p, 4u64);
+    assert_eq!(log.len(), 1, "the parent is still watched");
+}

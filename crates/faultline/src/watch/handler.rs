@@ -19,7 +19,7 @@
 //! watchable). The runtime (grace counters, per-thread slots, the previous
 //! signal actions) lives in one leaked `mmap` so it survives watchers.
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
 use super::emulate::{self, Cpu, MemFault, Memory, Stop};
@@ -63,6 +63,8 @@ pub(crate) struct Runtime {
     pub active: AtomicPtr<Inner>,
     slots: [Slot; SLOTS],
     prev: [AtomicPtr<SigAction>; 3],
+    /// Our pid, for `process_vm_readv` (updated in a forked child).
+    pid: AtomicI32,
     base: u64,
     len: u64,
 }
@@ -90,6 +92,8 @@ fn placeholder() -> Runtime {
         active: AtomicPtr::new(std::ptr::null_mut()),
         slots: std::array::from_fn(|_| new_slot()),
         prev: Default::default(),
+        // SAFETY: getpid has no preconditions.
+        pid: AtomicI32::new(unsafe { libc::getpid() }),
         base: 0,
         len: 0,
     }
@@ -148,7 +152,32 @@ fn create_runtime() -> Result<&'static Runtime, super::WatchError> {
         })?;
         rt.prev[i].store(Box::into_raw(Box::new(old)), SeqCst);
     }
+    // SAFETY: registers a plain function; it runs in the child after fork.
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     Ok(rt)
+}
+
+/// A forked child does not inherit the watch: its uffd registrations and
+/// debug registers are gone, and the forced writes would go through the
+/// parent's `/proc/self/mem`. So the child turns the watcher off and gives
+/// its mprotect-armed pages their protection back.
+extern "C" fn after_fork_in_child() {
+    let Some(rt) = RUNTIME.get() else { return };
+    // SAFETY: getpid has no preconditions.
+    rt.pid.store(unsafe { libc::getpid() }, SeqCst);
+    let inner = rt.active.swap(std::ptr::null_mut(), SeqCst);
+    if inner.is_null() {
+        return;
+    }
+    // SAFETY: the child is single-threaded: no handler and no writer runs,
+    // and the parent's watcher memory was copied with the child.
+    let inner = unsafe { &*inner };
+    inner.pages.for_each(|e| {
+        if e.tier() == Tier::Mprotect {
+            let _ = crate::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32);
+        }
+        e.tier.store(Tier::Off as u32, SeqCst);
+    });
 }
 
 /// Whether `[start, end)` overlaps the runtime's memory.
@@ -344,26 +373,12 @@ fn handle_write(
     // SAFETY: valid ucontext (see `gregs`).
     let ip = unsafe { (*g)[libc::REG_RIP as usize] } as u64;
     let mut code = [0u8; 15];
-    let n = read_code(ip, &mut code);
+    let n = read_code(ip, &mut code, true);
     let mut cpu = CtxCpu { ctx };
     let mut mem = WatchMem::new(inner, slot, ctx, !nested);
     // Code on the faulting instruction's page is known to be mapped; other
     // pages (branch targets of interpreted code) are read checked.
-    let mut fetch = |at: u64, buf: &mut [u8; 15]| {
-        if page_of(at) == page_of(ip) {
-            read_code(at, buf)
-        } else {
-            let first = ((page_of(at) + PAGE - at) as usize).min(15);
-            if !checked_read(at, &mut buf[..first]) {
-                return 0;
-            }
-            if first < 15 && checked_read(at + first as u64, &mut buf[first..]) {
-                15
-            } else {
-                first
-            }
-        }
-    };
+    let mut fetch = |at: u64, buf: &mut [u8; 15]| read_code(at, buf, page_of(at) == page_of(ip));
     let (budget, idle) = if inner.interpret {
         (RUN_BUDGET, RUN_IDLE)
     } else {
@@ -390,34 +405,24 @@ fn handle_write(
     sh.handler_cycles.fetch_add(t1.wrapping_sub(t0), Relaxed);
 }
 
-/// Copies the instruction bytes at `ip`: up to the end of its page
-/// directly, the rest (an instruction straddling a page) through
-/// `/proc/self/mem` style checked reads so an unmapped next page cannot
-/// fault here.
-fn read_code(ip: u64, out: &mut [u8; 15]) -> usize {
-    let in_page = ((page_of(ip) + PAGE - ip) as usize).min(15);
-    // SAFETY: the CPU was executing at `ip`, so its page is mapped and
-    // readable (x86 has no execute-only pages without protection keys).
-    unsafe { std::ptr::copy_nonoverlapping(ip as *const u8, out.as_mut_ptr(), in_page) };
-    if in_page == 15 {
-        return 15;
+/// Copies up to 15 instruction bytes at `ip` into `out`; returns how many
+/// were readable. The part on `ip`'s own page is copied directly when
+/// `trusted` (the CPU was executing there, so it is mapped and readable:
+/// x86 has no execute-only pages without protection keys); everything else
+/// is read with [`checked_read`], so an unmapped page cannot fault here.
+fn read_code(ip: u64, out: &mut [u8; 15], trusted: bool) -> usize {
+    let first = ((page_of(ip) + PAGE - ip) as usize).min(15);
+    if trusted {
+        // SAFETY: see above.
+        unsafe { std::ptr::copy_nonoverlapping(ip as *const u8, out.as_mut_ptr(), first) };
+    } else if !checked_read(ip, &mut out[..first]) {
+        return 0;
     }
-    let mut rest = [0u8; 15];
-    let want = 15 - in_page;
-    let local = libc::iovec {
-        iov_base: rest.as_mut_ptr().cast(),
-        iov_len: want,
-    };
-    let remote = libc::iovec {
-        iov_base: (ip + in_page as u64) as *mut libc::c_void,
-        iov_len: want,
-    };
-    // SAFETY: process_vm_readv on our own pid copies into `rest`; it returns
-    // an error instead of faulting for unmapped addresses.
-    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    let got = if got > 0 { got as usize } else { 0 };
-    out[in_page..in_page + got].copy_from_slice(&rest[..got]);
-    in_page + got
+    if first < 15 && checked_read(ip + first as u64, &mut out[first..]) {
+        15
+    } else {
+        first
+    }
 }
 
 /// Copies `data` to `dst` with one access of the native width when it is a
@@ -482,8 +487,9 @@ fn checked_read(src: u64, out: &mut [u8]) -> bool {
         iov_base: src as *mut libc::c_void,
         iov_len: out.len(),
     };
+    let pid = RUNTIME.get().map_or(0, |r| r.pid.load(Relaxed));
     // SAFETY: copies into `out` only; the kernel validates `src`.
-    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    let got = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
     got == out.len() as isize
 }
 

@@ -365,8 +365,19 @@ impl Pages {
 
     /// Every entry (writer side).
     pub fn entries(&self) -> Vec<&'static PageEntry> {
-        // SAFETY: as in `get_or_insert`.
-        unsafe { &*self.table.load(Acquire) }.entries().collect()
+        let mut v = Vec::new();
+        self.for_each(|e| v.push(e));
+        v
+    }
+
+    /// Calls `f` on every entry without allocating (also usable in a
+    /// freshly forked child, where no writer can be running).
+    pub fn for_each(&self, mut f: impl FnMut(&'static PageEntry)) {
+        // SAFETY: as in `get_or_insert`: the table is freed only by a writer
+        // after a grace period, and callers are writers or alone.
+        for e in unsafe { &*self.table.load(Acquire) }.entries() {
+            f(e);
+        }
     }
 
     /// Replaces the ranges of `e`, retiring the old set.
