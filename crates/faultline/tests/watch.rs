@@ -728,11 +728,8 @@ fn a_forked_child_writes_its_own_memory() {
         "child status {status:#x}"
     );
     // SAFETY: our memory.
-    assert_eq!(
-        unsafe { std::ptr::read_volatile(p) },
-        3,
-        "the child wrote the parent"
-    );
+    let now = unsafe { std::ptr::read_volatile(p) };
+    assert_eq!(now, 3, "the child wrote the parent");
     assert_eq!(log.len(), 0);
     wr(p, 4u64);
     assert_eq!(log.len(), 1, "the parent is still watched");
