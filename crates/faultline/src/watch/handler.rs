@@ -368,14 +368,13 @@ fn handle_write(
     let Some(slot) = rt.enter() else {
         abort_with(b"more than 128 threads in watch handlers at once");
     };
-    let nested = slot.in_callback.load(Relaxed) != 0;
     let g = gregs(ctx);
     // SAFETY: valid ucontext (see `gregs`).
     let ip = unsafe { (*g)[libc::REG_RIP as usize] } as u64;
     let mut code = [0u8; 15];
     let n = read_code(ip, &mut code, true);
     let mut cpu = CtxCpu { ctx };
-    let mut mem = WatchMem::new(inner, slot, ctx, !nested);
+    let mut mem = WatchMem::new(inner, slot, ctx);
     // Code on the faulting instruction's page is known to be mapped; other
     // pages (branch targets of interpreted code) are read checked.
     let mut fetch = |at: u64, buf: &mut [u8; 15]| read_code(at, buf, page_of(at) == page_of(ip));
@@ -594,7 +593,6 @@ struct WatchMem<'a> {
     pend: [u8; 64],
     pend_addr: u64,
     pend_len: usize,
-    report: bool,
 }
 
 /// Watched runs of one store, with their bytes before it.
@@ -604,7 +602,7 @@ struct Runs {
 }
 
 impl<'a> WatchMem<'a> {
-    fn new(inner: &'a Inner, slot: &'a Slot, ctx: *mut libc::c_void, report: bool) -> Self {
+    fn new(inner: &'a Inner, slot: &'a Slot, ctx: *mut libc::c_void) -> Self {
         WatchMem {
             inner,
             slot,
@@ -616,7 +614,6 @@ impl<'a> WatchMem<'a> {
             pend: [0; 64],
             pend_addr: 0,
             pend_len: 0,
-            report,
         }
     }
 }
@@ -801,11 +798,6 @@ impl WatchMem<'_> {
         before: &[u8; 32],
         data: &[u8],
     ) {
-        let sh = self.inner.shared;
-        if !self.report {
-            sh.suppressed.fetch_add(1, Relaxed);
-            return;
-        }
         // `after` is what this store wrote (memory may already hold another
         // thread's later write).
         let mut after = [0u8; 32];
@@ -831,7 +823,7 @@ impl WatchMem<'_> {
         if self.inner.callback.is_some() && self.flush().is_err() {
             abort_with(b"a store to a watched page failed after it was emulated");
         }
-        deliver(self.inner, self.slot, e, &hit);
+        deliver(self.inner, self.slot, Some(e), &hit);
     }
 
     fn load(&self, addr: u64, size: usize) -> u64 {
@@ -842,9 +834,17 @@ impl WatchMem<'_> {
     }
 }
 
-fn deliver(inner: &Inner, slot: &Slot, e: &PageEntry, hit: &Hit) {
+/// Counts a hit and calls the callback, or, when the write came from the
+/// callback itself (a nested handler), counts it as suppressed.
+fn deliver(inner: &Inner, slot: &Slot, e: Option<&PageEntry>, hit: &Hit) {
+    if slot.in_callback.load(Relaxed) != 0 {
+        inner.shared.suppressed.fetch_add(1, Relaxed);
+        return;
+    }
     inner.shared.hits.fetch_add(1, Relaxed);
-    e.hits.fetch_add(1, Relaxed);
+    if let Some(e) = e {
+        e.hits.fetch_add(1, Relaxed);
+    }
     if let Some(cb) = &inner.callback {
         slot.in_callback.fetch_add(1, Relaxed);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(hit)));
@@ -1072,18 +1072,11 @@ fn begin_step(
         let l = l.min(64);
         slot.step_addr.store(a, Relaxed);
         slot.step_len.store(l as u64, Relaxed);
-        for i in 0..8 {
-            let b = a + 8 * i as u64;
-            let v = if (8 * i) < l {
-                let mut buf = [0u8; 8];
-                let k = (l - 8 * i).min(8);
-                let mut m = WatchMem::new(inner, slot, std::ptr::null_mut(), false);
-                let _ = m.read(b, &mut buf[..k]);
-                u64::from_le_bytes(buf)
-            } else {
-                0
-            };
-            slot.step_before[i].store(v, Relaxed);
+        let mut before = [0u8; 64];
+        let _ = WatchMem::new(inner, slot, std::ptr::null_mut()).read(a, &mut before[..l]);
+        for (i, w) in slot.step_before.iter().enumerate() {
+            let word: [u8; 8] = before[8 * i..8 * i + 8].try_into().expect("8 bytes");
+            w.store(u64::from_le_bytes(word), Relaxed);
         }
         slot.step_ip.store(cpu.rip(), Relaxed);
     }
@@ -1193,7 +1186,6 @@ fn finish_step(rt: &Runtime, inner: &Inner, slot: &Slot, ctx: *mut libc::c_void)
         before[8 * i..8 * i + 8].copy_from_slice(&slot.step_before[i].load(Relaxed).to_le_bytes());
     }
     let mut touched = false;
-    let nested = slot.in_callback.load(Relaxed) != 0;
     if inner.classify {
         let mut p = page_of(a);
         while p < a + l as u64 {
@@ -1213,10 +1205,6 @@ fn finish_step(rt: &Runtime, inner: &Inner, slot: &Slot, ctx: *mut libc::c_void)
                         unsafe {
                             std::ptr::copy_nonoverlapping(s as *const u8, after.as_mut_ptr(), m)
                         };
-                        if nested {
-                            inner.shared.suppressed.fetch_add(1, Relaxed);
-                            continue;
-                        }
                         let hit = Hit {
                             addr: s,
                             len: (t - s) as usize,
@@ -1228,7 +1216,7 @@ fn finish_step(rt: &Runtime, inner: &Inner, slot: &Slot, ctx: *mut libc::c_void)
                             ip: slot.step_ip.load(Relaxed),
                             path: HitPath::SingleStep,
                         };
-                        deliver(inner, slot, e, &hit);
+                        deliver(inner, slot, Some(e), &hit);
                     }
                 }
             }
@@ -1270,18 +1258,6 @@ fn hw_hit(rt: &Runtime, inner: &Inner, h: &super::HwWatch, ctx: *mut libc::c_voi
         ip: unsafe { (*gregs(ctx))[libc::REG_RIP as usize] } as u64,
         path: HitPath::Hardware,
     };
-    if slot.in_callback.load(Relaxed) != 0 {
-        inner.shared.suppressed.fetch_add(1, Relaxed);
-    } else {
-        inner.shared.hits.fetch_add(1, Relaxed);
-        if let Some(cb) = &inner.callback {
-            slot.in_callback.fetch_add(1, Relaxed);
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(&hit)));
-            slot.in_callback.fetch_sub(1, Relaxed);
-            if r.is_err() {
-                abort_with(b"the watch callback panicked");
-            }
-        }
-    }
+    deliver(inner, slot, None, &hit);
     rt.leave(slot);
 }
