@@ -1081,13 +1081,7 @@ fn begin_step(
         slot.step_ip.store(cpu.rip(), Relaxed);
     }
     e.lock();
-    let r = match e.tier() {
-        Tier::Uffd | Tier::Alias => inner.uffd.writeprotect(e.page, PAGE, false, true).is_ok(),
-        Tier::Mprotect => {
-            crate::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32).is_ok()
-        }
-        Tier::Off => true,
-    };
+    let r = inner.protect(e, e.tier(), false).is_ok();
     if !r {
         abort_with(b"cannot un-protect a watched page for a single step");
     }
@@ -1155,19 +1149,7 @@ fn finish_step(rt: &Runtime, inner: &Inner, slot: &Slot, ctx: *mut libc::c_void)
         }
         // SAFETY: entries are arena objects alive while the watcher is.
         let e: &PageEntry = unsafe { &*(p as *const PageEntry) };
-        match e.tier() {
-            Tier::Uffd | Tier::Alias => {
-                let _ = inner.uffd.writeprotect(e.page, PAGE, true, false);
-            }
-            Tier::Mprotect => {
-                let _ = crate::sys::mem::mprotect(
-                    e.page,
-                    PAGE as usize,
-                    e.prot.load(Relaxed) as i32 & !libc::PROT_WRITE,
-                );
-            }
-            Tier::Off => {}
-        }
+        let _ = inner.protect(e, e.tier(), true);
         e.unlock();
         first.get_or_insert(e);
     }

@@ -919,22 +919,9 @@ impl Inner {
         // Publish the tier first: a fault that races the protection finds
         // the page armed.
         e.tier.store(a.tier as u32, Release);
-        let r = match a.tier {
-            Tier::Uffd | Tier::Alias => {
-                self.uffd
-                    .writeprotect(e.page, PAGE, true, false)
-                    .map_err(|err| WatchError::Sys {
-                        op: "UFFDIO_WRITEPROTECT",
-                        addr: e.page,
-                        source: err.source,
-                    })
-            }
-            Tier::Mprotect => {
-                crate::sys::mem::mprotect(e.page, PAGE as usize, a.prot & !libc::PROT_WRITE)
-                    .map_err(|errno| sys_err("mprotect", e.page, errno))
-            }
-            Tier::Off => Ok(()),
-        };
+        let r = self
+            .protect(e, a.tier, true)
+            .map_err(|(op, errno)| sys_err(op, e.page, errno));
         if r.is_err() {
             e.tier.store(Tier::Off as u32, Release);
         }
@@ -944,23 +931,9 @@ impl Inner {
     fn disarm(&self, e: &PageEntry) -> Result<(), WatchError> {
         // The page lock waits out a single-step in progress on this page.
         e.lock();
-        let tier = e.tier();
-        let r = match tier {
-            Tier::Uffd | Tier::Alias => {
-                self.uffd
-                    .writeprotect(e.page, PAGE, false, false)
-                    .map_err(|err| WatchError::Sys {
-                        op: "UFFDIO_WRITEPROTECT",
-                        addr: e.page,
-                        source: err.source,
-                    })
-            }
-            Tier::Mprotect => {
-                crate::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32)
-                    .map_err(|errno| sys_err("mprotect", e.page, errno))
-            }
-            Tier::Off => Ok(()),
-        };
+        let r = self
+            .protect(e, e.tier(), false)
+            .map_err(|(op, errno)| sys_err(op, e.page, errno));
         // A mapping that was unmapped under us has nothing left to disarm.
         let gone = matches!(&r, Err(WatchError::Sys { source, .. })
             if matches!(source.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOMEM) | Some(libc::EINVAL)));
@@ -972,6 +945,35 @@ impl Inner {
             Ok(())
         } else {
             r
+        }
+    }
+
+    /// Sets (`on`) or lifts the write protection of `e`'s page as its
+    /// tier does it. Async-signal-safe; on failure, the call and its errno.
+    pub(crate) fn protect(
+        &self,
+        e: &PageEntry,
+        tier: Tier,
+        on: bool,
+    ) -> Result<(), (&'static str, i32)> {
+        match tier {
+            Tier::Uffd | Tier::Alias => self
+                .uffd
+                // No thread waits on these faults (SIGBUS mode): no wake.
+                .writeprotect(e.page, PAGE, on, !on)
+                .map_err(|err| {
+                    (
+                        "UFFDIO_WRITEPROTECT",
+                        err.source.raw_os_error().unwrap_or(0),
+                    )
+                }),
+            Tier::Mprotect => {
+                let prot = e.prot.load(Relaxed) as i32;
+                let prot = if on { prot & !libc::PROT_WRITE } else { prot };
+                crate::sys::mem::mprotect(e.page, PAGE as usize, prot)
+                    .map_err(|errno| ("mprotect", errno))
+            }
+            Tier::Off => Ok(()),
         }
     }
 
