@@ -56,10 +56,18 @@ impl SourceStats {
 
 /// A CSR graph exposed as slices, e.g. through a memory mapping.
 pub trait GraphSource: Sync {
+    /// The whole CSR file as little-endian words: `index` then `edges`.
+    fn file_words(&self) -> &[u64];
+    /// The file's layout.
+    fn layout(&self) -> CsrLayout;
     /// `index`, `n + 1` entries.
-    fn index(&self) -> &[u64];
+    fn index(&self) -> &[u64] {
+        &self.file_words()[..self.layout().vertices as usize + 1]
+    }
     /// `edges`, `index[n]` entries.
-    fn edges(&self) -> &[u64];
+    fn edges(&self) -> &[u64] {
+        &self.file_words()[self.layout().vertices as usize + 1..]
+    }
     /// Cumulative counters now.
     fn stats(&self) -> SourceStats;
     /// Effective page size in bytes.
@@ -105,16 +113,15 @@ fn proc_read_bytes() -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// `count` little-endian words starting at word `first` of the `len`
-/// bytes at `base`.
+/// The first `count` little-endian words of the `len` bytes at `base`.
 ///
 /// # Safety
 /// `base..base+len` must stay mapped and readable, and not be written, for
 /// `'a`; `base` must be 8-aligned. (Every bit pattern is a valid `u64`.)
-unsafe fn words<'a>(base: *const u8, len: usize, first: usize, count: usize) -> &'a [u64] {
-    assert!((first + count) * 8 <= len, "slice past the mapping");
+unsafe fn words<'a>(base: *const u8, len: usize, count: usize) -> &'a [u64] {
+    assert!(count * 8 <= len, "slice past the mapping");
     // SAFETY: in bounds (asserted); the caller guarantees the rest.
-    unsafe { std::slice::from_raw_parts(base.cast::<u64>().add(first), count) }
+    unsafe { std::slice::from_raw_parts(base.cast::<u64>(), count) }
 }
 
 /// The kernel baseline: the CSR file mapped `MAP_PRIVATE | PROT_READ`.
@@ -144,25 +151,22 @@ impl MmapSource {
     }
 }
 
-impl MmapSource {
-    fn words(&self, first: usize, count: usize) -> &[u64] {
+impl GraphSource for MmapSource {
+    fn file_words(&self) -> &[u64] {
         // SAFETY: a read-only, page-aligned mapping owned by `self`; the
         // benchmark owns the file for the run (truncating it would raise
         // SIGBUS, not undefined behaviour we could prevent).
-        unsafe { words(self.map.as_ptr(), self.map.len(), first, count) }
+        unsafe {
+            words(
+                self.map.as_ptr(),
+                self.map.len(),
+                (self.layout.file_bytes() / 8) as usize,
+            )
+        }
     }
-}
 
-impl GraphSource for MmapSource {
-    fn index(&self) -> &[u64] {
-        self.words(0, self.layout.vertices as usize + 1)
-    }
-
-    fn edges(&self) -> &[u64] {
-        self.words(
-            self.layout.vertices as usize + 1,
-            self.layout.edges as usize,
-        )
+    fn layout(&self) -> CsrLayout {
+        self.layout
     }
 
     fn stats(&self) -> SourceStats {
@@ -287,28 +291,26 @@ impl FaultlineSource {
         })?;
         Ok(Self { region, layout })
     }
+}
 
-    /// `count` words starting at word `first` of the region.
-    fn words(&self, first: usize, count: usize) -> &[u64] {
+impl GraphSource for FaultlineSource {
+    fn file_words(&self) -> &[u64] {
         // SAFETY: the region is mapped readable for its whole length while
         // `self.region` lives, its base is page-aligned, and nothing writes
         // it. Pages not yet installed fault on first read and the engine
         // installs the file's bytes (zeros past its end) before the read
         // completes, so every read sees the file's contents.
-        unsafe { words(self.region.as_ptr(), self.region.len(), first, count) }
+        unsafe {
+            words(
+                self.region.as_ptr(),
+                self.region.len(),
+                (self.layout.file_bytes() / 8) as usize,
+            )
+        }
     }
-}
 
-impl GraphSource for FaultlineSource {
-    fn index(&self) -> &[u64] {
-        self.words(0, self.layout.vertices as usize + 1)
-    }
-
-    fn edges(&self) -> &[u64] {
-        self.words(
-            self.layout.vertices as usize + 1,
-            self.layout.edges as usize,
-        )
+    fn layout(&self) -> CsrLayout {
+        self.layout
     }
 
     /// `faults` are the faults the runtime handled on this region;
