@@ -284,6 +284,51 @@ fn block_row(
     })
 }
 
+/// One row of the thesis's Tables 4.3-4.5.
+struct Thesis {
+    wps: usize,
+    pages: usize,
+    fps: Option<u64>,
+    lookup: f64,
+    no_lookup: f64,
+}
+
+/// Prints measured rows next to the thesis's (in brackets).
+fn print_block_table(title: &str, rows: &[Row], thesis: &[Thesis]) {
+    println!("\n{title}");
+    let t: Vec<Vec<String>> = rows
+        .iter()
+        .zip(thesis)
+        .map(|(r, t)| {
+            vec![
+                r.config.clone(),
+                format!("{} [{}]", r.watchpoints, t.wps),
+                format!("{} [{}]", r.pages, t.pages),
+                format!(
+                    "{} [{}]",
+                    r.false_positives,
+                    t.fps.map_or("-".to_string(), |f| f.to_string())
+                ),
+                format!("{:.1} [{}]", r.lookup, t.lookup),
+                format!("{:.1} [{}]", r.no_lookup, t.no_lookup),
+                r.hits.to_string(),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "config",
+            "WPs",
+            "pages spanned",
+            "false positives",
+            "slowdown (lookup)",
+            "slowdown (no lookup)",
+            "hits",
+        ],
+        &t,
+    );
+}
+
 fn push_rows(ctx: &mut BenchCtx, a: &WatchArgs, rows: &[Row]) {
     for r in rows {
         let s = Summary {
@@ -352,83 +397,32 @@ fn tables_43_45(ctx: &mut BenchCtx, a: &WatchArgs) -> anyhow::Result<()> {
     ];
     prog.finish();
 
-    println!("\nTable 4.3: sparsely distributed one-byte watchpoints, 256 pages, every byte written ({} memory; thesis numbers in brackets)", a.memory);
-    let t: Vec<Vec<String>> = rows43
-        .iter()
-        .zip(T43.iter())
-        .map(|(r, t)| {
-            vec![
-                r.watchpoints.to_string(),
-                format!("{} [{}]", r.pages, t.1),
-                format!("{} [{}]", r.false_positives, t.2),
-                format!("{:.1} [{}]", r.lookup, t.3),
-                format!("{:.1} [{}]", r.no_lookup, t.4),
-                r.hits.to_string(),
-            ]
-        })
-        .collect();
-    print_table(
-        &[
-            "WPs",
-            "pages spanned",
-            "false positives",
-            "slowdown (lookup)",
-            "slowdown (no lookup)",
-            "hits",
-        ],
-        &t,
+    print_block_table(
+        &format!("Table 4.3: sparsely distributed one-byte watchpoints, 256 pages, every byte written ({} memory; thesis numbers in brackets)", a.memory),
+        &rows43,
+        &T43.map(|t| Thesis { wps: t.0, pages: t.1, fps: Some(t.2), lookup: t.3, no_lookup: t.4 }),
     );
-
-    println!("\nTable 4.4: densely distributed watchpoints (every 256 bytes)");
-    let t: Vec<Vec<String>> = rows44
-        .iter()
-        .zip(T44.iter())
-        .map(|(r, t)| {
-            vec![
-                r.watchpoints.to_string(),
-                format!("{} [{}]", r.pages, t.1),
-                format!("{:.1} [{}]", r.lookup, t.2),
-                format!("{:.1} [{}]", r.no_lookup, t.3),
-                r.false_positives.to_string(),
-            ]
-        })
-        .collect();
-    print_table(
-        &[
-            "WPs",
-            "pages spanned",
-            "slowdown (lookup)",
-            "slowdown (no lookup)",
-            "false positives",
-        ],
-        &t,
+    print_block_table(
+        "Table 4.4: densely distributed watchpoints (every 256 bytes)",
+        &rows44,
+        &T44.map(|t| Thesis {
+            wps: t.0,
+            pages: t.1,
+            fps: None,
+            lookup: t.2,
+            no_lookup: t.3,
+        }),
     );
-
-    println!("\nTable 4.5: extreme distributions");
-    let t: Vec<Vec<String>> = rows45
-        .iter()
-        .zip(T45.iter())
-        .map(|(r, t)| {
-            vec![
-                r.config.clone(),
-                format!("{} [{}]", r.watchpoints, t.1),
-                format!("{} [{}]", r.pages, t.2),
-                format!("{} [{}]", r.false_positives, t.3),
-                format!("{:.1} [{}]", r.lookup, t.4),
-                format!("{:.1} [{}]", r.no_lookup, t.5),
-            ]
-        })
-        .collect();
-    print_table(
-        &[
-            "config",
-            "WPs (bytes)",
-            "pages spanned",
-            "false positives",
-            "slowdown (lookup)",
-            "slowdown (no lookup)",
-        ],
-        &t,
+    print_block_table(
+        "Table 4.5: extreme distributions (WPs in bytes)",
+        &rows45,
+        &T45.map(|t| Thesis {
+            wps: t.1,
+            pages: t.2,
+            fps: Some(t.3),
+            lookup: t.4,
+            no_lookup: t.5,
+        }),
     );
     if let Some(r) = rows45.first() {
         let writes = (r.pages * PAGE) as f64;
