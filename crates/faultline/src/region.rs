@@ -741,7 +741,9 @@ impl RegionBuilder {
                 && self.op == ResolveOp::Auto
                 && self.budget.is_none(),
             fault_around: self.fault_around,
-            max_run_pages: if self.store.is_zero() && !from_file {
+            // Runs COPY'd from the shared zero buffer are capped by its
+            // size; CONTINUE copies nothing.
+            max_run_pages: if self.store.is_zero() && op != ResolveOp::Continue {
                 zero_len_pages
             } else {
                 usize::MAX
