@@ -601,7 +601,6 @@ impl RegionBuilder {
                 }));
             }
         }
-        let from_file = self.page_cache_file.is_some();
         let (map, memfd) = match self.kind {
             MemoryKind::PrivateAnon => {
                 // Huge frames move in at PMD level: 2 MiB-aligned region.
@@ -684,9 +683,10 @@ impl RegionBuilder {
             }
             None => None,
         };
-        // Pages of a page_cache_file already in its page cache need no fill.
+        // Pages already in the file's page cache (a page_cache_file's data;
+        // nothing for a fresh memfd) need no fill.
         let cached = memfd.as_ref().map(|_| Bitset::new(pages));
-        if let (true, Some(c), Some(a)) = (from_file, &cached, &alias) {
+        if let (Some(c), Some(a)) = (&cached, &alias) {
             let resident = a.resident_map()?;
             let per = ps / BASE_PAGE;
             for p in 0..pages {
