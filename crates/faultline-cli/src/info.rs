@@ -2,7 +2,7 @@
 
 use faultline::caps::{capabilities, feature_names, op_unusable};
 use faultline::sys::uffd::{feature, ioctl_bit};
-use faultline::MemoryKind;
+use faultline::{EngineKind, MemoryKind};
 
 /// Prints the capability report.
 pub fn run() -> anyhow::Result<()> {
@@ -127,8 +127,8 @@ pub fn run() -> anyhow::Result<()> {
             }
         }
         println!("  engines:");
-        for (e, r) in &k.engines {
-            match r {
+        for e in EngineKind::ALL {
+            match e.usable_on(k.kind) {
                 Ok(()) => println!("    {:<13} yes", e.name()),
                 Err(why) => println!("    {:<13} no   ({why})", e.name()),
             }

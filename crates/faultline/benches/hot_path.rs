@@ -55,7 +55,8 @@ fn resolve_ioctl(c: &mut Criterion) {
     };
     let pages = 1 << 16;
     let map = Mapping::anon(pages * 4096).unwrap();
-    map.advise(0, map.len(), libc::MADV_NOHUGEPAGE).unwrap();
+    map.advise(0, map.len(), faultline::sys::mem::Advice::NoHugePage)
+        .unwrap();
     uffd.register(map.addr(), map.len() as u64, register_mode::MISSING)
         .unwrap();
     let src = Mapping::anon(4096).unwrap();
@@ -65,7 +66,8 @@ fn resolve_ioctl(c: &mut Criterion) {
     let fresh = |next: &mut usize| {
         if *next == pages {
             // Drop everything (no fault is pending, no event is enabled).
-            map.advise(0, map.len(), libc::MADV_DONTNEED).unwrap();
+            map.advise(0, map.len(), faultline::sys::mem::Advice::DontNeed)
+                .unwrap();
             *next = 0;
         }
         *next += 1;

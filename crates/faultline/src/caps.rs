@@ -13,9 +13,10 @@
 
 use std::sync::OnceLock;
 
+use crate::page::MemoryKind;
 use crate::sys::mem::{self, Mapping};
 use crate::sys::uffd::{self, feature, ioctl_bit, register_mode, Uffd, UffdError};
-use crate::{EngineKind, MemoryKind};
+use crate::sys::Errno;
 
 /// A way to create a userfaultfd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,10 +60,9 @@ pub struct KindCaps {
     /// The kind.
     pub kind: MemoryKind,
     /// `Ok(ioctls)` (bit set of [`ioctl_bit`]) granted by REGISTER, or why
-    /// the kind is unusable.
+    /// the kind is unusable. Which engines can serve the kind:
+    /// [`EngineKind::usable_on`](crate::EngineKind::usable_on).
     pub ioctls: Result<u64, String>,
-    /// Per engine: usable, or why not.
-    pub engines: Vec<(EngineKind, Result<(), String>)>,
 }
 
 impl KindCaps {
@@ -136,11 +136,7 @@ pub fn open_uffd(nonblocking: bool, features: u64) -> Result<Uffd, crate::Error>
             reason: format!("kernel lacks {}", feature_names(missing).join(", ")),
         });
     }
-    let mut flags = libc::O_CLOEXEC;
-    if nonblocking {
-        flags |= libc::O_NONBLOCK;
-    }
-    let fd = path.open(flags)?;
+    let fd = path.open(uffd::open_flags(nonblocking))?;
     fd.api(features)?;
     Ok(fd)
 }
@@ -155,10 +151,10 @@ pub fn feature_names(bits: u64) -> Vec<&'static str> {
 }
 
 fn why(e: &UffdError) -> String {
-    let hint = match e.errno() {
-        libc::EPERM | libc::EACCES => " (permission: needs root or CAP_SYS_PTRACE, or vm.unprivileged_userfaultfd=1)",
-        libc::ENOENT => " (no such device node: kernel < 6.1 or no devtmpfs)",
-        libc::ENOSYS => " (kernel built without CONFIG_USERFAULTFD, or a seccomp filter such as Docker's default blocks it)",
+    let hint = match Errno(e.errno()) {
+        Errno::EPERM | Errno::EACCES => " (permission: needs root or CAP_SYS_PTRACE, or vm.unprivileged_userfaultfd=1)",
+        Errno::ENOENT => " (no such device node: kernel < 6.1 or no devtmpfs)",
+        Errno::ENOSYS => " (kernel built without CONFIG_USERFAULTFD, or a seccomp filter such as Docker's default blocks it)",
         _ => "",
     };
     format!("{e}{hint}")
@@ -170,9 +166,7 @@ fn probe() -> Capabilities {
     let mut path = None;
     let mut features = 0;
     for p in CreationPath::ALL {
-        let r = p
-            .open(libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .and_then(|fd| fd.api(0));
+        let r = p.open(uffd::open_flags(true)).and_then(|fd| fd.api(0));
         match r {
             Ok(api) => {
                 if path.is_none() {
@@ -193,30 +187,9 @@ fn probe() -> Capabilities {
         kinds: Vec::new(),
         hugetlb_free,
     };
-    for kind in [
-        MemoryKind::PrivateAnon,
-        MemoryKind::Shmem,
-        MemoryKind::Hugetlb,
-    ] {
+    for kind in MemoryKind::ALL {
         let ioctls = probe_kind(&caps, kind);
-        let engines = EngineKind::ALL
-            .iter()
-            .map(|&e| {
-                let r = match (&ioctls, e) {
-                    (Err(why), _) => Err(format!("memory kind unusable: {why}")),
-                    (Ok(_), EngineKind::Signal) if !caps.has(feature::SIGBUS) => {
-                        Err("kernel lacks UFFD_FEATURE_SIGBUS".to_string())
-                    }
-                    _ => Ok(()),
-                };
-                (e, r)
-            })
-            .collect();
-        caps.kinds.push(KindCaps {
-            kind,
-            ioctls,
-            engines,
-        });
+        caps.kinds.push(KindCaps { kind, ioctls });
     }
     caps
 }
@@ -240,7 +213,7 @@ fn probe_kind(caps: &Capabilities, kind: MemoryKind) -> Result<u64, String> {
             feature_names(need & !caps.features).join(", ")
         ));
     }
-    let len = kind.min_page_size();
+    let len = kind.min_page_size().bytes();
     let (map, _fd) = match kind {
         MemoryKind::PrivateAnon => (Mapping::anon(len).map_err(|e| e.to_string())?, None),
         MemoryKind::Shmem | MemoryKind::Hugetlb => {
@@ -259,7 +232,7 @@ fn probe_kind(caps: &Capabilities, kind: MemoryKind) -> Result<u64, String> {
         }
     };
     let fd = path
-        .open(libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(uffd::open_flags(true))
         .map_err(|e| e.to_string())?;
     fd.api(need).map_err(|e| e.to_string())?;
     let ioctls = fd

@@ -32,26 +32,37 @@
 //! 4. zaps it (`MADV_DONTNEED`), marks it absent, releases the claim. A
 //!    thread that touches it later faults and reads it back from the store.
 //!
-//! The evictor is asynchronous; a fault that finds the region well past
-//! its budget (budget + max(budget/4, 4 windows)) waits for it, like the
-//! kernel's direct reclaim, so the budget holds approximately even when
-//! faults outrun the evictor: the signal engine yields in place (up to
-//! ~10 ms); thread engines defer the fault on their backoff queue, because
-//! the evictor's zap needs the handler thread to read its REMOVE event.
+//! The evictor is asynchronous. A fault that finds the region well past
+//! its budget (budget + max(budget/4, 4 read-ahead windows)) waits for it,
+//! like the kernel's direct reclaim, so the budget holds approximately even
+//! when faults outrun the evictor: a fault resolved on the faulting thread
+//! (signal engine) yields in place, for at most 10 ms; a handler thread
+//! defers the fault on its backoff queue instead, because the evictor's zap
+//! needs that very thread to read its REMOVE event. Eviction therefore does
+//! block faults, briefly, when they outrun it.
 //!
 //! A write-back that fails leaves the page resident and dirty, counted in
 //! `write_back_errors`; nothing is dropped that the store does not hold.
 //! Dropping the region stops the evictor and writes every dirty page back
 //! (reporting pages it could not write).
+//!
+//! The policy sees the calls the evictor makes (see
+//! [`crate::policy::EvictionPolicy`]): `on_fault` for every install the
+//! fault path logged (and again for a victim that could not be evicted),
+//! and `pick_victim` with the claim bits as the pin predicate.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::Duration;
 
+use crate::background::{Background, StopFlag};
+use crate::fault::RegionState;
 use crate::policy::PolicyKind;
-use crate::region::{RegionThread, Shared};
 use crate::residency::PageState;
 use crate::store::StoreError;
-use crate::sys::mem;
+use crate::sys::mem::{self, Advice};
+use crate::sys::Errno;
+
+pub use crate::fault::feeds::EvictionStats;
 
 /// Budget settings.
 #[derive(Debug, Clone, Copy)]
@@ -62,131 +73,29 @@ pub struct EvictionConfig {
     pub policy: PolicyKind,
 }
 
-/// Eviction counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EvictionStats {
-    /// Pages evicted.
-    pub evicted: u64,
-    /// Dirty pages written back (by eviction or flush).
-    pub written_back: u64,
-    /// Write-backs that failed (the page stayed resident and dirty).
-    pub write_back_errors: u64,
-    /// Pages resident now (as counted by the runtime).
-    pub resident: u64,
-    /// Most pages resident at once. The budget is enforced by an
-    /// asynchronous evictor: faulting threads can run past it while the
-    /// evictor catches up (it never blocks a fault).
-    pub max_resident: u64,
-}
-
-/// Eviction state shared with the fault path.
-#[derive(Debug)]
-pub(crate) struct EvictState {
-    /// Resident pages past which faults wait for the evictor (bounded).
-    limit: usize,
-    log: Box<[AtomicU64]>,
-    tail: AtomicU64,
-    head: AtomicU64,
-    pub resident: AtomicUsize,
-    max_resident: AtomicUsize,
-    pub evicted: AtomicU64,
-    pub written_back: AtomicU64,
-    pub write_back_errors: AtomicU64,
-}
-
-impl EvictState {
-    pub fn new(pages: usize, budget: usize, fault_around: usize) -> EvictState {
-        // Every logged install is drained before its page can be evicted,
-        // so at most `pages` entries are ever outstanding.
-        let cap = pages.max(1024).next_power_of_two();
-        EvictState {
-            limit: budget + (budget / 4).max(4 * fault_around),
-            log: (0..cap).map(|_| AtomicU64::new(0)).collect(),
-            tail: AtomicU64::new(0),
-            head: AtomicU64::new(0),
-            resident: AtomicUsize::new(0),
-            max_resident: AtomicUsize::new(0),
-            evicted: AtomicU64::new(0),
-            written_back: AtomicU64::new(0),
-            write_back_errors: AtomicU64::new(0),
-        }
-    }
-
-    /// Logs that `page` was installed. Async-signal-safe, wait-free.
-    #[inline]
-    pub fn installed(&self, page: usize) {
-        let now = self.resident.fetch_add(1, SeqCst) + 1;
-        self.max_resident.fetch_max(now, Relaxed);
-        let i = self.tail.fetch_add(1, SeqCst) as usize & (self.log.len() - 1);
-        self.log[i].store(page as u64 + 1, SeqCst);
-    }
-
-    /// Whether the region is past budget + slack.
-    #[inline]
-    pub fn over_limit(&self) -> bool {
-        self.resident.load(Relaxed) > self.limit
-    }
-
-    /// The signal engine's fault path past the limit: wait (yielding, at
-    /// most ~10 ms) for the evictor to catch up, as the kernel's direct
-    /// reclaim makes an allocating thread wait. Async-signal-safe. (Thread
-    /// engines defer the fault instead; see `resolve`.)
-    pub fn wait_below_limit(&self) {
-        let deadline = crate::sys::rdtsc() + 26_000_000;
-        while self.over_limit() && crate::sys::rdtsc() < deadline {
-            std::thread::yield_now();
-        }
-    }
-
-    /// Hands every logged install to `f`, oldest first.
-    fn drain(&self, mut f: impl FnMut(usize)) {
-        let tail = self.tail.load(SeqCst);
-        let mut head = self.head.load(Relaxed);
-        while head < tail {
-            let slot = &self.log[head as usize & (self.log.len() - 1)];
-            let v = slot.swap(0, SeqCst);
-            if v == 0 {
-                break; // its producer has not written it yet
-            }
-            f(v as usize - 1);
-            head += 1;
-        }
-        self.head.store(head, Relaxed);
-    }
-
-    pub fn stats(&self) -> EvictionStats {
-        EvictionStats {
-            evicted: self.evicted.load(Relaxed),
-            written_back: self.written_back.load(Relaxed),
-            write_back_errors: self.write_back_errors.load(Relaxed),
-            resident: self.resident.load(Relaxed) as u64,
-            max_resident: self.max_resident.load(Relaxed) as u64,
-        }
-    }
-}
-
 /// Writes dirty `page` back: write-protect, copy to the store, mark clean.
 /// The caller holds the page's claim. Returns the store error, if any (the
 /// page is then un-protected again and stays dirty).
-pub(crate) fn write_back(r: &Shared, page: usize) -> Result<(), StoreError> {
-    let ev = r
-        .evict
+pub(crate) fn write_back(r: &RegionState, page: usize) -> Result<(), StoreError> {
+    let budget = r
+        .budget
         .as_ref()
-        .expect("budget regions have eviction state");
-    let (addr, ps) = (r.page_addr(page), r.page_size);
+        .expect("budget regions have a budget feed");
+    let (addr, ps) = (r.pages.addr(page), r.pages.size().bytes());
+    let offset = r.pages.offset(page);
     // (DONTWAKE is only valid when clearing protection.) EAGAIN: an event
     // is pending (thread engines read it soon); retry, bounded.
     let mut tries = 0;
     loop {
         match r.uffd.writeprotect(addr, ps as u64, true, false) {
             Ok(()) => break,
-            Err(e) if e.errno() == libc::EAGAIN && tries < 2000 => {
+            Err(e) if e.is(Errno::EAGAIN) && tries < 2000 => {
                 tries += 1;
                 std::thread::sleep(Duration::from_micros(50));
             }
             Err(e) => {
                 return Err(StoreError::Failed {
-                    offset: (page * ps) as u64,
+                    offset,
                     reason: format!("write-protecting for write-back: {e}").into(),
                 })
             }
@@ -194,14 +103,14 @@ pub(crate) fn write_back(r: &Shared, page: usize) -> Result<(), StoreError> {
     }
     // SAFETY: the page is resident (dirty) and write-protected; we only read.
     let data = unsafe { std::slice::from_raw_parts(addr as *const u8, ps) };
-    match r.store.write_back((page * ps) as u64, data) {
+    match r.store.write_back(offset, data) {
         Ok(()) => {
             r.residency.set(page, PageState::ReadOnly);
-            ev.written_back.fetch_add(1, Relaxed);
+            budget.written_back.fetch_add(1, Relaxed);
             Ok(())
         }
         Err(e) => {
-            ev.write_back_errors.fetch_add(1, Relaxed);
+            budget.write_back_errors.fetch_add(1, Relaxed);
             let _ = r.uffd.writeprotect(addr, ps as u64, false, false);
             Err(e)
         }
@@ -209,11 +118,11 @@ pub(crate) fn write_back(r: &Shared, page: usize) -> Result<(), StoreError> {
 }
 
 /// Evicts `page` if it is resident and can be claimed; true if evicted.
-fn evict(r: &Shared, page: usize) -> bool {
-    let ev = r
-        .evict
+fn evict(r: &RegionState, page: usize) -> bool {
+    let budget = r
+        .budget
         .as_ref()
-        .expect("budget regions have eviction state");
+        .expect("budget regions have a budget feed");
     if !r.residency.try_claim(page) {
         return false;
     }
@@ -223,34 +132,32 @@ fn evict(r: &Shared, page: usize) -> bool {
         _ => false,
     };
     if ok {
-        let _ = mem::madvise(r.page_addr(page), r.page_size, libc::MADV_DONTNEED);
+        let _ = mem::madvise(r.pages.addr(page), r.pages.size().bytes(), Advice::DontNeed);
         r.residency.set(page, PageState::Absent);
-        ev.resident.fetch_sub(1, SeqCst);
-        ev.evicted.fetch_add(1, Relaxed);
+        budget.resident.fetch_sub(1, SeqCst);
+        budget.evicted.fetch_add(1, Relaxed);
     }
     r.residency.release(page..page + 1);
     ok
 }
 
-/// Starts the evictor thread of `shared` (a region with a budget).
-pub(crate) fn start(shared: &Shared, cfg: EvictionConfig) -> std::io::Result<RegionThread> {
-    RegionThread::spawn("faultline-evictor", shared, move |r, stop| {
-        run(r, cfg, stop)
-    })
+/// Starts the evictor thread of `state` (a region with a budget).
+pub(crate) fn start(state: &RegionState, cfg: EvictionConfig) -> std::io::Result<Background> {
+    state.spawn_worker("faultline-evictor", move |r, stop| run(r, cfg, stop))
 }
 
-fn run(r: &Shared, cfg: EvictionConfig, stop: &AtomicBool) {
-    let ev = r
-        .evict
+fn run(r: &RegionState, cfg: EvictionConfig, stop: &StopFlag) {
+    let budget_feed = r
+        .budget
         .as_ref()
-        .expect("budget regions have eviction state");
+        .expect("budget regions have a budget feed");
     let mut policy = cfg.policy.build(cfg.budget_pages);
     let budget = cfg.budget_pages.max(1);
-    while !stop.load(SeqCst) {
-        ev.drain(|p| policy.on_fault(p));
+    while !stop.is_set() {
+        budget_feed.drain(|p| policy.on_fault(p));
         let mut progress = false;
         let mut tries = 0;
-        while ev.resident.load(SeqCst) > budget && tries < 4 * budget {
+        while budget_feed.resident.load(SeqCst) > budget && tries < 4 * budget {
             tries += 1;
             // Pages whose claim is held (being faulted or dirtied) are
             // skipped this round and handed back to the policy.
@@ -263,7 +170,7 @@ fn run(r: &Shared, cfg: EvictionConfig, stop: &AtomicBool) {
                     }
                 }
                 None => {
-                    ev.drain(|p| policy.on_fault(p));
+                    budget_feed.drain(|p| policy.on_fault(p));
                     break;
                 }
             }

@@ -39,14 +39,15 @@ use std::sync::atomic::{
     Ordering::SeqCst,
 };
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::background::Background;
 use crate::error::{Error, Result};
-use crate::sys::mem::{self, Mapping};
+use crate::page::PageSize;
+use crate::sys::mem::{self, Advice, Mapping};
 
-/// 2 MiB.
-pub const HUGE: usize = 2 << 20;
+/// A huge frame: one 2 MiB transparent huge page.
+const HUGE: usize = PageSize::HUGE_2M.bytes();
 
 /// How a region's frame pool is built.
 #[derive(Debug, Clone)]
@@ -112,22 +113,28 @@ pub(crate) struct Slots {
 /// A region's frame pool. See the module docs.
 pub(crate) struct FramePool {
     inner: Arc<Inner>,
-    stop: Arc<AtomicBool>,
-    refiller: Option<JoinHandle<()>>,
+    refiller: Option<Background>,
 }
 
 impl FramePool {
-    pub fn new(cfg: FramePoolConfig, page_size: usize, fault_around: usize) -> Result<FramePool> {
+    /// A pool for a region of `page_size` pages whose faults install
+    /// aligned windows of `fault_around` pages.
+    pub fn new(
+        cfg: FramePoolConfig,
+        page_size: PageSize,
+        fault_around: usize,
+    ) -> Result<FramePool> {
+        let ps = page_size.bytes();
         let (slot_bytes, slot_pages) = if cfg.huge {
-            if !HUGE.is_multiple_of(page_size) || !(fault_around * page_size).is_multiple_of(HUGE) {
+            if page_size > PageSize::HUGE_2M || !(fault_around * ps).is_multiple_of(HUGE) {
                 return Err(Error::BadPageSize {
-                    page_size,
+                    page_size: ps,
                     reason: "huge frames need a page size dividing 2 MiB and fault-around covering whole 2 MiB",
                 });
             }
-            (HUGE, HUGE / page_size)
+            (HUGE, HUGE / ps)
         } else {
-            (page_size, 1)
+            (ps, 1)
         };
         let slots = cfg.pages.div_ceil(slot_pages).max(1);
         let map = if cfg.huge {
@@ -136,12 +143,12 @@ impl FramePool {
             Mapping::anon(slots * slot_bytes)?
         };
         let thp = if cfg.huge {
-            libc::MADV_HUGEPAGE
+            Advice::HugePage
         } else {
-            libc::MADV_NOHUGEPAGE
+            Advice::NoHugePage
         };
         map.advise(0, map.len(), thp)?;
-        map.advise(0, map.len(), libc::MADV_DONTFORK)?;
+        map.advise(0, map.len(), Advice::DontFork)?;
         let inner = Arc::new(Inner {
             map,
             state: (0..slots).map(|_| AtomicU8::new(HOLE)).collect(),
@@ -162,38 +169,31 @@ impl FramePool {
                 source: std::io::Error::last_os_error(),
             });
         }
-        let stop = Arc::new(AtomicBool::new(false));
         let refiller = if cfg.background {
-            let (inner, stop) = (inner.clone(), stop.clone());
+            let inner = inner.clone();
             Some(
-                std::thread::Builder::new()
-                    .name("faultline-frame-refill".into())
-                    .spawn(move || {
-                        while !stop.load(Relaxed) {
-                            let ready = inner
-                                .prepared
-                                .load(Acquire)
-                                .saturating_sub(inner.next.load(Acquire));
-                            if ready * 2 < inner.slots {
-                                inner.refill();
-                            } else {
-                                std::thread::park_timeout(Duration::from_micros(100));
-                            }
+                Background::spawn("faultline-frame-refill", move |stop| {
+                    while !stop.is_set() {
+                        let ready = inner
+                            .prepared
+                            .load(Acquire)
+                            .saturating_sub(inner.next.load(Acquire));
+                        if ready * 2 < inner.slots {
+                            inner.refill();
+                        } else {
+                            std::thread::park_timeout(Duration::from_micros(100));
                         }
-                    })
-                    .map_err(|e| Error::Io {
-                        op: "spawn frame refill thread",
-                        source: e,
-                    })?,
+                    }
+                })
+                .map_err(|e| Error::Io {
+                    op: "spawn frame refill thread",
+                    source: e,
+                })?,
             )
         } else {
             None
         };
-        Ok(FramePool {
-            inner,
-            stop,
-            refiller,
-        })
+        Ok(FramePool { inner, refiller })
     }
 
     /// Takes frames for up to `want` region pages: whole slots only, no
@@ -246,7 +246,7 @@ impl FramePool {
     pub fn discard(&self, s: Slots) {
         let p = &*self.inner;
         let bytes = s.pages / p.slot_pages * p.slot_bytes;
-        let _ = mem::madvise(s.addr, bytes, libc::MADV_DONTNEED);
+        let _ = mem::madvise(s.addr, bytes, Advice::DontNeed);
         self.finish(s);
     }
 
@@ -299,7 +299,7 @@ impl Inner {
             ok = mem::madvise(
                 self.map.addr() + (slot * self.slot_bytes) as u64,
                 run * self.slot_bytes,
-                mem::MADV_POPULATE_WRITE,
+                Advice::PopulateWrite,
             )
             .is_ok();
             if ok {
@@ -314,15 +314,5 @@ impl Inner {
         self.refills.fetch_add(1, Relaxed);
         self.refilling.store(false, SeqCst);
         ok
-    }
-}
-
-impl Drop for FramePool {
-    fn drop(&mut self) {
-        self.stop.store(true, SeqCst);
-        if let Some(t) = self.refiller.take() {
-            t.thread().unpark();
-            let _ = t.join();
-        }
     }
 }

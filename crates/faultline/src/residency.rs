@@ -200,6 +200,28 @@ fn for_each_word(range: Range<usize>, per_word: usize, mut f: impl FnMut(usize, 
     }
 }
 
+/// One bit per region page, atomic: the page-cache map of a shmem region,
+/// the pages run-ahead installed.
+#[derive(Debug)]
+pub(crate) struct PageBits(Box<[AtomicU64]>);
+
+impl PageBits {
+    /// `pages` bits, all clear.
+    pub fn new(pages: usize) -> PageBits {
+        PageBits((0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+    /// Whether `page`'s bit is set.
+    #[inline]
+    pub fn get(&self, page: usize) -> bool {
+        self.0[page / 64].load(Acquire) & (1 << (page % 64)) != 0
+    }
+    /// Sets `page`'s bit.
+    #[inline]
+    pub fn set(&self, page: usize) {
+        self.0[page / 64].fetch_or(1 << (page % 64), AcqRel);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

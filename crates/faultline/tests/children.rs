@@ -261,8 +261,10 @@ fn drop_inflight_child(kind: EngineKind, inflight: usize) {
         delay: Duration::from_millis(300),
         entered: AtomicUsize::new(0),
     });
+    // One page per fault: each reader has a fill of its own in flight.
     let region = Region::builder(len)
         .shared_store(store.clone())
+        .fault_around(1)
         .build_dyn(engine_of(kind))
         .unwrap();
     DROPPED_BASE.store(region.addr(), SeqCst);

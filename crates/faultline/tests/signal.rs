@@ -111,6 +111,7 @@ fn shmem_continue_refaults_from_the_page_cache() {
     let r = Region::builder(len)
         .kind(MemoryKind::Shmem)
         .store(MemoryStore::new(data.clone()))
+        .fault_around(1)
         .build_dyn(engine_of(EngineKind::Signal))
         .unwrap();
     assert_eq!(r.resolve_op(), ResolveOp::Continue);
@@ -118,7 +119,12 @@ fn shmem_continue_refaults_from_the_page_cache() {
     assert_eq!(r.stats().store_fills, 1);
     // Zap the mapping: the page cache keeps the data, the next access is a
     // minor fault resolved with CONTINUE alone (no store read).
-    faultline::sys::mem::madvise(r.addr() + 3 * 4096, 4096, libc::MADV_DONTNEED).unwrap();
+    faultline::sys::mem::madvise(
+        r.addr() + 3 * 4096,
+        4096,
+        faultline::sys::mem::Advice::DontNeed,
+    )
+    .unwrap();
     assert_eq!(read(r.as_ptr(), 3 * 4096), 0x77);
     assert_eq!(read(r.as_ptr(), 3 * 4096 + 1), data[3 * 4096 + 1]);
     assert_eq!(r.stats().store_fills, 1);

@@ -13,7 +13,8 @@ fn uffd(features: u64) -> Uffd {
 
 fn anon(pages: u64, fd: &Uffd, rmode: u64) -> Mapping {
     let m = Mapping::anon((pages * P) as usize).unwrap();
-    m.advise(0, m.len(), libc::MADV_NOHUGEPAGE).unwrap();
+    m.advise(0, m.len(), faultline::sys::mem::Advice::NoHugePage)
+        .unwrap();
     let granted = fd.register(m.addr(), m.len() as u64, rmode).unwrap();
     assert!(granted & (1 << ioctl_bit::COPY) != 0);
     m
@@ -97,7 +98,8 @@ fn move_and_allow_src_holes() {
     let fd = uffd(feature::MOVE);
     let m = anon(4, &fd, register_mode::MISSING);
     let src = Mapping::anon(4 * P as usize).unwrap();
-    src.advise(0, src.len(), libc::MADV_NOHUGEPAGE).unwrap();
+    src.advise(0, src.len(), faultline::sys::mem::Advice::NoHugePage)
+        .unwrap();
     // SAFETY: our own fresh mapping.
     unsafe { src.as_ptr().write_bytes(0x5C, P as usize) };
     // SAFETY: the source page is ours and referenced by nothing.

@@ -125,7 +125,7 @@ fn madv_dontneed_event_makes_pages_absent_and_refetchable() {
         write(r.as_ptr(), pg * 4096, 0xEE);
     }
     assert_eq!(r.resident_pages(), 32);
-    faultline::sys::mem::madvise(r.addr(), len / 2, libc::MADV_DONTNEED).unwrap();
+    faultline::sys::mem::madvise(r.addr(), len / 2, faultline::sys::mem::Advice::DontNeed).unwrap();
     assert!(wait_until(Duration::from_secs(5), || r.resident_pages() == 16));
     // Dropped pages come back from the store, not as zeros.
     assert_eq!(read(r.as_ptr(), 0), data[0]);

@@ -485,7 +485,7 @@ fn seq_touch(region: &Region, access: Access) -> f64 {
 /// kernel's own way of taking one fault per 2 MiB; ns per 4 KiB page.
 fn kernel_seq_thp(bytes: usize) -> anyhow::Result<f64> {
     let m = faultline::sys::mem::Mapping::anon_aligned(bytes, 2 << 20)?;
-    m.advise(0, bytes, libc::MADV_HUGEPAGE)?;
+    m.advise(0, bytes, faultline::sys::mem::Advice::HugePage)?;
     let t = Instant::now();
     for i in 0..bytes / PAGE {
         // SAFETY: inside the live read-write mapping.

@@ -41,7 +41,7 @@ use super::BenchCtx;
 /// Base page size these benchmarks touch.
 pub const PAGE: usize = 4096;
 
-pub use faultline::sys::mem::MADV_POPULATE_WRITE;
+use faultline::sys::mem::Advice;
 
 fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
@@ -58,7 +58,7 @@ fn anon(len: usize) -> anyhow::Result<Mapping> {
 /// `MADV_NOHUGEPAGE` over the whole mapping. EINVAL is accepted only on a
 /// kernel without THP support (then nothing can be mapped huge anyway).
 fn no_huge_pages(m: &Mapping) -> anyhow::Result<()> {
-    match m.advise(0, m.len(), libc::MADV_NOHUGEPAGE) {
+    match m.advise(0, m.len(), faultline::sys::mem::Advice::NoHugePage) {
         Err(e)
             if e.source.raw_os_error() == Some(libc::EINVAL)
                 && !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() =>
@@ -326,11 +326,11 @@ fn populate_ahead_run(n: usize) -> anyhow::Result<PathRun> {
     let mut out = vec![u64::MAX; n];
     let f0 = minor_faults();
     let start = Instant::now();
-    m.advise(0, PAGE, MADV_POPULATE_WRITE)
+    m.advise(0, PAGE, Advice::PopulateWrite)
         .context("MADV_POPULATE_WRITE")?;
     for (i, slot) in out.iter_mut().enumerate() {
         if i + 1 < n {
-            m.advise((i + 1) * PAGE, PAGE, MADV_POPULATE_WRITE)
+            m.advise((i + 1) * PAGE, PAGE, Advice::PopulateWrite)
                 .context("MADV_POPULATE_WRITE")?;
         }
         let p = page(m, i);

@@ -169,7 +169,7 @@ fn block<'w>(w: &'w Watcher, memory: &str, len: usize) -> anyhow::Result<Block<'
         "alias" => Block::Alias(w.alloc(len)?),
         "heap" | "exact" => {
             let m = faultline::sys::mem::Mapping::anon(len)?;
-            m.advise(0, len, libc::MADV_NOHUGEPAGE)?;
+            m.advise(0, len, faultline::sys::mem::Advice::NoHugePage)?;
             Block::Anon(m)
         }
         other => anyhow::bail!("unknown --memory {other} (alias, heap, exact)"),

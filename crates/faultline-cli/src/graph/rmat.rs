@@ -132,17 +132,15 @@ fn huge_vec<T>(len: usize, make: impl FnMut() -> T) -> Vec<T> {
         let aligned = start.next_multiple_of(huge);
         let end = (start + bytes) & !(huge - 1);
         if end > aligned {
-            // SAFETY: [aligned, end) lies inside the allocation just made
-            // for `v` and holds no initialised values yet; MADV_HUGEPAGE only
+            // [aligned, end) lies inside the allocation just made for `v`
+            // and holds no initialised values yet; MADV_HUGEPAGE only
             // changes how the kernel backs the range, never its contents.
             // Failure (THP disabled) is harmless and ignored.
-            unsafe {
-                libc::madvise(
-                    aligned as *mut libc::c_void,
-                    end - aligned,
-                    libc::MADV_HUGEPAGE,
-                );
-            }
+            let _ = faultline::sys::mem::madvise(
+                aligned as u64,
+                end - aligned,
+                faultline::sys::mem::Advice::HugePage,
+            );
         }
     }
     v.extend(std::iter::repeat_with(make).take(len));

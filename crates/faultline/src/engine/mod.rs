@@ -1,7 +1,7 @@
 //! Fault-delivery engines: how a fault reaches the resolve path.
 //!
-//! All four engines share the resolve path (`resolve.rs`); they differ only in who runs
-//! it and how that thread learns about the fault:
+//! All four engines share the fault path ([`crate::fault`]); they differ
+//! only in who runs it and how that thread learns about the fault:
 //!
 //! ```text
 //!  poll     app thread ──fault──► kernel queues msg, app thread sleeps
@@ -36,7 +36,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::sys::uffd::Uffd;
+use crate::background::{Background, StopFlag};
+use crate::fault::report::fail_closed;
+pub use crate::fault::Delivery;
+use crate::page::MemoryKind;
+use crate::sys::thread::EventFd;
+use crate::sys::uffd::{feature, Uffd};
 
 /// The four engines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,6 +76,25 @@ impl EngineKind {
     /// Parses a name.
     pub fn from_name(s: &str) -> Option<EngineKind> {
         Self::ALL.into_iter().find(|k| k.name() == s)
+    }
+    /// How this engine delivers faults.
+    pub fn delivery(self) -> Delivery {
+        match self {
+            EngineKind::Signal => Delivery::SAME_THREAD,
+            _ => Delivery::HANDLER_THREAD,
+        }
+    }
+    /// Whether this engine can serve regions of `kind` on this kernel, or
+    /// why not.
+    pub fn usable_on(self, kind: MemoryKind) -> Result<(), String> {
+        let caps = crate::caps::capabilities();
+        if let Err(why) = &caps.kind(kind).ioctls {
+            return Err(format!("memory kind unusable: {why}"));
+        }
+        if self.delivery().on_faulting_thread && !caps.has(feature::SIGBUS) {
+            return Err("kernel lacks UFFD_FEATURE_SIGBUS".into());
+        }
+        Ok(())
     }
 }
 
@@ -155,8 +179,12 @@ impl Counters {
 /// A fault-delivery engine. Implemented by [`PollEngine`], [`SpinEngine`],
 /// [`SignalEngine`] and [`WorkersEngine`]; regions hold an `Arc<dyn Engine>`.
 pub trait Engine: Send + Sync + 'static {
-    /// Which engine this is.
+    /// Which engine this is (for reports).
     fn kind(&self) -> EngineKind;
+    /// How it delivers faults: what regions and the fault path may assume.
+    fn delivery(&self) -> Delivery {
+        self.kind().delivery()
+    }
     /// The userfaultfd regions register with.
     fn uffd(&self) -> &Arc<Uffd>;
     /// Scratch bytes each handler has (see [`EngineConfig::scratch_bytes`]).
@@ -183,94 +211,40 @@ pub fn create(kind: EngineKind, config: EngineConfig) -> crate::Result<Arc<dyn E
     })
 }
 
-/// A fixed-size, allocation-free `fmt::Write` target for messages written
-/// from signal handlers and dying threads.
-pub struct StackWriter {
-    buf: [u8; 1024],
-    len: usize,
-}
-
-impl Default for StackWriter {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl StackWriter {
-    /// Empty.
-    pub const fn new() -> Self {
-        StackWriter {
-            buf: [0; 1024],
-            len: 0,
-        }
-    }
-    /// The bytes written (truncated at 1 KiB).
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-impl std::fmt::Write for StackWriter {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let n = s.len().min(self.buf.len() - self.len);
-        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
-        Ok(())
-    }
-}
-
-/// Writes `faultline: <what>` plus a newline to stderr, allocation-free.
-pub(crate) fn report(f: impl FnOnce(&mut StackWriter)) {
-    use std::fmt::Write;
-    let mut w = StackWriter::new();
-    let _ = w.write_str("faultline: ");
-    f(&mut w);
-    let _ = w.write_str("\n");
-    crate::sys::write_stderr(w.as_bytes());
-}
-
-/// Prints a message and aborts: the fail-closed exit.
-pub(crate) fn fail_closed(f: impl FnOnce(&mut StackWriter)) -> ! {
-    report(|w| {
-        f(w);
-        use std::fmt::Write;
-        let _ = w.write_str("; failing closed (abort)");
-    });
-    std::process::abort()
-}
-
 /// Feature bits every engine asks for when the kernel has them: memory
 /// kinds beyond private anonymous, POISON and MOVE.
 pub(crate) fn common_features() -> u64 {
-    use crate::sys::uffd::feature::*;
     crate::caps::capabilities().features
-        & (PAGEFAULT_FLAG_WP
-            | MISSING_SHMEM
-            | MINOR_SHMEM
-            | MISSING_HUGETLBFS
-            | MINOR_HUGETLBFS
-            | POISON
-            | MOVE)
+        & (feature::PAGEFAULT_FLAG_WP
+            | feature::MISSING_SHMEM
+            | feature::MINOR_SHMEM
+            | feature::MISSING_HUGETLBFS
+            | feature::MINOR_HUGETLBFS
+            | feature::POISON
+            | feature::MOVE)
 }
 
-/// What the thread engines share: the fd, shutdown, counters, watchdog.
+/// What the thread engines share: the fd, their handler threads (stopped
+/// together by one flag and an eventfd), counters, the stall watchdog.
 pub(crate) struct ThreadCore {
     pub uffd: Arc<Uffd>,
     pub config: EngineConfig,
     pub counters: Arc<Counters>,
-    pub shutdown: Arc<std::sync::atomic::AtomicBool>,
-    pub wake: Arc<crate::sys::thread::EventFd>,
+    pub stop: StopFlag,
+    pub wake: Arc<EventFd>,
     pub epoch: std::time::Instant,
-    threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
-    watchdog: std::sync::Mutex<Option<threaded::Watchdog>>,
+    threads: std::sync::Mutex<Vec<Background>>,
+    watchdog: std::sync::Mutex<Option<Background>>,
 }
 
 impl ThreadCore {
-    pub fn new(config: EngineConfig, nonblocking: bool) -> crate::Result<ThreadCore> {
-        use crate::sys::uffd::feature::*;
-        let uffd =
-            crate::caps::open_uffd(nonblocking, EVENT_REMOVE | THREAD_ID | common_features())?;
-        let wake = crate::sys::thread::EventFd::new().map_err(|e| crate::Error::Io {
+    pub fn new(config: EngineConfig) -> crate::Result<ThreadCore> {
+        // poll() on a blocking uffd reports POLLERR: the fd is non-blocking.
+        let uffd = crate::caps::open_uffd(
+            true,
+            feature::EVENT_REMOVE | feature::THREAD_ID | common_features(),
+        )?;
+        let wake = EventFd::new().map_err(|e| crate::Error::Io {
             op: "eventfd",
             source: e,
         })?;
@@ -278,7 +252,7 @@ impl ThreadCore {
             uffd: Arc::new(uffd),
             config,
             counters: Arc::new(Counters::default()),
-            shutdown: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            stop: StopFlag::new(),
             wake: Arc::new(wake),
             epoch: std::time::Instant::now(),
             threads: std::sync::Mutex::new(Vec::new()),
@@ -301,25 +275,31 @@ impl ThreadCore {
     }
 
     /// Starts `bodies` as handler threads and the watchdog over `slots`.
+    /// A body must never unwind: a panic outside the resolve path (which
+    /// has its own message) fails closed.
     pub fn start(
         &self,
         name: &'static str,
-        bodies: Vec<Box<dyn FnOnce() + Send>>,
+        bodies: Vec<HandlerBody>,
         slots: Vec<Arc<threaded::BusySlot>>,
     ) -> crate::Result<()> {
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         for (i, body) in bodies.into_iter().enumerate() {
-            let t =
-                threaded::spawn_handler(format!("faultline-{name}-{i}"), body).map_err(|e| {
-                    crate::Error::Io {
-                        op: "spawn handler thread",
-                        source: e,
-                    }
-                })?;
+            let t = Background::spawn_with(format!("faultline-{name}-{i}"), &self.stop, |stop| {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(stop))).is_err() {
+                    fail_closed(|w| {
+                        let _ = std::fmt::Write::write_str(w, "a fault handler thread panicked");
+                    });
+                }
+            })
+            .map_err(|e| crate::Error::Io {
+                op: "spawn handler thread",
+                source: e,
+            })?;
             threads.push(t);
         }
         if let Some(timeout) = self.config.stall_timeout {
-            let w = threaded::Watchdog::spawn(name, slots, self.epoch, timeout).map_err(|e| {
+            let w = threaded::watchdog(name, slots, self.epoch, timeout).map_err(|e| {
                 crate::Error::Io {
                     op: "spawn watchdog",
                     source: e,
@@ -329,32 +309,59 @@ impl ThreadCore {
         }
         Ok(())
     }
+}
 
-    /// Fails if a handler thread has exited.
-    pub fn check_alive(&self) -> crate::Result<()> {
-        let threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        if threads.iter().any(|t| t.is_finished()) {
+impl Drop for ThreadCore {
+    fn drop(&mut self) {
+        self.stop.set();
+        self.wake.notify();
+        // Each Background joins its thread on drop.
+        self.threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.watchdog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+}
+
+/// The body of one handler thread.
+pub(crate) type HandlerBody = Box<dyn FnOnce(&StopFlag) + Send>;
+
+/// The engines built on [`ThreadCore`] (poll, spin, workers): one
+/// implementation of [`Engine`] serves all three.
+pub(crate) trait Threaded: Send + Sync + 'static {
+    const KIND: EngineKind;
+    fn core(&self) -> &ThreadCore;
+}
+
+impl<T: Threaded> Engine for T {
+    fn kind(&self) -> EngineKind {
+        T::KIND
+    }
+    fn uffd(&self) -> &Arc<Uffd> {
+        &self.core().uffd
+    }
+    fn scratch_bytes(&self) -> usize {
+        self.core().config.scratch_bytes
+    }
+    fn stats(&self) -> EngineStats {
+        self.core().counters.snapshot()
+    }
+    fn check_alive(&self) -> crate::Result<()> {
+        let threads = self
+            .core()
+            .threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if threads.iter().any(Background::is_finished) {
             return Err(crate::Error::Io {
                 op: "engine handler thread",
                 source: std::io::Error::other("a handler thread has exited"),
             });
         }
         Ok(())
-    }
-}
-
-impl Drop for ThreadCore {
-    fn drop(&mut self) {
-        self.shutdown
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.wake.notify();
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
-        for t in threads {
-            let _ = t.join();
-        }
-        self.watchdog
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
     }
 }

@@ -36,11 +36,13 @@ use std::cell::RefCell;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-use super::{fail_closed, report, Counters, Engine, EngineConfig, EngineKind, EngineStats};
-use crate::region::enter;
+use super::{Counters, Engine, EngineConfig, EngineKind, EngineStats};
+use crate::fault::report::{fail_closed, report};
+use crate::fault::resolve::{resolve, Access, Origin, Resolution};
+use crate::fault::table::enter;
 use crate::residency::PageState;
-use crate::resolve::{resolve, Resolution};
 use crate::sys::mem::Mapping;
 use crate::sys::thread::{install_sigaction, SigAction};
 use crate::sys::uffd::{feature, Uffd};
@@ -50,6 +52,9 @@ use crate::sys::{errno, rdtsc, set_errno};
 /// without CONFIG_MEMORY_FAILURE).
 const BUS_ADRERR: i32 = 2;
 const SCRATCH_SLOTS: usize = 64;
+/// How long a fault that finds another thread installing its page spins
+/// for that thread's claim to clear before it retries the access.
+const BUSY_WAIT: Duration = Duration::from_micros(100);
 
 /// Same-thread SIGBUS delivery. See the module docs.
 pub struct SignalEngine {
@@ -227,13 +232,9 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
     if code == BUS_ADRERR {
         if let Some(r) = enter(addr) {
-            let page = ((addr - r.base) / r.page_size as u64) as usize;
-            if r.signal_mode {
-                r.timing_start.store(t0, Relaxed);
-                r.stats.faults.fetch_add(1, Relaxed);
-                if let Some(feed) = &r.feed {
-                    feed.post(page);
-                }
+            let page = r.pages.index(addr);
+            if r.delivery.on_faulting_thread {
+                r.fault_seen(page, t0);
                 let counters = COUNTERS.get().expect("installed with the handler");
                 counters.faults.fetch_add(1, Relaxed);
                 let pool = SCRATCH.get().expect("installed with the handler");
@@ -253,15 +254,15 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
                 } else {
                     &mut []
                 };
-                let (write, protection) = access_of(ctx);
+                let (write, wp) = access_of(ctx);
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    resolve(&r, addr, write, protection, false, scratch, None)
+                    resolve(&r, page, Access { write, wp }, &Origin::Fault, scratch)
                 }));
                 if let Some(i) = slot {
                     pool.release(i);
                 }
                 let dt = rdtsc().wrapping_sub(t0);
-                r.stats.handler_cycles.fetch_add(dt, Relaxed);
+                r.add_cycles(dt);
                 counters.handler_cycles.fetch_add(dt, Relaxed);
                 match res {
                     Ok(Resolution::Resolved | Resolution::Retry | Resolution::Gone) => {
@@ -270,11 +271,11 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
                     }
                     Ok(Resolution::Busy) => {
                         // Another thread is installing the page: wait for its
-                        // claim to clear (bounded, ~100 us) rather than
-                        // re-fault and take another signal per retry.
+                        // claim to clear (bounded) rather than re-fault and
+                        // take another signal per retry.
                         r.stats.busy.fetch_add(1, Relaxed);
-                        let deadline = rdtsc() + 260_000;
-                        while r.residency.is_claimed(page) && rdtsc() < deadline {
+                        let deadline = Instant::now() + BUSY_WAIT;
+                        while r.residency.is_claimed(page) && Instant::now() < deadline {
                             std::hint::spin_loop();
                         }
                         set_errno(saved);

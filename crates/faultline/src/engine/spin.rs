@@ -2,11 +2,11 @@
 //! loop. Removes the handler's wake-up (the faulting thread still sleeps
 //! and is woken by the resolve ioctl) at the price of a whole CPU.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use super::{Engine, EngineConfig, EngineKind, EngineStats, ThreadCore};
-use crate::sys::uffd::Uffd;
+use super::{EngineConfig, EngineKind, ThreadCore, Threaded};
+use crate::background::StopFlag;
+use crate::sys::thread::{online_cpus, pin_to_cpu};
 
 /// Busy-polling handler thread. See the module docs.
 pub struct SpinEngine {
@@ -21,17 +21,16 @@ impl SpinEngine {
 
     /// With `config`.
     pub fn with_config(config: EngineConfig) -> crate::Result<Arc<SpinEngine>> {
-        let core = ThreadCore::new(config, true)?;
+        let core = ThreadCore::new(config)?;
         let mut slots = Vec::new();
         let mut h = core.handler(&mut slots);
-        let shutdown = core.shutdown.clone();
         let pin = core.config.pin;
-        let body = move || {
+        let body = move |stop: &StopFlag| {
             if pin {
-                let _ = crate::sys::thread::pin_to_cpu(crate::sys::thread::online_cpus() - 1);
+                let _ = pin_to_cpu(online_cpus() - 1);
             }
             let mut idle = 0u32;
-            while !shutdown.load(Relaxed) {
+            while !stop.is_set() {
                 if h.read_batch(|h, m| h.on_msg(m)) > 0 {
                     idle = 0;
                     continue;
@@ -48,20 +47,9 @@ impl SpinEngine {
     }
 }
 
-impl Engine for SpinEngine {
-    fn kind(&self) -> EngineKind {
-        EngineKind::Spin
-    }
-    fn uffd(&self) -> &Arc<Uffd> {
-        &self.core.uffd
-    }
-    fn scratch_bytes(&self) -> usize {
-        self.core.config.scratch_bytes
-    }
-    fn stats(&self) -> EngineStats {
-        self.core.counters.snapshot()
-    }
-    fn check_alive(&self) -> crate::Result<()> {
-        self.core.check_alive()
+impl Threaded for SpinEngine {
+    const KIND: EngineKind = EngineKind::Spin;
+    fn core(&self) -> &ThreadCore {
+        &self.core
     }
 }

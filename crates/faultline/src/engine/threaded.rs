@@ -1,18 +1,19 @@
 //! What the thread engines (poll, spin, workers) share: reading message
 //! batches, handling one fault, deferring on EAGAIN with bounded backoff,
-//! the stall watchdog and fail-closed thread bodies.
+//! the stall watchdog.
 
 use std::collections::VecDeque;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{fail_closed, report, Counters};
-use crate::region::enter;
+use super::Counters;
+use crate::background::Background;
+use crate::fault::report::{fail_closed, report};
+use crate::fault::resolve::{resolve, Access, Origin, Resolution};
+use crate::fault::table::enter;
 use crate::residency::PageState;
-use crate::resolve::{resolve, Resolution};
 use crate::sys::rdtsc;
 use crate::sys::uffd::{pagefault_flag, Msg, Uffd, UffdMsg};
 
@@ -116,40 +117,33 @@ impl Handler {
         self.counters.faults.fetch_add(1, Relaxed);
         let Some(r) = enter(addr) else {
             // Not (or no longer) ours: the region is being torn down. Wake
-            // the thread; it retries into PROT_NONE once teardown goes on.
+            // the thread; it retries into its poison marker.
             let _ = self.uffd.wake(addr & !4095, 4096);
             return;
         };
-        r.timing_start.store(t0, Relaxed);
-        r.stats.faults.fetch_add(1, Relaxed);
-        if let Some(feed) = &r.feed {
-            feed.post(page_of(&r, addr));
-        }
+        let page = r.pages.index(addr);
+        let (page_addr, ps) = (r.pages.addr(page), r.pages.size().bytes() as u64);
+        r.fault_seen(page, t0);
         self.slot.addr.store(addr, Relaxed);
         self.slot
             .since
             .store(self.epoch.elapsed().as_nanos() as u64 + 1, SeqCst);
-        let write = flags & pagefault_flag::WRITE != 0;
+        let access = Access {
+            write: flags & pagefault_flag::WRITE != 0,
+            wp: flags & pagefault_flag::WP != 0,
+        };
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            resolve(
-                &r,
-                addr,
-                write,
-                flags & pagefault_flag::WP != 0,
-                true,
-                &mut self.scratch,
-                None,
-            )
+            resolve(&r, page, access, &Origin::Fault, &mut self.scratch)
         }));
         self.slot.since.store(0, SeqCst);
         let dt = rdtsc().wrapping_sub(t0);
-        r.stats.handler_cycles.fetch_add(dt, Relaxed);
+        r.add_cycles(dt);
         self.counters.handler_cycles.fetch_add(dt, Relaxed);
         let res = match res {
             Ok(res) => res,
             Err(_) => fail_closed(|w| {
                 let _ = w.write_str("a fault handler panicked while resolving ");
-                r.describe_page(page_of(&r, addr), w);
+                r.describe_page(page, w);
             }),
         };
         match res {
@@ -157,9 +151,7 @@ impl Handler {
             Resolution::Busy | Resolution::Poisoned => {
                 // Another resolver owns it, or it is poisoned: let the thread
                 // retry (it re-faults or gets SIGBUS).
-                let _ = self
-                    .uffd
-                    .wake(addr & !(r.page_size as u64 - 1), r.page_size as u64);
+                let _ = self.uffd.wake(page_addr, ps);
                 if matches!(res, Resolution::Busy) {
                     r.stats.busy.fetch_add(1, Relaxed);
                 }
@@ -176,20 +168,18 @@ impl Handler {
             Resolution::StoreFailed(e) => {
                 report(|w| {
                     let _ = w.write_str("store error at ");
-                    r.describe_page(page_of(&r, addr), w);
+                    r.describe_page(page, w);
                     let _ = write!(
                         w,
                         ": {e}; the page is poisoned and the faulting thread gets SIGBUS"
                     );
                 });
                 // Only now let the thread run into the poison marker.
-                let _ = self
-                    .uffd
-                    .wake(addr & !(r.page_size as u64 - 1), r.page_size as u64);
+                let _ = self.uffd.wake(page_addr, ps);
             }
             Resolution::Failed(e) => fail_closed(|w| {
                 let _ = write!(w, "resolving a fault failed ({e}) at ");
-                r.describe_page(page_of(&r, addr), w);
+                r.describe_page(page, w);
             }),
         }
     }
@@ -230,10 +220,6 @@ impl Handler {
     }
 }
 
-fn page_of(r: &crate::region::Shared, addr: u64) -> usize {
-    ((addr - r.base) / r.page_size as u64) as usize
-}
-
 /// `MADV_DONTNEED`/`MADV_REMOVE` dropped `[start, end)`: those pages are
 /// absent again.
 fn on_remove(start: u64, end: u64) {
@@ -243,88 +229,43 @@ fn on_remove(start: u64, end: u64) {
             a += 4096;
             continue;
         };
-        let region_end = r.base + r.len;
-        let stop = end.min(region_end);
-        let ps = r.page_size as u64;
         // Only whole region pages are known to be gone.
-        let first = (a - r.base).div_ceil(ps) as usize;
-        let last = ((stop - r.base) / ps) as usize;
-        if first < last {
-            r.residency.set_range(first..last, PageState::Absent);
-        }
+        let stop = end.min(r.pages.end());
+        r.residency
+            .set_range(r.pages.within(a, stop), PageState::Absent);
         a = stop;
     }
 }
 
 /// The watchdog: aborts with a message when a handler is stuck in one
 /// resolution for longer than `timeout`.
-pub(crate) struct Watchdog {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Watchdog {
-    pub fn spawn(
-        name: &'static str,
-        slots: Vec<Arc<BusySlot>>,
-        epoch: Instant,
-        timeout: Duration,
-    ) -> std::io::Result<Watchdog> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let tick = (timeout / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
-        let thread = std::thread::Builder::new()
-            .name(format!("faultline-{name}-watchdog"))
-            .spawn(move || {
-                while !s.load(SeqCst) {
-                    std::thread::park_timeout(tick);
-                    let now = epoch.elapsed().as_nanos() as u64;
-                    for slot in &slots {
-                        let since = slot.since.load(SeqCst);
-                        if since != 0 && now.saturating_sub(since) > timeout.as_nanos() as u64 {
-                            let addr = slot.addr.load(Relaxed);
-                            fail_closed(|w| {
-                                let _ = write!(
-                                    w,
-                                    "{name} engine: resolving the fault at {addr:#x} has taken more than {timeout:?} (stalled store?)"
-                                );
-                                if let Some(r) = enter(addr) {
-                                    let _ = w.write_str(" in ");
-                                    r.describe_page(page_of(&r, addr), w);
-                                }
-                            });
+pub(crate) fn watchdog(
+    name: &'static str,
+    slots: Vec<Arc<BusySlot>>,
+    epoch: Instant,
+    timeout: Duration,
+) -> std::io::Result<Background> {
+    let tick = (timeout / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
+    Background::spawn(format!("faultline-{name}-watchdog"), move |stop| {
+        while !stop.is_set() {
+            std::thread::park_timeout(tick);
+            let now = epoch.elapsed().as_nanos() as u64;
+            for slot in &slots {
+                let since = slot.since.load(SeqCst);
+                if since != 0 && now.saturating_sub(since) > timeout.as_nanos() as u64 {
+                    let addr = slot.addr.load(Relaxed);
+                    fail_closed(|w| {
+                        let _ = write!(
+                            w,
+                            "{name} engine: resolving the fault at {addr:#x} has taken more than {timeout:?} (stalled store?)"
+                        );
+                        if let Some(r) = enter(addr) {
+                            let _ = w.write_str(" in ");
+                            r.describe_page(r.pages.index(addr), w);
                         }
-                    }
+                    });
                 }
-            })?;
-        Ok(Watchdog {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.stop.store(true, SeqCst);
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
-            let _ = t.join();
-        }
-    }
-}
-
-/// Spawns a handler thread whose body must never unwind: a panic outside
-/// the resolve path (which has its own message) also fails closed.
-pub(crate) fn spawn_handler(
-    name: String,
-    body: impl FnOnce() + Send + 'static,
-) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new().name(name).spawn(move || {
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
-            fail_closed(|w| {
-                let _ = w.write_str("a fault handler thread panicked");
-            });
+            }
         }
     })
 }

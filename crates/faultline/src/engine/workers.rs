@@ -1,20 +1,22 @@
 //! N handler threads, pinned to CPUs, all polling one userfaultfd. A fault
-//! belongs to the worker that owns its fault-around window
-//! (`hash(region, window) % N`), so one page is only ever resolved by one
+//! belongs to the worker that owns its fault-around window (the aligned
+//! block of the region's initial read-ahead window: `hash(region, block) % N`), so one page is only ever resolved by one
 //! worker and concurrent faults on a window never race (seed 000's
 //! "forwarding to other cores", seed 003 §6.1's affinity-aware fault
 //! scheduling). A worker that reads a message for another worker's window
 //! hands it over through that worker's inbox and eventfd.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
-use super::{Engine, EngineConfig, EngineKind, EngineStats, ThreadCore};
-use crate::region::enter;
+use super::{EngineConfig, EngineKind, HandlerBody, ThreadCore, Threaded};
+use crate::background::StopFlag;
+use crate::fault::report::fail_closed;
+use crate::fault::table::enter;
 use crate::sys::rdtsc;
-use crate::sys::thread::{poll_in, EventFd};
-use crate::sys::uffd::{Msg, Uffd};
+use crate::sys::thread::{online_cpus, pin_to_cpu, poll_in, EventFd};
+use crate::sys::uffd::Msg;
 
 struct Inbox {
     queue: Mutex<VecDeque<(u64, u64, u64)>>,
@@ -30,8 +32,8 @@ pub struct WorkersEngine {
 fn shard_of(addr: u64, n: usize) -> usize {
     match enter(addr) {
         Some(r) => {
-            let page = (addr - r.base) / r.page_size as u64;
-            let window = page / r.fault_around.max(1) as u64;
+            let page = r.pages.index(addr);
+            let window = (page / r.readahead.config().initial) as u64;
             let h = (r.id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ window)
                 .wrapping_mul(0xff51_afd7_ed55_8ccd);
             ((h >> 32) % n as u64) as usize
@@ -49,7 +51,7 @@ impl WorkersEngine {
     /// With `config` (`config.workers` threads).
     pub fn with_config(config: EngineConfig) -> crate::Result<Arc<WorkersEngine>> {
         let n = config.workers.max(1);
-        let core = ThreadCore::new(config, true)?;
+        let core = ThreadCore::new(config)?;
         let mut inboxes = Vec::new();
         for _ in 0..n {
             inboxes.push(Arc::new(Inbox {
@@ -62,26 +64,25 @@ impl WorkersEngine {
         }
         let inboxes = Arc::new(inboxes);
         let mut slots = Vec::new();
-        let mut bodies: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
+        let mut bodies: Vec<HandlerBody> = Vec::new();
         let fd = std::os::fd::AsRawFd::as_raw_fd(&*core.uffd);
-        let ncpu = crate::sys::thread::online_cpus();
+        let ncpu = online_cpus();
         for me in 0..n {
             let mut h = core.handler(&mut slots);
-            let (shutdown, wake, inboxes) =
-                (core.shutdown.clone(), core.wake.clone(), inboxes.clone());
+            let (wake, inboxes) = (core.wake.clone(), inboxes.clone());
             let counters = core.counters.clone();
             let pin = core.config.pin;
-            bodies.push(Box::new(move || {
+            bodies.push(Box::new(move |stop: &StopFlag| {
                 if pin {
-                    let _ = crate::sys::thread::pin_to_cpu(me % ncpu);
+                    let _ = pin_to_cpu(me % ncpu);
                 }
                 let mine = inboxes[me].clone();
                 let mut rev = [0i16; 3];
                 let mut local = VecDeque::new();
-                while !shutdown.load(SeqCst) {
+                while !stop.is_set() {
                     let timeout = h.timeout_ms(1000);
                     if let Err(e) = poll_in(&[fd, mine.bell.raw(), wake.raw()], timeout, &mut rev) {
-                        super::fail_closed(|w| {
+                        fail_closed(|w| {
                             use std::fmt::Write;
                             let _ = write!(w, "poll on the userfaultfd failed: {e}");
                         });
@@ -126,20 +127,9 @@ impl WorkersEngine {
     }
 }
 
-impl Engine for WorkersEngine {
-    fn kind(&self) -> EngineKind {
-        EngineKind::Workers
-    }
-    fn uffd(&self) -> &Arc<Uffd> {
-        &self.core.uffd
-    }
-    fn scratch_bytes(&self) -> usize {
-        self.core.config.scratch_bytes
-    }
-    fn stats(&self) -> EngineStats {
-        self.core.counters.snapshot()
-    }
-    fn check_alive(&self) -> crate::Result<()> {
-        self.core.check_alive()
+impl Threaded for WorkersEngine {
+    const KIND: EngineKind = EngineKind::Workers;
+    fn core(&self) -> &ThreadCore {
+        &self.core
     }
 }

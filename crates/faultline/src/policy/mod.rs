@@ -8,20 +8,24 @@
 //!
 //! # Eviction
 //!
-//! How the runtime drives an [`EvictionPolicy`]:
+//! How the runtime drives an [`EvictionPolicy`] (the evictor thread of a
+//! region with a budget, [`crate::evict`], makes every call):
 //!
-//! 1. A fault on page `p` is resolved (the page becomes resident): the runtime
-//!    calls [`on_fault(p)`](EvictionPolicy::on_fault). Calling it for a page
-//!    the policy already holds counts as an observed access.
-//! 2. Whenever the runtime learns that a resident page was used (an
-//!    application hint, a write-protect fault), it may call
-//!    [`on_access_hint(p)`](EvictionPolicy::on_access_hint).
-//! 3. Before resolving a fault that would exceed the budget, the runtime calls
-//!    [`pick_victim`](EvictionPolicy::pick_victim). The returned page is no
-//!    longer tracked; the runtime evicts it (and calls `on_fault` again if
-//!    eviction failed and the page stays resident).
-//! 4. If a page leaves memory for another reason (discard, unmap), the runtime
-//!    calls [`on_evicted(p)`](EvictionPolicy::on_evicted).
+//! 1. Every page the fault path installs is logged; the evictor hands each
+//!    logged install to [`on_fault(p)`](EvictionPolicy::on_fault). Calling
+//!    it for a page the policy already holds counts as an observed access.
+//! 2. While more pages are resident than the budget, the evictor calls
+//!    [`pick_victim`](EvictionPolicy::pick_victim) with a predicate that
+//!    is true for pages a fault or a flush holds right now (their claim
+//!    bit): those are pinned for this call. The returned page is no longer
+//!    tracked; the evictor writes it back if dirty and drops it, and calls
+//!    `on_fault(p)` again if that failed and the page stays resident.
+//!
+//! [`on_access_hint`](EvictionPolicy::on_access_hint) and
+//! [`on_evicted`](EvictionPolicy::on_evicted) are part of the contract for
+//! runtimes that learn of accesses and of pages leaving memory by other
+//! means (an I/O access log, a discard); faultline's evictor does not call
+//! them today, and the policies' property tests exercise them.
 //!
 //! Pinned pages are never returned: `pick_victim` takes a predicate, so the
 //! pin state stays with the runtime.
@@ -41,11 +45,19 @@
 //!
 //! # Read-ahead
 //!
-//! [`Readahead`] detects sequential fault streams and answers, for a fault at
-//! page `p`, which pages to fetch (`p..p + window`); the window doubles on
-//! each sequential hit up to a maximum and collapses on random access, like
-//! the kernel's on-demand read-ahead. A fixed fault-around depth is the
-//! special case `initial == max`.
+//! [`ReadaheadConfig`] decides, for a fault at page `p`, which pages to
+//! install: the aligned fault-around window of `p` for an isolated fault,
+//! a window that doubles (up to a maximum) for a thread that keeps
+//! faulting where its last window ended, like the kernel's fault-around
+//! plus on-demand read-ahead. A fixed fault-around depth is the special
+//! case `initial == max`. The fault path keeps one [`ReadaheadStream`] per
+//! thread.
+//!
+//! # Run-ahead
+//!
+//! [`StreamPredictor`] confirms sequential and strided fault streams and
+//! predicts the windows a background thread installs ahead of them
+//! ([`crate::runahead`]).
 
 mod clock;
 mod fifo;
@@ -57,7 +69,7 @@ mod refault;
 pub use clock::Clock;
 pub use fifo::Fifo;
 pub use predict::StreamPredictor;
-pub use readahead::{Readahead, ReadaheadConfig, ReadaheadStats};
+pub use readahead::{ReadaheadConfig, Stream as ReadaheadStream};
 pub use refault::RefaultAware;
 
 use std::fmt;

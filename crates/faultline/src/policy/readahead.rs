@@ -1,185 +1,124 @@
-//! Sequential-stream detection and read-ahead window sizing.
+//! Read-ahead: how many pages one fault resolves.
 //!
-//! Modelled on the kernel's on-demand read-ahead (`mm/readahead.c`), reduced
-//! to what a fault handler needs: for a fault at page `p`, which pages to
-//! fetch now.
+//! Modelled on the kernel's fault-around plus on-demand read-ahead
+//! (`mm/filemap.c`, `mm/readahead.c`), reduced to what a fault handler
+//! needs: for a fault at page `p`, which pages to install now.
 //!
-//! How it works:
+//! Each fault stream (one per faulting thread in the runtime) remembers
+//! where its last window ended (`next`) and that window's length:
 //!
-//! 1. The detector keeps a small table of streams, each the last window it
-//!    fetched (`start..end`) and its size.
-//! 2. A fault at `p` with `start < p <= end` continues that stream: `p == end`
-//!    is the page right after the window, `p < end` a page of the window that
-//!    was not fetched or already evicted. The window doubles (up to `max`)
-//!    and `p..p + window` is fetched.
-//! 3. Any other fault starts a new stream with the initial window, replacing
-//!    the least recently used stream. With `initial == 1` an isolated fault
-//!    fetches only its own page: the window collapses on random access.
+//! 1. A fault at exactly `next` continues the stream: the window doubles
+//!    (up to `max`) and starts at the fault, `p..p + window`.
+//! 2. Any other fault starts the stream over with the *fault-around*
+//!    window: the aligned block of `initial` pages holding `p`. With
+//!    `initial == 1` an isolated fault installs only its own page.
 //!
 //! ```text
-//!   faults:  0        1      3          7                 15
-//!   fetch:  [0] [1 2] [3 4 5 6] [7 8 9 10 11 12 13 14] [15 ...]   initial 1
+//!   initial 4, max 16; a thread scanning pages 0, 1, 2, ...
+//!   faults at:   0            4                12
+//!   installs:   [0 1 2 3]    [4 .. 11]        [12 .. 27]      (4, 8, 16 pages)
+//!   a fault at 40 (not 28): [40 41 42 43], the stream starts over
 //! ```
 //!
-//! Several interleaved sequential streams (one per thread, say) are each
-//! recognised as long as there are at most `streams` of them. Unlike the
-//! kernel there is no asynchronous marker: fetching happens on the fault.
-//! Backward streams are not detected. A fixed fault-around depth `n` is
-//! `initial == max == n`.
+//! A fixed fault-around depth `n` is `initial == max == n`: every window
+//! is then the aligned block of `n` pages. Windows never pass the end of
+//! the region. The runtime keeps one [`Stream`] per thread in lock-free
+//! slots (it runs inside the SIGBUS handler); everything here is pure.
 
 use std::ops::Range;
 
-/// Read-ahead parameters, in pages.
+/// Read-ahead parameters, in region pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadaheadConfig {
-    /// Window of a new stream (pages fetched on an isolated fault, including
-    /// the faulting page). Values below 1 are treated as 1.
+    /// Fault-around: the aligned window a fault that continues no stream
+    /// resolves (1 = only the faulting page). Values below 1 mean 1.
     pub initial: usize,
-    /// Largest window. Values below `initial` are treated as `initial`.
+    /// Largest window a sequential stream grows to. Values below
+    /// `initial` mean `initial`.
     pub max: usize,
-    /// Number of concurrent streams tracked. Values below 1 are treated as 1.
+    /// Stream slots: faulting threads share `streams` slots (a thread's
+    /// slot is fixed at its first fault), so threads scanning different
+    /// parts of a region do not reset each other's windows. At least 1.
     pub streams: usize,
 }
 
 impl Default for ReadaheadConfig {
-    /// No read-ahead on isolated faults, growing to 32 pages (128 KiB with
-    /// 4 KiB pages, the kernel's default `read_ahead_kb`), 8 streams.
+    /// No fault-around on isolated faults, growing to 32 pages (128 KiB
+    /// with 4 KiB pages, the kernel's default `read_ahead_kb`), 64 slots.
     fn default() -> Self {
-        Self {
-            initial: 1,
-            max: 32,
-            streams: 8,
-        }
+        ReadaheadConfig::adaptive(1, 32)
     }
 }
 
 impl ReadaheadConfig {
-    /// A fixed fault-around depth: every fault fetches `depth` pages
-    /// (at least 1) starting at the faulting page.
-    pub fn fixed(depth: usize) -> Self {
-        Self {
-            initial: depth,
-            max: depth,
-            streams: 1,
-        }
-    }
-}
-
-/// Counters kept by [`Readahead`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ReadaheadStats {
-    /// Faults that continued a known stream.
-    pub sequential: u64,
-    /// Faults that started a new stream.
-    pub random: u64,
-    /// Pages requested in total (sum of returned range lengths).
-    pub pages: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Stream {
-    start: usize,
-    end: usize,
-    window: usize,
-    last_used: u64,
-}
-
-/// Sequential-stream detector deciding how many pages to fetch per fault.
-#[derive(Debug, Clone)]
-pub struct Readahead {
-    initial: usize,
-    max: usize,
-    capacity: usize,
-    region_pages: usize,
-    streams: Vec<Stream>,
-    tick: u64,
-    stats: ReadaheadStats,
-}
-
-impl Readahead {
-    /// A detector for a region of `region_pages` pages; returned ranges never
-    /// extend past it.
-    pub fn new(config: ReadaheadConfig, region_pages: usize) -> Self {
-        let initial = config.initial.max(1);
-        let capacity = config.streams.max(1);
-        Self {
+    /// Fault-around of `initial` pages, growing to `max` on sequential
+    /// streams.
+    pub fn adaptive(initial: usize, max: usize) -> Self {
+        ReadaheadConfig {
             initial,
-            max: config.max.max(initial),
-            capacity,
-            region_pages,
-            streams: Vec::with_capacity(capacity),
-            tick: 0,
-            stats: ReadaheadStats::default(),
+            max,
+            streams: 64,
+        }
+        .normalized()
+    }
+
+    /// A fixed fault-around depth: every fault resolves the aligned block
+    /// of `depth` pages holding it (at least 1).
+    pub fn fixed(depth: usize) -> Self {
+        ReadaheadConfig::adaptive(depth, depth)
+    }
+
+    /// One page per fault: read-ahead off.
+    pub fn off() -> Self {
+        ReadaheadConfig::fixed(1)
+    }
+
+    /// The same configuration with every field in its valid range.
+    pub fn normalized(self) -> Self {
+        let initial = self.initial.max(1);
+        ReadaheadConfig {
+            initial,
+            max: self.max.max(initial),
+            streams: self.streams.max(1),
         }
     }
 
-    /// The effective largest window.
-    pub fn max_window(&self) -> usize {
-        self.max
+    /// Whether every fault resolves exactly one page.
+    pub fn is_off(&self) -> bool {
+        self.max <= 1
     }
 
-    /// Counters so far.
-    pub fn stats(&self) -> ReadaheadStats {
-        self.stats
-    }
-
-    /// Forgets all streams (e.g. after the region was discarded).
-    pub fn reset(&mut self) {
-        self.streams.clear();
-    }
-
-    /// A fault at `page`: returns the pages to fetch, `page..page + w` with
-    /// `1 <= w <= max`, clipped to the region. Empty if `page` is outside
-    /// the region.
-    pub fn on_fault(&mut self, page: usize) -> Range<usize> {
-        if page >= self.region_pages {
-            return page..page;
-        }
-        self.tick += 1;
-        let found = self
-            .streams
-            .iter()
-            .position(|s| s.start < page && page <= s.end);
-        let window = match found {
-            Some(i) => {
-                self.stats.sequential += 1;
-                let w = self.streams[i].window.saturating_mul(2).min(self.max);
-                (i, w)
-            }
-            None => {
-                self.stats.random += 1;
-                let i = if self.streams.len() < self.capacity {
-                    self.streams.push(Stream {
-                        start: 0,
-                        end: 0,
-                        window: 0,
-                        last_used: 0,
-                    });
-                    self.streams.len() - 1
-                } else {
-                    // Least recently used stream; the table is small.
-                    let mut lru = 0;
-                    for (i, s) in self.streams.iter().enumerate() {
-                        if s.last_used < self.streams[lru].last_used {
-                            lru = i;
-                        }
-                    }
-                    lru
-                };
-                (i, self.initial)
-            }
+    /// The pages a fault at `page` of a `pages`-page region resolves,
+    /// given its stream's state, and the stream's next state. Always
+    /// contains `page`; never longer than `max`; never past `pages`.
+    pub fn on_fault(&self, s: Stream, page: usize, pages: usize) -> (Range<usize>, Stream) {
+        debug_assert!(page < pages);
+        let c = self.normalized();
+        let (start, window) = if s.next == page {
+            (page, s.window.saturating_mul(2).clamp(c.initial, c.max))
+        } else {
+            (page - page % c.initial, c.initial)
         };
-        let (i, w) = window;
-        let end = page.saturating_add(w).min(self.region_pages);
-        self.streams[i] = Stream {
-            start: page,
-            end,
-            window: w,
-            last_used: self.tick,
-        };
-        self.stats.pages += (end - page) as u64;
-        page..end
+        let end = start.saturating_add(window).min(pages);
+        (start..end, Stream { next: end, window })
     }
+}
+
+/// What a fault stream remembers between faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stream {
+    /// The page right after the stream's last window.
+    pub next: usize,
+    /// That window's length.
+    pub window: usize,
+}
+
+impl Stream {
+    /// A stream that has seen no fault.
+    pub const NEW: Stream = Stream {
+        next: usize::MAX,
+        window: 0,
+    };
 }
 
 #[cfg(test)]
@@ -187,113 +126,90 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Pages fetched when scanning `0..n` sequentially, touching only pages
-    /// not already fetched.
-    fn scan(ra: &mut Readahead, n: usize) -> Vec<Range<usize>> {
-        let mut out = Vec::new();
-        let mut next = 0;
-        while next < n {
-            let r = ra.on_fault(next);
-            next = r.end;
-            out.push(r);
+    /// The windows a thread scanning `0..n` in order takes (it faults only
+    /// on pages no window installed yet).
+    fn scan(c: &ReadaheadConfig, n: usize) -> Vec<Range<usize>> {
+        let (mut s, mut page, mut out) = (Stream::NEW, 0, Vec::new());
+        while page < n {
+            let (w, next) = c.on_fault(s, page, n);
+            page = w.end;
+            s = next;
+            out.push(w);
         }
         out
     }
 
     #[test]
-    fn doubles_on_sequential_then_caps() {
-        let mut ra = Readahead::new(
-            ReadaheadConfig {
-                initial: 1,
-                max: 8,
-                streams: 2,
-            },
-            100,
-        );
-        let lens: Vec<usize> = scan(&mut ra, 100).iter().map(|r| r.len()).collect();
-        assert_eq!(&lens[..6], &[1, 2, 4, 8, 8, 8]);
-        assert_eq!(lens.iter().sum::<usize>(), 100);
+    fn windows_double_on_a_sequential_scan() {
+        let c = ReadaheadConfig::adaptive(4, 16);
+        let lens: Vec<usize> = scan(&c, 60).iter().map(|w| w.len()).collect();
+        assert_eq!(lens, [4, 8, 16, 16, 16]);
     }
 
     #[test]
-    fn random_access_collapses() {
-        let mut ra = Readahead::new(ReadaheadConfig::default(), 1 << 20);
-        scan(&mut ra, 200);
-        for p in [5000, 90_000, 12, 777_777] {
-            assert_eq!(ra.on_fault(p), p..p + 1);
+    fn a_random_fault_restarts_with_the_aligned_fault_around_window() {
+        let c = ReadaheadConfig::adaptive(4, 16);
+        let (_, s) = c.on_fault(Stream::NEW, 0, 100);
+        let (w, s) = c.on_fault(s, 4, 100);
+        assert_eq!(w, 4..12);
+        let (w, _) = c.on_fault(s, 42, 100);
+        assert_eq!(w, 40..44);
+    }
+
+    #[test]
+    fn fixed_depth_is_aligned_fault_around() {
+        let c = ReadaheadConfig::fixed(8);
+        let mut s = Stream::NEW;
+        for page in [3, 8, 17, 16, 99] {
+            let (w, next) = c.on_fault(s, page, 100);
+            assert_eq!(w.start, page / 8 * 8);
+            assert_eq!(w.end, (page / 8 * 8 + 8).min(100));
+            s = next;
         }
-        assert!(ra.stats().random >= 4);
-    }
-
-    #[test]
-    fn interleaved_streams_are_tracked() {
-        let mut ra = Readahead::new(ReadaheadConfig::default(), 1 << 20);
-        let (mut a, mut b) = (0, 500_000);
-        let mut last = (0, 0);
-        for _ in 0..10 {
-            let ra_a = ra.on_fault(a);
-            let ra_b = ra.on_fault(b);
-            a = ra_a.end;
-            b = ra_b.end;
-            last = (ra_a.len(), ra_b.len());
-        }
-        assert_eq!(last, (32, 32));
-    }
-
-    #[test]
-    fn fixed_depth_and_region_end() {
-        let mut ra = Readahead::new(ReadaheadConfig::fixed(4), 10);
-        assert_eq!(ra.on_fault(0), 0..4);
-        assert_eq!(ra.on_fault(4), 4..8);
-        assert_eq!(ra.on_fault(8), 8..10);
-        assert_eq!(ra.on_fault(10), 10..10);
-        let mut zero = Readahead::new(ReadaheadConfig::fixed(0), 10);
-        assert_eq!(zero.on_fault(3), 3..4);
+        assert!(ReadaheadConfig::off().is_off());
+        assert_eq!(ReadaheadConfig::off().on_fault(s, 5, 10).0, 5..6);
     }
 
     proptest! {
         #[test]
-        fn windows_stay_in_bounds(
-            faults in proptest::collection::vec(0usize..2000, 0..300),
-            initial in 0usize..8,
-            max in 0usize..64,
-            streams in 0usize..6,
-            region in 1usize..1500,
+        fn every_window_holds_the_fault_and_respects_the_limits(
+            initial in 0usize..70, max in 0usize..300, faults in proptest::collection::vec(0usize..5000, 1..200),
+            pages in 1usize..5000,
         ) {
-            let cfg = ReadaheadConfig { initial, max, streams };
-            let mut ra = Readahead::new(cfg, region);
-            for p in faults {
-                let r = ra.on_fault(p);
-                if p >= region {
-                    prop_assert!(r.is_empty());
-                } else {
-                    prop_assert_eq!(r.start, p);
-                    prop_assert!(r.end <= region);
-                    prop_assert!(!r.is_empty());
-                    prop_assert!(r.len() <= ra.max_window());
+            let c = ReadaheadConfig { initial, max, streams: 1 };
+            let n = c.normalized();
+            let mut s = Stream::NEW;
+            for f in faults {
+                let page = f % pages;
+                let (w, next) = c.on_fault(s, page, pages);
+                prop_assert!(w.contains(&page));
+                prop_assert!(w.end <= pages);
+                prop_assert!(w.len() <= n.max);
+                prop_assert!(next.window >= n.initial && next.window <= n.max);
+                prop_assert_eq!(next.next, w.end);
+                if s.next != page {
+                    prop_assert_eq!(w.start % n.initial, 0, "a new stream's window is aligned");
                 }
+                s = next;
             }
         }
 
         #[test]
-        fn sequential_windows_grow(initial in 1usize..8, max in 1usize..128, n in 1usize..5000) {
-            let mut ra = Readahead::new(ReadaheadConfig { initial, max, streams: 1 }, n);
-            let ranges = scan(&mut ra, n);
-            // Contiguous cover of 0..n, windows non-decreasing except the
-            // final one clipped by the region end.
-            let mut next = 0;
-            for (i, r) in ranges.iter().enumerate() {
-                prop_assert_eq!(r.start, next);
-                next = r.end;
-                if i + 2 < ranges.len() {
-                    prop_assert!(ranges[i + 1].len() >= r.len());
-                }
+        fn a_scan_covers_every_page_once_and_grows_geometrically(
+            initial in 1usize..40, max in 1usize..400, pages in 1usize..20_000,
+        ) {
+            let c = ReadaheadConfig::adaptive(initial, max);
+            let ws = scan(&c, pages);
+            let mut expect = 0;
+            for w in &ws {
+                prop_assert_eq!(w.start, expect);
+                expect = w.end;
             }
-            prop_assert_eq!(next, n);
-            let cap = max.max(initial);
-            if ranges.len() > 1 + cap.ilog2() as usize + 1 {
-                prop_assert_eq!(ranges[ranges.len() - 2].len(), cap);
-            }
+            prop_assert_eq!(expect, pages);
+            // Windows reach `max` after log2(max / initial) doublings.
+            let full = pages / c.max;
+            let ramp = (usize::BITS - (c.max / c.initial).leading_zeros()) as usize + 1;
+            prop_assert!(ws.len() <= full + ramp + 1, "{} windows for {} pages", ws.len(), pages);
         }
     }
 }

@@ -1,10 +1,10 @@
 use std::fs::OpenOptions;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{PageStore, StoreError};
-use crate::sys::mem::{pread_full, pwrite_all, Mapping};
+use super::{PageCacheFile, PageStore, StoreError};
+use crate::sys::mem::{is_tmpfs, pread_full, pwrite_all, Mapping};
 use crate::sys::Errno;
 
 /// How a [`FileStore`] reads.
@@ -32,6 +32,9 @@ pub struct FileStore {
     len: u64,
     map: Option<Mapping>,
     writable: bool,
+    /// The file is on tmpfs and read through its page cache: regions may
+    /// map it directly (see [`PageStore::page_cache`]).
+    tmpfs: bool,
 }
 
 impl FileStore {
@@ -64,6 +67,9 @@ impl FileStore {
             _ => None,
         };
         let what: Arc<str> = format!("file {}", path.display()).into();
+        let tmpfs = access == FileAccess::Mmap
+            && base.is_multiple_of(4096)
+            && is_tmpfs(&fd).unwrap_or(false);
         Ok(FileStore {
             fd,
             path,
@@ -72,6 +78,7 @@ impl FileStore {
             len,
             map,
             writable,
+            tmpfs,
         })
     }
 
@@ -125,6 +132,13 @@ impl PageStore for FileStore {
         }
         // SAFETY: in bounds of a live read-only mapping owned by `self`.
         Some(unsafe { std::slice::from_raw_parts(m.as_ptr().add(offset as usize), len) })
+    }
+    fn page_cache(&self) -> Option<PageCacheFile<'_>> {
+        self.tmpfs.then(|| PageCacheFile {
+            fd: self.fd.as_fd(),
+            offset: self.base,
+            len: self.len,
+        })
     }
     fn signal_safe(&self) -> bool {
         true

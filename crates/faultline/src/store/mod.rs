@@ -10,6 +10,10 @@
 //! Stores that hold their data in memory offer a zero-copy
 //! [`PageStore::view`]: the runtime then resolves with `UFFDIO_COPY`
 //! straight from the store's memory, skipping the intermediate buffer.
+//! A store whose data is a file in the page cache of tmpfs/shmem (a file in
+//! `/dev/shm`) offers [`PageStore::page_cache`]: a region may then map the
+//! file itself and install its pages with `UFFDIO_CONTINUE`, copying
+//! nothing at all.
 
 mod file;
 mod memory;
@@ -20,6 +24,7 @@ pub use memory::MemoryStore;
 pub use zero::ZeroStore;
 
 use std::borrow::Cow;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use crate::sys::Errno;
@@ -107,6 +112,14 @@ pub trait PageStore: Send + Sync + 'static {
         None
     }
 
+    /// The store's bytes as a file in the page cache of tmpfs/shmem, which
+    /// a region may map privately and install with `UFFDIO_CONTINUE` (zero
+    /// copy; see [`crate::RegionBuilder::zero_copy`]). `None` (the default)
+    /// for every other store.
+    fn page_cache(&self) -> Option<PageCacheFile<'_>> {
+        None
+    }
+
     /// Whether every page reads as zeros (lets the runtime use
     /// `UFFDIO_ZEROPAGE` and skip copies).
     fn is_zero(&self) -> bool {
@@ -118,4 +131,16 @@ pub trait PageStore: Send + Sync + 'static {
     fn signal_safe(&self) -> bool {
         false
     }
+}
+
+/// A store's data as a tmpfs/shmem file: `len` bytes of `fd` from
+/// `offset` (page aligned). See [`PageStore::page_cache`].
+#[derive(Debug, Clone, Copy)]
+pub struct PageCacheFile<'a> {
+    /// The file.
+    pub fd: BorrowedFd<'a>,
+    /// Byte offset of the store's offset 0 in the file.
+    pub offset: u64,
+    /// Bytes of the file from `offset`.
+    pub len: u64,
 }

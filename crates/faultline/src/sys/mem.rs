@@ -135,7 +135,7 @@ impl Mapping {
     }
 
     /// `madvise` over a sub-range.
-    pub fn advise(&self, offset: usize, len: usize, advice: i32) -> Result<(), MemError> {
+    pub fn advise(&self, offset: usize, len: usize, advice: Advice) -> Result<(), MemError> {
         madvise(self.addr() + offset as u64, len, advice)
     }
 
@@ -158,12 +158,14 @@ impl Drop for Mapping {
     }
 }
 
-/// `madvise(addr, len, advice)`.
-pub fn madvise(addr: u64, len: usize, advice: i32) -> Result<(), MemError> {
+/// `madvise(addr, len, advice)`. Async-signal-safe.
+pub fn madvise(addr: u64, len: usize, advice: Advice) -> Result<(), MemError> {
     // SAFETY: madvise only changes paging state of the given range; callers
-    // pass ranges they own.
-    if unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) } != 0 {
-        return Err(last("madvise"));
+    // pass ranges they own (and the advice values used here never free
+    // memory that Rust objects live in: DONTNEED/REMOVE are only applied to
+    // region pages and pool frames, which are raw memory).
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len, advice.raw()) } != 0 {
+        return Err(last(advice.name()));
     }
     Ok(())
 }
@@ -177,11 +179,6 @@ pub fn mprotect(addr: u64, len: usize, prot: i32) -> Result<(), i32> {
     }
     Ok(())
 }
-
-/// `MADV_POPULATE_READ` (5.14+).
-pub const MADV_POPULATE_READ: i32 = 22;
-/// `MADV_POPULATE_WRITE` (5.14+).
-pub const MADV_POPULATE_WRITE: i32 = 23;
 
 /// Whether `fd` is a file on tmpfs/shmem (`fstatfs` magic `TMPFS_MAGIC`).
 pub fn is_tmpfs(fd: &impl AsRawFd) -> Result<bool, MemError> {
@@ -383,4 +380,105 @@ impl Mapping {
             len,
         })
     }
+}
+
+/// `madvise` advice values the runtime uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advice {
+    /// `MADV_DONTNEED`: drop the pages (private anonymous memory reads as
+    /// missing again; userfaultfd sees the next access).
+    DontNeed,
+    /// `MADV_REMOVE`: free the backing store of a shared range.
+    Remove,
+    /// `MADV_HUGEPAGE`: back the range with transparent huge pages.
+    HugePage,
+    /// `MADV_NOHUGEPAGE`: never back the range with transparent huge
+    /// pages (a huge folio would hide the faults of its other subpages).
+    NoHugePage,
+    /// `MADV_DONTFORK`: a forked child does not inherit the range.
+    DontFork,
+    /// `MADV_POPULATE_READ` (5.14+): fault the range in for reading.
+    PopulateRead,
+    /// `MADV_POPULATE_WRITE` (5.14+): fault the range in for writing
+    /// (allocates and zeroes the pages).
+    PopulateWrite,
+}
+
+impl Advice {
+    fn raw(self) -> i32 {
+        match self {
+            Advice::DontNeed => libc::MADV_DONTNEED,
+            Advice::Remove => libc::MADV_REMOVE,
+            Advice::HugePage => libc::MADV_HUGEPAGE,
+            Advice::NoHugePage => libc::MADV_NOHUGEPAGE,
+            Advice::DontFork => libc::MADV_DONTFORK,
+            Advice::PopulateRead => 22,
+            Advice::PopulateWrite => 23,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Advice::DontNeed => "madvise(MADV_DONTNEED)",
+            Advice::Remove => "madvise(MADV_REMOVE)",
+            Advice::HugePage => "madvise(MADV_HUGEPAGE)",
+            Advice::NoHugePage => "madvise(MADV_NOHUGEPAGE)",
+            Advice::DontFork => "madvise(MADV_DONTFORK)",
+            Advice::PopulateRead => "madvise(MADV_POPULATE_READ)",
+            Advice::PopulateWrite => "madvise(MADV_POPULATE_WRITE)",
+        }
+    }
+}
+
+impl Mapping {
+    /// Private read-write mapping of `len` bytes of `fd` from `offset`, at
+    /// `addr` (which must be free) or where the kernel chooses: the
+    /// application's view of a file whose writes stay private (copy on
+    /// write), as `mmap(MAP_PRIVATE)` gives it.
+    pub fn file_private(
+        addr: Option<u64>,
+        fd: &impl AsRawFd,
+        len: usize,
+        offset: u64,
+    ) -> Result<Mapping, MemError> {
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        match addr {
+            Some(a) => Self::map_at(
+                a,
+                len,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_FIXED_NOREPLACE,
+                fd.as_raw_fd(),
+                offset as libc::off_t,
+            ),
+            None => Self::map(
+                len,
+                prot,
+                libc::MAP_PRIVATE,
+                fd.as_raw_fd(),
+                offset as libc::off_t,
+            ),
+        }
+    }
+
+    /// A read-only private anonymous mapping that is never written: every
+    /// page reads as the shared zero page, and no memory is allocated.
+    pub fn zeros(len: usize) -> Result<Mapping, MemError> {
+        Self::map(
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    }
+}
+
+/// Whether `fd` was opened for reading and writing (`fcntl(F_GETFL)`).
+pub fn is_read_write(fd: &impl AsRawFd) -> Result<bool, MemError> {
+    // SAFETY: F_GETFL only reads the descriptor's status flags.
+    let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if fl < 0 {
+        return Err(last("fcntl(F_GETFL)"));
+    }
+    Ok(fl & libc::O_ACCMODE == libc::O_RDWR)
 }

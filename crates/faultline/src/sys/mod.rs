@@ -15,6 +15,40 @@ use std::fmt;
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Errno(pub i32);
 
+impl Errno {
+    /// Operation not permitted.
+    pub const EPERM: Errno = Errno(libc::EPERM);
+    /// No such file, or (resolve ioctls) the range is gone.
+    pub const ENOENT: Errno = Errno(libc::ENOENT);
+    /// No such process.
+    pub const ESRCH: Errno = Errno(libc::ESRCH);
+    /// Try again: (resolve ioctls) an event is pending.
+    pub const EAGAIN: Errno = Errno(libc::EAGAIN);
+    /// Permission denied.
+    pub const EACCES: Errno = Errno(libc::EACCES);
+    /// Bad address: (system calls) a fault the kernel could not resolve.
+    pub const EFAULT: Errno = Errno(libc::EFAULT);
+    /// Resource busy: (MOVE) the source folio could not be taken.
+    pub const EBUSY: Errno = Errno(libc::EBUSY);
+    /// Exists: (resolve ioctls) the page is already there.
+    pub const EEXIST: Errno = Errno(libc::EEXIST);
+    /// Invalid argument.
+    pub const EINVAL: Errno = Errno(libc::EINVAL);
+    /// No space: (perf) no free debug register.
+    pub const ENOSPC: Errno = Errno(libc::ENOSPC);
+    /// Not implemented (or blocked by seccomp).
+    pub const ENOSYS: Errno = Errno(libc::ENOSYS);
+    /// Out of memory (or `vm.max_map_count` reached).
+    pub const ENOMEM: Errno = Errno(libc::ENOMEM);
+    /// Timed out.
+    pub const ETIMEDOUT: Errno = Errno(libc::ETIMEDOUT);
+
+    /// The errno of an `io::Error`, if it has one.
+    pub fn of(e: &std::io::Error) -> Option<Errno> {
+        e.raw_os_error().map(Errno)
+    }
+}
+
 impl fmt::Debug for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Errno({} {})", self.0, errno_name(self.0))

@@ -244,3 +244,9 @@ pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
         );
     }
 }
+
+/// Whether a `revents` value from [`poll_in`] reports an error or a
+/// hang-up (`POLLERR`, `POLLHUP`) rather than readiness.
+pub fn poll_failed(revents: i16) -> bool {
+    revents & (libc::POLLERR | libc::POLLHUP) != 0
+}

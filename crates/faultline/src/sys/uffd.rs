@@ -380,6 +380,14 @@ impl UffdError {
     pub fn errno(&self) -> i32 {
         self.source.raw_os_error().unwrap_or(0)
     }
+    /// Whether the call failed with `e`.
+    pub fn is(&self, e: Errno) -> bool {
+        self.errno() == e.0
+    }
+    /// A range that is gone (ENOENT), reported by `op`.
+    pub fn gone(op: &'static str) -> Self {
+        Self::new(op, libc::ENOENT)
+    }
 }
 
 fn classify(op: &'static str, ret: i32, field: i64, len: u64) -> Result<Outcome, UffdError> {
@@ -614,6 +622,16 @@ pub fn syscall_userfaultfd(flags: i32) -> Result<Uffd, UffdError> {
     Ok(Uffd::from_owned(unsafe {
         OwnedFd::from_raw_fd(fd as RawFd)
     }))
+}
+
+/// The creation flags of a userfaultfd: close-on-exec, and non-blocking
+/// when asked (what `poll()`-based handlers need).
+pub fn open_flags(nonblocking: bool) -> i32 {
+    if nonblocking {
+        libc::O_CLOEXEC | libc::O_NONBLOCK
+    } else {
+        libc::O_CLOEXEC
+    }
 }
 
 /// Creates a userfaultfd through `/dev/userfaultfd` and `USERFAULTFD_IOC_NEW`.

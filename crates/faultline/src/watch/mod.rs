@@ -549,7 +549,7 @@ impl Watcher {
         crate::sys::mem::ftruncate(&fd, len as u64).map_err(map("ftruncate"))?;
         let main = Mapping::shared(&fd, len, 0).map_err(map("mmap"))?;
         let alias = Mapping::shared(&fd, len, 0).map_err(map("mmap alias"))?;
-        let _ = main.advise(0, len, libc::MADV_NOHUGEPAGE);
+        let _ = main.advise(0, len, crate::sys::mem::Advice::NoHugePage);
         let (s, e) = (main.addr(), main.addr() + len as u64);
         self.inner
             .uffd

@@ -1,37 +1,74 @@
-//! The one fault-resolution path every engine shares.
+//! The one fault-resolution path every engine (and `populate`, and the
+//! run-ahead populator) shares.
 //!
-//! Given a region and a faulting address:
+//! Given a region and a page:
 //!
-//! 1. Find the region page; a poisoned page is reported, never refilled.
+//! 1. A poisoned page is reported, never refilled.
 //! 2. Claim the page (one bit in the residency map). A resolver that
 //!    loses the claim backs off: another thread is installing the page.
-//! 3. Fault-around: extend the claim over absent pages of the aligned
-//!    window of `fault_around` region pages holding the fault, so one ioctl
-//!    installs up to K pages.
+//! 3. Extend the claim over the absent pages of the window the request
+//!    asks for: the read-ahead window of a fault
+//!    ([`crate::policy::ReadaheadConfig`]), or the range being populated;
+//!    one ioctl installs them all.
 //! 4. Get the bytes: nothing for ZEROPAGE, the store's zero-copy view, or
 //!    the store's `fill` into the caller's scratch buffer, the page cache
-//!    via the alias view (CONTINUE), or a pre-touched pool page (MOVE).
+//!    via the alias view (CONTINUE), or a pre-touched pool frame (MOVE).
 //! 5. One resolve ioctl (with DONTWAKE); record what it did in the
-//!    residency map; release the claims; then, for thread engines, WAKE the
-//!    sleeping faulting thread(s). The residency map therefore never
-//!    claims a page present before it is mapped, and a thread that resumes
-//!    from a fault always finds its page recorded. EEXIST means someone
-//!    else installed the page: done (and a WAKE).
+//!    residency map and the feeds; release the claims; then, when the
+//!    faulting thread sleeps ([`Delivery::faulter_sleeps`]), WAKE it. The
+//!    residency map therefore never claims a page present before it is
+//!    mapped, and a thread that resumes from a fault always finds its page
+//!    recorded. EEXIST means someone else installed the page: done (and a
+//!    WAKE).
 //! 6. A store error poisons the faulting page (`UFFDIO_POISON`) so the
 //!    faulting thread gets SIGBUS instead of a zero page.
 //!
 //! Everything here is async-signal-safe when the store is: no allocation,
-//! no locks, only atomics and syscalls.
+//! no locks, only atomics and system calls.
+//!
+//! [`Delivery::faulter_sleeps`]: super::Delivery::faulter_sleeps
 
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 
-use crate::region::{Bitset, Shared};
+use super::{zero, RegionState};
+use crate::error::{Error, Result};
+use crate::page::{MemoryKind, ResolveOp};
 use crate::residency::PageState;
 use crate::store::StoreError;
+use crate::sys::mem::Advice;
 use crate::sys::uffd::{mode, Outcome, UffdError};
-use crate::sys::{self, rdtsc};
-use crate::ResolveOp;
+use crate::sys::{self, rdtsc, Errno};
+
+/// Who asks for a page, which decides the window installed with it.
+#[derive(Debug, Clone)]
+pub(crate) enum Origin {
+    /// A fault: the region's read-ahead picks the window.
+    Fault,
+    /// `Region::populate`: the pages of this range.
+    Populate(Range<usize>),
+    /// The run-ahead populator: the pages of this range, recorded as
+    /// installed ahead of any fault.
+    RunAhead(Range<usize>),
+}
+
+/// The access that faulted.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Access {
+    /// A write (else a read).
+    pub write: bool,
+    /// A write-protect fault on a present page.
+    pub wp: bool,
+}
+
+impl Access {
+    /// A write fault on a missing page (what `populate` asks for).
+    pub const WRITE: Access = Access {
+        write: true,
+        wp: false,
+    };
+}
 
 /// What became of a fault.
 #[derive(Debug)]
@@ -52,24 +89,21 @@ pub(crate) enum Resolution {
     Failed(UffdError),
 }
 
-/// Resolves the fault at `addr`. `wake`: issue UFFDIO_WAKE when the page
-/// turns out to be there already (thread engines; the faulting thread is
-/// asleep). `scratch`: a buffer of at least one region page for stores
-/// without a zero-copy view.
+/// Resolves `page` of `r` for `access`, with the window `origin` asks
+/// for. `scratch`: a buffer of at least one region page for stores
+/// without a zero-copy view (its length caps the window).
 pub(crate) fn resolve(
-    r: &Shared,
-    addr: u64,
-    write: bool,
-    wp: bool,
-    wake: bool,
+    r: &RegionState,
+    page: usize,
+    access: Access,
+    origin: &Origin,
     scratch: &mut [u8],
-    ahead: Option<&Bitset>,
 ) -> Resolution {
-    let ps = r.page_size;
-    let page = ((addr - r.base) / ps as u64) as usize;
+    let wake = r.delivery.faulter_sleeps;
+    let ps = r.pages.size().bytes();
     for _attempt in 0..8 {
         let state = r.residency.get(page);
-        if r.evict.is_some() && write && (wp || state == PageState::ReadOnly) {
+        if r.budget.is_some() && access.write && (access.wp || state == PageState::ReadOnly) {
             // A write to a clean, write-protected page of a budget region.
             match mark_dirty(r, page, wake) {
                 Some(res) => return res,
@@ -79,20 +113,20 @@ pub(crate) fn resolve(
         match state {
             PageState::Poisoned => return Resolution::Poisoned,
             PageState::ReadOnly | PageState::Writable => {
-                // Thread engines learn of dropped pages through REMOVE
-                // events, so a fault on a recorded page is a message that
-                // raced with its resolution: wake and done. The signal
-                // engine has no event reader: the page may have been
-                // dropped behind our back (MADV_DONTNEED). For anonymous
-                // memory mincore tells; for shmem/hugetlb (mincore reports
-                // the page cache, not the mapping) re-install, which is
-                // idempotent (EEXIST if it was there).
-                let stale = r.signal_mode
-                    && (r.kind != crate::MemoryKind::PrivateAnon
-                        || !sys::mem::is_mapped(r.page_addr(page), ps));
+                // Engines that read events learn of dropped pages through
+                // REMOVE, so a fault on a recorded page is a message that
+                // raced with its resolution: wake and done. Without an
+                // event reader the page may have been dropped behind our
+                // back (MADV_DONTNEED). For anonymous memory mincore tells;
+                // for shmem/hugetlb (mincore reports the page cache, not
+                // the mapping) re-install, which is idempotent (EEXIST if
+                // it was there).
+                let stale = !r.delivery.reads_events
+                    && (r.kind != MemoryKind::PrivateAnon
+                        || !sys::mem::is_mapped(r.pages.addr(page), ps));
                 if !stale {
                     if wake {
-                        let _ = r.uffd.wake(r.page_addr(page), ps as u64);
+                        let _ = r.uffd.wake(r.pages.addr(page), ps as u64);
                     }
                     return Resolution::Resolved;
                 }
@@ -106,14 +140,14 @@ pub(crate) fn resolve(
             }
             PageState::Absent => {}
         }
-        if let Some(ev) = r.evict.as_ref().filter(|ev| ev.over_limit()) {
-            if wake {
-                // Thread engines: defer it. Waiting here would stall the
-                // evictor, whose zap waits for this very thread to read the
-                // REMOVE event.
+        if let Some(budget) = r.budget.as_ref().filter(|b| b.over_limit()) {
+            if !r.delivery.on_faulting_thread {
+                // Defer it: waiting here would stall the evictor, whose zap
+                // waits for the engine's handler thread to read the REMOVE
+                // event.
                 return Resolution::Retry;
             }
-            ev.wait_below_limit();
+            budget.wait_below_limit();
         }
         if !r.residency.try_claim(page) {
             return Resolution::Busy;
@@ -122,22 +156,30 @@ pub(crate) fn resolve(
             r.residency.release(page..page + 1);
             continue;
         }
-        let run = claim_window(r, page, scratch.len());
-        // Every ioctl runs with DONTWAKE: the faulting thread (thread
-        // engines) is woken only after the residency map and counters
-        // record the install, so a resumed thread always sees them.
-        let step = install(r, run.clone(), page, write, scratch, ahead);
-        if matches!(step, Step::Done) && write && r.evict.is_some() {
+        let run = claim_window(r, page, origin, scratch.len());
+        // Every ioctl runs with DONTWAKE: a sleeping faulting thread is
+        // woken only after the residency map and counters record the
+        // install, so a resumed thread always sees them.
+        let ahead = matches!(origin, Origin::RunAhead(_));
+        let mut run = run;
+        let mut step = install(r, run.clone(), page, access.write, scratch, ahead);
+        if let Step::Narrowed = step {
+            // The store failed somewhere in the window: only the faulting
+            // page's own failure may poison it.
+            run = page..page + 1;
+            step = install(r, run.clone(), page, access.write, scratch, ahead);
+        }
+        if matches!(step, Step::Done) && access.write && r.budget.is_some() {
             // Installed clean; this fault is a write: dirty it now rather
             // than take a second (WP) fault on the retry.
             let _ = mark_dirty(r, page, false);
         }
         if wake {
             let woken = match &step {
-                Step::Done => Some((r.page_addr(run.start), (run.len() * ps) as u64)),
+                Step::Done => Some((r.pages.addr(run.start), r.pages.bytes(run.len()) as u64)),
                 // A store failure is woken by the engine after it has
                 // printed its message (the thread is about to die).
-                Step::Exists => Some((r.page_addr(page), ps as u64)),
+                Step::Exists => Some((r.pages.addr(page), ps as u64)),
                 _ => None,
             };
             if let Some((a, l)) = woken {
@@ -148,6 +190,7 @@ pub(crate) fn resolve(
             Step::Done | Step::Exists => return Resolution::Resolved,
             Step::Again => continue,
             Step::Out(res) => return res,
+            Step::Narrowed => unreachable!("a one-page run is never narrowed"),
         }
     }
     // Eight rounds of partial progress without reaching our page: let the
@@ -155,27 +198,72 @@ pub(crate) fn resolve(
     Resolution::Busy
 }
 
-/// Extends the claim on `page` over the absent pages of its aligned
-/// fault-around window, capped so the run fits the sources.
-fn claim_window(r: &Shared, page: usize, scratch_len: usize) -> Range<usize> {
-    let mut cap = usize::MAX;
-    if r.needs_scratch() {
-        cap = (scratch_len / r.page_size).max(1);
-    }
-    cap = cap.min(r.max_run_pages);
-    // Adaptive read-ahead: a window starting at the fault, growing on a
-    // sequential stream; otherwise the fixed, aligned fault-around window.
-    let (win_start, k) = match r.readahead.as_ref() {
-        Some(ra) => (page, ra.window_for(page).min(cap)),
-        None => {
-            let k = r.fault_around.max(1).min(cap);
-            (page - page % k, k)
+/// Installs every absent page of `pages` from the calling thread (not a
+/// fault), waiting up to `timeout` for pages other resolvers hold.
+pub(crate) fn populate(
+    r: &RegionState,
+    pages: Range<usize>,
+    scratch: &mut [u8],
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let origin = Origin::Populate(pages.clone());
+    let mut p = pages.start;
+    while p < pages.end {
+        if r.residency.get(p) != PageState::Absent {
+            p += 1;
+            continue;
         }
+        match resolve(r, p, Access::WRITE, &origin, scratch) {
+            Resolution::Resolved => p += 1,
+            Resolution::Busy | Resolution::Retry => {
+                if Instant::now() > deadline {
+                    return Err(Error::Io {
+                        op: "populate",
+                        source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+                    });
+                }
+                std::thread::yield_now();
+            }
+            Resolution::Gone => {
+                return Err(Error::Uffd(UffdError::gone("populate")));
+            }
+            Resolution::Poisoned => {
+                return Err(Error::Store(StoreError::Failed {
+                    offset: r.pages.offset(p),
+                    reason: "page was poisoned by an earlier store error".into(),
+                }))
+            }
+            Resolution::StoreFailed(e) => return Err(Error::Store(e)),
+            Resolution::Failed(e) => return Err(Error::Uffd(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Extends the claim on `page` over the absent pages of the window
+/// `origin` asks for, capped so the run fits the sources.
+fn claim_window(r: &RegionState, page: usize, origin: &Origin, scratch_len: usize) -> Range<usize> {
+    let n = r.pages.count();
+    let want = match origin {
+        Origin::Fault => r.readahead.window(page, n),
+        Origin::Populate(w) | Origin::RunAhead(w) => w.start.min(page)..w.end.clamp(page + 1, n),
     };
-    if k == 1 {
+    let mut cap = r.max_run_pages;
+    if r.needs_scratch() {
+        cap = cap.min((scratch_len / r.pages.size().bytes()).max(1));
+    }
+    // Too long for the sources: the cap-aligned piece of it holding the
+    // fault.
+    let (win_start, win_end) = if want.len() > cap {
+        let start = want.start + (page - want.start) / cap * cap;
+        (start, (start + cap).min(want.end))
+    } else {
+        (want.start, want.end)
+    };
+    if win_end - win_start <= 1 {
         return page..page + 1;
     }
-    let win_end = (win_start + k).min(r.pages);
     let mut end = page + 1;
     while end < win_end && r.residency.get(end) == PageState::Absent && r.residency.try_claim(end) {
         if r.residency.get(end) != PageState::Absent {
@@ -205,27 +293,58 @@ enum Step {
     Exists,
     /// Progress, but not on the faulting page: go round again.
     Again,
+    /// The store failed for a run of several pages: every claim but the
+    /// faulting page's is released; install that page alone.
+    Narrowed,
     /// Final answer.
     Out(Resolution),
 }
 
 /// Installs the claimed `run` (which contains `page`) and releases it.
 fn install(
-    r: &Shared,
+    r: &RegionState,
     run: Range<usize>,
     page: usize,
     write: bool,
     scratch: &mut [u8],
-    ahead: Option<&Bitset>,
+    ahead: bool,
 ) -> Step {
-    let ps = r.page_size;
-    let dst = r.page_addr(run.start);
-    let bytes = (run.len() * ps) as u64;
-    let offset = (run.start * ps) as u64;
+    // A private view of a tmpfs file (zero copy): page-cache pages are
+    // mapped with CONTINUE, holes are filled from the store with COPY. One
+    // ioctl does one or the other: keep the part of the run that agrees
+    // with `page`.
+    let (run, in_cache) = match (r.op, &r.alias, &r.cached) {
+        (ResolveOp::Continue, None, Some(cached)) => {
+            let hit = cached.get(page);
+            let mut start = page;
+            while start > run.start && cached.get(start - 1) == hit {
+                start -= 1;
+            }
+            let mut end = page + 1;
+            while end < run.end && cached.get(end) == hit {
+                end += 1;
+            }
+            r.residency.release(run.start..start);
+            r.residency.release(end..run.end);
+            (start..end, Some(hit))
+        }
+        _ => (run, None),
+    };
+    let ps = r.pages.size().bytes();
+    let dst = r.pages.addr(run.start);
+    let bytes = r.pages.bytes(run.len()) as u64;
+    let offset = r.pages.offset(run.start);
     let mut state = PageState::Writable;
 
-    let outcome: Result<Outcome, CopyErr> = match r.op {
-        ResolveOp::Continue => {
+    let outcome: Result<Outcome, CopyErr> = match (r.op, in_cache) {
+        (ResolveOp::Continue, Some(true)) => {
+            // Mapped read-only into the private view: a write copies it.
+            state = PageState::ReadOnly;
+            r.uffd
+                .continue_(dst, bytes, mode::CONTINUE_DONTWAKE)
+                .map_err(CopyErr::Uffd)
+        }
+        (ResolveOp::Continue, None) => {
             if let Err(e) = fill_page_cache(r, run.clone()) {
                 return fail_store(r, run, page, e);
             }
@@ -233,7 +352,7 @@ fn install(
                 .continue_(dst, bytes, mode::CONTINUE_DONTWAKE)
                 .map_err(CopyErr::Uffd)
         }
-        ResolveOp::Move => match r
+        (ResolveOp::Move, _) => match r
             .pool
             .as_ref()
             .filter(|p| run.start.is_multiple_of(p.slot_pages()))
@@ -251,6 +370,12 @@ fn install(
                     let buf = unsafe { std::slice::from_raw_parts_mut(src as *mut u8, n * ps) };
                     if let Err(e) = r.store.fill(offset, buf) {
                         r.pool.as_ref().expect("pool").discard(slots);
+                        if !moved_run.contains(&page) {
+                            // The failure is a neighbour's, and this page's
+                            // claim went with the shrink: start over.
+                            r.residency.release(moved_run);
+                            return Step::Again;
+                        }
                         return fail_store(r, moved_run, page, e);
                     }
                 }
@@ -270,9 +395,9 @@ fn install(
                     // EBUSY: the kernel could not take the source folio just
                     // now (locked, being split or migrated); nothing moved.
                     // Install this run with COPY instead.
-                    Err(e) if e.errno() == libc::EBUSY => {
+                    Err(e) if e.is(Errno::EBUSY) => {
                         r.stats.pool_misses.fetch_add(1, Relaxed);
-                        let bytes = (moved_run.len() * ps) as u64;
+                        let bytes = r.pages.bytes(moved_run.len()) as u64;
                         return match copy_run(r, &moved_run, dst, offset, bytes, scratch) {
                             Ok(o) => finish(r, moved_run, page, Ok(o), PageState::Writable, ahead),
                             Err(CopyErr::Uffd(e)) => {
@@ -289,8 +414,8 @@ fn install(
                 copy_run(r, &run, dst, offset, bytes, scratch)
             }
         },
-        ResolveOp::Copy | ResolveOp::Auto => {
-            if r.evict.is_some() {
+        (ResolveOp::Copy | ResolveOp::Auto, _) | (ResolveOp::Continue, Some(false)) => {
+            if r.budget.is_some() {
                 state = PageState::ReadOnly;
             }
             if r.store.is_zero() && !write && r.zeropage_reads {
@@ -324,7 +449,7 @@ impl From<UffdError> for CopyErr {
 /// UFFDIO_COPY of the run from the cheapest source: the zero buffer, the
 /// store's view, or the scratch buffer filled by the store.
 fn copy_run(
-    r: &Shared,
+    r: &RegionState,
     run: &Range<usize>,
     dst: u64,
     offset: u64,
@@ -332,7 +457,7 @@ fn copy_run(
     scratch: &mut [u8],
 ) -> Result<Outcome, CopyErr> {
     let src: *const u8 = if r.store.is_zero() {
-        crate::region::zero_source(bytes as usize)
+        zero::source(bytes as usize)
     } else if let Some(v) = r.store.view(offset, bytes as usize) {
         r.stats.zero_copy_fills.fetch_add(run.len() as u64, Relaxed);
         v.as_ptr()
@@ -344,7 +469,7 @@ fn copy_run(
     };
     // Budget regions install pages write-protected (clean); the first write
     // takes a WP fault that marks them dirty.
-    let wp = if r.evict.is_some() { mode::COPY_WP } else { 0 };
+    let wp = if r.budget.is_some() { mode::COPY_WP } else { 0 };
     // SAFETY: `src` points at `bytes` readable bytes: the zero buffer is at
     // least `bytes` long (max_run_pages caps runs), the view and the
     // scratch slice were checked to be that long.
@@ -353,8 +478,8 @@ fn copy_run(
 
 /// Makes sure every page of `run` is in the shmem/hugetlb page cache,
 /// filling it through the unregistered alias view.
-fn fill_page_cache(r: &Shared, run: Range<usize>) -> Result<(), StoreError> {
-    let ps = r.page_size;
+fn fill_page_cache(r: &RegionState, run: Range<usize>) -> Result<(), StoreError> {
+    let ps = r.pages.size().bytes();
     let alias = r
         .alias
         .as_ref()
@@ -367,14 +492,15 @@ fn fill_page_cache(r: &Shared, run: Range<usize>) -> Result<(), StoreError> {
         if cached.get(p) {
             continue;
         }
-        let off = p * ps;
+        let off = r.pages.offset(p) as usize;
         if r.store.is_zero() {
             // Allocate the page-cache page without writing a byte.
-            sys::mem::madvise(alias.addr() + off as u64, ps, sys::mem::MADV_POPULATE_WRITE)
-                .map_err(|e| StoreError::Failed {
+            sys::mem::madvise(alias.addr() + off as u64, ps, Advice::PopulateWrite).map_err(
+                |e| StoreError::Failed {
                     offset: off as u64,
                     reason: std::borrow::Cow::Borrowed(e.op),
-                })?;
+                },
+            )?;
         } else {
             // SAFETY: `off..off+ps` is inside the alias mapping, which is
             // not registered with userfaultfd and is only written here,
@@ -390,14 +516,14 @@ fn fill_page_cache(r: &Shared, run: Range<usize>) -> Result<(), StoreError> {
 
 /// Records the outcome of the ioctl over `run` and releases its claims.
 fn finish(
-    r: &Shared,
+    r: &RegionState,
     run: Range<usize>,
     page: usize,
     out: Result<Outcome, UffdError>,
     state: PageState,
-    ahead: Option<&Bitset>,
+    ahead: bool,
 ) -> Step {
-    let ps = r.page_size;
+    let ps = r.pages.size().bytes();
     let t = rdtsc();
     r.timing_resolved.store(t, Relaxed);
     let step = match out {
@@ -412,11 +538,11 @@ fn finish(
             r.residency.set_range(installed.clone(), state);
             r.stats.installed.fetch_add(n as u64, Relaxed);
             r.stats.ioctls.fetch_add(1, Relaxed);
-            if let Some(ev) = r.evict.as_ref() {
-                installed.clone().for_each(|p| ev.installed(p));
+            if let Some(budget) = r.budget.as_ref() {
+                installed.clone().for_each(|p| budget.installed(p));
             }
-            if let (Some(a), Some(feed)) = (ahead, r.feed.as_ref()) {
-                installed.clone().for_each(|p| a.set(p));
+            if let Some(feed) = r.runahead.as_ref().filter(|_| ahead) {
+                installed.clone().for_each(|p| feed.ahead.set(p));
                 feed.populated.fetch_add(n as u64, Relaxed);
             }
             if page < installed.end {
@@ -449,15 +575,21 @@ fn finish(
     step
 }
 
-/// A store error: poison the faulting page so its thread gets SIGBUS, not
-/// a zero page; release the rest of the run.
-fn fail_store(r: &Shared, run: Range<usize>, page: usize, err: StoreError) -> Step {
+/// A store error. For a run of several pages, release all but the
+/// faulting page and let the caller try that page alone (a read-ahead
+/// window must not turn a neighbour's failure into this page's). For the
+/// faulting page alone: poison it so its thread gets SIGBUS, not a zero
+/// page.
+fn fail_store(r: &RegionState, run: Range<usize>, page: usize, err: StoreError) -> Step {
+    if run.len() > 1 {
+        r.residency.release(run.start..page);
+        r.residency.release(page + 1..run.end);
+        return Step::Narrowed;
+    }
     r.residency.set(page, PageState::Poisoned);
     r.stats.poisoned.fetch_add(1, Relaxed);
-    r.last_poisoned.store(page as u64, Relaxed);
-    let poisoned = r
-        .uffd
-        .poison(r.page_addr(page), r.page_size as u64, mode::POISON_DONTWAKE);
+    let ps = r.pages.size().bytes() as u64;
+    let poisoned = r.uffd.poison(r.pages.addr(page), ps, mode::POISON_DONTWAKE);
     r.residency.release(run);
     match poisoned {
         Err(e) => Step::Out(Resolution::Failed(e)),
@@ -467,7 +599,7 @@ fn fail_store(r: &Shared, run: Range<usize>, page: usize, err: StoreError) -> St
 
 /// A write fault on a clean page of a budget region: un-protect it and
 /// mark it dirty. `None`: the page changed state meanwhile, look again.
-fn mark_dirty(r: &Shared, page: usize, wake: bool) -> Option<Resolution> {
+fn mark_dirty(r: &RegionState, page: usize, wake: bool) -> Option<Resolution> {
     if !r.residency.try_claim(page) {
         // The evictor (or another resolver) holds it: retry the access.
         return Some(Resolution::Busy);
@@ -478,14 +610,14 @@ fn mark_dirty(r: &Shared, page: usize, wake: bool) -> Option<Resolution> {
         r.residency.release(page..page + 1);
         return None;
     }
-    let (addr, ps) = (r.page_addr(page), r.page_size as u64);
+    let (addr, ps) = (r.pages.addr(page), r.pages.size().bytes() as u64);
     let res = match r.uffd.writeprotect(addr, ps, false, true) {
         Ok(()) => {
             r.residency.set(page, PageState::Writable);
             Resolution::Resolved
         }
         // An event (the evictor's REMOVE) is pending: defer, like COPY.
-        Err(e) if e.errno() == libc::EAGAIN => Resolution::Retry,
+        Err(e) if e.is(Errno::EAGAIN) => Resolution::Retry,
         Err(e) => Resolution::Failed(e),
     };
     r.residency.release(page..page + 1);

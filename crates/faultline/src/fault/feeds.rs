@@ -1,0 +1,215 @@
+//! What the fault path tells a region's background threads, without
+//! waiting for them.
+//!
+//! * [`BudgetFeed`] (regions with a memory budget): every install is
+//!   appended to a lock-free log the evictor drains into its eviction
+//!   policy, and the resident count tells a fault when the region is so far
+//!   past its budget that it should wait for the evictor.
+//! * [`RunAheadFeed`] (regions with run-ahead): the last fault, and a futex
+//!   wake if the populator sleeps; the pages the populator installed are
+//!   marked so users can count faults avoided.
+//!
+//! Posting to either is a few atomics and at most one system call:
+//! async-signal-safe and wait-free.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::time::{Duration, Instant};
+
+use crate::residency::PageBits;
+use crate::sys::thread::{futex_wait, futex_wake};
+
+/// Eviction counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvictionStats {
+    /// Pages evicted.
+    pub evicted: u64,
+    /// Dirty pages written back (by eviction or flush).
+    pub written_back: u64,
+    /// Write-backs that failed (the page stayed resident and dirty).
+    pub write_back_errors: u64,
+    /// Pages resident now (as counted by the runtime).
+    pub resident: u64,
+    /// Most pages resident at once. The evictor runs asynchronously, so
+    /// the count can pass the budget while it catches up; a fault that
+    /// finds the region past budget plus slack waits for it (see
+    /// [`crate::evict`]).
+    pub max_resident: u64,
+}
+
+/// The budget side of the fault path: the install log and resident count.
+#[derive(Debug)]
+pub(crate) struct BudgetFeed {
+    /// Resident pages past which faults wait for the evictor.
+    limit: usize,
+    log: Box<[AtomicU64]>,
+    tail: AtomicU64,
+    head: AtomicU64,
+    pub resident: AtomicUsize,
+    max_resident: AtomicUsize,
+    pub evicted: AtomicU64,
+    pub written_back: AtomicU64,
+    pub write_back_errors: AtomicU64,
+}
+
+/// How long a fault on the faulting thread waits for the evictor before it
+/// goes on past the budget (the kernel's direct reclaim also gives up).
+const BUDGET_WAIT: Duration = Duration::from_millis(10);
+
+impl BudgetFeed {
+    /// For a region of `pages` pages with `budget` resident pages, whose
+    /// faults install up to `window` pages at once.
+    pub fn new(pages: usize, budget: usize, window: usize) -> BudgetFeed {
+        // Every logged install is drained before its page can be evicted,
+        // so at most `pages` entries are ever outstanding.
+        let cap = pages.max(1024).next_power_of_two();
+        BudgetFeed {
+            limit: budget + (budget / 4).max(4 * window),
+            log: (0..cap).map(|_| AtomicU64::new(0)).collect(),
+            tail: AtomicU64::new(0),
+            head: AtomicU64::new(0),
+            resident: AtomicUsize::new(0),
+            max_resident: AtomicUsize::new(0),
+            evicted: AtomicU64::new(0),
+            written_back: AtomicU64::new(0),
+            write_back_errors: AtomicU64::new(0),
+        }
+    }
+
+    /// Logs that `page` was installed. Async-signal-safe, wait-free.
+    #[inline]
+    pub fn installed(&self, page: usize) {
+        let now = self.resident.fetch_add(1, SeqCst) + 1;
+        self.max_resident.fetch_max(now, Relaxed);
+        let i = self.tail.fetch_add(1, SeqCst) as usize & (self.log.len() - 1);
+        self.log[i].store(page as u64 + 1, SeqCst);
+    }
+
+    /// Whether the region is past budget + slack.
+    #[inline]
+    pub fn over_limit(&self) -> bool {
+        self.resident.load(Relaxed) > self.limit
+    }
+
+    /// A fault resolved on the faulting thread, past the limit: wait
+    /// (yielding, at most [`BUDGET_WAIT`]) for the evictor to catch up, as
+    /// the kernel's direct reclaim makes an allocating thread wait.
+    /// Async-signal-safe (`clock_gettime` and `sched_yield`). Thread
+    /// engines defer the fault instead; see `resolve`.
+    pub fn wait_below_limit(&self) {
+        let deadline = Instant::now() + BUDGET_WAIT;
+        while self.over_limit() && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Hands every logged install to `f`, oldest first (the evictor).
+    pub fn drain(&self, mut f: impl FnMut(usize)) {
+        let tail = self.tail.load(SeqCst);
+        let mut head = self.head.load(Relaxed);
+        while head < tail {
+            let slot = &self.log[head as usize & (self.log.len() - 1)];
+            let v = slot.swap(0, SeqCst);
+            if v == 0 {
+                break; // its producer has not written it yet
+            }
+            f(v as usize - 1);
+            head += 1;
+        }
+        self.head.store(head, Relaxed);
+    }
+
+    pub fn stats(&self) -> EvictionStats {
+        EvictionStats {
+            evicted: self.evicted.load(Relaxed),
+            written_back: self.written_back.load(Relaxed),
+            write_back_errors: self.write_back_errors.load(Relaxed),
+            resident: self.resident.load(Relaxed) as u64,
+            max_resident: self.max_resident.load(Relaxed) as u64,
+        }
+    }
+}
+
+/// Run-ahead counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunAheadStats {
+    /// Faults the populator looked at.
+    pub faults_seen: u64,
+    /// Windows it predicted.
+    pub windows_predicted: u64,
+    /// Pages it installed.
+    pub pages_populated: u64,
+}
+
+/// Where faults are posted for the run-ahead populator.
+#[derive(Debug)]
+pub(crate) struct RunAheadFeed {
+    seq: AtomicU32,
+    page: AtomicU64,
+    sleeping: AtomicBool,
+    /// Pages the populator installed (before any fault on them).
+    pub ahead: PageBits,
+    pub faults_seen: AtomicU64,
+    pub windows: AtomicU64,
+    pub populated: AtomicU64,
+}
+
+impl RunAheadFeed {
+    pub fn new(pages: usize) -> RunAheadFeed {
+        RunAheadFeed {
+            seq: AtomicU32::new(0),
+            page: AtomicU64::new(0),
+            sleeping: AtomicBool::new(false),
+            ahead: PageBits::new(pages),
+            faults_seen: AtomicU64::new(0),
+            windows: AtomicU64::new(0),
+            populated: AtomicU64::new(0),
+        }
+    }
+
+    /// Posts a fault at `page`. Async-signal-safe.
+    #[inline]
+    pub fn post(&self, page: usize) {
+        self.page.store(page as u64, SeqCst);
+        self.seq.fetch_add(1, SeqCst);
+        if self.sleeping.load(SeqCst) {
+            futex_wake(&self.seq);
+        }
+    }
+
+    /// Wakes the populator whatever it waits for (to stop it).
+    pub fn wake_all(&self) {
+        self.seq.fetch_add(1, SeqCst);
+        futex_wake(&self.seq);
+    }
+
+    /// The populator's wait: returns the newest posted fault once the
+    /// sequence moves past `seen` (updating it), or `None` after `timeout`
+    /// (or a wake without a new fault).
+    pub fn next_fault(&self, seen: &mut u32, timeout: Duration) -> Option<usize> {
+        let s = self.seq.load(SeqCst);
+        if s == *seen {
+            self.sleeping.store(true, SeqCst);
+            if self.seq.load(SeqCst) == s {
+                futex_wait(&self.seq, s, timeout);
+            }
+            self.sleeping.store(false, SeqCst);
+            return None;
+        }
+        *seen = s;
+        self.faults_seen.fetch_add(1, Relaxed);
+        Some(self.page.load(SeqCst) as usize)
+    }
+
+    /// The current sequence number (a populator starts from it).
+    pub fn seq(&self) -> u32 {
+        self.seq.load(SeqCst)
+    }
+
+    pub fn stats(&self) -> RunAheadStats {
+        RunAheadStats {
+            faults_seen: self.faults_seen.load(Relaxed),
+            windows_predicted: self.windows.load(Relaxed),
+            pages_populated: self.populated.load(Relaxed),
+        }
+    }
+}

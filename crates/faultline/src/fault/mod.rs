@@ -1,0 +1,79 @@
+//! The fault path every engine shares: from a faulting address to an
+//! installed page.
+//!
+//! ```text
+//!   engine (signal handler, or a handler thread's uffd message)
+//!     │ fault address, read/write, write-protect
+//!     ▼
+//!   table::enter(addr)        lock-free lookup of the region, marks it in flight
+//!     │ &RegionState
+//!     ▼
+//!   resolve::resolve(..)      claim the page (+ read-ahead window), fetch, install
+//!     │                       ├─ store::PageStore::fill / view   (the bytes)
+//!     │                       ├─ pool::FramePool::take           (MOVE frames)
+//!     │                       └─ feeds: budget log, run-ahead    (background threads)
+//!     ▼
+//!   sys::uffd                 UFFDIO_COPY / ZEROPAGE / CONTINUE / MOVE / POISON, then WAKE
+//! ```
+//!
+//! * [`table`]: the process-wide region table (`enter`, in-flight counts,
+//!   publishing and retiring a region).
+//! * [`state`]: [`RegionState`], what the fault path knows of one region.
+//! * [`resolve`]: the one resolution path.
+//! * [`readahead`]: per-thread stream slots driving
+//!   [`crate::policy::ReadaheadConfig`] from inside signal handlers.
+//! * [`feeds`]: what the fault path tells the evictor (the install log of
+//!   a budget) and the run-ahead populator (the last fault).
+//! * [`report`]: allocation-free messages and the fail-closed exit.
+//!
+//! Everything here is async-signal-safe when the store is: no allocation,
+//! no locks, only atomics and system calls. Nothing here knows which
+//! engine delivered the fault: what differs between engines is described
+//! by a [`Delivery`], which each engine declares.
+
+pub(crate) mod feeds;
+pub(crate) mod readahead;
+pub(crate) mod report;
+pub(crate) mod resolve;
+pub(crate) mod state;
+pub(crate) mod table;
+mod zero;
+
+pub(crate) use state::RegionState;
+pub use state::RegionStats;
+pub(crate) use zero::{init as zero_init, BYTES as ZERO_BYTES};
+
+/// How an engine delivers faults: what the fault path may assume about
+/// the faulting thread. Engines declare theirs with
+/// [`Engine::delivery`](crate::Engine::delivery); regions and the
+/// resolve path ask it instead of checking which engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Delivery {
+    /// The resolve path runs on the faulting thread, inside a signal
+    /// handler: stores must be async-signal-safe, and a wait must not need
+    /// another thread of the engine.
+    pub on_faulting_thread: bool,
+    /// The faulting thread sleeps in the kernel until a resolve ioctl or
+    /// `UFFDIO_WAKE` wakes it.
+    pub faulter_sleeps: bool,
+    /// The engine reads the userfaultfd's events (`UFFD_EVENT_REMOVE`), so
+    /// the residency map learns when pages are dropped behind its back.
+    pub reads_events: bool,
+}
+
+impl Delivery {
+    /// A signal on the faulting thread, resolved there (the `signal`
+    /// engine): nobody sleeps, no events.
+    pub const SAME_THREAD: Delivery = Delivery {
+        on_faulting_thread: true,
+        faulter_sleeps: false,
+        reads_events: false,
+    };
+    /// A message read by a handler thread; the faulting thread sleeps
+    /// until woken (the `poll`, `spin` and `workers` engines).
+    pub const HANDLER_THREAD: Delivery = Delivery {
+        on_faulting_thread: false,
+        faulter_sleeps: true,
+        reads_events: true,
+    };
+}
