@@ -13,6 +13,7 @@
 
 use std::sync::OnceLock;
 
+use crate::error::{Error, Result};
 use crate::page::MemoryKind;
 use crate::sys::mem::{self, Mapping};
 use crate::sys::uffd::{self, feature, ioctl_bit, register_mode, Uffd, UffdError};
@@ -112,9 +113,9 @@ pub fn capabilities() -> &'static Capabilities {
 
 /// Opens a new userfaultfd through the first creation path that works and
 /// performs the API handshake with `features`.
-pub fn open_uffd(nonblocking: bool, features: u64) -> Result<Uffd, crate::Error> {
+pub fn open_uffd(nonblocking: bool, features: u64) -> Result<Uffd> {
     let caps = capabilities();
-    let path = caps.path.ok_or_else(|| crate::Error::Unsupported {
+    let path = caps.path.ok_or_else(|| Error::Unsupported {
         what: "userfaultfd",
         reason: caps
             .creation
@@ -131,7 +132,7 @@ pub fn open_uffd(nonblocking: bool, features: u64) -> Result<Uffd, crate::Error>
     })?;
     let missing = features & !caps.features;
     if missing != 0 {
-        return Err(crate::Error::Unsupported {
+        return Err(Error::Unsupported {
             what: "userfaultfd feature",
             reason: format!("kernel lacks {}", feature_names(missing).join(", ")),
         });

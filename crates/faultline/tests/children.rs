@@ -25,27 +25,53 @@ fn say(s: &str) {
 
 // ---------------------------------------------------------------- store errors
 
-fn store_error_child(kind: EngineKind) {
+/// A store that fails from page `fail_from` on; `fault_around` pages per
+/// fault (None: the default read-ahead). Reads a page before the failing
+/// ones (it must succeed although its read-ahead window reaches them),
+/// then a failing one (SIGBUS).
+struct StoreErrorCase {
+    fault_around: Option<usize>,
+    fail_from: usize,
+    good: usize,
+    bad: usize,
+}
+
+const WHOLE_REGION_FAILS_PAST_8: StoreErrorCase = StoreErrorCase {
+    fault_around: None,
+    fail_from: 8,
+    good: 1,
+    bad: 9,
+};
+
+fn store_error_child(kind: EngineKind, case: &StoreErrorCase) {
     let len = 16 * 4096;
     let data = vec![0x5Au8; len];
-    let region = Region::builder(len)
-        .store(FailingStore {
-            inner: MemoryStore::new(data),
-            fail_from: 8 * 4096,
-        })
-        .build_dyn(engine_of(kind))
-        .unwrap();
+    let mut b = Region::builder(len).store(FailingStore {
+        inner: MemoryStore::new(data),
+        fail_from: (case.fail_from * 4096) as u64,
+    });
+    if let Some(fa) = case.fault_around {
+        b = b.fault_around(fa);
+    }
+    let region = b.build_dyn(engine_of(kind)).unwrap();
     say(&format!("REGION {}", region.id()));
-    say(&format!("GOOD {:#x}", read(region.as_ptr(), 4096)));
-    let v = read(region.as_ptr(), 9 * 4096 + 3);
+    say(&format!(
+        "GOOD {:#x}",
+        read(region.as_ptr(), case.good * 4096)
+    ));
+    let v = read(region.as_ptr(), case.bad * 4096 + 3);
     // Must not get here: the page is poisoned.
     say(&format!("READ {v:#x}"));
 }
 
 fn check_store_error(name: &str, kind: EngineKind) {
+    check_store_error_case(name, kind, &WHOLE_REGION_FAILS_PAST_8);
+}
+
+fn check_store_error_case(name: &str, kind: EngineKind, case: &StoreErrorCase) {
     if let Some(s) = child_scenario() {
         if s == name {
-            store_error_child(kind);
+            store_error_child(kind, case);
         }
         return;
     }
@@ -66,7 +92,7 @@ fn check_store_error(name: &str, kind: EngineKind) {
     );
     assert!(
         r.stderr.contains("store error at region #")
-            && r.stderr.contains("offset 0x9000")
+            && r.stderr.contains(&format!("offset {:#x}", case.bad * 4096))
             && r.stderr.contains("injected failure"),
         "{name}: message names region, offset and cause:\n{}",
         r.stderr
@@ -88,6 +114,33 @@ fn store_error_poisons_workers() {
 #[test]
 fn store_error_poisons_signal() {
     check_store_error("store_error_poisons_signal", EngineKind::Signal);
+}
+
+/// Fault-around must not widen a failure: with 8 pages per fault and a
+/// store failing from page 5, page 0 reads its data (its window is cut back
+/// to the page itself), and only page 6's own failure poisons page 6.
+const WINDOW_REACHES_FAILING_PAGES: StoreErrorCase = StoreErrorCase {
+    fault_around: Some(8),
+    fail_from: 5,
+    good: 0,
+    bad: 6,
+};
+
+#[test]
+fn window_store_error_poisons_only_its_page_signal() {
+    check_store_error_case(
+        "window_store_error_poisons_only_its_page_signal",
+        EngineKind::Signal,
+        &WINDOW_REACHES_FAILING_PAGES,
+    );
+}
+#[test]
+fn window_store_error_poisons_only_its_page_poll() {
+    check_store_error_case(
+        "window_store_error_poisons_only_its_page_poll",
+        EngineKind::Poll,
+        &WINDOW_REACHES_FAILING_PAGES,
+    );
 }
 
 // ---------------------------------------------------------------- panics

@@ -239,3 +239,78 @@ fn page_cache_file_is_installed_without_copies() {
         .build(&SignalEngine::new().unwrap());
     assert!(matches!(r, Err(Error::Unsupported { .. })), "{:?}", r.err());
 }
+
+/// With no tuning, a region over a `FileStore` of a tmpfs file maps the
+/// file's page cache privately (CONTINUE, nothing copied), with the
+/// adaptive zero-copy read-ahead; writes stay in the region (the file keeps
+/// its bytes); a region longer than the file, or `zero_copy(false)`, copies
+/// instead, and reads past the end of the file are zeros.
+#[test]
+fn zero_copy_is_the_default_for_a_tmpfs_file() {
+    let _dl = deadline(60);
+    let pages = 128;
+    let data = pattern(pages * 4096);
+    let path = std::path::PathBuf::from(format!("/dev/shm/faultline-zc-{}", std::process::id()));
+    std::fs::write(&path, &data).unwrap();
+    for kind in [EngineKind::Signal, EngineKind::Poll] {
+        let engine = engine_of(kind);
+        let region = Region::builder(pages * 4096)
+            .store(FileStore::open(&path).unwrap())
+            .build_dyn(engine.clone())
+            .unwrap();
+        assert!(region.is_zero_copy(), "{kind:?}: {region:?}");
+        assert_eq!(region.kind(), MemoryKind::Shmem);
+        assert_eq!(region.resolve_op(), ResolveOp::Continue);
+        assert_eq!(region.readahead(), ReadaheadConfig::adaptive(64, 512));
+        for p in 0..pages {
+            assert_eq!(
+                read(region.as_ptr(), p * 4096 + 7),
+                data[p * 4096 + 7],
+                "{kind:?} page {p}"
+            );
+        }
+        write(region.as_ptr(), 5 * 4096, !data[5 * 4096]);
+        assert_eq!(read(region.as_ptr(), 5 * 4096), !data[5 * 4096]);
+        let s = region.stats();
+        assert_eq!(
+            (s.store_fills, s.zero_copy_fills),
+            (0, 0),
+            "{kind:?}: {s:?}"
+        );
+        assert!(s.faults <= 4, "{kind:?}: 64-page windows: {s:?}");
+        drop(region);
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            data,
+            "{kind:?}: writes stay private"
+        );
+
+        // Longer than the file: copies, zeros past its end.
+        let region = Region::builder((pages + 16) * 4096)
+            .store(FileStore::open(&path).unwrap())
+            .build_dyn(engine.clone())
+            .unwrap();
+        assert!(!region.is_zero_copy());
+        assert_eq!(region.kind(), MemoryKind::PrivateAnon);
+        assert_eq!(region.readahead(), ReadaheadConfig::adaptive(16, 256));
+        assert_eq!(read(region.as_ptr(), 3 * 4096), data[3 * 4096]);
+        assert_eq!(read(region.as_ptr(), (pages + 3) * 4096), 0);
+        drop(region);
+
+        // Turned off.
+        let region = Region::builder(pages * 4096)
+            .store(FileStore::open(&path).unwrap())
+            .zero_copy(false)
+            .build_dyn(engine)
+            .unwrap();
+        assert!(!region.is_zero_copy());
+        assert_eq!(read(region.as_ptr(), 9 * 4096), data[9 * 4096]);
+        assert!(region.stats().zero_copy_fills > 0);
+    }
+    std::fs::remove_file(&path).unwrap();
+    // A zero store reads ahead only on streams.
+    let region = Region::builder(4096 * 4)
+        .build(&SignalEngine::new().unwrap())
+        .unwrap();
+    assert_eq!(region.readahead(), ReadaheadConfig::adaptive(1, 64));
+}

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::background::{Background, StopFlag};
+use crate::error::{Error, Result};
 use crate::fault::report::fail_closed;
 pub use crate::fault::Delivery;
 use crate::page::MemoryKind;
@@ -192,7 +193,7 @@ pub trait Engine: Send + Sync + 'static {
     /// Counters.
     fn stats(&self) -> EngineStats;
     /// Fails if the engine cannot take new regions (its threads are gone).
-    fn check_alive(&self) -> crate::Result<()> {
+    fn check_alive(&self) -> Result<()> {
         Ok(())
     }
     /// Called when a region starts using the engine.
@@ -202,7 +203,7 @@ pub trait Engine: Send + Sync + 'static {
 }
 
 /// Creates an engine by kind with `config`.
-pub fn create(kind: EngineKind, config: EngineConfig) -> crate::Result<Arc<dyn Engine>> {
+pub fn create(kind: EngineKind, config: EngineConfig) -> Result<Arc<dyn Engine>> {
     Ok(match kind {
         EngineKind::Poll => PollEngine::with_config(config)?,
         EngineKind::Spin => SpinEngine::with_config(config)?,
@@ -238,13 +239,13 @@ pub(crate) struct ThreadCore {
 }
 
 impl ThreadCore {
-    pub fn new(config: EngineConfig) -> crate::Result<ThreadCore> {
+    pub fn new(config: EngineConfig) -> Result<ThreadCore> {
         // poll() on a blocking uffd reports POLLERR: the fd is non-blocking.
         let uffd = crate::caps::open_uffd(
             true,
             feature::EVENT_REMOVE | feature::THREAD_ID | common_features(),
         )?;
-        let wake = EventFd::new().map_err(|e| crate::Error::Io {
+        let wake = EventFd::new().map_err(|e| Error::Io {
             op: "eventfd",
             source: e,
         })?;
@@ -282,7 +283,7 @@ impl ThreadCore {
         name: &'static str,
         bodies: Vec<HandlerBody>,
         slots: Vec<Arc<threaded::BusySlot>>,
-    ) -> crate::Result<()> {
+    ) -> Result<()> {
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         for (i, body) in bodies.into_iter().enumerate() {
             let t = Background::spawn_with(format!("faultline-{name}-{i}"), &self.stop, |stop| {
@@ -292,19 +293,18 @@ impl ThreadCore {
                     });
                 }
             })
-            .map_err(|e| crate::Error::Io {
+            .map_err(|e| Error::Io {
                 op: "spawn handler thread",
                 source: e,
             })?;
             threads.push(t);
         }
         if let Some(timeout) = self.config.stall_timeout {
-            let w = threaded::watchdog(name, slots, self.epoch, timeout).map_err(|e| {
-                crate::Error::Io {
+            let w =
+                threaded::watchdog(name, slots, self.epoch, timeout).map_err(|e| Error::Io {
                     op: "spawn watchdog",
                     source: e,
-                }
-            })?;
+                })?;
             *self.watchdog.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
         }
         Ok(())
@@ -350,14 +350,14 @@ impl<T: Threaded> Engine for T {
     fn stats(&self) -> EngineStats {
         self.core().counters.snapshot()
     }
-    fn check_alive(&self) -> crate::Result<()> {
+    fn check_alive(&self) -> Result<()> {
         let threads = self
             .core()
             .threads
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if threads.iter().any(Background::is_finished) {
-            return Err(crate::Error::Io {
+            return Err(Error::Io {
                 op: "engine handler thread",
                 source: std::io::Error::other("a handler thread has exited"),
             });

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::{EngineConfig, EngineKind, ThreadCore, Threaded};
 use crate::background::StopFlag;
+use crate::error::Result;
 use crate::fault::report::fail_closed;
 use crate::sys::thread::{online_cpus, pin_to_cpu, poll_failed, poll_in};
 
@@ -16,12 +17,12 @@ pub struct PollEngine {
 
 impl PollEngine {
     /// With the default [`EngineConfig`].
-    pub fn new() -> crate::Result<Arc<PollEngine>> {
+    pub fn new() -> Result<Arc<PollEngine>> {
         Self::with_config(EngineConfig::default())
     }
 
     /// With `config`.
-    pub fn with_config(config: EngineConfig) -> crate::Result<Arc<PollEngine>> {
+    pub fn with_config(config: EngineConfig) -> Result<Arc<PollEngine>> {
         let core = ThreadCore::new(config)?;
         let mut slots = Vec::new();
         let mut h = core.handler(&mut slots);

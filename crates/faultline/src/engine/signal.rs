@@ -39,6 +39,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{Counters, Engine, EngineConfig, EngineKind, EngineStats};
+use crate::error::{Error, Result};
 use crate::fault::report::{fail_closed, report};
 use crate::fault::resolve::{resolve, Access, Origin, Resolution};
 use crate::fault::table::enter;
@@ -108,16 +109,16 @@ impl ScratchPool {
 
 impl SignalEngine {
     /// With the default [`EngineConfig`].
-    pub fn new() -> crate::Result<Arc<SignalEngine>> {
+    pub fn new() -> Result<Arc<SignalEngine>> {
         Self::with_config(EngineConfig::default())
     }
 
     /// With `config` (only `scratch_bytes` applies; the first signal
     /// engine of the process sizes the shared scratch pool).
-    pub fn with_config(config: EngineConfig) -> crate::Result<Arc<SignalEngine>> {
+    pub fn with_config(config: EngineConfig) -> Result<Arc<SignalEngine>> {
         let caps = crate::caps::capabilities();
         if !caps.has(feature::SIGBUS) {
-            return Err(crate::Error::Unsupported {
+            return Err(Error::Unsupported {
                 what: "signal engine",
                 reason: "kernel lacks UFFD_FEATURE_SIGBUS".into(),
             });
@@ -134,7 +135,7 @@ impl SignalEngine {
     /// [`EngineConfig::altstack_bytes`] (default 256 KiB), outside every
     /// region, kept until the thread exits. Needed on every thread that may
     /// fault when the engine was created with `altstack_bytes`.
-    pub fn prepare_thread(&self) -> crate::Result<()> {
+    pub fn prepare_thread(&self) -> Result<()> {
         let bytes = self
             .config
             .altstack_bytes
@@ -151,11 +152,10 @@ impl SignalEngine {
         }
         ALTSTACK.with(|a| {
             if a.borrow().is_none() {
-                let m =
-                    crate::sys::thread::install_altstack(bytes).map_err(|e| crate::Error::Io {
-                        op: "sigaltstack",
-                        source: e,
-                    })?;
+                let m = crate::sys::thread::install_altstack(bytes).map_err(|e| Error::Io {
+                    op: "sigaltstack",
+                    source: e,
+                })?;
                 *a.borrow_mut() = Some(AltStack(m));
             }
             Ok(())
@@ -163,7 +163,7 @@ impl SignalEngine {
     }
 }
 
-fn install_handler(scratch_bytes: usize, onstack: bool) -> crate::Result<()> {
+fn install_handler(scratch_bytes: usize, onstack: bool) -> Result<()> {
     let _g = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
     COUNTERS.get_or_init(Counters::default);
     if SCRATCH.get().is_none() {
@@ -176,11 +176,10 @@ fn install_handler(scratch_bytes: usize, onstack: bool) -> crate::Result<()> {
         });
     }
     if PREVIOUS.load(SeqCst).is_null() {
-        let prev =
-            install_sigaction(libc::SIGBUS, on_sigbus, onstack).map_err(|e| crate::Error::Io {
-                op: "sigaction(SIGBUS)",
-                source: e,
-            })?;
+        let prev = install_sigaction(libc::SIGBUS, on_sigbus, onstack).map_err(|e| Error::Io {
+            op: "sigaction(SIGBUS)",
+            source: e,
+        })?;
         PREVIOUS.store(Box::into_raw(Box::new(prev)), SeqCst);
     }
     Ok(())

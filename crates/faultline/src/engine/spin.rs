@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::{EngineConfig, EngineKind, ThreadCore, Threaded};
 use crate::background::StopFlag;
+use crate::error::Result;
 use crate::sys::thread::{online_cpus, pin_to_cpu};
 
 /// Busy-polling handler thread. See the module docs.
@@ -15,12 +16,12 @@ pub struct SpinEngine {
 
 impl SpinEngine {
     /// With the default [`EngineConfig`].
-    pub fn new() -> crate::Result<Arc<SpinEngine>> {
+    pub fn new() -> Result<Arc<SpinEngine>> {
         Self::with_config(EngineConfig::default())
     }
 
     /// With `config`.
-    pub fn with_config(config: EngineConfig) -> crate::Result<Arc<SpinEngine>> {
+    pub fn with_config(config: EngineConfig) -> Result<Arc<SpinEngine>> {
         let core = ThreadCore::new(config)?;
         let mut slots = Vec::new();
         let mut h = core.handler(&mut slots);

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{EngineConfig, EngineKind, HandlerBody, ThreadCore, Threaded};
 use crate::background::StopFlag;
+use crate::error::{Error, Result};
 use crate::fault::report::fail_closed;
 use crate::fault::table::enter;
 use crate::sys::rdtsc;
@@ -44,19 +45,19 @@ fn shard_of(addr: u64, n: usize) -> usize {
 
 impl WorkersEngine {
     /// With the default [`EngineConfig`] (one worker per CPU).
-    pub fn new() -> crate::Result<Arc<WorkersEngine>> {
+    pub fn new() -> Result<Arc<WorkersEngine>> {
         Self::with_config(EngineConfig::default())
     }
 
     /// With `config` (`config.workers` threads).
-    pub fn with_config(config: EngineConfig) -> crate::Result<Arc<WorkersEngine>> {
+    pub fn with_config(config: EngineConfig) -> Result<Arc<WorkersEngine>> {
         let n = config.workers.max(1);
         let core = ThreadCore::new(config)?;
         let mut inboxes = Vec::new();
         for _ in 0..n {
             inboxes.push(Arc::new(Inbox {
                 queue: Mutex::new(VecDeque::new()),
-                bell: EventFd::new().map_err(|e| crate::Error::Io {
+                bell: EventFd::new().map_err(|e| Error::Io {
                     op: "eventfd",
                     source: e,
                 })?,
