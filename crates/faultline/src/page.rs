@@ -184,7 +184,9 @@ pub struct Pages {
 
 impl Pages {
     /// `len` bytes from `base` cut into pages of `size`. `len` must be a
-    /// positive multiple of the page size and `base` aligned to it.
+    /// positive multiple of the page size and `base` aligned to the base
+    /// page (region pages are counted from `base`; hugetlb mappings are
+    /// aligned to their page by the kernel).
     pub fn new(base: u64, len: usize, size: PageSize) -> Result<Pages> {
         if len == 0 {
             return Err(Error::ZeroLength);
@@ -195,10 +197,10 @@ impl Pages {
                 page_size: size.bytes(),
             });
         }
-        if !base.is_multiple_of(size.bytes() as u64) {
+        if !base.is_multiple_of(PageSize::BASE.bytes() as u64) {
             return Err(Error::Unaligned {
                 addr: base,
-                align: size.bytes(),
+                align: PageSize::BASE.bytes(),
             });
         }
         Ok(Pages {
@@ -312,7 +314,8 @@ mod tests {
         let ps = PageSize::new(16 << 10).unwrap();
         assert!(Pages::new(0x10000, 0, ps).is_err());
         assert!(Pages::new(0x10000, 4096, ps).is_err());
-        assert!(Pages::new(0x11000, 16 << 10, ps).is_err());
+        assert!(Pages::new(0x11800, 16 << 10, ps).is_err());
+        assert_eq!(Pages::new(0x11000, 32 << 10, ps).unwrap().addr(1), 0x15000);
         let p = Pages::new(0x10000, 64 << 10, ps).unwrap();
         assert_eq!(p.count(), 4);
         assert_eq!(p.within(0x10000 + 1, 0x10000 + (48 << 10)), 1..3);

@@ -153,26 +153,37 @@ pub enum HandlerTime {
     HandlerThreads,
 }
 
-/// How the faultline `File` store reads the graph file.
+/// How a faultline region gets the graph file's pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum FileAccessArg {
+    /// page-cache when the file is on tmpfs (e.g. `/dev/shm`), else mmap.
+    Auto,
     /// Copy straight from a read-only mapping of the file (page cache).
     Mmap,
     /// `pread(2)` into a scratch buffer, then copy.
     Pread,
-    /// Zero copy: the region maps the file itself (it must be on tmpfs,
-    /// e.g. `/dev/shm`) and installs its page-cache pages with
-    /// `UFFDIO_CONTINUE`; no store, no copy, no allocation.
+    /// Zero copy: the region maps the file itself, privately (it must be
+    /// on tmpfs), and installs its page-cache pages with `UFFDIO_CONTINUE`;
+    /// no copy, no allocation.
     PageCache,
 }
 
 impl FileAccessArg {
-    /// The library's setting (the page-cache mode has no store).
+    /// The library's store setting (the page-cache mode maps the file).
     pub fn access(self) -> faultline::FileAccess {
         match self {
-            FileAccessArg::Mmap | FileAccessArg::PageCache => faultline::FileAccess::Mmap,
             FileAccessArg::Pread => faultline::FileAccess::Pread,
+            _ => faultline::FileAccess::Mmap,
+        }
+    }
+    /// Whether the region must (`Some(true)`), may (`None`) or must not
+    /// map the file's page cache.
+    pub fn zero_copy(self) -> Option<bool> {
+        match self {
+            FileAccessArg::Auto => None,
+            FileAccessArg::PageCache => Some(true),
+            FileAccessArg::Mmap | FileAccessArg::Pread => Some(false),
         }
     }
 }
@@ -192,19 +203,25 @@ pub struct BfsArgs {
     #[arg(long, value_enum, default_value_t = Mode::Mmap)]
     pub mode: Mode,
     /// faultline engine(s), comma-separated. Faultline mode runs each one
-    /// listed (default: poll); --compare runs each one listed, or all four
-    /// when the option is not given.
+    /// listed (default: signal, the fastest); --compare runs each one
+    /// listed, or all four when the option is not given.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub engine: Vec<Engine>,
-    /// faultline region page size: a multiple of 4K from 4K to 2M.
+    /// faultline region page size: a power of two from 4K to 2M.
     #[arg(long, default_value = "4K", value_parser = parse_page_size)]
     pub page_size: u64,
-    /// faultline pages resolved per fault: the aligned window of N region
-    /// pages around the faulting one (1 = only the faulting page).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
-    pub fault_around: u64,
-    /// How the faultline `File` store reads the file.
-    #[arg(long, value_enum, default_value_t = FileAccessArg::Mmap)]
+    /// faultline fault-around: region pages resolved per fault, the
+    /// aligned window of N pages around the faulting one (1 = only the
+    /// faulting page). Default: adaptive read-ahead, 16 pages per fault
+    /// growing to 256 on sequential streams when pages are copied from the
+    /// file, 64 growing to 512 when the file's page cache is mapped.
+    /// Alone, a fixed window; with --readahead, the initial one.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub fault_around: Option<u64>,
+    /// How the faultline region gets the file's pages. Default: auto, the
+    /// zero-copy page-cache mapping when the file is on tmpfs (e.g.
+    /// `/dev/shm`), copies from a mapping of the file otherwise.
+    #[arg(long, value_enum, default_value_t = FileAccessArg::Auto)]
     pub file_access: FileAccessArg,
     /// faultline memory budget: bytes (`512M`) or share of the file (`25%`);
     /// default unlimited. Past it, pages are evicted (and read again on the
@@ -217,10 +234,12 @@ pub struct BfsArgs {
     /// Runs per configuration; the median (by time) is reported.
     #[arg(long, default_value_t = 1)]
     pub reps: usize,
-    /// faultline adaptive read-ahead: windows grow up to this many region
-    /// pages on sequential streams (0: fixed --fault-around windows).
-    #[arg(long, default_value_t = 0)]
-    pub readahead: usize,
+    /// faultline adaptive read-ahead: windows start at --fault-around (1
+    /// if not given) and grow up to this many region pages on sequential
+    /// streams; 0 fixes them at --fault-around. Default: adaptive (see
+    /// --fault-around).
+    #[arg(long)]
+    pub readahead: Option<usize>,
     /// Drop the file's cached pages before each run (cold cache).
     #[arg(long)]
     pub cold: bool,
@@ -241,12 +260,26 @@ pub struct BfsArgs {
 
 fn parse_page_size(s: &str) -> Result<u64, String> {
     let v = parse_size(s)?;
-    if v.is_multiple_of(4096) && (4096..=2 << 20).contains(&v) {
+    if v.is_power_of_two() && (4096..=2 << 20).contains(&v) {
         Ok(v)
     } else {
         Err(format!(
-            "page size {s:?} must be a multiple of 4K from 4K to 2M"
+            "page size {s:?} must be a power of two from 4K to 2M"
         ))
+    }
+}
+
+impl BfsArgs {
+    /// The read-ahead the flags ask for (`None`: the library's adaptive
+    /// default).
+    fn readahead(&self) -> Option<faultline::ReadaheadConfig> {
+        let initial = self.fault_around.map(|n| n as usize);
+        match (initial, self.readahead) {
+            (None, None) => None,
+            (Some(n), None) | (Some(n), Some(0)) => Some(faultline::ReadaheadConfig::fixed(n)),
+            (None, Some(0)) => Some(faultline::ReadaheadConfig::off()),
+            (n, Some(max)) => Some(faultline::ReadaheadConfig::adaptive(n.unwrap_or(1), max)),
+        }
     }
 }
 
@@ -393,8 +426,13 @@ struct RunRecord {
     engine: Option<Engine>,
     /// How the faultline store read the file (`None` for mmap).
     file_access: Option<FileAccessArg>,
+    /// Whether the faultline region mapped the page cache without copies.
+    zero_copy: Option<bool>,
     page_size: u64,
+    /// Read-ahead: the fault-around window and the largest window
+    /// (0 for mmap).
     fault_around: u64,
+    readahead_max: u64,
     budget_bytes: Option<u64>,
     threads: usize,
     cold: bool,
@@ -418,12 +456,10 @@ struct RunRecord {
 struct FaultlineConfig {
     engine: Engine,
     page_size: u64,
-    fault_around: u64,
+    readahead: Option<faultline::ReadaheadConfig>,
     file_access: FileAccessArg,
     budget_bytes: Option<u64>,
     policy: faultline::policy::PolicyKind,
-    /// Largest adaptive read-ahead window (0: off).
-    readahead: usize,
 }
 
 /// Builds the faultline-backed source: one region covering `path` (rounded
@@ -434,16 +470,13 @@ fn open_faultline_source(
     layout: CsrLayout,
     cfg: FaultlineConfig,
 ) -> anyhow::Result<Box<dyn GraphSource>> {
-    let fault_around =
-        usize::try_from(cfg.fault_around).context("--fault-around does not fit in usize")?;
     let opts = FaultlineOptions {
         engine: cfg.engine.kind(),
         page_size: cfg.page_size,
-        fault_around,
-        file_access: cfg.file_access.access(),
-        page_cache: cfg.file_access == FileAccessArg::PageCache,
-        budget: cfg.budget_bytes.map(|b| (b, cfg.policy)),
         readahead: cfg.readahead,
+        file_access: cfg.file_access.access(),
+        zero_copy: cfg.file_access.zero_copy(),
+        budget: cfg.budget_bytes.map(|b| (b, cfg.policy)),
     };
     Ok(Box::new(FaultlineSource::open(path, layout, opts)?))
 }
@@ -582,10 +615,9 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
                 Mode::Mmap => Box::new(MmapSource::open(path, layout)?),
                 Mode::Faultline => {
                     let cfg = FaultlineConfig {
-                        engine: spec.engine.unwrap_or(Engine::Poll),
+                        engine: spec.engine.unwrap_or(Engine::Signal),
                         page_size: args.page_size,
-                        fault_around: args.fault_around,
-                        readahead: args.readahead,
+                        readahead: args.readahead(),
                         file_access: args.file_access,
                         budget_bytes,
                         policy: args.policy,
@@ -598,6 +630,7 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("BFS on {}", path.display()))?;
             let stats = src.stats().since(&before);
             let page_size = src.page_size();
+            let paging = src.paging();
             drop(src);
 
             if let Some((v, got, want)) = first_mismatch(&result.levels, &reference) {
@@ -606,11 +639,11 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
                     spec.mode
                 );
             }
-            runs.push((result, stats, page_size, cache_dropped));
+            runs.push((result, stats, page_size, paging, cache_dropped));
         }
         runs.sort_by(|x, y| x.0.seconds.total_cmp(&y.0.seconds));
         let mid = runs.len() / 2;
-        let (result, stats, page_size, cache_dropped) = runs.swap_remove(mid);
+        let (result, stats, page_size, paging, cache_dropped) = runs.swap_remove(mid);
         let mismatch = first_mismatch(&result.levels, &reference);
         if let Some((v, got, want)) = mismatch {
             eprintln!("error: BFS level of vertex {v} is {got}, reference says {want}");
@@ -626,12 +659,10 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
             mode: spec.mode,
             engine: spec.engine,
             file_access: spec.engine.map(|_| args.file_access),
+            zero_copy: paging.map(|p| p.1),
             page_size,
-            fault_around: if spec.mode == Mode::Mmap {
-                0
-            } else {
-                args.fault_around
-            },
+            fault_around: paging.map_or(0, |p| p.0.initial as u64),
+            readahead_max: paging.map_or(0, |p| p.0.max as u64),
             budget_bytes: if spec.mode == Mode::Mmap {
                 None
             } else {
@@ -688,7 +719,7 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
 }
 
 /// The faultline engines to run: those given with `--engine`; if none,
-/// all four under `--compare`, poll in faultline mode, none in mmap mode.
+/// all four under `--compare`, signal in faultline mode, none in mmap mode.
 fn selected_engines(args: &BfsArgs) -> Vec<Engine> {
     if !args.engine.is_empty() {
         if args.compare || args.mode == Mode::Faultline {
@@ -699,7 +730,7 @@ fn selected_engines(args: &BfsArgs) -> Vec<Engine> {
     if args.compare {
         Engine::ALL.to_vec()
     } else if args.mode == Mode::Faultline {
-        vec![Engine::Poll]
+        vec![Engine::Signal]
     } else {
         Vec::new()
     }
@@ -764,7 +795,7 @@ mod tests {
             assert_eq!(src.page_size(), cfg.page_size);
             assert!(stats.faults > 0, "{cfg:?}: {stats:?}");
             let read = stats.bytes_read.unwrap();
-            if cfg.file_access == FileAccessArg::PageCache {
+            if src.paging().is_some_and(|(_, zero_copy)| zero_copy) {
                 assert_eq!(read, 0, "zero copy: nothing read through a store");
                 return;
             }
@@ -785,11 +816,10 @@ mod tests {
             FaultlineConfig {
                 engine,
                 page_size: 4096,
-                fault_around: 1,
+                readahead: Some(faultline::ReadaheadConfig::off()),
                 file_access: FileAccessArg::Mmap,
                 budget_bytes: None,
                 policy: faultline::policy::PolicyKind::Clock,
-                readahead: 0,
             }
         }
     }
@@ -810,15 +840,15 @@ mod tests {
         g.check(
             FaultlineConfig {
                 page_size: 64 << 10,
-                fault_around: 4,
+                readahead: Some(faultline::ReadaheadConfig::fixed(4)),
                 ..g.config(Engine::Poll)
             },
             2,
         );
         g.check(
             FaultlineConfig {
-                page_size: 12 << 10,
-                fault_around: 3,
+                page_size: 16 << 10,
+                readahead: Some(faultline::ReadaheadConfig::fixed(3)),
                 file_access: FileAccessArg::Pread,
                 ..g.config(Engine::Workers)
             },
@@ -843,7 +873,7 @@ mod tests {
         g.check(
             FaultlineConfig {
                 page_size: 64 << 10,
-                fault_around: 4,
+                readahead: Some(faultline::ReadaheadConfig::fixed(4)),
                 ..g.config(Engine::Signal)
             },
             2,
@@ -864,12 +894,21 @@ mod tests {
             g.check(
                 FaultlineConfig {
                     file_access: FileAccessArg::PageCache,
-                    fault_around: fa,
+                    readahead: Some(faultline::ReadaheadConfig::fixed(fa)),
                     ..g.config(Engine::Poll)
                 },
                 2,
             );
         }
+        // With no flags, a tmpfs file is mapped without copies.
+        g.check(
+            FaultlineConfig {
+                file_access: FileAccessArg::Auto,
+                readahead: None,
+                ..g.config(Engine::Poll)
+            },
+            2,
+        );
         // A file that is not on tmpfs is refused with a reason.
         let disk = TempGraph::new("pagecache-disk", 8);
         let f = File::open(&disk.path).unwrap();
@@ -909,7 +948,8 @@ mod tests {
     #[test]
     fn page_size_and_engine_selection() {
         assert_eq!(parse_page_size("4K"), Ok(4096));
-        assert_eq!(parse_page_size("12K"), Ok(12 << 10));
+        assert!(parse_page_size("12K").is_err(), "not a power of two");
+        assert_eq!(parse_page_size("16K"), Ok(16 << 10));
         assert_eq!(parse_page_size("2M"), Ok(2 << 20));
         assert!(parse_page_size("6000").is_err());
         assert!(parse_page_size("4M").is_err());
@@ -921,12 +961,12 @@ mod tests {
             mode,
             engine,
             page_size: 4096,
-            fault_around: 1,
+            fault_around: Some(1),
             file_access: FileAccessArg::Mmap,
             budget: None,
             policy: faultline::policy::PolicyKind::Clock,
             reps: 1,
-            readahead: 0,
+            readahead: Some(0),
             cold: false,
             compare,
             json: None,
@@ -942,7 +982,7 @@ mod tests {
         );
         assert_eq!(
             selected_engines(&args(Mode::Faultline, false, vec![])),
-            [Engine::Poll]
+            [Engine::Signal]
         );
         assert!(selected_engines(&args(Mode::Mmap, false, vec![Engine::Spin])).is_empty());
     }

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use faultline::sys::mem::Mapping;
-use faultline::{EngineConfig, EngineKind, FileAccess, FileStore, Region};
+use faultline::{EngineConfig, EngineKind, FileAccess, FileStore, ReadaheadConfig, Region};
 
 use super::csr::CsrLayout;
 
@@ -72,6 +72,11 @@ pub trait GraphSource: Sync {
     fn stats(&self) -> SourceStats;
     /// Effective page size in bytes.
     fn page_size(&self) -> u64;
+    /// How a faultline region pages the file: its read-ahead and whether
+    /// it maps the page cache without copies (`None` for the kernel).
+    fn paging(&self) -> Option<(ReadaheadConfig, bool)> {
+        None
+    }
 }
 
 /// The kernel's page size.
@@ -183,21 +188,18 @@ impl GraphSource for MmapSource {
 pub struct FaultlineOptions {
     /// Fault-delivery engine.
     pub engine: EngineKind,
-    /// Region page size in bytes: a multiple of 4 KiB, at most 2 MiB.
+    /// Region page size in bytes: a power of two from 4 KiB to 2 MiB.
     pub page_size: u64,
-    /// Region pages resolved per fault (the aligned window around the
-    /// faulting page); 1 resolves only the faulting page.
-    pub fault_around: usize,
+    /// Read-ahead (`None`: the library's adaptive default).
+    pub readahead: Option<ReadaheadConfig>,
     /// How the `File` store reads the file.
     pub file_access: FileAccess,
+    /// Whether the region maps the file's page cache (tmpfs) instead of
+    /// copying: `None` lets the library decide (yes on tmpfs), `Some(true)`
+    /// insists (an error elsewhere), `Some(false)` copies.
+    pub zero_copy: Option<bool>,
     /// Resident budget in bytes (`None`: unlimited) and the eviction policy.
     pub budget: Option<(u64, faultline::policy::PolicyKind)>,
-    /// Largest adaptive read-ahead window in region pages (0: fixed
-    /// fault-around windows).
-    pub readahead: usize,
-    /// Map the (tmpfs) file itself and install its page-cache pages with
-    /// CONTINUE instead of copying from a `File` store.
-    pub page_cache: bool,
 }
 
 /// The CSR file as a faultline region: private anonymous memory whose
@@ -237,41 +239,32 @@ impl FaultlineSource {
         let _ = crate::bench::tsc::tsc();
         let engine = faultline::engine::create(opts.engine, EngineConfig::default())
             .with_context(|| format!("creating the faultline {} engine", opts.engine.name()))?;
-        let mut builder = Region::builder(region_len)
-            .page_size(ps as usize)
-            .fault_around(opts.fault_around);
-        if opts.page_cache {
-            anyhow::ensure!(
-                opts.budget.is_none(),
-                "--file-access page-cache maps the file itself: a budget does not apply"
-            );
-            anyhow::ensure!(
-                file_len.next_multiple_of(4096).is_multiple_of(ps),
-                "--file-access page-cache maps the file itself, and a mapping cannot extend past its end: \
-                 use a page size that divides the file size ({file_len} bytes), e.g. 4K"
-            );
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(path)
-                .with_context(|| {
-                    format!(
-                        "opening {} read-write for --file-access page-cache",
-                        path.display()
-                    )
-                })?;
-            builder = builder.page_cache_file(file);
-        } else {
-            let store = FileStore::open_with(path, 0, opts.file_access)
-                .with_context(|| format!("opening {} as a faultline file store", path.display()))?;
-            builder = builder.store(store);
+        let mut builder = Region::builder(region_len).page_size(ps as usize);
+        if let Some(ra) = opts.readahead {
+            builder = builder.readahead(ra);
         }
-        if opts.readahead > 0 {
-            builder = builder.readahead(faultline::policy::ReadaheadConfig {
-                initial: opts.fault_around.max(1),
-                max: opts.readahead.max(opts.fault_around),
-                streams: 16,
-            });
+        match opts.zero_copy {
+            Some(true) => {
+                anyhow::ensure!(
+                    opts.budget.is_none(),
+                    "--file-access page-cache maps the file itself: a budget does not apply"
+                );
+                anyhow::ensure!(
+                    file_len.next_multiple_of(4096).is_multiple_of(ps),
+                    "--file-access page-cache maps the file itself, and a mapping cannot extend past its end: \
+                     use a page size that divides the file size ({file_len} bytes), e.g. 4K"
+                );
+                let file = File::open(path).with_context(|| {
+                    format!("opening {} for --file-access page-cache", path.display())
+                })?;
+                builder = builder.page_cache_file(file);
+            }
+            zero_copy => {
+                let store = FileStore::open_with(path, 0, opts.file_access).with_context(|| {
+                    format!("opening {} as a faultline file store", path.display())
+                })?;
+                builder = builder.store(store).zero_copy(zero_copy.is_none());
+            }
         }
         if let Some((bytes, policy)) = opts.budget {
             // Clean pages (the graph is only read) are dropped by the
@@ -332,6 +325,9 @@ impl GraphSource for FaultlineSource {
 
     fn page_size(&self) -> u64 {
         self.region.page_size() as u64
+    }
+    fn paging(&self) -> Option<(ReadaheadConfig, bool)> {
+        Some((self.region.readahead(), self.region.is_zero_copy()))
     }
 }
 
