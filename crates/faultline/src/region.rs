@@ -8,14 +8,14 @@
 //!    kind, the resolve op and the read-ahead;
 //! 2. maps the memory (private anonymous, a memfd, or the store's own
 //!    tmpfs file) and registers it with the engine's userfaultfd;
-//! 3. builds the fault path's [`RegionState`] and publishes it in the
+//! 3. builds the fault path's `RegionState` and publishes it in the
 //!    region table, after which faults in the range reach the runtime;
 //! 4. starts the region's background threads (run-ahead populator,
 //!    evictor).
 //!
 //! Dropping it stops the background threads, writes dirty pages back,
 //! then retires the state from the table (remaining faults fail closed:
-//! SIGBUS, never a zero page; see [`crate::fault`]) and unmaps.
+//! SIGBUS, never a zero page; see `fault/table.rs`) and unmaps.
 //!
 //! # Defaults
 //!

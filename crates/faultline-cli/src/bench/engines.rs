@@ -32,7 +32,7 @@ use super::stats::{cycles_to_ns_vec, Summary};
 use super::tsc::{rdtsc, tsc};
 use super::BenchCtx;
 
-/// The thesis's phase averages in cycles (seed 000, Figure 6.1).
+/// Seed 000's phase averages in cycles (Figure 6.1).
 const THESIS_STOCK: (f64, f64, f64) = (11_846.0, 11_538.0, 6_781.0);
 const THESIS_UINTR: (f64, f64, f64) = (117.0, 1_710.0, 73.0);
 
@@ -351,8 +351,8 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
         ]);
     }
     for (l, (a, b, c)) in [
-        ("thesis: stock userfaultfd", THESIS_STOCK),
-        ("thesis: UINTR forwarding", THESIS_UINTR),
+        ("seed 000: stock userfaultfd", THESIS_STOCK),
+        ("seed 000: UINTR forwarding", THESIS_UINTR),
     ] {
         rows.push(vec![
             l.into(),
@@ -382,7 +382,7 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
         ],
         &rows,
     );
-    println!("(figure: ZEROPAGE read per engine; stock* and UINTR* are the thesis's gem5 numbers)");
+    println!("(figure: ZEROPAGE read per engine; stock* and UINTR* are seed 000's gem5 numbers)");
     headline(&records);
     ctx.figure("latency_hist", |d, n| {
         super::plot::latency_histograms(d, n, &hist)

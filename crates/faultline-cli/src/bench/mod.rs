@@ -83,8 +83,8 @@ pub enum BenchCmd {
     Scale(engines::ScaleArgs),
     /// Frame pool and run-ahead population (seed 004) on four workloads.
     Offload(offload::OffloadArgs),
-    /// Watchpoints (seed 002 chapter 4): Tables 4.1, 4.3-4.6 next to the
-    /// thesis, a C mprotect+SIGSEGV baseline and GDB.
+    /// Watchpoints (seed 002 chapter 4): Tables 4.1, 4.3-4.6 next to
+    /// seed 002's numbers, a C mprotect+SIGSEGV baseline and GDB.
     Watch(watch::WatchArgs),
 }
 

@@ -1,6 +1,6 @@
 //! Fault-delivery engines: how a fault reaches the resolve path.
 //!
-//! All four engines share the fault path ([`crate::fault`]); they differ
+//! All four engines share the fault path (`fault/`); they differ
 //! only in who runs it and how that thread learns about the fault:
 //!
 //! ```text

@@ -43,6 +43,7 @@ use crate::error::{Error, Result};
 use crate::fault::report::{fail_closed, report};
 use crate::fault::resolve::{resolve, Access, Origin, Resolution};
 use crate::fault::table::enter;
+use crate::page::PageSize;
 use crate::residency::PageState;
 use crate::sys::mem::Mapping;
 use crate::sys::thread::{install_sigaction, SigAction};
@@ -167,7 +168,8 @@ fn install_handler(scratch_bytes: usize, onstack: bool) -> Result<()> {
     let _g = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
     COUNTERS.get_or_init(Counters::default);
     if SCRATCH.get().is_none() {
-        let slot_bytes = scratch_bytes.max(4096).next_multiple_of(4096);
+        let base = PageSize::BASE.bytes();
+        let slot_bytes = scratch_bytes.max(base).next_multiple_of(base);
         let map = Mapping::anon(slot_bytes * SCRATCH_SLOTS)?;
         let _ = SCRATCH.set(ScratchPool {
             map,

@@ -13,6 +13,7 @@ use crate::background::Background;
 use crate::fault::report::{fail_closed, report};
 use crate::fault::resolve::{resolve, Access, Origin, Resolution};
 use crate::fault::table::enter;
+use crate::page::PageSize;
 use crate::residency::PageState;
 use crate::sys::rdtsc;
 use crate::sys::uffd::{pagefault_flag, Msg, Uffd, UffdMsg};
@@ -118,7 +119,8 @@ impl Handler {
         let Some(r) = enter(addr) else {
             // Not (or no longer) ours: the region is being torn down. Wake
             // the thread; it retries into its poison marker.
-            let _ = self.uffd.wake(addr & !4095, 4096);
+            let base = PageSize::BASE.bytes() as u64;
+            let _ = self.uffd.wake(addr & !(base - 1), base);
             return;
         };
         let page = r.pages.index(addr);
@@ -226,7 +228,7 @@ fn on_remove(start: u64, end: u64) {
     let mut a = start;
     while a < end {
         let Some(r) = enter(a) else {
-            a += 4096;
+            a += PageSize::BASE.bytes() as u64;
             continue;
         };
         // Only whole region pages are known to be gone.

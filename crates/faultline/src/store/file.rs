@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{PageCacheFile, PageStore, StoreError};
+use crate::page::PageSize;
 use crate::sys::mem::{is_tmpfs, pread_full, pwrite_all, Mapping};
 use crate::sys::Errno;
 
@@ -59,16 +60,18 @@ impl FileStore {
         let len = size.saturating_sub(base);
         let fd: OwnedFd = file.into();
         let map = match access {
-            FileAccess::Mmap if len > 0 && base.is_multiple_of(4096) => Some(
-                Mapping::file_readonly(&fd, len as usize, base).map_err(|e| {
-                    std::io::Error::new(e.source.kind(), format!("{}: {}", path.display(), e))
-                })?,
-            ),
+            FileAccess::Mmap if len > 0 && base.is_multiple_of(PageSize::BASE.bytes() as u64) => {
+                Some(
+                    Mapping::file_readonly(&fd, len as usize, base).map_err(|e| {
+                        std::io::Error::new(e.source.kind(), format!("{}: {}", path.display(), e))
+                    })?,
+                )
+            }
             _ => None,
         };
         let what: Arc<str> = format!("file {}", path.display()).into();
         let tmpfs = access == FileAccess::Mmap
-            && base.is_multiple_of(4096)
+            && base.is_multiple_of(PageSize::BASE.bytes() as u64)
             && is_tmpfs(&fd).unwrap_or(false);
         Ok(FileStore {
             fd,
