@@ -37,9 +37,10 @@
 //! lock-free data structures the fault path reads; [`store`] holds backing
 //! stores; [`engine`] the delivery engines; `resolve` the one fault
 //! resolution path all engines share; [`region`] ties them together;
-//! [`policy`] holds pure paging policies; [`watch`] builds watchpoints on
-//! user-level page permissions (write-protect, emulated stores, debug
-//! registers). `DESIGN.md` has the threading model and lock order.
+//! [`policy`] holds pure paging policies. Watchpoints on user-level page
+//! permissions (write-protect, emulated stores, debug registers) are the
+//! `faultline-watch` crate, built on [`sys`]. `DESIGN.md` has the threading
+//! model and lock order.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -56,7 +57,6 @@ mod resolve;
 pub mod runahead;
 pub mod store;
 pub mod sys;
-pub mod watch;
 
 pub use caps::{capabilities, Capabilities};
 pub use engine::{

@@ -6,7 +6,7 @@
 //! bytes), from `include/uapi/linux/perf_event.h`.
 //!
 //! Kernel behaviour, verified on 6.18 (x86_64 KVM guest) with a C probe and
-//! the tests in `watch::hw`:
+//! the hardware-breakpoint tests of `faultline-watch`:
 //!
 //! * `sigtrap = 1` requires `remove_on_exec = 1` (EINVAL otherwise);
 //!   `inherit_thread = 1` requires `inherit = 1` (EINVAL otherwise).
@@ -424,11 +424,6 @@ pub unsafe fn perf_trap(info: *const libc::siginfo_t) -> Option<PerfTrap> {
     }
 }
 
-/// Serialises the tests that use debug registers (here and in
-/// `watch::hw`): arming "every thread" also uses slots of other test threads.
-#[cfg(test)]
-pub(crate) static HW_TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,7 +463,6 @@ mod tests {
 
     #[test]
     fn attr_validation_errors() {
-        let _serial = HW_TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let me = crate::sys::thread::gettid();
         #[repr(C, align(64))]
         struct Block([u64; 8]);

@@ -22,12 +22,12 @@
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
-use super::emulate::{self, Cpu, MemFault, Memory, Stop};
-use super::table::{page_of, thread_key, PageEntry, Tier, PAGE};
-use super::{Hit, HitPath, Inner};
-use crate::interval::Grace;
-use crate::sys::thread::{install_sigaction, SigAction};
-use crate::sys::{errno, rdtsc, set_errno};
+use crate::emulate::{self, Cpu, MemFault, Memory, Stop};
+use crate::table::{page_of, thread_key, PageEntry, Tier, PAGE};
+use crate::{Hit, HitPath, Inner};
+use faultline::interval::Grace;
+use faultline::sys::thread::{install_sigaction, SigAction};
+use faultline::sys::{errno, rdtsc, set_errno};
 
 const SLOTS: usize = 128;
 /// Most instructions interpreted after a faulting store before returning
@@ -72,7 +72,7 @@ pub(crate) struct Runtime {
 static RUNTIME: OnceLock<&'static Runtime> = OnceLock::new();
 
 /// The runtime, created and the handlers installed on first call.
-pub(crate) fn runtime() -> Result<&'static Runtime, super::WatchError> {
+pub(crate) fn runtime() -> Result<&'static Runtime, crate::WatchError> {
     static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
     if let Some(r) = RUNTIME.get() {
         return Ok(r);
@@ -114,12 +114,12 @@ fn new_slot() -> Slot {
     }
 }
 
-fn create_runtime() -> Result<&'static Runtime, super::WatchError> {
+fn create_runtime() -> Result<&'static Runtime, crate::WatchError> {
     // The decoder builds its tables on first use (allocating): never let
     // that happen inside a handler.
     emulate::prepare();
     let len = std::mem::size_of::<Runtime>().div_ceil(PAGE as usize) * PAGE as usize;
-    let m = crate::sys::mem::Mapping::anon(len).map_err(|e| super::WatchError::Sys {
+    let m = faultline::sys::mem::Mapping::anon(len).map_err(|e| crate::WatchError::Sys {
         op: "mmap",
         addr: 0,
         source: e.source,
@@ -145,7 +145,7 @@ fn create_runtime() -> Result<&'static Runtime, super::WatchError> {
     .into_iter()
     .enumerate()
     {
-        let old = install_sigaction(sig, h, false).map_err(|e| super::WatchError::Sys {
+        let old = install_sigaction(sig, h, false).map_err(|e| crate::WatchError::Sys {
             op: "sigaction",
             addr: 0,
             source: e,
@@ -174,7 +174,8 @@ extern "C" fn after_fork_in_child() {
     let inner = unsafe { &*inner };
     inner.pages.for_each(|e| {
         if e.tier() == Tier::Mprotect {
-            let _ = crate::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32);
+            let _ =
+                faultline::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32);
         }
         e.tier.store(Tier::Off as u32, SeqCst);
     });
@@ -253,7 +254,7 @@ impl Runtime {
         if t != 0 {
             return t as i32;
         }
-        let t = crate::sys::thread::gettid();
+        let t = faultline::sys::thread::gettid();
         s.tid.store(t as u32, Relaxed);
         t
     }
@@ -274,7 +275,7 @@ pub(crate) fn in_handler() -> bool {
 fn chain(rt: &Runtime, which: usize, sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: `prev` entries are set once from a Box and never freed; the
     // rest is what the kernel passed us.
-    unsafe { crate::sys::thread::chain_to(rt.prev[which].load(SeqCst), sig, info, ctx) }
+    unsafe { faultline::sys::thread::chain_to(rt.prev[which].load(SeqCst), sig, info, ctx) }
 }
 
 fn gregs(ctx: *mut libc::c_void) -> *mut [i64; 23] {
@@ -344,9 +345,9 @@ extern "C" fn on_fault(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_v
 }
 
 fn abort_with(msg: &[u8]) -> ! {
-    crate::sys::write_stderr(b"faultline watch: ");
-    crate::sys::write_stderr(msg);
-    crate::sys::write_stderr(b"\n");
+    faultline::sys::write_stderr(b"faultline watch: ");
+    faultline::sys::write_stderr(msg);
+    faultline::sys::write_stderr(b"\n");
     std::process::abort();
 }
 
@@ -666,10 +667,12 @@ impl WatchMem<'_> {
             (Tier::Uffd, Some(_)) => {
                 // The caller opened the page (`open_page`): the kernel's
                 // forced write now goes through.
-                crate::sys::mem::pwrite_all(self.inner.mem_raw(), data, addr).map_err(|_| MemFault)
+                faultline::sys::mem::pwrite_all(self.inner.mem_raw(), data, addr)
+                    .map_err(|_| MemFault)
             }
             (Tier::Mprotect, Some(_)) => {
-                crate::sys::mem::pwrite_all(self.inner.mem_raw(), data, addr).map_err(|_| MemFault)
+                faultline::sys::mem::pwrite_all(self.inner.mem_raw(), data, addr)
+                    .map_err(|_| MemFault)
             }
             _ => {
                 // Not a protected page: leave the store to native execution
@@ -709,7 +712,7 @@ impl WatchMem<'_> {
             e.lock();
         }
         let prot = e.prot.load(Relaxed) as i32;
-        if crate::sys::mem::mprotect(e.page, PAGE as usize, prot & !libc::PROT_WRITE).is_err() {
+        if faultline::sys::mem::mprotect(e.page, PAGE as usize, prot & !libc::PROT_WRITE).is_err() {
             e.unlock();
             return Err(MemFault);
         }
@@ -719,7 +722,7 @@ impl WatchMem<'_> {
             .writeprotect(e.page, PAGE, false, true)
             .is_err()
         {
-            let _ = crate::sys::mem::mprotect(e.page, PAGE as usize, prot);
+            let _ = faultline::sys::mem::mprotect(e.page, PAGE as usize, prot);
             e.unlock();
             return Err(MemFault);
         }
@@ -734,7 +737,7 @@ impl WatchMem<'_> {
         if self.pend_len == 0 {
             return Ok(());
         }
-        let r = crate::sys::mem::pwrite_all(
+        let r = faultline::sys::mem::pwrite_all(
             self.inner.mem_raw(),
             &self.pend[..self.pend_len],
             self.pend_addr,
@@ -758,7 +761,7 @@ impl WatchMem<'_> {
             {
                 abort_with(b"cannot re-protect a watched page");
             }
-            if crate::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32)
+            if faultline::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32)
                 .is_err()
             {
                 abort_with(b"cannot lift the write fence of a watched page");
@@ -1119,7 +1122,7 @@ extern "C" fn on_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_vo
         }
     } else if let Some(tag) =
         // SAFETY: `info` is the siginfo the kernel passed us.
-        unsafe { crate::sys::perf::perf_sig_data(info) }
+        unsafe { faultline::sys::perf::perf_sig_data(info) }
     {
         if !inner.is_null() {
             // SAFETY: inside a read section; see `on_fault`.
@@ -1214,7 +1217,7 @@ fn finish_step(rt: &Runtime, inner: &Inner, slot: &Slot, ctx: *mut libc::c_void)
     rt.leave(slot);
 }
 
-fn hw_hit(rt: &Runtime, inner: &Inner, h: &super::HwWatch, ctx: *mut libc::c_void) {
+fn hw_hit(rt: &Runtime, inner: &Inner, h: &crate::HwWatch, ctx: *mut libc::c_void) {
     inner.shared.hw_hits.fetch_add(1, Relaxed);
     let Some(slot) = rt.enter() else {
         abort_with(b"more than 128 threads in watch handlers at once");
@@ -1222,7 +1225,7 @@ fn hw_hit(rt: &Runtime, inner: &Inner, h: &super::HwWatch, ctx: *mut libc::c_voi
     let addr = h.addr.load(Relaxed);
     let len = h.len.load(Relaxed) as usize;
     // SAFETY: the watched bytes are mapped (the CPU just wrote them).
-    let now = unsafe { super::read_small(addr, len) };
+    let now = unsafe { crate::read_small(addr, len) };
     let old = h.shadow.swap(now, Relaxed);
     let mut before = [0u8; 32];
     let mut after = [0u8; 32];

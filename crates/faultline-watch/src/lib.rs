@@ -74,7 +74,7 @@
 //! One watcher per process at a time. The main thread's stack cannot be
 //! watched (the kernel writes signal frames there); other threads' stacks
 //! can be, as long as the watched page is not where the thread's next
-//! signal frame lands. Memory of faultline [`Region`](crate::Region)s is
+//! signal frame lands. Memory of faultline [`Region`](faultline::Region)s is
 //! registered with another userfaultfd and is refused.
 
 pub mod emulate;
@@ -87,8 +87,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
-use crate::sys::mem::Mapping;
-use crate::sys::uffd::{feature, register_mode, Uffd};
+use faultline::sys::mem::Mapping;
+use faultline::sys::uffd::{feature, register_mode, Uffd};
 use table::{page_of, Arena, PageEntry, Pages, RangeTree, Retired, Tier, PAGE};
 
 /// What a [`Watcher`] reports on a write to watched bytes.
@@ -218,7 +218,7 @@ pub enum WatchError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Runtime(#[from] crate::Error),
+    Runtime(#[from] faultline::Error),
 }
 
 fn sys_err(op: &'static str, addr: u64, errno: i32) -> WatchError {
@@ -434,7 +434,7 @@ impl Watcher {
             return Err(WatchError::AlreadyActive);
         }
         let rt = handler::runtime()?;
-        let uffd = crate::caps::open_uffd(false, feature::SIGBUS | feature::WP_UNPOPULATED)?;
+        let uffd = faultline::caps::open_uffd(false, feature::SIGBUS | feature::WP_UNPOPULATED)?;
         let mem_fd = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -539,14 +539,15 @@ impl Watcher {
         }
         let len = len.div_ceil(PAGE as usize) * PAGE as usize;
         let map = |op| {
-            move |e: crate::sys::mem::MemError| WatchError::Sys {
+            move |e: faultline::sys::mem::MemError| WatchError::Sys {
                 op,
                 addr: 0,
                 source: e.source,
             }
         };
-        let fd = crate::sys::mem::memfd("faultline-watch", false).map_err(map("memfd_create"))?;
-        crate::sys::mem::ftruncate(&fd, len as u64).map_err(map("ftruncate"))?;
+        let fd =
+            faultline::sys::mem::memfd("faultline-watch", false).map_err(map("memfd_create"))?;
+        faultline::sys::mem::ftruncate(&fd, len as u64).map_err(map("ftruncate"))?;
         let main = Mapping::shared(&fd, len, 0).map_err(map("mmap"))?;
         let alias = Mapping::shared(&fd, len, 0).map_err(map("mmap alias"))?;
         let _ = main.advise(0, len, libc::MADV_NOHUGEPAGE);
@@ -970,7 +971,7 @@ impl Inner {
             Tier::Mprotect => {
                 let prot = e.prot.load(Relaxed) as i32;
                 let prot = if on { prot & !libc::PROT_WRITE } else { prot };
-                crate::sys::mem::mprotect(e.page, PAGE as usize, prot)
+                faultline::sys::mem::mprotect(e.page, PAGE as usize, prot)
                     .map_err(|errno| ("mprotect", errno))
             }
             Tier::Off => Ok(()),

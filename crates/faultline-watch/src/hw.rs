@@ -1,11 +1,11 @@
 //! Exact write watchpoints through the x86 debug registers, process-wide.
 //!
 //! A slot is one `perf_event_open(PERF_TYPE_BREAKPOINT)` write breakpoint
-//! per thread (see [`crate::sys::perf`]), opened on every thread listed in
+//! per thread (see [`faultline::sys::perf`]), opened on every thread listed in
 //! `/proc/self/task`. Every write by user code to the watched range raises
 //! a synchronous `SIGTRAP` in the writing thread, after the write (the
 //! saved RIP is the next instruction), with `si_code = TRAP_PERF` and
-//! `si_perf_data` = the slot's tag ([`crate::sys::perf::perf_sig_data`]
+//! `si_perf_data` = the slot's tag ([`faultline::sys::perf::perf_sig_data`]
 //! decodes it). Installing a `SIGTRAP` handler is the caller's job: without
 //! one, the first hit kills the process.
 //!
@@ -54,7 +54,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::sys::perf::{self, PerfError};
+use faultline::sys::perf::{self, PerfError};
 
 /// Attempts of `arm` before it settles for an arming during which threads
 /// kept appearing.
@@ -248,8 +248,8 @@ fn list_threads() -> io::Result<Vec<i32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::perf::{perf_trap, HW_TEST_LOCK, PERF_TYPE_BREAKPOINT};
-    use crate::sys::thread::{gettid, install_sigaction};
+    use faultline::sys::perf::{perf_trap, PERF_TYPE_BREAKPOINT};
+    use faultline::sys::thread::{gettid, install_sigaction};
     use std::cell::Cell;
     use std::sync::atomic::AtomicU64;
     use std::sync::atomic::Ordering::SeqCst;
@@ -267,6 +267,10 @@ mod tests {
     static LAST_ADDR: AtomicU64 = AtomicU64::new(0);
     static LAST_RIP: AtomicU64 = AtomicU64::new(0);
     static LAST_TID: AtomicU64 = AtomicU64::new(0);
+
+    /// Serialises the tests that use debug registers: arming "every
+    /// thread" also uses slots of other test threads.
+    static HW_TEST_LOCK: Mutex<()> = Mutex::new(());
 
     thread_local! {
         static MY_HITS: Cell<u64> = const { Cell::new(0) };
@@ -464,11 +468,11 @@ mod tests {
 
         // Cost per hit.
         let n = 2000u64;
-        let t0 = crate::sys::rdtsc();
+        let t0 = faultline::sys::rdtsc();
         for i in 0..n {
             write(watched, i);
         }
-        let per_hit = (crate::sys::rdtsc() - t0) / n;
+        let per_hit = (faultline::sys::rdtsc() - t0) / n;
         assert_eq!(hits(0), h + 1 + n);
         eprintln!("hardware watchpoint: {per_hit} cycles per hit");
 

@@ -31,8 +31,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
-use crate::interval::Grace;
-use crate::sys::mem::Mapping;
+use faultline::interval::Grace;
+use faultline::sys::mem::Mapping;
 
 /// The calling thread's key: its TCB address (`fs:0`), unique among live
 /// threads.
