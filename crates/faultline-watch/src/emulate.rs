@@ -2257,6 +2257,7 @@ pub fn run(
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+    use faultline::sys::mem::{Mapping, Prot};
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
 
@@ -3686,26 +3687,17 @@ mod tests {
     /// Runs machine code natively on a [`RegFile`]: an executable page
     /// holding "load flags and registers; <code>; store them; ret".
     struct Harness {
-        page: *mut u8,
+        map: Mapping,
     }
 
     const HARNESS_LEN: usize = 4096;
 
     impl Harness {
         fn new() -> Self {
-            // SAFETY: a fresh private anonymous mapping; checked below.
-            let p = unsafe {
-                libc::mmap(
-                    core::ptr::null_mut(),
-                    HARNESS_LEN,
-                    libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED, "mmap RWX");
-            Harness { page: p.cast() }
+            let map = Mapping::anon(HARNESS_LEN).expect("mmap");
+            map.protect(Prot::READ | Prot::WRITE | Prot::EXEC)
+                .expect("mprotect RWX");
+            Harness { map }
         }
 
         /// `mov reg, [rdi+off]` (opcode 0x8b) or `mov [rdi+off], reg` (0x89).
@@ -3745,7 +3737,7 @@ mod tests {
 
         /// Where the code under test starts.
         fn code_addr(&self) -> u64 {
-            self.page as u64 + Self::prologue().len() as u64
+            self.map.addr() + Self::prologue().len() as u64
         }
 
         /// Runs `code` natively on `regs` (RSP is neither loaded nor
@@ -3756,18 +3748,12 @@ mod tests {
             v.extend_from_slice(&Self::epilogue());
             assert!(v.len() <= HARNESS_LEN);
             // SAFETY: the page is ours and large enough (asserted).
-            unsafe { core::ptr::copy_nonoverlapping(v.as_ptr(), self.page, v.len()) };
+            unsafe { core::ptr::copy_nonoverlapping(v.as_ptr(), self.map.as_ptr(), v.len()) };
             // SAFETY: the page now holds a complete sysv64 function taking a
             // `*mut RegFile`, which preserves the callee-saved registers.
-            let f: extern "sysv64" fn(*mut RegFile) = unsafe { core::mem::transmute(self.page) };
+            let f: extern "sysv64" fn(*mut RegFile) =
+                unsafe { core::mem::transmute(self.map.as_ptr()) };
             f(regs);
-        }
-    }
-
-    impl Drop for Harness {
-        fn drop(&mut self) {
-            // SAFETY: our own mapping, no longer used.
-            unsafe { libc::munmap(self.page.cast(), HARNESS_LEN) };
         }
     }
 

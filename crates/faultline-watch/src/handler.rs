@@ -19,6 +19,7 @@
 //! watchable). The runtime (grace counters, per-thread slots, the previous
 //! signal actions) lives in one leaked `mmap` so it survives watchers.
 
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
@@ -26,7 +27,12 @@ use crate::emulate::{self, Cpu, MemFault, Memory, Stop};
 use crate::table::{page_of, thread_key, PageEntry, Tier, PAGE};
 use crate::{Hit, HitPath, Inner};
 use faultline::interval::Grace;
-use faultline::sys::thread::{install_sigaction, SigAction};
+use faultline::sys::mem::{mprotect, process_vm_read, Prot};
+use faultline::sys::signal::{
+    install_sigaction, Handler, SigAction, SigInfo, SignalContext, BUS_ADRERR, EFLAGS_TF,
+    SEGV_ACCERR, SIGBUS, SIGSEGV, SIGTRAP, TRAP_TRACE,
+};
+use faultline::sys::thread::{at_fork_in_child, getpid};
 use faultline::sys::{errno, rdtsc, set_errno};
 
 const SLOTS: usize = 128;
@@ -36,9 +42,6 @@ const RUN_BUDGET: u32 = 1 << 16;
 /// Return to native execution after this many consecutive instructions
 /// that touch no protected page (the loop has left the watched pages).
 const RUN_IDLE: u32 = 64;
-const TRAP_TRACE: i32 = 2;
-const SEGV_ACCERR: i32 = 2;
-const EFLAGS_TF: i64 = 0x100;
 
 /// Per-thread state while a thread is inside a handler or single-stepping.
 pub(crate) struct Slot {
@@ -92,8 +95,7 @@ fn placeholder() -> Runtime {
         active: AtomicPtr::new(std::ptr::null_mut()),
         slots: std::array::from_fn(|_| new_slot()),
         prev: Default::default(),
-        // SAFETY: getpid has no preconditions.
-        pid: AtomicI32::new(unsafe { libc::getpid() }),
+        pid: AtomicI32::new(getpid()),
         base: 0,
         len: 0,
     }
@@ -134,13 +136,16 @@ fn create_runtime() -> Result<&'static Runtime, crate::WatchError> {
     std::mem::forget(m);
     // SAFETY: initialised above and never unmapped.
     let rt: &'static Runtime = unsafe { &*p };
+    // Before the handlers: a child forked once they run must find its hook.
+    at_fork_in_child(after_fork_in_child).map_err(|e| crate::WatchError::Sys {
+        op: "pthread_atfork",
+        addr: 0,
+        source: e,
+    })?;
     for (i, (sig, h)) in [
-        (
-            libc::SIGBUS,
-            on_fault as extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void),
-        ),
-        (libc::SIGSEGV, on_fault),
-        (libc::SIGTRAP, on_trap),
+        (SIGBUS, on_fault as Handler),
+        (SIGSEGV, on_fault),
+        (SIGTRAP, on_trap),
     ]
     .into_iter()
     .enumerate()
@@ -152,8 +157,6 @@ fn create_runtime() -> Result<&'static Runtime, crate::WatchError> {
         })?;
         rt.prev[i].store(Box::into_raw(Box::new(old)), SeqCst);
     }
-    // SAFETY: registers a plain function; it runs in the child after fork.
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     Ok(rt)
 }
 
@@ -163,8 +166,7 @@ fn create_runtime() -> Result<&'static Runtime, crate::WatchError> {
 /// its mprotect-armed pages their protection back.
 extern "C" fn after_fork_in_child() {
     let Some(rt) = RUNTIME.get() else { return };
-    // SAFETY: getpid has no preconditions.
-    rt.pid.store(unsafe { libc::getpid() }, SeqCst);
+    rt.pid.store(getpid(), SeqCst);
     let inner = rt.active.swap(std::ptr::null_mut(), SeqCst);
     if inner.is_null() {
         return;
@@ -174,8 +176,7 @@ extern "C" fn after_fork_in_child() {
     let inner = unsafe { &*inner };
     inner.pages.for_each(|e| {
         if e.tier() == Tier::Mprotect {
-            let _ =
-                faultline::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32);
+            let _ = mprotect(e.page, PAGE as usize, e.prot());
         }
         e.tier.store(Tier::Off as u32, SeqCst);
     });
@@ -272,39 +273,39 @@ pub(crate) fn in_handler() -> bool {
         .is_some_and(|s| s.depth.load(Relaxed) > 0)
 }
 
-fn chain(rt: &Runtime, which: usize, sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // SAFETY: `prev` entries are set once from a Box and never freed; the
-    // rest is what the kernel passed us.
-    unsafe { faultline::sys::thread::chain_to(rt.prev[which].load(SeqCst), sig, info, ctx) }
+/// Passes the signal to the action installed before ours (`which`: 0
+/// SIGBUS, 1 SIGSEGV, 2 SIGTRAP).
+fn chain(rt: &Runtime, which: usize, sc: &SignalContext) {
+    let prev = rt.prev[which].load(SeqCst);
+    // SAFETY: `prev` entries are null or set once from `Box::into_raw` and
+    // never freed.
+    sc.chain(unsafe { prev.as_ref() })
 }
 
-fn gregs(ctx: *mut libc::c_void) -> *mut [i64; 23] {
-    // SAFETY: the kernel passes a valid ucontext_t to SA_SIGINFO handlers.
-    unsafe { &raw mut (*(ctx as *mut libc::ucontext_t)).uc_mcontext.gregs }
-}
-
-extern "C" fn on_fault(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+extern "C" fn on_fault(sig: i32, info: *mut SigInfo, ctx: *mut c_void) {
     let t0 = rdtsc();
     let saved = errno();
-    let which = if sig == libc::SIGBUS { 0 } else { 1 };
+    // SAFETY: the arguments of this running SA_SIGINFO handler; `sc` and
+    // its clones are dropped before it returns.
+    let mut sc = unsafe { SignalContext::from_raw(sig, info, ctx) };
+    let which = if sig == SIGBUS { 0 } else { 1 };
     let Some(rt) = RUNTIME.get() else {
         return;
     };
-    // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers.
-    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
-    let expected = if sig == libc::SIGBUS {
-        libc::BUS_ADRERR
+    let (code, addr) = (sc.code(), sc.fault_addr());
+    let expected = if sig == SIGBUS {
+        BUS_ADRERR
     } else {
         SEGV_ACCERR
     };
     let parity = rt.grace.enter();
     let mut handled = false;
     if code == expected {
-        // SAFETY: fault-generated signal (si_code checked): REG_ERR is the
-        // page-fault error code.
-        let err = unsafe { (*gregs(ctx))[libc::REG_ERR as usize] };
+        // A fault-generated signal (si_code checked): the error code is
+        // the page fault's.
+        let write = sc.error_code().write();
         let inner = rt.active.load(Acquire);
-        if err & 2 != 0 && !inner.is_null() {
+        if write && !inner.is_null() {
             // SAFETY: unpublished and freed only after a grace period, and
             // we are inside a read section.
             let inner = unsafe { &*inner };
@@ -313,15 +314,15 @@ extern "C" fn on_fault(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_v
                 let ours = match tier {
                     // Disarmed while the fault was in flight: retry.
                     Tier::Off => true,
-                    Tier::Mprotect => sig == libc::SIGSEGV,
+                    Tier::Mprotect => sig == SIGSEGV,
                     // SIGSEGV on a uffd page: another thread is storing to
                     // it behind a write fence (see `raw_store`).
                     Tier::Uffd => true,
-                    Tier::Alias => sig == libc::SIGBUS,
+                    Tier::Alias => sig == SIGBUS,
                 };
                 if ours {
                     handled = true;
-                    if tier == Tier::Uffd && sig == libc::SIGSEGV && !e.held_by_me() {
+                    if tier == Tier::Uffd && sig == SIGSEGV && !e.held_by_me() {
                         // Another thread has the page open behind its
                         // write fence: wait for it, then retry the write
                         // (it faults again, as SIGBUS, and is handled).
@@ -331,7 +332,7 @@ extern "C" fn on_fault(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_v
                         // (A fenced page of our own interrupted frame, e.g.
                         // a write from the callback, is emulated here: its
                         // store goes through /proc/self/mem.)
-                        handle_write(rt, inner, e, addr, ctx, t0);
+                        handle_write(rt, inner, e, addr, &mut sc, t0);
                     }
                 }
             }
@@ -339,7 +340,7 @@ extern "C" fn on_fault(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_v
     }
     rt.grace.exit(parity);
     if !handled {
-        chain(rt, which, sig, info, ctx);
+        chain(rt, which, &sc);
     }
     set_errno(saved);
 }
@@ -356,7 +357,7 @@ fn handle_write(
     inner: &Inner,
     e: &PageEntry,
     addr: u64,
-    ctx: *mut libc::c_void,
+    sc: &mut SignalContext,
     t0: u64,
 ) {
     let sh = inner.shared;
@@ -369,13 +370,10 @@ fn handle_write(
     let Some(slot) = rt.enter() else {
         abort_with(b"more than 128 threads in watch handlers at once");
     };
-    let g = gregs(ctx);
-    // SAFETY: valid ucontext (see `gregs`).
-    let ip = unsafe { (*g)[libc::REG_RIP as usize] } as u64;
+    let ip = sc.rip();
     let mut code = [0u8; 15];
     let n = read_code(ip, &mut code, true);
-    let mut cpu = CtxCpu { ctx };
-    let mut mem = WatchMem::new(inner, slot, ctx);
+    let mut mem = WatchMem::new(inner, slot, sc.clone());
     // Code on the faulting instruction's page is known to be mapped; other
     // pages (branch targets of interpreted code) are read checked.
     let mut fetch = |at: u64, buf: &mut [u8; 15]| read_code(at, buf, page_of(at) == page_of(ip));
@@ -384,12 +382,12 @@ fn handle_write(
     } else {
         (1, 1)
     };
-    let outcome = emulate::run(&code[..n], &mut fetch, &mut cpu, &mut mem, budget, idle);
+    let outcome = emulate::run(&code[..n], &mut fetch, sc, &mut mem, budget, idle);
     mem.close_all();
     match outcome {
         (_, Stop::NotEmulated(_)) => {
             sh.single_stepped.fetch_add(1, Relaxed);
-            begin_step(inner, slot, e, &code[..n], &cpu, addr, ctx);
+            begin_step(inner, slot, e, &code[..n], sc, addr);
         }
         (done, _) => {
             sh.emulated.fetch_add(1, Relaxed);
@@ -479,98 +477,32 @@ unsafe fn load_native(src: u64, out: &mut [u8], whole: bool) {
 /// Reads our own memory without risking a fault: `process_vm_readv` fails
 /// with EFAULT where a load would raise a signal.
 fn checked_read(src: u64, out: &mut [u8]) -> bool {
-    let local = libc::iovec {
-        iov_base: out.as_mut_ptr().cast(),
-        iov_len: out.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: src as *mut libc::c_void,
-        iov_len: out.len(),
-    };
     let pid = RUNTIME.get().map_or(0, |r| r.pid.load(Relaxed));
-    // SAFETY: copies into `out` only; the kernel validates `src`.
-    let got = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    got == out.len() as isize
+    process_vm_read(pid, src, out) == Ok(out.len())
 }
 
-/// Registers of the interrupted context.
-struct CtxCpu {
-    ctx: *mut libc::c_void,
-}
-
-const GPR_INDEX: [usize; 16] = [
-    libc::REG_RAX as usize,
-    libc::REG_RCX as usize,
-    libc::REG_RDX as usize,
-    libc::REG_RBX as usize,
-    libc::REG_RSP as usize,
-    libc::REG_RBP as usize,
-    libc::REG_RSI as usize,
-    libc::REG_RDI as usize,
-    libc::REG_R8 as usize,
-    libc::REG_R9 as usize,
-    libc::REG_R10 as usize,
-    libc::REG_R11 as usize,
-    libc::REG_R12 as usize,
-    libc::REG_R13 as usize,
-    libc::REG_R14 as usize,
-    libc::REG_R15 as usize,
-];
-
-const FP_XSTATE_MAGIC1: u32 = 0x4650_5853;
-
-impl Cpu for CtxCpu {
+/// The interrupted thread's saved registers are the emulator's CPU.
+impl Cpu for SignalContext {
     fn gpr(&self, r: emulate::Gpr) -> u64 {
-        // SAFETY: valid ucontext; index in range.
-        unsafe { (*gregs(self.ctx))[GPR_INDEX[r & 15]] as u64 }
+        SignalContext::gpr(self, r)
     }
     fn set_gpr(&mut self, r: emulate::Gpr, v: u64) {
-        // SAFETY: as above; the kernel restores these on sigreturn.
-        unsafe { (*gregs(self.ctx))[GPR_INDEX[r & 15]] = v as i64 }
+        SignalContext::set_gpr(self, r, v)
     }
     fn rip(&self) -> u64 {
-        // SAFETY: as above.
-        unsafe { (*gregs(self.ctx))[libc::REG_RIP as usize] as u64 }
+        SignalContext::rip(self)
     }
     fn set_rip(&mut self, v: u64) {
-        // SAFETY: as above.
-        unsafe { (*gregs(self.ctx))[libc::REG_RIP as usize] = v as i64 }
+        SignalContext::set_rip(self, v)
     }
     fn rflags(&self) -> u64 {
-        // SAFETY: as above.
-        unsafe { (*gregs(self.ctx))[libc::REG_EFL as usize] as u64 }
+        SignalContext::rflags(self)
     }
     fn set_rflags(&mut self, v: u64) {
-        // SAFETY: as above.
-        unsafe { (*gregs(self.ctx))[libc::REG_EFL as usize] = v as i64 }
+        SignalContext::set_rflags(self, v)
     }
     fn vec(&self, n: usize, out: &mut [u8]) -> bool {
-        if n >= 16 || (out.len() != 16 && out.len() != 32) {
-            return false;
-        }
-        // SAFETY: valid ucontext; fpregs points at the saved FPU state in
-        // the signal frame (fxsave layout, extended by an xsave header
-        // when the sw_reserved magic says so).
-        unsafe {
-            let fp = (*(self.ctx as *const libc::ucontext_t)).uc_mcontext.fpregs as *const u8;
-            if fp.is_null() {
-                return false;
-            }
-            std::ptr::copy_nonoverlapping(fp.add(160 + 16 * n), out.as_mut_ptr(), 16);
-            if out.len() == 32 {
-                let magic = (fp.add(464) as *const u32).read_unaligned();
-                if magic != FP_XSTATE_MAGIC1 {
-                    return false;
-                }
-                let xstate_bv = (fp.add(512) as *const u64).read_unaligned();
-                if xstate_bv & 4 != 0 {
-                    std::ptr::copy_nonoverlapping(fp.add(576 + 16 * n), out[16..].as_mut_ptr(), 16);
-                } else {
-                    out[16..].fill(0);
-                }
-            }
-        }
-        true
+        SignalContext::vec(self, n, out)
     }
     fn fs_base(&self) -> Option<u64> {
         // The handler runs on the interrupted thread: same FS base.
@@ -583,7 +515,8 @@ impl Cpu for CtxCpu {
 struct WatchMem<'a> {
     inner: &'a Inner,
     slot: &'a Slot,
-    ctx: *mut libc::c_void,
+    /// The interrupted context, for the IP of each reported store.
+    ctx: SignalContext,
     /// Unprotected pages read successfully during this handler.
     validated: [u64; 4],
     nvalid: usize,
@@ -603,7 +536,7 @@ struct Runs {
 }
 
 impl<'a> WatchMem<'a> {
-    fn new(inner: &'a Inner, slot: &'a Slot, ctx: *mut libc::c_void) -> Self {
+    fn new(inner: &'a Inner, slot: &'a Slot, ctx: SignalContext) -> Self {
         WatchMem {
             inner,
             slot,
@@ -711,8 +644,8 @@ impl WatchMem<'_> {
             self.close_all();
             e.lock();
         }
-        let prot = e.prot.load(Relaxed) as i32;
-        if faultline::sys::mem::mprotect(e.page, PAGE as usize, prot & !libc::PROT_WRITE).is_err() {
+        let prot = e.prot();
+        if mprotect(e.page, PAGE as usize, prot.without(Prot::WRITE)).is_err() {
             e.unlock();
             return Err(MemFault);
         }
@@ -722,7 +655,7 @@ impl WatchMem<'_> {
             .writeprotect(e.page, PAGE, false, true)
             .is_err()
         {
-            let _ = faultline::sys::mem::mprotect(e.page, PAGE as usize, prot);
+            let _ = mprotect(e.page, PAGE as usize, prot);
             e.unlock();
             return Err(MemFault);
         }
@@ -761,9 +694,7 @@ impl WatchMem<'_> {
             {
                 abort_with(b"cannot re-protect a watched page");
             }
-            if faultline::sys::mem::mprotect(e.page, PAGE as usize, e.prot.load(Relaxed) as i32)
-                .is_err()
-            {
+            if mprotect(e.page, PAGE as usize, e.prot()).is_err() {
                 abort_with(b"cannot lift the write fence of a watched page");
             }
             e.unlock();
@@ -817,8 +748,7 @@ impl WatchMem<'_> {
             tid: Runtime::tid(self.slot),
             // The instruction being performed (continued interpretation
             // moves RIP past the faulting one).
-            // SAFETY: `ctx` is the live ucontext of this handler.
-            ip: unsafe { (*gregs(self.ctx))[libc::REG_RIP as usize] } as u64,
+            ip: self.ctx.rip(),
             path: HitPath::Emulated,
         };
         // A callback sees memory as the program would: pending stores
@@ -1059,9 +989,8 @@ fn begin_step(
     slot: &Slot,
     e: &PageEntry,
     code: &[u8],
-    cpu: &CtxCpu,
+    cpu: &mut SignalContext,
     fault_addr: u64,
-    ctx: *mut libc::c_void,
 ) {
     let idx = if slot.step[0].load(Relaxed) == 0 {
         0
@@ -1071,12 +1000,12 @@ fn begin_step(
         abort_with(b"a single-stepped instruction faulted on a third watched page");
     };
     if idx == 0 {
-        let (a, l) = emulate::write_target(code, cpu).unwrap_or((fault_addr, 1));
+        let (a, l) = emulate::write_target(code, &*cpu).unwrap_or((fault_addr, 1));
         let l = l.min(64);
         slot.step_addr.store(a, Relaxed);
         slot.step_len.store(l as u64, Relaxed);
         let mut before = [0u8; 64];
-        let _ = WatchMem::new(inner, slot, std::ptr::null_mut()).read(a, &mut before[..l]);
+        let _ = WatchMem::new(inner, slot, cpu.clone()).read(a, &mut before[..l]);
         for (i, w) in slot.step_before.iter().enumerate() {
             let word: [u8; 8] = before[8 * i..8 * i + 8].try_into().expect("8 bytes");
             w.store(u64::from_le_bytes(word), Relaxed);
@@ -1089,25 +1018,25 @@ fn begin_step(
         abort_with(b"cannot un-protect a watched page for a single step");
     }
     slot.step[idx].store(e as *const PageEntry as usize, Relaxed);
-    let g = gregs(ctx);
-    // SAFETY: valid ucontext; the kernel restores EFLAGS (TF included)
-    // on sigreturn, so the instruction runs once and traps.
-    unsafe {
-        if idx == 0 {
-            let was = (*g)[libc::REG_EFL as usize] & EFLAGS_TF != 0;
-            slot.step_tf_was_set.store(was as u32, Relaxed);
-        }
-        (*g)[libc::REG_EFL as usize] |= EFLAGS_TF;
+    // The kernel restores RFLAGS (TF included) on sigreturn, so the
+    // instruction runs once and traps.
+    let fl = cpu.rflags();
+    if idx == 0 {
+        let was = fl & EFLAGS_TF != 0;
+        slot.step_tf_was_set.store(was as u32, Relaxed);
     }
+    cpu.set_rflags(fl | EFLAGS_TF);
 }
 
-extern "C" fn on_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+extern "C" fn on_trap(sig: i32, info: *mut SigInfo, ctx: *mut c_void) {
     let saved = errno();
+    // SAFETY: the arguments of this running SA_SIGINFO handler; `sc` is
+    // dropped before it returns.
+    let mut sc = unsafe { SignalContext::from_raw(sig, info, ctx) };
     let Some(rt) = RUNTIME.get() else {
         return;
     };
-    // SAFETY: valid siginfo.
-    let code = unsafe { (*info).si_code };
+    let code = sc.code();
     let parity = rt.grace.enter();
     let inner = rt.active.load(Acquire);
     let mut handled = false;
@@ -1117,32 +1046,29 @@ extern "C" fn on_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_vo
                 handled = true;
                 // SAFETY: the watcher cannot be freed while a page lock is
                 // held (drop disarms every page under its lock first).
-                finish_step(rt, unsafe { &*inner }, slot, ctx);
+                finish_step(rt, unsafe { &*inner }, slot, &mut sc);
             }
         }
-    } else if let Some(tag) =
-        // SAFETY: `info` is the siginfo the kernel passed us.
-        unsafe { faultline::sys::perf::perf_sig_data(info) }
-    {
+    } else if let Some(tag) = sc.perf().map(|t| t.data) {
         if !inner.is_null() {
             // SAFETY: inside a read section; see `on_fault`.
             let inner = unsafe { &*inner };
             if let Some(h) = inner.shared.hw.get(tag as usize) {
                 if h.active.load(Acquire) {
                     handled = true;
-                    hw_hit(rt, inner, h, ctx);
+                    hw_hit(rt, inner, h, &sc);
                 }
             }
         }
     }
     rt.grace.exit(parity);
     if !handled {
-        chain(rt, 2, sig, info, ctx);
+        chain(rt, 2, &sc);
     }
     set_errno(saved);
 }
 
-fn finish_step(rt: &Runtime, inner: &Inner, slot: &Slot, ctx: *mut libc::c_void) {
+fn finish_step(rt: &Runtime, inner: &Inner, slot: &Slot, sc: &mut SignalContext) {
     slot.depth.fetch_add(1, SeqCst);
     let mut first: Option<&PageEntry> = None;
     for s in &slot.step {
@@ -1156,12 +1082,9 @@ fn finish_step(rt: &Runtime, inner: &Inner, slot: &Slot, ctx: *mut libc::c_void)
         e.unlock();
         first.get_or_insert(e);
     }
-    let g = gregs(ctx);
-    // SAFETY: valid ucontext.
-    unsafe {
-        if slot.step_tf_was_set.load(Relaxed) == 0 {
-            (*g)[libc::REG_EFL as usize] &= !EFLAGS_TF;
-        }
+    if slot.step_tf_was_set.load(Relaxed) == 0 {
+        let fl = sc.rflags();
+        sc.set_rflags(fl & !EFLAGS_TF);
     }
     // Report the watched bytes of the written range.
     let a = slot.step_addr.load(Relaxed);
@@ -1217,7 +1140,7 @@ fn finish_step(rt: &Runtime, inner: &Inner, slot: &Slot, ctx: *mut libc::c_void)
     rt.leave(slot);
 }
 
-fn hw_hit(rt: &Runtime, inner: &Inner, h: &crate::HwWatch, ctx: *mut libc::c_void) {
+fn hw_hit(rt: &Runtime, inner: &Inner, h: &crate::HwWatch, sc: &SignalContext) {
     inner.shared.hw_hits.fetch_add(1, Relaxed);
     let Some(slot) = rt.enter() else {
         abort_with(b"more than 128 threads in watch handlers at once");
@@ -1239,8 +1162,7 @@ fn hw_hit(rt: &Runtime, inner: &Inner, h: &crate::HwWatch, ctx: *mut libc::c_voi
         before,
         after,
         tid: Runtime::tid(slot),
-        // SAFETY: valid ucontext.
-        ip: unsafe { (*gregs(ctx))[libc::REG_RIP as usize] } as u64,
+        ip: sc.rip(),
         path: HitPath::Hardware,
     };
     deliver(inner, slot, None, &hit);

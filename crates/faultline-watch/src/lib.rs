@@ -87,8 +87,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
-use faultline::sys::mem::Mapping;
+use faultline::sys::mem::{Mapping, Prot, MADV_NOHUGEPAGE};
 use faultline::sys::uffd::{feature, register_mode, Uffd};
+use faultline::sys::Errno;
 use table::{page_of, Arena, PageEntry, Pages, RangeTree, Retired, Tier, PAGE};
 
 /// What a [`Watcher`] reports on a write to watched bytes.
@@ -221,11 +222,11 @@ pub enum WatchError {
     Runtime(#[from] faultline::Error),
 }
 
-fn sys_err(op: &'static str, addr: u64, errno: i32) -> WatchError {
+fn sys_err(op: &'static str, addr: u64, errno: Errno) -> WatchError {
     WatchError::Sys {
         op,
         addr,
-        source: std::io::Error::from_raw_os_error(errno),
+        source: errno.into(),
     }
 }
 
@@ -338,7 +339,7 @@ struct Armable {
     start: u64,
     end: u64,
     tier: Tier,
-    prot: i32,
+    prot: Prot,
     alias_delta: u64,
 }
 
@@ -550,7 +551,7 @@ impl Watcher {
         faultline::sys::mem::ftruncate(&fd, len as u64).map_err(map("ftruncate"))?;
         let main = Mapping::shared(&fd, len, 0).map_err(map("mmap"))?;
         let alias = Mapping::shared(&fd, len, 0).map_err(map("mmap alias"))?;
-        let _ = main.advise(0, len, libc::MADV_NOHUGEPAGE);
+        let _ = main.advise(0, len, MADV_NOHUGEPAGE);
         let (s, e) = (main.addr(), main.addr() + len as u64);
         self.inner
             .uffd
@@ -566,7 +567,7 @@ impl Watcher {
             start: s,
             end: e,
             tier: Tier::Alias,
-            prot: libc::PROT_READ | libc::PROT_WRITE,
+            prot: Prot::READ_WRITE,
             alias_delta: alias.addr().wrapping_sub(s),
         });
         drop(w);
@@ -774,7 +775,7 @@ impl Inner {
                     start: p,
                     end: p + PAGE,
                     tier: e.tier(),
-                    prot: e.prot.load(Relaxed) as i32,
+                    prot: e.prot(),
                     alias_delta: e.alias_delta.load(Relaxed),
                 };
                 plan.push((p, a));
@@ -844,13 +845,13 @@ impl Inner {
                     w.registered.push((v.start, v.end));
                     a.tier = Tier::Uffd;
                 }
-                Err(e) if e.source.raw_os_error() == Some(libc::EBUSY) => {
+                Err(e) if e.is(Errno::EBUSY) => {
                     return Err(WatchError::Unsupported {
                         addr: p,
                         reason: "the mapping is registered with another userfaultfd (a faultline Region?)".into(),
                     });
                 }
-                Err(e) if e.source.raw_os_error() == Some(libc::EINVAL) && !v.shared => {
+                Err(e) if e.is(Errno::EINVAL) && !v.shared => {
                     // File-backed private memory: uffd-wp does not apply.
                 }
                 Err(e) => {
@@ -916,7 +917,7 @@ impl Inner {
 
     fn arm(&self, e: &PageEntry, a: Armable) -> Result<(), WatchError> {
         e.alias_delta.store(a.alias_delta, Relaxed);
-        e.prot.store(a.prot as u32, Relaxed);
+        e.set_prot(a.prot);
         // Publish the tier first: a fault that races the protection finds
         // the page armed.
         e.tier.store(a.tier as u32, Release);
@@ -937,7 +938,7 @@ impl Inner {
             .map_err(|(op, errno)| sys_err(op, e.page, errno));
         // A mapping that was unmapped under us has nothing left to disarm.
         let gone = matches!(&r, Err(WatchError::Sys { source, .. })
-            if matches!(source.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOMEM) | Some(libc::EINVAL)));
+            if matches!(Errno::of(source), Some(Errno::ENOENT | Errno::ENOMEM | Errno::EINVAL)));
         if r.is_ok() || gone {
             e.tier.store(Tier::Off as u32, Release);
         }
@@ -956,21 +957,16 @@ impl Inner {
         e: &PageEntry,
         tier: Tier,
         on: bool,
-    ) -> Result<(), (&'static str, i32)> {
+    ) -> Result<(), (&'static str, Errno)> {
         match tier {
             Tier::Uffd | Tier::Alias => self
                 .uffd
                 // No thread waits on these faults (SIGBUS mode): no wake.
                 .writeprotect(e.page, PAGE, on, !on)
-                .map_err(|err| {
-                    (
-                        "UFFDIO_WRITEPROTECT",
-                        err.source.raw_os_error().unwrap_or(0),
-                    )
-                }),
+                .map_err(|err| ("UFFDIO_WRITEPROTECT", Errno(err.errno()))),
             Tier::Mprotect => {
-                let prot = e.prot.load(Relaxed) as i32;
-                let prot = if on { prot & !libc::PROT_WRITE } else { prot };
+                let prot = e.prot();
+                let prot = if on { prot.without(Prot::WRITE) } else { prot };
                 faultline::sys::mem::mprotect(e.page, PAGE as usize, prot)
                     .map_err(|errno| ("mprotect", errno))
             }

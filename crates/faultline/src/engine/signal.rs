@@ -42,7 +42,7 @@ use crate::region::enter;
 use crate::residency::PageState;
 use crate::resolve::{resolve, Resolution};
 use crate::sys::mem::Mapping;
-use crate::sys::thread::{install_sigaction, SigAction};
+use crate::sys::signal::{install_sigaction, SigAction, SignalContext};
 use crate::sys::uffd::{feature, Uffd};
 use crate::sys::{errno, rdtsc, set_errno};
 
@@ -141,13 +141,13 @@ impl SignalEngine {
         struct AltStack(#[allow(dead_code, reason = "keeps the stack mapped")] Mapping);
         impl Drop for AltStack {
             fn drop(&mut self) {
-                crate::sys::thread::remove_altstack();
+                crate::sys::signal::remove_altstack();
             }
         }
         ALTSTACK.with(|a| {
             if a.borrow().is_none() {
                 let m =
-                    crate::sys::thread::install_altstack(bytes).map_err(|e| crate::Error::Io {
+                    crate::sys::signal::install_altstack(bytes).map_err(|e| crate::Error::Io {
                         op: "sigaltstack",
                         source: e,
                     })?;
@@ -202,20 +202,17 @@ impl Engine for SignalEngine {
 /// The x86 page-fault error code of a fault-generated SIGBUS, as
 /// (write, protection): bit 1 = the access was a write, bit 0 = the page
 /// was present (a userfaultfd write-protect fault).
-fn access_of(ctx: *mut libc::c_void) -> (bool, bool) {
+fn access_of(sc: &SignalContext) -> (bool, bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: for an SA_SIGINFO handler the kernel passes a valid
-        // ucontext_t; REG_ERR is meaningful because the caller checked this
-        // is a fault-generated SIGBUS (si_code BUS_ADRERR).
-        let err = unsafe {
-            (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize]
-        };
-        (err & 2 != 0, err & 1 != 0)
+        // Meaningful because the caller checked this is a fault-generated
+        // SIGBUS (si_code BUS_ADRERR).
+        let err = sc.error_code();
+        (err.write(), err.present())
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = ctx;
+        let _ = sc;
         (true, false)
     }
 }
@@ -223,8 +220,10 @@ fn access_of(ctx: *mut libc::c_void) -> (bool, bool) {
 extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let t0 = rdtsc();
     let saved = errno();
-    // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers.
-    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
+    // SAFETY: the arguments of this running SA_SIGINFO handler; `sc` is
+    // dropped before it returns.
+    let sc = unsafe { SignalContext::from_raw(sig, info, ctx) };
+    let (code, addr) = (sc.code(), sc.fault_addr());
     if code == BUS_ADRERR {
         if let Some(r) = enter(addr) {
             let page = ((addr - r.base) / r.page_size as u64) as usize;
@@ -253,7 +252,7 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
                 } else {
                     &mut []
                 };
-                let (write, protection) = access_of(ctx);
+                let (write, protection) = access_of(&sc);
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     resolve(&r, addr, write, protection, false, scratch, None)
                 }));
@@ -317,5 +316,5 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
 fn chain(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: PREVIOUS is set once from a Box and never freed; the rest is
     // what the kernel passed us.
-    unsafe { crate::sys::thread::chain_to(PREVIOUS.load(SeqCst), sig, info, ctx) }
+    unsafe { crate::sys::signal::chain_to(PREVIOUS.load(SeqCst), sig, info, ctx) }
 }

@@ -1,11 +1,26 @@
-//! The only module that talks to the kernel.
+//! The kernel interface shared by the faultline crates: the only code that
+//! calls libc, issues a system call or an ioctl, or touches a signal
+//! context.
 //!
 //! Everything here is a thin, checked wrapper over one system call or
-//! ioctl; policy lives elsewhere. Wrappers used from the SIGBUS handler are
+//! ioctl; policy lives elsewhere. Wrappers used from signal handlers are
 //! async-signal-safe: no allocation, no locks.
+//!
+//! `faultline` and `faultline-watch` both build on this module, so it is
+//! public, but it is hidden from the documentation and not covered by
+//! semver: its items change whenever the crates need them to.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`mem`] | mappings, protection ([`mem::Prot`]), `madvise`, memfd, file I/O, reading our own memory without faulting |
+//! | [`uffd`] | the userfaultfd ABI and one wrapper per ioctl |
+//! | [`perf`] | `perf_event_open` hardware breakpoints |
+//! | [`signal`] | handlers, chaining, alternate stacks, masks, [`signal::SignalContext`] |
+//! | [`thread`] | ids, affinity, futex, eventfd, pipes, `poll`, fork hooks |
 
 pub mod mem;
 pub mod perf;
+pub mod signal;
 pub mod thread;
 pub mod uffd;
 
@@ -14,6 +29,61 @@ use std::fmt;
 /// An errno value, kept as the kernel gave it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Errno(pub i32);
+
+impl Errno {
+    /// `EPERM`.
+    pub const EPERM: Errno = Errno(libc::EPERM);
+    /// `ENOENT`.
+    pub const ENOENT: Errno = Errno(libc::ENOENT);
+    /// `ESRCH`.
+    pub const ESRCH: Errno = Errno(libc::ESRCH);
+    /// `EINTR`.
+    pub const EINTR: Errno = Errno(libc::EINTR);
+    /// `EIO`.
+    pub const EIO: Errno = Errno(libc::EIO);
+    /// `EBADF`.
+    pub const EBADF: Errno = Errno(libc::EBADF);
+    /// `EAGAIN`.
+    pub const EAGAIN: Errno = Errno(libc::EAGAIN);
+    /// `ENOMEM`.
+    pub const ENOMEM: Errno = Errno(libc::ENOMEM);
+    /// `EACCES`.
+    pub const EACCES: Errno = Errno(libc::EACCES);
+    /// `EFAULT`.
+    pub const EFAULT: Errno = Errno(libc::EFAULT);
+    /// `EBUSY`.
+    pub const EBUSY: Errno = Errno(libc::EBUSY);
+    /// `EEXIST`.
+    pub const EEXIST: Errno = Errno(libc::EEXIST);
+    /// `ENODEV`.
+    pub const ENODEV: Errno = Errno(libc::ENODEV);
+    /// `EINVAL`.
+    pub const EINVAL: Errno = Errno(libc::EINVAL);
+    /// `ENOSPC`.
+    pub const ENOSPC: Errno = Errno(libc::ENOSPC);
+    /// `ENOSYS`.
+    pub const ENOSYS: Errno = Errno(libc::ENOSYS);
+    /// `ENOTTY`.
+    pub const ENOTTY: Errno = Errno(libc::ENOTTY);
+    /// `EOPNOTSUPP`.
+    pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
+
+    /// The errno behind an `io::Error`, if it came from the kernel.
+    pub fn of(e: &std::io::Error) -> Option<Errno> {
+        e.raw_os_error().map(Errno)
+    }
+
+    /// Whether this is `other`.
+    pub fn is(self, other: Errno) -> bool {
+        self == other
+    }
+}
+
+impl From<Errno> for std::io::Error {
+    fn from(e: Errno) -> Self {
+        std::io::Error::from_raw_os_error(e.0)
+    }
+}
 
 impl fmt::Debug for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -380,6 +380,10 @@ impl UffdError {
     pub fn errno(&self) -> i32 {
         self.source.raw_os_error().unwrap_or(0)
     }
+    /// Whether the call failed with `e`.
+    pub fn is(&self, e: Errno) -> bool {
+        self.errno() == e.0
+    }
 }
 
 fn classify(op: &'static str, ret: i32, field: i64, len: u64) -> Result<Outcome, UffdError> {
