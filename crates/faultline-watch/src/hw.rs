@@ -1,12 +1,11 @@
 //! Exact write watchpoints through the x86 debug registers, process-wide.
 //!
 //! A slot is one `perf_event_open(PERF_TYPE_BREAKPOINT)` write breakpoint
-//! per thread (see [`faultline::sys::perf`]), opened on every thread listed in
+//! per thread (see `faultline::sys::perf`), opened on every thread listed in
 //! `/proc/self/task`. Every write by user code to the watched range raises
 //! a synchronous `SIGTRAP` in the writing thread, after the write (the
 //! saved RIP is the next instruction), with `si_code = TRAP_PERF` and
-//! `si_perf_data` = the slot's tag ([`faultline::sys::perf::perf_sig_data`]
-//! decodes it). Installing a `SIGTRAP` handler is the caller's job: without
+//! `si_perf_data` = the slot's tag (`SignalContext::perf` reads it). Installing a `SIGTRAP` handler is the caller's job: without
 //! one, the first hit kills the process.
 //!
 //! What is covered (verified by `tests/hw_breakpoints.rs` on Linux 6.18):
