@@ -172,7 +172,7 @@ fn branch_target(instr: &Instruction, bytes: &[u8]) -> Option<u64> {
 }
 
 /// `op a, b` with `a` the first operand (written back unless CMP/TEST).
-pub(super) fn two(op: Arith, a: Src, b: Src) -> Option<Op> {
+fn two(op: Arith, a: Src, b: Src) -> Option<Op> {
     let size = match a {
         Src::Reg(r) => r.size,
         Src::Mem { size, .. } => size,
@@ -363,7 +363,7 @@ fn translate_inner(instr: &Instruction, bytes: &[u8]) -> Option<Op> {
 
 /// Reads source `src`: (value zero-extended from its size, its size);
 /// immediates are `imm_size` bytes.
-pub(super) fn value(
+fn value(
     instr: &Instruction,
     src: Src,
     imm_size: usize,

@@ -55,7 +55,7 @@ fn write_val(mem: &mut dyn Memory, addr: u64, v: u64, size: usize) -> Result<(),
 /// Replaces the `size`-byte value at `addr` by `f(old)` and returns `old`.
 /// With `atomic`, uses a compare-and-swap loop; `f` may then run several
 /// times and must be pure.
-pub(super) fn update(
+fn update(
     mem: &mut dyn Memory,
     addr: u64,
     size: usize,
