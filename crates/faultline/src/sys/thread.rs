@@ -89,22 +89,34 @@ impl EventFd {
         // SAFETY: fresh fd owned here.
         Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
-    /// Adds 1 to the counter (wakes pollers).
+    /// Adds 1 to the counter (wakes pollers). Failure (counter overflow)
+    /// still leaves the fd readable, which is all a waker needs.
     pub fn notify(&self) {
-        let v: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64. Failure (counter
-        // overflow) still leaves the fd readable, which is all we need.
-        unsafe {
-            libc::write(self.0.as_raw_fd(), (&v as *const u64).cast(), 8);
-        }
+        let _ = self.add(1);
     }
-    /// Resets the counter.
+    /// Resets the counter (nothing to do when it is zero already).
     pub fn drain(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reading 8 bytes into a valid u64; EAGAIN when empty is fine.
-        unsafe {
-            libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8);
+        let _ = self.take();
+    }
+    /// Adds `v` to the counter: one 8-byte `write`.
+    pub fn add(&self, v: u64) -> io::Result<()> {
+        // SAFETY: writing 8 bytes from a valid u64.
+        let n = unsafe { libc::write(self.0.as_raw_fd(), (&v as *const u64).cast(), 8) };
+        if n != 8 {
+            return Err(io::Error::last_os_error());
         }
+        Ok(())
+    }
+    /// Reads and resets the counter: one 8-byte `read`. `WouldBlock`
+    /// (EAGAIN) when it is zero.
+    pub fn take(&self) -> io::Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a valid u64.
+        let n = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if n != 8 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(v)
     }
     /// The raw fd, for `poll`.
     pub fn raw(&self) -> i32 {
