@@ -32,14 +32,14 @@
 //! # Ok::<(), faultline::Error>(())
 //! ```
 //!
-//! The layout of the crate follows its architecture: [`sys`] is the only
+//! The layout of the crate follows its architecture: `sys` is the only
 //! code that talks to the kernel; [`interval`] and [`residency`] are the
 //! lock-free data structures the fault path reads; [`store`] holds backing
 //! stores; [`engine`] the delivery engines; `resolve` the one fault
 //! resolution path all engines share; [`region`] ties them together;
 //! [`policy`] holds pure paging policies. Watchpoints on user-level page
 //! permissions (write-protect, emulated stores, debug registers) are the
-//! `faultline-watch` crate, built on [`sys`]. `DESIGN.md` has the threading
+//! `faultline-watch` crate, built on `sys`. `DESIGN.md` has the threading
 //! model and lock order.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -56,6 +56,7 @@ pub mod residency;
 mod resolve;
 pub mod runahead;
 pub mod store;
+#[doc(hidden)]
 pub mod sys;
 
 pub use caps::{capabilities, Capabilities};
