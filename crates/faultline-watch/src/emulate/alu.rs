@@ -12,6 +12,11 @@
 //! 3. `pushfq`, and merge the flags the instruction defines into the
 //!    thread's `RFLAGS` ([`merge_flags`]).
 //!
+//! The operation runs in the same form as the real instruction where the
+//! form matters: a rotate by an immediate runs as `rol r, imm8`
+//! ([`native_rotate_imm`]), since some CPUs set its undefined OF unlike the
+//! CL form's.
+//!
 //! Also here: the `RFLAGS` bits, operand widths ([`mask`], [`sext`]) and
 //! condition codes ([`condition`]).
 
@@ -402,3 +407,129 @@ pub(super) fn native(
 ) -> Option<(u64, u64)> {
     None
 }
+
+/// `ROL`/`ROR` of `size`-byte `dst` by the immediate `count`, run in the
+/// immediate form (`rol r, imm8`) with the status flags of `flags` loaded
+/// first; returns (result, RFLAGS after). `None` for other operations.
+///
+/// [`native`] runs shifts and rotates in their CL form, which is exact for
+/// the CL form and, for the defined flags, for every form. The "undefined"
+/// OF of a rotate by more than one bit is not: on some CPUs (the Intel Xeon
+/// of the project's machines) the `imm8` and CL forms set it differently,
+/// so an instruction decoded with an immediate count runs with one. The
+/// count is masked as the CPU masks it (5 bits, 6 for 64-bit operands) and
+/// picks one of the pre-assembled forms.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn native_rotate_imm(
+    op: Arith,
+    size: usize,
+    dst: u64,
+    count: u8,
+    flags: u64,
+) -> Option<(u64, u64)> {
+    let n = usize::from(count) & if size == 8 { 63 } else { 31 };
+    let f = match (op, size) {
+        (Arith::Rol, 1) => ROL8[n],
+        (Arith::Rol, 2) => ROL16[n],
+        (Arith::Rol, 4) => ROL32[n],
+        (Arith::Rol, 8) => ROL64[n],
+        (Arith::Ror, 1) => ROR8[n],
+        (Arith::Ror, 2) => ROR16[n],
+        (Arith::Ror, 4) => ROR32[n],
+        (Arith::Ror, 8) => ROR64[n],
+        _ => return None,
+    };
+    let (r, fl) = f(dst, flags & STATUS);
+    Some((r & mask(size), fl))
+}
+
+/// Not x86-64: nothing is computed natively.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn native_rotate_imm(
+    _op: Arith,
+    _size: usize,
+    _dst: u64,
+    _count: u8,
+    _flags: u64,
+) -> Option<(u64, u64)> {
+    None
+}
+
+/// One rotate form: (operand, incoming status flags) -> (result, RFLAGS).
+#[cfg(target_arch = "x86_64")]
+type RotateForm = fn(u64, u64) -> (u64, u64);
+
+/// Defines `$name::<N>`: the rotate `$insn` by the immediate `N`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rotate_form {
+    ($name:ident, $insn:literal) => {
+        fn $name<const N: u8>(dst: u64, fin: u64) -> (u64, u64) {
+            let mut d: u64 = dst;
+            let fl: u64;
+            // SAFETY: as in `native`: register arithmetic between balanced
+            // pushfq/popfq and pushfq/pop pairs on the (non-`nostack`)
+            // stack; only the status flags are replaced.
+            unsafe {
+                core::arch::asm!(
+                    "pushfq",
+                    "pop {fl}",
+                    "and {fl}, {keep}",
+                    "or {fl}, {fin}",
+                    "push {fl}",
+                    "popfq",
+                    concat!($insn, ", {n}"),
+                    "pushfq",
+                    "pop {fl}",
+                    d = inout(reg) d,
+                    fin = in(reg) fin,
+                    keep = in(reg) !STATUS,
+                    fl = out(reg) fl,
+                    n = const N,
+                );
+            }
+            (d, fl)
+        }
+    };
+}
+
+/// The forms of `$f` for the immediates listed.
+#[cfg(target_arch = "x86_64")]
+macro_rules! forms {
+    ($f:ident; $($n:literal)*) => {
+        [$($f::<$n> as RotateForm),*]
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+rotate_form!(rol8, "rol {d:l}");
+#[cfg(target_arch = "x86_64")]
+rotate_form!(rol16, "rol {d:x}");
+#[cfg(target_arch = "x86_64")]
+rotate_form!(rol32, "rol {d:e}");
+#[cfg(target_arch = "x86_64")]
+rotate_form!(rol64, "rol {d}");
+#[cfg(target_arch = "x86_64")]
+rotate_form!(ror8, "ror {d:l}");
+#[cfg(target_arch = "x86_64")]
+rotate_form!(ror16, "ror {d:x}");
+#[cfg(target_arch = "x86_64")]
+rotate_form!(ror32, "ror {d:e}");
+#[cfg(target_arch = "x86_64")]
+rotate_form!(ror64, "ror {d}");
+
+#[cfg(target_arch = "x86_64")]
+const ROL8: [RotateForm; 32] = forms!(rol8; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+#[cfg(target_arch = "x86_64")]
+const ROL16: [RotateForm; 32] = forms!(rol16; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+#[cfg(target_arch = "x86_64")]
+const ROL32: [RotateForm; 32] = forms!(rol32; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+#[cfg(target_arch = "x86_64")]
+const ROL64: [RotateForm; 64] = forms!(rol64; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63);
+#[cfg(target_arch = "x86_64")]
+const ROR8: [RotateForm; 32] = forms!(ror8; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+#[cfg(target_arch = "x86_64")]
+const ROR16: [RotateForm; 32] = forms!(ror16; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+#[cfg(target_arch = "x86_64")]
+const ROR32: [RotateForm; 32] = forms!(ror32; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+#[cfg(target_arch = "x86_64")]
+const ROR64: [RotateForm; 64] = forms!(ror64; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63);

@@ -18,7 +18,9 @@
 
 use iced_x86::{Code, Instruction, Mnemonic, OpKind};
 
-use super::alu::{condition, mask, merge_flags, native, sext, Arith, STATUS, TF, ZF};
+use super::alu::{
+    condition, mask, merge_flags, native, native_rotate_imm, sext, Arith, STATUS, TF, ZF,
+};
 use super::decode::{
     address, address_fast, decode, gpr_of, read_reg, write_reg, Reg, MAX_INSN_LEN, RCX, RSP,
 };
@@ -417,7 +419,15 @@ pub(super) fn step(
             let (x, _) = value(instr, a, size, cpu, mem)?;
             let (y, _) = value(instr, b, size, cpu, mem)?;
             let fl = cpu.rflags();
-            let (r, native_fl) = native(op, size, x, y, fl).ok_or(Reason::Unsupported)?;
+            let (r, native_fl) = match (op, b) {
+                // Their undefined OF depends on the form (see
+                // `native_rotate_imm`); immediates are at most 8 bits.
+                (Arith::Rol | Arith::Ror, Src::Imm(_)) => {
+                    native_rotate_imm(op, size, x, y as u8, fl)
+                }
+                _ => native(op, size, x, y, fl),
+            }
+            .ok_or(Reason::Unsupported)?;
             if let Some(d) = dst {
                 write_reg(cpu, d, r);
             }
