@@ -80,6 +80,32 @@ impl Alu {
     }
 }
 
+/// `$run!` of mnemonic `$mn` with the operand text of a `$size`-byte
+/// operation (1, 2, 4 or 8 bytes) in one of three forms: `binary` (`{d}`,
+/// `{s}`), `unary` (`{d}`) or `by_cl` (`{d}`, `cl`); returns `None` from the
+/// enclosing function for any other size.
+#[cfg(target_arch = "x86_64")]
+macro_rules! sized {
+    ($run:ident, $size:expr, $mn:literal, binary) => {
+        sized!(@ $run, $size, $mn, " {d:l}, {s:l}", " {d:x}, {s:x}", " {d:e}, {s:e}", " {d}, {s}")
+    };
+    ($run:ident, $size:expr, $mn:literal, unary) => {
+        sized!(@ $run, $size, $mn, " {d:l}", " {d:x}", " {d:e}", " {d}")
+    };
+    ($run:ident, $size:expr, $mn:literal, by_cl) => {
+        sized!(@ $run, $size, $mn, " {d:l}, cl", " {d:x}, cl", " {d:e}, cl", " {d}, cl")
+    };
+    (@ $run:ident, $size:expr, $mn:literal, $b:literal, $w:literal, $l:literal, $q:literal) => {
+        match $size {
+            1 => $run!(concat!($mn, $b)),
+            2 => $run!(concat!($mn, $w)),
+            4 => $run!(concat!($mn, $l)),
+            8 => $run!(concat!($mn, $q)),
+            _ => return None,
+        }
+    };
+}
+
 /// Runs `op` natively on `size`-byte operands `dst`, `src` with the carry
 /// flag preloaded to `cf`; returns (result truncated to `size`, RFLAGS).
 #[cfg(target_arch = "x86_64")]
@@ -128,24 +154,12 @@ pub(super) fn alu(op: Alu, size: usize, dst: u64, src: u64, cf: bool) -> Option<
     }
     macro_rules! sized_bin {
         ($mn:literal) => {
-            match size {
-                1 => bin!(concat!($mn, " {d:l}, {s:l}")),
-                2 => bin!(concat!($mn, " {d:x}, {s:x}")),
-                4 => bin!(concat!($mn, " {d:e}, {s:e}")),
-                8 => bin!(concat!($mn, " {d}, {s}")),
-                _ => return None,
-            }
+            sized!(bin, size, $mn, binary)
         };
     }
     macro_rules! sized_un {
         ($mn:literal) => {
-            match size {
-                1 => un!(concat!($mn, " {d:l}")),
-                2 => un!(concat!($mn, " {d:x}")),
-                4 => un!(concat!($mn, " {d:e}")),
-                8 => un!(concat!($mn, " {d}")),
-                _ => return None,
-            }
+            sized!(un, size, $mn, unary)
         };
     }
     let (r, fl) = match op {
@@ -229,6 +243,40 @@ impl Arith {
     }
 }
 
+/// Runs `$insn` on the `u64` variable `$d` (operand `{d}`) with the status
+/// flags replaced by `$fin` first, plus the extra asm operands given;
+/// evaluates to `RFLAGS` after it: `RFLAGS <- (RFLAGS & !STATUS) | fin`, the
+/// instruction, `pushfq`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_status_flags {
+    ($insn:expr, $d:ident, $fin:expr $(, $($operands:tt)*)?) => {{
+        let fl: u64;
+        // SAFETY: register arithmetic between balanced pushfq/popfq and
+        // pushfq/pop pairs on the stack (allowed: `nostack` is not given).
+        // Only the status flags are replaced, so DF stays clear and TF/AC
+        // keep their values.
+        unsafe {
+            core::arch::asm!(
+                "pushfq",
+                "pop {fl}",
+                "and {fl}, {keep}",
+                "or {fl}, {fin}",
+                "push {fl}",
+                "popfq",
+                $insn,
+                "pushfq",
+                "pop {fl}",
+                d = inout(reg) $d,
+                fin = in(reg) $fin,
+                keep = in(reg) !STATUS,
+                fl = out(reg) fl,
+                $($($operands)*)?
+            );
+        }
+        fl
+    }};
+}
+
 /// Runs `op` natively on `size`-byte register operands `dst`, `src` (`src`
 /// is the count for shifts and rotates, and the multiplier for IMUL), with
 /// the status flags of `flags` loaded first; returns (result truncated to
@@ -252,119 +300,40 @@ pub(super) fn native(op: Arith, size: usize, dst: u64, src: u64, flags: u64) -> 
         return alu(a, size, dst, src, flags & CF != 0);
     }
     let fin = flags & STATUS;
-    // Each block: RFLAGS <- (RFLAGS & !STATUS) | fin; the operation;
-    // capture RFLAGS.
     macro_rules! bin {
         ($insn:expr) => {{
             let mut d: u64 = dst;
-            let fl: u64;
-            // SAFETY: register arithmetic between balanced pushfq/popfq and
-            // pushfq/pop pairs on the stack (allowed: `nostack` is not
-            // given). Only the status flags are replaced, so DF stays clear
-            // and TF/AC keep their values.
-            unsafe {
-                core::arch::asm!(
-                    "pushfq",
-                    "pop {fl}",
-                    "and {fl}, {keep}",
-                    "or {fl}, {fin}",
-                    "push {fl}",
-                    "popfq",
-                    $insn,
-                    "pushfq",
-                    "pop {fl}",
-                    d = inout(reg) d,
-                    s = in(reg) src,
-                    fin = in(reg) fin,
-                    keep = in(reg) !STATUS,
-                    fl = out(reg) fl,
-                );
-            }
+            let fl = with_status_flags!($insn, d, fin, s = in(reg) src);
             (d, fl)
         }};
     }
     macro_rules! un {
         ($insn:expr) => {{
             let mut d: u64 = dst;
-            let fl: u64;
-            // SAFETY: as in `bin!`, without a source operand.
-            unsafe {
-                core::arch::asm!(
-                    "pushfq",
-                    "pop {fl}",
-                    "and {fl}, {keep}",
-                    "or {fl}, {fin}",
-                    "push {fl}",
-                    "popfq",
-                    $insn,
-                    "pushfq",
-                    "pop {fl}",
-                    d = inout(reg) d,
-                    fin = in(reg) fin,
-                    keep = in(reg) !STATUS,
-                    fl = out(reg) fl,
-                );
-            }
+            let fl = with_status_flags!($insn, d, fin);
             (d, fl)
         }};
     }
     macro_rules! sh {
         ($insn:expr) => {{
             let mut d: u64 = dst;
-            let fl: u64;
-            // SAFETY: as in `bin!`, with the count in CL.
-            unsafe {
-                core::arch::asm!(
-                    "pushfq",
-                    "pop {fl}",
-                    "and {fl}, {keep}",
-                    "or {fl}, {fin}",
-                    "push {fl}",
-                    "popfq",
-                    $insn,
-                    "pushfq",
-                    "pop {fl}",
-                    d = inout(reg) d,
-                    fin = in(reg) fin,
-                    keep = in(reg) !STATUS,
-                    fl = out(reg) fl,
-                    in("rcx") src,
-                );
-            }
+            let fl = with_status_flags!($insn, d, fin, in("rcx") src);
             (d, fl)
         }};
     }
     macro_rules! sized_bin {
         ($mn:literal) => {
-            match size {
-                1 => bin!(concat!($mn, " {d:l}, {s:l}")),
-                2 => bin!(concat!($mn, " {d:x}, {s:x}")),
-                4 => bin!(concat!($mn, " {d:e}, {s:e}")),
-                8 => bin!(concat!($mn, " {d}, {s}")),
-                _ => return None,
-            }
+            sized!(bin, size, $mn, binary)
         };
     }
     macro_rules! sized_un {
         ($mn:literal) => {
-            match size {
-                1 => un!(concat!($mn, " {d:l}")),
-                2 => un!(concat!($mn, " {d:x}")),
-                4 => un!(concat!($mn, " {d:e}")),
-                8 => un!(concat!($mn, " {d}")),
-                _ => return None,
-            }
+            sized!(un, size, $mn, unary)
         };
     }
     macro_rules! sized_sh {
         ($mn:literal) => {
-            match size {
-                1 => sh!(concat!($mn, " {d:l}, cl")),
-                2 => sh!(concat!($mn, " {d:x}, cl")),
-                4 => sh!(concat!($mn, " {d:e}, cl")),
-                8 => sh!(concat!($mn, " {d}, cl")),
-                _ => return None,
-            }
+            sized!(sh, size, $mn, by_cl)
         };
     }
     let (r, fl) = match op {
@@ -465,28 +434,7 @@ macro_rules! rotate_form {
     ($name:ident, $insn:literal) => {
         fn $name<const N: u8>(dst: u64, fin: u64) -> (u64, u64) {
             let mut d: u64 = dst;
-            let fl: u64;
-            // SAFETY: as in `native`: register arithmetic between balanced
-            // pushfq/popfq and pushfq/pop pairs on the (non-`nostack`)
-            // stack; only the status flags are replaced.
-            unsafe {
-                core::arch::asm!(
-                    "pushfq",
-                    "pop {fl}",
-                    "and {fl}, {keep}",
-                    "or {fl}, {fin}",
-                    "push {fl}",
-                    "popfq",
-                    concat!($insn, ", {n}"),
-                    "pushfq",
-                    "pop {fl}",
-                    d = inout(reg) d,
-                    fin = in(reg) fin,
-                    keep = in(reg) !STATUS,
-                    fl = out(reg) fl,
-                    n = const N,
-                );
-            }
+            let fl = with_status_flags!(concat!($insn, ", {n}"), d, fin, n = const N);
             (d, fl)
         }
     };

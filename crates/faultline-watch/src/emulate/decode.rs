@@ -155,6 +155,22 @@ pub(super) fn write_reg(cpu: &mut dyn Cpu, r: Reg, v: u64) {
     cpu.set_gpr(r.gpr(), new);
 }
 
+/// Whether an operand of kind `k` is an immediate (of any width or
+/// sign extension).
+pub(super) const fn is_immediate(k: OpKind) -> bool {
+    matches!(
+        k,
+        OpKind::Immediate8
+            | OpKind::Immediate16
+            | OpKind::Immediate32
+            | OpKind::Immediate64
+            | OpKind::Immediate8to16
+            | OpKind::Immediate8to32
+            | OpKind::Immediate8to64
+            | OpKind::Immediate32to64
+    )
+}
+
 /// Value of a register or immediate operand, truncated to `size` bytes.
 pub(super) fn operand_value(
     instr: &Instruction,
@@ -167,14 +183,7 @@ pub(super) fn operand_value(
             let r = gpr_of(instr.op_register(op)).ok_or(Reason::Unsupported)?;
             Ok(read_reg(cpu, r) & mask(size))
         }
-        OpKind::Immediate8
-        | OpKind::Immediate16
-        | OpKind::Immediate32
-        | OpKind::Immediate64
-        | OpKind::Immediate8to16
-        | OpKind::Immediate8to32
-        | OpKind::Immediate8to64
-        | OpKind::Immediate32to64 => {
+        k if is_immediate(k) => {
             // `try_immediate` (not `immediate`, which debug-asserts) returns
             // the value already sign-extended to 64 bits for the `*to*` kinds.
             let v = instr.try_immediate(op).map_err(|_| Reason::Unsupported)?;

@@ -22,7 +22,8 @@ use super::alu::{
     condition, mask, merge_flags, native, native_rotate_imm, sext, Arith, STATUS, TF, ZF,
 };
 use super::decode::{
-    address, address_fast, decode, gpr_of, read_reg, write_reg, Reg, MAX_INSN_LEN, RCX, RSP,
+    address, address_fast, decode, gpr_of, is_immediate, read_reg, write_reg, Reg, MAX_INSN_LEN,
+    RCX, RSP,
 };
 use super::machine::{Cpu, MemFault, Memory, Reason};
 use super::store::{classify, emulate, exec, read_val, Kind, Outcome};
@@ -115,14 +116,7 @@ fn src_of(instr: &Instruction, op: u32) -> Option<Src> {
             }),
             _ => None,
         },
-        OpKind::Immediate8
-        | OpKind::Immediate16
-        | OpKind::Immediate32
-        | OpKind::Immediate64
-        | OpKind::Immediate8to16
-        | OpKind::Immediate8to32
-        | OpKind::Immediate8to64
-        | OpKind::Immediate32to64 => instr.try_immediate(op).ok().map(Src::Imm),
+        k if is_immediate(k) => instr.try_immediate(op).ok().map(Src::Imm),
         _ => None,
     }
 }
