@@ -80,7 +80,6 @@ pub mod runahead;
 pub mod store;
 #[doc(hidden)]
 pub mod sys;
-pub mod watch;
 
 pub use caps::{capabilities, Capabilities};
 pub use engine::{

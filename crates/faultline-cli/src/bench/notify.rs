@@ -19,16 +19,25 @@
 //! back the same way). Every wait has a deadline (`--timeout-ms`); a missed one
 //! fails the bench instead of hanging.
 //!
-//! Mechanisms: `signal` (`pthread_kill(SIGUSR1)`, receiver running, timestamp taken
-//! in the handler: the seed's "POSIX signal"), `sigwait` (receiver blocked in
-//! `sigtimedwait`), `futex` (`FUTEX_WAKE` / `FUTEX_WAIT`), `eventfd` and `pipe`
+//! Mechanisms: `signal` (`tgkill(SIGUSR1)`, what `pthread_kill` does; receiver
+//! running, timestamp taken in the handler: the seed's "POSIX signal"), `sigwait`
+//! (receiver blocked in `sigtimedwait`), `futex` (`FUTEX_WAKE` / `FUTEX_WAIT`), `eventfd` and `pipe`
 //! (receiver blocked in `poll` then `read`), `spin` (shared-memory flag, receiver
 //! busy-spinning: the seed's "shared memory").
+//!
+//! Every system call goes through `faultline::sys` (`thread` for affinity, futex,
+//! eventfd and `poll`, `signal` for handlers, masks, `sigtimedwait` and `tgkill`);
+//! pipes are `std::io::pipe`.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ffi::c_void;
+use std::io::{PipeReader, PipeWriter, Read, Write};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use faultline::sys::signal::{self, SigAction, SigInfo, SIGUSR1, SIGUSR2};
+use faultline::sys::thread::{self, EventFd};
 
 use super::plot;
 use super::report::{fmt_count, print_table, Record};
@@ -39,9 +48,9 @@ use super::BenchCtx;
 /// A notification mechanism.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mechanism {
-    /// `pthread_kill(SIGUSR1)` to a running receiver; timestamp in the handler.
+    /// `tgkill(SIGUSR1)` to a running receiver; timestamp in the handler.
     Signal,
-    /// `pthread_kill(SIGUSR2)` to a receiver blocked in `sigtimedwait`.
+    /// `tgkill(SIGUSR2)` to a receiver blocked in `sigtimedwait`.
     Sigwait,
     /// `FUTEX_WAKE` on a word the receiver `FUTEX_WAIT`s on.
     Futex,
@@ -187,7 +196,7 @@ struct Shared {
     send_tsc: AtomicU64,
     /// Futex word / spin flag: the last notification sent.
     word: AtomicU32,
-    /// Receiver's `pthread_t`.
+    /// Receiver's thread id.
     receiver: AtomicU64,
     /// Set by a side that failed, so the other stops waiting.
     abort: AtomicBool,
@@ -196,50 +205,20 @@ struct Shared {
     settle: u64,
     timeout: u64,
     timeout_ms: u64,
-    /// eventfd, or the pipe's read end.
-    rfd: Option<OwnedFd>,
-    /// The pipe's write end.
-    wfd: Option<OwnedFd>,
-}
-
-fn errno() -> std::io::Error {
-    std::io::Error::last_os_error()
+    /// The eventfd (non-blocking: the receiver polls first).
+    eventfd: Option<EventFd>,
+    /// The pipe's read and write ends.
+    pipe: Option<(PipeReader, PipeWriter)>,
 }
 
 /// CPUs this process may run on.
 fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
-    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0
-    {
-        return Err(errno()).context("sched_getaffinity");
-    }
-    Ok((0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` is below CPU_SETSIZE.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect())
+    thread::allowed_cpus().context("sched_getaffinity")
 }
 
 /// Pin the calling thread to `cpu`.
 fn pin_to(cpu: usize) -> anyhow::Result<()> {
-    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` comes from `allowed_cpus`, below CPU_SETSIZE.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: pthread_self() is the calling thread; `set` is valid for its size.
-    let r = unsafe {
-        libc::pthread_setaffinity_np(
-            libc::pthread_self(),
-            std::mem::size_of::<libc::cpu_set_t>(),
-            &set,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::from_raw_os_error(r))
-            .with_context(|| format!("pinning thread to CPU {cpu}"));
-    }
-    Ok(())
+    thread::pin_to_cpu(cpu).with_context(|| format!("pinning thread to CPU {cpu}"))
 }
 
 impl Shared {
@@ -278,46 +257,20 @@ impl Shared {
         Ok(tsc().cycles_to_ns(deadline - now).max(1e6) as u64)
     }
 
-    /// [`Shared::remaining_ns`] as a relative timespec.
-    fn remaining(&self, deadline: u64) -> anyhow::Result<libc::timespec> {
-        let ns = self.remaining_ns(deadline)?;
-        Ok(libc::timespec {
-            tv_sec: (ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-        })
+    /// [`Shared::remaining_ns`] as a duration.
+    fn remaining(&self, deadline: u64) -> anyhow::Result<Duration> {
+        Ok(Duration::from_nanos(self.remaining_ns(deadline)?))
     }
 
-    fn poll_in(&self, fd: libc::c_int, deadline: u64) -> anyhow::Result<()> {
+    fn poll_in(&self, fd: i32, deadline: u64) -> anyhow::Result<()> {
         loop {
             let ms = (self.remaining_ns(deadline)? / 1_000_000).clamp(1, i32::MAX as u64);
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut p, 1, ms as libc::c_int) };
-            if r > 0 {
+            let mut revents = [0i16];
+            if thread::poll_in(&[fd], ms as i32, &mut revents).context("poll")? > 0 {
                 return Ok(());
             }
-            if r < 0 {
-                let e = errno();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e).context("poll");
-                }
-            }
-            // r == 0 or EINTR: `remaining` fails once the deadline has passed.
+            // Timeout or EINTR: `remaining_ns` fails once the deadline has passed.
         }
-    }
-
-    fn read_exact(&self, fd: libc::c_int, len: usize) -> anyhow::Result<()> {
-        let mut buf = [0u8; 8];
-        // SAFETY: `buf` is writable for `len` <= 8 bytes.
-        let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), len) };
-        if r != len as isize {
-            return Err(errno()).with_context(|| format!("read returned {r}, wanted {len}"));
-        }
-        Ok(())
     }
 
     /// Receiver side of iteration `seq`: returns the TSC of receipt.
@@ -333,58 +286,29 @@ impl Shared {
             Mechanism::Futex => {
                 let expected = (seq - 1) as u32;
                 while (self.word.load(Ordering::Acquire) as u64) < seq {
-                    let ts = self.remaining(deadline)?;
-                    // SAFETY: the word is a live, aligned u32 for the whole call;
-                    // `ts` is a valid relative timeout.
-                    let r = unsafe {
-                        libc::syscall(
-                            libc::SYS_futex,
-                            self.word.as_ptr(),
-                            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                            expected,
-                            &ts as *const libc::timespec,
-                            std::ptr::null::<u32>(),
-                            0u32,
-                        )
-                    };
-                    if r != 0 {
-                        let e = errno();
-                        match e.raw_os_error() {
-                            Some(libc::EAGAIN) | Some(libc::EINTR) | Some(libc::ETIMEDOUT) => {}
-                            _ => return Err(e).context("FUTEX_WAIT"),
-                        }
-                    }
+                    // Returns on wake, value change, timeout or signal: look again.
+                    thread::futex_wait(&self.word, expected, self.remaining(deadline)?);
                 }
                 Ok(rdtsc())
             }
-            Mechanism::Eventfd | Mechanism::Pipe => {
-                let fd = self.rfd.as_ref().expect("fd set up").as_raw_fd();
-                self.poll_in(fd, deadline)?;
-                let len = if self.mech == Mechanism::Eventfd {
-                    8
-                } else {
-                    1
-                };
-                self.read_exact(fd, len)?;
+            Mechanism::Eventfd => {
+                let ev = self.eventfd.as_ref().expect("eventfd set up");
+                self.poll_in(ev.raw(), deadline)?;
+                ev.take().context("eventfd read")?;
                 Ok(rdtsc())
             }
-            Mechanism::Sigwait => {
-                let set = sigset_of(libc::SIGUSR2);
-                loop {
-                    let ts = self.remaining(deadline)?;
-                    // SAFETY: siginfo_t is plain old data; all-zero is valid.
-                    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-                    // SAFETY: `set`, `info` and `ts` are valid for the call.
-                    let r = unsafe { libc::sigtimedwait(&set, &mut info, &ts) };
-                    if r == libc::SIGUSR2 {
-                        return Ok(rdtsc());
-                    }
-                    let e = errno();
-                    if !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) {
-                        return Err(e).context("sigtimedwait");
-                    }
-                }
+            Mechanism::Pipe => {
+                let (rx, _) = self.pipe.as_ref().expect("pipe set up");
+                self.poll_in(rx.as_raw_fd(), deadline)?;
+                let mut byte = [0u8; 1];
+                (&*rx).read_exact(&mut byte).context("pipe read")?;
+                Ok(rdtsc())
             }
+            Mechanism::Sigwait => loop {
+                if signal::wait_for(SIGUSR2, self.remaining(deadline)?).context("sigtimedwait")? {
+                    return Ok(rdtsc());
+                }
+            },
             Mechanism::Signal => {
                 self.spin_until("the signal handler", || {
                     HANDLER_SEQ.load(Ordering::Acquire) >= seq
@@ -400,46 +324,26 @@ impl Shared {
             Mechanism::Spin => self.word.store(seq as u32, Ordering::Release),
             Mechanism::Futex => {
                 self.word.store(seq as u32, Ordering::Release);
-                // SAFETY: the word is a live, aligned u32; FUTEX_WAKE only reads
-                // the address as a key.
-                let r = unsafe {
-                    libc::syscall(
-                        libc::SYS_futex,
-                        self.word.as_ptr(),
-                        libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                        1i32,
-                    )
-                };
-                if r < 0 {
-                    return Err(errno()).context("FUTEX_WAKE");
-                }
+                thread::futex_wake(&self.word);
             }
-            Mechanism::Eventfd | Mechanism::Pipe => {
-                let (fd, len) = if self.mech == Mechanism::Eventfd {
-                    (self.rfd.as_ref().expect("fd set up").as_raw_fd(), 8)
-                } else {
-                    (self.wfd.as_ref().expect("fd set up").as_raw_fd(), 1)
-                };
-                let one = 1u64.to_ne_bytes();
-                // SAFETY: `one` is readable for `len` <= 8 bytes.
-                let r = unsafe { libc::write(fd, one.as_ptr().cast(), len) };
-                if r != len as isize {
-                    return Err(errno()).with_context(|| format!("write returned {r}"));
-                }
+            Mechanism::Eventfd => {
+                let ev = self.eventfd.as_ref().expect("eventfd set up");
+                ev.add(1).context("eventfd write")?;
+            }
+            Mechanism::Pipe => {
+                let (_, tx) = self.pipe.as_ref().expect("pipe set up");
+                (&*tx).write_all(&[1]).context("pipe write")?;
             }
             Mechanism::Signal | Mechanism::Sigwait => {
                 let sig = if self.mech == Mechanism::Signal {
-                    libc::SIGUSR1
+                    SIGUSR1
                 } else {
-                    libc::SIGUSR2
+                    SIGUSR2
                 };
-                let tid = self.receiver.load(Ordering::Acquire) as libc::pthread_t;
-                // SAFETY: `tid` is the receiver, alive until it has received every
-                // notification (it cannot exit before `done == seq`).
-                let r = unsafe { libc::pthread_kill(tid, sig) };
-                if r != 0 {
-                    return Err(std::io::Error::from_raw_os_error(r)).context("pthread_kill");
-                }
+                // The receiver, alive until it has received every notification
+                // (it cannot exit before `done == seq`).
+                let tid = self.receiver.load(Ordering::Acquire) as i32;
+                signal::tgkill(tid, sig).context("tgkill")?;
             }
         }
         Ok(())
@@ -450,13 +354,12 @@ impl Shared {
             pin_to(cpu)?;
         }
         match self.mech {
-            Mechanism::Sigwait => set_thread_mask(libc::SIG_BLOCK, libc::SIGUSR2)?,
-            Mechanism::Signal => set_thread_mask(libc::SIG_UNBLOCK, libc::SIGUSR1)?,
+            Mechanism::Sigwait => signal::set_blocked(SIGUSR2, true).context("pthread_sigmask")?,
+            Mechanism::Signal => signal::set_blocked(SIGUSR1, false).context("pthread_sigmask")?,
             _ => {}
         }
-        // SAFETY: pthread_self has no preconditions.
-        let me = unsafe { libc::pthread_self() };
-        self.receiver.store(me as u64, Ordering::Release);
+        self.receiver
+            .store(thread::gettid() as u64, Ordering::Release);
         let mut lat = Vec::with_capacity(total);
         let mut negative = 0;
         for i in 0..total {
@@ -499,31 +402,10 @@ impl Shared {
     }
 }
 
-fn sigset_of(sig: libc::c_int) -> libc::sigset_t {
-    // SAFETY: sigset_t is plain old data; sigemptyset initialises it fully.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t; `sig` is a valid signal number.
-    unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, sig);
-    }
-    set
-}
-
-fn set_thread_mask(how: libc::c_int, sig: libc::c_int) -> anyhow::Result<()> {
-    let set = sigset_of(sig);
-    // SAFETY: `set` is valid; only the calling thread's mask changes.
-    let r = unsafe { libc::pthread_sigmask(how, &set, std::ptr::null_mut()) };
-    if r != 0 {
-        return Err(std::io::Error::from_raw_os_error(r)).context("pthread_sigmask");
-    }
-    Ok(())
-}
-
 static HANDLER_TSC: AtomicU64 = AtomicU64::new(0);
 static HANDLER_SEQ: AtomicU64 = AtomicU64::new(0);
 
-extern "C" fn on_sigusr1(_sig: libc::c_int) {
+extern "C" fn on_sigusr1(_sig: i32, _info: *mut SigInfo, _ctx: *mut c_void) {
     // Async-signal-safe: an rdtsc and two atomic stores.
     HANDLER_TSC.store(rdtsc(), Ordering::Relaxed);
     HANDLER_SEQ.fetch_add(1, Ordering::Release);
@@ -531,42 +413,24 @@ extern "C" fn on_sigusr1(_sig: libc::c_int) {
 
 /// The SIGUSR1 handler of the `signal` mechanism, installed for the guard's life.
 struct HandlerGuard {
-    old: libc::sigaction,
+    old: SigAction,
 }
 
 impl HandlerGuard {
     fn install() -> anyhow::Result<HandlerGuard> {
         HANDLER_SEQ.store(0, Ordering::SeqCst);
-        // SAFETY: sigaction is plain old data; all-zero is valid (empty mask).
-        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-        sa.sa_sigaction = on_sigusr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        sa.sa_flags = libc::SA_RESTART;
-        // SAFETY: see above.
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: `sa` is fully initialised and its handler is async-signal-safe;
-        // `old` is writable.
-        if unsafe { libc::sigaction(libc::SIGUSR1, &sa, &mut old) } != 0 {
-            return Err(errno()).context("sigaction(SIGUSR1)");
-        }
+        let old =
+            signal::install_sigaction(SIGUSR1, on_sigusr1, false).context("sigaction(SIGUSR1)")?;
         Ok(HandlerGuard { old })
     }
 }
 
 impl Drop for HandlerGuard {
     fn drop(&mut self) {
-        // SAFETY: restores the action saved by `install`.
-        if unsafe { libc::sigaction(libc::SIGUSR1, &self.old, std::ptr::null_mut()) } != 0 {
-            eprintln!("faultline bench: restoring SIGUSR1 action: {}", errno());
+        if let Err(e) = signal::restore_sigaction(SIGUSR1, &self.old) {
+            eprintln!("faultline bench: restoring SIGUSR1 action: {e}");
         }
     }
-}
-
-fn owned(fd: libc::c_int, what: &str) -> anyhow::Result<OwnedFd> {
-    if fd < 0 {
-        return Err(errno()).context(what.to_string());
-    }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Measure `warmup + iters` notifications of `mech`, keeping the last `iters`.
@@ -580,24 +444,13 @@ pub fn measure(
     cpus: Option<(usize, usize)>,
 ) -> anyhow::Result<NotifyRun> {
     let t = tsc();
-    let (rfd, wfd) = match mech {
-        // SAFETY: plain syscall; the result is checked by `owned`.
-        Mechanism::Eventfd => (
-            Some(owned(
-                unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) },
-                "eventfd",
-            )?),
-            None,
-        ),
-        Mechanism::Pipe => {
-            let mut fds = [-1; 2];
-            // SAFETY: `fds` is a writable array of two ints.
-            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-                return Err(errno()).context("pipe2");
-            }
-            (Some(owned(fds[0], "pipe")?), Some(owned(fds[1], "pipe")?))
-        }
-        _ => (None, None),
+    let eventfd = match mech {
+        Mechanism::Eventfd => Some(EventFd::new().context("eventfd")?),
+        _ => None,
+    };
+    let pipe = match mech {
+        Mechanism::Pipe => Some(std::io::pipe().context("pipe")?),
+        _ => None,
     };
     let sh = Shared {
         mech,
@@ -611,8 +464,8 @@ pub fn measure(
         settle: t.ns_to_cycles(settle_us as f64 * 1e3),
         timeout: t.ns_to_cycles(timeout_ms as f64 * 1e6),
         timeout_ms,
-        rfd,
-        wfd,
+        eventfd,
+        pipe,
     };
     let _handler = if mech == Mechanism::Signal {
         Some(HandlerGuard::install()?)

@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use faultline::watch::{WatchedMem, Watcher};
+use faultline_watch::{WatchedMem, Watcher};
 
 use super::report::{fmt_ratio, print_table, Record};
 use super::stats::Summary;

@@ -46,13 +46,12 @@ use crate::fault::table::enter;
 use crate::page::PageSize;
 use crate::residency::PageState;
 use crate::sys::mem::Mapping;
-use crate::sys::thread::{install_sigaction, SigAction};
+use crate::sys::signal::{
+    install_sigaction, SigAction, SigInfo, SignalContext, BUS_ADRERR, SIGBUS,
+};
 use crate::sys::uffd::{feature, Uffd};
 use crate::sys::{errno, rdtsc, set_errno};
 
-/// `si_code` of a SIGBUS from a userfaultfd missing fault (and poison
-/// without CONFIG_MEMORY_FAILURE).
-const BUS_ADRERR: i32 = 2;
 const SCRATCH_SLOTS: usize = 64;
 /// How long a fault that finds another thread installing its page spins
 /// for that thread's claim to clear before it retries the access.
@@ -148,12 +147,12 @@ impl SignalEngine {
         struct AltStack(#[allow(dead_code, reason = "keeps the stack mapped")] Mapping);
         impl Drop for AltStack {
             fn drop(&mut self) {
-                crate::sys::thread::remove_altstack();
+                crate::sys::signal::remove_altstack();
             }
         }
         ALTSTACK.with(|a| {
             if a.borrow().is_none() {
-                let m = crate::sys::thread::install_altstack(bytes).map_err(|e| Error::Io {
+                let m = crate::sys::signal::install_altstack(bytes).map_err(|e| Error::Io {
                     op: "sigaltstack",
                     source: e,
                 })?;
@@ -178,7 +177,7 @@ fn install_handler(scratch_bytes: usize, onstack: bool) -> Result<()> {
         });
     }
     if PREVIOUS.load(SeqCst).is_null() {
-        let prev = install_sigaction(libc::SIGBUS, on_sigbus, onstack).map_err(|e| Error::Io {
+        let prev = install_sigaction(SIGBUS, on_sigbus, onstack).map_err(|e| Error::Io {
             op: "sigaction(SIGBUS)",
             source: e,
         })?;
@@ -208,29 +207,28 @@ impl Engine for SignalEngine {
 /// The x86 page-fault error code of a fault-generated SIGBUS, as
 /// (write, protection): bit 1 = the access was a write, bit 0 = the page
 /// was present (a userfaultfd write-protect fault).
-fn access_of(ctx: *mut libc::c_void) -> (bool, bool) {
+fn access_of(sc: &SignalContext) -> (bool, bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: for an SA_SIGINFO handler the kernel passes a valid
-        // ucontext_t; REG_ERR is meaningful because the caller checked this
-        // is a fault-generated SIGBUS (si_code BUS_ADRERR).
-        let err = unsafe {
-            (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize]
-        };
-        (err & 2 != 0, err & 1 != 0)
+        // Meaningful because the caller checked this is a fault-generated
+        // SIGBUS (si_code BUS_ADRERR).
+        let err = sc.error_code();
+        (err.write(), err.present())
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = ctx;
+        let _ = sc;
         (true, false)
     }
 }
 
-extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+extern "C" fn on_sigbus(sig: i32, info: *mut SigInfo, ctx: *mut std::ffi::c_void) {
     let t0 = rdtsc();
     let saved = errno();
-    // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers.
-    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
+    // SAFETY: the arguments of this running SA_SIGINFO handler; `sc` is
+    // dropped before it returns.
+    let sc = unsafe { SignalContext::from_raw(sig, info, ctx) };
+    let (code, addr) = (sc.code(), sc.fault_addr());
     if code == BUS_ADRERR {
         if let Some(r) = enter(addr) {
             let page = r.pages.index(addr);
@@ -255,7 +253,7 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
                 } else {
                     &mut []
                 };
-                let (write, wp) = access_of(ctx);
+                let (write, wp) = access_of(&sc);
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     resolve(&r, page, Access { write, wp }, &Origin::Fault, scratch)
                 }));
@@ -316,8 +314,8 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
 
 /// Passes the signal to the previously installed handler, or performs the
 /// default action.
-fn chain(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+fn chain(sig: i32, info: *mut SigInfo, ctx: *mut std::ffi::c_void) {
     // SAFETY: PREVIOUS is set once from a Box and never freed; the rest is
     // what the kernel passed us.
-    unsafe { crate::sys::thread::chain_to(PREVIOUS.load(SeqCst), sig, info, ctx) }
+    unsafe { crate::sys::signal::chain_to(PREVIOUS.load(SeqCst), sig, info, ctx) }
 }

@@ -1,8 +1,61 @@
-//! Memory mappings: anonymous, memfd-backed (shmem, hugetlb), file-backed.
+//! Memory mappings: anonymous, memfd-backed (shmem, hugetlb), file-backed;
+//! their protection ([`Prot`]), paging advice, and reads of our own memory
+//! that fail instead of faulting.
 
 use std::io;
+use std::ops::BitOr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
+
+use super::Errno;
+
+/// Page protection: a set of `PROT_*` bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Prot(i32);
+
+impl Prot {
+    /// `PROT_NONE`: no access.
+    pub const NONE: Prot = Prot(libc::PROT_NONE);
+    /// `PROT_READ`.
+    pub const READ: Prot = Prot(libc::PROT_READ);
+    /// `PROT_WRITE`.
+    pub const WRITE: Prot = Prot(libc::PROT_WRITE);
+    /// `PROT_EXEC`.
+    pub const EXEC: Prot = Prot(libc::PROT_EXEC);
+    /// `PROT_READ | PROT_WRITE`.
+    pub const READ_WRITE: Prot = Prot(libc::PROT_READ | libc::PROT_WRITE);
+
+    /// The `PROT_*` bits.
+    pub const fn bits(self) -> i32 {
+        self.0
+    }
+    /// From `PROT_*` bits (as [`Prot::bits`] gave them).
+    pub const fn from_bits(bits: i32) -> Prot {
+        Prot(bits)
+    }
+    /// `self` without the bits of `other`.
+    pub const fn without(self, other: Prot) -> Prot {
+        Prot(self.0 & !other.0)
+    }
+    /// Whether every bit of `other` is in `self`.
+    pub const fn contains(self, other: Prot) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for Prot {
+    type Output = Prot;
+    fn bitor(self, other: Prot) -> Prot {
+        Prot(self.0 | other.0)
+    }
+}
+
+impl From<i32> for Prot {
+    /// Raw `PROT_*` bits (`libc::PROT_READ | ...`).
+    fn from(bits: i32) -> Prot {
+        Prot(bits)
+    }
+}
 
 /// A failed memory-management call, keeping the errno.
 #[derive(Debug, thiserror::Error)]
@@ -139,9 +192,12 @@ impl Mapping {
         madvise(self.addr() + offset as u64, len, advice)
     }
 
-    /// `mprotect` the whole mapping.
-    pub fn protect(&self, prot: i32) -> Result<(), MemError> {
-        // SAFETY: the range is exactly our own mapping.
+    /// `mprotect` the whole mapping (a [`Prot`], or raw `PROT_*` bits).
+    pub fn protect(&self, prot: impl Into<Prot>) -> Result<(), MemError> {
+        let prot = prot.into().bits();
+        // SAFETY: the range is exactly our own mapping; changing its
+        // protection cannot invalidate a Rust reference (none points into
+        // it: all access is through raw pointers).
         if unsafe { libc::mprotect(self.ptr.as_ptr().cast(), self.len, prot) } != 0 {
             return Err(last("mprotect"));
         }
@@ -171,13 +227,35 @@ pub fn madvise(addr: u64, len: usize, advice: Advice) -> Result<(), MemError> {
 }
 
 /// `mprotect(addr, len, prot)`. Async-signal-safe; returns the errno.
-pub fn mprotect(addr: u64, len: usize, prot: i32) -> Result<(), i32> {
+pub fn mprotect(addr: u64, len: usize, prot: Prot) -> Result<(), Errno> {
     // SAFETY: mprotect changes only the protection of the range; callers
     // pass page-aligned ranges of mappings they manage.
-    if unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot) } != 0 {
-        return Err(super::errno());
+    if unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot.bits()) } != 0 {
+        return Err(Errno(super::errno()));
     }
     Ok(())
+}
+
+/// Reads `out.len()` bytes at `addr` of process `pid` (our own pid, to
+/// read our own memory) with `process_vm_readv`: an unmapped or
+/// unreadable address makes it fail (EFAULT) or stop short where a load
+/// would raise a signal. Returns the bytes read. Async-signal-safe.
+pub fn process_vm_read(pid: i32, addr: u64, out: &mut [u8]) -> Result<usize, Errno> {
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: out.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: out.len(),
+    };
+    // SAFETY: the kernel writes at most `out.len()` bytes into `out` and
+    // validates the remote range itself.
+    let got = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if got < 0 {
+        return Err(Errno(super::errno()));
+    }
+    Ok(got as usize)
 }
 
 /// Whether `fd` is a file on tmpfs/shmem (`fstatfs` magic `TMPFS_MAGIC`).

@@ -1,11 +1,26 @@
-//! The only module that talks to the kernel.
+//! The kernel interface shared by the faultline crates: the only code that
+//! calls libc, issues a system call or an ioctl, or touches a signal
+//! context.
 //!
 //! Everything here is a thin, checked wrapper over one system call or
-//! ioctl; policy lives elsewhere. Wrappers used from the SIGBUS handler are
+//! ioctl; policy lives elsewhere. Wrappers used from signal handlers are
 //! async-signal-safe: no allocation, no locks.
+//!
+//! `faultline` and `faultline-watch` both build on this module, so it is
+//! public, but it is hidden from the documentation and not covered by
+//! semver: its items change whenever the crates need them to.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`mem`] | mappings, protection ([`mem::Prot`]), `madvise`, memfd, file I/O, reading our own memory without faulting |
+//! | [`uffd`] | the userfaultfd ABI and one wrapper per ioctl |
+//! | [`perf`] | `perf_event_open` hardware breakpoints |
+//! | [`signal`] | handlers, chaining, alternate stacks, masks, [`signal::SignalContext`] |
+//! | [`thread`] | ids, affinity, futex, eventfd, pipes, `poll`, fork hooks |
 
 pub mod mem;
 pub mod perf;
+pub mod signal;
 pub mod thread;
 pub mod uffd;
 
@@ -16,36 +31,59 @@ use std::fmt;
 pub struct Errno(pub i32);
 
 impl Errno {
-    /// Operation not permitted.
+    /// `EPERM`.
     pub const EPERM: Errno = Errno(libc::EPERM);
-    /// No such file, or (resolve ioctls) the range is gone.
+    /// `ENOENT`.
     pub const ENOENT: Errno = Errno(libc::ENOENT);
-    /// No such process.
+    /// `ESRCH`.
     pub const ESRCH: Errno = Errno(libc::ESRCH);
-    /// Try again: (resolve ioctls) an event is pending.
+    /// `EINTR`.
+    pub const EINTR: Errno = Errno(libc::EINTR);
+    /// `EIO`.
+    pub const EIO: Errno = Errno(libc::EIO);
+    /// `EBADF`.
+    pub const EBADF: Errno = Errno(libc::EBADF);
+    /// `EAGAIN`.
     pub const EAGAIN: Errno = Errno(libc::EAGAIN);
-    /// Permission denied.
-    pub const EACCES: Errno = Errno(libc::EACCES);
-    /// Bad address: (system calls) a fault the kernel could not resolve.
-    pub const EFAULT: Errno = Errno(libc::EFAULT);
-    /// Resource busy: (MOVE) the source folio could not be taken.
-    pub const EBUSY: Errno = Errno(libc::EBUSY);
-    /// Exists: (resolve ioctls) the page is already there.
-    pub const EEXIST: Errno = Errno(libc::EEXIST);
-    /// Invalid argument.
-    pub const EINVAL: Errno = Errno(libc::EINVAL);
-    /// No space: (perf) no free debug register.
-    pub const ENOSPC: Errno = Errno(libc::ENOSPC);
-    /// Not implemented (or blocked by seccomp).
-    pub const ENOSYS: Errno = Errno(libc::ENOSYS);
-    /// Out of memory (or `vm.max_map_count` reached).
+    /// `ENOMEM`.
     pub const ENOMEM: Errno = Errno(libc::ENOMEM);
-    /// Timed out.
+    /// `EACCES`.
+    pub const EACCES: Errno = Errno(libc::EACCES);
+    /// `EFAULT`.
+    pub const EFAULT: Errno = Errno(libc::EFAULT);
+    /// `EBUSY`.
+    pub const EBUSY: Errno = Errno(libc::EBUSY);
+    /// `EEXIST`.
+    pub const EEXIST: Errno = Errno(libc::EEXIST);
+    /// `ENODEV`.
+    pub const ENODEV: Errno = Errno(libc::ENODEV);
+    /// `EINVAL`.
+    pub const EINVAL: Errno = Errno(libc::EINVAL);
+    /// `ENOSPC`.
+    pub const ENOSPC: Errno = Errno(libc::ENOSPC);
+    /// `ENOSYS`.
+    pub const ENOSYS: Errno = Errno(libc::ENOSYS);
+    /// `ENOTTY`.
+    pub const ENOTTY: Errno = Errno(libc::ENOTTY);
+    /// `EOPNOTSUPP`.
+    pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
+    /// `ETIMEDOUT`.
     pub const ETIMEDOUT: Errno = Errno(libc::ETIMEDOUT);
 
-    /// The errno of an `io::Error`, if it has one.
+    /// The errno behind an `io::Error`, if it came from the kernel.
     pub fn of(e: &std::io::Error) -> Option<Errno> {
         e.raw_os_error().map(Errno)
+    }
+
+    /// Whether this is `other`.
+    pub fn is(self, other: Errno) -> bool {
+        self == other
+    }
+}
+
+impl From<Errno> for std::io::Error {
+    fn from(e: Errno) -> Self {
+        std::io::Error::from_raw_os_error(e.0)
     }
 }
 

@@ -6,7 +6,7 @@
 //! bytes), from `include/uapi/linux/perf_event.h`.
 //!
 //! Kernel behaviour, verified on 6.18 (x86_64 KVM guest) with a C probe and
-//! the tests in `watch::hw`:
+//! the hardware-breakpoint tests of `faultline-watch`:
 //!
 //! * `sigtrap = 1` requires `remove_on_exec = 1` (EINVAL otherwise);
 //!   `inherit_thread = 1` requires `inherit = 1` (EINVAL otherwise).
@@ -247,6 +247,10 @@ impl PerfError {
     pub fn errno(&self) -> i32 {
         self.source.raw_os_error().unwrap_or(0)
     }
+    /// Whether the call failed with `e`.
+    pub fn is(&self, e: super::Errno) -> bool {
+        self.errno() == e.0
+    }
 }
 
 /// `perf_event_open(attr, pid, cpu, group_fd, flags)`.
@@ -357,18 +361,8 @@ pub fn modify_breakpoint(
     Ok(())
 }
 
-// x86_64 (and every 64-bit Linux) siginfo layout, from
-// include/uapi/asm-generic/siginfo.h: si_signo 0, si_errno 4, si_code 8,
-// then the union (8-aligned) at 16: _sigfault._addr at 16, and
-// _sigfault._perf { unsigned long _data; u32 _type; u32 _flags } at 24.
-#[cfg(target_pointer_width = "64")]
-const SI_PERF_DATA_OFFSET: usize = 24;
-#[cfg(target_pointer_width = "64")]
-const SI_PERF_TYPE_OFFSET: usize = 32;
-#[cfg(target_pointer_width = "64")]
-const SI_PERF_FLAGS_OFFSET: usize = 36;
-
-/// The perf fields of a `TRAP_PERF` siginfo.
+/// The perf fields of a `TRAP_PERF` siginfo (read by
+/// [`SignalContext::perf`](super::signal::SignalContext::perf)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PerfTrap {
     /// `si_perf_data`: the event's `sig_data`.
@@ -382,93 +376,12 @@ pub struct PerfTrap {
     pub flags: u32,
 }
 
-/// `si_perf_data` of `info` if it is a perf-event `SIGTRAP`
-/// (`si_signo == SIGTRAP`, `si_code == TRAP_PERF`), else `None`.
-/// Async-signal-safe: reads only.
-///
-/// # Safety
-/// `info` is null or points to a valid siginfo (as passed to an
-/// `SA_SIGINFO` handler).
-#[inline]
-pub unsafe fn perf_sig_data(info: *const libc::siginfo_t) -> Option<u64> {
-    // SAFETY: forwarded from the caller.
-    unsafe { perf_trap(info) }.map(|t| t.data)
-}
-
-/// All perf fields of `info` if it is a perf-event `SIGTRAP`, else `None`.
-/// Async-signal-safe: reads only.
-///
-/// # Safety
-/// As [`perf_sig_data`].
-#[inline]
-pub unsafe fn perf_trap(info: *const libc::siginfo_t) -> Option<PerfTrap> {
-    if info.is_null() {
-        return None;
-    }
-    // SAFETY: the caller guarantees a valid siginfo; the fields read lie
-    // within its 128 bytes at the uapi offsets above.
-    unsafe {
-        if (*info).si_signo != libc::SIGTRAP || (*info).si_code != TRAP_PERF {
-            return None;
-        }
-        let base = info.cast::<u8>();
-        Some(PerfTrap {
-            data: base.add(SI_PERF_DATA_OFFSET).cast::<u64>().read_unaligned(),
-            addr: (*info).si_addr() as u64,
-            perf_type: base.add(SI_PERF_TYPE_OFFSET).cast::<u32>().read_unaligned(),
-            flags: base
-                .add(SI_PERF_FLAGS_OFFSET)
-                .cast::<u32>()
-                .read_unaligned(),
-        })
-    }
-}
-
-/// Serialises the tests that use debug registers (here and in
-/// `watch::hw`): arming "every thread" also uses slots of other test threads.
-#[cfg(test)]
-pub(crate) static HW_TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn siginfo_offsets() {
-        // SAFETY: siginfo_t is plain data.
-        let mut si: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        si.si_signo = libc::SIGTRAP;
-        si.si_code = TRAP_PERF;
-        let p = (&mut si as *mut libc::siginfo_t).cast::<u8>();
-        // SAFETY: offsets within the 128-byte siginfo.
-        unsafe {
-            p.add(16).cast::<u64>().write_unaligned(0x1000);
-            p.add(24).cast::<u64>().write_unaligned(0xfeed);
-            p.add(32)
-                .cast::<u32>()
-                .write_unaligned(PERF_TYPE_BREAKPOINT);
-        }
-        // SAFETY: a valid siginfo.
-        let t = unsafe { perf_trap(&si) }.unwrap();
-        assert_eq!(
-            t,
-            PerfTrap {
-                data: 0xfeed,
-                addr: 0x1000,
-                perf_type: PERF_TYPE_BREAKPOINT,
-                flags: 0
-            }
-        );
-        si.si_code = 1; // TRAP_BRKPT
-                        // SAFETY: as above.
-        assert_eq!(unsafe { perf_sig_data(&si) }, None);
-        // SAFETY: null is allowed.
-        assert_eq!(unsafe { perf_sig_data(std::ptr::null()) }, None);
-    }
-
-    #[test]
     fn attr_validation_errors() {
-        let _serial = HW_TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let me = crate::sys::thread::gettid();
         #[repr(C, align(64))]
         struct Block([u64; 8]);

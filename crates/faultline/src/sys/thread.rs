@@ -1,4 +1,5 @@
-//! Threads, signals, eventfd, CPU affinity.
+//! Threads and processes: ids, CPU affinity, futexes, eventfd, pipes,
+//! `poll`, fork hooks. Signals are in [`super::signal`].
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -7,6 +8,49 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 pub fn gettid() -> i32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() }
+}
+
+/// The process id (of the calling process: after `fork`, the child's).
+pub fn getpid() -> i32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() }
+}
+
+/// Gives up the CPU (`sched_yield`). Async-signal-safe.
+pub fn sched_yield() {
+    // SAFETY: sched_yield has no preconditions (and cannot fail on Linux).
+    unsafe {
+        libc::sched_yield();
+    }
+}
+
+/// Registers `f` to run in the child process after every `fork`
+/// (`pthread_atfork` with only a child hook). `f` runs in the child
+/// before `fork` returns there, while the child is single-threaded; it
+/// must be async-signal-safe.
+pub fn at_fork_in_child(f: extern "C" fn()) -> io::Result<()> {
+    // SAFETY: registers a plain function with no captured state; the
+    // caller's contract covers what it does in the child.
+    let r = unsafe { libc::pthread_atfork(None, None, Some(f as unsafe extern "C" fn())) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
+/// The CPUs the calling thread may run on (`sched_getaffinity`).
+pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE, inside the set.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
 }
 
 /// Pins the calling thread to `cpu`.
@@ -45,22 +89,34 @@ impl EventFd {
         // SAFETY: fresh fd owned here.
         Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
-    /// Adds 1 to the counter (wakes pollers).
+    /// Adds 1 to the counter (wakes pollers). Failure (counter overflow)
+    /// still leaves the fd readable, which is all a waker needs.
     pub fn notify(&self) {
-        let v: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64. Failure (counter
-        // overflow) still leaves the fd readable, which is all we need.
-        unsafe {
-            libc::write(self.0.as_raw_fd(), (&v as *const u64).cast(), 8);
-        }
+        let _ = self.add(1);
     }
-    /// Resets the counter.
+    /// Resets the counter (nothing to do when it is zero already).
     pub fn drain(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reading 8 bytes into a valid u64; EAGAIN when empty is fine.
-        unsafe {
-            libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8);
+        let _ = self.take();
+    }
+    /// Adds `v` to the counter: one 8-byte `write`.
+    pub fn add(&self, v: u64) -> io::Result<()> {
+        // SAFETY: writing 8 bytes from a valid u64.
+        let n = unsafe { libc::write(self.0.as_raw_fd(), (&v as *const u64).cast(), 8) };
+        if n != 8 {
+            return Err(io::Error::last_os_error());
         }
+        Ok(())
+    }
+    /// Reads and resets the counter: one 8-byte `read`. `WouldBlock`
+    /// (EAGAIN) when it is zero.
+    pub fn take(&self) -> io::Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a valid u64.
+        let n = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if n != 8 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(v)
     }
     /// The raw fd, for `poll`.
     pub fn raw(&self) -> i32 {
@@ -95,120 +151,6 @@ pub fn poll_in(fds: &[i32], timeout_ms: i32, revents: &mut [i16]) -> io::Result<
         *r = slot.revents;
     }
     Ok(n as usize)
-}
-
-/// A saved `sigaction`, for chaining and restoring.
-pub type SigAction = libc::sigaction;
-
-/// Installs `handler` (an `SA_SIGINFO` handler) for `sig` with
-/// `SA_NODEFER` (and `SA_ONSTACK` if `onstack`), returning the previous
-/// action.
-pub fn install_sigaction(
-    sig: i32,
-    handler: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void),
-    onstack: bool,
-) -> io::Result<SigAction> {
-    // SAFETY: sigaction structs are plain data; we fill every field we use.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = handler as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_RESTART;
-        if onstack {
-            sa.sa_flags |= libc::SA_ONSTACK;
-        }
-        libc::sigemptyset(&mut sa.sa_mask);
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(sig, &sa, &mut old) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(old)
-    }
-}
-
-/// Passes a signal on to the action that was installed before ours
-/// (`prev`, null if none): calls its handler, ignores it if it was ignored
-/// (except a fault-generated signal, which would only repeat), or performs
-/// the default action. Async-signal-safe.
-///
-/// # Safety
-/// `prev` is null or points to a valid `sigaction` for `sig`; `info` and
-/// `ctx` are what the kernel passed to the calling handler.
-pub unsafe fn chain_to(
-    prev: *const SigAction,
-    sig: i32,
-    info: *mut libc::siginfo_t,
-    ctx: *mut libc::c_void,
-) {
-    if !prev.is_null() {
-        // SAFETY: the caller guarantees `prev`.
-        let prev = unsafe { &*prev };
-        let h = prev.sa_sigaction;
-        if h != libc::SIG_DFL && h != libc::SIG_IGN {
-            if prev.sa_flags & libc::SA_SIGINFO != 0 {
-                // SAFETY: installed by its owner as an SA_SIGINFO handler;
-                // called with the arguments the kernel gave us.
-                let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
-                    unsafe { std::mem::transmute(h) };
-                f(sig, info, ctx);
-            } else {
-                // SAFETY: a plain `void (*)(int)` handler.
-                let f: extern "C" fn(i32) = unsafe { std::mem::transmute(h) };
-                f(sig);
-            }
-            return;
-        }
-        if h == libc::SIG_IGN && sig != libc::SIGBUS && sig != libc::SIGSEGV {
-            return;
-        }
-    }
-    // Default action: re-raise with the default disposition (for a
-    // fault-generated signal the retried access would raise it anyway).
-    reset_to_default(sig);
-    // SAFETY: raise is async-signal-safe.
-    unsafe {
-        libc::raise(sig);
-    }
-}
-
-/// Restores the default action of `sig`. Async-signal-safe.
-pub fn reset_to_default(sig: i32) {
-    // SAFETY: sigaction is async-signal-safe; the struct is fully zeroed
-    // (SIG_DFL == 0).
-    unsafe {
-        let sa: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(sig, &sa, std::ptr::null_mut());
-    }
-}
-
-/// Installs an alternate signal stack of `size` bytes for the calling
-/// thread (fresh anonymous memory, outside every region). Returns the
-/// mapping, which must outlive the thread's use of it.
-pub fn install_altstack(size: usize) -> io::Result<super::mem::Mapping> {
-    let m = super::mem::Mapping::anon(size).map_err(|e| e.source)?;
-    let st = libc::stack_t {
-        ss_sp: m.as_ptr().cast(),
-        ss_flags: 0,
-        ss_size: size,
-    };
-    // SAFETY: `st` describes memory we own and keep alive in `m`.
-    if unsafe { libc::sigaltstack(&st, std::ptr::null_mut()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(m)
-}
-
-/// Disables the calling thread's alternate signal stack.
-pub fn remove_altstack() {
-    let st = libc::stack_t {
-        ss_sp: std::ptr::null_mut(),
-        ss_flags: libc::SS_DISABLE,
-        ss_size: 0,
-    };
-    // SAFETY: disabling is always valid (fails with EPERM only while on the
-    // stack, which cannot be the case here).
-    unsafe {
-        libc::sigaltstack(&st, std::ptr::null_mut());
-    }
 }
 
 /// `FUTEX_WAIT` on `word` while it equals `val`, for at most `timeout`.

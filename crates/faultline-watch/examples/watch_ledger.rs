@@ -2,8 +2,8 @@
 //! a ledger of 10,000 accounts that 200,000 random transfers update.
 //!
 //! ```text
-//! cargo run --release -p faultline --example watch_ledger            # automatic tier
-//! cargo run --release -p faultline --example watch_ledger -- page    # page protection only
+//! cargo run --release -p faultline-watch --example watch_ledger            # automatic tier
+//! cargo run --release -p faultline-watch --example watch_ledger -- page    # page protection only
 //! ```
 //!
 //! Every write to the watched balance is reported with the value before and
@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
-use faultline::watch::{Hit, Watcher};
+use faultline_watch::{Hit, Watcher};
 use rand::{Rng, SeedableRng};
 
 #[derive(Clone)]

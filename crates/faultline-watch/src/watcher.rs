@@ -1,236 +1,37 @@
-//! Watchpoints: user-level page permissions with exact hits (seed 002).
+//! The writer side: [`Watcher`] and its builder, and how watches become
+//! armed pages.
 //!
-//! A [`Watcher`] watches any number of byte ranges of the process's own
-//! memory and calls a function on every write that touches a watched byte,
-//! with the address and size written, the bytes before and after, the
-//! thread and the instruction pointer.
+//! 1. A small aligned watch takes a free debug register first
+//!    ([`crate::hw`]), if the builder allows it.
+//! 2. Otherwise every page of the range is validated before anything
+//!    changes: its mapping is found in `/proc/self/maps` and, on first use,
+//!    registered with the watcher's userfaultfd in write-protect mode, or
+//!    armed with `mprotect` when userfaultfd does not apply (file-backed
+//!    private memory, or [`WatcherBuilder::exact`]).
+//! 3. The range joins the merged range tree; each page it touches gets a
+//!    new set of watched ranges (the old set is retired and freed after a
+//!    grace period, as handlers may still read it).
+//! 4. Pages that now hold watched bytes are armed, pages that no longer do
+//!    are disarmed.
 //!
-//! # How a write is caught
-//!
-//! The page holding a watched byte is write-protected; a write to it faults
-//! and the fault is delivered as a signal *on the writing thread*:
-//!
-//! | memory | armed with | delivered as | the store goes through |
-//! |---|---|---|---|
-//! | [`Watcher::alloc`] memory (memfd) | uffd write-protect | SIGBUS | a second, writable mapping of the same pages |
-//! | anonymous: heap, `.bss`, `mmap` | uffd write-protect | SIGBUS | `/proc/self/mem` behind a transient `mprotect` fence |
-//! | file-backed private (`.data`), or [`WatcherBuilder::exact`] | `mprotect` read-only | SIGSEGV | `/proc/self/mem` (the kernel's forced write; the page stays read-only) |
-//! | up to 4 aligned 1/2/4/8-byte watches | a CPU debug register (`perf_event_open`) | SIGTRAP after the write | nothing: the write already happened |
-//!
-//! userfaultfd arming registers the *whole* mapping once (write-protect mode
-//! only, so nothing else about the mapping changes) and then protects single
-//! pages with `UFFDIO_WRITEPROTECT`: setting and clearing watches never
-//! splits a VMA. `mprotect` arming splits VMAs and so is limited by
-//! `vm.max_map_count`.
-//!
-//! The handler looks the faulting page up in a lock-free hash table
-//! ([`table`]); a write that touches no watched byte is a *false positive*.
-//! Either way the write must still happen: the handler decodes the faulting
-//! instruction ([`emulate`], iced-x86) and performs it itself (the store, or
-//! the read-modify-write with flags, atomically when the instruction is
-//! locked), then advances the instruction pointer. Instructions the
-//! emulator does not cover fall back to the trap flag: un-protect the page,
-//! single-step the instruction, re-protect in the SIGTRAP handler (about 15x
-//! dearer in this VM).
-//!
-//! A signal costs ~3 us here (the kernel's delivery and return alone), so a
-//! loop writing a watched page would pay that per store. After the faulting
-//! store the handler therefore keeps interpreting the following
-//! instructions ([`emulate::run`]: register ALU ops, shifts, multiplies,
-//! conditional moves, loads, branches, and every emulated store) while they
-//! keep touching protected pages, and returns to native execution at the
-//! first instruction it does not interpret or after 64 instructions that
-//! touch no protected page. Every store still goes through the emulator and
-//! is reported; register, flag and memory results are checked bit-exact
-//! against the CPU in the tests. Memory that is not protected is read with
-//! `process_vm_readv` (never a faulting load inside the handler) and never
-//! written from the handler. [`WatcherBuilder::interpret`] turns this off
-//! (one signal per store, the thesis's mechanism).
-//!
-//! # Writes from other threads
-//!
-//! No tier ever makes a protected page writable for another thread while
-//! it performs an emulated store: on memfd memory the store goes through
-//! the alias; on mprotect memory through `/proc/self/mem`; on anonymous
-//! memory armed with uffd the page is first fenced read-only with
-//! `mprotect` (another thread's write then faults and waits for the page
-//! lock), the uffd protection lifted, the store made through
-//! `/proc/self/mem`, and both protections restored. Every write by every
-//! thread faults and is reported. The exception is the single-step
-//! fallback (instructions the emulator does not cover), which opens the
-//! page for one instruction on every tier.
-//!
-//! # Rules for the callback
-//!
-//! The callback runs inside a signal handler on the writing thread. It must
-//! not block on locks the interrupted code may hold (including the
-//! allocator's), and it must not call [`Watcher::watch`] /
-//! [`Watcher::unwatch`] (they return [`WatchError::Reentrant`]). Writes it
-//! makes to watched memory are performed but not reported
-//! ([`Stats::suppressed`]).
-//!
-//! # Limits
-//!
-//! One watcher per process at a time. The main thread's stack cannot be
-//! watched (the kernel writes signal frames there); other threads' stacks
-//! can be, as long as the watched page is not where the thread's next
-//! signal frame lands. Memory of faultline [`Region`](crate::Region)s is
-//! registered with another userfaultfd and is refused.
+//! `unwatch`, `enable` and `disable` recompute the same way. All of it
+//! runs under the writer mutex and refuses to run inside the callback.
 
-pub mod emulate;
-mod handler;
-pub mod hw;
-pub mod maps;
-pub mod table;
-
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
-use crate::sys::mem::Mapping;
-use crate::sys::uffd::{feature, register_mode, Uffd};
-use table::{page_of, Arena, PageEntry, Pages, RangeTree, Retired, Tier, PAGE};
+use faultline::sys::mem::{Advice, Mapping, Prot};
+use faultline::sys::uffd::{feature, register_mode};
+use faultline::sys::Errno;
 
-/// What a [`Watcher`] reports on a write to watched bytes.
-#[derive(Debug, Clone, Copy)]
-pub struct Hit {
-    /// First watched byte written.
-    pub addr: u64,
-    /// Number of watched bytes written from `addr` (one contiguous run).
-    pub len: usize,
-    /// The whole write that touched them (for a `rep stos`/`movs`, one
-    /// chunk of it).
-    pub write_addr: u64,
-    /// Length of that write.
-    pub write_len: usize,
-    before: [u8; 32],
-    after: [u8; 32],
-    /// Thread id of the writer.
-    pub tid: i32,
-    /// Address of the writing instruction (for hardware watchpoints, the
-    /// instruction after it: the CPU traps after the write).
-    pub ip: u64,
-    /// How the write was caught.
-    pub path: HitPath,
-}
-
-impl Hit {
-    /// The watched bytes before the write (at most the first 32).
-    pub fn before(&self) -> &[u8] {
-        &self.before[..self.len.min(32)]
-    }
-    /// The watched bytes after the write (at most the first 32).
-    pub fn after(&self) -> &[u8] {
-        &self.after[..self.len.min(32)]
-    }
-    /// `before` as a little-endian integer (first 8 bytes).
-    pub fn before_u64(&self) -> u64 {
-        le(self.before())
-    }
-    /// `after` as a little-endian integer (first 8 bytes).
-    pub fn after_u64(&self) -> u64 {
-        le(self.after())
-    }
-}
-
-fn le(b: &[u8]) -> u64 {
-    b.iter()
-        .take(8)
-        .enumerate()
-        .fold(0, |a, (i, &x)| a | (x as u64) << (8 * i))
-}
-
-/// How a hit was caught.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HitPath {
-    /// Page protection + the store emulated in the handler.
-    Emulated,
-    /// Page protection + single-step with the trap flag.
-    SingleStep,
-    /// A CPU debug register.
-    Hardware,
-}
-
-/// Counters since the watcher was created.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Protection faults taken on watched pages.
-    pub faults: u64,
-    /// Reports delivered to the callback.
-    pub hits: u64,
-    /// Faults whose write touched no watched byte.
-    pub false_positives: u64,
-    /// Faulting instructions performed by the emulator.
-    pub emulated: u64,
-    /// Faulting instructions single-stepped (not emulated).
-    pub single_stepped: u64,
-    /// Instructions interpreted after a faulting store (continued
-    /// emulation: each store to a protected page they made would otherwise
-    /// have been a fault of its own).
-    pub interpreted: u64,
-    /// Debug-register hits.
-    pub hw_hits: u64,
-    /// Writes to watched bytes made by the callback itself (performed, not
-    /// reported).
-    pub suppressed: u64,
-    /// TSC cycles spent in the fault handlers (entry to return).
-    pub handler_cycles: u64,
-    /// Pages currently protected.
-    pub pages_armed: u64,
-    /// Disjoint watched ranges (after merging), debug-register ones
-    /// included.
-    pub ranges: u64,
-    /// Watches on debug registers.
-    pub hw_watches: u64,
-}
-
-/// Per-page counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageStat {
-    pub page: u64,
-    pub armed: bool,
-    pub hits: u64,
-    pub false_positives: u64,
-}
-
-/// Why a watch request failed.
-#[derive(Debug, thiserror::Error)]
-pub enum WatchError {
-    #[error("watch length must be non-zero")]
-    ZeroLength,
-    #[error("range [{addr:#x}, +{len}) wraps around the address space")]
-    Wraps { addr: u64, len: u64 },
-    #[error("{addr:#x} is not mapped")]
-    NotMapped { addr: u64 },
-    #[error("{addr:#x} is in a read-only mapping ({path}): it cannot be written, so there is nothing to watch")]
-    NotWritable { addr: u64, path: String },
-    #[error("{addr:#x} cannot be watched: {reason}")]
-    Unsupported { addr: u64, reason: String },
-    #[error("another Watcher is active in this process")]
-    AlreadyActive,
-    #[error("watch/unwatch called from inside the watch callback")]
-    Reentrant,
-    #[error("{op} failed at {addr:#x}: {source}")]
-    Sys {
-        op: &'static str,
-        addr: u64,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Runtime(#[from] crate::Error),
-}
-
-fn sys_err(op: &'static str, addr: u64, errno: i32) -> WatchError {
-    WatchError::Sys {
-        op,
-        addr,
-        source: std::io::Error::from_raw_os_error(errno),
-    }
-}
-
-/// The callback type.
-pub type Callback = Box<dyn Fn(&Hit) + Send + Sync>;
+use crate::error::{sys_err, WatchError};
+use crate::handler;
+use crate::hit::{Callback, Hit, PageStat, Stats};
+use crate::hw;
+use crate::maps;
+use crate::state::{read_small, Armable, HwEntry, HwWatch, Inner, Shared, Writer};
+use crate::table::{page_of, Arena, PageEntry, Pages, RangeTree, Retired, Tier, PAGE};
 
 /// Configures a [`Watcher`].
 pub struct WatcherBuilder {
@@ -243,7 +44,7 @@ pub struct WatcherBuilder {
 }
 
 impl WatcherBuilder {
-    /// The function called on every hit (see the module docs for its
+    /// The function called on every hit (see the crate docs for its
     /// rules). Without one, hits are only counted.
     pub fn on_hit(mut self, f: impl Fn(&Hit) + Send + Sync + 'static) -> Self {
         self.callback = Some(Box::new(f));
@@ -292,77 +93,7 @@ impl WatcherBuilder {
     }
 }
 
-/// Counters and timestamps the handlers write: lives in the arena.
-pub(crate) struct Shared {
-    faults: AtomicU64,
-    hits: AtomicU64,
-    false_positives: AtomicU64,
-    emulated: AtomicU64,
-    single_stepped: AtomicU64,
-    interpreted: AtomicU64,
-    hw_hits: AtomicU64,
-    suppressed: AtomicU64,
-    handler_cycles: AtomicU64,
-    /// entry, after lookup, after store, handler exit.
-    trace: [AtomicU64; 4],
-    hw: [HwWatch; hw::HwSlots::MAX],
-}
-
-/// One debug-register watch, as the SIGTRAP handler sees it.
-pub(crate) struct HwWatch {
-    active: AtomicBool,
-    addr: AtomicU64,
-    len: AtomicU64,
-    /// The watched bytes as of the last report, for `before`.
-    shadow: AtomicU64,
-}
-
-/// State shared with the handlers. Read-only for them except through
-/// `shared` and page entries (arena memory).
-pub(crate) struct Inner {
-    pages: Pages,
-    shared: &'static Shared,
-    uffd: Uffd,
-    mem_fd: OwnedFd,
-    callback: Option<Callback>,
-    classify: bool,
-    trace: bool,
-    interpret: bool,
-    writer: Mutex<Writer>,
-    hw: hw::HwSlots,
-    arena: Arena,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Armable {
-    start: u64,
-    end: u64,
-    tier: Tier,
-    prot: i32,
-    alias_delta: u64,
-}
-
-struct HwEntry {
-    addr: u64,
-    len: u64,
-    slot: usize,
-}
-
-struct Writer {
-    tree: RangeTree,
-    entries: usize,
-    /// Mappings we know how to arm: uffd-registered ones (whole VMAs) and
-    /// mprotect ones.
-    known: Vec<Armable>,
-    registered: Vec<(u64, u64)>,
-    hw: Vec<HwEntry>,
-    enabled: bool,
-    exact: bool,
-    hardware: bool,
-    armed: u64,
-}
-
-/// Watches byte ranges of this process's memory. See the module docs.
+/// Watches byte ranges of this process's memory. See the crate docs.
 pub struct Watcher {
     inner: Box<Inner>,
 }
@@ -434,7 +165,7 @@ impl Watcher {
             return Err(WatchError::AlreadyActive);
         }
         let rt = handler::runtime()?;
-        let uffd = crate::caps::open_uffd(false, feature::SIGBUS | feature::WP_UNPOPULATED)?;
+        let uffd = faultline::caps::open_uffd(false, feature::SIGBUS | feature::WP_UNPOPULATED)?;
         let mem_fd = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -539,17 +270,18 @@ impl Watcher {
         }
         let len = len.div_ceil(PAGE as usize) * PAGE as usize;
         let map = |op| {
-            move |e: crate::sys::mem::MemError| WatchError::Sys {
+            move |e: faultline::sys::mem::MemError| WatchError::Sys {
                 op,
                 addr: 0,
                 source: e.source,
             }
         };
-        let fd = crate::sys::mem::memfd("faultline-watch", false).map_err(map("memfd_create"))?;
-        crate::sys::mem::ftruncate(&fd, len as u64).map_err(map("ftruncate"))?;
+        let fd =
+            faultline::sys::mem::memfd("faultline-watch", false).map_err(map("memfd_create"))?;
+        faultline::sys::mem::ftruncate(&fd, len as u64).map_err(map("ftruncate"))?;
         let main = Mapping::shared(&fd, len, 0).map_err(map("mmap"))?;
         let alias = Mapping::shared(&fd, len, 0).map_err(map("mmap alias"))?;
-        let _ = main.advise(0, len, crate::sys::mem::Advice::NoHugePage);
+        let _ = main.advise(0, len, Advice::NoHugePage);
         let (s, e) = (main.addr(), main.addr() + len as u64);
         self.inner
             .uffd
@@ -565,7 +297,7 @@ impl Watcher {
             start: s,
             end: e,
             tier: Tier::Alias,
-            prot: libc::PROT_READ | libc::PROT_WRITE,
+            prot: Prot::READ_WRITE,
             alias_delta: alias.addr().wrapping_sub(s),
         });
         drop(w);
@@ -773,7 +505,7 @@ impl Inner {
                     start: p,
                     end: p + PAGE,
                     tier: e.tier(),
-                    prot: e.prot.load(Relaxed) as i32,
+                    prot: e.prot(),
                     alias_delta: e.alias_delta.load(Relaxed),
                 };
                 plan.push((p, a));
@@ -843,13 +575,13 @@ impl Inner {
                     w.registered.push((v.start, v.end));
                     a.tier = Tier::Uffd;
                 }
-                Err(e) if e.source.raw_os_error() == Some(libc::EBUSY) => {
+                Err(e) if e.is(Errno::EBUSY) => {
                     return Err(WatchError::Unsupported {
                         addr: p,
                         reason: "the mapping is registered with another userfaultfd (a faultline Region?)".into(),
                     });
                 }
-                Err(e) if e.source.raw_os_error() == Some(libc::EINVAL) && !v.shared => {
+                Err(e) if e.is(Errno::EINVAL) && !v.shared => {
                     // File-backed private memory: uffd-wp does not apply.
                 }
                 Err(e) => {
@@ -915,7 +647,7 @@ impl Inner {
 
     fn arm(&self, e: &PageEntry, a: Armable) -> Result<(), WatchError> {
         e.alias_delta.store(a.alias_delta, Relaxed);
-        e.prot.store(a.prot as u32, Relaxed);
+        e.set_prot(a.prot);
         // Publish the tier first: a fault that races the protection finds
         // the page armed.
         e.tier.store(a.tier as u32, Release);
@@ -936,7 +668,7 @@ impl Inner {
             .map_err(|(op, errno)| sys_err(op, e.page, errno));
         // A mapping that was unmapped under us has nothing left to disarm.
         let gone = matches!(&r, Err(WatchError::Sys { source, .. })
-            if matches!(source.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOMEM) | Some(libc::EINVAL)));
+            if matches!(Errno::of(source), Some(Errno::ENOENT | Errno::ENOMEM | Errno::EINVAL)));
         if r.is_ok() || gone {
             e.tier.store(Tier::Off as u32, Release);
         }
@@ -945,35 +677,6 @@ impl Inner {
             Ok(())
         } else {
             r
-        }
-    }
-
-    /// Sets (`on`) or lifts the write protection of `e`'s page as its
-    /// tier does it. Async-signal-safe; on failure, the call and its errno.
-    pub(crate) fn protect(
-        &self,
-        e: &PageEntry,
-        tier: Tier,
-        on: bool,
-    ) -> Result<(), (&'static str, i32)> {
-        match tier {
-            Tier::Uffd | Tier::Alias => self
-                .uffd
-                // No thread waits on these faults (SIGBUS mode): no wake.
-                .writeprotect(e.page, PAGE, on, !on)
-                .map_err(|err| {
-                    (
-                        "UFFDIO_WRITEPROTECT",
-                        err.source.raw_os_error().unwrap_or(0),
-                    )
-                }),
-            Tier::Mprotect => {
-                let prot = e.prot.load(Relaxed) as i32;
-                let prot = if on { prot & !libc::PROT_WRITE } else { prot };
-                crate::sys::mem::mprotect(e.page, PAGE as usize, prot)
-                    .map_err(|errno| ("mprotect", errno))
-            }
-            Tier::Off => Ok(()),
         }
     }
 
@@ -1001,27 +704,7 @@ impl Inner {
     }
 }
 
-/// Reads up to 8 bytes at `addr` as a little-endian integer.
-///
-/// # Safety
-/// `addr..addr+len` must be readable.
-unsafe fn read_small(addr: u64, len: usize) -> u64 {
-    let mut b = [0u8; 8];
-    let n = len.min(8);
-    // SAFETY: the caller guarantees the bytes are readable.
-    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), n) };
-    u64::from_le_bytes(b)
-}
-
-// The raw fd is read by the handler.
-impl Inner {
-    fn mem_raw(&self) -> i32 {
-        self.mem_fd.as_raw_fd()
-    }
-}
-
-#[allow(dead_code)]
-fn _assert_send_sync() {
-    fn ss<T: Send + Sync>() {}
-    ss::<Watcher>();
-}
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Watcher>();
+};

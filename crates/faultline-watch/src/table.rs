@@ -31,8 +31,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
-use crate::interval::Grace;
-use crate::sys::mem::Mapping;
+use faultline::interval::Grace;
+use faultline::sys::mem::{Mapping, Prot};
+use faultline::sys::thread::sched_yield;
 
 /// The calling thread's key: its TCB address (`fs:0`), unique among live
 /// threads.
@@ -197,6 +198,16 @@ impl PageEntry {
         Tier::from_u32(self.tier.load(Acquire))
     }
 
+    /// The protection to restore for [`Tier::Mprotect`].
+    pub fn prot(&self) -> Prot {
+        Prot::from_bits(self.prot.load(Relaxed) as i32)
+    }
+
+    /// Sets the protection to restore.
+    pub fn set_prot(&self, prot: Prot) {
+        self.prot.store(prot.bits() as u32, Relaxed)
+    }
+
     /// Spins (yielding) until the page lock is ours. Signal-safe as long as
     /// the holder never waits for the caller, which holds because the lock
     /// is only taken around stores, one handler's stores, or a single step.
@@ -212,9 +223,7 @@ impl PageEntry {
             if spins < 128 {
                 std::hint::spin_loop();
             } else {
-                // SAFETY: sched_yield has no preconditions and is
-                // async-signal-safe.
-                unsafe { libc::sched_yield() };
+                sched_yield();
             }
         }
     }

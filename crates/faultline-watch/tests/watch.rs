@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use faultline::watch::{Hit, HitPath, WatchError, Watcher};
+use faultline_watch::{Hit, HitPath, WatchError, Watcher};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

@@ -2,6 +2,8 @@
 
 use std::io;
 
+use faultline::sys::mem::Prot;
+
 /// One line of `/proc/self/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Vma {
@@ -16,17 +18,17 @@ pub struct Vma {
 }
 
 impl Vma {
-    /// `PROT_*` bits of the mapping.
-    pub fn prot(&self) -> i32 {
-        let mut p = 0;
+    /// The protection of the mapping.
+    pub fn prot(&self) -> Prot {
+        let mut p = Prot::NONE;
         if self.read {
-            p |= libc::PROT_READ;
+            p = p | Prot::READ;
         }
         if self.write {
-            p |= libc::PROT_WRITE;
+            p = p | Prot::WRITE;
         }
         if self.exec {
-            p |= libc::PROT_EXEC;
+            p = p | Prot::EXEC;
         }
         p
     }
