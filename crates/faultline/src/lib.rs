@@ -80,6 +80,7 @@ pub mod runahead;
 pub mod store;
 #[doc(hidden)]
 pub mod sys;
+pub mod testing;
 
 pub use caps::{capabilities, Capabilities};
 pub use engine::{
