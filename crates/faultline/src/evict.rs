@@ -43,18 +43,30 @@
 //!
 //! A write-back that fails leaves the page resident and dirty, counted in
 //! `write_back_errors`; nothing is dropped that the store does not hold.
-//! Dropping the region stops the evictor and writes every dirty page back
-//! (reporting pages it could not write).
+//! The evictor says so once (one message naming region, offset, store and
+//! cause), holds the page aside (`unwritable` in [`EvictionStats`]) and
+//! retries it with backoff (10 ms doubling to 1 s); while a retry is
+//! pending it writes no other dirty page (one probe per period, not a
+//! storm) but still evicts clean ones. Held pages do not count against the
+//! fault limit above: faults go on past the budget instead of waiting for
+//! an eviction the store refuses, and `resident` > budget with
+//! `unwritable` > 0 reports the overrun. When a retry succeeds the evictor
+//! writes every held page back and says so. [`crate::Region::flush`]
+//! returns the store's error. Dropping the region stops the evictor and
+//! writes every dirty page back (reporting pages it could not write).
 //!
 //! The policy sees the calls the evictor makes (see
 //! [`crate::policy::EvictionPolicy`]): `on_fault` for every install the
 //! fault path logged (and again for a victim that could not be evicted),
 //! and `pick_victim` with the claim bits as the pin predicate.
 
+use std::collections::VecDeque;
+use std::fmt::Write;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::background::{Background, StopFlag};
+use crate::fault::report::report;
 use crate::fault::RegionState;
 use crate::policy::PolicyKind;
 use crate::residency::PageState;
@@ -117,28 +129,149 @@ pub(crate) fn write_back(r: &RegionState, page: usize) -> Result<(), StoreError>
     }
 }
 
-/// Evicts `page` if it is resident and can be claimed; true if evicted.
-fn evict(r: &RegionState, page: usize) -> bool {
+/// What became of a victim.
+enum Victim {
+    /// Written back if dirty, zapped, absent now.
+    Evicted,
+    /// Claimed by someone else, or not resident: not evicted.
+    Skipped,
+    /// Dirty, and its write-back failed (or was not tried because the
+    /// store is failing): resident and dirty still.
+    Unwritable(Option<StoreError>),
+}
+
+/// Evicts `page` if it is resident and can be claimed. A dirty page is
+/// written back first, unless `try_dirty` is false (the store is failing
+/// and its retry is not due): then it is left alone, `Unwritable(None)`.
+fn evict(r: &RegionState, page: usize, try_dirty: bool) -> Victim {
     let budget = r
         .budget
         .as_ref()
         .expect("budget regions have a budget feed");
     if !r.residency.try_claim(page) {
-        return false;
+        return Victim::Skipped;
     }
-    let ok = match r.residency.get(page) {
-        PageState::Writable => write_back(r, page).is_ok(),
-        PageState::ReadOnly => true,
-        _ => false,
+    let out = match r.residency.get(page) {
+        PageState::Writable if !try_dirty => Victim::Unwritable(None),
+        PageState::Writable => match write_back(r, page) {
+            Ok(()) => Victim::Evicted,
+            Err(e) => Victim::Unwritable(Some(e)),
+        },
+        PageState::ReadOnly => Victim::Evicted,
+        _ => Victim::Skipped,
     };
-    if ok {
+    if let Victim::Evicted = out {
         let _ = mem::madvise(r.pages.addr(page), r.pages.size().bytes(), Advice::DontNeed);
         r.residency.set(page, PageState::Absent);
         budget.resident.fetch_sub(1, SeqCst);
         budget.evicted.fetch_add(1, Relaxed);
     }
     r.residency.release(page..page + 1);
-    ok
+    out
+}
+
+/// First and longest wait before the evictor retries a failed write-back.
+const RETRY_MIN: Duration = Duration::from_millis(10);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Dirty pages whose write-back failed, and when to try again. While the
+/// store is failing (a retry is pending) the evictor does not try to write
+/// any other dirty page either: one probe per backoff period, doubling up
+/// to [`RETRY_MAX`], so a store that refuses writes sees a handful of
+/// attempts per second, not a storm. Held pages are counted in
+/// `BudgetFeed::unwritable`, which faults do not wait for.
+struct Unwritable {
+    pages: VecDeque<usize>,
+    delay: Duration,
+    due: Option<Instant>,
+}
+
+impl Unwritable {
+    fn failing(&self) -> bool {
+        self.due.is_some()
+    }
+
+    /// Holds `page` (whose write-back failed with `err`, or was not
+    /// tried) for a retry; says so once per failing period.
+    fn hold(&mut self, r: &RegionState, budget: usize, page: usize, err: Option<StoreError>) {
+        let feed = r
+            .budget
+            .as_ref()
+            .expect("budget regions have a budget feed");
+        feed.unwritable.fetch_add(1, SeqCst);
+        self.pages.push_back(page);
+        let Some(err) = err else { return };
+        if self.due.is_none() {
+            report(|w| {
+                let _ = w.write_str("write-back failed at ");
+                r.describe_page(page, w);
+                let _ = write!(
+                    w,
+                    ": {err}; the page stays resident and dirty, write-backs are retried with \
+                     backoff (up to {RETRY_MAX:?}), and the region may stay resident past its \
+                     budget of {budget} pages until the store takes writes again"
+                );
+            });
+        }
+        self.backoff();
+    }
+
+    fn backoff(&mut self) {
+        self.delay = match self.due {
+            None => RETRY_MIN,
+            Some(_) => (self.delay * 2).min(RETRY_MAX),
+        };
+        self.due = Some(Instant::now() + self.delay);
+    }
+
+    /// When a retry is due, tries the held pages oldest first until one
+    /// fails again; pages written back go back to `policy`.
+    fn retry(&mut self, r: &RegionState, policy: &mut dyn crate::policy::EvictionPolicy) {
+        let feed = r
+            .budget
+            .as_ref()
+            .expect("budget regions have a budget feed");
+        if self.due.is_none_or(|d| Instant::now() < d) {
+            return;
+        }
+        while let Some(p) = self.pages.pop_front() {
+            if !r.residency.try_claim(p) {
+                // A fault or flush holds it: look again next round.
+                self.pages.push_front(p);
+                self.backoff();
+                return;
+            }
+            let res = match r.residency.get(p) {
+                PageState::Writable => write_back(r, p),
+                // Written back by `flush`, or dropped: not held any more.
+                _ => Ok(()),
+            };
+            r.residency.release(p..p + 1);
+            match res {
+                Ok(()) => {
+                    feed.unwritable.fetch_sub(1, SeqCst);
+                    if r.residency.get(p) != PageState::Absent {
+                        policy.on_fault(p);
+                    }
+                }
+                Err(_) => {
+                    self.pages.push_front(p);
+                    self.backoff();
+                    return;
+                }
+            }
+        }
+        if self.due.take().is_some() {
+            report(|w| {
+                let _ = write!(
+                    w,
+                    "region #{}: write-back works again; every held page was written back",
+                    r.id
+                );
+            });
+        }
+        self.delay = RETRY_MIN;
+    }
 }
 
 /// Starts the evictor thread of `state` (a region with a budget).
@@ -153,22 +286,34 @@ fn run(r: &RegionState, cfg: EvictionConfig, stop: &StopFlag) {
         .expect("budget regions have a budget feed");
     let mut policy = cfg.policy.build(cfg.budget_pages);
     let budget = cfg.budget_pages.max(1);
+    let mut held = Unwritable {
+        pages: VecDeque::new(),
+        delay: RETRY_MIN,
+        due: None,
+    };
     while !stop.is_set() {
         budget_feed.drain(|p| policy.on_fault(p));
+        held.retry(r, policy.as_mut());
         let mut progress = false;
         let mut tries = 0;
-        while budget_feed.resident.load(SeqCst) > budget && tries < 4 * budget {
+        let over = || {
+            let stuck = budget_feed.unwritable.load(SeqCst);
+            budget_feed.resident.load(SeqCst).saturating_sub(stuck) > budget
+        };
+        while over() && tries < 4 * budget {
             tries += 1;
             // Pages whose claim is held (being faulted or dirtied) are
             // skipped this round and handed back to the policy.
             match policy.pick_victim(&|p| r.residency.is_claimed(p)) {
-                Some(v) => {
-                    if evict(r, v) {
-                        progress = true;
-                    } else if r.residency.get(v) != PageState::Absent {
-                        policy.on_fault(v);
+                Some(v) => match evict(r, v, !held.failing()) {
+                    Victim::Evicted => progress = true,
+                    Victim::Unwritable(err) => held.hold(r, budget, v, err),
+                    Victim::Skipped => {
+                        if r.residency.get(v) != PageState::Absent {
+                            policy.on_fault(v);
+                        }
                     }
-                }
+                },
                 None => {
                     budget_feed.drain(|p| policy.on_fault(p));
                     break;

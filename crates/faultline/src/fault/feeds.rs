@@ -25,8 +25,15 @@ pub struct EvictionStats {
     pub evicted: u64,
     /// Dirty pages written back (by eviction or flush).
     pub written_back: u64,
-    /// Write-backs that failed (the page stayed resident and dirty).
+    /// Write-backs that failed (the page stayed resident and dirty). The
+    /// evictor retries them with backoff, so this stays small while a
+    /// store refuses writes (see [`crate::evict`]).
     pub write_back_errors: u64,
+    /// Dirty pages kept resident because their write-back failed, waiting
+    /// for a retry. They do not count against the budget's fault limit:
+    /// while this is non-zero the region may be resident past its budget
+    /// (`resident` > budget), which is how that overrun is reported.
+    pub unwritable: u64,
     /// Pages resident now (as counted by the runtime).
     pub resident: u64,
     /// Most pages resident at once. The evictor runs asynchronously, so
@@ -49,6 +56,8 @@ pub(crate) struct BudgetFeed {
     pub evicted: AtomicU64,
     pub written_back: AtomicU64,
     pub write_back_errors: AtomicU64,
+    /// Dirty pages whose write-back failed, held resident for a retry.
+    pub unwritable: AtomicUsize,
 }
 
 /// How long a fault on the faulting thread waits for the evictor before it
@@ -72,6 +81,7 @@ impl BudgetFeed {
             evicted: AtomicU64::new(0),
             written_back: AtomicU64::new(0),
             write_back_errors: AtomicU64::new(0),
+            unwritable: AtomicUsize::new(0),
         }
     }
 
@@ -84,10 +94,13 @@ impl BudgetFeed {
         self.log[i].store(page as u64 + 1, SeqCst);
     }
 
-    /// Whether the region is past budget + slack.
+    /// Whether the region is past budget + slack, not counting pages the
+    /// evictor cannot write back (a fault must not wait for an eviction
+    /// the store refuses).
     #[inline]
     pub fn over_limit(&self) -> bool {
-        self.resident.load(Relaxed) > self.limit
+        let stuck = self.unwritable.load(Relaxed);
+        self.resident.load(Relaxed).saturating_sub(stuck) > self.limit
     }
 
     /// A fault resolved on the faulting thread, past the limit: wait
@@ -123,6 +136,7 @@ impl BudgetFeed {
             evicted: self.evicted.load(Relaxed),
             written_back: self.written_back.load(Relaxed),
             write_back_errors: self.write_back_errors.load(Relaxed),
+            unwritable: self.unwritable.load(Relaxed) as u64,
             resident: self.resident.load(Relaxed) as u64,
             max_resident: self.max_resident.load(Relaxed) as u64,
         }
