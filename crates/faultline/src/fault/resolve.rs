@@ -111,7 +111,7 @@ pub(crate) fn resolve(
             }
         }
         match state {
-            PageState::Poisoned => return Resolution::Poisoned,
+            PageState::Poisoned => return repoison(r, page),
             PageState::ReadOnly | PageState::Writable => {
                 // Engines that read events learn of dropped pages through
                 // REMOVE, so a fault on a recorded page is a message that
@@ -594,6 +594,26 @@ fn fail_store(r: &RegionState, run: Range<usize>, page: usize, err: StoreError) 
     match poisoned {
         Err(e) => Step::Out(Resolution::Failed(e)),
         Ok(_) => Step::Out(Resolution::StoreFailed(err)),
+    }
+}
+
+/// A fault on a page the map says is poisoned. The marker normally makes
+/// the access SIGBUS without a fault, so a fault here means the marker is
+/// missing: `UFFDIO_POISON` met a pending event (EAGAIN, the evictor's
+/// REMOVE) when the store failed. Install it now (EEXIST: it was there,
+/// the fault raced with it); `Retry` defers until the event is read.
+/// Without this the thread re-faulted on a missing page for ever.
+fn repoison(r: &RegionState, page: usize) -> Resolution {
+    if !r.residency.try_claim(page) {
+        return Resolution::Busy;
+    }
+    let ps = r.pages.size().bytes() as u64;
+    let out = r.uffd.poison(r.pages.addr(page), ps, mode::POISON_DONTWAKE);
+    r.residency.release(page..page + 1);
+    match out {
+        Ok(Outcome::Retry) => Resolution::Retry,
+        Err(e) => Resolution::Failed(e),
+        Ok(_) => Resolution::Poisoned,
     }
 }
 
