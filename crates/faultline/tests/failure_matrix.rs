@@ -505,6 +505,11 @@ fn refused_write_back_child() {
     for page in 0..pages {
         assert_eq!(read(region.as_ptr(), page * 4096 + 1), page as u8 | 1);
     }
+    // The evictor is asynchronous (on a loaded machine it may not have run
+    // yet): give it a bounded while to meet the refusing store.
+    wait_until(Duration::from_secs(5), || {
+        region.eviction_stats().unwrap().write_back_errors > 0
+    });
     let es = region.eviction_stats().unwrap();
     say(&format!("DONE {es:?}"));
     let err = region.flush().unwrap_err();
@@ -517,7 +522,11 @@ fn refused_write_back_child() {
     say("WRITTEN");
 }
 
+/// One scenario child at a time (the matrix already keeps the CPUs busy).
+static SERIAL: Mutex<()> = Mutex::new(());
+
 fn check_refused_write_back(kind: EngineKind) {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let r = run_child(
         "scenario_refused_write_back",
         &format!("refused:{}", kind.name()),
