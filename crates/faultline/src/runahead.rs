@@ -16,6 +16,7 @@
 //!    can count faults avoided (`ahead` pages that were touched) and waste
 //!    (`ahead` pages never touched).
 
+use std::ops::Range;
 use std::time::Duration;
 
 use crate::background::{Background, StopFlag};
@@ -51,36 +52,59 @@ pub(crate) fn start(
     })
 }
 
+/// Predicted windows merged into one span for a batched store.
+const SPAN_WINDOWS: usize = 4;
+
+/// Merges consecutive contiguous windows into spans of at most `span`
+/// pages.
+fn merge(windows: Vec<Range<usize>>, span: usize) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::with_capacity(windows.len());
+    for w in windows {
+        match out.last_mut() {
+            Some(last) if last.end == w.start && w.end - last.start <= span => last.end = w.end,
+            _ => out.push(w),
+        }
+    }
+    out
+}
+
 fn run(r: &RegionState, cfg: RunAheadConfig, stop: &StopFlag, scratch_bytes: usize) {
     let feed = r.runahead.as_ref().expect("run-ahead regions have a feed");
     // Predict in windows of the largest read-ahead window: what one fault
     // of a sequential stream installs.
     let window = r.readahead.config().max;
     let mut predictor = StreamPredictor::new(window, cfg.budget_pages);
-    let mut scratch = vec![0u8; scratch_bytes.max(r.pages.bytes(window))];
+    // A store that pays per request gets contiguous predicted windows
+    // merged into spans of up to SPAN_WINDOWS, each one batched fill.
+    let span = if r.batches_fills() {
+        SPAN_WINDOWS * window
+    } else {
+        window
+    };
+    let mut scratch = vec![0u8; scratch_bytes.max(r.pages.bytes(span))];
     let mut seen = feed.seq();
     while !stop.is_set() {
         let Some(page) = feed.next_fault(&mut seen, Duration::from_millis(50)) else {
             continue;
         };
-        for w in predictor.on_fault(page, r.pages.count()) {
-            feed.windows
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let windows = predictor.on_fault(page, r.pages.count());
+        feed.windows
+            .fetch_add(windows.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        for w in merge(windows, span) {
             if stop.is_set() {
                 break;
             }
-            if r.residency.get(w.start) != PageState::Absent {
-                continue;
-            }
+            // The first absent page anchors the span (a window whose first
+            // page is there is skipped unless its store batches fills).
+            let first = if span > window {
+                w.clone().find(|&p| r.residency.get(p) == PageState::Absent)
+            } else {
+                Some(w.start).filter(|&p| r.residency.get(p) == PageState::Absent)
+            };
+            let Some(first) = first else { continue };
             // Installs the window (claims keep it exclusive with the
             // application's own faults) and marks it installed ahead.
-            let _ = resolve(
-                r,
-                w.start,
-                Access::WRITE,
-                &Origin::RunAhead(w),
-                &mut scratch,
-            );
+            let _ = resolve(r, first, Access::WRITE, &Origin::RunAhead(w), &mut scratch);
         }
     }
 }

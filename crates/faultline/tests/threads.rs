@@ -341,3 +341,97 @@ fn adaptive_readahead_grows_on_streams_only() {
     let _deadline = deadline(120);
     adaptive_readahead(EngineKind::Poll);
 }
+
+/// A store that pays per request (as a network store does): counts
+/// batched calls and fails the page at `bad`.
+struct BatchedStore {
+    inner: MemoryStore,
+    batches: std::sync::atomic::AtomicUsize,
+    fills: std::sync::atomic::AtomicUsize,
+    bad: u64,
+}
+
+impl PageStore for BatchedStore {
+    fn describe(&self) -> &str {
+        "batched-test-store"
+    }
+    fn len(&self) -> Option<u64> {
+        self.inner.len()
+    }
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.fills.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if (offset..offset + buf.len() as u64).contains(&self.bad) {
+            return Err(StoreError::Failed {
+                offset: self.bad,
+                reason: "injected".into(),
+            });
+        }
+        self.inner.fill(offset, buf)
+    }
+    fn fill_batch(&self, ranges: &mut [FillRange<'_>], out: &mut [Result<(), StoreError>]) {
+        self.batches
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        for (r, o) in ranges.iter_mut().zip(out.iter_mut()) {
+            *o = self.fill(r.offset, r.buf);
+        }
+    }
+    fn batched(&self) -> bool {
+        true
+    }
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.inner.write_back(offset, data)
+    }
+}
+
+/// A window with holes is one batched fill: one call fills the faulting
+/// run and every hole, each hole gets its own ioctl, and a hole whose
+/// fill failed stays absent (only the faulting page's own failure
+/// poisons).
+#[test]
+fn window_with_holes_is_one_batched_fill() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let _deadline = deadline(60);
+    let ps = 4096usize;
+    let data = pattern(64 * ps);
+    for e in THREAD_ENGINES {
+        let store = Arc::new(BatchedStore {
+            inner: MemoryStore::new(data.clone()),
+            batches: Default::default(),
+            fills: Default::default(),
+            bad: (9 * ps + 100) as u64,
+        });
+        let r = Region::builder(64 * ps)
+            .shared_store(store.clone())
+            .fault_around(16)
+            .build_dyn(engine_of(e))
+            .unwrap();
+        let p = r.as_ptr();
+        // Holes: install pages 3 and 7 of window 0..16 alone first.
+        r.populate(3 * ps, ps).unwrap();
+        r.populate(7 * ps, ps).unwrap();
+        let before = (store.batches.load(SeqCst), store.fills.load(SeqCst));
+        assert_eq!(read(p, 12 * ps + 5), data[12 * ps + 5], "{e:?}");
+        let after = (store.batches.load(SeqCst), store.fills.load(SeqCst));
+        assert_eq!(after.0 - before.0, 1, "{e:?}: one batched call");
+        // Runs of the window: 8..16 around the fault (holding bad page 9,
+        // so it failed and was narrowed to page 12 alone: one more fill),
+        // holes 0..3 and 4..7.
+        assert!(r.is_resident(12 * ps, 1), "{e:?}");
+        for pg in [0, 1, 2, 4, 5, 6] {
+            assert!(r.is_resident(pg * ps, 1), "{e:?}: hole page {pg}");
+            assert_eq!(read(p, pg * ps + 77), data[pg * ps + 77], "{e:?} {pg}");
+        }
+        assert!(
+            !r.is_resident(9 * ps, 1),
+            "{e:?}: a neighbour's failure is not installed"
+        );
+        assert!(
+            !r.is_resident(8 * ps, 1),
+            "{e:?}: narrowed to the faulting page"
+        );
+        // Every page of the other windows still reads the store's bytes.
+        for pg in (16..64).step_by(5) {
+            assert_eq!(read(p, pg * ps + 1), data[pg * ps + 1], "{e:?} page {pg}");
+        }
+    }
+}

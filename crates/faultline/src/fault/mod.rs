@@ -24,6 +24,8 @@
 //!   [`crate::policy::ReadaheadConfig`] from inside signal handlers.
 //! * [`feeds`]: what the fault path tells the evictor (the install log of
 //!   a budget) and the run-ahead populator (the last fault).
+//! * `holes`: the absent holes of a read-ahead window gathered into one
+//!   batched fill, for stores that pay per request.
 //! * [`report`]: allocation-free messages and the fail-closed exit.
 //!
 //! Everything here is async-signal-safe when the store is: no allocation,
@@ -32,6 +34,7 @@
 //! by a [`Delivery`], which each engine declares.
 
 pub(crate) mod feeds;
+mod holes;
 pub(crate) mod readahead;
 pub(crate) mod report;
 pub(crate) mod resolve;

@@ -32,6 +32,7 @@ use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use super::holes::Holes;
 use super::{zero, RegionState};
 use crate::error::{Error, Result};
 use crate::page::{MemoryKind, ResolveOp};
@@ -156,18 +157,38 @@ pub(crate) fn resolve(
             r.residency.release(page..page + 1);
             continue;
         }
-        let run = claim_window(r, page, origin, scratch.len());
+        let window = window(r, page, origin, scratch.len());
+        let run = claim_window(r, page, window.clone());
+        // A store that pays per request: the window's other absent holes
+        // come in the same round trip (installed after the faulting run).
+        let mut holes = Holes::NONE;
+        let mut prefilled = None;
+        if r.batches_fills() {
+            holes = Holes::claim(r, window, &run);
+            if !holes.is_empty() {
+                prefilled = Some(holes.fill(r, &run, scratch));
+            }
+        }
         // Every ioctl runs with DONTWAKE: a sleeping faulting thread is
         // woken only after the residency map and counters record the
         // install, so a resumed thread always sees them.
         let ahead = matches!(origin, Origin::RunAhead(_));
         let mut run = run;
-        let mut step = install(r, run.clone(), page, access.write, scratch, ahead);
+        let run_pages = run.len();
+        let mut step = install(
+            r,
+            run.clone(),
+            page,
+            access.write,
+            scratch,
+            ahead,
+            prefilled,
+        );
         if let Step::Narrowed = step {
             // The store failed somewhere in the window: only the faulting
             // page's own failure may poison it.
             run = page..page + 1;
-            step = install(r, run.clone(), page, access.write, scratch, ahead);
+            step = install(r, run.clone(), page, access.write, scratch, ahead, None);
         }
         if matches!(step, Step::Done) && access.write && r.budget.is_some() {
             // Installed clean; this fault is a write: dirty it now rather
@@ -185,6 +206,19 @@ pub(crate) fn resolve(
             if let Some((a, l)) = woken {
                 let _ = r.uffd.wake(a, l);
             }
+        }
+        let hole_state = match r.budget {
+            Some(_) => PageState::ReadOnly,
+            None => PageState::Writable,
+        };
+        for (hole, at) in holes.filled(run_pages, ps) {
+            let (dst, bytes) = (r.pages.addr(hole.start), r.pages.bytes(hole.len()) as u64);
+            let out = copy_run(r, &hole, dst, 0, bytes, &mut scratch[at..], Some(Ok(())));
+            let out = out.map_err(|e| match e {
+                CopyErr::Uffd(e) => e,
+                CopyErr::Store(_) => unreachable!("holes are filled already"),
+            });
+            finish(r, hole.clone(), hole.start, out, hole_state, ahead);
         }
         match step {
             Step::Done | Step::Exists => return Resolution::Resolved,
@@ -241,9 +275,9 @@ pub(crate) fn populate(
     Ok(())
 }
 
-/// Extends the claim on `page` over the absent pages of the window
-/// `origin` asks for, capped so the run fits the sources.
-fn claim_window(r: &RegionState, page: usize, origin: &Origin, scratch_len: usize) -> Range<usize> {
+/// The window `origin` asks for around `page`, capped so it fits the
+/// sources.
+fn window(r: &RegionState, page: usize, origin: &Origin, scratch_len: usize) -> Range<usize> {
     let n = r.pages.count();
     let want = match origin {
         Origin::Fault => r.readahead.window(page, n),
@@ -255,12 +289,18 @@ fn claim_window(r: &RegionState, page: usize, origin: &Origin, scratch_len: usiz
     }
     // Too long for the sources: the cap-aligned piece of it holding the
     // fault.
-    let (win_start, win_end) = if want.len() > cap {
+    if want.len() > cap {
         let start = want.start + (page - want.start) / cap * cap;
-        (start, (start + cap).min(want.end))
+        start..(start + cap).min(want.end)
     } else {
-        (want.start, want.end)
-    };
+        want
+    }
+}
+
+/// Extends the claim on `page` over the contiguous absent pages of
+/// `window` around it.
+fn claim_window(r: &RegionState, page: usize, window: Range<usize>) -> Range<usize> {
+    let (win_start, win_end) = (window.start, window.end);
     if win_end - win_start <= 1 {
         return page..page + 1;
     }
@@ -308,6 +348,7 @@ fn install(
     write: bool,
     scratch: &mut [u8],
     ahead: bool,
+    prefilled: Option<Result<(), StoreError>>,
 ) -> Step {
     // A private view of a tmpfs file (zero copy): page-cache pages are
     // mapped with CONTINUE, holes are filled from the store with COPY. One
@@ -398,7 +439,7 @@ fn install(
                     Err(e) if e.is(Errno::EBUSY) => {
                         r.stats.pool_misses.fetch_add(1, Relaxed);
                         let bytes = r.pages.bytes(moved_run.len()) as u64;
-                        return match copy_run(r, &moved_run, dst, offset, bytes, scratch) {
+                        return match copy_run(r, &moved_run, dst, offset, bytes, scratch, None) {
                             Ok(o) => finish(r, moved_run, page, Ok(o), PageState::Writable, ahead),
                             Err(CopyErr::Uffd(e)) => {
                                 finish(r, moved_run, page, Err(e), PageState::Writable, ahead)
@@ -411,7 +452,7 @@ fn install(
             }
             None => {
                 r.stats.pool_misses.fetch_add(1, Relaxed);
-                copy_run(r, &run, dst, offset, bytes, scratch)
+                copy_run(r, &run, dst, offset, bytes, scratch, None)
             }
         },
         (ResolveOp::Copy | ResolveOp::Auto, _) | (ResolveOp::Continue, Some(false)) => {
@@ -424,7 +465,7 @@ fn install(
                     .zeropage(dst, bytes, mode::ZEROPAGE_DONTWAKE)
                     .map_err(CopyErr::Uffd)
             } else {
-                copy_run(r, &run, dst, offset, bytes, scratch)
+                copy_run(r, &run, dst, offset, bytes, scratch, prefilled)
             }
         }
     };
@@ -447,7 +488,8 @@ impl From<UffdError> for CopyErr {
 }
 
 /// UFFDIO_COPY of the run from the cheapest source: the zero buffer, the
-/// store's view, or the scratch buffer filled by the store.
+/// store's view, or the scratch buffer filled by the store (`prefilled`:
+/// already filled by a batched call, with this result).
 fn copy_run(
     r: &RegionState,
     run: &Range<usize>,
@@ -455,8 +497,12 @@ fn copy_run(
     offset: u64,
     bytes: u64,
     scratch: &mut [u8],
+    prefilled: Option<Result<(), StoreError>>,
 ) -> Result<Outcome, CopyErr> {
-    let src: *const u8 = if r.store.is_zero() {
+    let src: *const u8 = if let Some(filled) = prefilled {
+        filled.map_err(CopyErr::Store)?;
+        scratch.as_ptr()
+    } else if r.store.is_zero() {
         zero::source(bytes as usize)
     } else if let Some(v) = r.store.view(offset, bytes as usize) {
         r.stats.zero_copy_fills.fetch_add(run.len() as u64, Relaxed);

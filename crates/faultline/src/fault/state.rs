@@ -135,6 +135,15 @@ impl RegionState {
         !self.store.is_zero() && self.op != ResolveOp::Continue
     }
 
+    /// Whether faults gather a window's holes into one batched fill: a
+    /// store that pays per request, installed by COPY from scratch.
+    pub fn batches_fills(&self) -> bool {
+        self.store.batched()
+            && !self.store.is_zero()
+            && matches!(self.op, ResolveOp::Copy | ResolveOp::Auto)
+            && self.cached.is_none()
+    }
+
     /// Writes "region #id [base, end) offset 0x.. (store ...)" into `w`.
     pub fn describe_page(&self, page: usize, w: &mut StackWriter) {
         let _ = write!(

@@ -14,6 +14,14 @@
 //! `/dev/shm`) offers [`PageStore::page_cache`]: a region may then map the
 //! file itself and install its pages with `UFFDIO_CONTINUE`, copying
 //! nothing at all.
+//!
+//! A store that pays per request (a network store: one round trip per
+//! call) says so with [`PageStore::batched`] and fills many ranges in one
+//! call ([`PageStore::fill_batch`], default: a loop over `fill`). The fault
+//! path then gathers every absent hole of a read-ahead window (and the
+//! run-ahead populator its predicted windows) into one batched fill, and
+//! installs each contiguous sub-run with its own ioctl. Each range has its
+//! own result, so a neighbour's failure never becomes the faulting page's.
 
 mod file;
 mod memory;
@@ -49,6 +57,18 @@ pub enum StoreError {
     /// The store cannot take writes.
     #[error("store {what} is read-only (write-back at offset {offset:#x})")]
     ReadOnly { what: Arc<str>, offset: u64 },
+    /// A remote store's request for one key failed (after its retries).
+    #[error("{what}: key {key} (offset {offset:#x}): {cause}")]
+    Remote {
+        /// The store ("redis unix:///run/redis.sock").
+        what: Arc<str>,
+        /// The key that was asked for.
+        key: Arc<str>,
+        /// Byte offset in the store.
+        offset: u64,
+        /// Why ("connection refused after 12 tries over 2s", "missing").
+        cause: Cow<'static, str>,
+    },
     /// Anything else, with a reason.
     #[error("store failed at offset {offset:#x}: {reason}")]
     Failed {
@@ -65,6 +85,7 @@ impl StoreError {
         match self {
             StoreError::Io { offset, .. }
             | StoreError::ReadOnly { offset, .. }
+            | StoreError::Remote { offset, .. }
             | StoreError::Failed { offset, .. } => *offset,
         }
     }
@@ -103,6 +124,25 @@ pub trait PageStore: Send + Sync + 'static {
     /// store are zeros (for [`Tail::ZeroFill`] stores).
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError>;
 
+    /// Fills every range of `ranges`, each with its own result: `out[i]`
+    /// is set for `ranges[i]` (the slices have the same length). A store
+    /// that pays per request does all of them in one round trip. The
+    /// default loops over [`fill`](Self::fill). Signal-safe stores must
+    /// keep this allocation-free too.
+    fn fill_batch(&self, ranges: &mut [FillRange<'_>], out: &mut [Result<(), StoreError>]) {
+        for (range, res) in ranges.iter_mut().zip(out.iter_mut()) {
+            *res = self.fill(range.offset, range.buf);
+        }
+    }
+
+    /// Whether a call costs a round trip, so the runtime should gather
+    /// the holes of a window into one [`fill_batch`](Self::fill_batch)
+    /// rather than fill only the contiguous run around a fault. `false`
+    /// (the default) for local stores.
+    fn batched(&self) -> bool {
+        false
+    }
+
     /// Writes `data` back at `offset`.
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError>;
 
@@ -131,6 +171,16 @@ pub trait PageStore: Send + Sync + 'static {
     fn signal_safe(&self) -> bool {
         false
     }
+}
+
+/// One range of a [`PageStore::fill_batch`]: `buf.len()` bytes at
+/// `offset`.
+#[derive(Debug)]
+pub struct FillRange<'a> {
+    /// Byte offset in the store.
+    pub offset: u64,
+    /// Where the bytes go.
+    pub buf: &'a mut [u8],
 }
 
 /// A store's data as a tmpfs/shmem file: `len` bytes of `fd` from
