@@ -14,3 +14,21 @@ if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && [ "$(id -u)" = 0 
     (apt-get update -qq && apt-get install -y -qq fonts-dejavu-core) >/dev/null 2>&1 \
         || echo "setup: could not install fonts-dejavu-core; plots will have no text" >&2
 fi
+
+# redis-server and redis-cli: the Redis store's tests and `faultline bench
+# store` start their own servers (a unix socket in a temporary directory, a
+# 3-master cluster on loopback). Required: the tests fail without it.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null \
+            || { echo "setup: could not install redis-server" >&2; exit 1; }
+        # The Debian package starts a system service; the tests start their
+        # own servers and do not need it.
+        if command -v systemctl >/dev/null 2>&1; then
+            systemctl disable --now redis-server >/dev/null 2>&1 || true
+        fi
+    else
+        echo "setup: redis-server is missing; install it (apt-get install redis-server)" >&2
+        exit 1
+    fi
+fi

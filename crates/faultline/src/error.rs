@@ -45,7 +45,7 @@ pub enum Error {
         region_len: u64,
     },
     /// The `signal` engine runs the store inside a SIGBUS handler.
-    #[error("store {store} is not signal-safe; the signal engine runs stores inside the SIGBUS handler (use the poll, spin or workers engine)")]
+    #[error("store {store} is not signal-safe (it may allocate, lock or block: a network client is not async-signal-safe); the signal engine runs stores inside the SIGBUS handler (use the poll, spin or workers engine)")]
     StoreNotSignalSafe { store: String },
     /// A kernel feature the request needs is missing.
     #[error("{what} is not available: {reason}")]

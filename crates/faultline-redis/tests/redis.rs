@@ -1,0 +1,484 @@
+//! RedisStore against real `redis-server` processes (a unix socket in a
+//! temporary directory, a 3-master cluster on loopback), started and
+//! stopped by pid by each test. No signal handlers are installed in this
+//! binary; scenarios that die of SIGBUS run in child processes.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use faultline::policy::PolicyKind;
+use faultline::{
+    engine, Engine, EngineConfig, EngineKind, Error, EvictionConfig, Region, StoreError,
+};
+use faultline_redis::server::{RedisCluster, RedisServer};
+use faultline_redis::{RedisConfig, RedisStore};
+
+const PS: usize = 4096;
+
+/// Bytes that differ on every page and every offset.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Fast failures for tests: 200 ms per request, 1 s of retries.
+fn quick() -> RedisConfig {
+    RedisConfig {
+        connect_timeout: Duration::from_millis(200),
+        command_timeout: Duration::from_millis(200),
+        deadline: Duration::from_secs(1),
+        ..RedisConfig::default()
+    }
+}
+
+fn put(url: &str, data: &[u8], cfg: RedisConfig) {
+    RedisStore::put(url, cfg, data, data.len() as u64, |_| {}).unwrap();
+}
+
+fn thread_engine(kind: EngineKind) -> Arc<dyn Engine> {
+    engine::create(
+        kind,
+        EngineConfig {
+            workers: 2,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn region_bytes(r: &Region) -> &[u8] {
+    // SAFETY: the region is mapped for its whole length while `r` lives;
+    // every page read faults in from the store.
+    unsafe { std::slice::from_raw_parts(r.as_ptr(), r.len()) }
+}
+
+/// Kills the test if it runs past `secs` (every wait has a timeout).
+fn deadline(secs: u64) -> impl Drop {
+    struct Guard(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = done.clone();
+    std::thread::spawn(move || {
+        let end = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < end {
+            if d.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("test deadline of {secs} s passed");
+        std::process::abort();
+    });
+    Guard(done)
+}
+
+#[test]
+fn every_page_round_trips_through_both_thread_engines_and_get() {
+    let _d = deadline(60);
+    let server = RedisServer::start().unwrap();
+    let url = server.store_url("rt");
+    // Not a multiple of the chunk: the last chunk is short.
+    let data = pattern(8 * 1024 * 1024 - 1000, 1);
+    put(&url, &data, quick());
+    for kind in [EngineKind::Poll, EngineKind::Workers] {
+        let store = RedisStore::open_with(&url, quick()).unwrap();
+        assert_eq!(store.info().len, data.len() as u64);
+        let r = Region::builder(data.len().div_ceil(PS) * PS)
+            .store(store)
+            .fault_around(64)
+            .build_dyn(thread_engine(kind))
+            .unwrap();
+        let got = region_bytes(&r);
+        assert!(
+            got[..data.len()] == data[..],
+            "{kind:?}: every byte from Redis"
+        );
+        assert!(
+            got[data.len()..].iter().all(|&b| b == 0),
+            "tail past the data"
+        );
+        let st = r.stats();
+        assert_eq!(st.installed as usize, r.pages(), "{kind:?}: {st:?}");
+        assert!(
+            st.faults as usize <= r.pages() / 32,
+            "{kind:?}: windows, {st:?}"
+        );
+    }
+    // `get` verifies the stored checksum.
+    let store = RedisStore::open(&url).unwrap();
+    let mut out = Vec::new();
+    let sum = store.get(&mut out, |_| {}).unwrap();
+    assert_eq!(out, data);
+    assert_eq!(
+        sum,
+        faultline_redis::checksum(faultline_redis::FNV_START, &data)
+    );
+    // A changed chunk fails the checksum.
+    let mut c = server.connection().unwrap();
+    redis::cmd("SET")
+        .arg(store.chunk_key(3))
+        .arg(vec![0u8; 4096])
+        .query::<()>(&mut c)
+        .unwrap();
+    let err = store.get(std::io::sink(), |_| {}).unwrap_err();
+    assert!(err.to_string().contains("checksum mismatch"), "{err}");
+}
+
+#[test]
+fn a_window_with_holes_is_one_round_trip() {
+    let _d = deadline(60);
+    let server = RedisServer::start().unwrap();
+    let url = server.store_url("holes");
+    let data = pattern(64 * PS, 2);
+    put(&url, &data, quick());
+    let r = Region::builder(64 * PS)
+        .store(RedisStore::open_with(&url, quick()).unwrap())
+        .fault_around(64)
+        .build_dyn(thread_engine(EngineKind::Poll))
+        .unwrap();
+    for pg in [5, 20, 40] {
+        r.populate(pg * PS, PS).unwrap();
+    }
+    let mut c = server.connection().unwrap();
+    let calls = |c: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+        // cmdstat_mget:calls=N,...
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_mget:calls="))
+            .map(|l| l.split(',').next().unwrap().parse().unwrap())
+            .unwrap_or(0)
+    };
+    let before = calls(&mut c);
+    assert_eq!(region_bytes(&r)[30 * PS + 9], data[30 * PS + 9]);
+    // The faulting run and its holes: one MGET (the window is in one
+    // hash-tag group).
+    let end = Instant::now() + Duration::from_secs(5);
+    while !r.is_resident(0, 64 * PS) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(r.is_resident(0, 64 * PS), "the whole window is installed");
+    assert_eq!(calls(&mut c) - before, 1, "one MGET for the window");
+    assert!(*region_bytes(&r) == data[..]);
+}
+
+#[test]
+fn write_flush_and_read_back_through_a_new_region() {
+    let _d = deadline(60);
+    let server = RedisServer::start().unwrap();
+    let url = server.store_url("wb");
+    let data = pattern(2 * 1024 * 1024, 3);
+    put(&url, &data, quick());
+    let new = pattern(data.len(), 4);
+    {
+        let r = Region::builder(data.len())
+            .store(RedisStore::open_with(&url, quick()).unwrap())
+            .budget(EvictionConfig {
+                budget_pages: data.len() / PS,
+                policy: PolicyKind::Clock,
+            })
+            .build_dyn(thread_engine(EngineKind::Workers))
+            .unwrap();
+        // SAFETY: the region is mapped and writable for its length.
+        unsafe { std::ptr::copy_nonoverlapping(new.as_ptr(), r.as_ptr(), new.len()) };
+        assert_eq!(
+            r.flush().unwrap(),
+            data.len() / PS,
+            "every page written back"
+        );
+        assert_eq!(r.flush().unwrap(), 0, "clean after a flush");
+    }
+    let r = Region::builder(data.len())
+        .store(RedisStore::open_with(&url, quick()).unwrap())
+        .build_dyn(thread_engine(EngineKind::Poll))
+        .unwrap();
+    assert!(
+        *region_bytes(&r) == new[..],
+        "the new region reads the writes"
+    );
+}
+
+#[test]
+fn eviction_writes_back_to_redis_under_a_budget() {
+    let _d = deadline(90);
+    let server = RedisServer::start().unwrap();
+    let url = server.store_url("evict");
+    let pages = 1024;
+    let data = pattern(pages * PS, 5);
+    put(&url, &data, quick());
+    let mut expect = data.clone();
+    {
+        let r = Region::builder(pages * PS)
+            .store(RedisStore::open_with(&url, quick()).unwrap())
+            .budget(EvictionConfig {
+                budget_pages: 64,
+                policy: PolicyKind::Clock,
+            })
+            .build_dyn(thread_engine(EngineKind::Workers))
+            .unwrap();
+        let p = r.as_ptr();
+        for round in 0..2u8 {
+            for pg in 0..pages {
+                let off = pg * PS + (pg * 7 + round as usize) % PS;
+                // SAFETY: inside the region.
+                unsafe {
+                    assert_eq!(*p.add(off), expect[off], "page {pg} round {round}");
+                    *p.add(off) = round.wrapping_add(pg as u8) ^ 0x5a;
+                }
+                expect[off] = round.wrapping_add(pg as u8) ^ 0x5a;
+            }
+        }
+        let ev = r.eviction_stats().unwrap();
+        assert!(ev.evicted > 0 && ev.written_back > 0, "{ev:?}");
+        assert_eq!(ev.write_back_errors, 0, "{ev:?}");
+        // Budget plus the evictor's slack, well under the region.
+        assert!(ev.max_resident as usize <= pages / 4, "{ev:?}");
+        assert!(*region_bytes(&r) == expect[..], "every write read back");
+    }
+    // Dropping the region wrote back the rest.
+    let store = RedisStore::open(&url).unwrap();
+    let mut got = vec![0u8; pages * PS];
+    faultline::PageStore::fill(&store, 0, &mut got).unwrap();
+    assert!(got == expect, "Redis holds every last write");
+}
+
+/// The child of `server_killed_mid_run_*`: opens the store at
+/// `FAULTLINE_REDIS_URL`, reads page 0, kills the server (pid
+/// `FAULTLINE_REDIS_PID`), then touches page 100. It must die of SIGBUS;
+/// printing "READ" means a page read as something.
+#[test]
+fn child_fault_after_server_killed() {
+    let (Ok(url), Ok(pid)) = (
+        std::env::var("FAULTLINE_REDIS_URL"),
+        std::env::var("FAULTLINE_REDIS_PID"),
+    ) else {
+        return; // only meaningful as the child of the test below
+    };
+    let r = Region::builder(256 * PS)
+        .store(RedisStore::open_with(&url, quick()).unwrap())
+        .fault_around(16)
+        .build_dyn(thread_engine(EngineKind::Poll))
+        .unwrap();
+    let first = region_bytes(&r)[0];
+    println!("FIRST {first}");
+    if pid != "none" {
+        let ok = Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+        assert!(ok.success());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let v = region_bytes(&r)[100 * PS + 3];
+    println!("READ {v}");
+}
+
+fn run_child(url: &str, pid: &str) -> std::process::Output {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args([
+            "child_fault_after_server_killed",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FAULTLINE_REDIS_URL", url)
+        .env("FAULTLINE_REDIS_PID", pid)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("child timed out");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn server_killed_mid_run_poisons_the_page_and_flush_reports_lost_writes_then_restart_works() {
+    use std::os::unix::process::ExitStatusExt;
+    let _d = deadline(90);
+    let mut server = RedisServer::start().unwrap();
+    let url = server.store_url("kill");
+    let data = pattern(256 * PS, 6);
+    put(&url, &data, quick());
+
+    // A fault after the server died: SIGBUS with the region, offset, key
+    // and cause; never a zero page.
+    let pid = server.pid().unwrap().to_string();
+    let out = run_child(&url, &pid);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stdout.contains(&format!("FIRST {}", data[0])),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        !stdout.contains("READ"),
+        "a page read after the server died: {stdout}"
+    );
+    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{stderr}");
+    assert!(stderr.contains("store error at region"), "{stderr}");
+    assert!(
+        stderr.contains("offset 0x64000"),
+        "names the offset: {stderr}"
+    );
+    assert!(
+        stderr.contains("key fl:{kill:0}:100"),
+        "names the key: {stderr}"
+    );
+    assert!(
+        stderr.contains("tries over"),
+        "names the cause and retries: {stderr}"
+    );
+
+    // Dirty pages whose write-back fails stay dirty; flush reports them.
+    server.restart().unwrap();
+    put(&url, &data, quick());
+    let r = Region::builder(256 * PS)
+        .store(RedisStore::open_with(&url, quick()).unwrap())
+        .budget(EvictionConfig {
+            budget_pages: 256,
+            policy: PolicyKind::Fifo,
+        })
+        .build_dyn(thread_engine(EngineKind::Poll))
+        .unwrap();
+    let p = r.as_ptr();
+    for pg in 0..8 {
+        // SAFETY: inside the region.
+        unsafe { *p.add(pg * PS) = 0xAB };
+    }
+    server.stop();
+    let err = r.flush().unwrap_err();
+    match &err {
+        Error::Store(StoreError::Remote { key, cause, .. }) => {
+            assert!(key.starts_with("fl:{kill:0}:"), "{err}");
+            assert!(cause.contains("tries over"), "{err}");
+        }
+        e => panic!("expected a remote store error, got {e}"),
+    }
+    let ev = r.eviction_stats().unwrap();
+    assert_eq!(ev.write_back_errors, 8, "{ev:?}");
+    assert_eq!(ev.written_back, 0, "{ev:?}");
+
+    // Restarted (empty: nothing persisted) and loaded again: new faults
+    // succeed, and the pages still dirty are written back now.
+    server.restart().unwrap();
+    put(&url, &data, quick());
+    assert_eq!(region_bytes(&r)[200 * PS + 1], data[200 * PS + 1]);
+    assert_eq!(r.flush().unwrap(), 8, "the lost write-backs are retried");
+    let store = RedisStore::open(&url).unwrap();
+    let mut page = vec![0u8; PS];
+    faultline::PageStore::fill(&store, 3 * PS as u64, &mut page).unwrap();
+    assert_eq!(page[0], 0xAB);
+    assert_eq!(page[1..], data[3 * PS + 1..4 * PS]);
+
+    // A key missing inside the store's length is an error, not zeros.
+    let mut c = server.connection().unwrap();
+    redis::cmd("DEL")
+        .arg(store.chunk_key(100))
+        .query::<()>(&mut c)
+        .unwrap();
+    let out = run_child(&url, "none");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{stderr}");
+    assert!(
+        stderr.contains("key fl:{kill:0}:100") && stderr.contains("missing"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("READ"));
+}
+
+#[test]
+fn a_slow_server_fails_past_the_deadline_then_recovers() {
+    let _d = deadline(60);
+    let server = RedisServer::start().unwrap();
+    let url = server.store_url("slow");
+    let data = pattern(64 * PS, 7);
+    put(&url, &data, quick());
+    let cfg = RedisConfig {
+        command_timeout: Duration::from_millis(100),
+        deadline: Duration::from_millis(500),
+        ..quick()
+    };
+    let store = RedisStore::open_with(&url, cfg).unwrap();
+    let mut buf = vec![0u8; 16 * PS];
+    faultline::PageStore::fill(&store, 0, &mut buf).unwrap();
+    let mut c = server.connection().unwrap();
+    let sleeper = std::thread::spawn(move || {
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(2)
+            .query::<()>(&mut c)
+            .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    let err = faultline::PageStore::fill(&store, 16 * PS as u64, &mut buf).unwrap_err();
+    let took = t.elapsed();
+    match &err {
+        StoreError::Remote { key, offset, .. } => {
+            assert_eq!(key.as_ref(), store.chunk_key(16));
+            assert_eq!(*offset, 16 * PS as u64);
+        }
+        e => panic!("expected a remote error, got {e}"),
+    }
+    assert!(err.to_string().contains("tries over"), "{err}");
+    assert!(
+        took < Duration::from_millis(1900),
+        "gave up at the deadline, not the sleep: {took:?}"
+    );
+    sleeper.join().unwrap();
+    faultline::PageStore::fill(&store, 16 * PS as u64, &mut buf).unwrap();
+    assert!(buf == data[16 * PS..32 * PS], "reconnected after the sleep");
+}
+
+#[test]
+fn a_three_master_cluster_holds_keys_on_every_node() {
+    let _d = deadline(90);
+    let cluster = RedisCluster::start(3).unwrap();
+    let url = cluster.store_url("cl");
+    let data = pattern(4 * 1024 * 1024, 8);
+    // Small groups: 64 hash tags spread over the slots.
+    let cfg = RedisConfig {
+        group_chunks: 16,
+        ..quick()
+    };
+    put(&url, &data, cfg);
+    for &port in cluster.ports() {
+        let mut c = cluster.node(port).unwrap();
+        let n: u64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+        assert!(n > 16, "node {port} holds {n} keys");
+    }
+    let r = Region::builder(data.len())
+        .store(RedisStore::open_with(&url, quick()).unwrap())
+        .fault_around(64)
+        .budget(EvictionConfig {
+            budget_pages: data.len() / PS,
+            policy: PolicyKind::Clock,
+        })
+        .build_dyn(thread_engine(EngineKind::Workers))
+        .unwrap();
+    assert!(*region_bytes(&r) == data[..], "every page from the cluster");
+    // SAFETY: inside the region.
+    unsafe { *r.as_ptr().add(777 * PS) = !data[777 * PS] };
+    assert_eq!(r.flush().unwrap(), 1);
+    let store = RedisStore::open(&url).unwrap();
+    let mut page = vec![0u8; PS];
+    faultline::PageStore::fill(&store, 777 * PS as u64, &mut page).unwrap();
+    assert_eq!(page[0], !data[777 * PS]);
+}
