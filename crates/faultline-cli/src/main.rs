@@ -2,6 +2,7 @@
 //! faultline user-space page-fault runtime.
 
 mod bench;
+mod checks;
 mod graph;
 mod info;
 
@@ -31,12 +32,17 @@ enum Command {
     Bfs(graph::BfsArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     let cli = Cli::parse();
-    match cli.command {
+    let res = match cli.command {
         Command::Info => info::run(),
         Command::Bench(args) => bench::run(args),
         Command::Graph(cmd) => graph::run_graph(cmd),
         Command::Bfs(args) => graph::run_bfs(args),
+    };
+    if let Err(e) = res {
+        // Each cause once (see `checks::print_error`).
+        checks::print_error(&e);
+        std::process::exit(1);
     }
 }

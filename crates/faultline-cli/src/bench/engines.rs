@@ -141,7 +141,7 @@ const CONFIGS: [Config; 8] = [
 #[derive(clap::Args, Clone, Debug)]
 pub struct LatencyArgs {
     /// Pages touched (one fault each) per configuration.
-    #[arg(short = 'n', long, default_value_t = 100_000)]
+    #[arg(short = 'n', long, default_value_t = 100_000, value_parser = crate::checks::at_least_one)]
     pub pages: usize,
     /// Engines to measure (default: all four).
     #[arg(long, value_delimiter = ',')]
@@ -222,7 +222,13 @@ fn measure(
 /// `faultline bench latency`.
 pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()> {
     let engines = parse_engines(&args.engines)?;
-    let n = args.pages.max(100);
+    if args.pages < 100 {
+        anyhow::bail!(
+            "-n {}: the latency bench needs at least 100 pages (its percentiles go to p99)",
+            args.pages
+        );
+    }
+    let n = args.pages;
     let configs: Vec<Config> = CONFIGS
         .iter()
         .copied()
@@ -430,16 +436,16 @@ fn headline(records: &[Record]) {
 #[derive(clap::Args, Clone, Debug)]
 pub struct SeqArgs {
     /// MiB touched per pass.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = crate::checks::at_least_one)]
     pub mib: usize,
     /// Engines (default: signal, spin, poll, workers).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
     /// Fault-around depths (region pages per fault).
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64])]
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64], value_parser = crate::checks::at_least_one)]
     pub depths: Vec<usize>,
     /// Repetitions of every pass; the median is reported.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = crate::checks::at_least_one)]
     pub reps: usize,
 }
 
@@ -691,10 +697,10 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ScaleArgs {
     /// Pages each thread first-touches.
-    #[arg(long, default_value_t = 16_384)]
+    #[arg(long, default_value_t = 16_384, value_parser = crate::checks::at_least_one)]
     pub pages: usize,
     /// Thread counts.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8])]
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = crate::checks::at_least_one)]
     pub threads: Vec<usize>,
     /// Engines (default: all four).
     #[arg(long, value_delimiter = ',')]

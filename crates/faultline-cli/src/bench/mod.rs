@@ -194,6 +194,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(c) => vec![c],
         None => BenchCmd::default_selection(),
     };
+    // Before any work: a long run must not end in "cannot write".
+    if let Some(p) = &args.json {
+        crate::checks::output_file(p, "--json")?;
+    }
+    if let Some(d) = &args.plot {
+        crate::checks::output_dir(d, "--plot")?;
+    }
     let mut ctx = BenchCtx::new(args.json, args.plot);
     let m = &ctx.report.machine;
     println!(

@@ -1,5 +1,6 @@
-//! A step counter on stderr, hidden when stderr is not a terminal (CI logs stay
-//! clean). Thin wrapper over `indicatif`.
+//! A step counter on stderr: a bar on a terminal, a line per step otherwise
+//! (so piped or logged runs still show where they are). Thin wrapper over
+//! `indicatif`.
 
 use std::io::IsTerminal;
 
@@ -37,6 +38,10 @@ impl Progress {
         }
         self.started = true;
         self.bar.set_message(label.to_string());
+        if self.bar.is_hidden() {
+            let (pos, len) = (self.bar.position() + 1, self.bar.length().unwrap_or(0));
+            crate::checks::step(&self.bar.prefix(), &format!("[{pos}/{len}] {label}"));
+        }
     }
 
     /// Whether the bar is actually drawn.

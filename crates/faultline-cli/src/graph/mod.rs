@@ -54,7 +54,7 @@ pub struct GenArgs {
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=rmat::MAX_SCALE as i64))]
     pub scale: u32,
     /// EDGE_FACTOR * 2^SCALE generated edges (each stored in both directions).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = crate::checks::at_least_one_u64)]
     pub edge_factor: u64,
     /// PRNG seed: the same parameters and seed give the same file.
     #[arg(long, default_value_t = 1)]
@@ -66,11 +66,11 @@ pub struct GenArgs {
     #[arg(long)]
     pub no_scramble: bool,
     /// Generator threads (default: available CPUs).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::checks::at_least_one)]
     pub threads: Option<usize>,
     /// Largest adjacency buffer held in memory; bigger graphs are built in
     /// vertex chunks, regenerating the edge stream per chunk.
-    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    #[arg(long, default_value = "4G", value_parser = parse_mem_limit)]
     pub mem_limit: u64,
     /// Skip the final fsync (the reported speed then excludes the disk).
     #[arg(long)]
@@ -197,7 +197,7 @@ pub struct BfsArgs {
     #[arg(long, default_value_t = 0)]
     pub source: u64,
     /// BFS worker threads.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::checks::at_least_one)]
     pub threads: usize,
     /// How the graph is mapped.
     #[arg(long, value_enum, default_value_t = Mode::Mmap)]
@@ -232,7 +232,7 @@ pub struct BfsArgs {
     #[arg(long, default_value = "clock")]
     pub policy: faultline::policy::PolicyKind,
     /// Runs per configuration; the median (by time) is reported.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::checks::at_least_one)]
     pub reps: usize,
     /// faultline adaptive read-ahead: windows start at --fault-around (1
     /// if not given) and grow up to this many region pages on sequential
@@ -256,6 +256,16 @@ pub struct BfsArgs {
     /// Print per-level statistics of each run.
     #[arg(long)]
     pub levels: bool,
+}
+
+/// `--mem-limit`: at least 1 MiB (smaller limits would cut the graph into
+/// absurdly many chunks, each a full pass over the edge stream).
+fn parse_mem_limit(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v < 1 << 20 {
+        return Err(format!("memory limit {s:?} is below the minimum of 1M"));
+    }
+    Ok(v)
 }
 
 fn parse_page_size(s: &str) -> Result<u64, String> {
@@ -327,6 +337,45 @@ fn finish_output(w: BufWriter<File>, path: &Path, sync: bool) -> anyhow::Result<
     Ok(())
 }
 
+/// What `graph gen` needs, checked before any work: memory for the degree
+/// and offset arrays (16 bytes per vertex) plus one adjacency chunk (at
+/// most `--mem-limit`), and disk for the file (at most `8 (n + 1 + 2 m)`
+/// bytes before duplicates are dropped).
+fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
+    crate::checks::output_file(&args.output, "--output")?;
+    let v = 1u128 << args.scale;
+    let edges = 2 * args.edge_factor as u128 * v;
+    let adjacency = (8 * edges).min(args.mem_limit as u128);
+    let mem = 16 * v + adjacency;
+    let disk = 8 * (v + 1 + edges);
+    let fmt = |b: u128| format_size(b.min(u64::MAX as u128) as u64);
+    let scale = args.scale;
+    if let Some(avail) = crate::checks::mem_available() {
+        if mem > avail as u128 {
+            bail!(
+                "graph gen --scale {scale}: needs about {} of memory (16 bytes per vertex \
+                 for degrees and offsets, plus an adjacency chunk of up to --mem-limit), \
+                 {} available",
+                fmt(mem),
+                format_size(avail)
+            );
+        }
+    }
+    if let Some(free) = crate::checks::disk_free(&args.output) {
+        if disk > free as u128 {
+            bail!(
+                "graph gen --scale {scale} --edge-factor {}: the file takes up to {}, \
+                 {} free for {}",
+                args.edge_factor,
+                fmt(disk),
+                format_size(free),
+                args.output.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 fn run_gen(args: GenArgs) -> anyhow::Result<()> {
     let params = rmat::RmatParams {
         scale: args.scale,
@@ -341,13 +390,18 @@ fn run_gen(args: GenArgs) -> anyhow::Result<()> {
         threads,
         mem_limit: args.mem_limit,
     };
+    check_gen_resources(&args)?;
     let t0 = Instant::now();
-    let mut out = create_output(&args.output)?;
+    // Written under a temporary name and renamed on success: a failed run
+    // leaves no empty or partial graph behind.
+    let tmp = crate::checks::TempOutput::new(&args.output);
+    let mut out = create_output(&tmp.tmp)?;
     let pb = progress_bar(0);
     let summary = rmat::generate(&params, &opts, &mut out, &pb)
         .with_context(|| format!("generating into {}", args.output.display()))?;
     pb.set_message("syncing");
-    finish_output(out, &args.output, !args.no_sync)?;
+    finish_output(out, &tmp.tmp, !args.no_sync)?;
+    tmp.commit()?;
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     println!(
@@ -387,10 +441,12 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         import::read_edge_list(BufReader::with_capacity(1 << 20, f), !args.directed)
             .with_context(|| format!("importing {}", args.input.display()))?
     };
-    let mut out = create_output(&args.output)?;
+    let tmp = crate::checks::TempOutput::new(&args.output);
+    let mut out = create_output(&tmp.tmp)?;
     csr::write_csr(&mut out, &graph)
         .with_context(|| format!("writing {}", args.output.display()))?;
-    finish_output(out, &args.output, true)?;
+    finish_output(out, &tmp.tmp, true)?;
+    tmp.commit()?;
     let layout = graph.layout();
     println!(
         "{}: {} vertices, {} stored edges ({}), {} in {:.2} s",
@@ -519,6 +575,9 @@ fn print_row(r: &RunRecord) {
 /// Runs `faultline bfs`.
 pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
+    if let Some(p) = &args.json {
+        crate::checks::output_file(p, "--json")?;
+    }
     let path = &args.file;
     let engines = selected_engines(&args);
     let budget_bytes = match args.budget {
@@ -595,7 +654,20 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
         // `--reps` runs of this configuration; the median run is reported
         // and every run is validated.
         let mut runs = Vec::new();
-        for _ in 0..args.reps.max(1) {
+        for rep in 0..args.reps {
+            crate::checks::step(
+                "bfs",
+                &format!(
+                    "{}{} run {}/{}",
+                    match spec.mode {
+                        Mode::Mmap => "mmap",
+                        Mode::Faultline => "faultline",
+                    },
+                    spec.engine.map_or(String::new(), |e| format!(" {e:?}")),
+                    rep + 1,
+                    args.reps
+                ),
+            );
             let cache_dropped = if args.cold {
                 let d = drop_file_cache(path)?;
                 if !d.worked() {

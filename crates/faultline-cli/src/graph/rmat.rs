@@ -284,6 +284,15 @@ fn sort_dedup(lists: &mut [u64], starts: &[u64], out_deg: &mut [u64]) {
     }
 }
 
+/// Shows `msg` on the bar, or as a line on stderr when it is hidden (not
+/// a terminal).
+fn note(progress: &ProgressBar, msg: String) {
+    if progress.is_hidden() {
+        crate::checks::step("graph gen", &msg);
+    }
+    progress.set_message(msg);
+}
+
 /// Generates the graph into `out` (written at increasing offsets, then the
 /// index at offset 0). `progress` counts generated edges over all passes.
 pub fn generate<W: Write + Seek>(
@@ -298,7 +307,7 @@ pub fn generate<W: Write + Seek>(
     let threads = opts.threads.max(1);
     let sc = Scrambler::new(p);
     progress.set_length(total * 2);
-    progress.set_message("counting degrees");
+    note(progress, "counting degrees".into());
 
     // Pass 1: per-thread degree counts (both directions, no self-loops).
     let self_loops = AtomicU64::new(0);
@@ -350,7 +359,7 @@ pub fn generate<W: Write + Seek>(
     out.seek(SeekFrom::Start(8 * (n + 1)))?;
     for (ci, w) in bounds.windows(2).enumerate() {
         let (lo, hi) = (w[0], w[1]);
-        progress.set_message(format!("filling chunk {}/{chunks}", ci + 1));
+        note(progress, format!("filling chunk {}/{chunks}", ci + 1));
         let base = offsets[lo];
         let len = (offsets[hi] - base) as usize;
         let buf: Vec<AtomicU64> = huge_vec(len, || AtomicU64::new(0));
@@ -383,7 +392,7 @@ pub fn generate<W: Write + Seek>(
 
         // Sort and dedup in parallel: split [lo, hi) into pieces of similar
         // edge counts, one per thread.
-        progress.set_message(format!("sorting chunk {}/{chunks}", ci + 1));
+        note(progress, format!("sorting chunk {}/{chunks}", ci + 1));
         let per = (len as u64).div_ceil(threads as u64).max(1);
         let mut cuts = vec![lo];
         for v in lo..hi {
@@ -406,7 +415,7 @@ pub fn generate<W: Write + Seek>(
             }
         });
 
-        progress.set_message(format!("writing chunk {}/{chunks}", ci + 1));
+        note(progress, format!("writing chunk {}/{chunks}", ci + 1));
         for v in lo..hi {
             let start = (offsets[v] - base) as usize;
             write_words(

@@ -54,6 +54,9 @@ pub fn format_size(bytes: u64) -> String {
     format!("{bytes}B")
 }
 
+/// The smallest absolute budget: one 4 KiB page.
+const MIN_BUDGET: u64 = 4096;
+
 /// A memory budget: absolute, or a share of the graph file size.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Budget {
@@ -91,8 +94,14 @@ impl FromStr for Budget {
                     ))
                 }
             }
+            None if s.trim().chars().all(|c| c.is_ascii_digit()) => Err(format!(
+                "invalid budget {s:?}: give a unit (512M, 2G) or a share of the file \
+                 (25%); a bare number would be bytes"
+            )),
             None => match parse_size(s)? {
-                0 => Err(format!("invalid budget {s:?}: must be positive")),
+                b if b < MIN_BUDGET => Err(format!(
+                    "invalid budget {s:?}: below the minimum of one 4K page"
+                )),
                 b => Ok(Budget::Bytes(b)),
             },
         }
@@ -132,6 +141,10 @@ mod tests {
         assert_eq!("25%".parse(), Ok(Budget::Percent(25.0)));
         assert_eq!("1G".parse(), Ok(Budget::Bytes(1 << 30)));
         assert!("0".parse::<Budget>().is_err());
+        // A bare number would be bytes: refused, as is less than a page.
+        assert!("1".parse::<Budget>().unwrap_err().contains("give a unit"));
+        assert!("1K".parse::<Budget>().unwrap_err().contains("minimum"));
+        assert_eq!("4K".parse(), Ok(Budget::Bytes(4096)));
         assert!("150%".parse::<Budget>().is_err());
         assert_eq!(Budget::Percent(25.0).resolve(1000), 250);
     }

@@ -560,3 +560,19 @@ pub fn is_read_write(fd: &impl AsRawFd) -> Result<bool, MemError> {
     }
     Ok(fl & libc::O_ACCMODE == libc::O_RDWR)
 }
+
+/// Bytes an unprivileged writer may still allocate on the file system
+/// holding `path` (`statvfs`: `f_bavail * f_frsize`).
+pub fn free_disk_bytes(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: all-zero is a valid `statvfs` (plain integers).
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable
+    // `statvfs` that outlives the call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}

@@ -1,0 +1,230 @@
+//! Fail fast: checks that run before any work, and the one place errors
+//! are printed.
+//!
+//! * Numeric flags go through [`at_least_one`] (a count of zero is refused
+//!   with a message instead of running once, or a default, silently).
+//! * `--json FILE` and `--plot DIR` are checked (created, writable) before
+//!   a benchmark runs, so a long run never ends in "cannot write".
+//! * Resource limits ([`mem_available`], [`disk_free`]) let a command
+//!   refuse up front with the size it would need.
+//! * [`print_error`] prints an error chain with each cause once (a context
+//!   that already quotes its source's text does not repeat it).
+//! * [`step`] is progress for stderr that is not a terminal: a line per
+//!   step.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+/// Parses a count that must be at least 1.
+pub fn at_least_one(s: &str) -> Result<usize, String> {
+    let v: usize = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s:?} is not a count: {e}"))?;
+    if v == 0 {
+        return Err("must be at least 1".into());
+    }
+    Ok(v)
+}
+
+/// [`at_least_one`] as a `u64`.
+pub fn at_least_one_u64(s: &str) -> Result<u64, String> {
+    at_least_one(s).map(|v| v as u64)
+}
+
+/// Checks that `path` can be written (its directory exists and takes a
+/// new file; an existing `path` is a writable file), without creating it.
+pub fn output_file(path: &Path, flag: &str) -> anyhow::Result<()> {
+    if path.is_dir() {
+        bail!("{flag} {}: is a directory, not a file", path.display());
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        bail!(
+            "{flag} {}: directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    if path.exists() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .with_context(|| format!("{flag} {}: not writable", path.display()))?;
+        return Ok(());
+    }
+    probe(&dir).with_context(|| {
+        format!(
+            "{flag} {}: cannot create files in {}",
+            path.display(),
+            dir.display()
+        )
+    })
+}
+
+/// Creates `dir` if needed and checks that it takes new files.
+pub fn output_dir(dir: &Path, flag: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{flag} {}: cannot create it", dir.display()))?;
+    probe(dir).with_context(|| format!("{flag} {}: not writable", dir.display()))
+}
+
+/// Creates and removes a probe file in `dir`.
+fn probe(dir: &Path) -> std::io::Result<()> {
+    let p = dir.join(format!(".faultline-probe-{}", std::process::id()));
+    std::fs::File::create(&p)?;
+    std::fs::remove_file(&p)
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes.
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Free bytes on the file system that will hold `path`.
+pub fn disk_free(path: &Path) -> Option<u64> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    faultline::sys::mem::free_disk_bytes(dir).ok()
+}
+
+/// A sibling of `path` to write into and rename over `path` on success,
+/// so a failed or interrupted run leaves no partial file behind.
+pub fn temp_sibling(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "output".into());
+    path.with_file_name(format!(".{name}.partial-{}", std::process::id()))
+}
+
+/// Removes the temporary file on drop unless [`TempOutput::commit`] renamed
+/// it into place.
+pub struct TempOutput {
+    /// The file being written.
+    pub tmp: PathBuf,
+    dest: PathBuf,
+    done: bool,
+}
+
+impl TempOutput {
+    /// A temporary sibling for `dest`.
+    pub fn new(dest: &Path) -> TempOutput {
+        TempOutput {
+            tmp: temp_sibling(dest),
+            dest: dest.to_path_buf(),
+            done: false,
+        }
+    }
+
+    /// Renames the temporary file to its destination.
+    pub fn commit(mut self) -> anyhow::Result<()> {
+        std::fs::rename(&self.tmp, &self.dest).with_context(|| {
+            format!("renaming {} to {}", self.tmp.display(), self.dest.display())
+        })?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempOutput {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Whether stderr is a terminal (progress bars) or not (a line per step).
+pub fn stderr_is_terminal() -> bool {
+    std::io::stderr().is_terminal()
+}
+
+/// A progress line on stderr when it is not a terminal (`what: msg`).
+pub fn step(what: &str, msg: &str) {
+    if !stderr_is_terminal() {
+        eprintln!("{what}: {msg}");
+    }
+}
+
+/// The messages of an error chain, each cause once: a cause whose text the
+/// message before it already contains is skipped.
+pub fn error_lines(e: &anyhow::Error) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.last().is_some_and(|prev| prev.contains(&s)) {
+            continue;
+        }
+        out.push(s);
+    }
+    out
+}
+
+/// Prints `e` to stderr: `error: <msg>` then `  caused by: <cause>` lines.
+pub fn print_error(e: &anyhow::Error) {
+    let lines = error_lines(e);
+    let mut err = std::io::stderr().lock();
+    for (i, l) in lines.iter().enumerate() {
+        let _ = if i == 0 {
+            writeln!(err, "error: {l}")
+        } else {
+            writeln!(err, "  caused by: {l}")
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_refuse_zero() {
+        assert_eq!(at_least_one("3"), Ok(3));
+        assert!(at_least_one("0").unwrap_err().contains("at least 1"));
+        assert!(at_least_one("x").is_err());
+    }
+
+    #[test]
+    fn causes_are_printed_once() {
+        let io = std::io::Error::from_raw_os_error(2);
+        let text = io.to_string();
+        // A context quoting its source, as thiserror's "{op}: {source}".
+        let e = anyhow::Error::new(io).context(format!("opening x: {text}"));
+        let e = e.context("bench seq");
+        let lines = error_lines(&e);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines.iter().filter(|l| l.contains(&text)).count(), 1);
+    }
+
+    #[test]
+    fn output_checks() {
+        let d = std::env::temp_dir().join(format!("faultline-checks-{}", std::process::id()));
+        output_dir(&d.join("plots"), "--plot").unwrap();
+        output_file(&d.join("out.json"), "--json").unwrap();
+        assert!(!d.join("out.json").exists(), "checking creates nothing");
+        let e = output_file(&d.join("missing/out.json"), "--json").unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        let e = output_file(&d, "--json").unwrap_err();
+        assert!(e.to_string().contains("is a directory"), "{e}");
+        let t = TempOutput::new(&d.join("g.bin"));
+        std::fs::write(&t.tmp, b"x").unwrap();
+        let tmp = t.tmp.clone();
+        drop(t);
+        assert!(
+            !tmp.exists() && !d.join("g.bin").exists(),
+            "no partial file left"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
