@@ -151,6 +151,12 @@ fn evict(r: &RegionState, page: usize, try_dirty: bool) -> Victim {
     if !r.residency.try_claim(page) {
         return Victim::Skipped;
     }
+    if r.residency.io_busy(page) {
+        // An I/O is in flight on it, or it is pinned: never zap under it.
+        budget.skipped_io_busy.fetch_add(1, Relaxed);
+        r.residency.release(page..page + 1);
+        return Victim::Skipped;
+    }
     let out = match r.residency.get(page) {
         PageState::Writable if !try_dirty => Victim::Unwritable(None),
         PageState::Writable => match write_back(r, page) {
@@ -294,6 +300,7 @@ fn run(r: &RegionState, cfg: EvictionConfig, stop: &StopFlag) {
     while !stop.is_set() {
         budget_feed.drain(|p| policy.on_fault(p));
         held.retry(r, policy.as_mut());
+        budget_feed.drain_hints(|p| policy.on_access_hint(p));
         let mut progress = false;
         let mut tries = 0;
         let over = || {
@@ -302,9 +309,9 @@ fn run(r: &RegionState, cfg: EvictionConfig, stop: &StopFlag) {
         };
         while over() && tries < 4 * budget {
             tries += 1;
-            // Pages whose claim is held (being faulted or dirtied) are
-            // skipped this round and handed back to the policy.
-            match policy.pick_victim(&|p| r.residency.is_claimed(p)) {
+            // Pages whose claim is held (being faulted or dirtied) or that
+            // an I/O holds are skipped this round and handed back.
+            match policy.pick_victim(&|p| r.residency.is_claimed(p) || r.residency.io_busy(p)) {
                 Some(v) => match evict(r, v, !held.failing()) {
                     Victim::Evicted => progress = true,
                     Victim::Unwritable(err) => held.hold(r, budget, v, err),

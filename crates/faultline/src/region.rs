@@ -53,7 +53,7 @@ use crate::evict::{EvictionConfig, EvictionStats};
 use crate::fault::feeds::{BudgetFeed, RunAheadFeed};
 use crate::fault::readahead::Streams;
 use crate::fault::report::report;
-use crate::fault::resolve::populate;
+use crate::fault::resolve::{populate, populate_where, Access};
 use crate::fault::state::Counters;
 use crate::fault::{table, RegionState, RegionStats};
 use crate::page::{MemoryKind, PageSize, Pages, ResolveOp};
@@ -750,9 +750,11 @@ impl Region {
             if s.residency.get(p) != PageState::Writable {
                 continue;
             }
-            // Wait for a fault or the evictor to let go of the page.
+            // Wait for a fault or the evictor to let go of the page, and
+            // for I/O in flight on it (write-protecting it would fault a
+            // device write).
             let deadline = Instant::now() + CLAIM_WAIT;
-            while !s.residency.try_claim(p) {
+            while !claim_idle(&s.residency, p) {
                 if Instant::now() > deadline {
                     return Err(Error::Io {
                         op: "flush: claiming a page",
@@ -834,6 +836,128 @@ impl Region {
         let scratch_pages = range.len().min(s.readahead.config().max).max(1);
         let mut scratch = vec![0u8; (scratch_pages * ps).min(self.engine.scratch_bytes().max(ps))];
         populate(s, range, &mut scratch, POPULATE_WAIT)
+    }
+}
+
+/// Claims `page` if no I/O holds it (releasing the claim otherwise).
+fn claim_idle(r: &Residency, page: usize) -> bool {
+    if !r.try_claim(page) {
+        return false;
+    }
+    if r.io_inflight(page) {
+        r.release(page..page + 1);
+        return false;
+    }
+    true
+}
+
+/// Hooks for I/O into region memory (the `faultline-io` crate builds VPRI's
+/// device queues on them): the presence check, per-page I/O references the
+/// evictor honours, resolution from a worker thread, and access hints for
+/// the eviction policy. Ranges are region page indices.
+impl Region {
+    /// The region pages overlapping the byte range `[offset, offset+len)`,
+    /// or `None` if it is empty or leaves the region.
+    pub fn page_range(&self, offset: usize, len: usize) -> Option<std::ops::Range<usize>> {
+        self.state().pages.covering(offset, len)
+    }
+
+    /// Whether the region tracks clean pages (a budget region: pages are
+    /// installed write-protected, so a kernel write into a clean page
+    /// faults).
+    pub fn tracks_dirty(&self) -> bool {
+        self.state().budget.is_some()
+    }
+
+    /// The pre-I/O presence check (VPRI's PA-BITMAP lookup): whether the
+    /// kernel can read (`write == false`) or write every page of `pages`
+    /// without a fault. Returns the first page that is not ready. See
+    /// [`Residency::io_ready`].
+    #[inline]
+    pub fn io_ready(
+        &self,
+        pages: std::ops::Range<usize>,
+        write: bool,
+    ) -> std::result::Result<(), usize> {
+        let s = self.state();
+        assert!(pages.end <= s.pages.count(), "page range past the region");
+        s.residency.io_ready(pages, write, s.budget.is_some())
+    }
+
+    /// Takes an I/O reference on every page of `pages`: the evictor will
+    /// not evict them until [`io_release`](Self::io_release). Take it
+    /// *before* checking [`io_ready`](Self::io_ready). A reference held
+    /// for long is a pin.
+    pub fn io_acquire(&self, pages: std::ops::Range<usize>) {
+        let s = self.state();
+        assert!(pages.end <= s.pages.count(), "page range past the region");
+        s.residency.io_acquire(pages);
+    }
+
+    /// Drops the references [`io_acquire`](Self::io_acquire) took.
+    pub fn io_release(&self, pages: std::ops::Range<usize>) {
+        let s = self.state();
+        assert!(pages.end <= s.pages.count(), "page range past the region");
+        s.residency.io_release(pages);
+    }
+
+    /// Pins `pages`: the evictor leaves them resident until
+    /// [`unpin`](Self::unpin) (pins nest; a pin does not install a page).
+    pub fn pin(&self, pages: std::ops::Range<usize>) {
+        let s = self.state();
+        assert!(pages.end <= s.pages.count(), "page range past the region");
+        s.residency.pin(pages);
+    }
+
+    /// Drops one pin [`pin`](Self::pin) took on every page of `pages`.
+    pub fn unpin(&self, pages: std::ops::Range<usize>) {
+        let s = self.state();
+        assert!(pages.end <= s.pages.count(), "page range past the region");
+        s.residency.unpin(pages);
+    }
+
+    /// Whether `page` is pinned.
+    pub fn is_pinned(&self, page: usize) -> bool {
+        self.state().residency.is_pinned(page)
+    }
+
+    /// Resolves the pages of `pages` that an I/O in direction `write`
+    /// cannot touch yet, through the same resolve path as every fault,
+    /// from the calling thread: absent pages are installed, and for a
+    /// write, clean pages of a budget region are made writable (dirty).
+    /// Waits up to `timeout` for pages other resolvers hold.
+    pub fn resolve_pages(
+        &self,
+        pages: std::ops::Range<usize>,
+        write: bool,
+        timeout: Duration,
+    ) -> Result<()> {
+        let s = self.state();
+        if pages.is_empty() || pages.end > s.pages.count() {
+            return Err(Error::OutOfRange {
+                start: s.pages.addr(pages.start.min(s.pages.count())),
+                end: s.pages.base() + s.pages.bytes(pages.end) as u64,
+                region_start: s.pages.base(),
+                region_end: s.pages.end(),
+            });
+        }
+        let ps = s.pages.size().bytes();
+        let scratch_pages = pages.len().min(s.readahead.config().max).max(1);
+        let mut scratch = vec![0u8; (scratch_pages * ps).min(self.engine.scratch_bytes().max(ps))];
+        let dirty = write && s.budget.is_some();
+        let access = Access { write, wp: false };
+        populate_where(s, pages, access, &mut scratch, timeout, |st| {
+            st == PageState::Absent || (dirty && st == PageState::ReadOnly)
+        })
+    }
+
+    /// Tells the region's eviction policy that `page` was accessed (by an
+    /// I/O the CPU-side fault path never sees). Lossy, never waits; a
+    /// no-op without a budget.
+    pub fn access_hint(&self, page: usize) {
+        if let Some(b) = self.state().budget.as_ref() {
+            b.hint(page);
+        }
     }
 }
 

@@ -16,9 +16,23 @@
 //!
 //! Updates are single atomic read-modify-write operations per word; a page
 //! query is one load (`O(1)`), a range query one load per 32 pages.
+//!
+//! A third array, allocated on first use, holds one 32-bit *I/O reference*
+//! word per page: the low 16 bits count I/Os in flight on the page (the
+//! kernel reads or writes it on behalf of a system call), the high 16 bits
+//! count pins ([`Residency::pin`]); either keeps the evictor away. The
+//! protocol is Dekker-style (VPRI's "invalidate before unmap"): an I/O
+//! takes its references ([`Residency::io_acquire`], SeqCst) *then* checks
+//! [`Residency::io_ready`] (state and claim); the evictor takes the claim
+//! *then* checks [`Residency::io_busy`] (both behind a SeqCst fence). At
+//! least one side sees the other, so no page is zapped under an I/O that
+//! found it ready.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering::AcqRel, Ordering::Acquire};
+use std::sync::atomic::{
+    fence, AtomicU32, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::SeqCst,
+};
+use std::sync::OnceLock;
 
 /// What the runtime knows about one region page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +68,7 @@ const LO: u64 = 0x5555_5555_5555_5555;
 pub struct Residency {
     states: Box<[AtomicU64]>,
     claims: Box<[AtomicU64]>,
+    io_refs: OnceLock<Box<[AtomicU32]>>,
     pages: usize,
 }
 
@@ -65,6 +80,7 @@ impl Residency {
         Residency {
             states: (0..words).map(|_| AtomicU64::new(0)).collect(),
             claims: (0..cwords).map(|_| AtomicU64::new(0)).collect(),
+            io_refs: OnceLock::new(),
             pages,
         }
     }
@@ -177,6 +193,129 @@ impl Residency {
     }
 }
 
+impl Residency {
+    fn refs(&self) -> &[AtomicU32] {
+        self.io_refs
+            .get_or_init(|| (0..self.pages).map(|_| AtomicU32::new(0)).collect())
+    }
+
+    /// Takes one I/O reference on every page of `range` (SeqCst), before
+    /// the I/O checks [`io_ready`](Self::io_ready). Panics past 65,535
+    /// references on one page (a leak).
+    pub fn io_acquire(&self, range: Range<usize>) {
+        self.add_refs(range, 1);
+    }
+
+    /// Drops one I/O reference on every page of `range`.
+    pub fn io_release(&self, range: Range<usize>) {
+        self.sub_refs(range, 1);
+    }
+
+    /// Pins every page of `range`: the evictor leaves it alone until
+    /// [`unpin`](Self::unpin) (pins nest).
+    pub fn pin(&self, range: Range<usize>) {
+        self.add_refs(range, PIN);
+    }
+
+    /// Drops one pin on every page of `range`.
+    pub fn unpin(&self, range: Range<usize>) {
+        self.sub_refs(range, PIN);
+    }
+
+    fn add_refs(&self, range: Range<usize>, unit: u32) {
+        let refs = self.refs();
+        for p in range {
+            let prev = refs[p].fetch_add(unit, SeqCst);
+            assert!(
+                (prev / unit) & 0xffff < 0xffff,
+                "I/O reference overflow on page {p}"
+            );
+        }
+    }
+
+    fn sub_refs(&self, range: Range<usize>, unit: u32) {
+        let refs = self.refs();
+        for p in range {
+            let prev = refs[p].fetch_sub(unit, SeqCst);
+            debug_assert!(
+                (prev / unit) & 0xffff > 0,
+                "I/O reference underflow on page {p}"
+            );
+        }
+    }
+
+    /// Whether an I/O is in flight on `page` (pins aside).
+    pub fn io_inflight(&self, page: usize) -> bool {
+        fence(SeqCst);
+        self.io_refs
+            .get()
+            .is_some_and(|r| r[page].load(SeqCst) & 0xffff != 0)
+    }
+
+    /// Whether `page` is pinned.
+    pub fn is_pinned(&self, page: usize) -> bool {
+        self.io_refs
+            .get()
+            .is_some_and(|r| r[page].load(SeqCst) >= PIN)
+    }
+
+    /// Whether an I/O (or a pin) holds `page`. The evictor calls it after
+    /// taking the page's claim; see the module docs.
+    #[inline]
+    pub fn io_busy(&self, page: usize) -> bool {
+        fence(SeqCst);
+        self.io_refs
+            .get()
+            .is_some_and(|r| r[page].load(SeqCst) != 0)
+    }
+
+    /// VPRI's pre-DMA lookup: whether an I/O may touch every page of
+    /// `range` without faulting. A device *read* (the kernel reads the
+    /// region: `write(2)`, `send`) needs the pages mapped; a device *write*
+    /// (`read(2)`, `recv`) needs them writable when `wp_tracked` (budget
+    /// regions install pages clean and write-protected: "RO and the DMA is
+    /// a write → fault"), else mapped. A claimed page (being installed or
+    /// evicted) is never ready. Returns the first page that is not.
+    pub fn io_ready(
+        &self,
+        range: Range<usize>,
+        write: bool,
+        wp_tracked: bool,
+    ) -> Result<(), usize> {
+        fence(SeqCst);
+        let mut bad = None;
+        for_each_word(range.clone(), 32, |word, mask_lo| {
+            if bad.is_none() {
+                let w = self.states[word].load(SeqCst);
+                let ok = if write && wp_tracked {
+                    (w >> 1) & !w & LO // 10 only
+                } else {
+                    (w ^ (w >> 1)) & LO // 01 or 10
+                };
+                let missing = mask_lo & !ok;
+                if missing != 0 {
+                    bad = Some(word * 32 + missing.trailing_zeros() as usize / 2);
+                }
+            }
+        });
+        if let Some(p) = bad {
+            return Err(p);
+        }
+        for_each_word(range, 64, |word, mask| {
+            if bad.is_none() {
+                let c = self.claims[word].load(SeqCst) & mask;
+                if c != 0 {
+                    bad = Some(word * 64 + c.trailing_zeros() as usize);
+                }
+            }
+        });
+        bad.map_or(Ok(()), Err)
+    }
+}
+
+/// One pin in an I/O reference word.
+const PIN: u32 = 1 << 16;
+
 /// Calls `f(word, mask)` for each word touched by `range`, where `mask`
 /// has the low bit of each slot in range set (`per_word` slots per word;
 /// 32 two-bit slots or 64 one-bit slots).
@@ -282,6 +421,51 @@ mod tests {
                 for (p, h) in held.iter().enumerate() { prop_assert_eq!(r.is_claimed(p), *h); }
             }
         }
+    }
+
+    proptest! {
+        #[test]
+        fn io_ready_matches_a_model(pages in 1usize..200, sets in prop::collection::vec((0usize..200, 0usize..4), 0..40), claims in prop::collection::vec(0usize..200, 0..5), q in (0usize..200, 1usize..80)) {
+            let r = Residency::new(pages);
+            let mut model = vec![PageState::Absent; pages];
+            for (p, s) in sets { let p = p % pages; r.set(p, STATES[s]); model[p] = STATES[s]; }
+            let mut claimed = vec![false; pages];
+            for c in claims { let c = c % pages; r.try_claim(c); claimed[c] = true; }
+            let start = q.0 % pages;
+            let end = (start + q.1).min(pages);
+            for (write, wp) in [(false, false), (true, false), (true, true), (false, true)] {
+                let ok = |p: usize| !claimed[p] && match model[p] {
+                    PageState::Writable => true,
+                    PageState::ReadOnly => !(write && wp),
+                    _ => false,
+                };
+                let want = (start..end).find(|&p| !ok(p));
+                let got = r.io_ready(start..end, write, wp).err();
+                // The first bad page by state, else the first claimed one.
+                prop_assert_eq!(got.is_some(), want.is_some());
+                if let Some(g) = got { prop_assert!(!ok(g)); }
+            }
+        }
+    }
+
+    #[test]
+    fn io_references_count_and_release() {
+        let r = Residency::new(100);
+        assert!(!r.io_busy(3));
+        r.io_acquire(2..5);
+        r.io_acquire(3..4);
+        assert!(r.io_busy(3) && r.io_busy(2) && !r.io_busy(5));
+        r.io_release(2..5);
+        assert!(r.io_busy(3) && !r.io_busy(2));
+        r.io_release(3..4);
+        assert!(!r.io_busy(3));
+        r.pin(7..9);
+        assert!(r.io_busy(7) && r.is_pinned(8) && !r.io_inflight(7));
+        r.io_acquire(7..8);
+        assert!(r.io_inflight(7));
+        r.io_release(7..8);
+        r.unpin(7..9);
+        assert!(!r.io_busy(7) && !r.is_pinned(8));
     }
 
     #[test]

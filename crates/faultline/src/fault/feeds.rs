@@ -41,6 +41,13 @@ pub struct EvictionStats {
     /// finds the region past budget plus slack waits for it (see
     /// [`crate::evict`]).
     pub max_resident: u64,
+    /// Victims skipped because an I/O (or a pin) held a reference on them
+    /// (see [`crate::residency`]).
+    pub skipped_io_busy: u64,
+    /// Access hints handed to the eviction policy (from an I/O access log).
+    pub access_hints: u64,
+    /// Access hints dropped because the hint ring was full (lossy).
+    pub access_hints_dropped: u64,
 }
 
 /// The budget side of the fault path: the install log and resident count.
@@ -58,7 +65,17 @@ pub(crate) struct BudgetFeed {
     pub write_back_errors: AtomicU64,
     /// Dirty pages whose write-back failed, held resident for a retry.
     pub unwritable: AtomicUsize,
+    pub skipped_io_busy: AtomicU64,
+    /// Access hints for the policy (page + 1; 0 = empty), lossy.
+    hints: Box<[AtomicU64]>,
+    hint_tail: AtomicU64,
+    hint_head: AtomicU64,
+    hints_taken: AtomicU64,
+    hints_dropped: AtomicU64,
 }
+
+/// Slots of the access-hint ring.
+const HINT_SLOTS: usize = 4096;
 
 /// How long a fault on the faulting thread waits for the evictor before it
 /// goes on past the budget (the kernel's direct reclaim also gives up).
@@ -82,7 +99,45 @@ impl BudgetFeed {
             written_back: AtomicU64::new(0),
             write_back_errors: AtomicU64::new(0),
             unwritable: AtomicUsize::new(0),
+            skipped_io_busy: AtomicU64::new(0),
+            hints: (0..HINT_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            hint_tail: AtomicU64::new(0),
+            hint_head: AtomicU64::new(0),
+            hints_taken: AtomicU64::new(0),
+            hints_dropped: AtomicU64::new(0),
         }
+    }
+
+    /// Posts an access hint for `page` (an I/O touched it). Never waits:
+    /// when the ring is full the hint is dropped and counted.
+    pub fn hint(&self, page: usize) {
+        let tail = self.hint_tail.load(SeqCst);
+        if tail - self.hint_head.load(SeqCst) >= HINT_SLOTS as u64
+            || self
+                .hint_tail
+                .compare_exchange(tail, tail + 1, SeqCst, Relaxed)
+                .is_err()
+        {
+            self.hints_dropped.fetch_add(1, Relaxed);
+            return;
+        }
+        self.hints[tail as usize % HINT_SLOTS].store(page as u64 + 1, SeqCst);
+    }
+
+    /// Hands every posted hint to `f` (the evictor).
+    pub fn drain_hints(&self, mut f: impl FnMut(usize)) {
+        let tail = self.hint_tail.load(SeqCst);
+        let mut head = self.hint_head.load(Relaxed);
+        while head < tail {
+            let v = self.hints[head as usize % HINT_SLOTS].swap(0, SeqCst);
+            if v == 0 {
+                break; // its producer has not written it yet
+            }
+            f(v as usize - 1);
+            self.hints_taken.fetch_add(1, Relaxed);
+            head += 1;
+        }
+        self.hint_head.store(head, SeqCst);
     }
 
     /// Logs that `page` was installed. Async-signal-safe, wait-free.
@@ -139,6 +194,9 @@ impl BudgetFeed {
             unwritable: self.unwritable.load(Relaxed) as u64,
             resident: self.resident.load(Relaxed) as u64,
             max_resident: self.max_resident.load(Relaxed) as u64,
+            skipped_io_busy: self.skipped_io_busy.load(Relaxed),
+            access_hints: self.hints_taken.load(Relaxed),
+            access_hints_dropped: self.hints_dropped.load(Relaxed),
         }
     }
 }

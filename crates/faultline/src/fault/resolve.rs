@@ -240,15 +240,32 @@ pub(crate) fn populate(
     scratch: &mut [u8],
     timeout: Duration,
 ) -> Result<()> {
+    populate_where(r, pages, Access::WRITE, scratch, timeout, |s| {
+        s == PageState::Absent
+    })
+}
+
+/// Resolves every page of `pages` whose state `needs` says is not yet
+/// good enough, as an `access` from the calling thread (not a fault):
+/// `populate`, and the I/O API's fault workers (a device write into a
+/// clean page of a budget region dirties it, as a write fault would).
+pub(crate) fn populate_where(
+    r: &RegionState,
+    pages: Range<usize>,
+    access: Access,
+    scratch: &mut [u8],
+    timeout: Duration,
+    needs: impl Fn(PageState) -> bool,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let origin = Origin::Populate(pages.clone());
     let mut p = pages.start;
     while p < pages.end {
-        if r.residency.get(p) != PageState::Absent {
+        if !needs(r.residency.get(p)) {
             p += 1;
             continue;
         }
-        match resolve(r, p, Access::WRITE, &origin, scratch) {
+        match resolve(r, p, access, &origin, scratch) {
             Resolution::Resolved => p += 1,
             Resolution::Busy | Resolution::Retry => {
                 if Instant::now() > deadline {

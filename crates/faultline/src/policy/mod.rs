@@ -17,15 +17,20 @@
 //! 2. While more pages are resident than the budget, the evictor calls
 //!    [`pick_victim`](EvictionPolicy::pick_victim) with a predicate that
 //!    is true for pages a fault or a flush holds right now (their claim
-//!    bit): those are pinned for this call. The returned page is no longer
+//!    bit) or an I/O holds (its I/O references, which also carry pins; see
+//!    [`crate::residency`]): those are pinned for this call. The returned page is no longer
 //!    tracked; the evictor writes it back if dirty and drops it, and calls
 //!    `on_fault(p)` again if that failed and the page stays resident.
 //!
-//! [`on_access_hint`](EvictionPolicy::on_access_hint) and
-//! [`on_evicted`](EvictionPolicy::on_evicted) are part of the contract for
-//! runtimes that learn of accesses and of pages leaving memory by other
-//! means (an I/O access log, a discard); faultline's evictor does not call
-//! them today, and the policies' property tests exercise them.
+//! 3. Accesses the runtime learns of by other means (an I/O access log:
+//!    [`crate::Region::access_hint`], fed by the `faultline-io` crate) are
+//!    handed to [`on_access_hint`](EvictionPolicy::on_access_hint) (the
+//!    hint ring is lossy: a full ring drops hints, counted).
+//!
+//! [`on_evicted`](EvictionPolicy::on_evicted) is part of the contract for
+//! runtimes that learn of pages leaving memory by other means (a discard);
+//! faultline's evictor does not call it today, and the policies' property
+//! tests exercise it.
 //!
 //! Pinned pages are never returned: `pick_victim` takes a predicate, so the
 //! pin state stays with the runtime.
