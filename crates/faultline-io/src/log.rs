@@ -1,0 +1,217 @@
+//! The I/O page access log (VPRI's IO-PAL, seed 003 §4.2.1, §5.3): one
+//! lossy ring per device that every issued I/O appends to.
+//!
+//! A bounded multi-producer multi-consumer ring (one sequence number per
+//! slot). A producer that finds the ring full drops its event and counts
+//! it: the log never makes an I/O wait, only the footprint it reports gets
+//! less accurate, exactly as the DPU discards events when the host has
+//! posted no empty descriptors. The consumer (the device's pinner thread,
+//! or the user) regulates the cost by how often it drains.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+
+/// One logged I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccessEvent {
+    /// First region page the I/O touches.
+    pub page: usize,
+    /// Number of region pages it touches.
+    pub pages: u32,
+    /// When it was issued (ns since the device was created).
+    pub ts_ns: u64,
+    /// Whether the I/O wrote region memory (a read or receive).
+    pub write: bool,
+}
+
+struct Slot {
+    seq: AtomicUsize,
+    page: AtomicU64,
+    ts: AtomicU64,
+    meta: AtomicU64,
+}
+
+/// A lossy, never-blocking ring of [`AccessEvent`]s. See the module docs.
+pub struct AccessLog {
+    slots: Box<[Slot]>,
+    mask: usize,
+    enq: AtomicUsize,
+    deq: AtomicUsize,
+    logged: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl std::fmt::Debug for AccessLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccessLog")
+            .field("slots", &self.slots.len())
+            .field("logged", &self.logged())
+            .field("dropped", &self.dropped())
+            .finish()
+    }
+}
+
+impl AccessLog {
+    /// A ring of `slots` events (rounded up to a power of two, at least 2).
+    pub fn new(slots: usize) -> AccessLog {
+        let n = slots.max(2).next_power_of_two();
+        AccessLog {
+            slots: (0..n)
+                .map(|i| Slot {
+                    seq: AtomicUsize::new(i),
+                    page: AtomicU64::new(0),
+                    ts: AtomicU64::new(0),
+                    meta: AtomicU64::new(0),
+                })
+                .collect(),
+            mask: n - 1,
+            enq: AtomicUsize::new(0),
+            deq: AtomicUsize::new(0),
+            logged: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Appends `ev`; false (and counted) if the ring is full. Lock-free,
+    /// never waits.
+    pub fn push(&self, ev: AccessEvent) -> bool {
+        let mut pos = self.enq.load(Relaxed);
+        loop {
+            let slot = &self.slots[pos & self.mask];
+            let seq = slot.seq.load(Acquire);
+            let diff = seq as isize - pos as isize;
+            if diff == 0 {
+                match self
+                    .enq
+                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
+                {
+                    Ok(_) => {
+                        slot.page.store(ev.page as u64, Relaxed);
+                        slot.ts.store(ev.ts_ns, Relaxed);
+                        slot.meta
+                            .store(u64::from(ev.pages) << 1 | u64::from(ev.write), Relaxed);
+                        slot.seq.store(pos + 1, Release);
+                        self.logged.fetch_add(1, Relaxed);
+                        return true;
+                    }
+                    Err(cur) => pos = cur,
+                }
+            } else if diff < 0 {
+                self.dropped.fetch_add(1, Relaxed);
+                return false;
+            } else {
+                pos = self.enq.load(Relaxed);
+            }
+        }
+    }
+
+    /// Takes the oldest event, if any.
+    pub fn pop(&self) -> Option<AccessEvent> {
+        let mut pos = self.deq.load(Relaxed);
+        loop {
+            let slot = &self.slots[pos & self.mask];
+            let seq = slot.seq.load(Acquire);
+            let diff = seq as isize - (pos + 1) as isize;
+            if diff == 0 {
+                match self
+                    .deq
+                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
+                {
+                    Ok(_) => {
+                        let meta = slot.meta.load(Relaxed);
+                        let ev = AccessEvent {
+                            page: slot.page.load(Relaxed) as usize,
+                            pages: (meta >> 1) as u32,
+                            ts_ns: slot.ts.load(Relaxed),
+                            write: meta & 1 != 0,
+                        };
+                        slot.seq.store(pos + self.mask + 1, Release);
+                        return Some(ev);
+                    }
+                    Err(cur) => pos = cur,
+                }
+            } else if diff < 0 {
+                return None;
+            } else {
+                pos = self.deq.load(Relaxed);
+            }
+        }
+    }
+
+    /// Hands up to `max` events to `f`, oldest first; returns how many.
+    pub fn drain(&self, max: usize, mut f: impl FnMut(AccessEvent)) -> usize {
+        let mut n = 0;
+        while n < max {
+            match self.pop() {
+                Some(ev) => f(ev),
+                None => break,
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// Events logged so far.
+    pub fn logged(&self) -> u64 {
+        self.logged.load(Relaxed)
+    }
+
+    /// Events dropped because the ring was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Relaxed)
+    }
+
+    /// Capacity in events.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(page: usize) -> AccessEvent {
+        AccessEvent {
+            page,
+            pages: 3,
+            ts_ns: page as u64 * 10,
+            write: page.is_multiple_of(2),
+        }
+    }
+
+    #[test]
+    fn fifo_until_full_then_drops() {
+        let log = AccessLog::new(8);
+        for p in 0..8 {
+            assert!(log.push(ev(p)));
+        }
+        assert!(!log.push(ev(99)));
+        assert_eq!(log.dropped(), 1);
+        let mut got = vec![];
+        log.drain(usize::MAX, |e| got.push(e));
+        assert_eq!(got, (0..8).map(ev).collect::<Vec<_>>());
+        assert!(log.push(ev(9)));
+        assert_eq!(log.pop(), Some(ev(9)));
+        assert_eq!(log.pop(), None);
+    }
+
+    #[test]
+    fn concurrent_producers_lose_nothing_they_report_logged() {
+        let log = std::sync::Arc::new(AccessLog::new(1 << 16));
+        let hs: Vec<_> = (0..4)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    (0..10_000)
+                        .filter(|i| log.push(ev(t * 100_000 + i)))
+                        .count()
+                })
+            })
+            .collect();
+        let pushed: usize = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        let mut n = 0;
+        log.drain(usize::MAX, |_| n += 1);
+        assert_eq!(n, pushed);
+        assert_eq!(pushed as u64 + log.dropped(), 40_000);
+    }
+}

@@ -1,0 +1,664 @@
+//! Device queues: I/O between files or sockets and region memory, through
+//! plain system calls or io_uring, that never lets the kernel take a fault
+//! on region memory.
+//!
+//! Per I/O (digest §2.3):
+//!
+//! 1. take an I/O reference on every page it touches (the evictor skips
+//!    referenced pages), then check the presence bitmap with the
+//!    direction's rule ([`faultline::Region::io_ready`]);
+//! 2. all ready: log it to the device's access log and issue it; the
+//!    references drop when it completes;
+//! 3. a miss (an *I/O page fault*): drop the references, post every page
+//!    that is not ready to the tenant's fault queue (deduplicated) and
+//!    park the I/O. [`Ordering::Ordered`] pauses the queue behind it;
+//!    [`Ordering::Unordered`] parks only it. A page response reissues the
+//!    parked I/Os (the check runs again: a page evicted meanwhile is a new
+//!    miss).
+//!
+//! An EFAULT the kernel returns anyway (a check that lost a race) is never
+//! handed to the user: the I/O is parked and reissued, and counted.
+//!
+//! The caller owns the region bytes an I/O targets until its completion,
+//! as with any DMA buffer: reading or writing them meanwhile races with
+//! the kernel.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, UdpSocket};
+use std::ops::Range;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use io_uring::{opcode, types, IoUring};
+
+use crate::device::{DeviceInner, Ordering};
+use crate::log::AccessEvent;
+use crate::tenant::{Responder, Response};
+use crate::{Error, Result};
+
+/// How a queue issues its I/Os.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Plain system calls on the submitting thread (`pread`, `pwrite`,
+    /// `recv`, `send`): a ready I/O completes inside `submit`.
+    Syscall,
+    /// An io_uring of `depth` entries owned by the queue.
+    Uring {
+        /// Submission queue entries.
+        depth: u32,
+    },
+}
+
+/// What an I/O reads from or writes to.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A file (positioned I/O).
+    File(Arc<File>),
+    /// A UDP socket (connected for `send`).
+    Udp(Arc<UdpSocket>),
+    /// A TCP stream.
+    Tcp(Arc<TcpStream>),
+}
+
+impl Target {
+    fn fd(&self) -> i32 {
+        match self {
+            Target::File(f) => f.as_raw_fd(),
+            Target::Udp(s) => s.as_raw_fd(),
+            Target::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+/// The operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `pread` at this file offset into region memory (the device writes
+    /// the region).
+    ReadAt(u64),
+    /// `pwrite` at this file offset from region memory (the device reads
+    /// the region).
+    WriteAt(u64),
+    /// `recv` into region memory.
+    Recv,
+    /// `send` from region memory.
+    Send,
+}
+
+impl Op {
+    /// Whether the kernel writes region memory.
+    pub fn writes_region(self) -> bool {
+        matches!(self, Op::ReadAt(_) | Op::Recv)
+    }
+}
+
+/// One I/O request.
+#[derive(Debug, Clone)]
+pub struct Io {
+    /// What to do.
+    pub op: Op,
+    /// On what.
+    pub target: Target,
+    /// Region byte offset of the buffer.
+    pub region_off: usize,
+    /// Buffer length.
+    pub len: usize,
+    /// Returned with the completion.
+    pub tag: u64,
+}
+
+/// A finished I/O.
+#[derive(Debug)]
+pub struct Completion {
+    /// The request's tag.
+    pub tag: u64,
+    /// Bytes transferred, or the error (never EFAULT from a missing page).
+    pub result: io::Result<usize>,
+    /// Whether the I/O was parked on an I/O page fault.
+    pub iopf: bool,
+    /// Submission to completion.
+    pub latency: Duration,
+}
+
+struct Pending {
+    io: Io,
+    pages: Range<usize>,
+    seq: u64,
+    t_submit: Instant,
+    iopf: bool,
+}
+
+struct Uring {
+    ring: IoUring,
+    slots: Vec<Option<Pending>>,
+    free: Vec<usize>,
+    wake_armed: bool,
+}
+
+const WAKE: u64 = u64::MAX;
+
+/// A device queue. See the [module docs](self). Owned by one thread.
+pub struct IoQueue {
+    dev: Arc<DeviceInner>,
+    responder: Arc<Responder>,
+    parked: VecDeque<Pending>,
+    ready: VecDeque<Completion>,
+    reorder: BTreeMap<u64, Completion>,
+    next_seq: u64,
+    next_deliver: u64,
+    kick: bool,
+    uring: Option<Uring>,
+    fixed: bool,
+}
+
+impl std::fmt::Debug for IoQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoQueue")
+            .field("device", &self.dev.name)
+            .field("parked", &self.parked.len())
+            .field("uring", &self.uring.is_some())
+            .finish()
+    }
+}
+
+impl IoQueue {
+    pub(crate) fn new(dev: Arc<DeviceInner>, backend: Backend) -> Result<IoQueue> {
+        let uring = match backend {
+            Backend::Syscall => None,
+            Backend::Uring { depth } => {
+                let ring = IoUring::new(depth.max(2)).map_err(|e| Error::Io {
+                    op: "io_uring_setup",
+                    source: e,
+                })?;
+                let n = ring.params().sq_entries() as usize;
+                Some(Uring {
+                    ring,
+                    slots: (0..n).map(|_| None).collect(),
+                    free: (0..n).rev().collect(),
+                    wake_armed: false,
+                })
+            }
+        };
+        Ok(IoQueue {
+            dev,
+            responder: Responder::new()?,
+            parked: VecDeque::new(),
+            ready: VecDeque::new(),
+            reorder: BTreeMap::new(),
+            next_seq: 0,
+            next_deliver: 0,
+            kick: false,
+            uring,
+            fixed: false,
+        })
+    }
+
+    /// `pread(file, len, file_off)` into region bytes at `region_off`.
+    pub fn read_at(
+        &mut self,
+        file: &Arc<File>,
+        file_off: u64,
+        region_off: usize,
+        len: usize,
+        tag: u64,
+    ) -> Result<()> {
+        self.submit(Io {
+            op: Op::ReadAt(file_off),
+            target: Target::File(file.clone()),
+            region_off,
+            len,
+            tag,
+        })
+    }
+
+    /// `pwrite(file, len, file_off)` from region bytes at `region_off`.
+    pub fn write_at(
+        &mut self,
+        file: &Arc<File>,
+        file_off: u64,
+        region_off: usize,
+        len: usize,
+        tag: u64,
+    ) -> Result<()> {
+        self.submit(Io {
+            op: Op::WriteAt(file_off),
+            target: Target::File(file.clone()),
+            region_off,
+            len,
+            tag,
+        })
+    }
+
+    /// `recv` from a socket into region bytes at `region_off`.
+    pub fn recv(&mut self, sock: Target, region_off: usize, len: usize, tag: u64) -> Result<()> {
+        self.submit(Io {
+            op: Op::Recv,
+            target: sock,
+            region_off,
+            len,
+            tag,
+        })
+    }
+
+    /// `send` region bytes at `region_off` on a socket.
+    pub fn send(&mut self, sock: Target, region_off: usize, len: usize, tag: u64) -> Result<()> {
+        self.submit(Io {
+            op: Op::Send,
+            target: sock,
+            region_off,
+            len,
+            tag,
+        })
+    }
+
+    /// Submits `io`. With the syscall backend a ready I/O has completed
+    /// when this returns (collect it with [`complete`](Self::complete));
+    /// an I/O that missed is parked and this returns at once.
+    pub fn submit(&mut self, io: Io) -> Result<()> {
+        let region = &self.dev.region;
+        let pages = region
+            .page_range(io.region_off, io.len)
+            .ok_or(Error::OutOfRange {
+                offset: io.region_off,
+                len: io.len,
+                region_len: region.len(),
+            })?;
+        let file = matches!(io.target, Target::File(_));
+        if file != matches!(io.op, Op::ReadAt(_) | Op::WriteAt(_)) {
+            return Err(Error::Unsupported {
+                what: "operation",
+                reason: format!("{:?} on {:?}", io.op, io.target),
+            });
+        }
+        if io.len > u32::MAX as usize {
+            return Err(Error::Unsupported {
+                what: "length",
+                reason: "one I/O moves at most 4 GiB".into(),
+            });
+        }
+        self.dev.counters.submitted.fetch_add(1, Relaxed);
+        let p = Pending {
+            io,
+            pages,
+            seq: self.next_seq,
+            t_submit: Instant::now(),
+            iopf: false,
+        };
+        self.next_seq += 1;
+        if self.dev.ordering == Ordering::Ordered && !self.parked.is_empty() {
+            self.park(p);
+            return Ok(());
+        }
+        if let Some(p) = self.try_issue(p) {
+            self.park(p);
+        }
+        Ok(())
+    }
+
+    fn park(&mut self, p: Pending) {
+        self.dev.counters.parked.fetch_add(1, Relaxed);
+        self.parked.push_back(p);
+    }
+
+    /// The presence check, then issue; gives the I/O back on a miss (after
+    /// posting its missing pages).
+    fn try_issue(&mut self, mut p: Pending) -> Option<Pending> {
+        let region = self.dev.region.clone();
+        let write = p.io.op.writes_region();
+        region.io_acquire(p.pages.clone());
+        match region.io_ready(p.pages.clone(), write) {
+            Ok(()) => {
+                self.dev.log.push(AccessEvent {
+                    page: p.pages.start,
+                    pages: p.pages.len() as u32,
+                    ts_ns: self.dev.now_ns(),
+                    write,
+                });
+                self.issue(p);
+                None
+            }
+            Err(first) => {
+                region.io_release(p.pages.clone());
+                self.dev.counters.iopfs.fetch_add(1, Relaxed);
+                self.post_missing(first..p.pages.end, write);
+                p.iopf = true;
+                Some(p)
+            }
+        }
+    }
+
+    fn post_missing(&self, pages: Range<usize>, write: bool) {
+        let region = &self.dev.region;
+        for pg in pages {
+            if region.io_ready(pg..pg + 1, write).is_err()
+                && self.dev.tenant.post(region, pg, write, &self.responder)
+            {
+                self.dev.counters.posted.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    fn buf(&self, p: &Pending) -> *mut u8 {
+        // SAFETY (for the pointer's later use): `region_off + len` lies in
+        // the region (checked at submit) and the region stays mapped while
+        // the device holds it.
+        self.dev.region.as_ptr().wrapping_add(p.io.region_off)
+    }
+
+    fn issue(&mut self, p: Pending) {
+        let ptr = self.buf(&p);
+        let len = p.io.len;
+        if self.uring.is_none() {
+            let res = {
+                let (rd, wr) = (
+                    // SAFETY: the pages are mapped and ready and hold our
+                    // I/O references (no eviction); the caller owns these
+                    // bytes until the completion (module docs).
+                    || unsafe { std::slice::from_raw_parts_mut(ptr, len) },
+                    // SAFETY: as above, read-only use.
+                    || unsafe { std::slice::from_raw_parts(ptr, len) },
+                );
+                match (&p.io.op, &p.io.target) {
+                    (Op::ReadAt(off), Target::File(f)) => f.read_at(rd(), *off),
+                    (Op::WriteAt(off), Target::File(f)) => f.write_at(wr(), *off),
+                    (Op::Recv, Target::Udp(s)) => s.recv(rd()),
+                    (Op::Recv, Target::Tcp(s)) => (&**s).read(rd()),
+                    (Op::Send, Target::Udp(s)) => s.send(wr()),
+                    (Op::Send, Target::Tcp(s)) => (&**s).write(wr()),
+                    _ => unreachable!("checked at submit"),
+                }
+            };
+            self.dev.region.io_release(p.pages.clone());
+            self.finish(p, res);
+            return;
+        }
+        // Make room: reap until a slot is free.
+        while self.uring.as_ref().is_some_and(|u| u.free.is_empty()) {
+            self.wait_uring(Duration::from_millis(100));
+        }
+        let fixed = self.fixed;
+        let region_base = self.dev.region.as_ptr();
+        let u = self.uring.as_mut().expect("uring backend");
+        let slot = u.free.pop().expect("a free slot");
+        let fd = types::Fd(p.io.target.fd());
+        let sqe = match p.io.op {
+            Op::ReadAt(off) if fixed => {
+                let _ = region_base;
+                opcode::ReadFixed::new(fd, ptr, len as u32, 0)
+                    .offset(off)
+                    .build()
+            }
+            Op::WriteAt(off) if fixed => opcode::WriteFixed::new(fd, ptr, len as u32, 0)
+                .offset(off)
+                .build(),
+            Op::ReadAt(off) => opcode::Read::new(fd, ptr, len as u32).offset(off).build(),
+            Op::WriteAt(off) => opcode::Write::new(fd, ptr, len as u32).offset(off).build(),
+            Op::Recv => opcode::Recv::new(fd, ptr, len as u32).build(),
+            Op::Send => opcode::Send::new(fd, ptr, len as u32).build(),
+        }
+        .user_data(slot as u64);
+        u.slots[slot] = Some(p);
+        // SAFETY: the buffer is region memory that stays mapped and
+        // referenced until the CQE; the target fd is kept open by the
+        // pending I/O's Arc.
+        while unsafe { u.ring.submission().push(&sqe) }.is_err() {
+            let _ = u.ring.submit();
+        }
+        let _ = u.ring.submit();
+    }
+
+    /// An issued I/O returned `res`.
+    fn finish(&mut self, mut p: Pending, res: io::Result<usize>) {
+        if let Err(e) = &res {
+            if e.raw_os_error() == Some(14) {
+                // EFAULT: the kernel met a page that was not there after
+                // all. Never the user's problem: park and reissue.
+                self.dev.counters.efault_caught.fetch_add(1, Relaxed);
+                if p.io.op == Op::Recv && matches!(p.io.target, Target::Udp(_)) {
+                    self.dev.counters.efault_lost.fetch_add(1, Relaxed);
+                }
+                let write = p.io.op.writes_region();
+                self.post_missing(p.pages.clone(), write);
+                p.iopf = true;
+                self.kick = true;
+                self.park(p);
+                return;
+            }
+        }
+        let c = Completion {
+            tag: p.io.tag,
+            result: res,
+            iopf: p.iopf,
+            latency: p.t_submit.elapsed(),
+        };
+        match self.dev.ordering {
+            Ordering::Unordered => self.deliver(c),
+            Ordering::Ordered => {
+                self.reorder.insert(p.seq, c);
+                while let Some(c) = self.reorder.remove(&self.next_deliver) {
+                    self.next_deliver += 1;
+                    self.deliver(c);
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, c: Completion) {
+        self.dev.counters.completed.fetch_add(1, Relaxed);
+        self.ready.push_back(c);
+    }
+
+    /// Processes page responses (reissuing parked I/Os) and io_uring
+    /// completions, without blocking.
+    pub fn poll(&mut self) {
+        let responses: Vec<Response> =
+            std::mem::take(&mut *self.responder.inbox.lock().expect("inbox lock"));
+        if !responses.is_empty() || self.kick {
+            self.kick = false;
+            self.fail_parked(&responses);
+            self.reissue();
+        }
+        self.reap();
+    }
+
+    /// Completes the parked I/Os whose page could not be resolved.
+    fn fail_parked(&mut self, responses: &[Response]) {
+        let region = self.dev.region.id();
+        for r in responses
+            .iter()
+            .filter(|r| r.error.is_some() && r.region == region)
+        {
+            let msg = r.error.clone().unwrap_or_default();
+            let mut keep = VecDeque::new();
+            while let Some(p) = self.parked.pop_front() {
+                if p.pages.contains(&r.page) {
+                    self.dev.counters.parked.fetch_sub(1, Relaxed);
+                    self.finish(p, Err(io::Error::other(msg.clone())));
+                } else {
+                    keep.push_back(p);
+                }
+            }
+            self.parked = keep;
+        }
+    }
+
+    fn reissue(&mut self) {
+        let n = self.parked.len();
+        for _ in 0..n {
+            let Some(p) = self.parked.pop_front() else {
+                break;
+            };
+            self.dev.counters.parked.fetch_sub(1, Relaxed);
+            self.dev.counters.reissued.fetch_add(1, Relaxed);
+            if let Some(p) = self.try_issue(p) {
+                self.dev.counters.parked.fetch_add(1, Relaxed);
+                match self.dev.ordering {
+                    // The head still misses: the queue stays paused.
+                    Ordering::Ordered => {
+                        self.parked.push_front(p);
+                        break;
+                    }
+                    Ordering::Unordered => self.parked.push_back(p),
+                }
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        let Some(u) = self.uring.as_mut() else {
+            return;
+        };
+        let mut done = Vec::new();
+        for cqe in u.ring.completion() {
+            if cqe.user_data() == WAKE {
+                u.wake_armed = false;
+                self.responder.wake.drain();
+                continue;
+            }
+            let slot = cqe.user_data() as usize;
+            let p = u.slots[slot].take().expect("a CQE for a live slot");
+            u.free.push(slot);
+            let r = cqe.result();
+            done.push((
+                p,
+                if r < 0 {
+                    Err(io::Error::from_raw_os_error(-r))
+                } else {
+                    Ok(r as usize)
+                },
+            ));
+        }
+        for (p, res) in done {
+            self.dev.region.io_release(p.pages.clone());
+            self.finish(p, res);
+        }
+    }
+
+    /// Blocks on the ring (an I/O completion or a page response) for at
+    /// most `d`.
+    fn wait_uring(&mut self, d: Duration) {
+        let efd = self.responder.wake.raw();
+        let u = self.uring.as_mut().expect("uring backend");
+        if !u.wake_armed {
+            let sqe = opcode::PollAdd::new(types::Fd(efd), 1 /* POLLIN */)
+                .build()
+                .user_data(WAKE);
+            // SAFETY: polling our own eventfd, which outlives the ring
+            // (the queue owns both; the ring is dropped first).
+            if unsafe { u.ring.submission().push(&sqe) }.is_ok() {
+                u.wake_armed = true;
+            }
+        }
+        let ts = types::Timespec::from(d);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        let _ = u.ring.submitter().submit_with_args(1, &args);
+        self.reap();
+    }
+
+    /// The next completion, waiting up to `timeout` for one.
+    pub fn complete(&mut self, timeout: Duration) -> Option<Completion> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.poll();
+            if let Some(c) = self.ready.pop_front() {
+                return Some(c);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            let left = deadline - now;
+            if self.uring.is_some() {
+                self.wait_uring(left);
+            } else {
+                let mut rev = [0i16];
+                let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+                let _ = faultline::sys::thread::poll_in(&[self.responder.wake.raw()], ms, &mut rev);
+                self.responder.wake.drain();
+            }
+        }
+    }
+
+    /// Completions already available, without waiting.
+    pub fn drain_completions(&mut self) -> Vec<Completion> {
+        self.poll();
+        self.ready.drain(..).collect()
+    }
+
+    /// I/Os submitted and not yet delivered (parked, in flight, or waiting
+    /// for an earlier one in an ordered queue).
+    pub fn outstanding(&self) -> usize {
+        let inflight = self
+            .uring
+            .as_ref()
+            .map_or(0, |u| u.slots.len() - u.free.len());
+        self.parked.len() + inflight + self.reorder.len() + self.ready.len()
+    }
+
+    /// I/Os parked on a page fault now.
+    pub fn parked(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// Registers the whole region as io_uring fixed buffer 0, after which
+    /// file reads and writes use `READ_FIXED`/`WRITE_FIXED`. The kernel
+    /// pins registered memory for the registration's lifetime, so this is
+    /// refused ([`Error::Unsupported`]) for a region that can evict (a
+    /// budget region) unless the device pins all of it
+    /// ([`crate::PinMode::All`]); every page is resolved first.
+    pub fn register_region_buffers(&mut self) -> Result<()> {
+        let region = self.dev.region.clone();
+        if self.uring.is_none() {
+            return Err(Error::Unsupported {
+                what: "fixed buffers",
+                reason: "only for the io_uring backend".into(),
+            });
+        }
+        if region.tracks_dirty() && !self.dev.pin_all {
+            return Err(Error::Unsupported {
+                what: "fixed buffers",
+                reason: "the region evicts under a budget and io_uring pins registered memory \
+                         long-term: a concurrent eviction would orphan the pinned pages (use \
+                         PinMode::All)"
+                    .into(),
+            });
+        }
+        region
+            .resolve_pages(0..region.pages(), true, Duration::from_secs(60))
+            .map_err(Error::Resolve)?;
+        let u = self.uring.as_ref().expect("uring backend");
+        // SAFETY: the region stays mapped while the device (held by this
+        // queue) holds it, and the ring is dropped with the queue.
+        unsafe { crate::sys::register_buffer(&u.ring, region.as_ptr(), region.len()) }.map_err(
+            |e| Error::Io {
+                op: "IORING_REGISTER_BUFFERS",
+                source: e,
+            },
+        )?;
+        self.fixed = true;
+        Ok(())
+    }
+}
+
+impl Drop for IoQueue {
+    fn drop(&mut self) {
+        // Wait for I/Os the kernel still holds: their buffers are region
+        // memory and their pages hold our references.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self
+            .uring
+            .as_ref()
+            .is_some_and(|u| u.slots.iter().any(Option::is_some))
+            && Instant::now() < deadline
+        {
+            self.wait_uring(Duration::from_millis(10));
+        }
+        let parked = self.parked.len() as u64;
+        self.dev.counters.parked.fetch_sub(parked, Relaxed);
+    }
+}

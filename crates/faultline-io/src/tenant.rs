@@ -1,0 +1,343 @@
+//! Tenants and their fault workers: the side-band fault queue (VPRI's PFQ,
+//! seed 003 §4.1, §5.2) and vCPU-affined fault scheduling (§6.1).
+//!
+//! A [`Tenant`] is a group of devices (and so of regions) with its own CPU
+//! set. Its devices post the pages their I/Os missed to the tenant's fault
+//! queue, **deduplicated** by `(region, page, direction)`: a page already
+//! queued or being resolved gains one more responder instead of a second
+//! request. The tenant's fault workers, pinned to the tenant's CPUs
+//! ([`WorkerMode::Affined`], one per CPU) or a single one
+//! ([`WorkerMode::Serialized`], the paper's single IOPF worker), resolve
+//! each page through the region's resolve path
+//! ([`faultline::Region::resolve_pages`]: no kernel fault, no uffd
+//! message) and send a *page response* to every queue waiting on it (its
+//! inbox plus an eventfd wake).
+//!
+//! A fault worker never issues I/O into a region and is never a uffd
+//! handler thread, so it cannot deadlock on the faults it serves.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use faultline::sys::thread::{pin_to_cpu, EventFd};
+use faultline::Region;
+
+use crate::{Error, Result};
+
+/// How a tenant serves its fault queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerMode {
+    /// One worker per CPU of the tenant's set, pinned to it (the paper's
+    /// vCPU-affined scheduling: faults are served inside the tenant's CPUs,
+    /// by whichever of its workers is free).
+    Affined,
+    /// One worker for everything (the paper's serialized baseline).
+    Serialized,
+}
+
+/// A tenant's settings.
+#[derive(Debug, Clone)]
+pub struct TenantConfig {
+    /// Name, for thread names and reports.
+    pub name: String,
+    /// The tenant's CPUs (empty: the CPUs the process may use, workers not
+    /// pinned).
+    pub cpus: Vec<usize>,
+    /// Affined or serialized workers.
+    pub mode: WorkerMode,
+    /// How long a worker waits for a page other resolvers hold before the
+    /// request fails (default 30 s).
+    pub resolve_timeout: Duration,
+}
+
+impl Default for TenantConfig {
+    fn default() -> Self {
+        TenantConfig {
+            name: "tenant".into(),
+            cpus: Vec::new(),
+            mode: WorkerMode::Affined,
+            resolve_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A page response: the page a queue waited on is resolved (or failed).
+#[derive(Debug, Clone)]
+pub(crate) struct Response {
+    pub region: u64,
+    pub page: usize,
+    /// The resolve error, if any (the I/O then completes with it).
+    pub error: Option<String>,
+}
+
+/// Where a queue receives page responses.
+#[derive(Debug)]
+pub(crate) struct Responder {
+    pub inbox: Mutex<Vec<Response>>,
+    pub wake: EventFd,
+}
+
+impl Responder {
+    pub fn new() -> Result<Arc<Responder>> {
+        Ok(Arc::new(Responder {
+            inbox: Mutex::new(Vec::new()),
+            wake: EventFd::new().map_err(|e| Error::Io {
+                op: "eventfd",
+                source: e,
+            })?,
+        }))
+    }
+
+    fn deliver(&self, r: Response) {
+        self.inbox.lock().expect("inbox lock").push(r);
+        self.wake.notify();
+    }
+}
+
+type Key = (u64, usize, bool);
+
+struct Pending {
+    region: Arc<Region>,
+    responders: Vec<Arc<Responder>>,
+    posted: Instant,
+}
+
+#[derive(Default)]
+struct Queue {
+    fifo: VecDeque<Key>,
+    pending: HashMap<Key, Pending>,
+}
+
+/// Counters of a tenant's fault queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantStats {
+    /// Page requests queued (after deduplication).
+    pub posts: u64,
+    /// Requests folded into one already queued or being resolved.
+    pub deduplicated: u64,
+    /// Pages resolved.
+    pub resolved: u64,
+    /// Requests whose resolution failed.
+    pub failed: u64,
+    /// Total post-to-response time, ns.
+    pub service_ns_total: u64,
+    /// Longest post-to-response time, ns.
+    pub service_ns_max: u64,
+}
+
+pub(crate) struct TenantInner {
+    name: String,
+    q: Mutex<Queue>,
+    cv: Condvar,
+    stop: AtomicBool,
+    timeout: Duration,
+    posts: AtomicU64,
+    dedup: AtomicU64,
+    resolved: AtomicU64,
+    failed: AtomicU64,
+    service_total: AtomicU64,
+    service_max: AtomicU64,
+}
+
+impl TenantInner {
+    /// Posts a page request; true if it was queued, false if folded into
+    /// one already pending (the responder is added to it).
+    pub fn post(
+        &self,
+        region: &Arc<Region>,
+        page: usize,
+        write: bool,
+        responder: &Arc<Responder>,
+    ) -> bool {
+        let key = (region.id(), page, write);
+        let mut q = self.q.lock().expect("fault queue lock");
+        if let Some(p) = q.pending.get_mut(&key) {
+            if !p.responders.iter().any(|r| Arc::ptr_eq(r, responder)) {
+                p.responders.push(responder.clone());
+            }
+            self.dedup.fetch_add(1, Relaxed);
+            return false;
+        }
+        q.pending.insert(
+            key,
+            Pending {
+                region: region.clone(),
+                responders: vec![responder.clone()],
+                posted: Instant::now(),
+            },
+        );
+        q.fifo.push_back(key);
+        drop(q);
+        self.posts.fetch_add(1, Relaxed);
+        self.cv.notify_one();
+        true
+    }
+
+    fn worker(&self) {
+        loop {
+            let (key, region) = {
+                let mut q = self.q.lock().expect("fault queue lock");
+                loop {
+                    if self.stop.load(SeqCst) {
+                        return;
+                    }
+                    if let Some(k) = q.fifo.pop_front() {
+                        let region = q.pending[&k].region.clone();
+                        break (k, region);
+                    }
+                    q = self
+                        .cv
+                        .wait_timeout(q, Duration::from_millis(100))
+                        .expect("fault queue lock")
+                        .0;
+                }
+            };
+            let (_, page, write) = key;
+            let res = region.resolve_pages(page..page + 1, write, self.timeout);
+            let pending = self
+                .q
+                .lock()
+                .expect("fault queue lock")
+                .pending
+                .remove(&key)
+                .expect("a popped request stays pending until answered");
+            let ns = pending.posted.elapsed().as_nanos() as u64;
+            self.service_total.fetch_add(ns, Relaxed);
+            self.service_max.fetch_max(ns, Relaxed);
+            let error = match res {
+                Ok(()) => {
+                    self.resolved.fetch_add(1, Relaxed);
+                    None
+                }
+                Err(e) => {
+                    self.failed.fetch_add(1, Relaxed);
+                    Some(e.to_string())
+                }
+            };
+            for r in pending.responders {
+                r.deliver(Response {
+                    region: key.0,
+                    page,
+                    error: error.clone(),
+                });
+            }
+        }
+    }
+}
+
+/// A group of devices with its own CPU set and fault workers. See the
+/// [module docs](self).
+pub struct Tenant {
+    inner: Arc<TenantInner>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant")
+            .field("name", &self.inner.name)
+            .field("workers", &self.workers.len())
+            .finish()
+    }
+}
+
+impl Tenant {
+    /// Starts the tenant's fault workers.
+    pub fn new(cfg: TenantConfig) -> Result<Tenant> {
+        let inner = Arc::new(TenantInner {
+            name: cfg.name.clone(),
+            q: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+            timeout: cfg.resolve_timeout,
+            posts: AtomicU64::new(0),
+            dedup: AtomicU64::new(0),
+            resolved: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            service_total: AtomicU64::new(0),
+            service_max: AtomicU64::new(0),
+        });
+        let pins: Vec<Option<usize>> = match (cfg.mode, cfg.cpus.is_empty()) {
+            (WorkerMode::Serialized, true) => vec![None],
+            (WorkerMode::Serialized, false) => vec![Some(cfg.cpus[0])],
+            (WorkerMode::Affined, true) => {
+                let n = faultline::sys::thread::online_cpus().max(1);
+                vec![None; n]
+            }
+            (WorkerMode::Affined, false) => cfg.cpus.iter().map(|&c| Some(c)).collect(),
+        };
+        let mut tenant = Tenant {
+            inner: inner.clone(),
+            workers: Vec::new(),
+        };
+        for (i, cpu) in pins.into_iter().enumerate() {
+            let inner = inner.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("fl-io-fault-{i}"))
+                .spawn(move || {
+                    if let Some(c) = cpu {
+                        // Best effort: a CPU outside our affinity mask
+                        // leaves the worker unpinned.
+                        let _ = pin_to_cpu(c);
+                    }
+                    inner.worker();
+                })
+                .map_err(|e| Error::Io {
+                    op: "spawn fault worker",
+                    source: e,
+                })?;
+            tenant.workers.push(h);
+        }
+        Ok(tenant)
+    }
+
+    /// Number of fault workers.
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> TenantStats {
+        let i = &self.inner;
+        TenantStats {
+            posts: i.posts.load(Relaxed),
+            deduplicated: i.dedup.load(Relaxed),
+            resolved: i.resolved.load(Relaxed),
+            failed: i.failed.load(Relaxed),
+            service_ns_total: i.service_total.load(Relaxed),
+            service_ns_max: i.service_max.load(Relaxed),
+        }
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<TenantInner> {
+        &self.inner
+    }
+}
+
+impl Drop for Tenant {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, SeqCst);
+        self.inner.cv.notify_all();
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+        // Nobody serves the queue any more: fail what is still pending.
+        let pending: Vec<_> = {
+            let mut q = self.inner.q.lock().expect("fault queue lock");
+            q.fifo.clear();
+            q.pending.drain().collect()
+        };
+        for ((region, page, _), p) in pending {
+            for r in p.responders {
+                r.deliver(Response {
+                    region,
+                    page,
+                    error: Some("the tenant's fault workers stopped".into()),
+                });
+            }
+        }
+    }
+}
