@@ -38,11 +38,11 @@
 //! ```
 
 pub mod adp;
-mod device;
-mod log;
-mod queue;
+pub mod device;
+pub mod log;
+pub mod queue;
 mod sys;
-mod tenant;
+pub mod tenant;
 
 pub use device::{DeviceConfig, DeviceStats, IoDevice, Ordering, PinMode};
 pub use log::{AccessEvent, AccessLog};
