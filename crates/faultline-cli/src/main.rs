@@ -5,6 +5,7 @@ mod bench;
 mod checks;
 mod graph;
 mod info;
+mod vpri;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,10 @@ enum Command {
     Graph(graph::GraphCmd),
     /// Breadth-first search over a CSR graph file mapped through the kernel or faultline.
     Bfs(graph::BfsArgs),
+    /// I/O page faults (seed 003, VPRI): `probe` measures what the kernel does
+    /// when a system call touches a missing page of a region.
+    #[command(subcommand)]
+    Vpri(vpri::VpriCmd),
 }
 
 fn main() {
@@ -39,6 +44,7 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Graph(cmd) => graph::run_graph(cmd),
         Command::Bfs(args) => graph::run_bfs(args),
+        Command::Vpri(cmd) => vpri::run(cmd),
     };
     if let Err(e) = res {
         // Each cause once (see `checks::print_error`).
