@@ -32,3 +32,24 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
         exit 1
     fi
 fi
+
+# The C side (libfaultline, libumap, their C/C++ tests and examples): a C and
+# C++ compiler, pkg-config, and cargo-c for `cargo cinstall`.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    missing=""
+    command -v gcc >/dev/null 2>&1 || missing="$missing gcc"
+    command -v g++ >/dev/null 2>&1 || missing="$missing g++"
+    command -v pkg-config >/dev/null 2>&1 || missing="$missing pkgconf"
+    command -v cargo-cbuild >/dev/null 2>&1 || missing="$missing cargo-c"
+    if [ -n "$missing" ]; then
+        (apt-get update -qq && apt-get install -y -qq $missing) >/dev/null 2>&1 \
+            || echo "setup: could not install:$missing (the C tests skip without gcc/g++/pkg-config)" >&2
+    fi
+fi
+# cargo-c embeds its own copy of Cargo. Debian's (0.9.14, Cargo 0.66) cannot
+# read this workspace's Cargo.lock (version 4, Cargo >= 1.78), so the C tests
+# and `scripts/c-install.sh` build with plain `cargo build` and install the
+# same layout (measured: `cargo cbuild` fails with "lock file version `4`
+# was found, but this version of Cargo does not understand this lock
+# file"); a newer cargo-c (`cargo install cargo-c`) runs
+# `cargo cinstall -p faultline-capi` directly.

@@ -1,0 +1,169 @@
+//! Shared by the C tests of `faultline-capi` and `umap`: install the
+//! libraries this `cargo test` built into a temporary prefix (through
+//! `scripts/c-install.sh`, the same installer users run), compile C and C++
+//! programs with `pkg-config`, and run them with a deadline.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+/// Whether the C toolchain is there; tests skip with a reason otherwise.
+pub fn toolchain() -> Result<(), String> {
+    for tool in ["gcc", "g++", "pkg-config"] {
+        let ok = Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            return Err(format!(
+                "{tool} is missing (bash scripts/setup.sh installs it)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A prefix holding the installed libraries, headers and `.pc` files,
+/// made once per test binary.
+pub fn prefix() -> &'static Path {
+    static PREFIX: OnceLock<PathBuf> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        // The test binary is target/<profile>/deps/NAME; the libraries this
+        // `cargo test` built are beside it (`cargo test` does not copy them
+        // up to target/<profile>).
+        let exe = std::env::current_exe().expect("current exe");
+        let build = exe.parent().expect("deps dir");
+        let prefix = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "c-prefix-{}-{}",
+            env!("CARGO_CRATE_NAME"),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&prefix);
+        let out = Command::new("bash")
+            .arg(root().join("scripts/c-install.sh"))
+            .arg(&prefix)
+            .arg(build)
+            .output()
+            .expect("run scripts/c-install.sh");
+        assert!(
+            out.status.success(),
+            "c-install.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        prefix
+    })
+}
+
+/// `pkg-config ARGS` with the temporary prefix on the search path.
+pub fn pkg_config(args: &[&str]) -> Vec<String> {
+    let out = Command::new("pkg-config")
+        .args(args)
+        .env("PKG_CONFIG_PATH", prefix().join("lib/pkgconfig"))
+        .output()
+        .expect("run pkg-config");
+    assert!(
+        out.status.success(),
+        "pkg-config {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Compiles `sources` into an executable linked against the pkg-config
+/// package `package` (C with gcc, C++ with g++ when `cxx`). Returns its path.
+pub fn compile(
+    name: &str,
+    sources: &[PathBuf],
+    package: &str,
+    cxx: bool,
+    extra: &[&str],
+) -> PathBuf {
+    let exe = prefix().join("bin").join(name);
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    let mut cmd = Command::new(if cxx { "g++" } else { "gcc" });
+    cmd.args(["-O2", "-g", "-Wall", "-Wextra", "-Werror"])
+        .args(if cxx {
+            &["-std=c++17"][..]
+        } else {
+            &["-std=c11", "-D_GNU_SOURCE"][..]
+        })
+        .args(sources)
+        .arg("-o")
+        .arg(&exe)
+        .args(pkg_config(&["--cflags", "--libs", package]))
+        .arg(format!("-Wl,-rpath,{}", prefix().join("lib").display()))
+        .args(["-lpthread"])
+        .args(extra);
+    let out = cmd.output().expect("run the compiler");
+    assert!(
+        out.status.success(),
+        "compiling {name} failed: {cmd:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// Runs `exe ARGS` with `env` set, killing it (by pid) after `limit`.
+pub fn run(exe: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
+    let mut cmd = Command::new(exe);
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn the C program");
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("collect output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("collect output");
+            panic!(
+                "{} {args:?} did not finish within {limit:?}; stdout:\n{}\nstderr:\n{}",
+                exe.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Asserts that `out` is a success that printed `ok MODE`.
+pub fn assert_ok(out: &Output, mode: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("ok {mode}")),
+        "{mode}: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A file of `pages` 4 KiB pages with a position-dependent pattern.
+pub fn pattern_file(dir: &Path, name: &str, pages: usize) -> PathBuf {
+    let path = dir.join(name);
+    let data: Vec<u8> = (0..pages * 4096)
+        .map(|i| (i as u64 * 7 + i as u64 / 4096) as u8)
+        .collect();
+    std::fs::write(&path, data).expect("write the pattern file");
+    path
+}
