@@ -18,7 +18,9 @@ prefix=$1
 build=${2:-}
 explicit=$build
 if [ -z "$build" ]; then
-    (cd "$root" && cargo build --release -q -p faultline-capi -p umap)
+    packages="-p faultline-capi"
+    [ -d "$root/crates/umap" ] && packages="$packages -p umap"
+    (cd "$root" && cargo build --release -q $packages)
     build="$root/target/release"
 fi
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)
