@@ -1,15 +1,15 @@
 //! Stores: where a region's pages come from. The zero, memory and file
-//! stores of the library, and [`CallbackStore`], a store made of C
-//! function pointers and a user pointer.
+//! stores of the library, and a store made of C function pointers and a
+//! user pointer (`faultline_ffi::CallbackStore`).
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::Arc;
 
-use faultline::store::{FileAccess, StoreError};
-use faultline::sys::Errno;
+use faultline::store::FileAccess;
 use faultline::{FileStore, MemoryStore, PageStore, ZeroStore};
+use faultline_ffi::{CallbackStore, Callbacks};
 
-use crate::error::{guard, guard_or, CError};
+use crate::error::{guard, guard_or, str_arg, CError};
 
 /// A store handle (opaque). The store itself is reference counted: regions
 /// built from it keep it alive after [`fl_store_free`].
@@ -59,114 +59,6 @@ pub struct fl_store_callbacks {
     pub write_back: fl_write_back_fn,
     /// NULL: nothing to do.
     pub destroy: fl_destroy_fn,
-}
-
-/// A [`PageStore`] over C callbacks.
-pub struct CallbackStore {
-    cb: fl_store_callbacks,
-    what: Arc<str>,
-}
-
-// SAFETY: the C API requires the callbacks and `user` to be usable from
-// any thread (documented on `fl_store_callbacks` and in the header).
-unsafe impl Send for CallbackStore {}
-// SAFETY: as above; the callbacks may run concurrently.
-unsafe impl Sync for CallbackStore {}
-
-impl CallbackStore {
-    /// Wraps `cb`; fails if `fill` is missing.
-    pub fn new(cb: fl_store_callbacks, what: &str) -> Result<CallbackStore, CError> {
-        if cb.fill.is_none() {
-            return Err(CError::invalid("the fill callback is NULL"));
-        }
-        if cb.flags & !FL_STORE_SIGNAL_SAFE != 0 {
-            return Err(CError::invalid(format!(
-                "unknown store flags {:#x}",
-                cb.flags
-            )));
-        }
-        Ok(CallbackStore {
-            cb,
-            what: what.into(),
-        })
-    }
-
-    fn failed(&self, op: &'static str, offset: u64, rc: c_int) -> StoreError {
-        StoreError::Io {
-            what: self.what.clone(),
-            op,
-            offset,
-            // A callback that returns a negative errno is understood too.
-            errno: Errno(if rc < 0 { rc.saturating_neg() } else { rc }),
-        }
-    }
-}
-
-impl Drop for CallbackStore {
-    fn drop(&mut self) {
-        if let Some(destroy) = self.cb.destroy {
-            // SAFETY: the C side gave us `destroy` for `user`; we call it once.
-            unsafe { destroy(self.cb.user) }
-        }
-    }
-}
-
-impl PageStore for CallbackStore {
-    fn describe(&self) -> &str {
-        &self.what
-    }
-
-    fn len(&self) -> Option<u64> {
-        (self.cb.len != FL_STORE_ENDLESS).then_some(self.cb.len)
-    }
-
-    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let fill = self.cb.fill.expect("checked in new");
-        // Past the end: zeros, and the callback sees only its own bytes.
-        let avail = match self.len() {
-            Some(len) => len.saturating_sub(offset).min(buf.len() as u64) as usize,
-            None => buf.len(),
-        };
-        buf[avail..].fill(0);
-        if avail == 0 {
-            return Ok(());
-        }
-        // SAFETY: `buf` is valid for `avail` bytes; the callback's contract
-        // is to write at most `len` bytes.
-        let rc = unsafe { fill(self.cb.user, offset, buf.as_mut_ptr(), avail) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(self.failed("fill callback", offset, rc))
-        }
-    }
-
-    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        let Some(wb) = self.cb.write_back else {
-            return Err(StoreError::ReadOnly {
-                what: self.what.clone(),
-                offset,
-            });
-        };
-        let n = match self.len() {
-            Some(len) => len.saturating_sub(offset).min(data.len() as u64) as usize,
-            None => data.len(),
-        };
-        if n == 0 {
-            return Ok(());
-        }
-        // SAFETY: `data` is valid for `n` bytes and only read.
-        let rc = unsafe { wb(self.cb.user, offset, data.as_ptr(), n) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(self.failed("write_back callback", offset, rc))
-        }
-    }
-
-    fn signal_safe(&self) -> bool {
-        self.cb.flags & FL_STORE_SIGNAL_SAFE != 0
-    }
 }
 
 fn put(out: *mut *mut fl_store, store: Arc<dyn PageStore>) -> Result<c_int, CError> {
@@ -227,13 +119,8 @@ pub unsafe extern "C" fn fl_store_file(
     out: *mut *mut fl_store,
 ) -> c_int {
     guard("fl_store_file", || {
-        if path.is_null() {
-            return Err(CError::invalid("path is NULL"));
-        }
-        // SAFETY: the caller passes a NUL-terminated string.
-        let p = unsafe { CStr::from_ptr(path) }
-            .to_str()
-            .map_err(|_| CError::invalid("path is not UTF-8"))?;
+        // SAFETY: the caller passes NULL or a NUL-terminated string.
+        let p = unsafe { str_arg(path, "path") }?;
         let store = FileStore::open_with(p, offset, FileAccess::Mmap)
             .map_err(|e| CError::from(e).context(p))?;
         put(out, Arc::new(store))
@@ -263,7 +150,27 @@ pub unsafe extern "C" fn fl_store_from_callbacks(
         }
         // SAFETY: the caller passes a readable struct.
         let cb = unsafe { *cb };
-        put(out, Arc::new(CallbackStore::new(cb, "callback store")?))
+        let Some(fill) = cb.fill else {
+            return Err(CError::invalid("the fill callback is NULL"));
+        };
+        if cb.flags & !FL_STORE_SIGNAL_SAFE != 0 {
+            return Err(CError::invalid(format!(
+                "unknown store flags {:#x}",
+                cb.flags
+            )));
+        }
+        let store = CallbackStore::new(
+            Callbacks {
+                user: cb.user,
+                len: (cb.len != FL_STORE_ENDLESS).then_some(cb.len),
+                signal_safe: cb.flags & FL_STORE_SIGNAL_SAFE != 0,
+                fill,
+                write_back: cb.write_back,
+                destroy: cb.destroy,
+            },
+            "callback store",
+        );
+        put(out, Arc::new(store))
     })
 }
 

@@ -1,0 +1,223 @@
+/* UMap's C API on libumap; run by tests/umap_c.rs.
+ * usage: umap_test MODE [FILE]; prints "ok MODE" on success. */
+#include <umap/umap.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CHECK(cond)                                                                     \
+    do {                                                                                \
+        if (!(cond)) {                                                                  \
+            fprintf(stderr, "%s:%d: check failed: %s (errno %d: %s)\n", __FILE__,       \
+                    __LINE__, #cond, errno, strerror(errno));                           \
+            exit(1);                                                                    \
+        }                                                                               \
+    } while (0)
+
+enum { PAGE = 4096 };
+
+static off_t file_size(int fd) { return lseek(fd, 0, SEEK_END); }
+
+/* System pages of [p, p + len) that are resident. */
+static size_t resident(void *p, size_t len) {
+    size_t n = len / PAGE, count = 0;
+    unsigned char *vec = malloc(n);
+    CHECK(mincore(p, len, vec) == 0);
+    for (size_t i = 0; i < n; i++) count += vec[i] & 1;
+    free(vec);
+    return count;
+}
+
+static int threads_now(void) {
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static int readback(const char *path) {
+    int fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    size_t len = (size_t)file_size(fd);
+    unsigned char *want = malloc(len);
+    CHECK(pread(fd, want, len, 0) == (ssize_t)len);
+    unsigned char *p = umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 0);
+    CHECK(p != UMAP_FAILED);
+    CHECK(memcmp(p, want, len) == 0);
+    CHECK(uunmap(p, len) == 0);
+    close(fd);
+    free(want);
+    return 0;
+}
+
+static int writeback(const char *path) {
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    size_t len = (size_t)file_size(fd);
+    unsigned char *p = umap(NULL, len, PROT_READ | PROT_WRITE, UMAP_PRIVATE, fd, 0);
+    CHECK(p != UMAP_FAILED);
+    for (size_t i = 0; i < len; i += PAGE) p[i + 9] = (unsigned char)(i / PAGE + 1);
+    CHECK(umap_flush() == 0);
+    for (size_t i = 0; i < len; i += PAGE) {
+        unsigned char b;
+        CHECK(pread(fd, &b, 1, (off_t)i + 9) == 1 && b == (unsigned char)(i / PAGE + 1));
+    }
+    for (size_t i = 0; i < len; i += PAGE) p[i + 10] = 0xEE;
+    CHECK(uunmap(p, len) == 0);
+    for (size_t i = 0; i < len; i += PAGE) {
+        unsigned char b;
+        CHECK(pread(fd, &b, 1, (off_t)i + 10) == 1 && b == 0xEE);
+    }
+    close(fd);
+    /* A read-only descriptor maps, but cannot take writes back. */
+    fd = open(path, O_RDONLY);
+    p = umap(NULL, len, PROT_READ | PROT_WRITE, UMAP_PRIVATE, fd, 0);
+    CHECK(p != UMAP_FAILED);
+    p[0] = 0x11;
+    errno = 0;
+    CHECK(umap_flush() == -1 && errno == EBADF);
+    CHECK(uunmap(p, len) == -1 && errno == EBADF);
+    close(fd);
+    return 0;
+}
+
+/* Prints the configuration and what it did, for the test to compare. */
+static int config(const char *path) {
+    printf("page_size %lu\n", (unsigned long)umapcfg_get_umap_page_size());
+    printf("buf_pages %lu\n", (unsigned long)umapcfg_get_max_pages_in_buffer());
+    printf("fillers %lu\n", (unsigned long)umapcfg_get_num_fillers());
+    printf("evictors %lu\n", (unsigned long)umapcfg_get_num_evictors());
+    printf("read_ahead %lu\n", (unsigned long)umapcfg_get_read_ahead());
+    printf("max_fault_events %lu\n", (unsigned long)umapcfg_get_max_fault_events());
+    printf("high %d\nlow %d\n", umapcfg_get_evict_high_water_threshold(),
+           umapcfg_get_evict_low_water_threshold());
+    printf("system_page %ld\n", umapcfg_get_system_page_size());
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    size_t len = (size_t)file_size(fd);
+    int before = threads_now();
+    unsigned char *p = umap(NULL, len, PROT_READ | PROT_WRITE, UMAP_PRIVATE, fd, 0);
+    if (p == UMAP_FAILED) {
+        printf("umap_errno %d\n", errno);
+        printf("ok config\n");
+        return 0;
+    }
+    volatile unsigned char sink = p[0]; /* one read fault */
+    (void)sink;
+    printf("threads_added %d\n", threads_now() - before);
+    printf("resident_after_one_fault %zu\n", resident(p, len));
+    /* Sweep every page, then give the evictor a moment to settle. */
+    unsigned long sum = 0;
+    for (size_t i = 0; i < len; i += PAGE) sum += p[i];
+    size_t r = resident(p, len);
+    for (int i = 0; i < 200; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        size_t now = resident(p, len);
+        if (now == r) break;
+        r = now;
+    }
+    printf("resident_after_sweep %zu\n", r);
+    printf("sum %lu\n", sum);
+    CHECK(uunmap(p, len) == 0);
+    printf("ok config\n");
+    return 0;
+}
+
+static int bad_inputs(const char *path) {
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    errno = 0;
+    CHECK(umap(NULL, 16 * PAGE, PROT_READ, UMAP_PRIVATE, -1, 0) == UMAP_FAILED && errno == EBADF);
+    errno = 0;
+    CHECK(umap(NULL, 16 * PAGE, PROT_READ, UMAP_PRIVATE, 1000, 0) == UMAP_FAILED && errno == EBADF);
+    errno = 0;
+    CHECK(umap(NULL, 0, PROT_READ, UMAP_PRIVATE, fd, 0) == UMAP_FAILED && errno == EINVAL);
+    errno = 0;
+    CHECK(umap(NULL, PAGE + 1, PROT_READ, UMAP_PRIVATE, fd, 0) == UMAP_FAILED && errno == EINVAL);
+    errno = 0;
+    CHECK(umap(NULL, PAGE, PROT_READ, MAP_SHARED, fd, 0) == UMAP_FAILED && errno == EINVAL);
+    errno = 0;
+    CHECK(umap(NULL, PAGE, PROT_READ, UMAP_PRIVATE, fd, 100) == UMAP_FAILED && errno == EINVAL);
+    errno = 0;
+    CHECK(umap(NULL, PAGE, PROT_EXEC, UMAP_PRIVATE, fd, 0) == UMAP_FAILED && errno == EINVAL);
+    int wo = open(path, O_WRONLY);
+    errno = 0;
+    CHECK(umap(NULL, PAGE, PROT_READ, UMAP_PRIVATE, wo, 0) == UMAP_FAILED && errno == EBADF);
+    close(wo);
+    char x;
+    errno = 0;
+    CHECK(uunmap(&x, PAGE) == -1 && errno == EINVAL);
+    /* UMAP_FIXED over an existing region. */
+    unsigned char *p = umap(NULL, 16 * PAGE, PROT_READ, UMAP_PRIVATE, fd, 0);
+    CHECK(p != UMAP_FAILED);
+    errno = 0;
+    CHECK(umap(p + PAGE, PAGE, PROT_READ, UMAP_PRIVATE | UMAP_FIXED, fd, 0) == UMAP_FAILED && errno != 0);
+    struct umap_prefetch_item items[2] = {{p + 3 * PAGE}, {p + 7 * PAGE + 5}};
+    umap_prefetch(2, items);
+    CHECK(resident(p + 3 * PAGE, PAGE) == 1 && resident(p + 7 * PAGE, PAGE) == 1);
+    CHECK(uunmap(p, 16 * PAGE) == 0);
+    CHECK(umap_has_write_support() == 1);
+    close(fd);
+    return 0;
+}
+
+struct worker { unsigned char *p, *want; size_t len; int id, n; int bad; };
+
+static void *hammer(void *arg) {
+    struct worker *w = arg;
+    size_t pages = w->len / PAGE;
+    for (size_t k = 0; k < pages; k++) {
+        size_t pg = (k * 7919 + (size_t)w->id * 104729) % pages; /* scattered, overlapping */
+        size_t off = pg * PAGE + (size_t)w->id * 13;
+        if (w->p[off] != w->want[off]) w->bad++;
+    }
+    return NULL;
+}
+
+static int threads(const char *path) {
+    int fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    size_t len = (size_t)file_size(fd);
+    unsigned char *want = malloc(len);
+    CHECK(pread(fd, want, len, 0) == (ssize_t)len);
+    unsigned char *p = umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 0);
+    CHECK(p != UMAP_FAILED);
+    enum { N = 8 };
+    pthread_t t[N];
+    struct worker w[N];
+    for (int i = 0; i < N; i++) {
+        w[i] = (struct worker){p, want, len, i, N, 0};
+        CHECK(pthread_create(&t[i], NULL, hammer, &w[i]) == 0);
+    }
+    for (int i = 0; i < N; i++) {
+        CHECK(pthread_join(t[i], NULL) == 0);
+        CHECK(w[i].bad == 0);
+    }
+    CHECK(memcmp(p, want, len) == 0);
+    CHECK(uunmap(p, len) == 0);
+    free(want);
+    close(fd);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    const char *mode = argv[1], *path = argv[2];
+    int rc = 2;
+    if (!strcmp(mode, "readback")) rc = readback(path);
+    else if (!strcmp(mode, "writeback")) rc = writeback(path);
+    else if (!strcmp(mode, "config")) return config(path);
+    else if (!strcmp(mode, "bad-inputs")) rc = bad_inputs(path);
+    else if (!strcmp(mode, "threads")) rc = threads(path);
+    if (rc == 0) printf("ok %s\n", mode);
+    return rc;
+}
