@@ -164,7 +164,10 @@ fn bufsize_and_high_water_bound_the_resident_pages() {
     let (kv, _) = config_run("buf32", &[("UMAP_BUFSIZE", "32"), ("UMAP_READ_AHEAD", "0")]);
     assert_eq!(num(&kv, "buf_pages"), 32);
     let r90 = num(&kv, "resident_after_sweep");
-    assert!((17..=28).contains(&r90), "budget 28 (more than the 16 of HIGH=50 below): {kv:?}");
+    assert!(
+        (17..=28).contains(&r90),
+        "budget 28 (more than the 16 of HIGH=50 below): {kv:?}"
+    );
     let (kv, _) = config_run(
         "buf32h50",
         &[
