@@ -30,6 +30,7 @@ pub mod offload;
 pub mod plot;
 #[allow(dead_code)]
 pub mod progress;
+pub mod random;
 #[allow(dead_code)]
 pub mod report;
 #[allow(dead_code)]
@@ -86,6 +87,9 @@ pub enum BenchCmd {
     /// Watchpoints (seed 002 chapter 4): Tables 4.1, 4.3-4.6 next to
     /// seed 002's numbers, a C mprotect+SIGSEGV baseline and GDB.
     Watch(watch::WatchArgs),
+    /// N threads reading a file in shuffled page order (UMap's
+    /// pfbenchmark) through mmap, a faultline region and libumap.
+    Random(random::RandomArgs),
 }
 
 impl BenchCmd {
@@ -111,6 +115,7 @@ impl BenchCmd {
             BenchCmd::Scale(a) => engines::run_scale(ctx, a).context("bench scale"),
             BenchCmd::Offload(a) => offload::run(ctx, a).context("bench offload"),
             BenchCmd::Watch(a) => watch::run(ctx, a).context("bench watch"),
+            BenchCmd::Random(a) => random::run(ctx, a).context("bench random"),
         }
     }
 }
