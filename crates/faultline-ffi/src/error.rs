@@ -71,7 +71,7 @@ pub fn store_errno(e: &StoreError) -> i32 {
     match e {
         StoreError::Io { errno, .. } => errno.0,
         StoreError::ReadOnly { .. } => Errno::EACCES.0,
-        StoreError::Failed { .. } => Errno::EIO.0,
+        StoreError::Remote { .. } | StoreError::Failed { .. } => Errno::EIO.0,
     }
 }
 
