@@ -42,7 +42,7 @@ use std::ops::{Bound, Range, RangeBounds};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use crate::store::{PageCacheFile, PageStore, StoreError, Tail};
+use crate::store::{FillRange, PageCacheFile, PageStore, StoreError, Tail};
 
 /// Which store call a [`Fault`] applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -452,6 +452,20 @@ impl<S: PageStore> PageStore for FaultyStore<S> {
             self.inject(Op::Fill, a, offset)?;
         }
         self.inner.fill(offset, buf)
+    }
+
+    fn fill_batch(&self, ranges: &mut [FillRange<'_>], out: &mut [Result<(), StoreError>]) {
+        if !self.has_rules(Op::Fill) {
+            return self.inner.fill_batch(ranges, out);
+        }
+        // Each range through the rules, one by one.
+        for (range, res) in ranges.iter_mut().zip(out.iter_mut()) {
+            *res = self.fill(range.offset, range.buf);
+        }
+    }
+
+    fn batched(&self) -> bool {
+        self.inner.batched()
     }
 
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
