@@ -16,13 +16,6 @@ const SIGBUS: i32 = libc::SIGBUS;
 const SIGABRT: i32 = libc::SIGABRT;
 const CHILD_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Prints a line to stdout immediately (the child may die right after).
-fn say(s: &str) {
-    let line = format!("{s}\n");
-    // SAFETY: plain write of a valid buffer.
-    unsafe { libc::write(1, line.as_ptr().cast(), line.len()) };
-}
-
 // ---------------------------------------------------------------- store errors
 
 /// A store that fails from page `fail_from` on; `fault_around` pages per

@@ -145,13 +145,6 @@ impl Cell {
     }
 }
 
-/// Prints a line to stdout at once (the child may die right after).
-fn say(s: &str) {
-    let line = format!("{s}\n");
-    // SAFETY: plain write of a valid buffer.
-    unsafe { libc::write(1, line.as_ptr().cast(), line.len()) };
-}
-
 fn marker(page: usize) -> u8 {
     (page as u8) ^ 0xA5
 }

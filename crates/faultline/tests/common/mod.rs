@@ -234,6 +234,14 @@ pub fn run_child(name: &str, scenario: &str, timeout: Duration) -> ChildResult {
     }
 }
 
+/// Prints a line to stdout immediately, past the test harness's capture
+/// (a child may die right after).
+pub fn say(s: &str) {
+    let line = format!("{s}\n");
+    // SAFETY: plain write of a valid buffer.
+    unsafe { libc::write(1, line.as_ptr().cast(), line.len()) };
+}
+
 /// The scenario this process should run, if it is a child.
 pub fn child_scenario() -> Option<String> {
     std::env::var("FAULTLINE_CHILD").ok()
