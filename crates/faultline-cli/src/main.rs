@@ -6,6 +6,8 @@ mod checks;
 mod graph;
 mod info;
 mod vpri;
+mod peer;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -35,6 +37,11 @@ enum Command {
     /// when a system call touches a missing page of a region.
     #[command(subcommand)]
     Vpri(vpri::VpriCmd),
+    /// Serve the page faults of VMs restored from a snapshot (Firecracker's `Uffd` memory backend).
+    Serve(serve::ServeArgs),
+    /// A VMM stand-in speaking Firecracker's hand-off (for tests and benchmarks).
+    #[command(hide = true)]
+    Peer(peer::PeerArgs),
 }
 
 fn main() {
@@ -45,6 +52,8 @@ fn main() {
         Command::Graph(cmd) => graph::run_graph(cmd),
         Command::Bfs(args) => graph::run_bfs(args),
         Command::Vpri(cmd) => vpri::run(cmd),
+        Command::Serve(args) => serve::run(args),
+        Command::Peer(args) => peer::run(args),
     };
     if let Err(e) = res {
         // Each cause once (see `checks::print_error`).

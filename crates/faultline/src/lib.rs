@@ -70,6 +70,7 @@ pub mod engine;
 pub mod error;
 pub mod evict;
 mod fault;
+pub mod foreign;
 pub mod interval;
 pub mod page;
 pub mod policy;
@@ -91,6 +92,10 @@ pub use error::{Error, Result};
 pub use evict::{EvictionConfig, EvictionStats};
 pub use fault::report::StackWriter;
 pub use fault::RegionStats;
+pub use foreign::{
+    ForeignEngine, ForeignEngineConfig, ForeignError, ForeignOptions, ForeignPeer,
+    ForeignRegionSpec, ForeignUffd, PeerEvent, PeerStats,
+};
 pub use page::{MemoryKind, PageSize, ResolveOp};
 pub use policy::ReadaheadConfig;
 pub use pool::{FramePoolConfig, FramePoolStats};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{PageCacheFile, PageStore, StoreError};
 use crate::page::PageSize;
-use crate::sys::mem::{is_tmpfs, pread_full, pwrite_all, Mapping};
+use crate::sys::mem::{is_tmpfs, pread_full, pwrite_all, willneed, Mapping};
 use crate::sys::Errno;
 
 /// How a [`FileStore`] reads.
@@ -135,6 +135,14 @@ impl PageStore for FileStore {
         }
         // SAFETY: in bounds of a live read-only mapping owned by `self`.
         Some(unsafe { std::slice::from_raw_parts(m.as_ptr().add(offset as usize), len) })
+    }
+    fn will_need(&self, offset: u64, len: usize) {
+        let Some(m) = self.map.as_ref() else { return };
+        let start = offset.min(self.len) & !(PageSize::BASE.bytes() as u64 - 1);
+        let end = offset.saturating_add(len as u64).min(self.len);
+        if end > start {
+            let _ = willneed(m.addr() + start, (end - start) as usize);
+        }
     }
     fn page_cache(&self) -> Option<PageCacheFile<'_>> {
         self.tmpfs.then(|| PageCacheFile {

@@ -160,6 +160,11 @@ pub trait PageStore: Send + Sync + 'static {
         None
     }
 
+    /// A hint that `len` bytes at `offset` will be read soon: a store
+    /// that can start reading them in the background (a file: the page
+    /// cache's read-ahead) does. The default does nothing.
+    fn will_need(&self, _offset: u64, _len: usize) {}
+
     /// Whether every page reads as zeros (lets the runtime use
     /// `UFFDIO_ZEROPAGE` and skip copies).
     fn is_zero(&self) -> bool {

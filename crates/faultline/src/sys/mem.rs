@@ -576,3 +576,43 @@ pub fn free_disk_bytes(path: &std::path::Path) -> std::io::Result<u64> {
     }
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
+
+/// Private anonymous read-write mapping backed by 2 MiB hugetlb pages
+/// (`MAP_HUGETLB | MAP_HUGE_2MB`, what a VMM maps guest memory with when
+/// its snapshot uses huge pages), at `addr` (which must be free) or where
+/// the kernel chooses.
+pub fn anon_huge_2m(addr: Option<u64>, len: usize) -> Result<Mapping, MemError> {
+    const MAP_HUGE_2MB: i32 = 21 << libc::MAP_HUGE_SHIFT;
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | MAP_HUGE_2MB;
+    match addr {
+        Some(a) => Mapping::map_at(a, len, prot, flags | libc::MAP_FIXED_NOREPLACE, -1, 0),
+        None => Mapping::map(len, prot, flags, -1, 0),
+    }
+}
+
+/// `posix_fadvise(POSIX_FADV_DONTNEED)` over a whole file: drops its clean
+/// pages from the page cache (a cold cache for one file, without root).
+pub fn fadvise_dontneed(fd: &impl AsRawFd) -> Result<(), MemError> {
+    // SAFETY: plain syscall on a descriptor we borrow; no memory is passed.
+    let r = unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if r != 0 {
+        return Err(MemError {
+            op: "posix_fadvise(DONTNEED)",
+            source: io::Error::from_raw_os_error(r),
+        });
+    }
+    Ok(())
+}
+
+/// `MADV_WILLNEED` on `[addr, addr + len)` of a file mapping: the kernel
+/// starts reading the range into the page cache (large, asynchronous,
+/// sequential reads) and returns.
+pub fn willneed(addr: u64, len: usize) -> Result<(), MemError> {
+    // SAFETY: advice only; the kernel validates the range.
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_WILLNEED) };
+    if r != 0 {
+        return Err(last("madvise(MADV_WILLNEED)"));
+    }
+    Ok(())
+}

@@ -16,11 +16,13 @@
 //! | [`uffd`] | the userfaultfd ABI and one wrapper per ioctl |
 //! | [`perf`] | `perf_event_open` hardware breakpoints |
 //! | [`signal`] | handlers, chaining, alternate stacks, masks, [`signal::SignalContext`] |
+//! | [`sock`] | descriptor passing (`SCM_RIGHTS`), `SO_PEERCRED`, `poll` over many fds, `kill` |
 //! | [`thread`] | ids, affinity, futex, eventfd, pipes, `poll`, fork hooks |
 
 pub mod mem;
 pub mod perf;
 pub mod signal;
+pub mod sock;
 pub mod thread;
 pub mod uffd;
 

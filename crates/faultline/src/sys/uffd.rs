@@ -424,6 +424,12 @@ pub struct Uffd {
     fd: OwnedFd,
 }
 
+impl std::os::fd::AsFd for Uffd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
+    }
+}
+
 impl AsRawFd for Uffd {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
@@ -434,6 +440,23 @@ impl Uffd {
     /// Wraps an fd created by one of [`crate::caps`]'s creation paths.
     pub(crate) fn from_owned(fd: OwnedFd) -> Self {
         Uffd { fd }
+    }
+
+    /// Adopts a userfaultfd created elsewhere (received from another
+    /// process): its handshake (`UFFDIO_API`) was done by its creator and
+    /// cannot be repeated; [`fdinfo_features`](Self::fdinfo_features)
+    /// tells what it chose.
+    pub fn adopt(fd: OwnedFd) -> Self {
+        Uffd { fd }
+    }
+
+    /// The features the fd's creator enabled with `UFFDIO_API`, read from
+    /// `/proc/self/fdinfo` (the kernel prints `API:\t<api>:<features>:<ioctls>`
+    /// for every userfaultfd). `Ok(None)`: the fd is not a userfaultfd, or
+    /// its handshake was never done.
+    pub fn fdinfo_features(&self) -> io::Result<Option<u64>> {
+        let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.as_raw_fd()))?;
+        Ok(parse_fdinfo_features(&text))
     }
 
     /// `UFFDIO_API`: the handshake, once per fd. Returns the features and
@@ -609,6 +632,20 @@ impl Uffd {
             Err(UffdError::new(op, super::errno()))
         }
     }
+}
+
+/// The features of a userfaultfd's `/proc/<pid>/fdinfo` text (see
+/// [`Uffd::fdinfo_features`]). A userfaultfd whose handshake is not done
+/// reports `None` on recent
+/// kernels (it lacks the kernel's internal `UFFD_FEATURE_INITIALIZED`,
+/// bit 31, which is masked off otherwise).
+pub fn parse_fdinfo_features(text: &str) -> Option<u64> {
+    const INITIALIZED: u64 = 1 << 31;
+    let line = text.lines().find_map(|l| l.strip_prefix("API:"))?;
+    let mut it = line.trim().split(':');
+    let api = u64::from_str_radix(it.next()?, 16).ok()?;
+    let features = u64::from_str_radix(it.next()?, 16).ok()?;
+    (api == UFFD_API && features & INITIALIZED != 0).then_some(features & !INITIALIZED)
 }
 
 /// Creates a userfaultfd through the `userfaultfd(2)` syscall.

@@ -1,0 +1,242 @@
+//! Firecracker's `Uffd` hand-off message: a JSON array of guest memory
+//! regions, sent once with the userfaultfd attached (`SCM_RIGHTS`).
+//!
+//! Every field variant of Firecracker's releases is accepted (see
+//! `shared/docs/vm-snapshot-handoff.md`):
+//! `base_host_virt_addr`, `size`, `offset`, and the page size as
+//! `page_size` (bytes), `page_size_kib` (deprecated; holds bytes in current
+//! releases, KiB in the oldest that had it: 4 and 2048 are read as KiB,
+//! 4096 and 2097152 as bytes) or neither (4 KiB). Unknown fields
+//! (`gpa_start`, `is_guest_memfd`, ...) are ignored.
+
+use serde::{Deserialize, Serialize};
+
+use faultline::ForeignRegionSpec;
+
+/// One region as sent on the wire.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct WireRegion {
+    /// Start in the peer's address space.
+    pub base_host_virt_addr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Where the region's bytes start in the memory file.
+    pub offset: u64,
+    /// Page size in bytes (current releases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<u64>,
+    /// Page size (older releases; see the module docs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size_kib: Option<u64>,
+}
+
+/// Why a handshake was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HandshakeError {
+    /// Not valid JSON for the message.
+    #[error("malformed handshake: {0}")]
+    Json(String),
+    /// No region at all.
+    #[error("the handshake lists no region")]
+    Empty,
+    /// A region of zero bytes.
+    #[error("region {0} has size 0")]
+    ZeroSize(usize),
+    /// The two page-size fields disagree.
+    #[error("region {index}: page_size {page_size} and page_size_kib {kib} disagree")]
+    PageSizeConflict {
+        /// Region index.
+        index: usize,
+        /// `page_size`.
+        page_size: u64,
+        /// `page_size_kib`.
+        kib: u64,
+    },
+    /// A page size that is not served.
+    #[error("region {index}: page size {bytes} bytes is not supported (4096 or 2097152)")]
+    PageSize {
+        /// Region index.
+        index: usize,
+        /// Bytes.
+        bytes: u64,
+    },
+}
+
+/// Parses the message into region specs. Never panics, whatever the bytes.
+pub fn parse(bytes: &[u8]) -> Result<Vec<ForeignRegionSpec>, HandshakeError> {
+    let wire: Vec<WireRegion> =
+        serde_json::from_slice(bytes).map_err(|e| HandshakeError::Json(e.to_string()))?;
+    if wire.is_empty() {
+        return Err(HandshakeError::Empty);
+    }
+    wire.iter()
+        .enumerate()
+        .map(|(index, w)| {
+            if w.size == 0 {
+                return Err(HandshakeError::ZeroSize(index));
+            }
+            let kib = w.page_size_kib.map(|k| match k {
+                4 | 2048 => k * 1024,
+                other => other,
+            });
+            let page_size = match (w.page_size, kib) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(HandshakeError::PageSizeConflict {
+                        index,
+                        page_size: a,
+                        kib: w.page_size_kib.unwrap_or(0),
+                    })
+                }
+                (Some(a), _) | (None, Some(a)) => a,
+                (None, None) => 4096,
+            };
+            if page_size != 4096 && page_size != 2 << 20 {
+                return Err(HandshakeError::PageSize {
+                    index,
+                    bytes: page_size,
+                });
+            }
+            Ok(ForeignRegionSpec {
+                base: w.base_host_virt_addr,
+                len: usize::try_from(w.size).map_err(|_| HandshakeError::ZeroSize(index))?,
+                page_size,
+                store_offset: w.offset,
+            })
+        })
+        .collect()
+}
+
+/// The field variants a peer may send (for the test peer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Variant {
+    /// `page_size` in bytes (current releases).
+    PageSize,
+    /// `page_size_kib` holding bytes (current releases keep it, deprecated).
+    KibBytes,
+    /// `page_size_kib` holding KiB.
+    Kib,
+    /// No page-size field (oldest releases: 4 KiB).
+    None,
+    /// `page_size` plus fields of a development branch (`gpa_start`,
+    /// `is_guest_memfd`), which a handler must ignore.
+    Extra,
+}
+
+/// The message a peer of `variant` sends for `regions`
+/// (`(base, size, offset, page_size)`).
+pub fn encode(variant: Variant, regions: &[(u64, u64, u64, u64)]) -> String {
+    let items: Vec<serde_json::Value> = regions
+        .iter()
+        .map(|&(base, size, offset, ps)| {
+            let mut v = serde_json::json!({
+                "base_host_virt_addr": base,
+                "size": size,
+                "offset": offset,
+            });
+            let m = v.as_object_mut().expect("object");
+            match variant {
+                Variant::PageSize => {
+                    m.insert("page_size".into(), ps.into());
+                }
+                Variant::KibBytes => {
+                    m.insert("page_size_kib".into(), ps.into());
+                }
+                Variant::Kib => {
+                    m.insert("page_size_kib".into(), (ps / 1024).into());
+                }
+                Variant::None => {}
+                Variant::Extra => {
+                    m.insert("page_size".into(), ps.into());
+                    m.insert("page_size_kib".into(), ps.into());
+                    m.insert("gpa_start".into(), (offset + 0x1_0000_0000).into());
+                    m.insert("is_guest_memfd".into(), false.into());
+                }
+            }
+            v
+        })
+        .collect();
+    serde_json::Value::Array(items).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn every_variant_parses_to_the_same_regions() {
+        let regions = [
+            (0x7f00_0000_0000, 8 << 20, 0, 4096),
+            (0x7f00_0100_0000, 4 << 20, 8 << 20, 4096),
+        ];
+        let huge = [(0x7f00_0000_0000, 4 << 20, 0, 2 << 20)];
+        for set in [&regions[..], &huge[..]] {
+            for v in [
+                Variant::PageSize,
+                Variant::KibBytes,
+                Variant::Kib,
+                Variant::Extra,
+            ] {
+                let got = parse(encode(v, set).as_bytes()).unwrap();
+                assert_eq!(got.len(), set.len());
+                for (g, w) in got.iter().zip(set) {
+                    assert_eq!(
+                        (g.base, g.len as u64, g.store_offset, g.page_size),
+                        *w,
+                        "{v:?}"
+                    );
+                }
+            }
+        }
+        let none = parse(encode(Variant::None, &regions).as_bytes()).unwrap();
+        assert!(none.iter().all(|r| r.page_size == 4096));
+    }
+
+    #[test]
+    fn bad_messages_say_why() {
+        assert!(matches!(parse(b"{not json"), Err(HandshakeError::Json(_))));
+        assert_eq!(parse(b"[]"), Err(HandshakeError::Empty));
+        assert!(matches!(
+            parse(br#"[{"base_host_virt_addr":4096,"size":4096,"offset":0,"page_size":65536}]"#),
+            Err(HandshakeError::PageSize {
+                index: 0,
+                bytes: 65536
+            })
+        ));
+        assert_eq!(
+            parse(br#"[{"base_host_virt_addr":4096,"size":0,"offset":0}]"#),
+            Err(HandshakeError::ZeroSize(0))
+        );
+        assert!(matches!(
+            parse(br#"[{"base_host_virt_addr":4096,"size":4096,"offset":0,"page_size":4096,"page_size_kib":2097152}]"#),
+            Err(HandshakeError::PageSizeConflict { .. })
+        ));
+        // A missing required field.
+        assert!(matches!(
+            parse(br#"[{"size":4096,"offset":0}]"#),
+            Err(HandshakeError::Json(_))
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse(&bytes);
+        }
+
+        #[test]
+        fn mutated_messages_never_panic(
+            cut in 0usize..200,
+            flip in prop::collection::vec((0usize..200, any::<u8>()), 0..8),
+        ) {
+            let mut m = encode(Variant::Extra, &[(0x7f00_0000_0000, 8 << 20, 0, 4096)]).into_bytes();
+            for (i, b) in flip {
+                if let Some(x) = m.get_mut(i) {
+                    *x = b;
+                }
+            }
+            m.truncate(cut.max(1).min(m.len()));
+            let _ = parse(&m);
+        }
+    }
+}

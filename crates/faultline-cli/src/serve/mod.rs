@@ -1,0 +1,452 @@
+//! `faultline serve`: a page-fault handler process for Firecracker's `Uffd`
+//! memory backend (and any VMM speaking its hand-off; see `handshake`).
+//!
+//! ```text
+//!  listener (main thread) ── accept ──► handshake thread per connection
+//!     │                                   recvmsg: JSON + SCM_RIGHTS uffd, SO_PEERCRED
+//!     │                                   parse, check layout vs the memory file
+//!     │                                   ForeignPeer ─► ForeignEngine::add
+//!     ▼
+//!  engine events (hang-up, failure, second message, prefetch done) ─► stderr, record file
+//! ```
+//!
+//! One memory file serves every peer: one read-only shared mapping
+//! (`FileStore`), so many VMs restored from one snapshot share its page
+//! cache and the handler's memory does not grow with them beyond each
+//! peer's bookkeeping (residency map, record log).
+
+pub mod handshake;
+pub mod record;
+
+use std::io::Write as _;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use faultline::store::FileAccess;
+use faultline::sys::sock::{self, events, PollFd};
+use faultline::{
+    EngineKind, FileStore, ForeignEngine, ForeignEngineConfig, ForeignOptions, ForeignPeer,
+    ForeignUffd, PageStore, PeerEvent, ReadaheadConfig,
+};
+
+/// `faultline serve` arguments.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// UNIX socket to bind (give its path to Firecracker as `backend_path`).
+    /// A stale socket file is replaced.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The snapshot's memory file (the regions' bytes, back to back).
+    #[arg(long)]
+    pub mem: PathBuf,
+    /// Exit with an error when no peer is connected for this many seconds
+    /// (at start, and whenever every peer has gone). Default 30.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
+    /// Exit once this many peers have connected and all of them have gone.
+    /// Default: serve until killed (or the timeout).
+    #[arg(long)]
+    pub peers: Option<usize>,
+    /// Handler threads (each peer is served by one of them). Default 1.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Engine for the handler threads: poll, spin or workers (signal cannot
+    /// serve another process). Default poll.
+    #[arg(long, default_value = "poll")]
+    pub engine: String,
+    /// Fault-around: the read-ahead window grows up to this many pages
+    /// (0: one page per fault). Default 16.
+    #[arg(long, default_value_t = 16)]
+    pub fault_around: usize,
+    /// Write the order in which the first peer's restore touched its pages
+    /// to FILE when it hangs up (one page per fault: fault-around is off
+    /// for that peer).
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+    /// Install the pages listed in FILE (written by --record) eagerly on
+    /// every restore; faults are served first, and pages outside the set on
+    /// demand.
+    #[arg(long)]
+    pub prefetch: Option<PathBuf>,
+    /// Kill a peer (SIGKILL, pid from SO_PEERCRED) when serving it fails or
+    /// its handshake is refused: its vCPUs would otherwise hang.
+    #[arg(long)]
+    pub kill_peer_on_error: bool,
+    /// Seconds a connected peer has to send its handshake. Default 5.
+    #[arg(long, default_value_t = 5.0)]
+    pub handshake_timeout: f64,
+    /// Write every peer's statistics to FILE (JSON) on exit.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// One peer's summary (stderr and `--json`).
+#[derive(Debug, Clone, serde::Serialize, Default)]
+pub struct PeerSummary {
+    /// Connection number.
+    pub peer: usize,
+    /// Its pid (SO_PEERCRED).
+    pub pid: i32,
+    /// How it ended.
+    pub outcome: String,
+    /// Regions.
+    pub regions: usize,
+    /// Features the peer enabled with UFFDIO_API.
+    pub features: Vec<String>,
+    /// Fault messages.
+    pub faults: u64,
+    /// Pages installed (faults, fault-around, prefetch).
+    pub installed: u64,
+    /// Bytes read from the memory file (pages installed from it).
+    pub bytes_read: u64,
+    /// REMOVE events.
+    pub removes: u64,
+    /// Pages they dropped.
+    pub removed_pages: u64,
+    /// Faults deferred after EAGAIN.
+    pub deferred: u64,
+    /// EEXIST outcomes.
+    pub exists: u64,
+    /// Pages installed by prefetch.
+    pub prefetched: u64,
+    /// Seconds from the handshake to its end.
+    pub seconds: f64,
+}
+
+struct Shared {
+    args: ServeArgs,
+    store: Arc<dyn PageStore>,
+    store_len: u64,
+    engine: ForeignEngine,
+    prefetch: Option<Vec<u64>>,
+    connected: AtomicUsize,
+    finished: AtomicUsize,
+    recorder: Mutex<Option<u64>>,
+    pids: Mutex<Vec<(u64, usize, i32, Instant)>>,
+    summaries: Mutex<Vec<PeerSummary>>,
+}
+
+fn say(msg: std::fmt::Arguments<'_>) {
+    let mut e = std::io::stderr().lock();
+    let _ = writeln!(e, "faultline serve: {msg}");
+}
+
+/// Runs `faultline serve`.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let kind = EngineKind::from_name(&args.engine)
+        .with_context(|| format!("unknown engine {:?}", args.engine))?;
+    let store = FileStore::open_with(&args.mem, 0, FileAccess::Mmap)
+        .with_context(|| format!("opening the memory file {}", args.mem.display()))?;
+    let store_len = store.len().unwrap_or(0);
+    let prefetch = match &args.prefetch {
+        Some(p) => Some(record::read(p)?),
+        None => None,
+    };
+    let (engine, events) = ForeignEngine::new(
+        kind,
+        ForeignEngineConfig {
+            threads: args.threads.max(1),
+            ..Default::default()
+        },
+    )?;
+    let _ = std::fs::remove_file(&args.socket);
+    let listener = UnixListener::bind(&args.socket)
+        .with_context(|| format!("binding {}", args.socket.display()))?;
+    listener.set_nonblocking(true)?;
+    say(format_args!(
+        "listening on {} for peers of {} ({store_len} bytes); timeout {}s",
+        args.socket.display(),
+        args.mem.display(),
+        args.timeout
+    ));
+    let shared = Arc::new(Shared {
+        args: args.clone(),
+        store: Arc::new(store),
+        store_len,
+        engine,
+        prefetch,
+        connected: AtomicUsize::new(0),
+        finished: AtomicUsize::new(0),
+        recorder: Mutex::new(None),
+        pids: Mutex::new(Vec::new()),
+        summaries: Mutex::new(Vec::new()),
+    });
+    let timeout = Duration::from_secs_f64(args.timeout.max(0.0));
+    let mut idle_since = Some(Instant::now());
+    let result = loop {
+        let mut fds = [PollFd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
+            events: events::IN,
+            revents: 0,
+        }];
+        let _ = sock::poll(&mut fds, 50);
+        loop {
+            match listener.accept() {
+                Ok((conn, _)) => {
+                    let n = shared.connected.fetch_add(1, SeqCst) + 1;
+                    let s = shared.clone();
+                    std::thread::Builder::new()
+                        .name(format!("faultline-handshake-{n}"))
+                        .spawn(move || {
+                            if !s.accept(n, conn) {
+                                s.finished.fetch_add(1, SeqCst);
+                            }
+                        })?;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => say(format_args!("accept failed: {e}")),
+            }
+        }
+        while let Ok(ev) = events.try_recv() {
+            shared.on_event(ev);
+        }
+        let (c, f) = (shared.connected.load(SeqCst), shared.finished.load(SeqCst));
+        if args.peers.is_some_and(|n| c >= n && f >= c) {
+            say(format_args!("all {c} peers served; exiting"));
+            break Ok(());
+        }
+        if c > f {
+            idle_since = None;
+        } else {
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > timeout {
+                break Err(anyhow::anyhow!(
+                    "no peer connected for {:.1}s (timeout); exiting",
+                    timeout.as_secs_f64()
+                ));
+            }
+        }
+    };
+    let _ = std::fs::remove_file(&args.socket);
+    if let Some(path) = &args.json {
+        let s = shared.summaries.lock().expect("summaries").clone();
+        std::fs::write(path, serde_json::to_string_pretty(&s)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    result
+}
+
+impl Shared {
+    /// Handles connection `n`; returns whether a peer is now being served.
+    fn accept(&self, n: usize, conn: UnixStream) -> bool {
+        let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
+        let refuse = |why: String| {
+            say(format_args!("peer {n} (pid {pid}): refused: {why}"));
+            self.kill(n, pid);
+            self.summaries.lock().expect("summaries").push(PeerSummary {
+                peer: n,
+                pid,
+                outcome: format!("refused: {why}"),
+                ..Default::default()
+            });
+            false
+        };
+        let mut fds = [PollFd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&conn),
+            events: events::IN,
+            revents: 0,
+        }];
+        let wait = Duration::from_secs_f64(self.args.handshake_timeout.max(0.0));
+        match sock::poll(&mut fds, wait.as_millis() as i32) {
+            Ok(1) => {}
+            _ => return refuse(format!("no handshake within {:.1}s", wait.as_secs_f64())),
+        }
+        let mut buf = vec![0u8; 1 << 16];
+        let got = match sock::recv_with_fds(conn.as_fd(), &mut buf, true) {
+            Ok(g) => g,
+            Err(e) => return refuse(format!("recvmsg failed: {e}")),
+        };
+        if got.bytes == 0 && got.fds.is_empty() {
+            return refuse("it hung up without a handshake".into());
+        }
+        if got.data_truncated {
+            return refuse("the handshake is longer than 64 KiB".into());
+        }
+        if got.control_truncated {
+            return refuse("it attached more descriptors than one (some were lost)".into());
+        }
+        let mut fds: Vec<OwnedFd> = got.fds;
+        if fds.len() != 1 {
+            return refuse(format!(
+                "expected exactly one descriptor (the userfaultfd) attached with SCM_RIGHTS, got {}",
+                fds.len()
+            ));
+        }
+        let specs = match handshake::parse(&buf[..got.bytes]) {
+            Ok(s) => s,
+            Err(e) => return refuse(e.to_string()),
+        };
+        let uffd = match ForeignUffd::adopt(fds.remove(0)) {
+            Ok(u) => u,
+            Err(e) => return refuse(e.to_string()),
+        };
+        let total: u64 = specs.iter().map(|s| s.len as u64).sum();
+        if total != self.store_len {
+            say(format_args!(
+                "peer {n} (pid {pid}): note: its regions add up to {total} bytes, the memory file holds {}",
+                self.store_len
+            ));
+        }
+        let record = self.args.record.is_some() && {
+            let r = self.recorder.lock().expect("recorder");
+            r.is_none()
+        };
+        let opts = ForeignOptions {
+            readahead: if record || self.args.fault_around <= 1 {
+                ReadaheadConfig::off()
+            } else {
+                ReadaheadConfig::adaptive(1, self.args.fault_around)
+            },
+            record,
+            ..Default::default()
+        };
+        let features: Vec<String> = uffd.feature_names().iter().map(|s| s.to_string()).collect();
+        let removes = uffd.reports_removes();
+        let peer =
+            match ForeignPeer::new(format!("peer {n}"), uffd, &specs, self.store.clone(), &opts) {
+                Ok(p) => p,
+                Err(e) => return refuse(e.to_string()),
+            };
+        let conn: OwnedFd = conn.into();
+        let peer = peer.with_hangup(conn);
+        let queued = self.prefetch.as_ref().map(|offs| peer.prefetch(offs));
+        let peer = self.engine.add(peer);
+        if record {
+            *self.recorder.lock().expect("recorder") = Some(peer.id());
+        }
+        self.pids
+            .lock()
+            .expect("pids")
+            .push((peer.id(), n, pid, Instant::now()));
+        say(format_args!(
+            "peer {n} (pid {pid}): serving {} region(s), {} bytes; features [{}]{}{}{}",
+            specs.len(),
+            total,
+            features.join(", "),
+            if removes {
+                ""
+            } else {
+                "; no EVENT_REMOVE: pages it drops are re-read from the file"
+            },
+            if record { "; recording" } else { "" },
+            queued.map_or(String::new(), |q| format!("; prefetching {q} pages")),
+        ));
+        true
+    }
+
+    fn kill(&self, n: usize, pid: i32) {
+        if self.args.kill_peer_on_error && pid > 0 {
+            match sock::kill(pid, sock::SIGKILL) {
+                Ok(()) => say(format_args!(
+                    "peer {n}: killed pid {pid} (--kill-peer-on-error)"
+                )),
+                Err(e) => say(format_args!("peer {n}: killing pid {pid} failed: {e}")),
+            }
+        }
+    }
+
+    fn lookup(&self, id: u64) -> (usize, i32, Instant) {
+        self.pids
+            .lock()
+            .expect("pids")
+            .iter()
+            .find(|p| p.0 == id)
+            .map(|p| (p.1, p.2, p.3))
+            .unwrap_or((0, 0, Instant::now()))
+    }
+
+    fn on_event(&self, ev: PeerEvent) {
+        match ev {
+            PeerEvent::HungUp { peer } => {
+                self.finish(&peer, "hung up".into());
+            }
+            PeerEvent::Failed { peer, error } => {
+                let (n, pid, _) = self.lookup(peer.id());
+                say(format_args!(
+                    "peer {n} (pid {pid}): serving failed: {error}"
+                ));
+                self.kill(n, pid);
+                self.finish(&peer, format!("failed: {error}"));
+            }
+            PeerEvent::Message { peer, bytes, fds } => {
+                let (n, pid, _) = self.lookup(peer.id());
+                say(format_args!(
+                    "peer {n} (pid {pid}): sent a second message ({bytes} bytes, {fds} descriptor(s)); ignored: the hand-off is one message"
+                ));
+            }
+            PeerEvent::PrefetchDone { peer } => {
+                let (n, pid, t) = self.lookup(peer.id());
+                let s = peer.stats();
+                say(format_args!(
+                    "peer {n} (pid {pid}): prefetch done: {} pages in {} ioctls, {:.1} ms after the handshake",
+                    s.prefetched,
+                    s.prefetch_ioctls,
+                    t.elapsed().as_secs_f64() * 1e3
+                ));
+            }
+            PeerEvent::StoreError { peer, error } => {
+                let (n, pid, _) = self.lookup(peer.id());
+                say(format_args!("peer {n} (pid {pid}): {error}"));
+            }
+        }
+    }
+
+    fn finish(&self, peer: &Arc<ForeignPeer>, outcome: String) {
+        let (n, pid, t) = self.lookup(peer.id());
+        let s = peer.stats();
+        let page = 4096u64;
+        let summary = PeerSummary {
+            peer: n,
+            pid,
+            outcome: outcome.clone(),
+            regions: peer.regions(),
+            features: peer
+                .uffd()
+                .feature_names()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            faults: s.faults,
+            installed: s.regions.installed,
+            bytes_read: (s.regions.zero_copy_fills + s.regions.store_fills) * page,
+            removes: s.removes,
+            removed_pages: s.removed_pages,
+            deferred: s.deferred,
+            exists: s.regions.exists,
+            prefetched: s.prefetched,
+            seconds: t.elapsed().as_secs_f64(),
+        };
+        say(format_args!(
+            "peer {n} (pid {pid}): {outcome}; {} faults, {} pages installed, {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched",
+            s.faults,
+            s.regions.installed,
+            s.removes,
+            s.removed_pages,
+            s.deferred,
+            s.regions.exists,
+            s.prefetched
+        ));
+        if *self.recorder.lock().expect("recorder") == Some(peer.id()) {
+            if let Some(path) = &self.args.record {
+                let offs = peer.take_record();
+                match record::write(path, &offs) {
+                    Ok(()) => say(format_args!(
+                        "peer {n}: recorded {} pages to {}",
+                        offs.len(),
+                        path.display()
+                    )),
+                    Err(e) => say(format_args!("peer {n}: writing the record failed: {e:#}")),
+                }
+            }
+        }
+        self.engine.remove(peer.id());
+        self.summaries.lock().expect("summaries").push(summary);
+        self.finished.fetch_add(1, SeqCst);
+    }
+}

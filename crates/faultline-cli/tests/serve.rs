@@ -1,0 +1,387 @@
+//! `faultline serve` against `faultline peer`: real processes, real
+//! userfaultfds handed over a UNIX socket, every byte compared with the
+//! memory file. Every wait is bounded; every process is stopped by its pid.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_faultline");
+const MIB: usize = 1 << 20;
+
+/// A temp dir with a memory file of seeded bytes, removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str, mem_bytes: usize) -> Dir {
+        let d = std::env::temp_dir().join(format!("faultline-serve-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let mut f = std::fs::File::create(d.join("mem")).unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ mem_bytes as u64;
+        let mut buf = Vec::with_capacity(mem_bytes);
+        while buf.len() < mem_bytes {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf.extend_from_slice(&x.to_le_bytes());
+        }
+        f.write_all(&buf[..mem_bytes]).unwrap();
+        Dir(d)
+    }
+    fn path(&self, f: &str) -> PathBuf {
+        self.0.join(f)
+    }
+    fn sock(&self) -> PathBuf {
+        self.path("sock")
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process killed (by pid) and reaped on drop.
+struct Proc {
+    child: Child,
+    name: String,
+}
+
+impl Proc {
+    fn start(name: &str, args: &[&str], stderr: &Path) -> Proc {
+        let child = Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(stderr).unwrap())
+            .spawn()
+            .unwrap();
+        Proc {
+            child,
+            name: name.into(),
+        }
+    }
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {timeout:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn serve(dir: &Dir, extra: &[&str]) -> Proc {
+    let sock = dir.sock();
+    let mem = dir.path("mem");
+    let mut args = vec![
+        "serve",
+        "--socket",
+        sock.to_str().unwrap(),
+        "--mem",
+        mem.to_str().unwrap(),
+        "--timeout",
+        "20",
+    ];
+    args.extend_from_slice(extra);
+    let p = Proc::start("serve", &args, &dir.path("serve.err"));
+    let deadline = Instant::now() + WAIT;
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "serve never bound its socket");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    p
+}
+
+fn peer(dir: &Dir, name: &str, extra: &[&str]) -> Proc {
+    let sock = dir.sock();
+    let mem = dir.path("mem");
+    let mut args = vec![
+        "peer",
+        "--socket",
+        sock.to_str().unwrap(),
+        "--mem",
+        mem.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Proc::start(name, &args, &dir.path(&format!("{name}.err")))
+}
+
+fn text(dir: &Dir, f: &str) -> String {
+    std::fs::read_to_string(dir.path(f)).unwrap_or_default()
+}
+
+fn assert_ok(p: &mut Proc, dir: &Dir) {
+    let s = p.wait(WAIT);
+    assert!(
+        s.success(),
+        "{} failed ({s}):\n{}\nserve:\n{}",
+        p.name,
+        text(dir, &format!("{}.err", p.name)),
+        text(dir, "serve.err")
+    );
+}
+
+/// Waits until `f` of `dir` contains `needle`.
+fn wait_for(dir: &Dir, f: &str, needle: &str) {
+    let deadline = Instant::now() + WAIT;
+    while !text(dir, f).contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "{f} never said {needle:?}:\n{}",
+            text(dir, f)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn every_handshake_variant_is_served() {
+    let dir = Dir::new("variants", 8 * MIB);
+    let variants = ["page-size", "kib-bytes", "kib", "none", "extra"];
+    let mut s = serve(&dir, &["--peers", "5"]);
+    for v in variants {
+        let mut p = peer(&dir, v, &["--variant", v, "--verify-all", "--threads", "2"]);
+        assert_ok(&mut p, &dir);
+    }
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert_eq!(log.matches("hung up;").count(), 5, "{log}");
+    assert!(log.contains("features [EVENT_REMOVE]"), "{log}");
+}
+
+#[test]
+fn bad_input_is_refused_while_a_good_peer_is_served() {
+    let dir = Dir::new("bad", 16 * MIB);
+    let mut s = serve(&dir, &["--peers", "7"]);
+    // The good peer is mid-restore (paused) while the bad ones arrive.
+    let mut good = peer(
+        &dir,
+        "good",
+        &[
+            "--verify-all",
+            "--pause-at",
+            "30",
+            "--pause-ms",
+            "1500",
+            "--working-set",
+            "30",
+        ],
+    );
+    wait_for(&dir, "good.err", "paused");
+    let cases = [
+        ("json", "malformed handshake"),
+        ("no-fd", "expected exactly one descriptor"),
+        ("overlap", "overlap in the peer's address space"),
+        ("past-end", "runs past the end of the store"),
+        ("page-size", "page size 65536 bytes is not supported"),
+    ];
+    for (bad, _) in cases {
+        let mut p = peer(&dir, bad, &["--bad", bad]);
+        assert_ok(&mut p, &dir);
+    }
+    let mut twice = peer(&dir, "twice", &["--bad", "twice", "--verify-all"]);
+    assert_ok(&mut twice, &dir);
+    assert_ok(&mut good, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    for (bad, why) in cases {
+        assert!(log.contains(why), "no refusal for {bad}:\n{log}");
+    }
+    assert!(log.contains("sent a second message"), "{log}");
+    assert_eq!(log.matches("refused:").count(), 5, "{log}");
+}
+
+#[test]
+fn kill_peer_on_error_kills_a_peer_with_a_bad_handshake() {
+    let dir = Dir::new("kill", 4 * MIB);
+    let mut s = serve(&dir, &["--peers", "1", "--kill-peer-on-error"]);
+    let mut p = peer(&dir, "bad", &["--bad", "json"]);
+    let st = p.wait(WAIT);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(9), "{st}: {}", text(&dir, "serve.err"));
+    assert_ok(&mut s, &dir);
+    assert!(text(&dir, "serve.err").contains(&format!("killed pid {}", p.pid())));
+}
+
+#[test]
+fn removed_ranges_read_zeros() {
+    let dir = Dir::new("balloon", 8 * MIB);
+    let mut s = serve(&dir, &["--peers", "1"]);
+    let mut p = peer(&dir, "p", &["--balloon", "--threads", "4"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert!(log.contains("1 REMOVE events (512 pages)"), "{log}");
+}
+
+#[test]
+fn remove_storms_racing_faults_keep_every_byte_right() {
+    let dir = Dir::new("storm", 8 * MIB);
+    let mut s = serve(&dir, &["--peers", "2", "--threads", "2"]);
+    let mut a = peer(
+        &dir,
+        "a",
+        &["--storm", "40", "--working-set", "30", "--threads", "4"],
+    );
+    let mut b = peer(
+        &dir,
+        "b",
+        &["--storm", "40", "--working-set", "30", "--seed", "7"],
+    );
+    assert_ok(&mut a, &dir);
+    assert_ok(&mut b, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    // The storm really raced: REMOVE events were read (whether a given run
+    // also hit EAGAIN is timing; the bytes are checked either way).
+    assert!(!log.contains(" 0 REMOVE events"), "{log}");
+    eprintln!("{log}");
+}
+
+#[test]
+fn a_peer_killed_mid_restore_leaves_the_others_served() {
+    let dir = Dir::new("killed", 8 * MIB);
+    let mut s = serve(&dir, &["--peers", "2"]);
+    let mut victim = peer(&dir, "victim", &["--pause-at", "50", "--pause-ms", "30000"]);
+    wait_for(&dir, "victim.err", "paused");
+    victim.kill();
+    let mut other = peer(&dir, "other", &["--verify-all"]);
+    assert_ok(&mut other, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert_eq!(log.matches("hung up;").count(), 2, "{log}");
+}
+
+#[test]
+fn a_killed_handler_leaves_the_peer_blocked_in_the_kernel() {
+    // What Firecracker documents: with its handler gone, a VM hangs at its
+    // next missing page. The peer's vCPU sleeps in handle_userfault.
+    let dir = Dir::new("handler", 8 * MIB);
+    let mut s = serve(&dir, &[]);
+    let mut p = peer(
+        &dir,
+        "p",
+        &[
+            "--pause-at",
+            "50",
+            "--pause-ms",
+            "300",
+            "--threads",
+            "1",
+            "--verify-all",
+        ],
+    );
+    wait_for(&dir, "p.err", "paused");
+    s.kill();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        p.running(),
+        "the peer should hang, not exit: {}",
+        text(&dir, "p.err")
+    );
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", p.pid())).unwrap();
+    let wchans: Vec<String> = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("wchan")).ok())
+        .collect();
+    assert!(
+        wchans.iter().any(|w| w.contains("userfault")),
+        "no thread blocked in handle_userfault: {wchans:?}"
+    );
+    p.kill();
+}
+
+#[test]
+fn four_vcpus_on_two_regions_with_a_gap() {
+    let dir = Dir::new("vcpus", 16 * MIB);
+    let mut s = serve(&dir, &["--peers", "1", "--fault-around", "8"]);
+    let mut p = peer(
+        &dir,
+        "p",
+        &[
+            "--threads",
+            "4",
+            "--regions",
+            "6291456,10485760",
+            "--gap",
+            "4194304",
+            "--verify-all",
+        ],
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+}
+
+#[test]
+fn hugetlb_regions_when_a_pool_exists() {
+    let free = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("HugePages_Free:")
+                .map(|v| v.trim().parse::<u64>().unwrap())
+        })
+        .unwrap_or(0);
+    if free < 4 {
+        eprintln!(
+            "SKIPPED: hugetlb rows need 4 free 2 MiB pages, the pool has {free} (vm.nr_hugepages)"
+        );
+        return;
+    }
+    let dir = Dir::new("huge", 8 * MIB);
+    let mut s = serve(&dir, &["--peers", "1"]);
+    let mut p = peer(&dir, "p", &["--huge", "--verify-all", "--threads", "2"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+}
+
+#[test]
+fn record_then_prefetch_gives_identical_bytes() {
+    let dir = Dir::new("record", 16 * MIB);
+    let rec = dir.path("ws.txt");
+    let mut s = serve(&dir, &["--peers", "1", "--record", rec.to_str().unwrap()]);
+    let mut p = peer(&dir, "rec", &["--working-set", "25", "--seed", "3"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let recorded = std::fs::read_to_string(&rec).unwrap();
+    let pages = recorded.lines().count() - 1;
+    assert!(pages > 0, "{recorded}");
+    let mut s = serve(&dir, &["--peers", "1", "--prefetch", rec.to_str().unwrap()]);
+    let mut p = peer(
+        &dir,
+        "pre",
+        &["--working-set", "25", "--seed", "3", "--verify-all"],
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert!(log.contains(&format!("prefetching {pages} pages")), "{log}");
+    assert!(!log.contains(" 0 prefetched"), "{log}");
+}

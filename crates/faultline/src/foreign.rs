@@ -1,0 +1,1229 @@
+//! Foreign memory: serving the page faults of *another process* through a
+//! userfaultfd it handed us (the VM snapshot hand-off: Firecracker's `Uffd`
+//! memory backend).
+//!
+//! ```text
+//!   peer process (VMM)                       this process
+//!   ─────────────────                        ────────────
+//!   userfaultfd + UFFDIO_API(EVENT_REMOVE)
+//!   mmap guest memory, REGISTER (MISSING)
+//!   ── fd over a UNIX socket (SCM_RIGHTS) ──► ForeignUffd::adopt(fd)
+//!                                             ForeignPeer::new(uffd, regions, store)
+//!   vCPU touches a page ─► kernel queues msg  ForeignEngine thread: poll ─► read
+//!   vCPU sleeps                               fault::resolve(RegionState of the peer range)
+//!                                               UFFDIO_COPY into the peer's mm, WAKE
+//! ```
+//!
+//! The resolve ioctls act on the mm the userfaultfd was created in, whoever
+//! calls them, so the one resolution path (`fault::resolve`) serves a peer
+//! unchanged: each peer range gets its own `RegionState` whose base is the
+//! *peer's* address. Those states are **not** in the process-wide region
+//! table (keyed by our own addresses; a peer's addresses may overlap ours
+//! and other peers'): each [`ForeignPeer`] looks its faults up in its own
+//! small sorted vector.
+//!
+//! # What carries over, what is refused
+//! Fault-around/read-ahead, run-ahead, the residency map, statistics and
+//! prefetch (below) work on foreign memory. Refused with
+//! [`ForeignError::Refused`]: a resident budget with eviction (evicting
+//! means `MADV_DONTNEED` on the pages, which only the peer can do to its
+//! own mm), the page-cache zero-copy mode (it maps the store's file into
+//! the region, and we cannot map anything into the peer), and the
+//! `signal` engine (the faults happen on the peer's threads, which never
+//! run our signal handler). Page sizes: 4 KiB (anonymous memory) and
+//! 2 MiB (hugetlb).
+//!
+//! # The peer's handshake
+//! `UFFDIO_API` can be done once per userfaultfd, and the peer did it: we
+//! read the features it chose from `/proc/self/fdinfo`
+//! ([`ForeignUffd::features`]) and work with them.
+//! * With `UFFD_FEATURE_EVENT_REMOVE` (Firecracker asks for it, and only
+//!   it) the peer's `MADV_DONTNEED` (its balloon) reaches us as a REMOVE
+//!   event: the residency map forgets the pages, and later faults there
+//!   are served **zeros** (the store wrapper masks removed pages), never
+//!   the store's data again.
+//! * Without it, a dropped page is invisible until it faults again: a fault
+//!   on a page the map records as present is taken as "dropped behind our
+//!   back" and the page is installed again, from the store (we cannot know
+//!   it should read zeros).
+//! * While a REMOVE is unread every resolve ioctl returns `EAGAIN`: the
+//!   fault is deferred with bounded backoff and retried after the event.
+//!
+//! # Threads
+//! A [`ForeignEngine`] runs `threads` poll-style handler threads; each
+//! peer is served by exactly one of them (the least loaded when it is
+//! added), which reads its events, its faults and runs its prefetch. One
+//! reader per userfaultfd is what keeps REMOVE ordered against copies: the
+//! copy of a fault read before a REMOVE finishes before the REMOVE is read
+//! (and the peer's `madvise` released), so a removed range never gets the
+//! store's bytes installed after the fact. Peers are added and removed at
+//! run time ([`ForeignEngine::add`], [`ForeignEngine::remove`]); a peer that
+//! hangs up (its hang-up descriptor, e.g. the socket it connected with,
+//! reports `POLLHUP`/`POLLRDHUP`) or whose resolution fails is dropped and
+//! reported as a [`PeerEvent`]; the others are served on.
+//!
+//! # Record and prefetch
+//! A peer built with [`ForeignOptions::record`] logs the store offset of
+//! every page in the order it first faulted ([`ForeignPeer::take_record`]).
+//! [`ForeignPeer::prefetch`] queues a set of store offsets: the store is
+//! told to read them ([`PageStore::will_need`], large sequential reads in
+//! the background) and the peer's handler thread installs them in runs of
+//! up to [`ForeignEngineConfig::prefetch_chunk_bytes`] per `UFFDIO_COPY`,
+//! one run at a time and only when no fault is waiting: demand faults
+//! always go first. Pages outside the set are served on demand.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::ops::Range;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::background::Background;
+use crate::engine::EngineKind;
+use crate::evict::EvictionConfig;
+use crate::fault::readahead::Streams;
+use crate::fault::resolve::{resolve, Access, Origin, Resolution};
+use crate::fault::{Delivery, RegionState, RegionStats};
+use crate::page::{MemoryKind, PageSize, Pages, ResolveOp};
+use crate::policy::ReadaheadConfig;
+use crate::residency::{PageBits, PageState, Residency};
+use crate::runahead::RunAheadConfig;
+use crate::store::{PageStore, StoreError};
+use crate::sys::sock::{self, events, PollFd};
+use crate::sys::thread::EventFd;
+use crate::sys::uffd::{feature, pagefault_flag, Msg, Uffd, UffdMsg};
+
+/// Why a foreign region, peer or engine could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ForeignError {
+    /// Reading the received descriptor's fdinfo failed.
+    #[error("inspecting the received descriptor: {0}")]
+    Inspect(#[source] std::io::Error),
+    /// The descriptor is not a userfaultfd whose `UFFDIO_API` is done.
+    #[error("the received descriptor is not a userfaultfd whose handshake (UFFDIO_API) is done")]
+    NotUserfaultfd,
+    /// A feature that cannot work on another process's memory.
+    #[error("{what} cannot serve another process's memory: {why}")]
+    Refused {
+        /// The feature.
+        what: &'static str,
+        /// Why.
+        why: &'static str,
+    },
+    /// A page size other than 4 KiB and 2 MiB.
+    #[error("region {index}: page size {bytes} is not served (4096 or 2097152 bytes)")]
+    PageSize {
+        /// Region index.
+        index: usize,
+        /// The size asked for.
+        bytes: u64,
+    },
+    /// A region's geometry is invalid.
+    #[error("region {index}: {source}")]
+    Geometry {
+        /// Region index.
+        index: usize,
+        /// Why.
+        #[source]
+        source: crate::Error,
+    },
+    /// Two regions overlap in the peer's address space.
+    #[error("regions {a} and {b} overlap in the peer's address space")]
+    Overlap {
+        /// First region.
+        a: usize,
+        /// Second region.
+        b: usize,
+    },
+    /// A region runs past the end of the store.
+    #[error("region {index} (store bytes {offset:#x}..{end:#x}) runs past the end of the store ({store_len:#x} bytes)")]
+    PastEnd {
+        /// Region index.
+        index: usize,
+        /// Its store offset.
+        offset: u64,
+        /// One past its last store byte.
+        end: u64,
+        /// The store's length.
+        store_len: u64,
+    },
+    /// A thread could not be started.
+    #[error("spawning {what}: {source}")]
+    Spawn {
+        /// Which thread.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A userfaultfd received from another process. See the module docs.
+#[derive(Debug, Clone)]
+pub struct ForeignUffd {
+    uffd: Arc<Uffd>,
+    features: u64,
+}
+
+impl ForeignUffd {
+    /// Adopts `fd`, which must be a userfaultfd whose handshake its creator
+    /// has done.
+    pub fn adopt(fd: OwnedFd) -> Result<ForeignUffd, ForeignError> {
+        let uffd = Uffd::adopt(fd);
+        let features = uffd
+            .fdinfo_features()
+            .map_err(ForeignError::Inspect)?
+            .ok_or(ForeignError::NotUserfaultfd)?;
+        Ok(ForeignUffd {
+            uffd: Arc::new(uffd),
+            features,
+        })
+    }
+
+    /// The features the peer enabled with `UFFDIO_API`.
+    pub fn features(&self) -> u64 {
+        self.features
+    }
+
+    /// Whether the peer's `MADV_DONTNEED`/`MADV_REMOVE` reach us as REMOVE
+    /// events (`UFFD_FEATURE_EVENT_REMOVE`).
+    pub fn reports_removes(&self) -> bool {
+        self.features & feature::EVENT_REMOVE != 0
+    }
+
+    /// The enabled features by name ("EVENT_REMOVE").
+    pub fn feature_names(&self) -> Vec<&'static str> {
+        feature::ALL
+            .iter()
+            .filter(|(bit, _)| self.features & bit != 0)
+            .map(|&(_, name)| name)
+            .collect()
+    }
+
+    /// The descriptor number (for messages).
+    pub fn raw_fd(&self) -> i32 {
+        self.uffd.as_raw_fd()
+    }
+}
+
+/// One range of the peer's memory and where its bytes are in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForeignRegionSpec {
+    /// Start in the peer's address space.
+    pub base: u64,
+    /// Bytes.
+    pub len: usize,
+    /// Page size (4 KiB: anonymous memory; 2 MiB: hugetlb).
+    pub page_size: u64,
+    /// Where the region's bytes start in the store.
+    pub store_offset: u64,
+}
+
+/// How a peer's regions are served.
+#[derive(Debug, Clone, Default)]
+pub struct ForeignOptions {
+    /// Fault-around / read-ahead (default: the runtime's default).
+    pub readahead: ReadaheadConfig,
+    /// A run-ahead populator per region (default: none).
+    pub run_ahead: Option<RunAheadConfig>,
+    /// A resident budget: refused (see the module docs).
+    pub budget: Option<EvictionConfig>,
+    /// The page-cache zero-copy mode: refused (see the module docs).
+    pub zero_copy: bool,
+    /// Record the order in which pages first fault.
+    pub record: bool,
+}
+
+/// Counters of one peer (relaxed atomics).
+#[derive(Debug, Default)]
+struct PeerCounters {
+    faults: AtomicU64,
+    removes: AtomicU64,
+    removed_pages: AtomicU64,
+    other_events: AtomicU64,
+    deferred: AtomicU64,
+    prefetched: AtomicU64,
+    prefetch_ioctls: AtomicU64,
+    outside: AtomicU64,
+}
+
+/// A snapshot of a peer's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerStats {
+    /// Fault messages read.
+    pub faults: u64,
+    /// REMOVE events read.
+    pub removes: u64,
+    /// Whole pages those events dropped.
+    pub removed_pages: u64,
+    /// Other events (unexpected for a Firecracker peer).
+    pub other_events: u64,
+    /// Faults deferred after EAGAIN.
+    pub deferred: u64,
+    /// Pages installed by prefetch.
+    pub prefetched: u64,
+    /// Prefetch ioctls.
+    pub prefetch_ioctls: u64,
+    /// Faults outside every region of the peer.
+    pub outside: u64,
+    /// The regions' counters, summed.
+    pub regions: RegionStats,
+}
+
+/// Store offsets of pages masked to zeros (removed by the peer), with a
+/// fast "nothing removed yet" check.
+#[derive(Debug)]
+struct Removed {
+    bits: PageBits,
+    any: AtomicBool,
+}
+
+/// A region's store as the peer must see it: the store's bytes from the
+/// region's offset, with removed pages reading as zeros.
+struct RegionStore {
+    inner: Arc<dyn PageStore>,
+    base: u64,
+    len: u64,
+    shift: u32,
+    removed: Arc<Removed>,
+}
+
+impl RegionStore {
+    fn removed_in(&self, offset: u64, len: usize) -> Option<Range<usize>> {
+        if !self.removed.any.load(Relaxed) || len == 0 {
+            return None;
+        }
+        let first = (offset >> self.shift) as usize;
+        let last = ((offset + len as u64 - 1) >> self.shift) as usize;
+        (first..=last)
+            .any(|p| self.removed.bits.get(p))
+            .then_some(first..last + 1)
+    }
+}
+
+impl PageStore for RegionStore {
+    fn describe(&self) -> &str {
+        self.inner.describe()
+    }
+    fn len(&self) -> Option<u64> {
+        Some(self.len)
+    }
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.inner.fill(self.base + offset, buf)?;
+        if let Some(pages) = self.removed_in(offset, buf.len()) {
+            let ps = 1usize << self.shift;
+            let first = pages.start;
+            for p in pages.filter(|&p| self.removed.bits.get(p)) {
+                let at = (p - first) * ps;
+                let end = (at + ps).min(buf.len());
+                buf[at..end].fill(0);
+            }
+        }
+        Ok(())
+    }
+    fn write_back(&self, offset: u64, _data: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError::Failed {
+            offset,
+            reason: "a peer's memory is never written back".into(),
+        })
+    }
+    fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        if self.removed_in(offset, len).is_some() {
+            return None;
+        }
+        self.inner.view(self.base + offset, len)
+    }
+    fn will_need(&self, offset: u64, len: usize) {
+        self.inner.will_need(self.base + offset, len)
+    }
+}
+
+struct ForeignRegion {
+    state: Box<RegionState>,
+    removed: Arc<Removed>,
+    /// Pages that have faulted (record mode).
+    seen: Option<PageBits>,
+    store_offset: u64,
+}
+
+/// A peer: its userfaultfd, its regions and what it asked for. Built with
+/// [`ForeignPeer::new`], served once added to a [`ForeignEngine`].
+pub struct ForeignPeer {
+    id: u64,
+    label: String,
+    uffd: ForeignUffd,
+    /// Run-ahead populators; stopped before the regions are freed.
+    populators: Mutex<Vec<Background>>,
+    regions: Vec<ForeignRegion>,
+    hangup: Option<OwnedFd>,
+    record: Option<Mutex<Vec<u64>>>,
+    prefetch: Mutex<VecDeque<(usize, Range<usize>)>>,
+    prefetch_pending: AtomicBool,
+    store: Arc<dyn PageStore>,
+    stats: PeerCounters,
+}
+
+impl std::fmt::Debug for ForeignPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForeignPeer")
+            .field("id", &self.id)
+            .field("label", &self.label)
+            .field("regions", &self.regions.len())
+            .finish()
+    }
+}
+
+static NEXT_PEER: AtomicU64 = AtomicU64::new(1);
+static NEXT_REGION: AtomicU64 = AtomicU64::new(1 << 40);
+
+impl ForeignPeer {
+    /// A peer whose `specs` (in the peer's address space) are backed by
+    /// `store` at each spec's store offset. `label` names it in messages.
+    pub fn new(
+        label: impl Into<String>,
+        uffd: ForeignUffd,
+        specs: &[ForeignRegionSpec],
+        store: Arc<dyn PageStore>,
+        opts: &ForeignOptions,
+    ) -> Result<ForeignPeer, ForeignError> {
+        if opts.budget.is_some() {
+            return Err(ForeignError::Refused {
+                what: "a resident budget (eviction)",
+                why: "evicting drops pages with MADV_DONTNEED, which only the peer can do to its own memory",
+            });
+        }
+        if opts.zero_copy {
+            return Err(ForeignError::Refused {
+                what: "the page-cache zero-copy mode",
+                why: "it maps the store's file into the region, and nothing can be mapped into another process",
+            });
+        }
+        check_layout(specs, store.len())?;
+        let mut order: Vec<usize> = (0..specs.len()).collect();
+        order.sort_by_key(|&i| specs[i].base);
+        let mut regions = Vec::with_capacity(specs.len());
+        for i in order {
+            let s = specs[i];
+            let geometry = |source| ForeignError::Geometry { index: i, source };
+            let (size, kind) = match s.page_size {
+                4096 => (PageSize::BASE, MemoryKind::PrivateAnon),
+                0x20_0000 => (PageSize::HUGE_2M, MemoryKind::Hugetlb),
+                bytes => return Err(ForeignError::PageSize { index: i, bytes }),
+            };
+            if !s.base.is_multiple_of(size.bytes() as u64) {
+                return Err(geometry(crate::Error::Unaligned {
+                    addr: s.base,
+                    align: size.bytes(),
+                }));
+            }
+            let pages = Pages::new(s.base, s.len, size).map_err(geometry)?;
+            let removed = Arc::new(Removed {
+                bits: PageBits::new(pages.count()),
+                any: AtomicBool::new(false),
+            });
+            let rstore: Arc<dyn PageStore> = Arc::new(RegionStore {
+                inner: store.clone(),
+                base: s.store_offset,
+                len: s.len as u64,
+                shift: size.shift(),
+                removed: removed.clone(),
+            });
+            let readahead = Streams::new(opts.readahead);
+            let state = Box::new(RegionState {
+                id: NEXT_REGION.fetch_add(1, Relaxed),
+                pages,
+                kind,
+                op: ResolveOp::Copy,
+                zeropage_reads: false,
+                readahead,
+                max_run_pages: usize::MAX,
+                store: rstore,
+                residency: Residency::new(pages.count()),
+                cached: None,
+                alias: None,
+                pool: None,
+                uffd: uffd.uffd.clone(),
+                // We read the events when the peer enabled them; without
+                // them the fault path below treats a fault on a recorded
+                // page as a dropped page (never `mincore`, which would look
+                // at our own address space).
+                delivery: Delivery::HANDLER_THREAD,
+                inflight: AtomicUsize::new(0),
+                stats: Default::default(),
+                budget: None,
+                runahead: opts
+                    .run_ahead
+                    .map(|_| crate::fault::feeds::RunAheadFeed::new(pages.count())),
+                timing_start: AtomicU64::new(0),
+                timing_resolved: AtomicU64::new(0),
+            });
+            regions.push(ForeignRegion {
+                state,
+                removed,
+                seen: opts.record.then(|| PageBits::new(pages.count())),
+                store_offset: s.store_offset,
+            });
+        }
+        let peer = ForeignPeer {
+            id: NEXT_PEER.fetch_add(1, Relaxed),
+            label: label.into(),
+            uffd,
+            populators: Mutex::new(Vec::new()),
+            regions,
+            hangup: None,
+            record: opts.record.then(|| Mutex::new(Vec::new())),
+            prefetch: Mutex::new(VecDeque::new()),
+            prefetch_pending: AtomicBool::new(false),
+            store,
+            stats: PeerCounters::default(),
+        };
+        if let Some(cfg) = opts.run_ahead {
+            let mut pop = peer.populators.lock().expect("populators");
+            for r in &peer.regions {
+                pop.push(
+                    crate::runahead::start(&r.state, cfg, 4 << 20).map_err(|source| {
+                        ForeignError::Spawn {
+                            what: "a run-ahead thread",
+                            source,
+                        }
+                    })?,
+                );
+            }
+        }
+        Ok(peer)
+    }
+
+    /// Watches `fd` (the connection the peer handed its userfaultfd over):
+    /// when it reports a hang-up the peer is dropped and reported gone.
+    pub fn with_hangup(mut self, fd: OwnedFd) -> ForeignPeer {
+        self.hangup = Some(fd);
+        self
+    }
+
+    /// The peer's id (unique in this process).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The label given at creation.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The peer's userfaultfd.
+    pub fn uffd(&self) -> &ForeignUffd {
+        &self.uffd
+    }
+
+    /// Number of regions.
+    pub fn regions(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Pages of all regions the residency map records as installed.
+    pub fn resident_pages(&self) -> usize {
+        self.regions.iter().map(|r| r.state.resident_pages()).sum()
+    }
+
+    /// What the map records for the page holding the peer address `addr`
+    /// (`None`: outside every region).
+    pub fn page_state(&self, addr: u64) -> Option<PageState> {
+        let r = self.find(addr)?;
+        Some(r.state.residency.get(r.state.pages.index(addr)))
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PeerStats {
+        let c = &self.stats;
+        let mut regions = RegionStats::default();
+        for r in &self.regions {
+            let s = r.state.stats.snapshot();
+            regions.faults += s.faults;
+            regions.installed += s.installed;
+            regions.ioctls += s.ioctls;
+            regions.store_fills += s.store_fills;
+            regions.zero_copy_fills += s.zero_copy_fills;
+            regions.exists += s.exists;
+            regions.retries += s.retries;
+            regions.gone += s.gone;
+            regions.busy += s.busy;
+            regions.poisoned += s.poisoned;
+            regions.handler_cycles += s.handler_cycles;
+        }
+        PeerStats {
+            faults: c.faults.load(Relaxed),
+            removes: c.removes.load(Relaxed),
+            removed_pages: c.removed_pages.load(Relaxed),
+            other_events: c.other_events.load(Relaxed),
+            deferred: c.deferred.load(Relaxed),
+            prefetched: c.prefetched.load(Relaxed),
+            prefetch_ioctls: c.prefetch_ioctls.load(Relaxed),
+            outside: c.outside.load(Relaxed),
+            regions,
+        }
+    }
+
+    /// The store offsets of the pages that faulted, in the order they
+    /// first did (record mode; empty otherwise). Takes the log.
+    pub fn take_record(&self) -> Vec<u64> {
+        self.record
+            .as_ref()
+            .map(|m| std::mem::take(&mut *m.lock().expect("record log")))
+            .unwrap_or_default()
+    }
+
+    /// Queues the pages at these store offsets for eager installation (see
+    /// the module docs). Offsets outside every region are ignored; returns
+    /// the number of pages queued.
+    pub fn prefetch(&self, offsets: &[u64]) -> usize {
+        let mut pages: Vec<(usize, usize)> = Vec::with_capacity(offsets.len());
+        for &off in offsets {
+            for (i, r) in self.regions.iter().enumerate() {
+                let len = r.state.pages.len() as u64;
+                if off >= r.store_offset && off < r.store_offset + len {
+                    pages.push((
+                        i,
+                        r.state
+                            .pages
+                            .index(r.state.pages.base() + off - r.store_offset),
+                    ));
+                }
+            }
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        // Runs, bridging small holes: installing a few pages outside the
+        // set costs less than another ioctl.
+        const BRIDGE: usize = 16;
+        let mut runs: VecDeque<(usize, Range<usize>)> = VecDeque::new();
+        for (i, p) in pages.iter().copied() {
+            match runs.back_mut() {
+                Some((ri, run)) if *ri == i && p <= run.end + BRIDGE => run.end = p + 1,
+                _ => runs.push_back((i, p..p + 1)),
+            }
+        }
+        let n = pages.len();
+        // Ask the store to start reading every run now, in the background:
+        // the installs below then copy from the page cache.
+        let hints: Vec<(u64, usize)> = runs
+            .iter()
+            .map(|(i, run)| {
+                let r = &self.regions[*i];
+                (
+                    r.store_offset + r.state.pages.offset(run.start),
+                    r.state.pages.bytes(run.len()),
+                )
+            })
+            .collect();
+        let store = self.store.clone();
+        let _ = std::thread::Builder::new()
+            .name("faultline-prefetch-read".into())
+            .spawn(move || hints.into_iter().for_each(|(o, l)| store.will_need(o, l)));
+        let mut q = self.prefetch.lock().expect("prefetch queue");
+        q.extend(runs);
+        self.prefetch_pending.store(!q.is_empty(), Relaxed);
+        n
+    }
+
+    /// Whether queued prefetch work remains.
+    pub fn prefetch_pending(&self) -> bool {
+        self.prefetch_pending.load(Relaxed)
+    }
+
+    fn find(&self, addr: u64) -> Option<&ForeignRegion> {
+        let i = self
+            .regions
+            .partition_point(|r| r.state.pages.base() <= addr)
+            .checked_sub(1)?;
+        let r = &self.regions[i];
+        r.state.pages.contains(addr).then_some(r)
+    }
+}
+
+impl Drop for ForeignPeer {
+    fn drop(&mut self) {
+        // The populators borrow the region states: stop them first.
+        for mut b in self.populators.lock().expect("populators").drain(..) {
+            b.stop(|| ());
+        }
+    }
+}
+
+/// Checks the regions against each other and against the store: no
+/// overlaps in the store (each region's bytes are its own) and none past
+/// its end.
+fn check_layout(specs: &[ForeignRegionSpec], store_len: Option<u64>) -> Result<(), ForeignError> {
+    for (i, s) in specs.iter().enumerate() {
+        let end = s.store_offset.checked_add(s.len as u64).unwrap_or(u64::MAX);
+        if let Some(store_len) = store_len.filter(|&l| end > l) {
+            return Err(ForeignError::PastEnd {
+                index: i,
+                offset: s.store_offset,
+                end,
+                store_len,
+            });
+        }
+        for (j, t) in specs.iter().enumerate().skip(i + 1) {
+            let (a, b) = (s.base, s.base.saturating_add(s.len as u64));
+            let (c, d) = (t.base, t.base.saturating_add(t.len as u64));
+            if a < d && c < b {
+                return Err(ForeignError::Overlap { a: i, b: j });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Settings of a [`ForeignEngine`].
+#[derive(Debug, Clone)]
+pub struct ForeignEngineConfig {
+    /// Handler threads (each serves its share of the peers). Default 1.
+    pub threads: usize,
+    /// Scratch buffer per thread (bounds one ioctl's run for stores
+    /// without a zero-copy view). Default 4 MiB.
+    pub scratch_bytes: usize,
+    /// Messages read per `read(2)`. Default 64.
+    pub batch: usize,
+    /// Bytes one prefetch step installs before the thread looks for
+    /// faults again. Default 2 MiB.
+    pub prefetch_chunk_bytes: usize,
+}
+
+impl Default for ForeignEngineConfig {
+    fn default() -> Self {
+        ForeignEngineConfig {
+            threads: 1,
+            scratch_bytes: 4 << 20,
+            batch: 64,
+            prefetch_chunk_bytes: 2 << 20,
+        }
+    }
+}
+
+/// What happened to a peer (from [`ForeignEngine::events`]).
+#[derive(Debug)]
+pub enum PeerEvent {
+    /// Its hang-up descriptor reported a hang-up: it exited or was killed.
+    /// It is no longer served.
+    HungUp {
+        /// The peer.
+        peer: Arc<ForeignPeer>,
+    },
+    /// Something arrived on its hang-up descriptor (a second message).
+    /// Bytes and descriptors were read and dropped; the peer is still
+    /// served.
+    Message {
+        /// The peer.
+        peer: Arc<ForeignPeer>,
+        /// Bytes received.
+        bytes: usize,
+        /// Descriptors received (closed).
+        fds: usize,
+    },
+    /// Serving it failed; it is no longer served (its faulting threads
+    /// stay blocked: kill it).
+    Failed {
+        /// The peer.
+        peer: Arc<ForeignPeer>,
+        /// What failed.
+        error: String,
+    },
+    /// Its prefetch queue is empty.
+    PrefetchDone {
+        /// The peer.
+        peer: Arc<ForeignPeer>,
+    },
+    /// A store error poisoned a page (the faulting thread gets SIGBUS).
+    StoreError {
+        /// The peer.
+        peer: Arc<ForeignPeer>,
+        /// The error.
+        error: String,
+    },
+}
+
+struct Slot {
+    peers: Mutex<Vec<Arc<ForeignPeer>>>,
+    changed: AtomicBool,
+    wake: EventFd,
+}
+
+/// Handler threads serving the faults of any number of peers. See the
+/// module docs.
+pub struct ForeignEngine {
+    slots: Vec<Arc<Slot>>,
+    threads: Vec<Background>,
+}
+
+impl std::fmt::Debug for ForeignEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForeignEngine")
+            .field("threads", &self.threads.len())
+            .finish()
+    }
+}
+
+impl ForeignEngine {
+    /// Starts the handler threads. `kind` is the engine the caller would
+    /// use for its own memory: the thread engines all serve peers the same
+    /// way (poll-style threads); `signal` is refused.
+    pub fn new(
+        kind: EngineKind,
+        cfg: ForeignEngineConfig,
+    ) -> Result<(ForeignEngine, Receiver<PeerEvent>), ForeignError> {
+        if kind.delivery().on_faulting_thread {
+            return Err(ForeignError::Refused {
+                what: "the signal engine",
+                why: "the faults happen on the peer's threads, which never run our SIGBUS handler",
+            });
+        }
+        let (tx, rx) = channel();
+        let mut slots = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..cfg.threads.max(1) {
+            let slot = Arc::new(Slot {
+                peers: Mutex::new(Vec::new()),
+                changed: AtomicBool::new(false),
+                wake: EventFd::new().map_err(|source| ForeignError::Spawn {
+                    what: "an eventfd",
+                    source,
+                })?,
+            });
+            let (s, tx, cfg) = (slot.clone(), tx.clone(), cfg.clone());
+            threads.push(
+                Background::spawn(format!("faultline-peer-{i}"), move |stop| {
+                    Worker::new(s, tx, &cfg).run(stop)
+                })
+                .map_err(|source| ForeignError::Spawn {
+                    what: "a handler thread",
+                    source,
+                })?,
+            );
+            slots.push(slot);
+        }
+        Ok((ForeignEngine { slots, threads }, rx))
+    }
+
+    /// Starts serving `peer` (on the least loaded thread).
+    pub fn add(&self, peer: ForeignPeer) -> Arc<ForeignPeer> {
+        let peer = Arc::new(peer);
+        let slot = self
+            .slots
+            .iter()
+            .min_by_key(|s| s.peers.lock().expect("peers").len())
+            .expect("at least one thread");
+        slot.peers.lock().expect("peers").push(peer.clone());
+        slot.changed.store(true, Relaxed);
+        slot.wake.notify();
+        peer
+    }
+
+    /// Stops serving peer `id`; returns it (the caller decides when its
+    /// descriptors close by dropping it).
+    pub fn remove(&self, id: u64) -> Option<Arc<ForeignPeer>> {
+        for s in &self.slots {
+            let mut peers = s.peers.lock().expect("peers");
+            if let Some(i) = peers.iter().position(|p| p.id == id) {
+                let p = peers.remove(i);
+                s.changed.store(true, Relaxed);
+                s.wake.notify();
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// The peers being served.
+    pub fn peers(&self) -> Vec<Arc<ForeignPeer>> {
+        self.slots
+            .iter()
+            .flat_map(|s| s.peers.lock().expect("peers").clone())
+            .collect()
+    }
+}
+
+impl Drop for ForeignEngine {
+    fn drop(&mut self) {
+        for (t, s) in self.threads.iter_mut().zip(&self.slots) {
+            t.stop(|| s.wake.notify());
+        }
+    }
+}
+
+/// A fault put aside after EAGAIN.
+struct Deferred {
+    peer: Arc<ForeignPeer>,
+    addr: u64,
+    flags: u64,
+    due: Instant,
+    delay: Duration,
+}
+
+const BACKOFF_MIN: Duration = Duration::from_micros(50);
+const BACKOFF_MAX: Duration = Duration::from_millis(20);
+const IDLE_MS: i32 = 200;
+
+struct Worker {
+    slot: Arc<Slot>,
+    tx: Sender<PeerEvent>,
+    peers: Vec<Arc<ForeignPeer>>,
+    deferred: VecDeque<Deferred>,
+    scratch: Vec<u8>,
+    msgs: Vec<UffdMsg>,
+    chunk: usize,
+    next_prefetch: usize,
+}
+
+/// What serving a peer's message led to.
+enum Verdict {
+    Ok,
+    Drop(String),
+}
+
+impl Worker {
+    fn new(slot: Arc<Slot>, tx: Sender<PeerEvent>, cfg: &ForeignEngineConfig) -> Worker {
+        Worker {
+            slot,
+            tx,
+            peers: Vec::new(),
+            deferred: VecDeque::new(),
+            scratch: vec![0u8; cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes())],
+            msgs: vec![UffdMsg::ZERO; cfg.batch.max(1)],
+            chunk: cfg.prefetch_chunk_bytes.max(PageSize::BASE.bytes()),
+            next_prefetch: 0,
+        }
+    }
+
+    fn run(mut self, stop: &crate::background::StopFlag) {
+        let mut fds: Vec<PollFd> = Vec::new();
+        while !stop.is_set() {
+            if self.slot.changed.swap(false, Relaxed) {
+                self.peers = self.slot.peers.lock().expect("peers").clone();
+                let live: Vec<u64> = self.peers.iter().map(|p| p.id).collect();
+                self.deferred.retain(|d| live.contains(&d.peer.id));
+            }
+            fds.clear();
+            fds.push(PollFd {
+                fd: self.slot.wake.raw(),
+                events: events::IN,
+                revents: 0,
+            });
+            for p in &self.peers {
+                fds.push(PollFd {
+                    fd: p.uffd.raw_fd(),
+                    events: events::IN,
+                    revents: 0,
+                });
+                fds.push(PollFd {
+                    fd: p.hangup.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                    events: events::IN | events::RDHUP,
+                    revents: 0,
+                });
+            }
+            let prefetching = self.peers.iter().any(|p| p.prefetch_pending());
+            let timeout = if prefetching {
+                0
+            } else {
+                self.deferred
+                    .iter()
+                    .map(|d| d.due.saturating_duration_since(Instant::now()))
+                    .min()
+                    .map_or(IDLE_MS, |d| (d.as_millis() as i32).clamp(1, IDLE_MS))
+            };
+            if sock::poll(&mut fds, timeout).is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            if fds[0].revents != 0 {
+                self.slot.wake.drain();
+            }
+            let mut dropped: Vec<(u64, PeerEvent)> = Vec::new();
+            for (i, p) in self.peers.clone().iter().enumerate() {
+                let (u, h) = (fds[1 + 2 * i].revents, fds[2 + 2 * i].revents);
+                if u & events::IN != 0 {
+                    let verdict = self.serve(p);
+                    if let Verdict::Drop(error) = verdict {
+                        dropped.push((
+                            p.id,
+                            PeerEvent::Failed {
+                                peer: p.clone(),
+                                error,
+                            },
+                        ));
+                        continue;
+                    }
+                } else if u & (events::ERR | events::NVAL) != 0 {
+                    dropped.push((
+                        p.id,
+                        PeerEvent::Failed {
+                            peer: p.clone(),
+                            error: format!("its userfaultfd reports poll events {u:#x}"),
+                        },
+                    ));
+                    continue;
+                }
+                if h != 0 {
+                    if let Some(ev) = self.on_hangup_fd(p, h) {
+                        dropped.push((p.id, ev));
+                    }
+                }
+            }
+            for (id, ev) in dropped {
+                self.forget(id);
+                let _ = self.tx.send(ev);
+            }
+            self.retry_deferred();
+            // Faults first: the ones read this round are resolved; then one
+            // bounded prefetch step, and back to poll (timeout 0).
+            if prefetching {
+                self.prefetch_step();
+            }
+        }
+    }
+
+    /// Stops serving peer `id` (it was dropped).
+    fn forget(&mut self, id: u64) {
+        self.peers.retain(|p| p.id != id);
+        self.deferred.retain(|d| d.peer.id != id);
+        self.slot
+            .peers
+            .lock()
+            .expect("peers")
+            .retain(|p| p.id != id);
+    }
+
+    /// Something on the peer's hang-up descriptor: a message (reported,
+    /// dropped; the peer is still served) or a hang-up.
+    fn on_hangup_fd(&mut self, p: &Arc<ForeignPeer>, revents: i16) -> Option<PeerEvent> {
+        let fd = p.hangup.as_ref()?;
+        if revents & events::IN != 0 {
+            let mut buf = [0u8; 4096];
+            match sock::recv_with_fds(fd.as_fd(), &mut buf, true) {
+                Ok(got) if got.bytes > 0 || !got.fds.is_empty() => {
+                    let _ = self.tx.send(PeerEvent::Message {
+                        peer: p.clone(),
+                        bytes: got.bytes,
+                        fds: got.fds.len(),
+                    });
+                    return None;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+                _ => {}
+            }
+        }
+        (revents & (events::HUP | events::RDHUP | events::ERR | events::IN) != 0)
+            .then(|| PeerEvent::HungUp { peer: p.clone() })
+    }
+
+    /// Reads and handles the peer's pending messages (events first within
+    /// a batch).
+    fn serve(&mut self, p: &Arc<ForeignPeer>) -> Verdict {
+        loop {
+            let n = match p.uffd.uffd.read_msgs(&mut self.msgs) {
+                Ok(n) => n,
+                Err(e) => return Verdict::Drop(format!("reading its userfaultfd: {e}")),
+            };
+            // Events before faults: the thread that caused an event is
+            // released once it is read; a fault of the same batch resolved
+            // first could re-install a page the event then drops.
+            for m in self.msgs[..n].iter().map(UffdMsg::decode) {
+                match m {
+                    Msg::Remove { start, end } => on_remove(p, start, end),
+                    Msg::PageFault { .. } => {}
+                    _ => {
+                        p.stats.other_events.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+            for i in 0..n {
+                if let Msg::PageFault { addr, flags, .. } = self.msgs[i].decode() {
+                    if let Verdict::Drop(e) = self.on_fault(p, addr, flags) {
+                        return Verdict::Drop(e);
+                    }
+                }
+            }
+            if n < self.msgs.len() {
+                return Verdict::Ok;
+            }
+        }
+    }
+
+    fn on_fault(&mut self, p: &Arc<ForeignPeer>, addr: u64, flags: u64) -> Verdict {
+        let t0 = crate::sys::rdtsc();
+        p.stats.faults.fetch_add(1, Relaxed);
+        let Some(reg) = p.find(addr) else {
+            p.stats.outside.fetch_add(1, Relaxed);
+            return Verdict::Drop(format!(
+                "a fault at {addr:#x} lies outside every region it declared"
+            ));
+        };
+        let r = &reg.state;
+        let page = r.pages.index(addr);
+        let (page_addr, ps) = (r.pages.addr(page), r.pages.size().bytes() as u64);
+        if let (Some(seen), Some(log)) = (&reg.seen, &p.record) {
+            if !seen.get(page) {
+                seen.set(page);
+                log.lock()
+                    .expect("record log")
+                    .push(reg.store_offset + r.pages.offset(page));
+            }
+        }
+        if !p.uffd.reports_removes() && r.residency.get(page) != PageState::Absent {
+            // No REMOVE events: a fault on a page we installed means the
+            // peer dropped it behind our back. Forget it (under its claim,
+            // so a resolver finishing it is not overwritten).
+            if r.residency.try_claim(page) {
+                r.residency.set(page, PageState::Absent);
+                r.residency.release(page..page + 1);
+            }
+        }
+        r.fault_seen(page, t0);
+        let access = Access {
+            write: flags & pagefault_flag::WRITE != 0,
+            wp: flags & pagefault_flag::WP != 0,
+        };
+        let res = resolve(r, page, access, &Origin::Fault, &mut self.scratch);
+        r.add_cycles(crate::sys::rdtsc().wrapping_sub(t0));
+        match res {
+            Resolution::Resolved | Resolution::Gone => Verdict::Ok,
+            Resolution::Busy | Resolution::Poisoned => {
+                let _ = r.uffd.wake(page_addr, ps);
+                if matches!(res, Resolution::Busy) {
+                    r.stats.busy.fetch_add(1, Relaxed);
+                }
+                Verdict::Ok
+            }
+            Resolution::Retry => {
+                p.stats.deferred.fetch_add(1, Relaxed);
+                self.deferred.push_back(Deferred {
+                    peer: p.clone(),
+                    addr,
+                    flags,
+                    due: Instant::now() + BACKOFF_MIN,
+                    delay: BACKOFF_MIN,
+                });
+                Verdict::Ok
+            }
+            Resolution::StoreFailed(e) => {
+                let mut msg = String::new();
+                let _ = write!(
+                    msg,
+                    "store error at peer page {page_addr:#x} (store offset {:#x}): {e}; the page is poisoned and the faulting thread gets SIGBUS",
+                    reg.store_offset + r.pages.offset(page)
+                );
+                let _ = self.tx.send(PeerEvent::StoreError {
+                    peer: p.clone(),
+                    error: msg,
+                });
+                let _ = r.uffd.wake(page_addr, ps);
+                Verdict::Ok
+            }
+            Resolution::Failed(e) => {
+                Verdict::Drop(format!("resolving the fault at {addr:#x} failed: {e}"))
+            }
+        }
+    }
+
+    fn retry_deferred(&mut self) {
+        let now = Instant::now();
+        for _ in 0..self.deferred.len() {
+            let d = self.deferred.pop_front().expect("len checked");
+            if d.due > now {
+                self.deferred.push_back(d);
+                continue;
+            }
+            let before = self.deferred.len();
+            let peer = d.peer.clone();
+            if let Verdict::Drop(error) = self.on_fault(&peer, d.addr, d.flags) {
+                self.forget(peer.id);
+                let _ = self.tx.send(PeerEvent::Failed { peer, error });
+                return;
+            }
+            // Deferred again: grow its backoff (bounded). `on_fault`
+            // counted it as a new fault message; it is not one.
+            peer.stats.faults.fetch_sub(1, Relaxed);
+            if self.deferred.len() > before {
+                let mut again = self.deferred.pop_back().expect("just pushed");
+                again.delay = (d.delay * 2).min(BACKOFF_MAX);
+                again.due = Instant::now() + again.delay;
+                self.deferred.push_back(again);
+            }
+        }
+    }
+
+    /// Installs up to one chunk of one peer's prefetch queue.
+    fn prefetch_step(&mut self) {
+        let n = self.peers.len();
+        for k in 0..n {
+            let i = (self.next_prefetch + k) % n;
+            let p = self.peers[i].clone();
+            if !p.prefetch_pending() {
+                continue;
+            }
+            self.next_prefetch = i + 1;
+            let Some((ri, run)) = p.prefetch.lock().expect("prefetch queue").pop_front() else {
+                p.prefetch_pending.store(false, Relaxed);
+                let _ = self.tx.send(PeerEvent::PrefetchDone { peer: p.clone() });
+                return;
+            };
+            let r = &p.regions[ri].state;
+            let max = (self.chunk >> r.pages.size().shift()).max(1);
+            let take = run.start..(run.start + max).min(run.end);
+            let mut page = take.start;
+            while page < take.end {
+                if r.residency.get(page) != PageState::Absent {
+                    page += 1;
+                    continue;
+                }
+                let before = r.stats.installed.load(Relaxed);
+                let origin = Origin::Populate(page..take.end);
+                match resolve(r, page, Access::WRITE, &origin, &mut self.scratch) {
+                    Resolution::Resolved => {
+                        let n = r.stats.installed.load(Relaxed) - before;
+                        p.stats.prefetched.fetch_add(n, Relaxed);
+                        p.stats.prefetch_ioctls.fetch_add(1, Relaxed);
+                        page += 1;
+                    }
+                    Resolution::Retry => {
+                        // An event is pending: read it first, then go on
+                        // from here.
+                        break;
+                    }
+                    _ => page += 1,
+                }
+            }
+            let mut q = p.prefetch.lock().expect("prefetch queue");
+            if page < run.end {
+                q.push_front((ri, page..run.end));
+            }
+            if q.is_empty() {
+                p.prefetch_pending.store(false, Relaxed);
+                let _ = self.tx.send(PeerEvent::PrefetchDone { peer: p.clone() });
+            }
+            return;
+        }
+    }
+}
+
+/// The peer dropped `[start, end)` (`MADV_DONTNEED`): those pages are
+/// absent, and read as zeros from now on.
+fn on_remove(p: &ForeignPeer, start: u64, end: u64) {
+    p.stats.removes.fetch_add(1, Relaxed);
+    for r in &p.regions {
+        let pages = r.state.pages.within(start, end);
+        if pages.is_empty() {
+            continue;
+        }
+        for pg in pages.clone() {
+            r.removed.bits.set(pg);
+        }
+        r.removed.any.store(true, Relaxed);
+        r.state
+            .residency
+            .set_range(pages.clone(), PageState::Absent);
+        p.stats.removed_pages.fetch_add(pages.len() as u64, Relaxed);
+    }
+}

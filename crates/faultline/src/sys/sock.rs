@@ -1,0 +1,237 @@
+//! UNIX sockets beyond what `std` offers: passing file descriptors
+//! (`SCM_RIGHTS`), the peer's credentials (`SO_PEERCRED`), `poll` over any
+//! number of descriptors, and `kill`.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// Most descriptors one message may carry (more are closed by the kernel
+/// and reported as truncated).
+pub const MAX_FDS: usize = 8;
+
+/// What one `recvmsg` returned.
+#[derive(Debug)]
+pub struct Received {
+    /// Bytes of data.
+    pub bytes: usize,
+    /// Descriptors passed with `SCM_RIGHTS` (close-on-exec).
+    pub fds: Vec<OwnedFd>,
+    /// The data did not fit the buffer (`MSG_TRUNC`).
+    pub data_truncated: bool,
+    /// The ancillary data did not fit (`MSG_CTRUNC`): descriptors were lost.
+    pub control_truncated: bool,
+}
+
+const CMSG_SPACE: usize = {
+    // CMSG_SPACE(MAX_FDS * sizeof(int)) on x86_64: header 16 + data, 8-aligned.
+    16 + (MAX_FDS * 4).next_multiple_of(8)
+};
+
+#[repr(C, align(8))]
+struct CmsgBuf([u8; CMSG_SPACE]);
+
+/// `recvmsg(2)` on `fd` into `buf`, collecting `SCM_RIGHTS` descriptors.
+/// `peek`: leave the data queued (`MSG_PEEK`). EINTR is retried.
+pub fn recv_with_fds(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    nonblocking: bool,
+) -> io::Result<Received> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = CmsgBuf([0; CMSG_SPACE]);
+    loop {
+        // SAFETY: an all-zero msghdr is a valid "no name, no iov" header;
+        // the fields we need are set below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = CMSG_SPACE;
+        let mut flags = libc::MSG_CMSG_CLOEXEC;
+        if nonblocking {
+            flags |= libc::MSG_DONTWAIT;
+        }
+        // SAFETY: `msg` points at a live iovec over `buf` and at `cbuf`,
+        // both valid for the lengths given, for the call's duration.
+        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, flags) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut fds = Vec::new();
+        // SAFETY: `msg` was filled by the kernel; the CMSG_* macros walk
+        // the control buffer within `msg_controllen`.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c);
+                    let len = (*c).cmsg_len as usize - (data as usize - c as usize);
+                    for i in 0..len / 4 {
+                        let raw = std::ptr::read_unaligned(data.add(i * 4).cast::<RawFd>());
+                        // The kernel installed this descriptor for us.
+                        fds.push(OwnedFd::from_raw_fd(raw));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        return Ok(Received {
+            bytes: n as usize,
+            fds,
+            data_truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
+            control_truncated: msg.msg_flags & libc::MSG_CTRUNC != 0,
+        });
+    }
+}
+
+/// `sendmsg(2)`: `data` with `fds` attached as `SCM_RIGHTS`.
+pub fn send_with_fds(fd: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut cbuf = CmsgBuf([0; CMSG_SPACE]);
+    // SAFETY: see `recv_with_fds`; the control buffer is big enough for
+    // `fds.len() <= MAX_FDS` descriptors.
+    let n = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            let space = libc::CMSG_SPACE((fds.len() * 4) as u32) as usize;
+            msg.msg_control = cbuf.0.as_mut_ptr().cast();
+            msg.msg_controllen = space;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN((fds.len() * 4) as u32) as usize;
+            let data = libc::CMSG_DATA(c);
+            for (i, f) in fds.iter().enumerate() {
+                std::ptr::write_unaligned(data.add(i * 4).cast::<RawFd>(), f.as_raw_fd());
+            }
+        }
+        libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// The credentials of a connected UNIX socket's peer (`SO_PEERCRED`), as
+/// they were when it connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Process id.
+    pub pid: i32,
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// `getsockopt(SO_PEERCRED)`.
+pub fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<PeerCred> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` and `len` are valid for writes of a `ucred`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(PeerCred {
+        pid: c.pid,
+        uid: c.uid,
+        gid: c.gid,
+    })
+}
+
+/// `SIGKILL`.
+pub const SIGKILL: i32 = libc::SIGKILL;
+/// `SIGTERM`.
+pub const SIGTERM: i32 = libc::SIGTERM;
+
+/// `kill(2)`: sends `sig` to process `pid` (which must be positive: never
+/// a process group).
+pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
+    if pid <= 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: plain syscall with integer arguments.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Poll events.
+pub mod events {
+    /// Data to read.
+    pub const IN: i16 = libc::POLLIN;
+    /// The peer closed its end (or shut down writing).
+    pub const RDHUP: i16 = libc::POLLRDHUP;
+    /// Hang-up.
+    pub const HUP: i16 = libc::POLLHUP;
+    /// Error.
+    pub const ERR: i16 = libc::POLLERR;
+    /// Not an open descriptor.
+    pub const NVAL: i16 = libc::POLLNVAL;
+}
+
+/// One entry of [`poll`]: laid out as the kernel's `struct pollfd`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PollFd {
+    /// The descriptor (negative: ignored).
+    pub fd: i32,
+    /// Events asked for ([`events`]).
+    pub events: i16,
+    /// Events returned.
+    pub revents: i16,
+}
+
+/// `poll(2)` over any number of descriptors; `timeout_ms` < 0 waits
+/// forever. EINTR counts as a timeout (every `revents` is 0).
+pub fn poll(fds: &mut [PollFd], timeout_ms: i32) -> io::Result<usize> {
+    const _: () = assert!(std::mem::size_of::<PollFd>() == std::mem::size_of::<libc::pollfd>());
+    // SAFETY: `PollFd` has the layout of `pollfd` (asserted above); the
+    // kernel writes only `revents` of the `fds.len()` entries.
+    let n = unsafe {
+        libc::poll(
+            fds.as_mut_ptr().cast(),
+            fds.len() as libc::nfds_t,
+            timeout_ms,
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EINTR) {
+            fds.iter_mut().for_each(|f| f.revents = 0);
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    Ok(n as usize)
+}
