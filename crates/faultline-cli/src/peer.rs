@@ -346,9 +346,9 @@ fn working_set(layout: &Layout, pct: f64, seed: u64) -> Vec<(usize, usize)> {
             1
         };
         let start = rng.gen_range(0..total);
-        for g in start..(start + len).min(total) {
-            if n < target && !taken[g] {
-                taken[g] = true;
+        for (g, t) in taken.iter_mut().enumerate().take(start + len).skip(start) {
+            if n < target && !*t {
+                *t = true;
                 order.push(g);
                 n += 1;
             }

@@ -657,7 +657,7 @@ impl Drop for ForeignPeer {
 /// its end.
 fn check_layout(specs: &[ForeignRegionSpec], store_len: Option<u64>) -> Result<(), ForeignError> {
     for (i, s) in specs.iter().enumerate() {
-        let end = s.store_offset.checked_add(s.len as u64).unwrap_or(u64::MAX);
+        let end = s.store_offset.saturating_add(s.len as u64);
         if let Some(store_len) = store_len.filter(|&l| end > l) {
             return Err(ForeignError::PastEnd {
                 index: i,
@@ -703,7 +703,7 @@ impl Default for ForeignEngineConfig {
     }
 }
 
-/// What happened to a peer (from [`ForeignEngine::events`]).
+/// What happened to a peer (on the receiver [`ForeignEngine::new`] returns).
 #[derive(Debug)]
 pub enum PeerEvent {
     /// Its hang-up descriptor reported a hang-up: it exited or was killed.
