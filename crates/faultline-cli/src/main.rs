@@ -5,9 +5,9 @@ mod bench;
 mod checks;
 mod graph;
 mod info;
-mod vpri;
 mod peer;
 mod serve;
+mod vpri;
 
 use clap::{Parser, Subcommand};
 
