@@ -34,8 +34,10 @@ pub fn at_least_one_u64(s: &str) -> Result<u64, String> {
     at_least_one(s).map(|v| v as u64)
 }
 
-/// Checks that `path` can be written (its directory exists and takes a
-/// new file; an existing `path` is a writable file), without creating it.
+/// Checks that `path` can be written: its directory is created if
+/// missing (as writing it later would) and must take a new file; an
+/// existing `path` must be a writable file. The file itself is not
+/// created.
 pub fn output_file(path: &Path, flag: &str) -> anyhow::Result<()> {
     if path.is_dir() {
         bail!("{flag} {}: is a directory, not a file", path.display());
@@ -44,13 +46,13 @@ pub fn output_file(path: &Path, flag: &str) -> anyhow::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    if !dir.is_dir() {
-        bail!(
-            "{flag} {}: directory {} does not exist",
+    std::fs::create_dir_all(&dir).with_context(|| {
+        format!(
+            "{flag} {}: cannot create directory {}",
             path.display(),
             dir.display()
-        );
-    }
+        )
+    })?;
     if path.exists() {
         std::fs::OpenOptions::new()
             .append(true)
@@ -212,9 +214,12 @@ mod tests {
         let d = std::env::temp_dir().join(format!("faultline-checks-{}", std::process::id()));
         output_dir(&d.join("plots"), "--plot").unwrap();
         output_file(&d.join("out.json"), "--json").unwrap();
-        assert!(!d.join("out.json").exists(), "checking creates nothing");
-        let e = output_file(&d.join("missing/out.json"), "--json").unwrap_err();
-        assert!(e.to_string().contains("does not exist"), "{e}");
+        assert!(!d.join("out.json").exists(), "checking creates no file");
+        output_file(&d.join("new/out.json"), "--json").unwrap();
+        assert!(d.join("new").is_dir(), "its directory is created");
+        std::fs::write(d.join("afile"), b"x").unwrap();
+        let e = output_file(&d.join("afile/out.json"), "--json").unwrap_err();
+        assert!(e.to_string().contains("cannot create directory"), "{e}");
         let e = output_file(&d, "--json").unwrap_err();
         assert!(e.to_string().contains("is a directory"), "{e}");
         let t = TempOutput::new(&d.join("g.bin"));
