@@ -7,6 +7,7 @@ mod graph;
 mod info;
 mod peer;
 mod serve;
+mod store;
 mod vpri;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +43,9 @@ enum Command {
     /// A VMM stand-in speaking Firecracker's hand-off (for tests and benchmarks).
     #[command(hide = true)]
     Peer(peer::PeerArgs),
+    /// Remote page stores (Redis, Redis Cluster): upload a file, download it, describe it.
+    #[command(subcommand)]
+    Store(store::StoreCmd),
 }
 
 fn main() {
@@ -54,6 +58,7 @@ fn main() {
         Command::Vpri(cmd) => vpri::run(cmd),
         Command::Serve(args) => serve::run(args),
         Command::Peer(args) => peer::run(args),
+        Command::Store(cmd) => store::run(cmd),
     };
     if let Err(e) = res {
         // Each cause once (see `checks::print_error`).

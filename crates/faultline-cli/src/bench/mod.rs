@@ -35,6 +35,7 @@ pub mod random;
 pub mod report;
 #[allow(dead_code)]
 pub mod stats;
+pub mod store;
 #[allow(dead_code)]
 pub mod tsc;
 pub mod watch;
@@ -90,6 +91,10 @@ pub enum BenchCmd {
     /// N threads reading a file in shuffled page order (UMap's
     /// pfbenchmark) through mmap, a faultline region and libumap.
     Random(random::RandomArgs),
+    /// A Redis-backed region vs the local file store: sequential first
+    /// touch, BFS, throughput over handler threads (starts its own
+    /// redis-server unless given --url). Not in the default selection.
+    Store(store::StoreArgs),
 }
 
 impl BenchCmd {
@@ -116,6 +121,7 @@ impl BenchCmd {
             BenchCmd::Offload(a) => offload::run(ctx, a).context("bench offload"),
             BenchCmd::Watch(a) => watch::run(ctx, a).context("bench watch"),
             BenchCmd::Random(a) => random::run(ctx, a).context("bench random"),
+            BenchCmd::Store(a) => store::run(ctx, a).context("bench store"),
         }
     }
 }

@@ -256,6 +256,14 @@ pub struct BfsArgs {
     /// Print per-level statistics of each run.
     #[arg(long)]
     pub levels: bool,
+    /// Read the faultline region's pages from this store instead of the
+    /// file: `redis://HOST:PORT#NAME`, `redis+unix:///PATH#NAME`,
+    /// `redis-cluster://HOST:PORT,...#NAME` (uploaded with `faultline
+    /// store put FILE URL`; FILE still gives the layout and the mmap
+    /// baseline). Network stores are not signal-safe: the default engine
+    /// becomes workers (--compare: poll, spin, workers).
+    #[arg(long)]
+    pub store: Option<String>,
 }
 
 /// `--mem-limit`: at least 1 MiB (smaller limits would cut the graph into
@@ -509,13 +517,15 @@ struct RunRecord {
 
 /// Faultline configuration of a run (what the faultline source needs).
 #[derive(Debug, Clone, Copy)]
-struct FaultlineConfig {
+struct FaultlineConfig<'a> {
     engine: Engine,
     page_size: u64,
     readahead: Option<faultline::ReadaheadConfig>,
     file_access: FileAccessArg,
     budget_bytes: Option<u64>,
     policy: faultline::policy::PolicyKind,
+    /// A store URL to read pages from instead of the file (`--store`).
+    store: Option<&'a str>,
 }
 
 /// Builds the faultline-backed source: one region covering `path` (rounded
@@ -533,6 +543,7 @@ fn open_faultline_source(
         file_access: cfg.file_access.access(),
         zero_copy: cfg.file_access.zero_copy(),
         budget: cfg.budget_bytes.map(|b| (b, cfg.policy)),
+        store: cfg.store,
     };
     Ok(Box::new(FaultlineSource::open(path, layout, opts)?))
 }
@@ -693,6 +704,7 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
                         file_access: args.file_access,
                         budget_bytes,
                         policy: args.policy,
+                        store: args.store.as_deref(),
                     };
                     open_faultline_source(path, layout, cfg)?
                 }
@@ -799,10 +811,17 @@ fn selected_engines(args: &BfsArgs) -> Vec<Engine> {
         }
         return Vec::new();
     }
+    // A network store is not signal-safe: the thread engines serve it.
+    let signal_ok = args.store.is_none();
     if args.compare {
-        Engine::ALL.to_vec()
+        let all = Engine::ALL.iter().copied();
+        all.filter(|&e| signal_ok || e != Engine::Signal).collect()
     } else if args.mode == Mode::Faultline {
-        vec![Engine::Signal]
+        vec![if signal_ok {
+            Engine::Signal
+        } else {
+            Engine::Workers
+        }]
     } else {
         Vec::new()
     }
@@ -884,7 +903,7 @@ mod tests {
             );
         }
 
-        fn config(&self, engine: Engine) -> FaultlineConfig {
+        fn config(&self, engine: Engine) -> FaultlineConfig<'static> {
             FaultlineConfig {
                 engine,
                 page_size: 4096,
@@ -892,6 +911,7 @@ mod tests {
                 file_access: FileAccessArg::Mmap,
                 budget_bytes: None,
                 policy: faultline::policy::PolicyKind::Clock,
+                store: None,
             }
         }
     }
@@ -950,6 +970,52 @@ mod tests {
             },
             2,
         );
+    }
+
+    /// `--store`: the region reads a Redis copy of the graph (a server
+    /// started for the test), thread engines, adaptive read-ahead; a store
+    /// of another length is refused.
+    #[test]
+    fn redis_store_matches_reference() {
+        let server = faultline_redis::server::RedisServer::start().unwrap();
+        let g = TempGraph::new("redis", 11);
+        let url = server.store_url("graph");
+        let f = File::open(&g.path).unwrap();
+        let len = g.layout.file_bytes();
+        faultline_redis::RedisStore::put(&url, Default::default(), f, len, |_| {}).unwrap();
+        for (engine, readahead) in [
+            (Engine::Poll, None),
+            (Engine::Workers, Some(faultline::ReadaheadConfig::fixed(16))),
+        ] {
+            g.check(
+                FaultlineConfig {
+                    readahead,
+                    store: Some(&url),
+                    ..g.config(engine)
+                },
+                2,
+            );
+        }
+        let short = server.store_url("short");
+        faultline_redis::RedisStore::put(
+            &short,
+            Default::default(),
+            &[0u8; 4096][..],
+            4096,
+            |_| {},
+        )
+        .unwrap();
+        let err = open_faultline_source(
+            &g.path,
+            g.layout,
+            FaultlineConfig {
+                store: Some(&short),
+                ..g.config(Engine::Poll)
+            },
+        )
+        .err()
+        .unwrap();
+        assert!(format!("{err:#}").contains("holds 4096 bytes"), "{err:#}");
     }
 
     /// Zero copy from a tmpfs file's page cache (CONTINUE), poll engine
@@ -1043,6 +1109,7 @@ mod tests {
             compare,
             json: None,
             levels: false,
+            store: None,
         };
         assert_eq!(
             selected_engines(&args(Mode::Mmap, true, vec![])),

@@ -185,7 +185,7 @@ impl GraphSource for MmapSource {
 
 /// How a [`FaultlineSource`] is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FaultlineOptions {
+pub struct FaultlineOptions<'a> {
     /// Fault-delivery engine.
     pub engine: EngineKind,
     /// Region page size in bytes: a power of two from 4 KiB to 2 MiB.
@@ -200,6 +200,9 @@ pub struct FaultlineOptions {
     pub zero_copy: Option<bool>,
     /// Resident budget in bytes (`None`: unlimited) and the eviction policy.
     pub budget: Option<(u64, faultline::policy::PolicyKind)>,
+    /// A store URL (Redis) holding the file's bytes, read instead of the
+    /// file (`None`: a `File` store on the file).
+    pub store: Option<&'a str>,
 }
 
 /// The CSR file as a faultline region: private anonymous memory whose
@@ -217,7 +220,11 @@ pub struct FaultlineSource {
 impl FaultlineSource {
     /// Maps `path`, whose layout was already validated, as a faultline
     /// region with an engine created for this source alone.
-    pub fn open(path: &Path, layout: CsrLayout, opts: FaultlineOptions) -> anyhow::Result<Self> {
+    pub fn open(
+        path: &Path,
+        layout: CsrLayout,
+        opts: FaultlineOptions<'_>,
+    ) -> anyhow::Result<Self> {
         let ps = opts.page_size;
         anyhow::ensure!(
             ps.is_multiple_of(4096) && (4096..=2 << 20).contains(&ps),
@@ -244,6 +251,22 @@ impl FaultlineSource {
             builder = builder.readahead(ra);
         }
         match opts.zero_copy {
+            _ if opts.store.is_some() => {
+                let url = opts.store.expect("checked");
+                anyhow::ensure!(
+                    opts.zero_copy != Some(true),
+                    "--file-access page-cache maps the file itself: it cannot read from --store"
+                );
+                let store = faultline_redis::RedisStore::open(url)
+                    .with_context(|| format!("opening store {url}"))?;
+                anyhow::ensure!(
+                    store.info().len == file_len,
+                    "store {url} holds {} bytes but {} has {file_len}: upload it with `faultline store put`",
+                    store.info().len,
+                    path.display()
+                );
+                builder = builder.store(store);
+            }
             Some(true) => {
                 anyhow::ensure!(
                     opts.budget.is_none(),

@@ -1,0 +1,395 @@
+//! `faultline bench store`: a Redis-backed region against the local file
+//! store, same run, same engine, medians.
+//!
+//! 1. **seq**: sequential first touch (one read per page) of a region with
+//!    fault-around 64, pages from Redis (unix socket) vs from a `FileStore`
+//!    on a file in the page cache (copied, not zero copy). Target: Redis
+//!    <= 2x the file store per page.
+//! 2. **bfs**: a level-synchronous BFS over an R-MAT graph (`--scale`,
+//!    default 20) whose region reads Redis, with the default adaptive
+//!    read-ahead, vs the same region over the file. Target: <= 3x.
+//! 3. **throughput**: first touch of a Redis-backed region by 4 threads,
+//!    served by the workers engine with 1 then 2 handler threads. Target:
+//!    2 handlers >= 1.6x the pages per second of 1.
+//!
+//! Every configuration runs `--reps` times, interleaved, and the median is
+//! reported with the load average. Unless `--url` names a server, the bench
+//! starts its own `redis-server` on a unix socket in a temporary directory
+//! and stops it at the end.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use faultline::{engine, Engine, EngineConfig, EngineKind, FileStore, PageStore, Region};
+use faultline_redis::server::RedisServer;
+use faultline_redis::{RedisConfig, RedisStore};
+
+use super::report::Record;
+use super::stats::Summary;
+use super::BenchCtx;
+use crate::graph::bfs::bfs_parallel;
+use crate::graph::csr::read_layout;
+use crate::graph::rmat::{generate, GenOptions, RmatParams};
+use crate::graph::source::{FaultlineOptions, FaultlineSource, GraphSource};
+
+/// Arguments of `faultline bench store`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct StoreArgs {
+    /// A Redis server to use, as a base URL without a store name
+    /// (`redis+unix:///run/redis.sock`, `redis://127.0.0.1:6379`). Default:
+    /// start a `redis-server` on a unix socket in a temporary directory.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// MiB touched by the sequential and throughput runs.
+    #[arg(long, default_value_t = 64)]
+    pub mib: usize,
+    /// Runs per configuration (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// R-MAT scale of the BFS graph (2^scale vertices, edge factor 16); 0
+    /// skips the BFS.
+    #[arg(long, default_value_t = 20)]
+    pub scale: u32,
+}
+
+/// The 1, 5 and 15 minute load averages.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn thread_engine(kind: EngineKind, workers: usize) -> anyhow::Result<Arc<dyn Engine>> {
+    engine::create(
+        kind,
+        EngineConfig {
+            workers,
+            ..EngineConfig::default()
+        },
+    )
+    .with_context(|| format!("creating the {} engine", kind.name()))
+}
+
+/// A temporary file removed on drop.
+struct Temp(PathBuf);
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn temp_path(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "faultline-bench-store-{tag}-{}",
+        std::process::id()
+    ))
+}
+
+/// Seconds to read one byte of every page of `r` from `threads` threads,
+/// each taking its own contiguous share.
+fn first_touch(r: &Region, threads: usize) -> f64 {
+    let base = r.as_ptr() as usize;
+    let pages = r.pages();
+    let ps = r.len() / pages;
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for k in 0..threads {
+            let (from, to) = (pages * k / threads, pages * (k + 1) / threads);
+            s.spawn(move || {
+                let mut sum = 0u64;
+                for pg in from..to {
+                    // SAFETY: inside the region, which outlives the scope.
+                    sum += unsafe { std::ptr::read_volatile((base + pg * ps) as *const u8) } as u64;
+                }
+                std::hint::black_box(sum);
+            });
+        }
+    });
+    t.elapsed().as_secs_f64()
+}
+
+/// Median of `v` (sorts it).
+fn median(v: &mut [f64]) -> f64 {
+    Summary::from_ns(v).median
+}
+
+fn record(bench: &str, mechanism: &str, ns: &mut [f64]) -> Record {
+    Record::new(bench, mechanism, "COPY", "read", &Summary::from_ns(ns))
+}
+
+/// Runs `faultline bench store`.
+pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
+    let reps = args.reps.max(1);
+    let server = match &args.url {
+        Some(_) => None,
+        None => Some(RedisServer::start().context("starting redis-server")?),
+    };
+    let base = match (&args.url, &server) {
+        (Some(u), _) => u.clone(),
+        (None, Some(s)) => s.url(),
+        (None, None) => unreachable!("a server or a URL"),
+    };
+    println!(
+        "\n== store: Redis ({base}) vs the local file store; load average {}",
+        loadavg()
+    );
+    let steps = if args.scale > 0 { 4 } else { 3 };
+    let mut progress = ctx.progress(steps, "store");
+
+    // The data: a file in the page cache and the same bytes in Redis.
+    progress.step("uploading");
+    let len = args.mib << 20;
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u64).wrapping_mul(0x9e37_79b9) as u8 ^ (i >> 12) as u8)
+        .collect();
+    let file = Temp(temp_path("seq"));
+    File::create(&file.0)
+        .and_then(|mut f| f.write_all(&data))
+        .with_context(|| format!("writing {}", file.0.display()))?;
+    let seq_url = format!("{base}#bench-seq");
+    RedisStore::put(
+        &seq_url,
+        RedisConfig::default(),
+        &data[..],
+        len as u64,
+        |_| {},
+    )
+    .context("uploading the sequential data")?;
+    drop(data);
+
+    // 1. Sequential first touch, fault-around 64, poll engine for both.
+    progress.step("sequential first touch");
+    let poll = thread_engine(EngineKind::Poll, 1)?;
+    let pages = len / 4096;
+    let (mut redis_ns, mut file_ns) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        for redis in [true, false] {
+            let store: Box<dyn FnOnce() -> anyhow::Result<Arc<dyn PageStore>>> = if redis {
+                Box::new(|| Ok(Arc::new(RedisStore::open(&seq_url)?) as Arc<dyn PageStore>))
+            } else {
+                Box::new(|| Ok(Arc::new(FileStore::open(&file.0)?) as Arc<dyn PageStore>))
+            };
+            let r = Region::builder(len)
+                .shared_store(store()?)
+                .fault_around(64)
+                .zero_copy(false)
+                .build_dyn(poll.clone())?;
+            let secs = first_touch(&r, 1);
+            let per_page = secs * 1e9 / pages as f64;
+            if redis { &mut redis_ns } else { &mut file_ns }.push(per_page);
+        }
+    }
+    let (seq_redis, seq_file) = (median(&mut redis_ns.clone()), median(&mut file_ns.clone()));
+    let seq_ratio = seq_redis / seq_file;
+    ctx.report.records.push(
+        record("store-seq", "redis", &mut redis_ns.clone())
+            .with("ratio_to_file", seq_ratio)
+            .with("fault_around", 64)
+            .with("loadavg", loadavg()),
+    );
+    ctx.report.records.push(
+        record("store-seq", "file", &mut file_ns.clone())
+            .with("fault_around", 64)
+            .with("loadavg", loadavg()),
+    );
+    progress.suspend(|| {
+        println!(
+            "seq first touch, fault-around 64, poll engine, {} MiB, {reps} runs: redis {seq_redis:.0} ns/page, file {seq_file:.0} ns/page, ratio {seq_ratio:.2}x (target <= 2x: {}); load {}",
+            args.mib,
+            if seq_ratio <= 2.0 { "met" } else { "missed" },
+            loadavg()
+        )
+    });
+    let seq_series = vec![
+        (
+            "redis".to_string(),
+            redis_ns
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (i as f64 + 1.0, v))
+                .collect(),
+        ),
+        (
+            "file".to_string(),
+            file_ns
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (i as f64 + 1.0, v))
+                .collect(),
+        ),
+    ];
+
+    // 2. BFS over a Redis-backed region vs the file store.
+    let mut bfs_ratio = None;
+    if args.scale > 0 {
+        progress.step("bfs");
+        let graph = Temp(temp_path("graph"));
+        let params = RmatParams {
+            scale: args.scale,
+            edge_factor: 16,
+            seed: 1,
+            scramble: true,
+        };
+        let opts = GenOptions {
+            threads: 2,
+            mem_limit: 4 << 30,
+        };
+        {
+            let mut f = File::create(&graph.0)?;
+            generate(&params, &opts, &mut f, &indicatif::ProgressBar::hidden())
+                .context("generating the graph")?;
+        }
+        let layout = read_layout(&graph.0)?;
+        let gurl = format!("{base}#bench-graph");
+        let f = File::open(&graph.0)?;
+        RedisStore::put(
+            &gurl,
+            RedisConfig::default(),
+            std::io::BufReader::new(f),
+            layout.file_bytes(),
+            |_| {},
+        )
+        .context("uploading the graph")?;
+        let (mut rb, mut fb) = (Vec::new(), Vec::new());
+        let bfs_reps = reps.min(3);
+        let mut reach = None;
+        for _ in 0..bfs_reps {
+            for redis in [true, false] {
+                let (secs, reached) = bfs_once(&graph.0, layout, redis.then_some(gurl.as_str()))?;
+                anyhow::ensure!(
+                    *reach.get_or_insert(reached) == reached,
+                    "the BFS over Redis and over the file reached different vertex counts"
+                );
+                if redis { &mut rb } else { &mut fb }.push(secs * 1e9);
+            }
+        }
+        let (br, bf) = (median(&mut rb.clone()), median(&mut fb.clone()));
+        let ratio = br / bf;
+        bfs_ratio = Some(ratio);
+        ctx.report.records.push(
+            record("store-bfs", "redis", &mut rb)
+                .with("scale", args.scale)
+                .with("ratio_to_file", ratio)
+                .with("loadavg", loadavg()),
+        );
+        ctx.report.records.push(
+            record("store-bfs", "file", &mut fb)
+                .with("scale", args.scale)
+                .with("loadavg", loadavg()),
+        );
+        progress.suspend(|| {
+            println!(
+                "bfs scale {}, {} MiB graph, poll engine, adaptive read-ahead, {bfs_reps} runs: redis {:.3} s, file {:.3} s, ratio {ratio:.2}x (target <= 3x: {}); load {}",
+                args.scale,
+                layout.file_bytes() >> 20,
+                br / 1e9,
+                bf / 1e9,
+                if ratio <= 3.0 { "met" } else { "missed" },
+                loadavg()
+            )
+        });
+    }
+
+    // 3. Throughput: workers engine, 1 vs 2 handler threads, 4 faulting
+    //    threads, fault-around 16.
+    progress.step("throughput");
+    let mut tput: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let engines = [
+        thread_engine(EngineKind::Workers, 1)?,
+        thread_engine(EngineKind::Workers, 2)?,
+    ];
+    for _ in 0..reps {
+        for (i, e) in engines.iter().enumerate() {
+            let r = Region::builder(len)
+                .store(RedisStore::open(&seq_url)?)
+                .fault_around(16)
+                .build_dyn(e.clone())?;
+            let secs = first_touch(&r, 4);
+            tput[i].push(pages as f64 / secs);
+        }
+    }
+    let (t1, t2) = (median(&mut tput[0].clone()), median(&mut tput[1].clone()));
+    let scale_ratio = t2 / t1;
+    for (i, t) in tput.iter().enumerate() {
+        let mut ns: Vec<f64> = t.iter().map(|pps| 1e9 / pps).collect();
+        ctx.report.records.push(
+            record("store-throughput", "workers", &mut ns)
+                .with("handler_threads", i + 1)
+                .with("pages_per_s", median(&mut t.clone()))
+                .with("loadavg", loadavg()),
+        );
+    }
+    progress.suspend(|| {
+        println!(
+            "throughput, workers engine, 4 faulting threads, fault-around 16, {reps} runs: 1 handler {t1:.0} pages/s, 2 handlers {t2:.0} pages/s, ratio {scale_ratio:.2}x (target >= 1.6x: {}); load {}",
+            if scale_ratio >= 1.6 { "met" } else { "missed" },
+            loadavg()
+        )
+    });
+    progress.finish();
+    ctx.figure("store-seq", |dir, name| {
+        super::plot::line_chart(
+            dir,
+            name,
+            "Sequential first touch, fault-around 64: Redis vs file store",
+            "run",
+            "ns per page",
+            &seq_series,
+            false,
+        )
+    })?;
+    let tput_series = vec![(
+        "redis, workers engine".to_string(),
+        vec![(1.0, t1), (2.0, t2)],
+    )];
+    ctx.figure("store-throughput", |dir, name| {
+        super::plot::line_chart(
+            dir,
+            name,
+            "First-touch throughput from Redis vs handler threads",
+            "handler threads",
+            "pages per second",
+            &tput_series,
+            false,
+        )
+    })?;
+    println!(
+        "store summary: seq {seq_ratio:.2}x, bfs {}, throughput 2/1 handlers {scale_ratio:.2}x; load {}",
+        bfs_ratio.map_or("skipped".into(), |r| format!("{r:.2}x")),
+        loadavg()
+    );
+    drop(server);
+    Ok(())
+}
+
+/// One BFS from vertex 0 over `graph` through a poll-engine region reading
+/// `store` (or the file); seconds and vertices reached.
+fn bfs_once(
+    graph: &Path,
+    layout: crate::graph::csr::CsrLayout,
+    store: Option<&str>,
+) -> anyhow::Result<(f64, u64)> {
+    let src = FaultlineSource::open(
+        graph,
+        layout,
+        FaultlineOptions {
+            engine: EngineKind::Poll,
+            page_size: 4096,
+            readahead: None,
+            file_access: faultline::FileAccess::Mmap,
+            zero_copy: Some(false),
+            budget: None,
+            store,
+        },
+    )?;
+    let t = Instant::now();
+    let r = bfs_parallel(src.index(), src.edges(), 0, 1).context("BFS")?;
+    let secs = t.elapsed().as_secs_f64();
+    anyhow::ensure!(r.reached() > 1, "the BFS went nowhere");
+    Ok((secs, r.reached()))
+}
