@@ -62,9 +62,9 @@ pub enum Backend {
 /// `faultline peer` arguments.
 #[derive(Args, Debug, Clone)]
 pub struct PeerArgs {
-    /// The handler's socket.
-    #[arg(long, default_value = "")]
-    pub socket: PathBuf,
+    /// The handler's socket (required with the uffd backend).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
     /// The memory file (to compare every byte with).
     #[arg(long)]
     pub mem: PathBuf,
@@ -205,12 +205,16 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
 }
 
 fn connect(args: &PeerArgs) -> anyhow::Result<UnixStream> {
+    let path = args
+        .socket
+        .as_ref()
+        .context("--socket is required with --backend uffd")?;
     let deadline = Instant::now() + Duration::from_secs_f64(args.connect_timeout);
     loop {
-        match UnixStream::connect(&args.socket) {
+        match UnixStream::connect(path) {
             Ok(c) => return Ok(c),
             Err(e) if Instant::now() > deadline => {
-                return Err(e).with_context(|| format!("connecting to {}", args.socket.display()))
+                return Err(e).with_context(|| format!("connecting to {}", path.display()))
             }
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }

@@ -33,6 +33,7 @@ pub mod progress;
 pub mod random;
 #[allow(dead_code)]
 pub mod report;
+pub mod restore;
 #[allow(dead_code)]
 pub mod stats;
 pub mod store;
@@ -95,6 +96,10 @@ pub enum BenchCmd {
     /// touch, BFS, throughput over handler threads (starts its own
     /// redis-server unless given --url). Not in the default selection.
     Store(store::StoreArgs),
+    /// VM snapshot restore through Firecracker's hand-off: the kernel's
+    /// MAP_PRIVATE file mapping, a one-page baseline handler, faultline on
+    /// demand, with a recorded working set prefetched, and eager copy.
+    Restore(restore::RestoreArgs),
 }
 
 impl BenchCmd {
@@ -122,6 +127,7 @@ impl BenchCmd {
             BenchCmd::Watch(a) => watch::run(ctx, a).context("bench watch"),
             BenchCmd::Random(a) => random::run(ctx, a).context("bench random"),
             BenchCmd::Store(a) => store::run(ctx, a).context("bench store"),
+            BenchCmd::Restore(a) => restore::run(ctx, a).context("bench restore"),
         }
     }
 }

@@ -87,7 +87,7 @@ pub struct ServeArgs {
 }
 
 /// One peer's summary (stderr and `--json`).
-#[derive(Debug, Clone, serde::Serialize, Default)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Default)]
 pub struct PeerSummary {
     /// Connection number.
     pub peer: usize,

@@ -1,0 +1,486 @@
+//! `faultline bench restore`: VM snapshot restore through Firecracker's
+//! hand-off, every configuration in one run, `faultline peer` as the VMM.
+//!
+//! Configurations (each a fresh peer process; the handler a fresh
+//! `faultline serve` process unless noted):
+//! * `kernel`: the peer maps the memory file `MAP_PRIVATE` (Firecracker's
+//!   `File` backend), no handler;
+//! * `baseline`: a handler written like Firecracker's example (one thread
+//!   in this process, one page per fault, `UFFDIO_COPY` from a mapping of
+//!   the file);
+//! * `on-demand`: `faultline serve` (poll engine, fault-around up to 16);
+//! * `prefetch`: `faultline serve --prefetch` of the set a `--record` run
+//!   of the same working set wrote (recorded once, warm, before);
+//! * `eager`: `faultline serve --prefetch` of every page of the file
+//!   (installed from the handshake on, faults first).
+//!
+//! Reported: seconds from the handshake to the last working-set page
+//! touched (the peer measures it), first-touch latency seen by the vCPU
+//! threads (median, p99), demand faults and bytes read by the handler;
+//! medians over `--reps`. Cold runs drop the file's page cache before each
+//! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root).
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use faultline::sys::mem::{self, Mapping};
+use faultline::sys::sock::{self, events, PollFd};
+use faultline::sys::uffd::{Msg, Outcome, Uffd, UffdMsg};
+
+use super::report::{fmt_ratio, print_table, Record};
+use super::stats::Summary;
+use super::BenchCtx;
+use crate::peer::PeerReport;
+use crate::serve::PeerSummary;
+
+/// Options of `faultline bench restore`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RestoreArgs {
+    /// Bytes of the memory file (created in --dir). Default 1 GiB.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub size: usize,
+    /// Working sets, percent of memory.
+    #[arg(long, default_value = "10,30", value_delimiter = ',')]
+    pub working_set: Vec<f64>,
+    /// vCPU threads of the peer.
+    #[arg(long, default_value_t = 2)]
+    pub vcpus: usize,
+    /// Repetitions per configuration (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Directory for the memory file, sockets and records. Default: a
+    /// temporary directory in /tmp, removed afterwards.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+const CONFIGS: [&str; 5] = ["kernel", "baseline", "on-demand", "prefetch", "eager"];
+
+struct Run {
+    seconds: f64,
+    median_ns: f64,
+    p99_ns: f64,
+    faults: u64,
+    bytes_read: u64,
+}
+
+/// Runs the bench.
+pub fn run(ctx: &mut BenchCtx, a: &RestoreArgs) -> anyhow::Result<()> {
+    if a.size < 8 << 20 || !a.size.is_multiple_of(4 << 20) {
+        bail!("--size must be a multiple of 4 MiB, at least 8 MiB");
+    }
+    let tmp = a.dir.is_none();
+    let dir = a.dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("faultline-restore-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&dir)?;
+    let result = run_in(ctx, a, &dir);
+    if tmp {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()> {
+    let mem = dir.join("mem");
+    eprintln!("restore: writing a {} MiB memory file", a.size >> 20);
+    write_mem(&mem, a.size)?;
+    let all = dir.join("all.txt");
+    let offs: Vec<u64> = (0..a.size as u64).step_by(4096).collect();
+    crate::serve::record::write(&all, &offs)?;
+    let root = is_root();
+    println!(
+        "\nrestore: {} MiB memory file, {} vCPU threads, {} reps; cold cache: posix_fadvise(DONTNEED){}",
+        a.size >> 20,
+        a.vcpus,
+        a.reps,
+        if root { " + drop_caches" } else { " (not root: drop_caches skipped)" }
+    );
+    let steps = (a.working_set.len() * 2 * CONFIGS.len() * a.reps) as u64;
+    let mut progress = ctx.progress(steps, "restore");
+    let mut rows = Vec::new();
+    for &ws in &a.working_set {
+        let rec = dir.join(format!("ws{ws}.txt"));
+        warm(&mem)?;
+        record(a, dir, &mem, ws, &rec)?;
+        for cold in [false, true] {
+            let cache = if cold { "cold" } else { "warm" };
+            let mut medians: Vec<(String, Run)> = Vec::new();
+            for cfg in CONFIGS {
+                let mut runs = Vec::new();
+                for rep in 0..a.reps {
+                    progress.step(&format!("ws {ws}% {cache} {cfg} {rep}"));
+                    if cold {
+                        drop_cache(&mem, root)?;
+                    } else {
+                        warm(&mem)?;
+                    }
+                    runs.push(one(a, dir, &mem, ws, cfg, &rec, &all)?);
+                }
+                let med = |f: &dyn Fn(&Run) -> f64| {
+                    let mut v: Vec<f64> = runs.iter().map(f).collect();
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                };
+                let m = Run {
+                    seconds: med(&|r| r.seconds),
+                    median_ns: med(&|r| r.median_ns),
+                    p99_ns: med(&|r| r.p99_ns),
+                    faults: med(&|r| r.faults as f64) as u64,
+                    bytes_read: med(&|r| r.bytes_read as f64) as u64,
+                };
+                medians.push((cfg.to_string(), m));
+            }
+            let get = |n: &str| &medians.iter().find(|m| m.0 == n).expect("config").1;
+            let (base, kern, dem) = (get("baseline"), get("kernel"), get("on-demand"));
+            for (cfg, m) in &medians {
+                let s = Summary::from_ns(&mut [m.median_ns]);
+                ctx.report.push(
+                    Record::new("restore", cfg, "COPY", "read", &s)
+                        .with("working_set_pct", ws)
+                        .with("cache", cache)
+                        .with("seconds", m.seconds)
+                        .with("vcpu_median_ns", m.median_ns)
+                        .with("vcpu_p99_ns", m.p99_ns)
+                        .with("demand_faults", m.faults)
+                        .with("bytes_read", m.bytes_read)
+                        .with("speedup_vs_baseline", base.seconds / m.seconds)
+                        .with("speedup_vs_kernel", kern.seconds / m.seconds),
+                );
+                rows.push(vec![
+                    format!("{ws}%"),
+                    cache.to_string(),
+                    cfg.clone(),
+                    format!("{:.1}", m.seconds * 1e3),
+                    format!("{:.1}", m.median_ns / 1e3),
+                    format!("{:.1}", m.p99_ns / 1e3),
+                    m.faults.to_string(),
+                    format!("{}", m.bytes_read >> 20),
+                    fmt_ratio(base.seconds / m.seconds),
+                    fmt_ratio(kern.seconds / m.seconds),
+                    fmt_ratio(dem.seconds / m.seconds),
+                ]);
+            }
+            let pre = get("prefetch");
+            rows.push(vec![
+                format!("{ws}%"),
+                cache.to_string(),
+                "REAP (paper)".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!(
+                    "ours: -{:.0}% (REAP -97%)",
+                    100.0 * (1.0 - pre.faults as f64 / dem.faults.max(1) as f64)
+                ),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!("ours {} (REAP 3.70x)", fmt_ratio(dem.seconds / pre.seconds)),
+            ]);
+        }
+    }
+    progress.finish();
+    print_table(
+        &[
+            "ws",
+            "cache",
+            "config",
+            "ms",
+            "vCPU med us",
+            "p99 us",
+            "faults",
+            "MiB read",
+            "vs baseline",
+            "vs kernel",
+            "vs on-demand",
+        ],
+        &rows,
+    );
+    println!(
+        "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read)"
+    );
+    Ok(())
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Uid:")
+                    .map(|v| v.split_whitespace().next() == Some("0"))
+            })
+        })
+        .unwrap_or(false)
+}
+
+fn write_mem(path: &Path, size: usize) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut chunk = vec![0u8; 1 << 20];
+    for _ in 0..size >> 20 {
+        for w in chunk.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        f.write_all(&chunk)?;
+    }
+    f.into_inner()?.sync_all()?;
+    Ok(())
+}
+
+fn warm(path: &Path) -> anyhow::Result<()> {
+    let f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len() as usize;
+    let m = Mapping::file_readonly(&f, len, 0)?;
+    let mut sum = 0u64;
+    for off in (0..len).step_by(4096) {
+        // SAFETY: inside a live read-only mapping of the file.
+        sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(m.as_ptr().add(off)) } as u64);
+    }
+    std::hint::black_box(sum);
+    Ok(())
+}
+
+fn drop_cache(path: &Path, root: bool) -> anyhow::Result<()> {
+    let f = std::fs::File::open(path)?;
+    mem::fadvise_dontneed(&f)?;
+    if root {
+        let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
+    }
+    Ok(())
+}
+
+fn exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("locating the faultline binary")
+}
+
+/// Runs the peer (against `socket`, or the file backend), returns its report.
+fn peer(
+    a: &RestoreArgs,
+    dir: &Path,
+    mem: &Path,
+    ws: f64,
+    socket: Option<&Path>,
+) -> anyhow::Result<PeerReport> {
+    let out = dir.join("peer.json");
+    let _ = std::fs::remove_file(&out);
+    let mut cmd = Command::new(exe()?);
+    cmd.arg("peer")
+        .arg("--mem")
+        .arg(mem)
+        .arg("--json")
+        .arg(&out);
+    cmd.args([
+        "--threads",
+        &a.vcpus.to_string(),
+        "--working-set",
+        &ws.to_string(),
+    ]);
+    match socket {
+        Some(s) => cmd.arg("--socket").arg(s),
+        None => cmd.args(["--backend", "file"]),
+    };
+    let st = run_bounded(cmd, Duration::from_secs(600))?;
+    if !st {
+        bail!("the peer failed (see its messages above)");
+    }
+    Ok(serde_json::from_str(&std::fs::read_to_string(&out)?)?)
+}
+
+fn run_bounded(mut cmd: Command, limit: Duration) -> anyhow::Result<bool> {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).spawn()?;
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(s.success());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("timed out after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Starts `faultline serve` with `extra`, runs one peer, returns both sides.
+fn served(
+    a: &RestoreArgs,
+    dir: &Path,
+    mem: &Path,
+    ws: f64,
+    extra: &[&str],
+) -> anyhow::Result<(PeerReport, PeerSummary)> {
+    let sock = dir.join("serve.sock");
+    let json = dir.join("serve.json");
+    let _ = std::fs::remove_file(&sock);
+    let mut cmd = Command::new(exe()?);
+    cmd.arg("serve")
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--mem")
+        .arg(mem);
+    cmd.arg("--json")
+        .arg(&json)
+        .args(["--peers", "1", "--timeout", "60"]);
+    cmd.args(extra);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let rep = peer(a, dir, mem, ws, Some(&sock));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let st = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("faultline serve did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let rep = rep?;
+    if !st.success() {
+        bail!("faultline serve failed");
+    }
+    let sums: Vec<PeerSummary> = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+    let s = sums.into_iter().next().context("serve reported no peer")?;
+    Ok((rep, s))
+}
+
+fn record(a: &RestoreArgs, dir: &Path, mem: &Path, ws: f64, rec: &Path) -> anyhow::Result<()> {
+    served(
+        a,
+        dir,
+        mem,
+        ws,
+        &["--record", rec.to_str().context("path")?],
+    )?;
+    Ok(())
+}
+
+fn one(
+    a: &RestoreArgs,
+    dir: &Path,
+    mem: &Path,
+    ws: f64,
+    cfg: &str,
+    rec: &Path,
+    all: &Path,
+) -> anyhow::Result<Run> {
+    let from = |p: PeerReport, faults: u64, bytes: u64| Run {
+        seconds: p.seconds,
+        median_ns: p.median_ns as f64,
+        p99_ns: p.p99_ns as f64,
+        faults,
+        bytes_read: bytes,
+    };
+    Ok(match cfg {
+        "kernel" => {
+            let p = peer(a, dir, mem, ws, None)?;
+            // Every first touch is a kernel fault on the file mapping.
+            let n = p.pages as u64;
+            from(p, n, n * 4096)
+        }
+        "baseline" => {
+            let sock = dir.join("base.sock");
+            let _ = std::fs::remove_file(&sock);
+            let listener = UnixListener::bind(&sock)?;
+            let m = mem.to_path_buf();
+            let h = std::thread::spawn(move || baseline_handler(listener, &m));
+            let p = peer(a, dir, mem, ws, Some(&sock));
+            let faults = h
+                .join()
+                .map_err(|_| anyhow::anyhow!("baseline handler panicked"))??;
+            from(p?, faults, faults * 4096)
+        }
+        "on-demand" => {
+            let (p, s) = served(a, dir, mem, ws, &[])?;
+            from(p, s.faults, s.bytes_read)
+        }
+        "prefetch" | "eager" => {
+            let list = if cfg == "prefetch" { rec } else { all };
+            let (p, s) = served(
+                a,
+                dir,
+                mem,
+                ws,
+                &["--prefetch", list.to_str().context("path")?],
+            )?;
+            from(p, s.faults, s.bytes_read)
+        }
+        other => bail!("unknown configuration {other}"),
+    })
+}
+
+/// A handler as Firecracker's example writes it: one thread, one page per
+/// fault, `UFFDIO_COPY` from a mapping of the file. Returns the faults
+/// served.
+fn baseline_handler(listener: UnixListener, mem: &Path) -> anyhow::Result<u64> {
+    listener.set_nonblocking(false)?;
+    let (conn, _) = listener.accept()?;
+    let mut buf = vec![0u8; 1 << 16];
+    let got = sock::recv_with_fds(conn.as_fd(), &mut buf, false)?;
+    let regions = crate::serve::handshake::parse(&buf[..got.bytes])?;
+    let fd = got
+        .fds
+        .into_iter()
+        .next()
+        .context("no userfaultfd attached")?;
+    let uffd = Uffd::adopt(fd);
+    let file = std::fs::File::open(mem)?;
+    let len = file.metadata()?.len() as usize;
+    let map = Mapping::file_readonly(&file, len, 0)?;
+    let mut msgs = [UffdMsg::ZERO; 1];
+    let mut faults = 0u64;
+    loop {
+        let mut fds = [
+            PollFd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&uffd),
+                events: events::IN,
+                revents: 0,
+            },
+            PollFd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&conn),
+                events: events::RDHUP,
+                revents: 0,
+            },
+        ];
+        sock::poll(&mut fds, 1000)?;
+        if fds[1].revents != 0 {
+            return Ok(faults);
+        }
+        if uffd.read_msgs(&mut msgs)? == 0 {
+            continue;
+        }
+        if let Msg::PageFault { addr, .. } = msgs[0].decode() {
+            faults += 1;
+            let page = addr & !4095;
+            let r = regions
+                .iter()
+                .find(|r| page >= r.base && page < r.base + r.len as u64)
+                .context("fault outside the regions")?;
+            let off = r.store_offset + (page - r.base);
+            loop {
+                // SAFETY: `off + 4096` lies inside the file mapping (the
+                // regions were laid out from it).
+                let out = unsafe { uffd.copy(page, map.as_ptr().add(off as usize), 4096, 0) }?;
+                if out != Outcome::Retry {
+                    break;
+                }
+            }
+        }
+    }
+}
