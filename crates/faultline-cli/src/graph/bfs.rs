@@ -5,14 +5,17 @@
 //! expands those on the current level, so every level streams through the
 //! whole index and jumps around in the edge array. How it works:
 //!
-//! 1. `level[source] = 0`; all other entries are `u32::MAX` (unreached).
-//!    The array lives in ordinary memory and is fully written before the
-//!    search, so its page faults are not part of the measurement.
+//! 1. `level[source] = 0`; all other entries are unreached. Levels are
+//!    16-bit cells (as in UMap's BFS: half the cache footprint of the
+//!    randomly accessed array), 32-bit when a search is deeper. The array
+//!    lives in ordinary memory and is fully written before the search, so
+//!    its page faults are not part of the measurement.
 //! 2. For level `l`, `threads` workers take chunks of 4096 vertices from a
-//!    shared counter; for each `v` with `level[v] == l` they claim every
-//!    unreached neighbour with a compare-and-swap to `l + 1` (the CAS makes
-//!    the per-level counts exact; the level values would be the same without
-//!    it).
+//!    shared counter; for each `v` with `level[v] == l` they set every
+//!    unreached neighbour to `l + 1` with a plain (relaxed) store: racing
+//!    writers store the same value, and no compare-and-swap sits in the
+//!    inner loop. Level `l`'s discoveries are counted as level `l + 1`'s
+//!    frontier, which each vertex joins exactly once.
 //! 3. A barrier ends the level; the search stops when a level discovers no
 //!    vertex.
 //!
@@ -21,7 +24,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::Instant;
 
@@ -128,11 +131,60 @@ pub fn bfs_reference(index: &[u64], edges: &[u64], source: u64) -> Result<Vec<u3
     Ok(levels)
 }
 
+/// A vertex's level cell: 16 bits while levels fit (half the cache
+/// footprint of the randomly accessed level array, as in UMap's BFS), 32
+/// bits for deeper searches.
+trait LevelCell: Sync + Sized {
+    /// The "unreached" value of the cell.
+    const NONE: u32;
+    fn unreached() -> Self;
+    fn get(&self) -> u32;
+    fn set(&self, level: u32);
+    /// Sets an unreached cell to `level`; true if it was unreached.
+    fn reach(&self, level: u32) -> bool;
+    fn into_level(self) -> u32 {
+        match self.get() {
+            l if l == Self::NONE => UNREACHED,
+            l => l,
+        }
+    }
+}
+
+macro_rules! level_cell {
+    ($atomic:ty, $int:ty) => {
+        impl LevelCell for $atomic {
+            const NONE: u32 = <$int>::MAX as u32;
+            fn unreached() -> Self {
+                <$atomic>::new(<$int>::MAX)
+            }
+            #[inline(always)]
+            fn get(&self) -> u32 {
+                self.load(Ordering::Relaxed) as u32
+            }
+            fn set(&self, level: u32) {
+                self.store(level as $int, Ordering::Relaxed)
+            }
+            #[inline(always)]
+            fn reach(&self, level: u32) -> bool {
+                let unreached = self.load(Ordering::Relaxed) == <$int>::MAX;
+                if unreached {
+                    self.store(level as $int, Ordering::Relaxed);
+                }
+                unreached
+            }
+        }
+    };
+}
+level_cell!(AtomicU16, u16);
+level_cell!(AtomicU32, u32);
+#[cfg(test)]
+level_cell!(std::sync::atomic::AtomicU8, u8);
+
 /// State shared by the coordinator and the workers of one search.
-struct Shared<'a> {
+struct Shared<'a, L> {
     index: &'a [u64],
     edges: &'a [u64],
-    levels: &'a [AtomicU32],
+    levels: &'a [L],
     current: AtomicU32,
     next_chunk: AtomicUsize,
     frontier: AtomicU64,
@@ -142,7 +194,7 @@ struct Shared<'a> {
     malformed: AtomicBool,
 }
 
-impl Shared<'_> {
+impl<L: LevelCell> Shared<'_, L> {
     /// Expands the current level over the chunks this worker claims.
     fn work_level(&self) {
         let n = self.levels.len();
@@ -154,7 +206,7 @@ impl Shared<'_> {
                 break;
             }
             for v in start..(start + CHUNK).min(n) {
-                if self.levels[v].load(Ordering::Relaxed) != cur {
+                if self.levels[v].get() != cur {
                     continue;
                 }
                 frontier += 1;
@@ -171,16 +223,7 @@ impl Shared<'_> {
                         self.malformed.store(true, Ordering::Relaxed);
                         continue;
                     };
-                    if slot.load(Ordering::Relaxed) == UNREACHED
-                        && slot
-                            .compare_exchange(
-                                UNREACHED,
-                                cur + 1,
-                                Ordering::Relaxed,
-                                Ordering::Relaxed,
-                            )
-                            .is_ok()
-                    {
+                    if slot.reach(cur + 1) {
                         discovered += 1;
                     }
                 }
@@ -193,19 +236,45 @@ impl Shared<'_> {
 }
 
 /// Level-synchronous top-down BFS with `threads` workers (see the module
-/// docs). `index` has `n + 1` entries, `edges` `index[n]`.
+/// docs). `index` has `n + 1` entries, `edges` `index[n]`. Levels are kept
+/// in 16 bits; a search deeper than that runs again with 32.
 pub fn bfs_parallel(
     index: &[u64],
     edges: &[u64],
     source: u64,
     threads: usize,
 ) -> Result<BfsResult, BfsError> {
+    narrow_first::<AtomicU16>(index, edges, source, threads)
+}
+
+/// A search with `N` cells, again with 32-bit cells if the levels outgrow
+/// `N`.
+fn narrow_first<N: LevelCell>(
+    index: &[u64],
+    edges: &[u64],
+    source: u64,
+    threads: usize,
+) -> Result<BfsResult, BfsError> {
+    match search::<N>(index, edges, source, threads)? {
+        Some(r) => Ok(r),
+        None => Ok(search::<AtomicU32>(index, edges, source, threads)?
+            .expect("32-bit levels hold any BFS depth")),
+    }
+}
+
+/// One search with level cells `L`; `None` if the levels outgrew them.
+fn search<L: LevelCell>(
+    index: &[u64],
+    edges: &[u64],
+    source: u64,
+    threads: usize,
+) -> Result<Option<BfsResult>, BfsError> {
     let s = check_source(index, source)?;
     let n = index.len() - 1;
     let threads = threads.max(1);
     // Writing every entry here pre-faults the array before the clock starts.
-    let levels: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(UNREACHED)).collect();
-    levels[s].store(0, Ordering::Relaxed);
+    let levels: Vec<L> = (0..n).map(|_| L::unreached()).collect();
+    levels[s].set(0);
     let shared = Shared {
         index,
         edges,
@@ -221,6 +290,7 @@ pub fn bfs_parallel(
     // Start and end of each level: workers plus the coordinator.
     let barrier = Barrier::new(threads + 1);
     let mut per_level = Vec::new();
+    let mut overflow = false;
     let t0 = Instant::now();
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -247,7 +317,8 @@ pub fn bfs_parallel(
                 seconds: lt.elapsed().as_secs_f64(),
             };
             per_level.push(stats);
-            if stats.discovered == 0 || level == UNREACHED - 1 {
+            if stats.discovered == 0 || level + 2 >= L::NONE {
+                overflow = stats.discovered != 0;
                 shared.done.store(true, Ordering::Release);
                 barrier.wait();
                 break;
@@ -258,11 +329,19 @@ pub fn bfs_parallel(
     if shared.malformed.load(Ordering::Relaxed) {
         return Err(BfsError::Malformed);
     }
-    Ok(BfsResult {
-        levels: levels.into_iter().map(AtomicU32::into_inner).collect(),
+    if overflow {
+        return Ok(None);
+    }
+    // Racing stores may count a vertex twice; each vertex is expanded once,
+    // so the next level's frontier is the exact count.
+    for l in 0..per_level.len() {
+        per_level[l].discovered = per_level.get(l + 1).map_or(0, |next| next.frontier);
+    }
+    Ok(Some(BfsResult {
+        levels: levels.into_iter().map(L::into_level).collect(),
         per_level,
         seconds,
-    })
+    }))
 }
 
 /// First vertex whose level differs, as `(vertex, got, expected)`.
@@ -302,6 +381,29 @@ mod tests {
                 source: 5,
                 vertices: 5
             }
+        );
+    }
+
+    #[test]
+    fn levels_deeper_than_the_narrow_cells_fall_back_to_32_bits() {
+        use std::sync::atomic::AtomicU8;
+        // A path of 600 vertices: 599 levels, more than 8-bit cells hold
+        // (the same logic moves 16-bit searches deeper than 65,533 to 32).
+        let n = 600u64;
+        let e: Vec<(u64, u64)> = (0..n - 1).flat_map(|v| [(v, v + 1), (v + 1, v)]).collect();
+        let g = from_edges(n, &e);
+        assert!(search::<AtomicU8>(&g.index, &g.edges, 0, 2)
+            .unwrap()
+            .is_none());
+        let r = narrow_first::<AtomicU8>(&g.index, &g.edges, 0, 2).unwrap();
+        let want = bfs_reference(&g.index, &g.edges, 0).unwrap();
+        assert_eq!(first_mismatch(&r.levels, &want), None);
+        assert_eq!(r.levels[n as usize - 1], n as u32 - 1);
+        // From the middle: 300 levels, again past 8 bits.
+        let r = narrow_first::<AtomicU8>(&g.index, &g.edges, 300, 2).unwrap();
+        assert_eq!(
+            first_mismatch(&r.levels, &bfs_reference(&g.index, &g.edges, 300).unwrap()),
+            None
         );
     }
 
