@@ -264,10 +264,16 @@ pub unsafe extern "C" fn umap(
         let store = file_store(fd, offset.max(0) as u64)?;
         map_region(addr, length, prot, flags, offset, store).map(|p| p as i64)
     });
+    mapped("umap", r)
+}
+
+/// What a mapping call returns for `guard`'s result `r` (an address or a
+/// negative errno): the address, or `UMAP_FAILED` with `errno` set (UMap's
+/// callers look at errno; `guard` recorded the message).
+fn mapped(what: &str, r: i64) -> *mut c_void {
     if r < 0 {
-        // `guard` recorded the message; UMap's callers look at errno.
         set_errno(-r as i32);
-        log_at(Level::Error, || format!("umap failed: {}", last_error()));
+        log_at(Level::Error, || format!("{what} failed: {}", last_error()));
         UMAP_FAILED
     } else {
         r as *mut c_void
@@ -329,13 +335,7 @@ pub unsafe extern "C" fn umap_store(
         let store = Arc::new(CallbackStore::new(cb, "Umap::Store"));
         map_region(addr, length, prot, flags, offset, store).map(|p| p as i64)
     });
-    if r < 0 {
-        set_errno(-r as i32);
-        log_at(Level::Error, || format!("umap_ex failed: {}", last_error()));
-        UMAP_FAILED
-    } else {
-        r as *mut c_void
-    }
+    mapped("umap_ex", r)
 }
 
 /// UMap's `uunmap()`: writes the region's dirty pages back to its store and
