@@ -29,10 +29,13 @@ fn program() -> Option<&'static PathBuf> {
 }
 
 fn tmp() -> PathBuf {
-    let d =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("c-abi-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = fresh_dir("c-abi");
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    })
+    .clone()
 }
 
 #[test]

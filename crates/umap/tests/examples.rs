@@ -8,6 +8,7 @@
 mod support;
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use support::*;
@@ -19,10 +20,13 @@ fn example(rel: &str) -> PathBuf {
 }
 
 fn tmp() -> PathBuf {
-    let d =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("examples-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = fresh_dir("examples");
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    })
+    .clone()
 }
 
 /// A CSR file (the `faultline graph gen` format) of `n` vertices with three

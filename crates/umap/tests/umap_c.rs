@@ -45,9 +45,13 @@ fn programs() -> Option<&'static Programs> {
 }
 
 fn tmp() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("umap-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = fresh_dir("umap");
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    })
+    .clone()
 }
 
 /// Runs the C program's `config` mode on a fresh 256-page file with `env`

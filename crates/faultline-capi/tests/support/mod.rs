@@ -46,11 +46,7 @@ pub fn prefix() -> &'static Path {
         // up to target/<profile>).
         let exe = std::env::current_exe().expect("current exe");
         let build = exe.parent().expect("deps dir");
-        let prefix = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "c-prefix-{}-{}",
-            env!("CARGO_CRATE_NAME"),
-            std::process::id()
-        ));
+        let prefix = fresh_dir(&format!("c-prefix-{}", env!("CARGO_CRATE_NAME")));
         let _ = std::fs::remove_dir_all(&prefix);
         let out = Command::new("bash")
             .arg(root().join("scripts/c-install.sh"))
@@ -65,6 +61,23 @@ pub fn prefix() -> &'static Path {
         );
         prefix
     })
+}
+
+/// `CARGO_TARGET_TMPDIR/NAME-PID` for this process, after removing the
+/// `NAME-*` directories of earlier runs whose process is gone (an installed
+/// prefix is ~70 MiB).
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let stem = format!("{name}-");
+    for e in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = file.strip_prefix(&stem) {
+            if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    tmp.join(format!("{stem}{}", std::process::id()))
 }
 
 /// `pkg-config ARGS` with the temporary prefix on the search path.
