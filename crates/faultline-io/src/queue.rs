@@ -291,6 +291,13 @@ impl IoQueue {
         };
         self.next_seq += 1;
         if self.dev.ordering == Ordering::Ordered && !self.parked.is_empty() {
+            // Paused behind an earlier miss: it waits its turn, but its own
+            // missing pages are requested now, so they are served while it
+            // waits (the issue order is unchanged).
+            let write = p.io.op.writes_region();
+            if let Err(first) = self.dev.region.io_ready(p.pages.clone(), write) {
+                self.post_missing(first..p.pages.end, write);
+            }
             self.park(p);
             return Ok(());
         }

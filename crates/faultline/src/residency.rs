@@ -244,6 +244,17 @@ impl Residency {
         }
     }
 
+    /// The addresses of the words [`io_ready`](Self::io_ready) loads for
+    /// `page` (its state word and its claim word), for benchmarks that
+    /// flush them from the cache (VPRI Table 2's "caching disabled").
+    #[doc(hidden)]
+    pub fn words_of(&self, page: usize) -> [*const u8; 2] {
+        [
+            (&self.states[page / 32] as *const AtomicU64).cast(),
+            (&self.claims[page / 64] as *const AtomicU64).cast(),
+        ]
+    }
+
     /// Whether an I/O is in flight on `page` (pins aside).
     pub fn io_inflight(&self, page: usize) -> bool {
         fence(SeqCst);
@@ -282,7 +293,8 @@ impl Residency {
         write: bool,
         wp_tracked: bool,
     ) -> Result<(), usize> {
-        fence(SeqCst);
+        // SeqCst loads after the submitter's SeqCst reference increment:
+        // no fence needed on this side (the evictor's side has one).
         let mut bad = None;
         for_each_word(range.clone(), 32, |word, mask_lo| {
             if bad.is_none() {

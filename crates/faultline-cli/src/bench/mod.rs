@@ -39,6 +39,8 @@ pub mod stats;
 pub mod store;
 #[allow(dead_code)]
 pub mod tsc;
+pub mod vpri;
+mod vpri_sim;
 pub mod watch;
 #[allow(dead_code)]
 pub mod watch_ext;
@@ -100,6 +102,10 @@ pub enum BenchCmd {
     /// MAP_PRIVATE file mapping, a one-page baseline handler, faultline on
     /// demand, with a recorded working set prefetched, and eager copy.
     Restore(restore::RestoreArgs),
+    /// I/O page faults (seed 003, VPRI): Table 2 (B1), Fig 6 (B2), UDP
+    /// receive (B3), Fig 16/17 (B5), Figs 9-11 (B7), next to the paper.
+    /// Not in the default selection.
+    Vpri(vpri::VpriArgs),
 }
 
 impl BenchCmd {
@@ -128,6 +134,7 @@ impl BenchCmd {
             BenchCmd::Random(a) => random::run(ctx, a).context("bench random"),
             BenchCmd::Store(a) => store::run(ctx, a).context("bench store"),
             BenchCmd::Restore(a) => restore::run(ctx, a).context("bench restore"),
+            BenchCmd::Vpri(a) => vpri::run(ctx, a).context("bench vpri"),
         }
     }
 }

@@ -1,0 +1,552 @@
+//! B5 (Fig 16, 17) and B7 (Figs 9-11): the pinning policies driven by
+//! synthetic device traces against a host reclaimer, simulated in the
+//! paper's own time (an hour per round, 1 s steps).
+//!
+//! What is real: the pinning policies (`faultline_io::adp`: ADP, simple
+//! LRU, pin-all, none) and the reclaimer (`faultline::policy::Clock`, the
+//! evictor's CLOCK, with the pin predicate and access hints the runtime
+//! gives it). What is modelled: the VMs. 14 VMs of U[8, 64] "GB" (64 units
+//! of 2 MiB per GB... scaled down: 64 units per GB), 4 NIC-like and 10
+//! block-like, one device each; a guest CPU touching its memory with a
+//! skewed working set; a host budget of (1 - r) of each VM's memory,
+//! r in {10, 20, 30}%. An I/O page fault is a device access to a unit the
+//! reclaimer has taken.
+//!
+//! Traces (digest §1.7): NIC = a ring over 3% of the VM, bursty (on/off
+//! traffic, idle gaps of minutes), one ring unit replaced now and then;
+//! block = page-cache-like, new units with a probability that grows the
+//! footprint to about 28% in 30 min, re-accesses mostly recent, some old.
+
+use std::collections::HashMap;
+
+use faultline::policy::{Clock, EvictionPolicy};
+use faultline_io::adp::{Adp, AdpConfig, LruPin, PinAll, PinNothing, PinPolicy};
+use rand::{Rng, SeedableRng};
+
+use super::report::print_table;
+use super::vpri::line;
+use super::BenchCtx;
+
+const STEP_S: u64 = 1;
+const HOUR_STEPS: u64 = 3600;
+const NS: u64 = 1_000_000_000;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Class {
+    Nic,
+    Block,
+}
+
+struct Trace {
+    class: Class,
+    units: usize,
+    rng: rand::rngs::SmallRng,
+    ring: Vec<usize>,
+    on: bool,
+    touched: Vec<usize>,
+    seen: Vec<bool>,
+    next_new: usize,
+}
+
+impl Trace {
+    fn new(class: Class, units: usize, seed: u64) -> Trace {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let ring_len = (units * 3 / 100).max(2);
+        let base = rng.gen_range(0..units - ring_len);
+        Trace {
+            class,
+            units,
+            ring: (base..base + ring_len).collect(),
+            on: true,
+            touched: Vec::new(),
+            seen: vec![false; units],
+            next_new: 0,
+            rng,
+        }
+    }
+
+    /// The device accesses of one step (and the guest CPU touches that
+    /// go with them, in `cpu`).
+    fn step(&mut self, out: &mut Vec<usize>, cpu: &mut Vec<usize>) {
+        out.clear();
+        cpu.clear();
+        match self.class {
+            Class::Nic => {
+                // On/off traffic: idle gaps of a few minutes.
+                if self
+                    .rng
+                    .gen_bool(if self.on { 1.0 / 120.0 } else { 1.0 / 240.0 })
+                {
+                    self.on = !self.on;
+                }
+                if self.on {
+                    for _ in 0..8 {
+                        out.push(self.ring[self.rng.gen_range(0..self.ring.len())]);
+                    }
+                }
+                // Now and then a ring buffer moves (the footprint grows
+                // slowly): the guest allocates and clears the new buffer
+                // (a CPU touch) before the device uses it.
+                if self.rng.gen_bool(1.0 / 120.0) {
+                    let i = self.rng.gen_range(0..self.ring.len());
+                    self.ring[i] = self.rng.gen_range(0..self.units);
+                    cpu.push(self.ring[i]);
+                }
+            }
+            Class::Block => {
+                // ~28% of the VM touched in 30 min, ~5 accesses per unit.
+                let per_step = (self.units as f64 * 0.28 * 5.0 / 1800.0).ceil() as usize;
+                for _ in 0..per_step {
+                    let p_new = 0.2;
+                    let u = if self.touched.is_empty() || self.rng.gen_bool(p_new) {
+                        loop {
+                            let u = (self.next_new * 7919 + 13) % self.units;
+                            self.next_new += 1;
+                            if !self.seen[u] || self.next_new > 4 * self.units {
+                                break u;
+                            }
+                        }
+                    } else if self.rng.gen_bool(0.6) {
+                        let n = self.touched.len();
+                        self.touched[n - 1 - self.rng.gen_range(0..n.min(64))]
+                    } else {
+                        self.touched[self.rng.gen_range(0..self.touched.len())]
+                    };
+                    if !self.seen[u] {
+                        // A new page-cache page: the guest allocated it
+                        // (its CPU touched it) just before the DMA.
+                        self.seen[u] = true;
+                        self.touched.push(u);
+                        cpu.push(u);
+                    }
+                    out.push(u);
+                }
+            }
+        }
+    }
+}
+
+struct Vm {
+    units: usize,
+    budget: usize,
+    resident: Vec<bool>,
+    count: usize,
+    reclaim: Clock,
+    policy: Box<dyn PinPolicy>,
+    trace: Trace,
+    rng: rand::rngs::SmallRng,
+    iopfs: u64,
+    pinned_sum: f64,
+    sizes: Vec<(f64, f64, f64)>,
+}
+
+impl Vm {
+    fn access(&mut self, u: usize, device: bool) {
+        if self.resident[u] {
+            self.reclaim.on_access_hint(u);
+        } else {
+            if device {
+                self.iopfs += 1;
+            }
+            self.resident[u] = true;
+            self.count += 1;
+            self.reclaim.on_fault(u);
+        }
+        while self.count > self.budget {
+            let p = &self.policy;
+            match self.reclaim.pick_victim(&|x| p.is_pinned(x)) {
+                Some(v) => {
+                    self.resident[v] = false;
+                    self.count -= 1;
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+fn policy_for(kind: &str, units: usize) -> Box<dyn PinPolicy> {
+    match kind {
+        "none" => Box::new(PinNothing),
+        "pin-all" => Box::new(PinAll::new(units)),
+        "lru10" => Box::new(LruPin::new(units / 10)),
+        _ => Box::new(Adp::new(AdpConfig::paper(units, 1.0))),
+    }
+}
+
+struct ClassResult {
+    iopfs: u64,
+    pinned_pct: f64,
+}
+
+/// One simulated hour for every VM under `kind`, reclaim ratio `r`.
+fn round(
+    kind: &str,
+    r: f64,
+    sizes: &[(Class, usize)],
+    keep_sizes: bool,
+) -> (HashMap<&'static str, ClassResult>, Vec<(f64, f64, f64)>) {
+    let mut vms: Vec<Vm> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &(class, units))| {
+            let mut reclaim = Clock::new();
+            let budget = ((1.0 - r) * units as f64) as usize;
+            // The VM starts fully resident; the reclaimer trims it to budget.
+            for u in 0..units {
+                reclaim.on_fault(u);
+            }
+            let mut vm = Vm {
+                units,
+                budget,
+                resident: vec![true; units],
+                count: units,
+                reclaim,
+                policy: policy_for(kind, units),
+                trace: Trace::new(class, units, 100 + i as u64),
+                rng: rand::rngs::SmallRng::seed_from_u64(200 + i as u64),
+                iopfs: 0,
+                pinned_sum: 0.0,
+                sizes: Vec::new(),
+            };
+            vm.policy.drain_changes(&mut |_, _| {});
+            vm
+        })
+        .collect();
+    let mut ev = Vec::new();
+    let mut cpu = Vec::new();
+    for step in 0..HOUR_STEPS {
+        let now = step * STEP_S * NS;
+        for vm in &mut vms {
+            // Guest CPU: 80% of touches in a hot 20% of memory.
+            for _ in 0..16 {
+                let hot = vm.rng.gen_bool(0.8);
+                let u = if hot {
+                    vm.rng.gen_range(0..vm.units / 5)
+                } else {
+                    vm.rng.gen_range(0..vm.units)
+                };
+                vm.access(u, false);
+            }
+            vm.trace.step(&mut ev, &mut cpu);
+            for &u in &cpu {
+                vm.access(u, false);
+            }
+            for &u in &ev {
+                vm.access(u, true);
+                vm.policy.on_access(u, now);
+            }
+            vm.policy.tick(now);
+            vm.policy.drain_changes(&mut |_, _| {});
+            vm.pinned_sum += vm.policy.pinned() as f64 / vm.units as f64;
+            if keep_sizes && step % 60 == 0 {
+                let (a, i) = vm.policy.sizes();
+                vm.sizes.push((
+                    step as f64 / 60.0,
+                    a as f64 / vm.units as f64 * 100.0,
+                    i as f64 / vm.units as f64 * 100.0,
+                ));
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    for (name, class) in [("nic", Class::Nic), ("block", Class::Block)] {
+        let v: Vec<&Vm> = vms.iter().filter(|v| v.trace.class == class).collect();
+        out.insert(
+            name,
+            ClassResult {
+                iopfs: v.iter().map(|v| v.iopfs).sum(),
+                pinned_pct: v
+                    .iter()
+                    .map(|v| v.pinned_sum / HOUR_STEPS as f64 * 100.0)
+                    .sum::<f64>()
+                    / v.len() as f64,
+            },
+        );
+    }
+    let nic_sizes = vms
+        .iter()
+        .find(|v| v.trace.class == Class::Nic)
+        .map(|v| v.sizes.clone())
+        .unwrap_or_default();
+    (out, nic_sizes)
+}
+
+/// Entry point of B5/B7.
+pub fn run(ctx: &mut BenchCtx, scale: f64, b5: bool, b7: bool) -> anyhow::Result<()> {
+    let _ = scale;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(42);
+    let sizes: Vec<(Class, usize)> = (0..14)
+        .map(|i| {
+            (
+                if i < 4 { Class::Nic } else { Class::Block },
+                rng.gen_range(8..=64) * 64,
+            )
+        })
+        .collect();
+    if b7 {
+        b7_run(ctx, &sizes);
+    }
+    if !b5 {
+        return Ok(());
+    }
+    println!("\n== B5: the ADP mix of Fig 16 (simulated hour, paper constants, S = 1 in simulated time) ==");
+    let mut rows = Vec::new();
+    let mut sums: HashMap<(&str, &str), (f64, f64)> = HashMap::new();
+    let mut fig17 = Vec::new();
+    for r in [0.1, 0.2, 0.3] {
+        let (none, _) = round("none", r, &sizes, false);
+        for kind in ["pin-all", "lru10", "adp"] {
+            let (res, nic_sizes) = round(kind, r, &sizes, r == 0.2);
+            if r == 0.2 && (kind == "adp" || kind == "lru10") {
+                fig17.push((kind, nic_sizes));
+            }
+            for class in ["nic", "block"] {
+                let base = none[class].iopfs.max(1) as f64;
+                let red = (1.0 - res[class].iopfs as f64 / base) * 100.0;
+                let pin = res[class].pinned_pct;
+                let e = sums.entry((kind, class)).or_default();
+                e.0 += red / 3.0;
+                e.1 += pin / 3.0;
+                rows.push(vec![
+                    format!("{:.0}%", r * 100.0),
+                    kind.into(),
+                    class.into(),
+                    none[class].iopfs.to_string(),
+                    res[class].iopfs.to_string(),
+                    format!("{red:.1}"),
+                    format!("{pin:.2}"),
+                    format!("{:.1}", red / pin.max(1e-9)),
+                ]);
+            }
+        }
+    }
+    print_table(
+        &[
+            "r",
+            "policy",
+            "class",
+            "IOPF none",
+            "IOPF",
+            "reduction %",
+            "pinned %/VM",
+            "RPR",
+        ],
+        &rows,
+    );
+    let g = |k: &str, c: &str| sums[&(k, c)];
+    let rpr = |k: &str, c: &str| g(k, c).0 / g(k, c).1.max(1e-9);
+    line(
+        ctx,
+        "fig16.adp.nic.iopf_reduction_pct",
+        g("adp", "nic").0,
+        "%",
+        "95-97 (target >= 90)",
+    );
+    line(
+        ctx,
+        "fig16.adp.nic.pinned_pct",
+        g("adp", "nic").1,
+        "%",
+        "~4.3 per VM (target <= 6)",
+    );
+    line(
+        ctx,
+        "fig16.lru.nic.iopf_reduction_pct",
+        g("lru10", "nic").0,
+        "%",
+        "similar to ADP",
+    );
+    line(
+        ctx,
+        "fig16.lru.nic.pinned_pct",
+        g("lru10", "nic").1,
+        "%",
+        "~12 per VM",
+    );
+    line(
+        ctx,
+        "fig16.adp.block.iopf_reduction_pct",
+        g("adp", "block").0,
+        "%",
+        "36-49",
+    );
+    line(
+        ctx,
+        "fig16.adp.block.pinned_pct",
+        g("adp", "block").1,
+        "%",
+        "~4.3 per VM",
+    );
+    line(
+        ctx,
+        "fig16.lru.block.iopf_reduction_pct",
+        g("lru10", "block").0,
+        "%",
+        "12-15",
+    );
+    line(
+        ctx,
+        "fig16.lru.block.pinned_pct",
+        g("lru10", "block").1,
+        "%",
+        "~12 per VM",
+    );
+    line(
+        ctx,
+        "fig16.pin_all.nic.iopf_reduction_pct",
+        g("pin-all", "nic").0,
+        "%",
+        "100 (static pinning)",
+    );
+    line(
+        ctx,
+        "fig16.rpr_ratio.nic",
+        rpr("adp", "nic") / rpr("lru10", "nic").max(1e-9),
+        "x",
+        "6.28 (~2.8 from per-VM averages; target >= 2)",
+    );
+    line(
+        ctx,
+        "fig16.rpr_ratio.block",
+        rpr("adp", "block") / rpr("lru10", "block").max(1e-9),
+        "x",
+        "10.56 (target >= 3)",
+    );
+    line(
+        ctx,
+        "fig16.pinned_reduction_adp_vs_lru_pct",
+        (1.0 - (g("adp", "nic").1 + g("adp", "block").1)
+            / (g("lru10", "nic").1 + g("lru10", "block").1).max(1e-9))
+            * 100.0,
+        "%",
+        "up to 81",
+    );
+    for (kind, s) in fig17 {
+        let act: Vec<(f64, f64)> = s.iter().map(|x| (x.0, x.1)).collect();
+        let ina: Vec<(f64, f64)> = s.iter().map(|x| (x.0, x.2)).collect();
+        let name = format!("vpri_fig17_{kind}");
+        let title = format!("Fig 17: one NIC domain, {kind}: active / pinned (% of VM) per minute");
+        let series = if kind == "adp" {
+            vec![
+                ("active".to_string(), act),
+                ("inactive (pinned)".to_string(), ina),
+            ]
+        } else {
+            vec![("pinned".to_string(), ina)]
+        };
+        ctx.figure(&name, |d, nm| {
+            super::plot::line_chart(d, nm, &title, "minute", "% of VM memory", &series, false)
+        })?;
+    }
+    Ok(())
+}
+
+/// B7: the traces' footprint, access counts, simulated IOPFs (gap > 300 s)
+/// and simple LRU's RPR (Figs 9-11).
+fn b7_run(ctx: &mut BenchCtx, sizes: &[(Class, usize)]) {
+    println!("\n== B7: trace analysis (Figs 9-11), 30 simulated minutes per device ==");
+    let mut rows = Vec::new();
+    for (name, class) in [("nic", Class::Nic), ("block", Class::Block)] {
+        let (mut fp, mut lt10, mut gt2, mut sim, mut sim_lt10, mut sim_lru, mut n) =
+            (0.0, 0.0, 0.0, 0u64, 0u64, 0u64, 0.0);
+        for (i, &(c, units)) in sizes.iter().enumerate() {
+            if c != class {
+                continue;
+            }
+            let mut t = Trace::new(c, units, 100 + i as u64);
+            let mut last: HashMap<usize, u64> = HashMap::new();
+            let mut count: HashMap<usize, u32> = HashMap::new();
+            let mut gaps: Vec<usize> = Vec::new();
+            let mut lru = LruPin::new(units / 10);
+            let (mut ev, mut cpu) = (Vec::new(), Vec::new());
+            for step in 0..1800u64 {
+                t.step(&mut ev, &mut cpu);
+                for &u in &ev {
+                    if let Some(&l) = last.get(&u) {
+                        if step - l > 300 {
+                            gaps.push(u);
+                            if !lru.is_pinned(u) {
+                                sim_lru += 1;
+                            }
+                        }
+                    }
+                    last.insert(u, step);
+                    *count.entry(u).or_default() += 1;
+                    lru.on_access(u, step);
+                }
+            }
+            fp += last.len() as f64 / units as f64 * 100.0;
+            let k = count.len().max(1) as f64;
+            lt10 += count.values().filter(|&&c| c < 10).count() as f64 / k * 100.0;
+            gt2 += count.values().filter(|&&c| c > 2).count() as f64 / k * 100.0;
+            sim += gaps.len() as u64;
+            sim_lt10 += gaps.iter().filter(|u| count[u] < 10).count() as u64;
+            n += 1.0;
+        }
+        let red = if sim > 0 {
+            (1.0 - sim_lru as f64 / sim as f64) * 100.0
+        } else {
+            0.0
+        };
+        rows.push(vec![
+            name.into(),
+            format!("{:.1}", fp / n),
+            format!("{:.1}", lt10 / n),
+            format!("{:.1}", gt2 / n),
+            sim.to_string(),
+            format!("{:.1}", sim_lt10 as f64 / sim.max(1) as f64 * 100.0),
+            format!("{:.2}", red / 10.0),
+        ]);
+        let (fig, fpp) = if class == Class::Nic {
+            ("fig11", "~3 (2-5)")
+        } else {
+            ("fig10", "~28 at 30 min")
+        };
+        line(
+            ctx,
+            &format!("{fig}.{name}.footprint_pct"),
+            fp / n,
+            "%",
+            fpp,
+        );
+        if class == Class::Block {
+            line(
+                ctx,
+                "fig10.block.units_lt10_accesses_pct",
+                lt10 / n,
+                "%",
+                "87.3",
+            );
+            line(
+                ctx,
+                "fig10.block.units_gt2_accesses_pct",
+                gt2 / n,
+                "%",
+                "70.3",
+            );
+            line(
+                ctx,
+                "fig10.block.sim_iopf_from_lt10_pct",
+                sim_lt10 as f64 / sim.max(1) as f64 * 100.0,
+                "%",
+                "94.3",
+            );
+            line(ctx, "fig10.lru_rpr.block", red / 10.0, "", "1.2-1.5");
+        } else {
+            line(ctx, "fig11.lru_rpr.nic", red / 10.0, "", "20-50 (est.)");
+        }
+    }
+    print_table(
+        &[
+            "class",
+            "footprint %",
+            "units <10 acc %",
+            "units >2 acc %",
+            "sim. IOPF (gap>300s)",
+            "from <10-acc units %",
+            "LRU10% RPR",
+        ],
+        &rows,
+    );
+}
