@@ -179,13 +179,11 @@ struct ClassResult {
     pinned_pct: f64,
 }
 
+/// Per class results, and one NIC domain's (minute, active %, pinned %).
+type RoundOut = (HashMap<&'static str, ClassResult>, Vec<(f64, f64, f64)>);
+
 /// One simulated hour for every VM under `kind`, reclaim ratio `r`.
-fn round(
-    kind: &str,
-    r: f64,
-    sizes: &[(Class, usize)],
-    keep_sizes: bool,
-) -> (HashMap<&'static str, ClassResult>, Vec<(f64, f64, f64)>) {
+fn round(kind: &str, r: f64, sizes: &[(Class, usize)], keep_sizes: bool) -> RoundOut {
     let mut vms: Vec<Vm> = sizes
         .iter()
         .enumerate()
