@@ -11,7 +11,8 @@
 //! The hash tag `{NAME:G}` keeps a group of chunks (default 256, 1 MiB) on
 //! one cluster shard, so a read-ahead window is one request to one node.
 //! The store is [`batched`](faultline::PageStore::batched): a window, with
-//! all its holes, is one round trip: one pipeline of `MGET`s (one per
+//! all its holes, is one round trip: one pipeline of `MGET`s (at most 16
+//! keys each, one or more per
 //! group) on a single server, one cluster pipeline of `GET`s on a cluster
 //! (the client sends one pipeline per node; `MGET` cannot be pipelined
 //! there). Write-back is a pipeline of `SET`s.
@@ -144,6 +145,12 @@ pub fn checksum(mut h: u64, data: &[u8]) -> u64 {
     }
     h
 }
+
+/// Most keys in one MGET: the client reads a window faster as several
+/// replies of at most 16 chunks than as one large one (`faultline bench
+/// store`, fault-around 64: 14.3 us a page with one 64-key MGET, 4.0 us
+/// with four of 16); they still go in one pipeline, one round trip.
+const MGET_KEYS: usize = 16;
 
 /// The FNV-1a 64 offset basis.
 pub const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
@@ -517,16 +524,19 @@ impl RedisStore {
         let g = self.info.group_chunks;
         let mut cmds: Vec<Cmd> = Vec::new();
         let mut group = None;
+        let mut keys = 0;
         for c in chunks {
             match self.target {
-                Target::Single(_) if group == Some(c / g) => {
+                Target::Single(_) if group == Some(c / g) && keys < MGET_KEYS => {
                     cmds.last_mut().expect("open MGET").arg(self.chunk_key(c));
+                    keys += 1;
                 }
                 Target::Single(_) => {
                     let mut cmd = redis::cmd("MGET");
                     cmd.arg(self.chunk_key(c));
                     cmds.push(cmd);
                     group = Some(c / g);
+                    keys = 1;
                 }
                 Target::Cluster(_) => {
                     let mut cmd = redis::cmd("GET");
