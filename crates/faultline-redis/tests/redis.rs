@@ -223,6 +223,10 @@ fn eviction_writes_back_to_redis_under_a_budget() {
     {
         let r = Region::builder(pages * PS)
             .store(RedisStore::open_with(&url, quick()).unwrap())
+            // Small windows: faults wait for the evictor past budget plus
+            // four windows (the default read-ahead's 256-page windows
+            // would let the whole region in before any fault waits).
+            .fault_around(4)
             .budget(EvictionConfig {
                 budget_pages: 64,
                 policy: PolicyKind::Clock,
