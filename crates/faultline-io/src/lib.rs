@@ -41,6 +41,7 @@ pub mod adp;
 pub mod device;
 pub mod log;
 pub mod queue;
+mod shared;
 mod sys;
 pub mod tenant;
 

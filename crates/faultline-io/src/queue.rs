@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
 
-use crate::device::{DeviceInner, Ordering};
 use crate::log::AccessEvent;
+use crate::shared::{DeviceInner, Ordering};
 use crate::tenant::{Responder, Response};
 use crate::{Error, Result};
 

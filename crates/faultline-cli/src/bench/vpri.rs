@@ -35,9 +35,10 @@ use faultline::{
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Target, Tenant, TenantConfig};
 use rand::{Rng, SeedableRng};
 
-use super::report::{print_table, Record};
+use super::report::print_table;
 use super::stats::Summary;
 use super::tsc::tsc;
+use super::vpri_sim::line;
 use super::BenchCtx;
 
 const PS: usize = 4096;
@@ -69,28 +70,6 @@ pub struct VpriArgs {
     /// B1: samples per measurement (default 1,000,000 hot, 1/10 of it cold).
     #[arg(long, default_value_t = 1_000_000)]
     pub b1_samples: usize,
-}
-
-/// Prints `label measured=... paper=...` and records it.
-pub(super) fn line(ctx: &mut BenchCtx, label: &str, measured: f64, unit: &str, paper: &str) {
-    println!("{label:<44} measured={measured:>10.2} {unit:<4} paper={paper}");
-    let s = Summary {
-        n: 1,
-        mean: measured,
-        median: measured,
-        p99: measured,
-        p999: measured,
-        max: measured,
-        min: measured,
-        std: 0.0,
-    };
-    ctx.report.push(
-        Record::new("vpri", label, "-", "-", &s)
-            .with("label", label)
-            .with("measured", measured)
-            .with("unit", unit)
-            .with("paper_value", paper),
-    );
 }
 
 /// Entry point.

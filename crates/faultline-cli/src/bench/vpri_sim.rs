@@ -23,8 +23,8 @@ use faultline::policy::{Clock, EvictionPolicy};
 use faultline_io::adp::{Adp, AdpConfig, LruPin, PinAll, PinNothing, PinPolicy};
 use rand::{Rng, SeedableRng};
 
-use super::report::print_table;
-use super::vpri::line;
+use super::report::{print_table, Record};
+use super::stats::Summary;
 use super::BenchCtx;
 
 const STEP_S: u64 = 1;
@@ -546,5 +546,27 @@ fn b7_run(ctx: &mut BenchCtx, sizes: &[(Class, usize)]) {
             "LRU10% RPR",
         ],
         &rows,
+    );
+}
+
+/// Prints `label measured=... paper=...` and records it.
+pub(super) fn line(ctx: &mut BenchCtx, label: &str, measured: f64, unit: &str, paper: &str) {
+    println!("{label:<44} measured={measured:>10.2} {unit:<4} paper={paper}");
+    let s = Summary {
+        n: 1,
+        mean: measured,
+        median: measured,
+        p99: measured,
+        p999: measured,
+        max: measured,
+        min: measured,
+        std: 0.0,
+    };
+    ctx.report.push(
+        Record::new("vpri", label, "-", "-", &s)
+            .with("label", label)
+            .with("measured", measured)
+            .with("unit", unit)
+            .with("paper_value", paper),
     );
 }

@@ -1,0 +1,111 @@
+//! What a device and its queues share: the queue discipline and the
+//! device state the queues update (counters, access log, pin policy).
+//! `device` builds and owns it; `queue` only reads and counts, so neither
+//! imports the other back.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use faultline::Region;
+
+use crate::adp::PinPolicy;
+use crate::log::{AccessEvent, AccessLog};
+use crate::tenant::TenantInner;
+
+/// Queue discipline on a miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ordering {
+    /// The paper's paused queue: an I/O that misses parks, and every later
+    /// I/O of the queue waits behind it; I/Os issue and complete in
+    /// submission order.
+    Ordered,
+    /// Only the I/O that missed parks; later I/Os go on (the paper's §8
+    /// future work).
+    Unordered,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub submitted: AtomicU64,
+    pub completed: AtomicU64,
+    pub iopfs: AtomicU64,
+    pub posted: AtomicU64,
+    pub reissued: AtomicU64,
+    pub efault_caught: AtomicU64,
+    pub efault_lost: AtomicU64,
+    pub parked: AtomicU64,
+    pub pinned_units: AtomicUsize,
+}
+
+pub(crate) struct DeviceInner {
+    pub name: String,
+    pub id: u64,
+    pub region: Arc<Region>,
+    pub tenant: Arc<TenantInner>,
+    pub ordering: Ordering,
+    pub log: AccessLog,
+    pub born: Instant,
+    pub counters: Counters,
+    pub unit_pages: usize,
+    /// Whether every page is pinned ([`PinMode::All`]).
+    pub pin_all: bool,
+    /// The pin policy (the drain thread's; `PinMode::All` pins at once).
+    pub policy: Mutex<Box<dyn PinPolicy>>,
+    pub stop: AtomicBool,
+}
+
+impl DeviceInner {
+    pub fn now_ns(&self) -> u64 {
+        self.born.elapsed().as_nanos() as u64
+    }
+
+    /// Drains the access log into the pinning policy and the region's
+    /// eviction policy, ticks the policy, applies its pin changes.
+    pub(crate) fn drain(&self) {
+        let mut p = self.policy.lock().expect("pin policy lock");
+        let now = self.now_ns();
+        let mut last = usize::MAX;
+        self.log.drain(usize::MAX, |ev: AccessEvent| {
+            let unit = ev.page / self.unit_pages;
+            if unit != last {
+                p.on_access(unit, ev.ts_ns);
+                last = unit;
+            }
+            for pg in ev.page..ev.page + ev.pages as usize {
+                self.region.access_hint(pg);
+            }
+        });
+        p.tick(now);
+        self.apply(&mut **p);
+    }
+
+    pub(crate) fn apply(&self, p: &mut dyn PinPolicy) {
+        let n = self.region.pages();
+        p.drain_changes(&mut |unit, pin| {
+            let start = unit * self.unit_pages;
+            let range = start.min(n)..((unit + 1) * self.unit_pages).min(n);
+            if range.is_empty() {
+                return;
+            }
+            if pin {
+                self.region.pin(range);
+                self.counters.pinned_units.fetch_add(1, Relaxed);
+            } else {
+                self.region.unpin(range);
+                self.counters.pinned_units.fetch_sub(1, Relaxed);
+            }
+        });
+    }
+
+    pub(crate) fn unpin_all(&self) {
+        let n = self.region.pages();
+        let p = self.policy.lock().expect("pin policy lock");
+        for unit in 0..n.div_ceil(self.unit_pages) {
+            if p.is_pinned(unit) {
+                let range = unit * self.unit_pages..((unit + 1) * self.unit_pages).min(n);
+                self.region.unpin(range);
+            }
+        }
+    }
+}
