@@ -29,8 +29,12 @@
 //!    can install or dirty it meanwhile);
 //! 3. for a dirty victim: write-protects it (writers now block in a WP
 //!    fault, which sees the claim and waits), writes it back to the store;
-//! 4. zaps it (`MADV_DONTNEED`), marks it absent, releases the claim. A
-//!    thread that touches it later faults and reads it back from the store.
+//! 4. zaps it (`MADV_DONTNEED`), marks it absent and, when the engine
+//!    reads events, waits until a handler has *handled* the zap's REMOVE
+//!    event (several handler threads read the userfaultfd, and the one
+//!    that read the event may handle it after a fault re-installed the
+//!    page); then releases the claim. A thread that touches the page later
+//!    faults and reads it back from the store.
 //!
 //! The evictor is asynchronous. A fault that finds the region well past
 //! its budget (budget + max(budget/4, 4 read-ahead windows)) waits for it,
@@ -71,7 +75,6 @@ use crate::fault::RegionState;
 use crate::policy::PolicyKind;
 use crate::residency::PageState;
 use crate::store::StoreError;
-use crate::sys::mem::{self, Advice};
 use crate::sys::Errno;
 
 pub use crate::fault::feeds::EvictionStats;
@@ -167,8 +170,7 @@ fn evict(r: &RegionState, page: usize, try_dirty: bool) -> Victim {
         _ => Victim::Skipped,
     };
     if let Victim::Evicted = out {
-        let _ = mem::madvise(r.pages.addr(page), r.pages.size().bytes(), Advice::DontNeed);
-        r.residency.set(page, PageState::Absent);
+        budget.zap(r, page, r.delivery.reads_events);
         budget.resident.fetch_sub(1, SeqCst);
         budget.evicted.fetch_add(1, Relaxed);
     }

@@ -233,8 +233,11 @@ fn on_remove(start: u64, end: u64) {
         };
         // Only whole region pages are known to be gone.
         let stop = end.min(r.pages.end());
-        r.residency
-            .set_range(r.pages.within(a, stop), PageState::Absent);
+        let pages = r.pages.within(a, stop);
+        r.residency.set_range(pages.clone(), PageState::Absent);
+        if let Some(budget) = r.budget.as_ref() {
+            budget.removed(pages);
+        }
         a = stop;
     }
 }

@@ -15,7 +15,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::time::{Duration, Instant};
 
-use crate::residency::PageBits;
+use std::ops::Range;
+
+use crate::residency::{PageBits, PageState};
+use crate::sys::mem::{self, Advice};
 use crate::sys::thread::{futex_wait, futex_wake};
 
 /// Eviction counters.
@@ -66,6 +69,10 @@ pub(crate) struct BudgetFeed {
     /// Dirty pages whose write-back failed, held resident for a retry.
     pub unwritable: AtomicUsize,
     pub skipped_io_busy: AtomicU64,
+    /// The page the evictor is zapping, plus one (0: none), and whether an
+    /// engine has handled the REMOVE event of that zap (see [`Self::zap`]).
+    zapping: AtomicUsize,
+    zap_handled: AtomicBool,
     /// Access hints for the policy (page + 1; 0 = empty), lossy.
     hints: Box<[AtomicU64]>,
     hint_tail: AtomicU64,
@@ -80,6 +87,11 @@ const HINT_SLOTS: usize = 4096;
 /// How long a fault on the faulting thread waits for the evictor before it
 /// goes on past the budget (the kernel's direct reclaim also gives up).
 const BUDGET_WAIT: Duration = Duration::from_millis(10);
+
+/// How long the evictor waits for a handler to handle its zap's REMOVE
+/// event (a handler thread descheduled that long is a machine in trouble;
+/// the evictor then goes on, as before the handshake existed).
+const ZAP_ACK_WAIT: Duration = Duration::from_secs(1);
 
 impl BudgetFeed {
     /// For a region of `pages` pages with `budget` resident pages, whose
@@ -100,6 +112,8 @@ impl BudgetFeed {
             write_back_errors: AtomicU64::new(0),
             unwritable: AtomicUsize::new(0),
             skipped_io_busy: AtomicU64::new(0),
+            zapping: AtomicUsize::new(0),
+            zap_handled: AtomicBool::new(false),
             hints: (0..HINT_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             hint_tail: AtomicU64::new(0),
             hint_head: AtomicU64::new(0),
@@ -167,6 +181,43 @@ impl BudgetFeed {
         let deadline = Instant::now() + BUDGET_WAIT;
         while self.over_limit() && Instant::now() < deadline {
             std::thread::yield_now();
+        }
+    }
+
+    /// Zaps `page` for the evictor, which holds its claim, and records it
+    /// absent. When an engine reads the region's events (`events`), waits
+    /// (at most [`ZAP_ACK_WAIT`]) until a handler has *handled* the REMOVE
+    /// event the zap posts, not merely read it: `madvise` returns once the
+    /// event is read, and with several handler threads the one that read
+    /// it may run its `on_remove` only later. Had the claim been released
+    /// before that, a fault could re-install the page and the late
+    /// `on_remove` mark it absent while mapped, losing it from the map
+    /// (and its dirty data from write-back). Returns whether the wait
+    /// timed out.
+    pub fn zap(&self, r: &super::RegionState, page: usize, events: bool) -> bool {
+        self.zap_handled.store(false, SeqCst);
+        self.zapping.store(page + 1, SeqCst);
+        let _ = mem::madvise(r.pages.addr(page), r.pages.size().bytes(), Advice::DontNeed);
+        let deadline = Instant::now() + ZAP_ACK_WAIT;
+        let mut timed_out = false;
+        while events && !self.zap_handled.load(SeqCst) {
+            if Instant::now() > deadline {
+                timed_out = true;
+                break;
+            }
+            std::thread::yield_now();
+        }
+        self.zapping.store(0, SeqCst);
+        r.residency.set(page, PageState::Absent);
+        timed_out
+    }
+
+    /// An engine has handled a REMOVE event for `pages` (and marked them
+    /// absent): acknowledges the evictor's zap if it is among them.
+    pub fn removed(&self, pages: Range<usize>) {
+        let z = self.zapping.load(SeqCst);
+        if z != 0 && pages.contains(&(z - 1)) {
+            self.zap_handled.store(true, SeqCst);
         }
     }
 

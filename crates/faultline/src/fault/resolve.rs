@@ -102,13 +102,23 @@ pub(crate) fn resolve(
 ) -> Resolution {
     let wake = r.delivery.faulter_sleeps;
     let ps = r.pages.size().bytes();
+    let mut access = access;
     for _attempt in 0..8 {
         let state = r.residency.get(page);
         if r.budget.is_some() && access.write && (access.wp || state == PageState::ReadOnly) {
             // A write to a clean, write-protected page of a budget region.
             match mark_dirty(r, page, wake) {
                 Some(res) => return res,
-                None => continue,
+                // The map says absent. A WP fault says the page was mapped
+                // when it faulted; it may have been evicted since, or the
+                // map may be stale. Take the install path as for a missing
+                // page: COPY installs it, or answers EEXIST if it is there
+                // (then the retried write faults again and is un-protected).
+                // Asking `mark_dirty` again would only find it absent again.
+                None => {
+                    access.wp = false;
+                    continue;
+                }
             }
         }
         match state {
