@@ -218,7 +218,7 @@ fn single_watch_many_writes_timing_smoke() {
     let _ = HitPath::Emulated;
 }
 
-mod common;
+use faultline::testing::child;
 
 /// Per-address hit counters the callback can update without allocating.
 struct Tally {
@@ -284,7 +284,7 @@ fn no_miss_under_threads(exact: bool, use_alias: bool) {
         w.watch(base.wrapping_add(8 * i) as u64, 8).unwrap();
     }
     let addr = base as usize;
-    let _dl = common::deadline(120);
+    let _dl = child::deadline(120);
     std::thread::scope(|s| {
         for t in 0..THREADS {
             s.spawn(move || {
@@ -495,7 +495,7 @@ extern "C" fn app_segv(_: i32, info: *mut libc::siginfo_t, _: *mut libc::c_void)
 
 #[test]
 fn chains_to_the_applications_own_handler() {
-    if common::child_scenario().as_deref() == Some("chain") {
+    if child::child_scenario().as_deref() == Some("chain") {
         // SAFETY: installing a plain SA_SIGINFO handler.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
@@ -520,7 +520,7 @@ fn chains_to_the_applications_own_handler() {
         println!("CHAIN-OK");
         return;
     }
-    let r = common::run_child(
+    let r = child::run_child(
         "chains_to_the_applications_own_handler",
         "chain",
         Duration::from_secs(60),
@@ -664,7 +664,7 @@ fn opposite_copy_loops_on_two_pages_do_not_deadlock() {
     // Pages: A = base, B = base + 2 pages (the page between unwatched).
     w.watch(base as u64 + 4000, 1).unwrap();
     w.watch(base as u64 + 2 * 4096 + 4000, 1).unwrap();
-    let _dl = common::deadline(60);
+    let _dl = child::deadline(60);
     std::thread::scope(|s| {
         for t in 0..2usize {
             s.spawn(move || {

@@ -1,5 +1,6 @@
 //! Test support, usable by users to test their own programs: a store that
-//! injects failures.
+//! injects failures, and ([`child`]) tests run in child processes with
+//! deadlines.
 //!
 //! [`FaultyStore`] wraps any [`PageStore`] and, following the [`Fault`]
 //! rules it was built with, makes `fill` or `write_back` fail, panic,
@@ -37,6 +38,8 @@
 //! [`heal`](FaultyStore::heal) between them), never longer than its
 //! duration. [`Action::Panic`] unwinds, which allocates: it exists to test
 //! the runtime's fail-closed path, which aborts the process anyway.
+
+pub mod child;
 
 use std::ops::{Bound, Range, RangeBounds};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};

@@ -3,10 +3,10 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use faultline::testing::child::*;
 use faultline::EvictionConfig;
 use faultline::*;
 
@@ -168,95 +168,6 @@ pub fn hammer(region: &Region, expect: &[u8], threads: usize, seed: u64) {
             );
         }
     }
-}
-
-/// Result of a child process run.
-#[derive(Debug)]
-pub struct ChildResult {
-    pub timed_out: bool,
-    pub status: Option<std::process::ExitStatus>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl ChildResult {
-    pub fn signal(&self) -> Option<i32> {
-        use std::os::unix::process::ExitStatusExt;
-        self.status.and_then(|s| s.signal())
-    }
-}
-
-/// Re-runs this test binary's test `name` in a child process with
-/// `FAULTLINE_CHILD=scenario`, killing it after `timeout`.
-pub fn run_child(name: &str, scenario: &str, timeout: Duration) -> ChildResult {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env("FAULTLINE_CHILD", scenario)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + timeout;
-    let mut timed_out = false;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            timed_out = true;
-            let _ = child.kill();
-            break child.wait().ok();
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    use std::io::Read;
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    ChildResult {
-        timed_out,
-        status: if timed_out { None } else { status },
-        stdout,
-        stderr,
-    }
-}
-
-/// Prints a line to stdout immediately, past the test harness's capture
-/// (a child may die right after).
-pub fn say(s: &str) {
-    let line = format!("{s}\n");
-    // SAFETY: plain write of a valid buffer.
-    unsafe { libc::write(1, line.as_ptr().cast(), line.len()) };
-}
-
-/// The scenario this process should run, if it is a child.
-pub fn child_scenario() -> Option<String> {
-    std::env::var("FAULTLINE_CHILD").ok()
-}
-
-/// Waits until `f()` or the timeout; returns whether `f()` became true.
-pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    f()
 }
 
 /// One engine per kind with a 4 MiB scratch and, for the workers engine,
@@ -458,34 +369,6 @@ impl PageStore for SlowStore {
     }
     fn signal_safe(&self) -> bool {
         true
-    }
-}
-
-/// Aborts the test process with a message if the test is still running
-/// after `secs` seconds: a runtime bug must fail the run, never hang it.
-pub struct Deadline(Arc<std::sync::atomic::AtomicBool>);
-
-pub fn deadline(secs: u64) -> Deadline {
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let d = done.clone();
-    let name = std::thread::current().name().unwrap_or("?").to_string();
-    std::thread::spawn(move || {
-        let end = Instant::now() + Duration::from_secs(secs);
-        while Instant::now() < end {
-            if d.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        eprintln!("test {name} exceeded its {secs} s deadline: aborting the test process");
-        std::process::abort();
-    });
-    Deadline(done)
-}
-
-impl Drop for Deadline {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
