@@ -77,8 +77,8 @@ pub struct DeviceStats {
     pub submitted: u64,
     /// I/Os completed (delivered).
     pub completed: u64,
-    /// I/O page faults: submissions or reissues that found a page not
-    /// ready (each parks the I/O).
+    /// I/O page faults: I/Os that found a page not ready and parked
+    /// (each counted once, however often it is reissued).
     pub iopfs: u64,
     /// Pages posted to the fault queue (after deduplication).
     pub posted: u64,

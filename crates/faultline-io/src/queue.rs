@@ -19,13 +19,21 @@
 //! An EFAULT the kernel returns anyway (a check that lost a race) is never
 //! handed to the user: the I/O is parked and reissued, and counted.
 //!
+//! No call waits unboundedly. With [`Backend::Syscall`] a socket receive
+//! or send is issued with `MSG_DONTWAIT`: when no data (or no buffer
+//! space) is there it waits in the queue, without I/O references, until
+//! [`IoQueue::complete`] sees the socket ready, so a receive for a
+//! datagram that never comes costs nothing and blocks nobody. With
+//! io_uring a full ring parks the I/O until a slot frees, and dropping the
+//! queue cancels the socket I/Os the kernel still holds.
+//!
 //! The caller owns the region bytes an I/O targets until its completion,
 //! as with any DMA buffer: reading or writing them meanwhile races with
 //! the kernel.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{TcpStream, UdpSocket};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
@@ -131,7 +139,18 @@ struct Pending {
     seq: u64,
     t_submit: Instant,
     iopf: bool,
+    /// Why it waits besides a page: socket readiness (`poll` events) for
+    /// a syscall-backend socket I/O that would block, [`WAIT_SLOT`] for an
+    /// io_uring completion, 0 for neither.
+    wait: i16,
 }
+
+/// [`Pending::wait`]: waits for an io_uring completion: the ring is full,
+/// or (ordered queue) an earlier I/O on the same socket is in flight. The
+/// kernel does not keep two receives (or sends) on one socket in
+/// submission order, so an ordered queue has at most one in flight per
+/// socket.
+const WAIT_SLOT: i16 = -1;
 
 struct Uring {
     ring: IoUring,
@@ -141,6 +160,8 @@ struct Uring {
 }
 
 const WAKE: u64 = u64::MAX;
+const EFAULT: i32 = 14;
+const CANCEL: u64 = u64::MAX - 1;
 
 /// A device queue. See the [module docs](self). Owned by one thread.
 pub struct IoQueue {
@@ -256,9 +277,11 @@ impl IoQueue {
         })
     }
 
-    /// Submits `io`. With the syscall backend a ready I/O has completed
-    /// when this returns (collect it with [`complete`](Self::complete));
-    /// an I/O that missed is parked and this returns at once.
+    /// Submits `io`. With the syscall backend a ready file I/O, or a
+    /// socket I/O whose socket is ready, has completed when this returns
+    /// (collect it with [`complete`](Self::complete)); an I/O that missed,
+    /// or whose socket is not ready, is parked and this returns at once.
+    /// Never waits.
     pub fn submit(&mut self, io: Io) -> Result<()> {
         let region = &self.dev.region;
         let pages = region
@@ -288,6 +311,7 @@ impl IoQueue {
             seq: self.next_seq,
             t_submit: Instant::now(),
             iopf: false,
+            wait: 0,
         };
         self.next_seq += 1;
         if self.dev.ordering == Ordering::Ordered && !self.parked.is_empty() {
@@ -313,7 +337,8 @@ impl IoQueue {
     }
 
     /// The presence check, then issue; gives the I/O back on a miss (after
-    /// posting its missing pages).
+    /// posting its missing pages), or when it would have to wait (a socket
+    /// not ready, a full ring, an EFAULT to retry).
     fn try_issue(&mut self, mut p: Pending) -> Option<Pending> {
         let region = self.dev.region.clone();
         let write = p.io.op.writes_region();
@@ -326,12 +351,13 @@ impl IoQueue {
                     ts_ns: self.dev.now_ns(),
                     write,
                 });
-                self.issue(p);
-                None
+                self.issue(p)
             }
             Err(first) => {
                 region.io_release(p.pages.clone());
-                self.dev.counters.iopfs.fetch_add(1, Relaxed);
+                if !p.iopf {
+                    self.dev.counters.iopfs.fetch_add(1, Relaxed);
+                }
                 self.post_missing(first..p.pages.end, write);
                 p.iopf = true;
                 Some(p)
@@ -357,7 +383,9 @@ impl IoQueue {
         self.dev.region.as_ptr().wrapping_add(p.io.region_off)
     }
 
-    fn issue(&mut self, p: Pending) {
+    /// Issues a ready I/O (its references held); gives it back if it has
+    /// to wait (see [`try_issue`](Self::try_issue)).
+    fn issue(&mut self, mut p: Pending) -> Option<Pending> {
         let ptr = self.buf(&p);
         let len = p.io.len;
         if self.uring.is_none() {
@@ -373,20 +401,40 @@ impl IoQueue {
                 match (&p.io.op, &p.io.target) {
                     (Op::ReadAt(off), Target::File(f)) => f.read_at(rd(), *off),
                     (Op::WriteAt(off), Target::File(f)) => f.write_at(wr(), *off),
-                    (Op::Recv, Target::Udp(s)) => s.recv(rd()),
-                    (Op::Recv, Target::Tcp(s)) => (&**s).read(rd()),
-                    (Op::Send, Target::Udp(s)) => s.send(wr()),
-                    (Op::Send, Target::Tcp(s)) => (&**s).write(wr()),
+                    (Op::Recv, t) => crate::sys::recv_nowait(t.fd(), rd()),
+                    (Op::Send, t) => crate::sys::send_nowait(t.fd(), wr()),
                     _ => unreachable!("checked at submit"),
                 }
             };
             self.dev.region.io_release(p.pages.clone());
+            match &res {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    p.wait = if p.io.op == Op::Recv {
+                        crate::sys::READABLE
+                    } else {
+                        crate::sys::WRITABLE
+                    };
+                    return Some(p);
+                }
+                Err(e) if e.raw_os_error() == Some(EFAULT) => {
+                    self.efault(&mut p);
+                    return Some(p);
+                }
+                _ => {}
+            }
             self.finish(p, res);
-            return;
+            return None;
         }
-        // Make room: reap until a slot is free.
-        while self.uring.as_ref().is_some_and(|u| u.free.is_empty()) {
-            self.wait_uring(Duration::from_millis(100));
+        // A full ring, or an ordered socket I/O behind another on its
+        // socket: reap what is done; if still so, the I/O waits (without
+        // references) for a completion.
+        if self.must_wait_inflight(&p) {
+            self.reap();
+            if self.must_wait_inflight(&p) {
+                self.dev.region.io_release(p.pages.clone());
+                p.wait = WAIT_SLOT;
+                return Some(p);
+            }
         }
         let fixed = self.fixed;
         let region_base = self.dev.region.as_ptr();
@@ -417,22 +465,43 @@ impl IoQueue {
             let _ = u.ring.submit();
         }
         let _ = u.ring.submit();
+        None
+    }
+
+    /// See [`WAIT_SLOT`].
+    fn must_wait_inflight(&self, p: &Pending) -> bool {
+        let Some(u) = self.uring.as_ref() else {
+            return false;
+        };
+        if u.free.is_empty() {
+            return true;
+        }
+        let socket = !matches!(p.io.target, Target::File(_));
+        let fd = p.io.target.fd();
+        socket
+            && self.dev.ordering == Ordering::Ordered
+            && u.slots.iter().flatten().any(|q| q.io.target.fd() == fd)
+    }
+
+    /// The kernel met a page that was not there after all (EFAULT). Never
+    /// the user's problem: the I/O is parked (by the caller) and reissued
+    /// once its pages are back; a reissue is kicked at once in case they
+    /// already are.
+    fn efault(&mut self, p: &mut Pending) {
+        self.dev.counters.efault_caught.fetch_add(1, Relaxed);
+        if p.io.op == Op::Recv && matches!(p.io.target, Target::Udp(_)) {
+            self.dev.counters.efault_lost.fetch_add(1, Relaxed);
+        }
+        self.post_missing(p.pages.clone(), p.io.op.writes_region());
+        p.iopf = true;
+        self.kick = true;
     }
 
     /// An issued I/O returned `res`.
     fn finish(&mut self, mut p: Pending, res: io::Result<usize>) {
         if let Err(e) = &res {
-            if e.raw_os_error() == Some(14) {
-                // EFAULT: the kernel met a page that was not there after
-                // all. Never the user's problem: park and reissue.
-                self.dev.counters.efault_caught.fetch_add(1, Relaxed);
-                if p.io.op == Op::Recv && matches!(p.io.target, Target::Udp(_)) {
-                    self.dev.counters.efault_lost.fetch_add(1, Relaxed);
-                }
-                let write = p.io.op.writes_region();
-                self.post_missing(p.pages.clone(), write);
-                p.iopf = true;
-                self.kick = true;
+            if e.raw_os_error() == Some(EFAULT) {
+                self.efault(&mut p);
                 self.park(p);
                 return;
             }
@@ -460,8 +529,8 @@ impl IoQueue {
         self.ready.push_back(c);
     }
 
-    /// Processes page responses (reissuing parked I/Os) and io_uring
-    /// completions, without blocking.
+    /// Processes page responses (reissuing parked I/Os), io_uring
+    /// completions and sockets found ready, without blocking.
     pub fn poll(&mut self) {
         let responses: Vec<Response> =
             std::mem::take(&mut *self.responder.inbox.lock().expect("inbox lock"));
@@ -497,11 +566,14 @@ impl IoQueue {
     fn reissue(&mut self) {
         let n = self.parked.len();
         for _ in 0..n {
-            let Some(p) = self.parked.pop_front() else {
+            let Some(mut p) = self.parked.pop_front() else {
                 break;
             };
             self.dev.counters.parked.fetch_sub(1, Relaxed);
-            self.dev.counters.reissued.fetch_add(1, Relaxed);
+            if p.wait == 0 {
+                self.dev.counters.reissued.fetch_add(1, Relaxed);
+            }
+            p.wait = 0;
             if let Some(p) = self.try_issue(p) {
                 self.dev.counters.parked.fetch_add(1, Relaxed);
                 match self.dev.ordering {
@@ -527,6 +599,9 @@ impl IoQueue {
                 self.responder.wake.drain();
                 continue;
             }
+            if cqe.user_data() == CANCEL {
+                continue;
+            }
             let slot = cqe.user_data() as usize;
             let p = u.slots[slot].take().expect("a CQE for a live slot");
             u.free.push(slot);
@@ -539,6 +614,9 @@ impl IoQueue {
                     Ok(r as usize)
                 },
             ));
+        }
+        if !done.is_empty() && self.parked.iter().any(|p| p.wait == WAIT_SLOT) {
+            self.kick = true;
         }
         for (p, res) in done {
             self.dev.region.io_release(p.pages.clone());
@@ -579,16 +657,38 @@ impl IoQueue {
             if now >= deadline {
                 return None;
             }
+            if self.kick {
+                continue;
+            }
             let left = deadline - now;
             if self.uring.is_some() {
                 self.wait_uring(left);
             } else {
-                let mut rev = [0i16];
-                let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-                let _ = faultline::sys::thread::poll_in(&[self.responder.wake.raw()], ms, &mut rev);
-                self.responder.wake.drain();
+                self.wait_syscall(left);
             }
         }
+    }
+
+    /// Syscall backend: waits at most `d` for a page response or for a
+    /// socket a waiting I/O needs (in an ordered queue only the head's:
+    /// the others cannot go before it) to become ready.
+    fn wait_syscall(&mut self, d: Duration) {
+        let mut fds = vec![(self.responder.wake.raw(), crate::sys::READABLE)];
+        let waiting = self.parked.iter().filter(|p| p.wait > 0);
+        match self.dev.ordering {
+            Ordering::Ordered => fds.extend(
+                self.parked
+                    .front()
+                    .filter(|p| p.wait > 0)
+                    .map(|p| (p.io.target.fd(), p.wait)),
+            ),
+            Ordering::Unordered => fds.extend(waiting.map(|p| (p.io.target.fd(), p.wait))),
+        }
+        let mut rev = Vec::with_capacity(fds.len());
+        if crate::sys::poll(&fds, d, &mut rev).is_ok() && rev[1..].iter().any(|&r| r != 0) {
+            self.kick = true;
+        }
+        self.responder.wake.drain();
     }
 
     /// Completions already available, without waiting.
@@ -597,8 +697,8 @@ impl IoQueue {
         self.ready.drain(..).collect()
     }
 
-    /// I/Os submitted and not yet delivered (parked, in flight, or waiting
-    /// for an earlier one in an ordered queue).
+    /// I/Os submitted and not yet delivered (parked, waiting for a socket,
+    /// in flight, or waiting for an earlier one in an ordered queue).
     pub fn outstanding(&self) -> usize {
         let inflight = self
             .uring
@@ -607,7 +707,8 @@ impl IoQueue {
         self.parked.len() + inflight + self.reorder.len() + self.ready.len()
     }
 
-    /// I/Os parked on a page fault now.
+    /// I/Os parked now: on a page fault, or (syscall backend) waiting for
+    /// their socket, or for a free io_uring slot.
     pub fn parked(&self) -> usize {
         self.parked.len()
     }
@@ -655,7 +756,25 @@ impl IoQueue {
 impl Drop for IoQueue {
     fn drop(&mut self) {
         // Wait for I/Os the kernel still holds: their buffers are region
-        // memory and their pages hold our references.
+        // memory and their pages hold our references. Socket I/Os may wait
+        // for data forever: cancel them first (file I/Os finish by
+        // themselves).
+        if let Some(u) = self.uring.as_mut() {
+            for (slot, p) in u.slots.iter().enumerate() {
+                if p.as_ref()
+                    .is_some_and(|p| !matches!(p.io.target, Target::File(_)))
+                {
+                    let sqe = opcode::AsyncCancel::new(slot as u64)
+                        .build()
+                        .user_data(CANCEL);
+                    // SAFETY: a cancel request carries no buffer.
+                    while unsafe { u.ring.submission().push(&sqe) }.is_err() {
+                        let _ = u.ring.submit();
+                    }
+                }
+            }
+            let _ = u.ring.submit();
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while self
             .uring

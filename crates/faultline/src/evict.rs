@@ -313,7 +313,14 @@ fn run(r: &RegionState, cfg: EvictionConfig, stop: &StopFlag) {
             tries += 1;
             // Pages whose claim is held (being faulted or dirtied) or that
             // an I/O holds are skipped this round and handed back.
-            match policy.pick_victim(&|p| r.residency.is_claimed(p) || r.residency.io_busy(p)) {
+            let held_by_io = |p| {
+                let busy = r.residency.io_busy(p);
+                if busy {
+                    budget_feed.skipped_io_busy.fetch_add(1, Relaxed);
+                }
+                busy
+            };
+            match policy.pick_victim(&|p| r.residency.is_claimed(p) || held_by_io(p)) {
                 Some(v) => match evict(r, v, !held.failing()) {
                     Victim::Evicted => progress = true,
                     Victim::Unwritable(err) => held.hold(r, budget, v, err),

@@ -44,8 +44,9 @@ pub struct EvictionStats {
     /// finds the region past budget plus slack waits for it (see
     /// [`crate::evict`]).
     pub max_resident: u64,
-    /// Victims skipped because an I/O (or a pin) held a reference on them
-    /// (see [`crate::residency`]).
+    /// Victim candidates passed over because an I/O (or a pin) held a
+    /// reference on them: by the victim scan, or after the claim (a race
+    /// the evictor's second check caught; see [`crate::residency`]).
     pub skipped_io_busy: u64,
     /// Access hints handed to the eviction policy (from an I/O access log).
     pub access_hints: u64,
