@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use faultline::policy::PolicyKind;
 use faultline::store::FileAccess;
+use faultline::testing::child::deadline;
 use faultline::{
     EvictionConfig, FileStore, MemoryStore, PageState, PageStore, PollEngine, Region, SignalEngine,
     StoreError,
@@ -107,34 +108,6 @@ impl PageStore for Shared {
     }
     fn signal_safe(&self) -> bool {
         true
-    }
-}
-
-/// Aborts the test process if the guard is still alive after `secs`: a
-/// hang fails loudly instead of stalling the suite.
-struct Deadline(Arc<AtomicBool>);
-
-fn deadline(secs: u64) -> Deadline {
-    let done = Arc::new(AtomicBool::new(false));
-    let d = done.clone();
-    let name = std::thread::current().name().unwrap_or("?").to_string();
-    std::thread::spawn(move || {
-        let end = Instant::now() + Duration::from_secs(secs);
-        while Instant::now() < end {
-            if d.load(SeqCst) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!("test {name} exceeded its {secs} s deadline: aborting");
-        std::process::abort();
-    });
-    Deadline(done)
-}
-
-impl Drop for Deadline {
-    fn drop(&mut self) {
-        self.0.store(true, SeqCst);
     }
 }
 
