@@ -442,3 +442,64 @@ fn window_with_holes_is_one_batched_fill() {
         }
     }
 }
+
+/// The application's own `MADV_DONTNEED` (5,000 of 4 pages each) racing
+/// two reader threads whose faults install 32-page windows over the
+/// dropped pages, on a single-reader engine (poll) and a multi-reader one
+/// (workers). Every byte read must be the store's, and every reader must
+/// get on (a page the map calls present but that a zap removed would be
+/// answered "already there" for ever: the deadline ends that).
+#[test]
+fn remove_storm_racing_windowed_faults() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    let _deadline = deadline(120);
+    for kind in [EngineKind::Poll, EngineKind::Workers] {
+        let pages = 512;
+        let len = pages * 4096;
+        let data = Arc::new(pattern(len));
+        let r = Region::builder(len)
+            .store(MemoryStore::new(data.to_vec()))
+            .fault_around(32)
+            .build_dyn(engine_of(kind))
+            .unwrap();
+        let done = AtomicBool::new(false);
+        let reads = AtomicU64::new(0);
+        let base = r.as_ptr() as usize;
+        std::thread::scope(|s| {
+            let (done, reads) = (&done, &reads);
+            for t in 0..2u64 {
+                let data = data.clone();
+                s.spawn(move || {
+                    let mut x = 0x2545_f491_4f6c_dd1d_u64 ^ t;
+                    while !done.load(Relaxed) {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let off = (x as usize) % len;
+                        assert_eq!(read(base as *const u8, off), data[off], "byte {off:#x}");
+                        reads.fetch_add(1, Relaxed);
+                    }
+                });
+            }
+            let mut x = 0x9e37_79b9_u64;
+            for _ in 0..5_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let first = (x as usize) % (pages - 4);
+                faultline::sys::mem::madvise(
+                    (base + first * 4096) as u64,
+                    4 * 4096,
+                    faultline::sys::mem::Advice::DontNeed,
+                )
+                .unwrap();
+                // A balloon, not a storm: back to back, the REMOVE events
+                // would keep every COPY failing with EAGAIN (the kernel's
+                // mmap_changing) and starve the readers.
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            done.store(true, Relaxed);
+        });
+        eprintln!("{kind:?}: {} reads, {:?}", reads.load(Relaxed), r.stats());
+    }
+}
