@@ -27,13 +27,15 @@ pub enum StoreCmd {
         /// `redis://HOST:PORT#NAME`, `redis+unix:///PATH#NAME`, `unix:///PATH#NAME` or
         /// `redis-cluster://HOST:PORT,HOST:PORT,...#NAME` (NAME defaults to `faultline`).
         url: String,
-        /// Bytes per key (a power of two, at most the smallest region page
-        /// size you will use).
-        #[arg(long, default_value_t = 4096)]
+        /// Bytes per key (a power of two of at least 512). A fault-around
+        /// window reads whole keys with GET and parts of keys with
+        /// GETRANGE; write-backs of part of a key use SETRANGE.
+        #[arg(long, default_value_t = faultline_redis::DEFAULT_CHUNK)]
         chunk: usize,
-        /// Chunks per hash tag (kept on one cluster shard).
-        #[arg(long, default_value_t = 256)]
-        group: u64,
+        /// Chunks per hash tag (kept on one cluster shard). Default: 1 MiB
+        /// worth of chunks.
+        #[arg(long)]
+        group: Option<u64>,
     },
     /// Download the store at URL into FILE, checking its checksum.
     Get {
@@ -115,14 +117,13 @@ pub fn run(cmd: StoreCmd) -> anyhow::Result<()> {
                 chunk.is_power_of_two() && chunk >= 512,
                 "--chunk {chunk} must be a power of two of at least 512"
             );
-            anyhow::ensure!(group > 0, "--group must be positive");
+            anyhow::ensure!(group != Some(0), "--group must be positive");
             let f = File::open(&file).with_context(|| format!("opening {}", file.display()))?;
             let len = f.metadata()?.len();
-            let cfg = RedisConfig {
-                chunk_bytes: chunk,
-                group_chunks: group,
-                ..RedisConfig::default()
-            };
+            let mut cfg = RedisConfig::with_chunk(chunk);
+            if let Some(g) = group {
+                cfg.group_chunks = g;
+            }
             let t = Instant::now();
             let mut progress = Bytes::new(len, "put");
             let info = RedisStore::put(&url, cfg, BufReader::new(f), len, |d| progress.at(d))?;

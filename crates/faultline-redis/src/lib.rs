@@ -1,21 +1,29 @@
 //! A faultline page store on Redis, Redis Cluster or Valkey.
 //!
 //! [`RedisStore`] implements [`faultline::PageStore`] over a Redis server:
-//! the store's bytes are fixed-size chunks (default 4 KiB) under keys
+//! the store's bytes are fixed-size chunks (default 64 KiB) under keys
 //!
 //! ```text
 //! fl:{NAME:G}:C      chunk C (bytes C*chunk .. (C+1)*chunk), G = C / group_chunks
 //! fl:{NAME}:meta     a hash: len, chunk, group, checksum (written last by `put`)
 //! ```
 //!
-//! The hash tag `{NAME:G}` keeps a group of chunks (default 256, 1 MiB) on
+//! The hash tag `{NAME:G}` keeps a group of chunks (default 1 MiB) on
 //! one cluster shard, so a read-ahead window is one request to one node.
 //! The store is [`batched`](faultline::PageStore::batched): a window, with
-//! all its holes, is one round trip: one pipeline of `MGET`s (at most 16
-//! keys each, one or more per
-//! group) on a single server, one cluster pipeline of `GET`s on a cluster
-//! (the client sends one pipeline per node; `MGET` cannot be pipelined
-//! there). Write-back is a pipeline of `SET`s.
+//! all its holes, is one round trip: one pipeline with a `GET` per whole
+//! chunk and a `GETRANGE` per part of one (a chunk may be larger than a
+//! window or a page). On a single server the replies are read by this
+//! crate straight into the faulting region's buffer (`resp.rs`: no
+//! allocation or copy per key; why not the `redis` crate's reader is
+//! written there); on a cluster the `redis` crate's cluster pipeline
+//! sends one pipeline per node. Every reply must have exactly the length
+//! asked for: a missing or short key inside the store's length is an
+//! error. Write-back is one pipeline of `SET`s (whole chunks) and
+//! `SETRANGE`s (parts), so any page size works with any chunk size.
+//!
+//! Chunk size: `faultline bench store --chunk 4096,16384,65536` measures
+//! them side by side; 64 KiB is the default (see the workspace README).
 //!
 //! URLs (the store's `NAME` after `#`, default `faultline`):
 //!
@@ -42,25 +50,29 @@
 //! socket in a temporary directory, or a 3-master cluster on loopback) for
 //! tests and benchmarks.
 
+mod resp;
 pub mod server;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use faultline::{FillRange, PageStore, StoreError};
 use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{Cmd, RedisError, RedisResult};
+use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Value};
+use resp::{Bulk, RawConn};
 
 /// Settings of a [`RedisStore`].
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
     /// Bytes per chunk (key) for [`RedisStore::put`]; opening a store
-    /// takes the chunk size from its metadata. Default 4096.
+    /// takes the chunk size from its metadata. Default [`DEFAULT_CHUNK`].
     pub chunk_bytes: usize,
-    /// Chunks per hash tag (on one cluster shard). Default 256.
+    /// Chunks per hash tag (on one cluster shard). Default 16 (1 MiB of
+    /// 64 KiB chunks; [`RedisConfig::with_chunk`] keeps 1 MiB).
     pub group_chunks: u64,
     /// Connecting. Default 1 s.
     pub connect_timeout: Duration,
@@ -73,11 +85,32 @@ pub struct RedisConfig {
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
-            chunk_bytes: 4096,
-            group_chunks: 256,
+            chunk_bytes: DEFAULT_CHUNK,
+            group_chunks: (GROUP_BYTES / DEFAULT_CHUNK) as u64,
             connect_timeout: Duration::from_secs(1),
             command_timeout: Duration::from_secs(1),
             deadline: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The default bytes per key: 64 KiB. Fewer, larger keys cost the
+/// server less per window (one command per key); a page or a window
+/// smaller than a key reads only its part (`GETRANGE`). Compare with
+/// `faultline bench store --chunk 4096,16384,65536`.
+pub const DEFAULT_CHUNK: usize = 64 * 1024;
+
+/// Bytes of a hash-tag group by default (one cluster shard).
+const GROUP_BYTES: usize = 1 << 20;
+
+impl RedisConfig {
+    /// The defaults with `chunk_bytes` per key and 1 MiB per hash-tag
+    /// group (at least one chunk).
+    pub fn with_chunk(chunk_bytes: usize) -> RedisConfig {
+        RedisConfig {
+            chunk_bytes,
+            group_chunks: (GROUP_BYTES / chunk_bytes.max(1)).max(1) as u64,
+            ..RedisConfig::default()
         }
     }
 }
@@ -93,6 +126,24 @@ pub struct StoreInfo {
     pub group_chunks: u64,
     /// FNV-1a 64 of the data ([`checksum`]).
     pub checksum: u64,
+}
+
+/// Where a single-server store's fill time went, summed over its
+/// `fill_batch` calls ([`RedisStore::timing`]): writing the requests,
+/// waiting for the first reply byte (the server's work and the wake-up),
+/// and reading the replies into the buffers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FillTiming {
+    /// `fill_batch` calls that sent requests.
+    pub calls: u64,
+    /// Bytes read into buffers.
+    pub bytes: u64,
+    /// Nanoseconds writing the pipeline.
+    pub send_ns: u64,
+    /// Nanoseconds from the write to the first reply byte.
+    pub wait_ns: u64,
+    /// Nanoseconds reading replies into the buffers.
+    pub read_ns: u64,
 }
 
 /// Failures outside the fault path (opening, `put`, `get`).
@@ -146,12 +197,6 @@ pub fn checksum(mut h: u64, data: &[u8]) -> u64 {
     h
 }
 
-/// Most keys in one MGET: the client reads a window faster as several
-/// replies of at most 16 chunks than as one large one (`faultline bench
-/// store`, fault-around 64: 14.3 us a page with one 64-key MGET, 4.0 us
-/// with four of 16); they still go in one pipeline, one round trip.
-const MGET_KEYS: usize = 16;
-
 /// The FNV-1a 64 offset basis.
 pub const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
@@ -162,9 +207,26 @@ enum Target {
 }
 
 enum Conn {
-    Single(redis::Connection),
+    Single(Box<RawConn>),
     Cluster(Box<ClusterConnection>),
 }
+
+/// One chunk's part of a fill: `len` bytes at `from` in chunk `chunk`,
+/// for `ranges[range].buf[at..at + len]`.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    range: usize,
+    chunk: u64,
+    from: u64,
+    at: usize,
+    len: usize,
+    /// The whole chunk: `GET` rather than `GETRANGE`.
+    whole: bool,
+}
+
+/// What one piece's reply was: [`Bulk`], or a server error for this key
+/// alone (`WRONGTYPE`).
+type PieceReply = Result<Bulk, String>;
 
 /// A page store on Redis. See the crate docs.
 pub struct RedisStore {
@@ -174,6 +236,8 @@ pub struct RedisStore {
     cfg: RedisConfig,
     info: StoreInfo,
     conns: Mutex<HashMap<ThreadId, Conn>>,
+    /// [`FillTiming`]'s fields, in order.
+    timing: [AtomicU64; 5],
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -255,6 +319,7 @@ impl RedisStore {
                 checksum: 0,
             },
             conns: Mutex::new(HashMap::new()),
+            timing: Default::default(),
         };
         store.info = store.read_meta()?;
         Ok(store)
@@ -263,6 +328,19 @@ impl RedisStore {
     /// What the metadata key says.
     pub fn info(&self) -> StoreInfo {
         self.info
+    }
+
+    /// Where the fill time went so far (single server; zeros on a
+    /// cluster).
+    pub fn timing(&self) -> FillTiming {
+        let t = |i: usize| self.timing[i].load(Ordering::Relaxed);
+        FillTiming {
+            calls: t(0),
+            bytes: t(1),
+            send_ns: t(2),
+            wait_ns: t(3),
+            read_ns: t(4),
+        }
     }
 
     /// The store's name (after `#` in the URL).
@@ -292,7 +370,7 @@ impl RedisStore {
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(&key);
         let map: HashMap<String, String> = self
-            .with_conn(&key, |c| query(c, &cmd))
+            .with_conn(&key, |c| c.query(&cmd))
             .map_err(|f| self.request_error("reading metadata", f))?;
         if map.is_empty() {
             return Err(RedisStoreError::NoStore {
@@ -365,12 +443,13 @@ impl RedisStore {
             },
             cfg,
             conns: Mutex::new(HashMap::new()),
+            timing: Default::default(),
         };
         let meta = store.meta_key();
         let mut del = redis::cmd("DEL");
         del.arg(&meta);
         store
-            .with_conn(&meta, |c| query::<()>(c, &del))
+            .with_conn(&meta, |c| c.query::<()>(&del))
             .map_err(|f| store.request_error("removing the old metadata", f))?;
         let chunk = store.info.chunk_bytes;
         let mut buf = vec![0u8; chunk * BATCH];
@@ -396,7 +475,7 @@ impl RedisStore {
                 .collect();
             let key = store.chunk_key(first);
             store
-                .with_conn(&key, |c| pipeline::<Vec<redis::Value>>(c, &cmds))
+                .with_conn(&key, |c| c.pipeline(&cmds))
                 .map_err(|f| store.request_error("writing chunks", f))?;
             done += n as u64;
             progress(done);
@@ -413,7 +492,7 @@ impl RedisStore {
             .arg("checksum")
             .arg(format!("{h:016x}"));
         store
-            .with_conn(&meta, |c| query::<()>(c, &hset))
+            .with_conn(&meta, |c| c.query::<()>(&hset))
             .map_err(|f| store.request_error("writing metadata", f))?;
         Ok(store.info)
     }
@@ -497,12 +576,11 @@ impl RedisStore {
 
     fn connect(&self) -> RedisResult<Conn> {
         match &self.target {
-            Target::Single(client) => {
-                let c = client.get_connection_with_timeout(self.cfg.connect_timeout)?;
-                c.set_read_timeout(Some(self.cfg.command_timeout))?;
-                c.set_write_timeout(Some(self.cfg.command_timeout))?;
-                Ok(Conn::Single(c))
-            }
+            Target::Single(client) => Ok(Conn::Single(Box::new(RawConn::connect(
+                client.get_connection_info(),
+                self.cfg.connect_timeout,
+                self.cfg.command_timeout,
+            )?))),
             Target::Cluster(client) => Ok(Conn::Cluster(Box::new(client.get_connection()?))),
         }
     }
@@ -517,69 +595,28 @@ impl RedisStore {
         offset / c..end.div_ceil(c)
     }
 
-    /// The requests for `chunks` (in order): on a single server one MGET
-    /// per run of keys in the same hash-tag group, on a cluster one GET
-    /// per key (MGET cannot be pipelined there).
-    fn read_cmds(&self, chunks: impl Iterator<Item = u64>) -> Vec<Cmd> {
-        let g = self.info.group_chunks;
-        let mut cmds: Vec<Cmd> = Vec::new();
-        let mut group = None;
-        let mut keys = 0;
-        for c in chunks {
-            match self.target {
-                Target::Single(_) if group == Some(c / g) && keys < MGET_KEYS => {
-                    cmds.last_mut().expect("open MGET").arg(self.chunk_key(c));
-                    keys += 1;
-                }
-                Target::Single(_) => {
-                    let mut cmd = redis::cmd("MGET");
-                    cmd.arg(self.chunk_key(c));
-                    cmds.push(cmd);
-                    group = Some(c / g);
-                    keys = 1;
-                }
-                Target::Cluster(_) => {
-                    let mut cmd = redis::cmd("GET");
-                    cmd.arg(self.chunk_key(c));
-                    cmds.push(cmd);
-                }
-            }
-        }
-        cmds
+    /// Bytes chunk `c` holds (the last one may be short).
+    fn chunk_len(&self, c: u64) -> u64 {
+        let cb = self.info.chunk_bytes as u64;
+        cb.min(self.info.len - c * cb)
     }
 
-    /// Copies chunk values into `buf` (at store `offset`); a missing key is
-    /// an error.
-    fn scatter(
-        &self,
-        offset: u64,
-        buf: &mut [u8],
-        values: &mut impl Iterator<Item = Option<Vec<u8>>>,
-    ) -> Result<(), StoreError> {
+    /// The chunk pieces of `[offset, offset + len)` inside the store's
+    /// length, `at` counted from `offset`, tagged with `range`.
+    fn pieces_of(&self, range: usize, offset: u64, len: usize, out: &mut Vec<Piece>) {
         let cb = self.info.chunk_bytes as u64;
-        buf.fill(0);
-        for c in self.chunks(offset, buf.len()) {
-            let key_off = c * cb;
-            let Some(v) = values.next().flatten() else {
-                return Err(self.remote(
-                    c,
-                    offset.max(key_off),
-                    format!(
-                        "the key is missing, inside the store's length {:#x}",
-                        self.info.len
-                    ),
-                ));
-            };
-            // The overlap of the chunk [key_off, key_off + v.len()) with
-            // the buffer [offset, offset + buf.len()).
-            let from = key_off.max(offset);
-            let to = (key_off + v.len() as u64).min(offset + buf.len() as u64);
-            if from < to {
-                buf[(from - offset) as usize..(to - offset) as usize]
-                    .copy_from_slice(&v[(from - key_off) as usize..(to - key_off) as usize]);
-            }
+        let end = (offset + len as u64).min(self.info.len);
+        for c in self.chunks(offset, len) {
+            let (lo, hi) = (offset.max(c * cb), end.min((c + 1) * cb));
+            out.push(Piece {
+                range,
+                chunk: c,
+                from: lo - c * cb,
+                at: (lo - offset) as usize,
+                len: (hi - lo) as usize,
+                whole: lo == c * cb && hi - lo == self.chunk_len(c),
+            });
         }
-        Ok(())
     }
 
     fn remote(
@@ -596,20 +633,111 @@ impl RedisStore {
         }
     }
 
-    /// Runs read commands and flattens the replies to one value per chunk.
-    fn read(&self, cmds: &[Cmd], first_key: &str) -> Result<Vec<Option<Vec<u8>>>, Failure> {
-        self.with_conn(first_key, |c| match c {
-            Conn::Single(_) => Ok(pipeline::<Vec<Vec<Option<Vec<u8>>>>>(c, cmds)?
+    /// Reads every piece into its range's buffer in one round trip: one
+    /// `GET` (whole chunk) or `GETRANGE` (part of one) per piece, in one
+    /// pipeline; on a single server each bulk is read straight into the
+    /// buffer (`resp.rs`). One reply per piece.
+    fn read_pieces(
+        &self,
+        c: &mut Conn,
+        pieces: &[Piece],
+        ranges: &mut [FillRange<'_>],
+    ) -> RedisResult<Vec<PieceReply>> {
+        let mut replies = Vec::with_capacity(pieces.len());
+        match c {
+            Conn::Single(rc) => {
+                let mut key = String::new();
+                rc.wbuf.clear();
+                for p in pieces {
+                    key.clear();
+                    write_chunk_key(&mut key, &self.name, self.info.group_chunks, p.chunk);
+                    if p.whole {
+                        rc.pack(&[b"GET", key.as_bytes()]);
+                    } else {
+                        let (a, b) = (p.from.to_string(), (p.from + p.len as u64 - 1).to_string());
+                        rc.pack(&[b"GETRANGE", key.as_bytes(), a.as_bytes(), b.as_bytes()]);
+                    }
+                }
+                let t0 = Instant::now();
+                rc.send()?;
+                let t1 = Instant::now();
+                rc.await_reply()?;
+                let t2 = Instant::now();
+                // Every reply is read, so the connection stays in step; a
+                // retryable error reply (`LOADING`) fails the whole batch
+                // (it is retried), another fails its piece.
+                let mut retry = None;
+                for p in pieces {
+                    let dst = &mut ranges[p.range].buf[p.at..p.at + p.len];
+                    match rc.read_bulk_into(dst) {
+                        Ok(b) => replies.push(Ok(b)),
+                        Err(e) if e.is_io_error() || e.is_timeout() => return Err(e),
+                        Err(e) if retryable(&e) => {
+                            retry.get_or_insert(e);
+                            replies.push(Ok(Bulk::Nil));
+                        }
+                        Err(e) => replies.push(Err(e.to_string())),
+                    }
+                }
+                if let Some(e) = retry {
+                    return Err(e);
+                }
+                let t3 = Instant::now();
+                let bytes: usize = pieces.iter().map(|p| p.len).sum();
+                for (i, v) in [
+                    1,
+                    bytes as u64,
+                    (t1 - t0).as_nanos() as u64,
+                    (t2 - t1).as_nanos() as u64,
+                    (t3 - t2).as_nanos() as u64,
+                ]
                 .into_iter()
-                .flatten()
-                .collect()),
-            Conn::Cluster(_) => pipeline::<Vec<Option<Vec<u8>>>>(c, cmds),
-        })
+                .enumerate()
+                {
+                    self.timing[i].fetch_add(v, Ordering::Relaxed);
+                }
+            }
+            Conn::Cluster(cc) => {
+                let mut pipe = redis::cluster::cluster_pipe();
+                for p in pieces {
+                    let key = self.chunk_key(p.chunk);
+                    if p.whole {
+                        pipe.cmd("GET").arg(key);
+                    } else {
+                        pipe.cmd("GETRANGE")
+                            .arg(key)
+                            .arg(p.from)
+                            .arg(p.from + p.len as u64 - 1);
+                    }
+                }
+                let values: Vec<Value> = pipe.query(cc.as_mut())?;
+                for (p, v) in pieces.iter().zip(values) {
+                    replies.push(match v {
+                        Value::Nil => Ok(Bulk::Nil),
+                        Value::BulkString(b) if b.len() == p.len => {
+                            ranges[p.range].buf[p.at..p.at + p.len].copy_from_slice(&b);
+                            Ok(Bulk::Filled)
+                        }
+                        Value::BulkString(b) => Ok(Bulk::Length(b.len())),
+                        Value::ServerError(e) => Err(RedisError::from(e).to_string()),
+                        other => Err(format!("unexpected reply {other:?}")),
+                    });
+                }
+            }
+        }
+        Ok(replies)
     }
 }
 
 fn chunk_key(name: &str, group: u64, c: u64) -> String {
-    format!("fl:{{{name}:{}}}:{c}", c / group)
+    let mut k = String::new();
+    write_chunk_key(&mut k, name, group, c);
+    k
+}
+
+fn write_chunk_key(k: &mut String, name: &str, group: u64, c: u64) {
+    use std::fmt::Write as _;
+    let _ = write!(k, "fl:{{{name}:{}}}:{c}", c / group);
 }
 
 /// Errors worth a reconnect and a retry: the server is down, slow,
@@ -632,28 +760,44 @@ fn retryable(e: &RedisError) -> bool {
         )
 }
 
-fn query<T: redis::FromRedisValue>(c: &mut Conn, cmd: &Cmd) -> RedisResult<T> {
-    match c {
-        Conn::Single(c) => cmd.query(c),
-        Conn::Cluster(c) => cmd.query(c.as_mut()),
-    }
-}
-
-fn pipeline<T: redis::FromRedisValue>(c: &mut Conn, cmds: &[Cmd]) -> RedisResult<T> {
-    match c {
-        Conn::Single(c) => {
-            let mut p = redis::pipe();
-            cmds.iter().for_each(|cmd| {
-                p.add_command(cmd.clone());
-            });
-            p.query(c)
+impl Conn {
+    /// One request and its reply.
+    fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
+        match self {
+            Conn::Single(c) => {
+                c.wbuf.clear();
+                cmd.write_packed_command(&mut c.wbuf);
+                c.send()?;
+                T::from_owned_redis_value(c.read_value()?.extract_error()?)
+            }
+            Conn::Cluster(c) => cmd.query(c.as_mut()),
         }
-        Conn::Cluster(c) => {
-            let mut p = redis::cluster::cluster_pipe();
-            cmds.iter().for_each(|cmd| {
-                p.add_command(cmd.clone());
-            });
-            p.query(c.as_mut())
+    }
+
+    /// Requests whose replies are only checked for errors (writes), in
+    /// one pipeline.
+    fn pipeline(&mut self, cmds: &[Cmd]) -> RedisResult<()> {
+        match self {
+            Conn::Single(c) => {
+                c.wbuf.clear();
+                cmds.iter()
+                    .for_each(|cmd| cmd.write_packed_command(&mut c.wbuf));
+                c.send()?;
+                let mut first = None;
+                for _ in cmds {
+                    if let Err(e) = c.read_value()?.extract_error() {
+                        first.get_or_insert(e);
+                    }
+                }
+                first.map_or(Ok(()), Err)
+            }
+            Conn::Cluster(c) => {
+                let mut p = redis::cluster::cluster_pipe();
+                cmds.iter().for_each(|cmd| {
+                    p.add_command(cmd.clone());
+                });
+                p.query::<Vec<Value>>(c.as_mut()).map(|_| ())
+            }
         }
     }
 }
@@ -676,35 +820,44 @@ impl PageStore for RedisStore {
     }
 
     fn fill_batch(&self, ranges: &mut [FillRange<'_>], out: &mut [Result<(), StoreError>]) {
-        let cmds = self.read_cmds(
-            ranges
-                .iter()
-                .flat_map(|r| self.chunks(r.offset, r.buf.len())),
-        );
-        let first = ranges
-            .iter()
-            .map(|r| self.chunks(r.offset, r.buf.len()))
-            .find(|c| !c.is_empty());
-        let Some(first) = first else {
-            // Everything is past the end: zeros.
-            ranges.iter_mut().for_each(|r| r.buf.fill(0));
-            out.iter_mut().for_each(|o| *o = Ok(()));
+        let mut pieces = Vec::new();
+        for (i, r) in ranges.iter_mut().enumerate() {
+            // Past the store's end: zeros.
+            let inside = self
+                .info
+                .len
+                .saturating_sub(r.offset)
+                .min(r.buf.len() as u64);
+            r.buf[inside as usize..].fill(0);
+            self.pieces_of(i, r.offset, r.buf.len(), &mut pieces);
+        }
+        out.iter_mut().for_each(|o| *o = Ok(()));
+        let Some(first) = pieces.first() else {
             return;
         };
-        match self.read(&cmds, &self.chunk_key(first.start)) {
-            Ok(values) => {
-                let mut values = values.into_iter();
-                for (r, o) in ranges.iter_mut().zip(out.iter_mut()) {
-                    let n = self.chunks(r.offset, r.buf.len()).count();
-                    let mine: Vec<_> = values.by_ref().take(n).collect();
-                    *o = self.scatter(r.offset, r.buf, &mut mine.into_iter());
-                }
-            }
-            Err(f) => {
-                for (r, o) in ranges.iter().zip(out.iter_mut()) {
-                    let chunks = self.chunks(r.offset, r.buf.len());
-                    *o = Err(self.remote(chunks.start, r.offset, f.cause.clone()));
-                }
+        let res = self.with_conn(&self.chunk_key(first.chunk), |c| {
+            self.read_pieces(c, &pieces, ranges)
+        });
+        let replies: Vec<PieceReply> = match res {
+            Ok(replies) => replies,
+            Err(f) => vec![Err(f.cause); pieces.len()],
+        };
+        for (p, reply) in pieces.iter().zip(replies) {
+            let cause = match reply {
+                Ok(Bulk::Filled) => continue,
+                Ok(Bulk::Nil) => format!(
+                    "the key is missing, inside the store's length {:#x}",
+                    self.info.len
+                ),
+                Ok(Bulk::Length(n)) => format!(
+                    "read {n} bytes at {:#x} of the key where {} were expected: the key is short or missing, inside the store's length {:#x}",
+                    p.from, p.len, self.info.len
+                ),
+                Err(e) => e,
+            };
+            let o = &mut out[p.range];
+            if o.is_ok() {
+                *o = Err(self.remote(p.chunk, ranges[p.range].offset + p.at as u64, cause));
             }
         }
     }
@@ -714,44 +867,35 @@ impl PageStore for RedisStore {
     }
 
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        let cb = self.info.chunk_bytes as u64;
-        let last = self.info.len.div_ceil(cb);
-        let first = offset / cb;
-        let end = offset + data.len() as u64;
-        if !offset.is_multiple_of(cb) || (!end.is_multiple_of(cb) && end < self.info.len) {
+        // Bytes past the store's end must be zeros (the region's tail).
+        let inside = self.info.len.saturating_sub(offset).min(data.len() as u64) as usize;
+        if let Some(i) = data[inside..].iter().position(|&b| b != 0) {
+            let at = offset + (inside + i) as u64;
             return Err(self.remote(
-                first,
-                offset,
-                format!(
-                    "write-back of {} bytes at {offset:#x} is not chunk-aligned ({cb} bytes)",
-                    data.len()
-                ),
+                at / self.info.chunk_bytes as u64,
+                at,
+                format!("write past the store's end {:#x}", self.info.len),
             ));
         }
-        let mut cmds = Vec::new();
-        for (i, piece) in data.chunks(cb as usize).enumerate() {
-            let c = first + i as u64;
-            if c >= last {
-                if piece.iter().any(|&b| b != 0) {
-                    return Err(self.remote(
-                        c,
-                        c * cb,
-                        format!("write past the store's end {:#x}", self.info.len),
-                    ));
-                }
-                continue;
-            }
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(self.chunk_key(c)).arg(piece);
-            cmds.push(cmd);
-        }
-        if cmds.is_empty() {
+        let mut pieces = Vec::new();
+        self.pieces_of(0, offset, inside, &mut pieces);
+        let Some(first) = pieces.first() else {
             return Ok(());
-        }
-        self.with_conn(&self.chunk_key(first), |c| {
-            pipeline::<Vec<redis::Value>>(c, &cmds)
-        })
-        .map(|_| ())
-        .map_err(|f| self.remote(first, offset, f.cause))
+        };
+        // A whole chunk is a SET, part of one a SETRANGE.
+        let cmds: Vec<Cmd> = pieces
+            .iter()
+            .map(|p| {
+                let mut cmd = redis::cmd(if p.whole { "SET" } else { "SETRANGE" });
+                cmd.arg(self.chunk_key(p.chunk));
+                if !p.whole {
+                    cmd.arg(p.from);
+                }
+                cmd.arg(&data[p.at..p.at + p.len]);
+                cmd
+            })
+            .collect();
+        self.with_conn(&self.chunk_key(first.chunk), |c| c.pipeline(&cmds))
+            .map_err(|f| self.remote(first.chunk, offset, f.cause))
     }
 }

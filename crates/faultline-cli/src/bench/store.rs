@@ -26,7 +26,7 @@ use std::time::Instant;
 use anyhow::Context;
 use faultline::{engine, Engine, EngineConfig, EngineKind, FileStore, PageStore, Region};
 use faultline_redis::server::RedisServer;
-use faultline_redis::{RedisConfig, RedisStore};
+use faultline_redis::{FillTiming, RedisConfig, RedisStore};
 
 use super::report::Record;
 use super::stats::Summary;
@@ -54,6 +54,11 @@ pub struct StoreArgs {
     /// skips the BFS.
     #[arg(long, default_value_t = 20)]
     pub scale: u32,
+    /// Bytes per Redis key, or a comma-separated list: the sequential run
+    /// measures each (the first is the one the target line and the other
+    /// runs use).
+    #[arg(long, value_delimiter = ',', default_value = "65536")]
+    pub chunk: Vec<usize>,
 }
 
 /// The 1, 5 and 15 minute load averages.
@@ -151,43 +156,100 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     File::create(&file.0)
         .and_then(|mut f| f.write_all(&data))
         .with_context(|| format!("writing {}", file.0.display()))?;
-    let seq_url = format!("{base}#bench-seq");
-    RedisStore::put(
-        &seq_url,
-        RedisConfig::default(),
-        &data[..],
-        len as u64,
-        |_| {},
-    )
-    .context("uploading the sequential data")?;
+    anyhow::ensure!(
+        !args.chunk.is_empty() && args.chunk.iter().all(|c| c.is_power_of_two() && *c >= 512),
+        "--chunk: powers of two of at least 512"
+    );
+    let chunk = args.chunk[0];
+    let urls: Vec<String> = args
+        .chunk
+        .iter()
+        .map(|c| format!("{base}#bench-seq-{c}"))
+        .collect();
+    for (url, &c) in urls.iter().zip(&args.chunk) {
+        RedisStore::put(
+            url,
+            RedisConfig::with_chunk(c),
+            &data[..],
+            len as u64,
+            |_| {},
+        )
+        .context("uploading the sequential data")?;
+    }
+    let seq_url = urls[0].clone();
     drop(data);
 
     // 1. Sequential first touch, fault-around 64, poll engine for both.
     progress.step("sequential first touch");
     let poll = thread_engine(EngineKind::Poll, 1)?;
     let pages = len / 4096;
-    let (mut redis_ns, mut file_ns) = (Vec::new(), Vec::new());
+    // Per chunk size: ns per page of each run, and the fill timing summed.
+    let mut per_chunk: Vec<(Vec<f64>, FillTiming)> =
+        vec![(Vec::new(), FillTiming::default()); urls.len()];
+    let mut file_ns = Vec::new();
     for _ in 0..reps {
-        for redis in [true, false] {
-            let store: Box<dyn FnOnce() -> anyhow::Result<Arc<dyn PageStore>>> = if redis {
-                Box::new(|| Ok(Arc::new(RedisStore::open(&seq_url)?) as Arc<dyn PageStore>))
+        for k in 0..=urls.len() {
+            let (store, redis): (Arc<dyn PageStore>, Option<Arc<RedisStore>>) = if k < urls.len() {
+                let s = Arc::new(RedisStore::open(&urls[k])?);
+                (s.clone(), Some(s))
             } else {
-                Box::new(|| Ok(Arc::new(FileStore::open(&file.0)?) as Arc<dyn PageStore>))
+                (Arc::new(FileStore::open(&file.0)?), None)
             };
             let r = Region::builder(len)
-                .shared_store(store()?)
+                .shared_store(store)
                 .fault_around(64)
                 .zero_copy(false)
                 .build_dyn(poll.clone())?;
             let secs = first_touch(&r, 1);
             let per_page = secs * 1e9 / pages as f64;
-            if redis { &mut redis_ns } else { &mut file_ns }.push(per_page);
+            match redis {
+                Some(s) => {
+                    let t = s.timing();
+                    let acc = &mut per_chunk[k];
+                    acc.0.push(per_page);
+                    acc.1.calls += t.calls;
+                    acc.1.bytes += t.bytes;
+                    acc.1.send_ns += t.send_ns;
+                    acc.1.wait_ns += t.wait_ns;
+                    acc.1.read_ns += t.read_ns;
+                }
+                None => file_ns.push(per_page),
+            }
         }
     }
+    let seq_file_med = median(&mut file_ns.clone());
+    for (k, (ns, t)) in per_chunk.iter().enumerate() {
+        let pages_read = (t.bytes / 4096).max(1) as f64;
+        let m = median(&mut ns.clone());
+        progress.suspend(|| {
+            println!(
+                "  seq, {} KiB keys: redis {m:.0} ns/page (runs {}), {:.2}x the file store; fill time per page: send {:.0} ns, wait for the first reply byte {:.0} ns, read {:.0} ns ({} requests of {:.0} KiB)",
+                args.chunk[k] >> 10,
+                ns.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(" "),
+                m / seq_file_med,
+                t.send_ns as f64 / pages_read,
+                t.wait_ns as f64 / pages_read,
+                t.read_ns as f64 / pages_read,
+                t.calls,
+                t.bytes as f64 / t.calls.max(1) as f64 / 1024.0,
+            )
+        });
+        if k > 0 {
+            ctx.report.records.push(
+                record("store-seq", "redis", &mut ns.clone())
+                    .with("chunk", args.chunk[k])
+                    .with("ratio_to_file", m / seq_file_med)
+                    .with("fault_around", 64)
+                    .with("loadavg", loadavg()),
+            );
+        }
+    }
+    let redis_ns = per_chunk[0].0.clone();
     let (seq_redis, seq_file) = (median(&mut redis_ns.clone()), median(&mut file_ns.clone()));
     let seq_ratio = seq_redis / seq_file;
     ctx.report.records.push(
         record("store-seq", "redis", &mut redis_ns.clone())
+            .with("chunk", chunk)
             .with("ratio_to_file", seq_ratio)
             .with("fault_around", 64)
             .with("loadavg", loadavg()),
@@ -199,8 +261,10 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     );
     progress.suspend(|| {
         println!(
-            "seq first touch, fault-around 64, poll engine, {} MiB, {reps} runs: redis {seq_redis:.0} ns/page, file {seq_file:.0} ns/page, ratio {seq_ratio:.2}x (target <= 2x: {}); load {}",
+            "seq first touch, fault-around 64, poll engine, {} MiB, {} KiB keys, {reps} runs: redis {seq_redis:.0} ns/page, file {seq_file:.0} ns/page (runs {}), ratio {seq_ratio:.2}x (target <= 2x: {}); load {}",
             args.mib,
+            chunk >> 10,
+            file_ns.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(" "),
             if seq_ratio <= 2.0 { "met" } else { "missed" },
             loadavg()
         )
@@ -249,7 +313,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
         let f = File::open(&graph.0)?;
         RedisStore::put(
             &gurl,
-            RedisConfig::default(),
+            RedisConfig::with_chunk(chunk),
             std::io::BufReader::new(f),
             layout.file_bytes(),
             |_| {},
