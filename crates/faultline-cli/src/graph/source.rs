@@ -14,7 +14,6 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use anyhow::Context;
@@ -81,33 +80,18 @@ pub trait GraphSource: Sync {
 
 /// The kernel's page size.
 pub fn kernel_page_size() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(v).unwrap_or(4096)
+    faultline::sys::BASE_PAGE as u64
 }
 
 /// Process-wide fault and system-time counters from `getrusage`, plus
 /// `read_bytes` from `/proc/self/io` (absent without task I/O accounting).
 pub fn process_stats() -> SourceStats {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `ru` is valid for writes of one `rusage`; RUSAGE_SELF is valid.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
-    let (minflt, majflt, stime) = if rc == 0 {
-        // SAFETY: getrusage succeeded, so it initialised `ru`.
-        let ru = unsafe { ru.assume_init() };
-        (
-            ru.ru_minflt as u64,
-            ru.ru_majflt as u64,
-            ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 * 1e-6,
-        )
-    } else {
-        (0, 0, 0.0)
-    };
+    let u = faultline::sys::usage().unwrap_or_default();
     SourceStats {
-        faults: minflt + majflt,
-        major_faults: majflt,
+        faults: u.minor_faults + u.major_faults,
+        major_faults: u.major_faults,
         bytes_read: proc_read_bytes(),
-        handler_seconds: stime,
+        handler_seconds: u.system_seconds,
     }
 }
 
@@ -391,12 +375,8 @@ pub fn drop_file_cache(path: &Path) -> anyhow::Result<CacheDrop> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     file.sync_data()
         .with_context(|| format!("fdatasync {}", path.display()))?;
-    // SAFETY: plain syscall on a valid fd; no memory is passed.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc))
-            .with_context(|| format!("posix_fadvise(DONTNEED) {}", path.display()));
-    }
+    faultline::sys::mem::fadvise_dontneed(&file)
+        .with_context(|| format!("dropping the page cache of {}", path.display()))?;
     let len = file
         .metadata()
         .with_context(|| format!("stat {}", path.display()))?

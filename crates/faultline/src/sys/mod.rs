@@ -159,6 +159,33 @@ pub fn kernel_release() -> String {
         .into_owned()
 }
 
+/// What `getrusage(RUSAGE_SELF)` says of this process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// Minor (no I/O) page faults.
+    pub minor_faults: u64,
+    /// Major page faults (the page was read from disk).
+    pub major_faults: u64,
+    /// System CPU time, in seconds.
+    pub system_seconds: f64,
+}
+
+/// `getrusage(RUSAGE_SELF)` of the whole process.
+pub fn usage() -> std::io::Result<Usage> {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `ru` is valid for writes of one `rusage`; RUSAGE_SELF is valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: getrusage succeeded, so it initialised `ru`.
+    let ru = unsafe { ru.assume_init() };
+    Ok(Usage {
+        minor_faults: ru.ru_minflt as u64,
+        major_faults: ru.ru_majflt as u64,
+        system_seconds: ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 * 1e-6,
+    })
+}
+
 /// Writes `msg` to stderr with one `write(2)`: async-signal-safe.
 pub fn write_stderr(msg: &[u8]) {
     // SAFETY: valid buffer; the result is deliberately ignored (nothing
