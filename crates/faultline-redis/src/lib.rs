@@ -22,6 +22,13 @@
 //! error. Write-back is one pipeline of `SET`s (whole chunks) and
 //! `SETRANGE`s (parts), so any page size works with any chunk size.
 //!
+//! A sequential stream is read ahead on a single server
+//! ([`RedisConfig::read_ahead`]): a fill that continues the previous one
+//! sends the request for the next range in the same write, so the
+//! server prepares it while the faulting window is installed; a
+//! write-back of this store started since makes it stale (dropped and
+//! read again).
+//!
 //! Chunk size: `faultline bench store --chunk 4096,16384,65536` measures
 //! them side by side; 64 KiB is the default (see the workspace README).
 //!
@@ -53,7 +60,7 @@
 mod resp;
 pub mod server;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -80,6 +87,17 @@ pub struct RedisConfig {
     pub command_timeout: Duration,
     /// Retries with backoff end this long after the first try. Default 5 s.
     pub deadline: Duration,
+    /// Stream read-ahead on a single server (default on): when a
+    /// one-range fill starts where the previous one on the same
+    /// connection (thread) ended, the request for the next range of the
+    /// same length goes out in the same write, so the server prepares it
+    /// while this one is installed; the next fill, if it is that range,
+    /// only reads replies already on their way. A fill elsewhere first
+    /// reads and drops them. A write-back started after (or running
+    /// when) the range was sent makes it stale: it is dropped and read
+    /// again, so a fill never returns bytes older than a finished
+    /// write-back of this store.
+    pub read_ahead: bool,
 }
 
 impl Default for RedisConfig {
@@ -90,6 +108,7 @@ impl Default for RedisConfig {
             connect_timeout: Duration::from_secs(1),
             command_timeout: Duration::from_secs(1),
             deadline: Duration::from_secs(5),
+            read_ahead: true,
         }
     }
 }
@@ -144,6 +163,12 @@ pub struct FillTiming {
     pub wait_ns: u64,
     /// Nanoseconds reading replies into the buffers.
     pub read_ns: u64,
+    /// Fills whose replies had been requested ahead
+    /// ([`RedisConfig::read_ahead`]).
+    pub ahead_hits: u64,
+    /// Fills requested ahead that were dropped unused (another range
+    /// came, or a write-back made them stale).
+    pub ahead_dropped: u64,
 }
 
 /// Failures outside the fault path (opening, `put`, `get`).
@@ -207,8 +232,42 @@ enum Target {
 }
 
 enum Conn {
-    Single(Box<RawConn>),
+    Single(Box<Single>),
     Cluster(Box<ClusterConnection>),
+}
+
+/// A single-server connection and its stream read-ahead (see
+/// [`RedisConfig::read_ahead`]).
+struct Single {
+    raw: RawConn,
+    /// Where the last one-range fill ended: a fill starting there
+    /// continues a stream.
+    last_end: Option<u64>,
+    /// Fills sent ahead whose replies are still unread, oldest first (at
+    /// most one).
+    ahead: VecDeque<Ahead>,
+}
+
+/// A fill sent ahead of its fault.
+struct Ahead {
+    offset: u64,
+    len: usize,
+    /// Replies it owes (one per piece).
+    replies: usize,
+    /// [`RedisStore`]'s write-backs started when it was sent.
+    writes: u64,
+}
+
+impl Single {
+    /// Reads and drops every reply still owed to fills sent ahead.
+    fn drain(&mut self) -> RedisResult<()> {
+        while let Some(a) = self.ahead.pop_front() {
+            for _ in 0..a.replies {
+                self.raw.skip_reply()?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One chunk's part of a fill: `len` bytes at `from` in chunk `chunk`,
@@ -237,7 +296,11 @@ pub struct RedisStore {
     info: StoreInfo,
     conns: Mutex<HashMap<ThreadId, Conn>>,
     /// [`FillTiming`]'s fields, in order.
-    timing: [AtomicU64; 5],
+    timing: [AtomicU64; 7],
+    /// Write-backs started and finished (ordered with the read-ahead:
+    /// see [`RedisConfig::read_ahead`]).
+    writes_started: AtomicU64,
+    writes_finished: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -320,6 +383,8 @@ impl RedisStore {
             },
             conns: Mutex::new(HashMap::new()),
             timing: Default::default(),
+            writes_started: AtomicU64::new(0),
+            writes_finished: AtomicU64::new(0),
         };
         store.info = store.read_meta()?;
         Ok(store)
@@ -340,6 +405,8 @@ impl RedisStore {
             send_ns: t(2),
             wait_ns: t(3),
             read_ns: t(4),
+            ahead_hits: t(5),
+            ahead_dropped: t(6),
         }
     }
 
@@ -444,6 +511,8 @@ impl RedisStore {
             cfg,
             conns: Mutex::new(HashMap::new()),
             timing: Default::default(),
+            writes_started: AtomicU64::new(0),
+            writes_finished: AtomicU64::new(0),
         };
         let meta = store.meta_key();
         let mut del = redis::cmd("DEL");
@@ -576,11 +645,15 @@ impl RedisStore {
 
     fn connect(&self) -> RedisResult<Conn> {
         match &self.target {
-            Target::Single(client) => Ok(Conn::Single(Box::new(RawConn::connect(
-                client.get_connection_info(),
-                self.cfg.connect_timeout,
-                self.cfg.command_timeout,
-            )?))),
+            Target::Single(client) => Ok(Conn::Single(Box::new(Single {
+                raw: RawConn::connect(
+                    client.get_connection_info(),
+                    self.cfg.connect_timeout,
+                    self.cfg.command_timeout,
+                )?,
+                last_end: None,
+                ahead: VecDeque::new(),
+            }))),
             Target::Cluster(client) => Ok(Conn::Cluster(Box::new(client.get_connection()?))),
         }
     }
@@ -645,21 +718,61 @@ impl RedisStore {
     ) -> RedisResult<Vec<PieceReply>> {
         let mut replies = Vec::with_capacity(pieces.len());
         match c {
-            Conn::Single(rc) => {
+            Conn::Single(sc) => {
+                let one = (ranges.len() == 1).then(|| (ranges[0].offset, ranges[0].buf.len()));
+                let started = self.writes_started.load(Ordering::SeqCst);
+                // This very fill may have been sent ahead.
+                let hit = match (one, sc.ahead.front()) {
+                    (Some((o, l)), Some(a)) => a.offset == o && a.len == l && a.writes == started,
+                    _ => false,
+                };
+                if hit {
+                    sc.ahead.pop_front();
+                    self.timing[5].fetch_add(1, Ordering::Relaxed);
+                } else if !sc.ahead.is_empty() {
+                    self.timing[6].fetch_add(sc.ahead.len() as u64, Ordering::Relaxed);
+                    sc.drain()?;
+                }
                 let mut key = String::new();
-                rc.wbuf.clear();
-                for p in pieces {
+                let mut pack = |raw: &mut RawConn, p: &Piece| {
                     key.clear();
                     write_chunk_key(&mut key, &self.name, self.info.group_chunks, p.chunk);
                     if p.whole {
-                        rc.pack(&[b"GET", key.as_bytes()]);
+                        raw.pack(&[b"GET", key.as_bytes()]);
                     } else {
                         let (a, b) = (p.from.to_string(), (p.from + p.len as u64 - 1).to_string());
-                        rc.pack(&[b"GETRANGE", key.as_bytes(), a.as_bytes(), b.as_bytes()]);
+                        raw.pack(&[b"GETRANGE", key.as_bytes(), a.as_bytes(), b.as_bytes()]);
+                    }
+                };
+                let rc = &mut sc.raw;
+                rc.wbuf.clear();
+                if !hit {
+                    pieces.iter().for_each(|p| pack(rc, p));
+                }
+                // A stream: the next range goes out now. Not while a
+                // write-back runs (its SET may land after these GETs).
+                if let Some((o, l)) = one.filter(|&(o, _)| hit || sc.last_end == Some(o)) {
+                    let next = o + l as u64;
+                    if self.cfg.read_ahead
+                        && next < self.info.len
+                        && started == self.writes_finished.load(Ordering::SeqCst)
+                    {
+                        let mut ahead = Vec::new();
+                        self.pieces_of(0, next, l, &mut ahead);
+                        ahead.iter().for_each(|p| pack(rc, p));
+                        sc.ahead.push_back(Ahead {
+                            offset: next,
+                            len: l,
+                            replies: ahead.len(),
+                            writes: started,
+                        });
                     }
                 }
+                sc.last_end = one.map(|(o, l)| o + l as u64);
                 let t0 = Instant::now();
-                rc.send()?;
+                if !rc.wbuf.is_empty() {
+                    rc.send()?;
+                }
                 let t1 = Instant::now();
                 rc.await_reply()?;
                 let t2 = Instant::now();
@@ -764,7 +877,9 @@ impl Conn {
     /// One request and its reply.
     fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
         match self {
-            Conn::Single(c) => {
+            Conn::Single(sc) => {
+                sc.drain()?;
+                let c = &mut sc.raw;
                 c.wbuf.clear();
                 cmd.write_packed_command(&mut c.wbuf);
                 c.send()?;
@@ -778,7 +893,9 @@ impl Conn {
     /// one pipeline.
     fn pipeline(&mut self, cmds: &[Cmd]) -> RedisResult<()> {
         match self {
-            Conn::Single(c) => {
+            Conn::Single(sc) => {
+                sc.drain()?;
+                let c = &mut sc.raw;
                 c.wbuf.clear();
                 cmds.iter()
                     .for_each(|cmd| cmd.write_packed_command(&mut c.wbuf));
@@ -895,7 +1012,11 @@ impl PageStore for RedisStore {
                 cmd
             })
             .collect();
-        self.with_conn(&self.chunk_key(first.chunk), |c| c.pipeline(&cmds))
-            .map_err(|f| self.remote(first.chunk, offset, f.cause))
+        self.writes_started.fetch_add(1, Ordering::SeqCst);
+        let res = self
+            .with_conn(&self.chunk_key(first.chunk), |c| c.pipeline(&cmds))
+            .map_err(|f| self.remote(first.chunk, offset, f.cause));
+        self.writes_finished.fetch_add(1, Ordering::SeqCst);
+        res
     }
 }

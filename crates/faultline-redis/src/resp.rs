@@ -329,6 +329,11 @@ impl RawConn {
         Ok(Bulk::Filled)
     }
 
+    /// Reads one whole reply and drops it.
+    pub(crate) fn skip_reply(&mut self) -> RedisResult<()> {
+        self.frame(&mut Vec::new())
+    }
+
     /// Reads one reply of any kind: its bytes are framed here and parsed
     /// by the `redis` crate. An error reply is a `Value::ServerError`.
     pub(crate) fn read_value(&mut self) -> RedisResult<Value> {

@@ -510,3 +510,61 @@ fn a_three_master_cluster_holds_keys_on_every_node() {
     faultline::PageStore::fill(&store, 777 * PS as u64, &mut page).unwrap();
     assert_eq!(page[0], !data[777 * PS]);
 }
+
+#[test]
+fn a_stream_is_read_ahead_and_a_write_back_makes_it_stale() {
+    use faultline::PageStore;
+    let _d = deadline(60);
+    let server = RedisServer::start().unwrap();
+    let url = server.store_url("ahead");
+    let data = pattern(1 << 20, 9);
+    put(&url, &data, quick());
+    let store = Arc::new(RedisStore::open_with(&url, quick()).unwrap());
+    let w = 64 * 1024;
+    let mut buf = vec![0u8; w];
+    let mut read = |store: &RedisStore, k: usize| {
+        store.fill((k * w) as u64, &mut buf).unwrap();
+        buf.clone()
+    };
+    // A stream: from the second window on, the next one goes out with
+    // each request; the third to the eighth were sent ahead.
+    for k in 0..8 {
+        assert!(read(&store, k) == data[k * w..(k + 1) * w], "window {k}");
+    }
+    let t = store.timing();
+    assert_eq!((t.calls, t.ahead_hits, t.ahead_dropped), (8, 6, 0), "{t:?}");
+    // The ninth is on its way; another thread (connection) writes a page
+    // of it back: what was read ahead is stale, dropped and read again.
+    let new = pattern(PS, 10);
+    let (s2, n2) = (store.clone(), new.clone());
+    std::thread::spawn(move || s2.write_back((8 * w + PS) as u64, &n2))
+        .join()
+        .unwrap()
+        .unwrap();
+    let got = read(&store, 8);
+    assert!(
+        got[PS..2 * PS] == new[..],
+        "the write-back, not the stale read-ahead"
+    );
+    assert!(got[..PS] == data[8 * w..8 * w + PS] && got[2 * PS..] == data[8 * w + 2 * PS..9 * w]);
+    let t = store.timing();
+    assert_eq!((t.ahead_hits, t.ahead_dropped), (6, 1), "{t:?}");
+    // The stream goes on; a jump elsewhere drops what was sent ahead.
+    assert!(read(&store, 9) == data[9 * w..10 * w]);
+    assert!(read(&store, 2) == data[2 * w..3 * w]);
+    let t = store.timing();
+    assert_eq!((t.ahead_hits, t.ahead_dropped), (7, 2), "{t:?}");
+    // Off: nothing is sent ahead.
+    let off = RedisStore::open_with(
+        &url,
+        RedisConfig {
+            read_ahead: false,
+            ..quick()
+        },
+    )
+    .unwrap();
+    for k in 0..4 {
+        assert!(read(&off, k)[..] == data[k * w..(k + 1) * w]);
+    }
+    assert_eq!(off.timing().ahead_hits, 0);
+}

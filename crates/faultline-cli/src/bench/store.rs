@@ -212,6 +212,8 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
                     acc.1.send_ns += t.send_ns;
                     acc.1.wait_ns += t.wait_ns;
                     acc.1.read_ns += t.read_ns;
+                    acc.1.ahead_hits += t.ahead_hits;
+                    acc.1.ahead_dropped += t.ahead_dropped;
                 }
                 None => file_ns.push(per_page),
             }
@@ -223,7 +225,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
         let m = median(&mut ns.clone());
         progress.suspend(|| {
             println!(
-                "  seq, {} KiB keys: redis {m:.0} ns/page (runs {}), {:.2}x the file store; fill time per page: send {:.0} ns, wait for the first reply byte {:.0} ns, read {:.0} ns ({} requests of {:.0} KiB)",
+                "  seq, {} KiB keys: redis {m:.0} ns/page (runs {}), {:.2}x the file store; fill time per page: send {:.0} ns, wait for the first reply byte {:.0} ns, read {:.0} ns ({} fills of {:.0} KiB, {} read ahead, {} read ahead and dropped)",
                 args.chunk[k] >> 10,
                 ns.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(" "),
                 m / seq_file_med,
@@ -232,6 +234,8 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
                 t.read_ns as f64 / pages_read,
                 t.calls,
                 t.bytes as f64 / t.calls.max(1) as f64 / 1024.0,
+                t.ahead_hits,
+                t.ahead_dropped,
             )
         });
         if k > 0 {
