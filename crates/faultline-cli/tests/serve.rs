@@ -98,22 +98,28 @@ impl Drop for Proc {
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// `faultline CMD --socket SOCK --mem MEM EXTRA...` of `dir`.
+fn command(dir: &Dir, cmd: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![cmd.into(), "--socket".into()];
+    args.push(dir.sock().to_str().unwrap().into());
+    args.push("--mem".into());
+    args.push(dir.path("mem").to_str().unwrap().into());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn start(dir: &Dir, name: &str, cmd: &str, extra: &[&str]) -> Proc {
+    let args = command(dir, cmd, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Proc::start(name, &args, &dir.path(&format!("{name}.err")))
+}
+
 fn serve(dir: &Dir, extra: &[&str]) -> Proc {
-    let sock = dir.sock();
-    let mem = dir.path("mem");
-    let mut args = vec![
-        "serve",
-        "--socket",
-        sock.to_str().unwrap(),
-        "--mem",
-        mem.to_str().unwrap(),
-        "--timeout",
-        "20",
-    ];
+    let mut args = vec!["--timeout", "20"];
     args.extend_from_slice(extra);
-    let p = Proc::start("serve", &args, &dir.path("serve.err"));
+    let p = start(dir, "serve", "serve", &args);
     let deadline = Instant::now() + WAIT;
-    while !sock.exists() {
+    while !dir.sock().exists() {
         assert!(Instant::now() < deadline, "serve never bound its socket");
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -121,17 +127,18 @@ fn serve(dir: &Dir, extra: &[&str]) -> Proc {
 }
 
 fn peer(dir: &Dir, name: &str, extra: &[&str]) -> Proc {
-    let sock = dir.sock();
-    let mem = dir.path("mem");
-    let mut args = vec![
-        "peer",
-        "--socket",
-        sock.to_str().unwrap(),
-        "--mem",
-        mem.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    Proc::start(name, &args, &dir.path(&format!("{name}.err")))
+    start(dir, name, "peer", extra)
+}
+
+/// Writes a working-set record of every page of the memory file.
+fn record_all(dir: &Dir, mem_bytes: usize) -> PathBuf {
+    let path = dir.path("all.txt");
+    let mut text = String::from("# faultline working set v1\n");
+    for off in (0..mem_bytes).step_by(4096) {
+        text.push_str(&format!("{off:#x}\n"));
+    }
+    std::fs::write(&path, text).unwrap();
+    path
 }
 
 fn text(dir: &Dir, f: &str) -> String {
@@ -242,28 +249,94 @@ fn removed_ranges_read_zeros() {
     assert!(log.contains("1 REMOVE events (512 pages)"), "{log}");
 }
 
-#[test]
-fn remove_storms_racing_faults_keep_every_byte_right() {
-    let dir = Dir::new("storm", 8 * MIB);
-    let mut s = serve(&dir, &["--peers", "2", "--threads", "2"]);
+/// Two peers dropping and re-reading a range (`--storm`) while their
+/// vCPUs fault, served by `faultline serve --peers 2 EXTRA`; every byte is
+/// checked by the peers. Returns serve's log.
+fn two_storming_peers(dir: &Dir, extra: &[&str]) -> String {
+    let mut args = vec!["--peers", "2"];
+    args.extend_from_slice(extra);
+    let mut s = serve(dir, &args);
     let mut a = peer(
-        &dir,
+        dir,
         "a",
         &["--storm", "40", "--working-set", "30", "--threads", "4"],
     );
     let mut b = peer(
-        &dir,
+        dir,
         "b",
         &["--storm", "40", "--working-set", "30", "--seed", "7"],
     );
-    assert_ok(&mut a, &dir);
-    assert_ok(&mut b, &dir);
-    assert_ok(&mut s, &dir);
-    let log = text(&dir, "serve.err");
+    assert_ok(&mut a, dir);
+    assert_ok(&mut b, dir);
+    assert_ok(&mut s, dir);
+    let log = text(dir, "serve.err");
     // The storm really raced: REMOVE events were read (whether a given run
     // also hit EAGAIN is timing; the bytes are checked either way).
     assert!(!log.contains(" 0 REMOVE events"), "{log}");
     eprintln!("{log}");
+    log
+}
+
+#[test]
+fn remove_storms_racing_faults_keep_every_byte_right() {
+    let dir = Dir::new("storm", 8 * MIB);
+    two_storming_peers(&dir, &["--threads", "2"]);
+}
+
+#[test]
+fn prefetch_helpers_racing_remove_storms_keep_every_byte_right() {
+    // Every page queued for prefetch, installed by the handler thread and
+    // a helper thread while both peers drop and re-read a range: the copy
+    // gate keeps the store's bytes out of every dropped range.
+    let dir = Dir::new("prefetch-storm", 8 * MIB);
+    let all = record_all(&dir, 8 * MIB);
+    let log = two_storming_peers(
+        &dir,
+        &[
+            "--prefetch",
+            all.to_str().unwrap(),
+            "--prefetch-helpers",
+            "1",
+        ],
+    );
+    assert!(!log.contains(" 0 prefetched"), "{log}");
+}
+
+#[test]
+fn eight_peers_restored_at_once_from_one_file_get_every_byte() {
+    // One handler, one memory file, eight peers at once (two handler
+    // threads, a prefetch helper): every byte of every peer compared.
+    let dir = Dir::new("eight", 8 * MIB);
+    let rec = record_all(&dir, 8 * MIB);
+    let mut s = serve(
+        &dir,
+        &[
+            "--peers",
+            "8",
+            "--threads",
+            "2",
+            "--prefetch",
+            rec.to_str().unwrap(),
+        ],
+    );
+    let mut peers: Vec<Proc> = (0..8)
+        .map(|i| {
+            let seed = (i + 1).to_string();
+            let name = format!("p{i}");
+            peer(
+                &dir,
+                &name,
+                &["--verify-all", "--threads", "2", "--seed", &seed],
+            )
+        })
+        .collect();
+    for p in &mut peers {
+        assert_ok(p, &dir);
+    }
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert_eq!(log.matches("hung up;").count(), 8, "{log}");
+    assert!(log.contains("all 8 peers served"), "{log}");
 }
 
 #[test]

@@ -65,12 +65,19 @@
 //! # Record and prefetch
 //! A peer built with [`ForeignOptions::record`] logs the store offset of
 //! every page in the order it first faulted ([`ForeignPeer::take_record`]).
-//! [`ForeignPeer::prefetch`] queues a set of store offsets: the store is
-//! told to read them ([`PageStore::will_need`], large sequential reads in
-//! the background) and the peer's handler thread installs them in runs of
-//! up to [`ForeignEngineConfig::prefetch_chunk_bytes`] per `UFFDIO_COPY`,
-//! one run at a time and only when no fault is waiting: demand faults
-//! always go first. Pages outside the set are served on demand.
+//! [`ForeignPeer::prefetch`] queues a set of store offsets in the order
+//! given (a record's first-touch order: the pages the peer needs first go
+//! first), as runs of contiguous set pages (holes are never bridged). The
+//! store is told to read them ([`PageStore::will_need`], large sequential
+//! reads in the background); [`prepare_store`] does that and maps them
+//! ([`PageStore::populate`]) ahead of any handshake. The peer's handler
+//! thread installs up to [`ForeignEngineConfig::prefetch_chunk_bytes`] of
+//! runs per poll round, after the faults read in that round: demand faults
+//! go first. [`ForeignEngineConfig::prefetch_helpers`] helper threads
+//! install runs beside it, each piece under the peer's copy gate (shared;
+//! the handler thread holds it exclusively while it reads events), so a
+//! REMOVE is never read while a helper copy is in flight. Pages outside the
+//! set are served on demand.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -78,7 +85,7 @@ use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::background::Background;
@@ -339,6 +346,17 @@ impl PageStore for RegionStore {
     fn will_need(&self, offset: u64, len: usize) {
         self.inner.will_need(self.base + offset, len)
     }
+    fn populate(&self, offset: u64, len: usize) {
+        self.inner.populate(self.base + offset, len)
+    }
+}
+
+/// Prefetch runs (region index, pages) waiting, and how many runs were
+/// taken out and are being installed.
+#[derive(Default)]
+struct PrefetchQueue {
+    runs: VecDeque<(usize, Range<usize>)>,
+    taken: usize,
 }
 
 struct ForeignRegion {
@@ -360,8 +378,16 @@ pub struct ForeignPeer {
     regions: Vec<ForeignRegion>,
     hangup: Option<OwnedFd>,
     record: Option<Mutex<Vec<u64>>>,
-    prefetch: Mutex<VecDeque<(usize, Range<usize>)>>,
+    /// Queued prefetch runs, and how many were taken out and are being
+    /// installed.
+    prefetch: Mutex<PrefetchQueue>,
     prefetch_pending: AtomicBool,
+    /// Held shared by prefetch helpers around each install, exclusively
+    /// by the peer's handler thread around each read of its userfaultfd
+    /// (and the REMOVE bookkeeping that follows): a REMOVE is never read
+    /// while a helper's copy is in flight, so none can put the store's
+    /// bytes into a range after the peer dropped it.
+    copy_gate: RwLock<()>,
     store: Arc<dyn PageStore>,
     stats: PeerCounters,
 }
@@ -475,8 +501,9 @@ impl ForeignPeer {
             regions,
             hangup: None,
             record: opts.record.then(|| Mutex::new(Vec::new())),
-            prefetch: Mutex::new(VecDeque::new()),
+            prefetch: Mutex::new(PrefetchQueue::default()),
             prefetch_pending: AtomicBool::new(false),
+            copy_gate: RwLock::new(()),
             store,
             stats: PeerCounters::default(),
         };
@@ -576,38 +603,54 @@ impl ForeignPeer {
     }
 
     /// Queues the pages at these store offsets for eager installation (see
-    /// the module docs). Offsets outside every region are ignored; returns
-    /// the number of pages queued.
+    /// the module docs), in the order given: a record lists pages in the
+    /// order they first faulted, so the pages the peer needs first are
+    /// installed first. Around each page not yet queued, the queue gets the
+    /// longest contiguous run of set pages not yet queued (one ioctl for a
+    /// cluster, whatever order its pages were touched in); holes between
+    /// set pages are never bridged (a page costs more to copy than an
+    /// ioctl). Offsets outside every region are ignored; returns the number
+    /// of pages queued.
     pub fn prefetch(&self, offsets: &[u64]) -> usize {
-        let mut pages: Vec<(usize, usize)> = Vec::with_capacity(offsets.len());
+        let counts: Vec<usize> = self.regions.iter().map(|r| r.state.pages.count()).collect();
+        let mut in_set: Vec<Vec<bool>> = counts.iter().map(|&n| vec![false; n]).collect();
+        let mut order: Vec<(usize, usize)> = Vec::with_capacity(offsets.len());
         for &off in offsets {
             for (i, r) in self.regions.iter().enumerate() {
                 let len = r.state.pages.len() as u64;
                 if off >= r.store_offset && off < r.store_offset + len {
-                    pages.push((
-                        i,
-                        r.state
-                            .pages
-                            .index(r.state.pages.base() + off - r.store_offset),
-                    ));
+                    let p = r
+                        .state
+                        .pages
+                        .index(r.state.pages.base() + off - r.store_offset);
+                    if !in_set[i][p] {
+                        in_set[i][p] = true;
+                        order.push((i, p));
+                    }
                 }
             }
         }
-        pages.sort_unstable();
-        pages.dedup();
-        // Runs, bridging small holes: installing a few pages outside the
-        // set costs less than another ioctl.
-        const BRIDGE: usize = 16;
+        let mut queued: Vec<Vec<bool>> = counts.iter().map(|&n| vec![false; n]).collect();
         let mut runs: VecDeque<(usize, Range<usize>)> = VecDeque::new();
-        for (i, p) in pages.iter().copied() {
-            match runs.back_mut() {
-                Some((ri, run)) if *ri == i && p <= run.end + BRIDGE => run.end = p + 1,
-                _ => runs.push_back((i, p..p + 1)),
+        for &(i, p) in &order {
+            if queued[i][p] {
+                continue;
             }
+            let (set, q) = (&in_set[i], &mut queued[i]);
+            let mut start = p;
+            while start > 0 && set[start - 1] && !q[start - 1] {
+                start -= 1;
+            }
+            let mut end = p + 1;
+            while end < counts[i] && set[end] && !q[end] {
+                end += 1;
+            }
+            q[start..end].fill(true);
+            runs.push_back((i, start..end));
         }
-        let n = pages.len();
-        // Ask the store to start reading every run now, in the background:
-        // the installs below then copy from the page cache.
+        // Ask the store to start reading every run now, in the background
+        // (a file: the kernel's large asynchronous reads), in the order the
+        // runs will be installed.
         let hints: Vec<(u64, usize)> = runs
             .iter()
             .map(|(i, run)| {
@@ -623,9 +666,10 @@ impl ForeignPeer {
             .name("faultline-prefetch-read".into())
             .spawn(move || hints.into_iter().for_each(|(o, l)| store.will_need(o, l)));
         let mut q = self.prefetch.lock().expect("prefetch queue");
-        q.extend(runs);
-        self.prefetch_pending.store(!q.is_empty(), Relaxed);
-        n
+        q.runs.extend(runs);
+        self.prefetch_pending
+            .store(!q.runs.is_empty() || q.taken > 0, Relaxed);
+        order.len()
     }
 
     /// Whether queued prefetch work remains.
@@ -690,7 +734,15 @@ pub struct ForeignEngineConfig {
     /// Bytes one prefetch step installs before the thread looks for
     /// faults again. Default 2 MiB.
     pub prefetch_chunk_bytes: usize,
+    /// Prefetch helper threads (shared by all peers) that install queued
+    /// prefetch runs beside the handler threads, in pieces of
+    /// [`PREFETCH_HELPER_PIECE`] bytes. Default 1.
+    pub prefetch_helpers: usize,
 }
+
+/// Bytes a prefetch helper installs per hold of a peer's copy gate (the
+/// longest its handler thread waits to read the peer's userfaultfd).
+pub const PREFETCH_HELPER_PIECE: usize = 256 << 10;
 
 impl Default for ForeignEngineConfig {
     fn default() -> Self {
@@ -699,6 +751,7 @@ impl Default for ForeignEngineConfig {
             scratch_bytes: 4 << 20,
             batch: 64,
             prefetch_chunk_bytes: 2 << 20,
+            prefetch_helpers: 1,
         }
     }
 }
@@ -756,6 +809,22 @@ struct Slot {
 pub struct ForeignEngine {
     slots: Vec<Arc<Slot>>,
     threads: Vec<Background>,
+    helpers: Vec<Background>,
+    work: Arc<Work>,
+}
+
+/// Wakes idle prefetch helpers.
+#[derive(Default)]
+struct Work {
+    generation: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Work {
+    fn notify(&self) {
+        *self.generation.lock().expect("work") += 1;
+        self.cv.notify_all();
+    }
 }
 
 impl std::fmt::Debug for ForeignEngine {
@@ -804,7 +873,30 @@ impl ForeignEngine {
             );
             slots.push(slot);
         }
-        Ok((ForeignEngine { slots, threads }, rx))
+        let work = Arc::new(Work::default());
+        let mut helpers = Vec::new();
+        for i in 0..cfg.prefetch_helpers {
+            let (slots, work, tx) = (slots.clone(), work.clone(), tx.clone());
+            let scratch = cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes());
+            helpers.push(
+                Background::spawn(format!("faultline-prefetch-{i}"), move |stop| {
+                    prefetch_helper(&slots, &work, &tx, scratch, stop)
+                })
+                .map_err(|source| ForeignError::Spawn {
+                    what: "a prefetch helper thread",
+                    source,
+                })?,
+            );
+        }
+        Ok((
+            ForeignEngine {
+                slots,
+                threads,
+                helpers,
+                work,
+            },
+            rx,
+        ))
     }
 
     /// Starts serving `peer` (on the least loaded thread).
@@ -818,6 +910,9 @@ impl ForeignEngine {
         slot.peers.lock().expect("peers").push(peer.clone());
         slot.changed.store(true, Relaxed);
         slot.wake.notify();
+        if peer.prefetch_pending() {
+            self.work.notify();
+        }
         peer
     }
 
@@ -847,10 +942,135 @@ impl ForeignEngine {
 
 impl Drop for ForeignEngine {
     fn drop(&mut self) {
+        for h in &mut self.helpers {
+            h.stop(|| self.work.notify());
+        }
         for (t, s) in self.threads.iter_mut().zip(&self.slots) {
             t.stop(|| s.wake.notify());
         }
     }
+}
+
+/// A prefetch helper: installs pieces of the queues of peers with prefetch
+/// pending (under each peer's copy gate), sleeps while there are none.
+fn prefetch_helper(
+    slots: &[Arc<Slot>],
+    work: &Work,
+    tx: &Sender<PeerEvent>,
+    scratch: usize,
+    stop: &crate::background::StopFlag,
+) {
+    let mut scratch = vec![0u8; scratch];
+    while !stop.is_set() {
+        let seen = *work.generation.lock().expect("work");
+        let pending: Vec<Arc<ForeignPeer>> = slots
+            .iter()
+            .flat_map(|s| {
+                s.peers
+                    .lock()
+                    .expect("peers")
+                    .iter()
+                    .filter(|p| p.prefetch_pending())
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if pending.is_empty() {
+            let g = work.generation.lock().expect("work");
+            if *g == seen {
+                let _ = work
+                    .cv
+                    .wait_timeout(g, Duration::from_millis(IDLE_MS as u64))
+                    .expect("work");
+            }
+            continue;
+        }
+        let mut blocked = false;
+        for p in &pending {
+            let _gate = p.copy_gate.read().expect("copy gate");
+            blocked |= prefetch_chunk(p, PREFETCH_HELPER_PIECE, &mut scratch, tx);
+        }
+        if blocked {
+            // An event is pending on some peer: its handler thread reads it.
+            std::thread::sleep(BACKOFF_MIN);
+        }
+    }
+}
+
+/// Installs up to `budget` bytes of `p`'s prefetch queue, over as many
+/// queued runs as it takes; reports `PrefetchDone` when the queue runs
+/// dry. Returns whether a pending event (EAGAIN) stopped it.
+fn prefetch_chunk(
+    p: &Arc<ForeignPeer>,
+    mut budget: usize,
+    scratch: &mut [u8],
+    tx: &Sender<PeerEvent>,
+) -> bool {
+    let mut blocked = false;
+    while budget > 0 && !blocked {
+        let next = {
+            let mut q = p.prefetch.lock().expect("prefetch queue");
+            let next = q.runs.pop_front();
+            q.taken += usize::from(next.is_some());
+            next
+        };
+        let Some((ri, run)) = next else { break };
+        let r = &p.regions[ri].state;
+        let ps = r.pages.size().bytes();
+        let take = run.start..(run.start + (budget / ps).max(1)).min(run.end);
+        budget = budget.saturating_sub(take.len() * ps);
+        let page;
+        (page, blocked) = install_run(p, r, take, scratch);
+        let mut q = p.prefetch.lock().expect("prefetch queue");
+        q.taken -= 1;
+        if page < run.end {
+            q.runs.push_front((ri, page..run.end));
+        }
+    }
+    // Done when nothing is queued and no run is being installed (by
+    // another prefetcher).
+    let done = {
+        let q = p.prefetch.lock().expect("prefetch queue");
+        q.runs.is_empty() && q.taken == 0
+    };
+    if done && p.prefetch_pending.swap(false, Relaxed) {
+        let _ = tx.send(PeerEvent::PrefetchDone { peer: p.clone() });
+    }
+    blocked
+}
+
+/// Installs the absent pages of `take`; returns where it stopped and
+/// whether a pending event (EAGAIN) stopped it.
+fn install_run(
+    p: &ForeignPeer,
+    r: &RegionState,
+    take: Range<usize>,
+    scratch: &mut [u8],
+) -> (usize, bool) {
+    let mut page = take.start;
+    while page < take.end {
+        if r.residency.get(page) != PageState::Absent {
+            page += 1;
+            continue;
+        }
+        let origin = Origin::Populate(page..take.end);
+        match resolve(r, page, Access::WRITE, &origin, scratch) {
+            Resolution::Resolved => {
+                // The run it installed: the pages from here that are now
+                // present (queued runs never overlap, so no other
+                // prefetcher installs these).
+                let start = page;
+                while page < take.end && r.residency.get(page) != PageState::Absent {
+                    page += 1;
+                }
+                p.stats.prefetched.fetch_add((page - start) as u64, Relaxed);
+                p.stats.prefetch_ioctls.fetch_add(1, Relaxed);
+            }
+            Resolution::Retry => return (page, true),
+            _ => page += 1,
+        }
+    }
+    (page, false)
 }
 
 /// A fault put aside after EAGAIN.
@@ -1022,6 +1242,9 @@ impl Worker {
     /// a batch).
     fn serve(&mut self, p: &Arc<ForeignPeer>) -> Verdict {
         loop {
+            // No helper copy in flight while events are read and recorded
+            // (see `ForeignPeer::copy_gate`).
+            let gate = p.copy_gate.write().expect("copy gate");
             let n = match p.uffd.uffd.read_msgs(&mut self.msgs) {
                 Ok(n) => n,
                 Err(e) => return Verdict::Drop(format!("reading its userfaultfd: {e}")),
@@ -1038,6 +1261,7 @@ impl Worker {
                     }
                 }
             }
+            drop(gate);
             for i in 0..n {
                 if let Msg::PageFault { addr, flags, .. } = self.msgs[i].decode() {
                     if let Verdict::Drop(e) = self.on_fault(p, addr, flags) {
@@ -1154,56 +1378,18 @@ impl Worker {
         }
     }
 
-    /// Installs up to one chunk of one peer's prefetch queue.
+    /// Installs up to one chunk of one peer's prefetch queue (its handler
+    /// thread: no copy gate needed, it is the one reading the events).
     fn prefetch_step(&mut self) {
         let n = self.peers.len();
         for k in 0..n {
             let i = (self.next_prefetch + k) % n;
             let p = self.peers[i].clone();
-            if !p.prefetch_pending() {
-                continue;
-            }
-            self.next_prefetch = i + 1;
-            let Some((ri, run)) = p.prefetch.lock().expect("prefetch queue").pop_front() else {
-                p.prefetch_pending.store(false, Relaxed);
-                let _ = self.tx.send(PeerEvent::PrefetchDone { peer: p.clone() });
+            if p.prefetch_pending() {
+                self.next_prefetch = i + 1;
+                prefetch_chunk(&p, self.chunk, &mut self.scratch, &self.tx);
                 return;
-            };
-            let r = &p.regions[ri].state;
-            let max = (self.chunk >> r.pages.size().shift()).max(1);
-            let take = run.start..(run.start + max).min(run.end);
-            let mut page = take.start;
-            while page < take.end {
-                if r.residency.get(page) != PageState::Absent {
-                    page += 1;
-                    continue;
-                }
-                let before = r.stats.installed.load(Relaxed);
-                let origin = Origin::Populate(page..take.end);
-                match resolve(r, page, Access::WRITE, &origin, &mut self.scratch) {
-                    Resolution::Resolved => {
-                        let n = r.stats.installed.load(Relaxed) - before;
-                        p.stats.prefetched.fetch_add(n, Relaxed);
-                        p.stats.prefetch_ioctls.fetch_add(1, Relaxed);
-                        page += 1;
-                    }
-                    Resolution::Retry => {
-                        // An event is pending: read it first, then go on
-                        // from here.
-                        break;
-                    }
-                    _ => page += 1,
-                }
             }
-            let mut q = p.prefetch.lock().expect("prefetch queue");
-            if page < run.end {
-                q.push_front((ri, page..run.end));
-            }
-            if q.is_empty() {
-                p.prefetch_pending.store(false, Relaxed);
-                let _ = self.tx.send(PeerEvent::PrefetchDone { peer: p.clone() });
-            }
-            return;
         }
     }
 }
@@ -1226,4 +1412,37 @@ fn on_remove(p: &ForeignPeer, start: u64, end: u64) {
             .set_range(pages.clone(), PageState::Absent);
         p.stats.removed_pages.fetch_add(pages.len() as u64, Relaxed);
     }
+}
+
+/// Gets `store` ready for the installs of a recorded working set before
+/// any peer connects: the pages at `offsets` (store offsets of pages of
+/// `page_bytes`) are coalesced into ranges (holes of up to 16 pages
+/// bridged: reading a little more is cheaper than another request), the
+/// store is asked to read them all ([`PageStore::will_need`]: for a file,
+/// the kernel's large asynchronous reads, all queued at once), then to map
+/// them ([`PageStore::populate`]), so a copy into a peer never waits for
+/// the disk nor faults on its source. Blocking: run it on a thread of its
+/// own. Returns the bytes prepared.
+pub fn prepare_store(store: &dyn PageStore, offsets: &[u64], page_bytes: u64) -> u64 {
+    const BRIDGE: u64 = 16;
+    let mut sorted: Vec<u64> = offsets
+        .iter()
+        .map(|o| o / page_bytes * page_bytes)
+        .collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for o in sorted {
+        match ranges.last_mut() {
+            Some((_, end)) if o <= *end + BRIDGE * page_bytes => *end = o + page_bytes,
+            _ => ranges.push((o, o + page_bytes)),
+        }
+    }
+    for &(s, e) in &ranges {
+        store.will_need(s, (e - s) as usize);
+    }
+    for &(s, e) in &ranges {
+        store.populate(s, (e - s) as usize);
+    }
+    ranges.iter().map(|(s, e)| e - s).sum()
 }

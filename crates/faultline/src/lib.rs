@@ -93,7 +93,7 @@ pub use evict::{EvictionConfig, EvictionStats};
 pub use fault::report::StackWriter;
 pub use fault::RegionStats;
 pub use foreign::{
-    ForeignEngine, ForeignEngineConfig, ForeignError, ForeignOptions, ForeignPeer,
+    prepare_store, ForeignEngine, ForeignEngineConfig, ForeignError, ForeignOptions, ForeignPeer,
     ForeignRegionSpec, ForeignUffd, PeerEvent, PeerStats,
 };
 pub use page::{MemoryKind, PageSize, ResolveOp};

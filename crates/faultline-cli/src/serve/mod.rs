@@ -74,6 +74,11 @@ pub struct ServeArgs {
     /// demand.
     #[arg(long)]
     pub prefetch: Option<PathBuf>,
+    /// Prefetch helper threads beside the handler threads (each installs
+    /// queued prefetch runs of any peer, under that peer's copy gate).
+    /// Default 1 (0: the handler threads alone).
+    #[arg(long, default_value_t = 1)]
+    pub prefetch_helpers: usize,
     /// Kill a peer (SIGKILL, pid from SO_PEERCRED) when serving it fails or
     /// its handshake is refused: its vCPUs would otherwise hang.
     #[arg(long)]
@@ -152,9 +157,27 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         kind,
         ForeignEngineConfig {
             threads: args.threads.max(1),
+            prefetch_helpers: args.prefetch_helpers,
             ..Default::default()
         },
     )?;
+    let store: Arc<dyn PageStore> = Arc::new(store);
+    if let Some(offs) = &prefetch {
+        // The recorded set is known before any peer connects: read it and
+        // map it now, so installs after a handshake only copy.
+        let (store, offs) = (store.clone(), offs.clone());
+        std::thread::Builder::new()
+            .name("faultline-prepare".into())
+            .spawn(move || {
+                let t = Instant::now();
+                let bytes = faultline::prepare_store(&*store, &offs, 4096);
+                say(format_args!(
+                    "prepared the recorded set: {} MiB of the memory file read and mapped in {:.1} ms",
+                    bytes >> 20,
+                    t.elapsed().as_secs_f64() * 1e3
+                ));
+            })?;
+    }
     let _ = std::fs::remove_file(&args.socket);
     let listener = UnixListener::bind(&args.socket)
         .with_context(|| format!("binding {}", args.socket.display()))?;
@@ -167,7 +190,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
     let shared = Arc::new(Shared {
         args: args.clone(),
-        store: Arc::new(store),
+        store,
         store_len,
         engine,
         prefetch,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{PageCacheFile, PageStore, StoreError};
 use crate::page::PageSize;
-use crate::sys::mem::{is_tmpfs, pread_full, pwrite_all, willneed, Mapping};
+use crate::sys::mem::{is_tmpfs, pread_full, pwrite_all, willneed, Advice, Mapping};
 use crate::sys::Errno;
 
 /// How a [`FileStore`] reads.
@@ -142,6 +142,15 @@ impl PageStore for FileStore {
         let end = offset.saturating_add(len as u64).min(self.len);
         if end > start {
             let _ = willneed(m.addr() + start, (end - start) as usize);
+        }
+    }
+
+    fn populate(&self, offset: u64, len: usize) {
+        let Some(m) = self.map.as_ref() else { return };
+        let start = offset.min(self.len) & !(PageSize::BASE.bytes() as u64 - 1);
+        let end = offset.saturating_add(len as u64).min(self.len);
+        if end > start {
+            let _ = m.advise(start as usize, (end - start) as usize, Advice::PopulateRead);
         }
     }
     fn page_cache(&self) -> Option<PageCacheFile<'_>> {

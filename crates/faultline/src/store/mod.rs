@@ -165,6 +165,13 @@ pub trait PageStore: Send + Sync + 'static {
     /// cache's read-ahead) does. The default does nothing.
     fn will_need(&self, _offset: u64, _len: usize) {}
 
+    /// Makes `len` bytes at `offset` ready to be copied from without
+    /// waiting or faulting: a store with a zero-copy view maps them into
+    /// its page tables now (a file: `MADV_POPULATE_READ`, which reads what
+    /// is not cached yet). Blocking; run it ahead of time, off the fault
+    /// path. The default does nothing.
+    fn populate(&self, _offset: u64, _len: usize) {}
+
     /// Whether every page reads as zeros (lets the runtime use
     /// `UFFDIO_ZEROPAGE` and skip copies).
     fn is_zero(&self) -> bool {
