@@ -34,6 +34,7 @@ pub mod random;
 #[allow(dead_code)]
 pub mod report;
 pub mod restore;
+mod restore_floor;
 #[allow(dead_code)]
 pub mod stats;
 pub mod store;

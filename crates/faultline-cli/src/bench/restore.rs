@@ -32,6 +32,7 @@ use faultline::sys::sock::{self, events, PollFd};
 use faultline::sys::uffd::{Msg, Outcome, Uffd, UffdMsg};
 
 use super::report::{fmt_ratio, print_table, Record};
+use super::restore_floor;
 use super::stats::Summary;
 use super::BenchCtx;
 use crate::peer::PeerReport;
@@ -56,6 +57,17 @@ pub struct RestoreArgs {
     /// temporary directory in /tmp, removed afterwards.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Configurations to run (the ratios need kernel, baseline and
+    /// on-demand). Default: all.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kernel,baseline,on-demand,prefetch,eager"
+    )]
+    pub configs: Vec<String>,
+    /// Page-cache states to run. Default: warm,cold.
+    #[arg(long, value_delimiter = ',', default_value = "warm,cold")]
+    pub cache: Vec<String>,
 }
 
 const CONFIGS: [&str; 5] = ["kernel", "baseline", "on-demand", "prefetch", "eager"];
@@ -86,6 +98,19 @@ pub fn run(ctx: &mut BenchCtx, a: &RestoreArgs) -> anyhow::Result<()> {
 }
 
 fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()> {
+    for c in &a.configs {
+        if !CONFIGS.contains(&c.as_str()) {
+            bail!(
+                "unknown configuration {c:?} (known: {})",
+                CONFIGS.join(", ")
+            );
+        }
+    }
+    for c in &a.cache {
+        if c != "warm" && c != "cold" {
+            bail!("unknown cache state {c:?} (warm, cold)");
+        }
+    }
     let mem = dir.join("mem");
     eprintln!("restore: writing a {} MiB memory file", a.size >> 20);
     write_mem(&mem, a.size)?;
@@ -94,25 +119,29 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     crate::serve::record::write(&all, &offs)?;
     let root = is_root();
     println!(
-        "\nrestore: {} MiB memory file, {} vCPU threads, {} reps; cold cache: posix_fadvise(DONTNEED){}",
+        "\nrestore: {} MiB memory file, {} vCPU threads, {} reps (medians); cold cache: posix_fadvise(DONTNEED){}",
         a.size >> 20,
         a.vcpus,
         a.reps,
         if root { " + drop_caches" } else { " (not root: drop_caches skipped)" }
     );
-    let steps = (a.working_set.len() * 2 * CONFIGS.len() * a.reps) as u64;
+    let steps = (a.working_set.len() * a.cache.len() * a.configs.len() * a.reps) as u64;
     let mut progress = ctx.progress(steps, "restore");
     let mut rows = Vec::new();
+    let mut floors = Vec::new();
     for &ws in &a.working_set {
         let rec = dir.join(format!("ws{ws}.txt"));
         warm(&mem)?;
+        let ws_bytes = ((a.size as f64 * ws / 100.0) as usize).max(2 << 20);
+        let floor = progress.suspend(|| restore_floor::measure(&mem, ws_bytes, 2 << 20))?;
+        floors.push((ws, floor));
         record(a, dir, &mem, ws, &rec)?;
-        for cold in [false, true] {
-            let cache = if cold { "cold" } else { "warm" };
+        for cache in &a.cache {
+            let cold = cache == "cold";
             let mut medians: Vec<(String, Run)> = Vec::new();
-            for cfg in CONFIGS {
+            for cfg in &a.configs {
                 let mut runs = Vec::new();
-                for rep in 0..a.reps {
+                for rep in 0..a.reps.max(1) {
                     progress.step(&format!("ws {ws}% {cache} {cfg} {rep}"));
                     if cold {
                         drop_cache(&mem, root)?;
@@ -135,53 +164,63 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                 };
                 medians.push((cfg.to_string(), m));
             }
-            let get = |n: &str| &medians.iter().find(|m| m.0 == n).expect("config").1;
+            let get = |n: &str| medians.iter().find(|m| m.0 == n).map(|m| &m.1);
+            let ratio = |x: Option<&Run>, m: &Run| x.map(|x| x.seconds / m.seconds);
+            let show = |r: Option<f64>| r.map_or("-".to_string(), fmt_ratio);
             let (base, kern, dem) = (get("baseline"), get("kernel"), get("on-demand"));
             for (cfg, m) in &medians {
                 let s = Summary::from_ns(&mut [m.median_ns]);
-                ctx.report.push(
-                    Record::new("restore", cfg, "COPY", "read", &s)
-                        .with("working_set_pct", ws)
-                        .with("cache", cache)
-                        .with("seconds", m.seconds)
-                        .with("vcpu_median_ns", m.median_ns)
-                        .with("vcpu_p99_ns", m.p99_ns)
-                        .with("demand_faults", m.faults)
-                        .with("bytes_read", m.bytes_read)
-                        .with("speedup_vs_baseline", base.seconds / m.seconds)
-                        .with("speedup_vs_kernel", kern.seconds / m.seconds),
-                );
+                let mut rec = Record::new("restore", cfg, "COPY", "read", &s)
+                    .with("working_set_pct", ws)
+                    .with("cache", cache.as_str())
+                    .with("reps", a.reps as u64)
+                    .with("seconds", m.seconds)
+                    .with("vcpu_median_ns", m.median_ns)
+                    .with("vcpu_p99_ns", m.p99_ns)
+                    .with("demand_faults", m.faults)
+                    .with("bytes_read", m.bytes_read);
+                if let Some(r) = ratio(base, m) {
+                    rec = rec.with("speedup_vs_baseline", r);
+                }
+                if let Some(r) = ratio(kern, m) {
+                    rec = rec.with("speedup_vs_kernel", r);
+                }
+                if let Some(r) = ratio(dem, m) {
+                    rec = rec.with("speedup_vs_on_demand", r);
+                }
+                ctx.report.push(rec);
                 rows.push(vec![
                     format!("{ws}%"),
-                    cache.to_string(),
+                    cache.clone(),
                     cfg.clone(),
                     format!("{:.1}", m.seconds * 1e3),
                     format!("{:.1}", m.median_ns / 1e3),
                     format!("{:.1}", m.p99_ns / 1e3),
                     m.faults.to_string(),
                     format!("{}", m.bytes_read >> 20),
-                    fmt_ratio(base.seconds / m.seconds),
-                    fmt_ratio(kern.seconds / m.seconds),
-                    fmt_ratio(dem.seconds / m.seconds),
+                    show(ratio(base, m)),
+                    show(ratio(kern, m)),
+                    show(ratio(dem, m)),
                 ]);
             }
-            let pre = get("prefetch");
-            rows.push(vec![
-                format!("{ws}%"),
-                cache.to_string(),
-                "REAP (paper)".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                format!(
-                    "ours: -{:.0}% (REAP -97%)",
-                    100.0 * (1.0 - pre.faults as f64 / dem.faults.max(1) as f64)
-                ),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                format!("ours {} (REAP 3.70x)", fmt_ratio(dem.seconds / pre.seconds)),
-            ]);
+            if let (Some(pre), Some(dem)) = (get("prefetch"), dem) {
+                rows.push(vec![
+                    format!("{ws}%"),
+                    cache.clone(),
+                    "REAP (paper)".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    format!(
+                        "ours: -{:.0}% (REAP -97%)",
+                        100.0 * (1.0 - pre.faults as f64 / dem.faults.max(1) as f64)
+                    ),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    format!("ours {} (REAP 3.70x)", fmt_ratio(dem.seconds / pre.seconds)),
+                ]);
+            }
         }
     }
     progress.finish();
@@ -204,7 +243,47 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     println!(
         "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read)"
     );
+    print_floors(ctx, &floors);
     Ok(())
+}
+
+/// The copy floor per working set: what moving its bytes costs at best.
+fn print_floors(ctx: &mut BenchCtx, floors: &[(f64, restore_floor::Floor)]) {
+    let ms = |bytes: usize, bps: f64| format!("{:.1}", bytes as f64 / bps * 1e3);
+    let gbs = |bps: f64| format!("{:.2}", bps / 1e9);
+    let mut rows = Vec::new();
+    for (ws, f) in floors {
+        let cases = [
+            ("memcpy", f.memcpy_bps),
+            ("MADV_POPULATE_READ of the source", f.populate_bps),
+            ("UFFDIO_COPY, source populated", f.copy_populated_bps),
+            ("UFFDIO_COPY, source not populated", f.copy_unpopulated_bps),
+            ("UFFDIO_COPY, populated, 2 threads", f.copy_populated_2t_bps),
+            ("UFFDIO_COPY, populated, 4 KiB per ioctl", f.copy_page_bps),
+        ];
+        for (what, bps) in cases {
+            let s = Summary::from_ns(&mut [f.bytes as f64 / bps * 1e9]);
+            ctx.report.push(
+                Record::new("restore-floor", what, "COPY", "read", &s)
+                    .with("working_set_pct", *ws)
+                    .with("bytes", f.bytes as u64)
+                    .with("run_bytes", f.run_bytes as u64)
+                    .with("bytes_per_second", bps),
+            );
+            rows.push(vec![
+                format!("{ws}%"),
+                what.to_string(),
+                format!("{}", f.bytes >> 20),
+                gbs(bps),
+                ms(f.bytes, bps),
+            ]);
+        }
+    }
+    print_table(
+        &["ws", "floor (warm, one process)", "MiB", "GB/s", "ms"],
+        &rows,
+    );
+    println!("(the working set's bytes moved in 2 MiB runs: the least any copying handler spends)");
 }
 
 fn is_root() -> bool {

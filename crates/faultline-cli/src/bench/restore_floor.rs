@@ -1,0 +1,123 @@
+//! The floor under any copying restore handler on this machine: how fast
+//! the working set's bytes can be moved at all, measured in the same run
+//! as `bench restore` (see `restore.rs`).
+//!
+//! * `memcpy`: the working set's bytes copied from a mapping of the
+//!   memory file into anonymous memory already faulted in (the pure
+//!   memory-bandwidth floor, no page allocation);
+//! * `UFFDIO_COPY`, source populated: a userfaultfd of this process, an
+//!   anonymous region registered MISSING, the working set's bytes
+//!   installed in runs from the file mapping whose page tables were filled
+//!   first (`MADV_POPULATE_READ`): allocation, copy and mapping of each
+//!   destination page, no source faults;
+//! * `UFFDIO_COPY`, source not populated: the same with the source's page
+//!   tables empty (each source page costs a minor fault of this process);
+//! * two threads splitting the populated case.
+//!
+//! Everything runs warm (the file is in the page cache).
+
+use std::path::Path;
+use std::time::Instant;
+
+use faultline::sys::mem::{Advice, Mapping};
+use faultline::sys::uffd::{self, mode, register_mode, Outcome};
+
+/// Throughputs measured, bytes per second.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Floor {
+    /// Bytes moved per case.
+    pub bytes: usize,
+    /// Bytes per UFFDIO_COPY.
+    pub run_bytes: usize,
+    /// memcpy into faulted-in anonymous memory.
+    pub memcpy_bps: f64,
+    /// UFFDIO_COPY from a populated source, one thread.
+    pub copy_populated_bps: f64,
+    /// UFFDIO_COPY from an unpopulated source, one thread.
+    pub copy_unpopulated_bps: f64,
+    /// UFFDIO_COPY from a populated source, two threads.
+    pub copy_populated_2t_bps: f64,
+    /// MADV_POPULATE_READ of the source (what preparing it costs).
+    pub populate_bps: f64,
+    /// UFFDIO_COPY one 4 KiB page per ioctl, populated source, one thread.
+    pub copy_page_bps: f64,
+}
+
+/// Measures the floor for `bytes` of `mem` (warm), in runs of `run_bytes`.
+pub fn measure(mem: &Path, bytes: usize, run_bytes: usize) -> anyhow::Result<Floor> {
+    let file = std::fs::File::open(mem)?;
+    let len = (file.metadata()?.len() as usize).min(bytes) / run_bytes * run_bytes;
+    anyhow::ensure!(len > 0, "the memory file is smaller than one run");
+    let mut f = Floor {
+        bytes: len,
+        run_bytes,
+        ..Floor::default()
+    };
+    // memcpy: destination faulted in first, source populated.
+    {
+        let src = Mapping::file_readonly(&file, len, 0)?;
+        src.advise(0, len, Advice::PopulateRead)?;
+        let dst = Mapping::anon(len)?;
+        dst.advise(0, len, Advice::PopulateWrite)?;
+        let t = Instant::now();
+        // SAFETY: both mappings are live and `len` bytes long; they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), len) };
+        f.memcpy_bps = len as f64 / t.elapsed().as_secs_f64();
+    }
+    let copy = |populate: bool, threads: usize, run_bytes: usize| -> anyhow::Result<(f64, f64)> {
+        let src = Mapping::file_readonly(&file, len, 0)?;
+        let mut populate_bps = 0.0;
+        if populate {
+            let t = Instant::now();
+            src.advise(0, len, Advice::PopulateRead)?;
+            populate_bps = len as f64 / t.elapsed().as_secs_f64();
+        }
+        let dst = Mapping::anon(len)?;
+        dst.advise(0, len, Advice::NoHugePage)?;
+        let u = match uffd::dev_userfaultfd(uffd::open_flags(true)) {
+            Ok(u) => u,
+            Err(_) => uffd::syscall_userfaultfd(uffd::open_flags(true))?,
+        };
+        u.api(0)?;
+        u.register(dst.addr(), len as u64, register_mode::MISSING)?;
+        let runs = len / run_bytes;
+        let (u, s, d) = (&u, src.addr(), dst.addr());
+        let t = Instant::now();
+        std::thread::scope(|sc| -> anyhow::Result<()> {
+            let hs: Vec<_> = (0..threads)
+                .map(|k| {
+                    sc.spawn(move || -> anyhow::Result<()> {
+                        for i in (k..runs).step_by(threads) {
+                            let off = (i * run_bytes) as u64;
+                            // SAFETY: the source run lies inside the live file mapping.
+                            let out = unsafe {
+                                u.copy(
+                                    d + off,
+                                    (s + off) as *const u8,
+                                    run_bytes as u64,
+                                    mode::COPY_DONTWAKE,
+                                )
+                            }?;
+                            anyhow::ensure!(
+                                matches!(out, Outcome::Done(n) if n == run_bytes),
+                                "UFFDIO_COPY: {out:?}"
+                            );
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("copy thread panicked"))??;
+            }
+            Ok(())
+        })?;
+        Ok((len as f64 / t.elapsed().as_secs_f64(), populate_bps))
+    };
+    (f.copy_populated_bps, f.populate_bps) = copy(true, 1, run_bytes)?;
+    f.copy_unpopulated_bps = copy(false, 1, run_bytes)?.0;
+    f.copy_populated_2t_bps = copy(true, 2, run_bytes)?.0;
+    f.copy_page_bps = copy(true, 1, 4096)?.0;
+    Ok(f)
+}
