@@ -458,3 +458,61 @@ fn record_then_prefetch_gives_identical_bytes() {
     assert!(log.contains(&format!("prefetching {pages} pages")), "{log}");
     assert!(!log.contains(" 0 prefetched"), "{log}");
 }
+
+#[test]
+fn a_snapshot_in_redis_is_served_byte_for_byte() {
+    let dir = Dir::new("redis", 8 * MIB);
+    let server = faultline_redis::server::RedisServer::start().unwrap();
+    let url = server.store_url("snap");
+    let mut put = Proc::start(
+        "put",
+        &["store", "put", dir.path("mem").to_str().unwrap(), &url],
+        &dir.path("put.err"),
+    );
+    assert_ok(&mut put, &dir);
+    let sock = dir.sock();
+    let mut s = Proc::start(
+        "serve",
+        &[
+            "serve",
+            "--socket",
+            sock.to_str().unwrap(),
+            "--store",
+            &url,
+            "--timeout",
+            "20",
+            "--peers",
+            "1",
+        ],
+        &dir.path("serve.err"),
+    );
+    let deadline = Instant::now() + WAIT;
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "serve never bound its socket");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut p = peer(&dir, "peer", &["--verify-all", "--threads", "2"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert!(log.contains(&format!("peers of {url}")), "{log}");
+    assert_eq!(log.matches("hung up;").count(), 1, "{log}");
+    // A store that was never put is refused at start, by name.
+    let mut bad = Proc::start(
+        "bad",
+        &[
+            "serve",
+            "--socket",
+            dir.path("bad.sock").to_str().unwrap(),
+            "--store",
+            &server.store_url("nothing"),
+        ],
+        &dir.path("bad.err"),
+    );
+    assert!(!bad.wait(WAIT).success());
+    assert!(
+        text(&dir, "bad.err").contains("no store named"),
+        "{}",
+        text(&dir, "bad.err")
+    );
+}

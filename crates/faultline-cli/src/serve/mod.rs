@@ -43,8 +43,16 @@ pub struct ServeArgs {
     #[arg(long)]
     pub socket: PathBuf,
     /// The snapshot's memory file (the regions' bytes, back to back).
-    #[arg(long)]
-    pub mem: PathBuf,
+    #[arg(long, required_unless_present = "store")]
+    pub mem: Option<PathBuf>,
+    /// Read the snapshot's bytes from a remote store instead of --mem:
+    /// `redis://HOST:PORT#NAME`, `redis+unix:///PATH#NAME` or
+    /// `redis-cluster://HOST:PORT,...#NAME`, uploaded with `faultline
+    /// store put MEMFILE URL`. The handler threads read it in batches;
+    /// a page the store fails to give is never zeros (the peer's fault is
+    /// not resolved and the peer is dropped, see --kill-peer-on-error).
+    #[arg(long, conflicts_with = "mem")]
+    pub store: Option<String>,
     /// Exit with an error when no peer is connected for this many seconds
     /// (at start, and whenever every peer has gone). Default 30.
     #[arg(long, default_value_t = 30.0)]
@@ -142,12 +150,32 @@ fn say(msg: std::fmt::Arguments<'_>) {
     let _ = writeln!(e, "faultline serve: {msg}");
 }
 
+/// The pages' source (--mem or --store) and its name for messages.
+fn open_store(args: &ServeArgs) -> anyhow::Result<(Arc<dyn PageStore>, String)> {
+    Ok(match (&args.mem, &args.store) {
+        (_, Some(url)) => (
+            Arc::new(
+                faultline_redis::RedisStore::open(url)
+                    .with_context(|| format!("opening the store {url}"))?,
+            ),
+            url.clone(),
+        ),
+        (Some(mem), None) => (
+            Arc::new(
+                FileStore::open_with(mem, 0, FileAccess::Mmap)
+                    .with_context(|| format!("opening the memory file {}", mem.display()))?,
+            ),
+            mem.display().to_string(),
+        ),
+        (None, None) => anyhow::bail!("--mem or --store is required"),
+    })
+}
+
 /// Runs `faultline serve`.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let kind = EngineKind::from_name(&args.engine)
         .with_context(|| format!("unknown engine {:?}", args.engine))?;
-    let store = FileStore::open_with(&args.mem, 0, FileAccess::Mmap)
-        .with_context(|| format!("opening the memory file {}", args.mem.display()))?;
+    let (store, source) = open_store(&args)?;
     let store_len = store.len().unwrap_or(0);
     let prefetch = match &args.prefetch {
         Some(p) => Some(record::read(p)?),
@@ -161,7 +189,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     )?;
-    let store: Arc<dyn PageStore> = Arc::new(store);
     if let Some(offs) = &prefetch {
         // The recorded set is known before any peer connects: read it and
         // map it now, so installs after a handshake only copy.
@@ -183,9 +210,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.socket.display()))?;
     listener.set_nonblocking(true)?;
     say(format_args!(
-        "listening on {} for peers of {} ({store_len} bytes); timeout {}s",
+        "listening on {} for peers of {source} ({store_len} bytes); timeout {}s",
         args.socket.display(),
-        args.mem.display(),
         args.timeout
     ));
     let shared = Arc::new(Shared {
