@@ -16,7 +16,14 @@
 //! * every `scan_period` the tail run of active units older than
 //!   `threshold` is promoted, stopping at the first younger unit;
 //! * an access to an inactive unit schedules its demotion (unpin, back to
-//!   active) `demote_delay` later; it stays pinned until then.
+//!   active) `demote_delay` later; it stays pinned until then;
+//! * the threshold is fixed (the paper's 180 s), or derived from the
+//!   reclaimer ([`Adp::with_derived_threshold`]: a quantile of the ages at
+//!   which the reclaimer takes this device's units, fed through
+//!   [`PinPolicy::on_reclaim`]; the paper: "the threshold reflects the
+//!   reclaim policy in the memory subsystem"). The runtime's devices use
+//!   the fixed one (the evictor does not report reclaim ages yet);
+//!   `faultline bench vpri` (B5) runs both.
 //!
 //! Choices where the paper is silent (digest §1.8), tested below:
 //!
@@ -53,6 +60,16 @@ pub trait PinPolicy: Send {
     /// blocks; policies without blocks report `(0, pinned)`.
     fn sizes(&self) -> (usize, usize) {
         (0, self.pinned())
+    }
+    /// The reclaimer took `unit`, which this device last touched `age_ns`
+    /// ago (policies that follow the reclaimer's horizon use it; default:
+    /// ignored).
+    fn on_reclaim(&mut self, unit: usize, age_ns: u64) {
+        let _ = (unit, age_ns);
+    }
+    /// The age threshold in force (ns), for policies that have one.
+    fn threshold_ns(&self) -> Option<u64> {
+        None
     }
 }
 
@@ -117,7 +134,18 @@ pub struct Adp {
     /// Promotions by age threshold and by active overflow; demotions;
     /// units dropped by the inactive cap.
     pub counts: AdpCounts,
+    /// Derived threshold: the quantile of recent reclaim ages it follows.
+    derive: Option<f64>,
+    /// Recent reclaim ages (ns) of units this device had touched.
+    ages: VecDeque<u64>,
+    ages_dirty: bool,
 }
+
+/// Reclaim ages a derived threshold looks at (the most recent ones).
+const AGE_WINDOW: usize = 256;
+/// Reclaim ages needed before a derived threshold replaces the configured
+/// one.
+const AGE_MIN: usize = 16;
 
 /// What ADP has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -146,7 +174,34 @@ impl Adp {
             changes: Vec::new(),
             last_scan: (0, 0),
             counts: AdpCounts::default(),
+            derive: None,
+            ages: VecDeque::new(),
+            ages_dirty: false,
         }
+    }
+
+    /// Derives the age threshold from the reclaimer instead of fixing it
+    /// (digest §5; the paper: "the threshold reflects the reclaim policy
+    /// in the memory subsystem"): the `quantile` (e.g. 0.1) of the ages
+    /// since their last access of this device's units the reclaimer took
+    /// recently ([`PinPolicy::on_reclaim`]), so a unit is pinned before
+    /// most units that old get reclaimed. The configured threshold holds
+    /// until enough reclaims were seen.
+    pub fn with_derived_threshold(mut self, quantile: f64) -> Adp {
+        self.derive = Some(quantile.clamp(0.0, 1.0));
+        self
+    }
+
+    fn update_threshold(&mut self) {
+        let Some(q) = self.derive else { return };
+        if !self.ages_dirty || self.ages.len() < AGE_MIN {
+            return;
+        }
+        self.ages_dirty = false;
+        let mut a: Vec<u64> = self.ages.iter().copied().collect();
+        a.sort_unstable();
+        let i = ((a.len() - 1) as f64 * q).round() as usize;
+        self.cfg.threshold_ns = a[i];
     }
 
     /// The configuration.
@@ -247,6 +302,7 @@ impl PinPolicy for Adp {
     }
 
     fn tick(&mut self, now: u64) {
+        self.update_threshold();
         while let Some(&(due, unit)) = self.demotions.front() {
             if due > now {
                 break;
@@ -299,6 +355,21 @@ impl PinPolicy for Adp {
 
     fn sizes(&self) -> (usize, usize) {
         (self.active.len(), self.inactive.len())
+    }
+
+    fn threshold_ns(&self) -> Option<u64> {
+        Some(self.cfg.threshold_ns)
+    }
+
+    fn on_reclaim(&mut self, _unit: usize, age_ns: u64) {
+        if self.derive.is_none() {
+            return;
+        }
+        if self.ages.len() == AGE_WINDOW {
+            self.ages.pop_front();
+        }
+        self.ages.push_back(age_ns);
+        self.ages_dirty = true;
     }
 }
 
@@ -546,6 +617,34 @@ mod tests {
             prop_assert!(a.is_pinned(0), "demoted before the delay");
             a.tick(100 + late);
             prop_assert!(!a.is_pinned(0) && a.is_active(0));
+        }
+
+        #[test]
+        fn derived_threshold_follows_reclaim_ages(ages in prop::collection::vec(1u64..10_000, 0..600)) {
+            let mut a = Adp::new(cfg()).with_derived_threshold(0.1);
+            for (i, &g) in ages.iter().enumerate() {
+                a.on_reclaim(i, g);
+            }
+            a.tick(1);
+            let t = a.threshold_ns().unwrap();
+            if ages.len() < AGE_MIN {
+                prop_assert_eq!(t, cfg().threshold_ns, "configured until enough reclaims");
+            } else {
+                // The P10 of the most recent AGE_WINDOW ages.
+                let mut w: Vec<u64> = ages[ages.len().saturating_sub(AGE_WINDOW)..].to_vec();
+                w.sort_unstable();
+                let below = w.iter().filter(|&&x| x < t).count();
+                let at_most = w.iter().filter(|&&x| x <= t).count();
+                let want = ((w.len() - 1) as f64 * 0.1).round() as usize;
+                prop_assert!(below <= want && want < at_most, "{t} is not the P10 of {w:?}");
+            }
+            // A fixed-threshold ADP ignores reclaims.
+            let mut f = Adp::new(cfg());
+            for (i, &g) in ages.iter().enumerate() {
+                f.on_reclaim(i, g);
+            }
+            f.tick(1);
+            prop_assert_eq!(f.threshold_ns(), Some(cfg().threshold_ns));
         }
 
         #[test]

@@ -52,9 +52,13 @@ pub struct VpriArgs {
     /// Time-scaling factor S applied to the paper's constants (default 1/100).
     #[arg(long, default_value_t = 0.01)]
     pub scale: f64,
-    /// B2: seconds per mode (default 3).
-    #[arg(long, default_value_t = 3.0)]
+    /// B2: seconds per mode (default 5).
+    #[arg(long, default_value_t = 5.0)]
     pub b2_secs: f64,
+    /// B2: I/Os arriving per second, open loop (default 26,800: the
+    /// paper's virtio-blk device, Table 1). Latency counts from arrival.
+    #[arg(long, default_value_t = 26_800.0)]
+    pub b2_iops: f64,
     /// B2: injected I/O faults per second (default 10, the paper's Fig 6 rate).
     #[arg(long, default_value_t = 10.0)]
     pub b2_rate: f64,
@@ -506,8 +510,8 @@ impl PageStore for DelayStore {
 /// B2: random reads with injected I/O faults.
 fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
     println!(
-        "\n== B2: random 4 KiB reads, io_uring QD 32, {} injected I/O faults/s, {} ms store (Fig 6), poll engine ==",
-        a.b2_rate, a.b2_store_ms
+        "\n== B2: random 4 KiB reads arriving at {} IOPS (open loop, latency from arrival), io_uring QD <= 32, {} injected I/O faults/s, {} ms store (Fig 6), poll engine ==",
+        a.b2_iops, a.b2_rate, a.b2_store_ms
     );
     let hot = 1024usize; // buffer pages in the hot set
     let fresh = ((a.b2_rate * a.b2_secs * 2.0) as usize + 64).max(64);
@@ -550,9 +554,9 @@ fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
             } else {
                 Ordering::Unordered
             };
-            b2_api(&region, &file, file_blocks, hot, rate, a.b2_secs, ordering)?
+            b2_api(&region, &file, file_blocks, hot, rate, a, ordering)?
         } else {
-            b2_plain(&region, &file, file_blocks, hot, rate, a.b2_secs)?
+            b2_plain(&region, &file, file_blocks, hot, rate, a)?
         };
         let mut l = lat;
         let s = Summary::from_ns(&mut l);
@@ -668,35 +672,77 @@ fn to_series(t: &[u64]) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// Open-loop arrivals at a fixed rate (fio's `rate_iops`): a stalled
+/// queue does not slow the arrivals down, so every I/O that arrives during
+/// a stall waits for it (no coordinated omission).
+struct Arrivals {
+    t0: Instant,
+    every: Duration,
+    next: u64,
+    end: Instant,
+}
+
+impl Arrivals {
+    fn new(iops: f64, secs: f64) -> Arrivals {
+        let t0 = Instant::now();
+        Arrivals {
+            t0,
+            every: Duration::from_secs_f64(1.0 / iops),
+            next: 0,
+            end: t0 + Duration::from_secs_f64(secs),
+        }
+    }
+    /// The arrival time of the next I/O if it has arrived (and the run is
+    /// not over).
+    fn due(&mut self) -> Option<Instant> {
+        let at = self.t0 + self.every * self.next as u32;
+        (at < self.end && at <= Instant::now()).then(|| {
+            self.next += 1;
+            at
+        })
+    }
+    /// How long until the next arrival (zero if due).
+    fn wait(&self) -> Duration {
+        (self.t0 + self.every * self.next as u32).saturating_duration_since(Instant::now())
+    }
+    fn over(&self) -> bool {
+        Instant::now() >= self.end
+    }
+}
+
+const B2_QD: usize = 32;
+
 fn b2_plain(
     region: &Arc<Region>,
     file: &Arc<File>,
     blocks: usize,
     hot: usize,
     rate: f64,
-    secs: f64,
+    a: &VpriArgs,
 ) -> anyhow::Result<B2Out> {
     use io_uring::{opcode, types, IoUring};
     let mut ring = IoUring::new(64)?;
-    let qd = 32;
     let mut pick = Picker::new(hot, rate);
     let mut busy = vec![false; region.pages()];
-    let mut start = vec![Instant::now(); 64];
-    let mut page_of = vec![0usize; 64];
-    let mut free: Vec<usize> = (0..qd).collect();
+    let mut start = vec![Instant::now(); B2_QD];
+    let mut page_of = vec![0usize; B2_QD];
+    let mut free: Vec<usize> = (0..B2_QD).collect();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(6);
     let mut lat = Vec::new();
     let mut timeline = Vec::new();
-    let t0 = Instant::now();
-    let end = t0 + Duration::from_secs_f64(secs);
+    let mut arr = Arrivals::new(a.b2_iops, a.b2_secs);
+    let mut backlog = std::collections::VecDeque::new();
     let mut inflight = 0;
-    while Instant::now() < end || inflight > 0 {
-        while Instant::now() < end {
-            let Some(slot) = free.pop() else { break };
+    while !arr.over() || inflight > 0 || !backlog.is_empty() {
+        while let Some(t) = arr.due() {
+            backlog.push_back(t);
+        }
+        while !backlog.is_empty() && !free.is_empty() {
+            let slot = free.pop().expect("a free slot");
             let p = pick.page(&busy);
             busy[p] = true;
             page_of[slot] = p;
-            start[slot] = Instant::now();
+            start[slot] = backlog.pop_front().expect("an arrival");
             let blk = rng.gen_range(0..blocks);
             // SAFETY: in the region.
             let buf = unsafe { region.as_ptr().add(p * PS) };
@@ -711,7 +757,11 @@ fn b2_plain(
             // on this thread, inside io_uring_enter.
             ring.submit()?;
         }
-        ring.submit_and_wait(1)?;
+        // Wait for a completion or the next arrival (the same ring wait
+        // as the API's queue uses).
+        let ts = types::Timespec::from(arr.wait().max(Duration::from_micros(1)));
+        let args = types::SubmitArgs::new().timespec(&ts);
+        let _ = ring.submitter().submit_with_args(1, &args);
         for c in ring.completion() {
             let slot = c.user_data() as usize;
             anyhow::ensure!(c.result() == PS as i32, "read failed: {}", c.result());
@@ -719,7 +769,7 @@ fn b2_plain(
             busy[page_of[slot]] = false;
             free.push(slot);
             inflight -= 1;
-            bin(&mut timeline, t0);
+            bin(&mut timeline, arr.t0);
         }
     }
     Ok((lat, to_series(&timeline), pick.injected))
@@ -731,7 +781,7 @@ fn b2_api(
     blocks: usize,
     hot: usize,
     rate: f64,
-    secs: f64,
+    a: &VpriArgs,
     ordering: Ordering,
 ) -> anyhow::Result<B2Out> {
     let tenant = Arc::new(Tenant::new(TenantConfig::default())?);
@@ -747,27 +797,40 @@ fn b2_api(
     let mut q = dev.queue(Backend::Uring { depth: 64 })?;
     let mut pick = Picker::new(hot, rate);
     let mut busy = vec![false; region.pages()];
+    let mut arrived = vec![Instant::now(); region.pages()];
     let mut rng = rand::rngs::SmallRng::seed_from_u64(6);
     let mut lat = Vec::new();
     let mut timeline = Vec::new();
-    let t0 = Instant::now();
-    let end = t0 + Duration::from_secs_f64(secs);
-    while Instant::now() < end || q.outstanding() > 0 {
-        while Instant::now() < end && q.outstanding() < 32 {
+    let mut arr = Arrivals::new(a.b2_iops, a.b2_secs);
+    let mut backlog = std::collections::VecDeque::new();
+    while !arr.over() || q.outstanding() > 0 || !backlog.is_empty() {
+        while let Some(t) = arr.due() {
+            backlog.push_back(t);
+        }
+        while !backlog.is_empty() && q.outstanding() < B2_QD {
             let p = pick.page(&busy);
             busy[p] = true;
+            arrived[p] = backlog.pop_front().expect("an arrival");
             let blk = rng.gen_range(0..blocks);
             q.read_at(file, (blk * PS) as u64, p * PS, PS, p as u64)?;
         }
-        if let Some(c) = q.complete(Duration::from_millis(100)) {
+        let wait = if q.outstanding() >= B2_QD {
+            Duration::from_millis(100)
+        } else {
+            arr.wait()
+        };
+        let Some(first) = q.complete(wait.max(Duration::from_micros(1))) else {
+            continue;
+        };
+        for c in std::iter::once(first).chain(q.drain_completions()) {
             anyhow::ensure!(
                 c.result.as_ref().ok() == Some(&PS),
                 "read failed: {:?}",
                 c.result
             );
-            lat.push(c.latency.as_nanos() as f64);
+            lat.push(arrived[c.tag as usize].elapsed().as_nanos() as f64);
             busy[c.tag as usize] = false;
-            bin(&mut timeline, t0);
+            bin(&mut timeline, arr.t0);
         }
     }
     Ok((lat, to_series(&timeline), pick.injected))
