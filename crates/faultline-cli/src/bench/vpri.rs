@@ -59,6 +59,10 @@ pub struct VpriArgs {
     /// paper's virtio-blk device, Table 1). Latency counts from arrival.
     #[arg(long, default_value_t = 26_800.0)]
     pub b2_iops: f64,
+    /// B2: rounds of the four modes (default 3; the ratios use each
+    /// mode's median p99.9).
+    #[arg(long, default_value_t = 3)]
+    pub b2_reps: usize,
     /// B2: injected I/O faults per second (default 10, the paper's Fig 6 rate).
     #[arg(long, default_value_t = 10.0)]
     pub b2_rate: f64,
@@ -528,57 +532,74 @@ fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         file.read_at(&mut tmp, (b * PS) as u64)?;
     }
     let engine = PollEngine::new()?;
-    let mut p999 = Vec::new();
+    let mut p999 = vec![Vec::new(); 4];
     let mut rows = Vec::new();
     let mut timelines = Vec::new();
-    for (mode, rate) in [
+    let modes = [
         ("fault-free", 0.0),
         ("blocking (plain io_uring)", a.b2_rate),
         ("VPRI ordered", a.b2_rate),
         ("VPRI unordered", a.b2_rate),
-    ] {
-        let region = Arc::new(
-            Region::builder(pages * PS)
-                .store(DelayStore {
-                    inner: MemoryStore::new(vec![0u8; pages * PS]),
-                    delay: Duration::from_secs_f64(a.b2_store_ms / 1000.0),
-                    fast_bytes: (hot * PS) as u64,
-                })
-                .fault_around(1)
-                .build(&engine)?,
-        );
-        region.populate(0, hot * PS)?;
-        let (lat, timeline, faults) = if mode.starts_with("VPRI") {
-            let ordering = if mode.ends_with("ordered") && !mode.ends_with("unordered") {
-                Ordering::Ordered
+    ];
+    let reps = a.b2_reps.max(1);
+    let mut progress = super::progress::Progress::new((reps * modes.len()) as u64, "B2");
+    for round in 0..reps {
+        for (m, &(mode, rate)) in modes.iter().enumerate() {
+            progress.step(&format!("round {}: {mode}", round + 1));
+            let region = Arc::new(
+                Region::builder(pages * PS)
+                    .store(DelayStore {
+                        inner: MemoryStore::new(vec![0u8; pages * PS]),
+                        delay: Duration::from_secs_f64(a.b2_store_ms / 1000.0),
+                        fast_bytes: (hot * PS) as u64,
+                    })
+                    .fault_around(1)
+                    .build(&engine)?,
+            );
+            region.populate(0, hot * PS)?;
+            let (lat, timeline, faults) = if mode.starts_with("VPRI") {
+                let ordering = if mode.ends_with("ordered") && !mode.ends_with("unordered") {
+                    Ordering::Ordered
+                } else {
+                    Ordering::Unordered
+                };
+                b2_api(&region, &file, file_blocks, hot, rate, a, ordering)?
             } else {
-                Ordering::Unordered
+                b2_plain(&region, &file, file_blocks, hot, rate, a)?
             };
-            b2_api(&region, &file, file_blocks, hot, rate, a, ordering)?
-        } else {
-            b2_plain(&region, &file, file_blocks, hot, rate, a)?
-        };
-        let mut l = lat;
-        let s = Summary::from_ns(&mut l);
-        let iops = s.n as f64 / a.b2_secs;
-        p999.push(s.p999);
-        rows.push(vec![
-            mode.to_string(),
-            format!("{:.0}", iops),
-            faults.to_string(),
-            format!("{:.1}", s.median / 1e3),
-            format!("{:.1}", s.p99 / 1e3),
-            format!("{:.1}", s.p999 / 1e3),
-            format!("{:.1}", s.max / 1e3),
-        ]);
-        timelines.push((mode.to_string(), timeline));
+            let mut l = lat;
+            let s = Summary::from_ns(&mut l);
+            let iops = s.n as f64 / a.b2_secs;
+            p999[m].push(s.p999);
+            rows.push(vec![
+                (round + 1).to_string(),
+                mode.to_string(),
+                format!("{:.0}", iops),
+                faults.to_string(),
+                format!("{:.1}", s.median / 1e3),
+                format!("{:.1}", s.p99 / 1e3),
+                format!("{:.1}", s.p999 / 1e3),
+                format!("{:.1}", s.max / 1e3),
+            ]);
+            if round == 0 {
+                timelines.push((mode.to_string(), timeline));
+            }
+        }
     }
+    progress.finish();
     print_table(
         &[
-            "mode", "IOPS", "faults", "p50 us", "p99 us", "p99.9 us", "max us",
+            "round", "mode", "IOPS", "faults", "p50 us", "p99 us", "p99.9 us", "max us",
         ],
         &rows,
     );
+    let p999: Vec<f64> = p999
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        })
+        .collect();
     let base = p999[0].max(1.0);
     line(
         ctx,
@@ -601,13 +622,13 @@ fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         "x",
         "(target < 1.5; §8 future work)",
     );
-    ctx.figure("vpri_b2_iops", |d, nm| {
+    ctx.figure("vpri_b2_p99", |d, nm| {
         super::plot::line_chart(
             d,
             nm,
-            "B2 IOPS timeline (100 ms bins)",
+            "B2: p99 latency of the I/Os arriving in each 100 ms (round 1)",
             "ms",
-            "IOPS",
+            "p99 us",
             &timelines,
             false,
         )
@@ -657,18 +678,25 @@ impl Picker {
     }
 }
 
-fn bin(timeline: &mut Vec<u64>, t0: Instant) {
-    let b = (t0.elapsed().as_millis() / 100) as usize;
+/// Files latency `ns` of an I/O that arrived at `at` under its 100 ms bin.
+fn bin(timeline: &mut Vec<Vec<f64>>, t0: Instant, at: Instant, ns: f64) {
+    let b = (at.saturating_duration_since(t0).as_millis() / 100) as usize;
     if timeline.len() <= b {
-        timeline.resize(b + 1, 0);
+        timeline.resize(b + 1, Vec::new());
     }
-    timeline[b] += 1;
+    timeline[b].push(ns);
 }
 
-fn to_series(t: &[u64]) -> Vec<(f64, f64)> {
-    t.iter()
+/// Each bin's p99 latency, us.
+fn to_series(t: &mut [Vec<f64>]) -> Vec<(f64, f64)> {
+    t.iter_mut()
         .enumerate()
-        .map(|(i, &c)| (i as f64 * 100.0, c as f64 * 10.0))
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(i, v)| {
+            v.sort_by(f64::total_cmp);
+            let k = ((v.len() as f64 * 0.99) as usize).min(v.len() - 1);
+            (i as f64 * 100.0, v[k] / 1e3)
+        })
         .collect()
 }
 
@@ -765,14 +793,15 @@ fn b2_plain(
         for c in ring.completion() {
             let slot = c.user_data() as usize;
             anyhow::ensure!(c.result() == PS as i32, "read failed: {}", c.result());
-            lat.push(start[slot].elapsed().as_nanos() as f64);
+            let ns = start[slot].elapsed().as_nanos() as f64;
+            lat.push(ns);
             busy[page_of[slot]] = false;
             free.push(slot);
             inflight -= 1;
-            bin(&mut timeline, arr.t0);
+            bin(&mut timeline, arr.t0, start[slot], ns);
         }
     }
-    Ok((lat, to_series(&timeline), pick.injected))
+    Ok((lat, to_series(&mut timeline), pick.injected))
 }
 
 fn b2_api(
@@ -828,10 +857,12 @@ fn b2_api(
                 "read failed: {:?}",
                 c.result
             );
-            lat.push(arrived[c.tag as usize].elapsed().as_nanos() as f64);
+            let at = arrived[c.tag as usize];
+            let ns = at.elapsed().as_nanos() as f64;
+            lat.push(ns);
             busy[c.tag as usize] = false;
-            bin(&mut timeline, arr.t0);
+            bin(&mut timeline, arr.t0, at, ns);
         }
     }
-    Ok((lat, to_series(&timeline), pick.injected))
+    Ok((lat, to_series(&mut timeline), pick.injected))
 }
