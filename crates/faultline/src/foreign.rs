@@ -276,6 +276,9 @@ pub struct PeerStats {
     pub prefetch_ioctls: u64,
     /// Faults outside every region of the peer.
     pub outside: u64,
+    /// Bytes read from the store (pages filled or viewed, at each
+    /// region's page size).
+    pub bytes_read: u64,
     /// The regions' counters, summed.
     pub regions: RegionStats,
 }
@@ -550,6 +553,34 @@ impl ForeignPeer {
         self.regions.len()
     }
 
+    /// Bytes of this peer's own bookkeeping: per region the residency map
+    /// (3 bits a page), the removed bits and the record's seen bits (1 bit
+    /// a page each), plus the record log and the prefetch queue. What one
+    /// more peer costs the handler, beside the store it shares.
+    pub fn bookkeeping_bytes(&self) -> usize {
+        let bits: usize = self
+            .regions
+            .iter()
+            .map(|r| {
+                let n = r.state.pages.count();
+                let words = n.div_ceil(32) + n.div_ceil(64) * (2 + usize::from(r.seen.is_some()));
+                words * 8
+            })
+            .sum();
+        let log = self
+            .record
+            .as_ref()
+            .map_or(0, |m| m.lock().expect("record log").capacity() * 8);
+        let queue = self
+            .prefetch
+            .lock()
+            .expect("prefetch queue")
+            .runs
+            .capacity()
+            * std::mem::size_of::<(usize, Range<usize>)>();
+        bits + log + queue
+    }
+
     /// Pages of all regions the residency map records as installed.
     pub fn resident_pages(&self) -> usize {
         self.regions.iter().map(|r| r.state.resident_pages()).sum()
@@ -566,8 +597,10 @@ impl ForeignPeer {
     pub fn stats(&self) -> PeerStats {
         let c = &self.stats;
         let mut regions = RegionStats::default();
+        let mut bytes_read = 0;
         for r in &self.regions {
             let s = r.state.stats.snapshot();
+            bytes_read += (s.store_fills + s.zero_copy_fills) * r.state.pages.size().bytes() as u64;
             regions.faults += s.faults;
             regions.installed += s.installed;
             regions.ioctls += s.ioctls;
@@ -589,6 +622,7 @@ impl ForeignPeer {
             prefetched: c.prefetched.load(Relaxed),
             prefetch_ioctls: c.prefetch_ioctls.load(Relaxed),
             outside: c.outside.load(Relaxed),
+            bytes_read,
             regions,
         }
     }
@@ -1416,33 +1450,81 @@ fn on_remove(p: &ForeignPeer, start: u64, end: u64) {
 
 /// Gets `store` ready for the installs of a recorded working set before
 /// any peer connects: the pages at `offsets` (store offsets of pages of
-/// `page_bytes`) are coalesced into ranges (holes of up to 16 pages
-/// bridged: reading a little more is cheaper than another request), the
-/// store is asked to read them all ([`PageStore::will_need`]: for a file,
-/// the kernel's large asynchronous reads, all queued at once), then to map
-/// them ([`PageStore::populate`]), so a copy into a peer never waits for
-/// the disk nor faults on its source. Blocking: run it on a thread of its
-/// own. Returns the bytes prepared.
+/// `page_bytes`) are coalesced into ranges, the store is asked to read
+/// them all ([`PageStore::will_need`]: for a file, the kernel's
+/// asynchronous reads, all queued at once; holes of up to 4 pages are read
+/// too, fewer and larger requests), then to map exactly the set's ranges
+/// ([`PageStore::populate`]), so a copy into a peer never waits for the
+/// disk nor faults on its source. Blocking: run it on a thread of its own.
+/// Returns the bytes mapped.
 pub fn prepare_store(store: &dyn PageStore, offsets: &[u64], page_bytes: u64) -> u64 {
-    const BRIDGE: u64 = 16;
     let mut sorted: Vec<u64> = offsets
         .iter()
         .map(|o| o / page_bytes * page_bytes)
         .collect();
     sorted.sort_unstable();
     sorted.dedup();
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
-    for o in sorted {
-        match ranges.last_mut() {
-            Some((_, end)) if o <= *end + BRIDGE * page_bytes => *end = o + page_bytes,
-            _ => ranges.push((o, o + page_bytes)),
+    let coalesce = |bridge: u64| {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for &o in &sorted {
+            match ranges.last_mut() {
+                Some((_, end)) if o <= *end + bridge * page_bytes => *end = o + page_bytes,
+                _ => ranges.push((o, o + page_bytes)),
+            }
         }
-    }
-    for &(s, e) in &ranges {
+        ranges
+    };
+    for (s, e) in coalesce(4) {
         store.will_need(s, (e - s) as usize);
     }
-    for &(s, e) in &ranges {
+    let exact = coalesce(0);
+    for &(s, e) in &exact {
         store.populate(s, (e - s) as usize);
     }
-    ranges.iter().map(|(s, e)| e - s).sum()
+    exact.iter().map(|(s, e)| e - s).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+    use crate::sys::mem::{Advice, Mapping};
+    use crate::sys::uffd::{self, register_mode};
+
+    #[test]
+    fn prefetch_queues_contiguous_runs_in_first_touch_order_without_bridging() {
+        let len = 64 << 12;
+        let u = uffd::dev_userfaultfd(uffd::open_flags(true))
+            .or_else(|_| uffd::syscall_userfaultfd(uffd::open_flags(true)))
+            .unwrap();
+        u.api(feature::EVENT_REMOVE).unwrap();
+        let a = Mapping::anon(len).unwrap();
+        a.advise(0, len, Advice::NoHugePage).unwrap();
+        u.register(a.addr(), len as u64, register_mode::MISSING)
+            .unwrap();
+        let fd: OwnedFd = u.as_fd().try_clone_to_owned().unwrap();
+        let store: Arc<dyn PageStore> = Arc::new(MemoryStore::new(vec![7u8; len]));
+        let spec = ForeignRegionSpec {
+            base: a.addr(),
+            len,
+            page_size: 4096,
+            store_offset: 0,
+        };
+        let peer = ForeignPeer::new(
+            "t",
+            ForeignUffd::adopt(fd).unwrap(),
+            &[spec],
+            store,
+            &ForeignOptions::default(),
+        )
+        .unwrap();
+        // First touched: 40, 42, 41 (a cluster touched out of order), then
+        // 3, then 5 (one hole between: not bridged), then 40 again.
+        let pages = [40u64, 42, 41, 3, 5, 40];
+        let offs: Vec<u64> = pages.iter().map(|p| p << 12).collect();
+        assert_eq!(peer.prefetch(&offs), 5);
+        let q = peer.prefetch.lock().unwrap();
+        let runs: Vec<Range<usize>> = q.runs.iter().map(|r| r.1.clone()).collect();
+        assert_eq!(runs, vec![40..43, 3..4, 5..6]);
+    }
 }

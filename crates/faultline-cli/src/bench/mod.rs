@@ -35,6 +35,7 @@ pub mod random;
 pub mod report;
 pub mod restore;
 mod restore_floor;
+mod restore_peers;
 #[allow(dead_code)]
 pub mod stats;
 pub mod store;

@@ -578,6 +578,118 @@ pub fn line_chart(
     write_figure(dir, name, &fig, font_available())
 }
 
+struct GroupBars<'a> {
+    title: &'a str,
+    y_label: &'a str,
+    groups: &'a [String],
+    series: &'a [(String, Vec<f64>)],
+}
+
+impl Figure for GroupBars<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        text: bool,
+    ) -> anyhow::Result<()> {
+        let vals = || {
+            self.series
+                .iter()
+                .flat_map(|s| s.1.iter().copied())
+                .filter(|v| *v > 0.0)
+        };
+        let (lo, hi) = vals().fold((f64::INFINITY, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
+        if !lo.is_finite() || self.groups.is_empty() {
+            return Ok(());
+        }
+        let ylo = (lo.log10() - 0.5).floor();
+        let yhi = hi.log10().ceil().max(ylo + 1.0);
+        let mut b = ChartBuilder::on(root);
+        b.margin(15);
+        if text {
+            b.caption(self.title, ("sans-serif", 22))
+                .x_label_area_size(45)
+                .y_label_area_size(80);
+        }
+        let n = self.groups.len();
+        let mut chart = b
+            .build_cartesian_2d(0.0..n as f64, ylo..yhi)
+            .map_err(perr)?;
+        let groups = self.groups;
+        let xfmt = move |v: &f64| {
+            let i = v.floor() as usize;
+            if (v - i as f64 - 0.5).abs() < 1e-6 && i < groups.len() {
+                groups[i].clone()
+            } else {
+                String::new()
+            }
+        };
+        let yfmt = |v: &f64| fmt_axis(10f64.powf(*v));
+        if text {
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .light_line_style(RGBColor(235, 235, 235))
+                .x_labels(2 * n + 1)
+                .label_style(("sans-serif", 14))
+                .axis_desc_style(("sans-serif", 16))
+                .y_desc(self.y_label)
+                .x_label_formatter(&xfmt)
+                .y_label_formatter(&yfmt)
+                .draw()
+                .map_err(perr)?;
+        }
+        let k = self.series.len().max(1) as f64;
+        let width = 0.8 / k;
+        for (si, (label, values)) in self.series.iter().enumerate() {
+            let c = color(si);
+            let bars = values
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| **v > 0.0)
+                .map(|(g, v)| {
+                    let x0 = g as f64 + 0.1 + si as f64 * width;
+                    Rectangle::new([(x0, ylo), (x0 + width * 0.9, v.log10())], c.filled())
+                });
+            let s = chart.draw_series(bars).map_err(perr)?;
+            if text {
+                s.label(label.as_str()).legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled())
+                });
+            }
+        }
+        if text {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(perr)?;
+        }
+        Ok(())
+    }
+}
+
+/// Grouped bars on a log10 y axis: one group per `groups` entry, one bar
+/// per series in each (values `<= 0` are left out), written as
+/// `dir/name.svg` and `dir/name.png`.
+pub fn group_bars(
+    dir: &Path,
+    name: &str,
+    title: &str,
+    y_label: &str,
+    groups: &[String],
+    series: &[(String, Vec<f64>)],
+) -> anyhow::Result<()> {
+    let fig = GroupBars {
+        title,
+        y_label,
+        groups,
+        series,
+    };
+    write_figure(dir, name, &fig, font_available())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,9 +32,9 @@ use faultline::sys::sock::{self, events, PollFd};
 use faultline::sys::uffd::{Msg, Outcome, Uffd, UffdMsg};
 
 use super::report::{fmt_ratio, print_table, Record};
-use super::restore_floor;
 use super::stats::Summary;
 use super::BenchCtx;
+use super::{restore_floor, restore_peers};
 use crate::peer::PeerReport;
 use crate::serve::PeerSummary;
 
@@ -68,6 +68,12 @@ pub struct RestoreArgs {
     /// Page-cache states to run. Default: warm,cold.
     #[arg(long, value_delimiter = ',', default_value = "warm,cold")]
     pub cache: Vec<String>,
+    /// Instead of the configurations: N peers restored at once by one
+    /// `faultline serve` (prefetch of the recorded set, warm), for each N
+    /// given (e.g. 1,2,4,8), reporting the handler's RssAnon/RssFile.
+    /// Uses the first --working-set.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<usize>,
 }
 
 const CONFIGS: [&str; 5] = ["kernel", "baseline", "on-demand", "prefetch", "eager"];
@@ -117,6 +123,9 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     let all = dir.join("all.txt");
     let offs: Vec<u64> = (0..a.size as u64).step_by(4096).collect();
     crate::serve::record::write(&all, &offs)?;
+    if !a.peers.is_empty() {
+        return run_peers(ctx, a, dir, &mem);
+    }
     let root = is_root();
     println!(
         "\nrestore: {} MiB memory file, {} vCPU threads, {} reps (medians); cold cache: posix_fadvise(DONTNEED){}",
@@ -129,6 +138,8 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     let mut progress = ctx.progress(steps, "restore");
     let mut rows = Vec::new();
     let mut floors = Vec::new();
+    // Per (working set, cache): each configuration's median ms (plot).
+    let mut groups: Vec<(String, Vec<(String, f64)>)> = Vec::new();
     for &ws in &a.working_set {
         let rec = dir.join(format!("ws{ws}.txt"));
         warm(&mem)?;
@@ -164,6 +175,17 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                 };
                 medians.push((cfg.to_string(), m));
             }
+            let mut bars: Vec<(String, f64)> = medians
+                .iter()
+                .map(|(c, m)| (c.clone(), m.seconds * 1e3))
+                .collect();
+            if !cold {
+                bars.push((
+                    "floor: UFFDIO_COPY of the set, 1 thread".into(),
+                    floor.bytes as f64 / floor.copy_populated_bps * 1e3,
+                ));
+            }
+            groups.push((format!("{ws}% {cache}"), bars));
             let get = |n: &str| medians.iter().find(|m| m.0 == n).map(|m| &m.1);
             let ratio = |x: Option<&Run>, m: &Run| x.map(|x| x.seconds / m.seconds);
             let show = |r: Option<f64>| r.map_or("-".to_string(), fmt_ratio);
@@ -244,7 +266,29 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read)"
     );
     print_floors(ctx, &floors);
-    Ok(())
+    let names: Vec<String> = groups.iter().map(|g| g.0.clone()).collect();
+    let mut series: Vec<(String, Vec<f64>)> = Vec::new();
+    for (_, bars) in &groups {
+        for (cfg, _) in bars {
+            if !series.iter().any(|s| &s.0 == cfg) {
+                series.push((cfg.clone(), Vec::new()));
+            }
+        }
+    }
+    for (name, values) in &mut series {
+        *values = groups
+            .iter()
+            .map(|(_, bars)| bars.iter().find(|b| &b.0 == name).map_or(0.0, |b| b.1))
+            .collect();
+    }
+    let title = format!(
+        "restore: handshake to last working-set page, {} MiB, median of {}",
+        a.size >> 20,
+        a.reps
+    );
+    ctx.figure("restore_ms", |dir, name| {
+        super::plot::group_bars(dir, name, &title, "ms (log scale)", &names, &series)
+    })
 }
 
 /// The copy floor per working set: what moving its bytes costs at best.
@@ -284,6 +328,36 @@ fn print_floors(ctx: &mut BenchCtx, floors: &[(f64, restore_floor::Floor)]) {
         &rows,
     );
     println!("(the working set's bytes moved in 2 MiB runs: the least any copying handler spends)");
+}
+
+/// `--peers`: one round per N (see `restore_peers.rs`).
+fn run_peers(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path, mem: &Path) -> anyhow::Result<()> {
+    let ws = *a.working_set.first().context("--working-set is empty")?;
+    let rec = dir.join(format!("ws{ws}.txt"));
+    warm(mem)?;
+    record(a, dir, mem, ws, &rec)?;
+    println!(
+        "\nrestore --peers: {} MiB memory file, {ws}% working set, {} vCPU threads per peer, warm",
+        a.size >> 20,
+        a.vcpus
+    );
+    let mut progress = ctx.progress(a.peers.len() as u64, "restore peers");
+    let mut rounds = Vec::new();
+    for &n in &a.peers {
+        progress.step(&format!("{n} peers"));
+        warm(mem)?;
+        rounds.push(restore_peers::round(
+            &exe()?,
+            dir,
+            mem,
+            &rec,
+            n.max(1),
+            ws,
+            a.vcpus,
+        )?);
+    }
+    progress.finish();
+    restore_peers::report(ctx, ws, &rounds)
 }
 
 fn is_root() -> bool {

@@ -128,6 +128,10 @@ pub struct PeerSummary {
     pub exists: u64,
     /// Pages installed by prefetch.
     pub prefetched: u64,
+    /// Bytes of the handler's bookkeeping for this peer (residency map,
+    /// removed bits, record log, prefetch queue).
+    #[serde(default)]
+    pub bookkeeping_bytes: u64,
     /// Seconds from the handshake to its end.
     pub seconds: f64,
 }
@@ -449,7 +453,6 @@ impl Shared {
     fn finish(&self, peer: &Arc<ForeignPeer>, outcome: String) {
         let (n, pid, t) = self.lookup(peer.id());
         let s = peer.stats();
-        let page = 4096u64;
         let summary = PeerSummary {
             peer: n,
             pid,
@@ -463,12 +466,13 @@ impl Shared {
                 .collect(),
             faults: s.faults,
             installed: s.regions.installed,
-            bytes_read: (s.regions.zero_copy_fills + s.regions.store_fills) * page,
+            bytes_read: s.bytes_read,
             removes: s.removes,
             removed_pages: s.removed_pages,
             deferred: s.deferred,
             exists: s.regions.exists,
             prefetched: s.prefetched,
+            bookkeeping_bytes: peer.bookkeeping_bytes() as u64,
             seconds: t.elapsed().as_secs_f64(),
         };
         say(format_args!(

@@ -1,0 +1,299 @@
+//! `faultline bench restore --peers 1,2,4,8`: N peers restored at once
+//! from one memory file by one `faultline serve`, and the handler's
+//! resident memory for each N (see `restore.rs`).
+//!
+//! Each round starts `serve --peers N --prefetch RECORD`, waits until it
+//! has prepared the recorded set (its own mapping of the file populated),
+//! samples `/proc/PID/status` (`RssAnon`, `RssFile`), then starts N peers
+//! at once (same working set, as N clones of one snapshot would touch) and
+//! samples every 2 ms until they are done. Reported per N: the handler's
+//! peak `RssAnon` and `RssFile` over the round against the idle handler,
+//! the growth per peer against the bookkeeping `serve` reports per peer,
+//! the restore times (median and slowest), every byte of every peer's
+//! working set checked by the peer.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use super::report::{print_table, Record};
+use super::stats::Summary;
+use super::BenchCtx;
+use crate::peer::PeerReport;
+use crate::serve::PeerSummary;
+
+/// What one round measured.
+#[derive(Debug, Clone, Default)]
+pub struct PeersRound {
+    /// Peers restored at once.
+    pub peers: usize,
+    /// The handler's RssAnon / RssFile before any peer connected, KiB.
+    pub idle_anon_kib: u64,
+    /// See `idle_anon_kib`.
+    pub idle_file_kib: u64,
+    /// Peaks over the round, KiB.
+    pub peak_anon_kib: u64,
+    /// See `peak_anon_kib`.
+    pub peak_file_kib: u64,
+    /// VmHWM at the last sample, KiB.
+    pub hwm_kib: u64,
+    /// Bookkeeping `serve` reports, summed over the peers, bytes.
+    pub bookkeeping_bytes: u64,
+    /// Restore times (handshake to last working-set page), seconds.
+    pub seconds: Vec<f64>,
+    /// Bytes the peers compared with the file.
+    pub verified_bytes: u64,
+}
+
+/// `(RssAnon, RssFile, VmHWM)` of `pid`, KiB.
+fn rss(pid: u32) -> Option<(u64, u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    Some((field("RssAnon:")?, field("RssFile:")?, field("VmHWM:")?))
+}
+
+fn kill(c: &mut Child) {
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// Runs one round of `n` peers.
+#[allow(clippy::too_many_arguments)]
+pub fn round(
+    exe: &Path,
+    dir: &Path,
+    mem: &Path,
+    rec: &Path,
+    n: usize,
+    ws: f64,
+    vcpus: usize,
+) -> anyhow::Result<PeersRound> {
+    let sock = dir.join("peers.sock");
+    let json = dir.join("peers-serve.json");
+    let err = dir.join("peers-serve.err");
+    let _ = std::fs::remove_file(&sock);
+    let mut serve = Command::new(exe)
+        .arg("serve")
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--mem")
+        .arg(mem)
+        .arg("--prefetch")
+        .arg(rec)
+        .arg("--json")
+        .arg(&json)
+        .args(["--peers", &n.to_string(), "--timeout", "120"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err)?)
+        .spawn()?;
+    let pid = serve.id();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !std::fs::read_to_string(&err)
+        .unwrap_or_default()
+        .contains("prepared the recorded set")
+    {
+        if Instant::now() > deadline || serve.try_wait()?.is_some() {
+            kill(&mut serve);
+            bail!("faultline serve never prepared its record");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut r = PeersRound {
+        peers: n,
+        ..Default::default()
+    };
+    (r.idle_anon_kib, r.idle_file_kib, _) = rss(pid).context("reading the handler's status")?;
+    let mut peers: Vec<(Child, std::path::PathBuf)> = Vec::new();
+    for i in 0..n {
+        let out = dir.join(format!("peer-{i}.json"));
+        let _ = std::fs::remove_file(&out);
+        let child = Command::new(exe)
+            .arg("peer")
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--mem")
+            .arg(mem)
+            .arg("--json")
+            .arg(&out)
+            .args(["--threads", &vcpus.to_string()])
+            .args(["--working-set", &ws.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        match child {
+            Ok(c) => peers.push((c, out)),
+            Err(e) => {
+                peers.iter_mut().for_each(|p| kill(&mut p.0));
+                kill(&mut serve);
+                return Err(e.into());
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut failed = None;
+    loop {
+        if let Some((a, f, h)) = rss(pid) {
+            r.peak_anon_kib = r.peak_anon_kib.max(a);
+            r.peak_file_kib = r.peak_file_kib.max(f);
+            r.hwm_kib = h;
+        }
+        let mut running = 0;
+        for (c, _) in &mut peers {
+            match c.try_wait()? {
+                None => running += 1,
+                Some(s) if !s.success() => failed = Some(s),
+                Some(_) => {}
+            }
+        }
+        if running == 0 || failed.is_some() || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    if failed.is_some() || Instant::now() > deadline {
+        peers.iter_mut().for_each(|p| kill(&mut p.0));
+        kill(&mut serve);
+        bail!(
+            "a peer failed ({failed:?}) or the round timed out; serve said:\n{}",
+            std::fs::read_to_string(&err).unwrap_or_default()
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while serve.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            kill(&mut serve);
+            bail!("faultline serve did not exit after its peers");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for (_, out) in &peers {
+        let p: PeerReport = serde_json::from_str(&std::fs::read_to_string(out)?)?;
+        r.seconds.push(p.seconds);
+        r.verified_bytes += p.verified_bytes;
+    }
+    let sums: Vec<PeerSummary> = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+    if sums.len() != n {
+        bail!("serve reported {} peers, {n} ran", sums.len());
+    }
+    r.bookkeeping_bytes = sums.iter().map(|s| s.bookkeeping_bytes).sum();
+    Ok(r)
+}
+
+/// Prints the rounds, records them, draws them.
+pub fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Result<()> {
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let mut rows = Vec::new();
+    for r in rounds {
+        let mut secs = r.seconds.clone();
+        secs.sort_by(f64::total_cmp);
+        let med = secs[secs.len() / 2];
+        let slowest = secs.last().copied().unwrap_or(0.0);
+        let anon_growth = r.peak_anon_kib.saturating_sub(r.idle_anon_kib);
+        let s = Summary::from_ns(&mut [med * 1e9]);
+        ctx.report.push(
+            Record::new("restore-peers", "prefetch", "COPY", "read", &s)
+                .with("working_set_pct", ws)
+                .with("peers", r.peers as u64)
+                .with("idle_rss_anon_kib", r.idle_anon_kib)
+                .with("idle_rss_file_kib", r.idle_file_kib)
+                .with("peak_rss_anon_kib", r.peak_anon_kib)
+                .with("peak_rss_file_kib", r.peak_file_kib)
+                .with("vm_hwm_kib", r.hwm_kib)
+                .with("bookkeeping_bytes", r.bookkeeping_bytes)
+                .with("median_seconds", med)
+                .with("slowest_seconds", slowest)
+                .with("verified_bytes", r.verified_bytes),
+        );
+        rows.push(vec![
+            r.peers.to_string(),
+            format!("{:.1}", mib(r.idle_anon_kib)),
+            format!("{:.1}", mib(r.peak_anon_kib)),
+            format!("{:.2}", mib(anon_growth) / r.peers as f64),
+            format!(
+                "{:.2}",
+                r.bookkeeping_bytes as f64 / r.peers as f64 / 1048576.0
+            ),
+            format!("{:.1}", mib(r.idle_file_kib)),
+            format!("{:.1}", mib(r.peak_file_kib)),
+            format!("{:.1}", med * 1e3),
+            format!("{:.1}", slowest * 1e3),
+            format!("{}", r.verified_bytes >> 20),
+        ]);
+    }
+    print_table(
+        &[
+            "peers",
+            "anon idle MiB",
+            "anon peak MiB",
+            "anon growth/peer MiB",
+            "bookkeeping/peer MiB",
+            "file idle MiB",
+            "file peak MiB",
+            "median ms",
+            "slowest ms",
+            "MiB verified",
+        ],
+        &rows,
+    );
+    println!(
+        "(the handler's RssAnon/RssFile from /proc/PID/status: idle = prefetch record prepared, no peer yet; peak over the round; bookkeeping = what serve reports per peer: residency map, removed bits, prefetch queue)"
+    );
+    let series = |f: &dyn Fn(&PeersRound) -> f64| -> Vec<(f64, f64)> {
+        rounds.iter().map(|r| (r.peers as f64, f(r))).collect()
+    };
+    let anon = vec![
+        (
+            "RssAnon peak".to_string(),
+            series(&|r| mib(r.peak_anon_kib)),
+        ),
+        (
+            "RssAnon idle".to_string(),
+            series(&|r| mib(r.idle_anon_kib)),
+        ),
+        (
+            "RssAnon idle + bookkeeping of N peers".to_string(),
+            series(&|r| mib(r.idle_anon_kib) + r.bookkeeping_bytes as f64 / 1048576.0),
+        ),
+    ];
+    let file = vec![
+        (
+            "RssFile peak".to_string(),
+            series(&|r| mib(r.peak_file_kib)),
+        ),
+        (
+            "RssFile idle".to_string(),
+            series(&|r| mib(r.idle_file_kib)),
+        ),
+    ];
+    for (name, what, lines) in [
+        ("restore_peers_anon", "anonymous", &anon),
+        (
+            "restore_peers_file",
+            "file-backed (the shared memory file)",
+            &file,
+        ),
+    ] {
+        ctx.figure(name, |dir, name| {
+            super::plot::line_chart(
+                dir,
+                name,
+                &format!(
+                    "faultline serve: {what} resident memory, N peers at once ({ws}% working set)"
+                ),
+                "peers restored at once",
+                "MiB",
+                lines,
+                true,
+            )
+        })?;
+    }
+    Ok(())
+}
