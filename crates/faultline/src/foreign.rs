@@ -643,12 +643,29 @@ impl ForeignPeer {
     /// longest contiguous run of set pages not yet queued (one ioctl for a
     /// cluster, whatever order its pages were touched in); holes between
     /// set pages are never bridged (a page costs more to copy than an
-    /// ioctl). Offsets outside every region are ignored; returns the number
-    /// of pages queued.
+    /// ioctl). A helper thread asks the store to start reading the runs
+    /// ([`PageStore::will_need`]); when the store was made ready with
+    /// [`prepare_store`], [`ForeignPeer::prefetch_prepared`] skips that.
+    /// Offsets outside every region are ignored; returns the number of
+    /// pages queued.
     pub fn prefetch(&self, offsets: &[u64]) -> usize {
+        self.queue_prefetch(offsets, true)
+    }
+
+    /// [`ForeignPeer::prefetch`] of a set whose store ranges
+    /// [`prepare_store`] already read and mapped (no read hints).
+    pub fn prefetch_prepared(&self, offsets: &[u64]) -> usize {
+        self.queue_prefetch(offsets, false)
+    }
+
+    fn queue_prefetch(&self, offsets: &[u64], hint: bool) -> usize {
         let counts: Vec<usize> = self.regions.iter().map(|r| r.state.pages.count()).collect();
-        let mut in_set: Vec<Vec<bool>> = counts.iter().map(|&n| vec![false; n]).collect();
-        let mut order: Vec<(usize, usize)> = Vec::with_capacity(offsets.len());
+        // Bit sets (the transient memory of a queue stays small).
+        let bits = |n: usize| vec![0u64; n.div_ceil(64)];
+        let get = |b: &[u64], p: usize| b[p / 64] & (1 << (p % 64)) != 0;
+        let set = |b: &mut [u64], p: usize| b[p / 64] |= 1 << (p % 64);
+        let mut in_set: Vec<Vec<u64>> = counts.iter().map(|&n| bits(n)).collect();
+        let mut order: Vec<(u32, u32)> = Vec::with_capacity(offsets.len());
         for &off in offsets {
             for (i, r) in self.regions.iter().enumerate() {
                 let len = r.state.pages.len() as u64;
@@ -657,31 +674,34 @@ impl ForeignPeer {
                         .state
                         .pages
                         .index(r.state.pages.base() + off - r.store_offset);
-                    if !in_set[i][p] {
-                        in_set[i][p] = true;
-                        order.push((i, p));
+                    if !get(&in_set[i], p) {
+                        set(&mut in_set[i], p);
+                        order.push((i as u32, p as u32));
                     }
                 }
             }
         }
-        let mut queued: Vec<Vec<bool>> = counts.iter().map(|&n| vec![false; n]).collect();
+        let mut queued: Vec<Vec<u64>> = counts.iter().map(|&n| bits(n)).collect();
         let mut runs: VecDeque<(usize, Range<usize>)> = VecDeque::new();
         for &(i, p) in &order {
-            if queued[i][p] {
+            let (i, p) = (i as usize, p as usize);
+            if get(&queued[i], p) {
                 continue;
             }
-            let (set, q) = (&in_set[i], &mut queued[i]);
+            let (s, q) = (&in_set[i], &mut queued[i]);
             let mut start = p;
-            while start > 0 && set[start - 1] && !q[start - 1] {
+            while start > 0 && get(s, start - 1) && !get(q, start - 1) {
                 start -= 1;
             }
             let mut end = p + 1;
-            while end < counts[i] && set[end] && !q[end] {
+            while end < counts[i] && get(s, end) && !get(q, end) {
                 end += 1;
             }
-            q[start..end].fill(true);
+            (start..end).for_each(|x| set(q, x));
             runs.push_back((i, start..end));
         }
+        let n = order.len();
+        drop((order, in_set, queued));
         // Ask the store to start reading every run now, in the background
         // (a file: the kernel's large asynchronous reads), in the order the
         // runs will be installed.
@@ -695,15 +715,17 @@ impl ForeignPeer {
                 )
             })
             .collect();
-        let store = self.store.clone();
-        let _ = std::thread::Builder::new()
-            .name("faultline-prefetch-read".into())
-            .spawn(move || hints.into_iter().for_each(|(o, l)| store.will_need(o, l)));
+        if hint {
+            let store = self.store.clone();
+            let _ = std::thread::Builder::new()
+                .name("faultline-prefetch-read".into())
+                .spawn(move || hints.into_iter().for_each(|(o, l)| store.will_need(o, l)));
+        }
         let mut q = self.prefetch.lock().expect("prefetch queue");
         q.runs.extend(runs);
         self.prefetch_pending
             .store(!q.runs.is_empty() || q.taken > 0, Relaxed);
-        order.len()
+        n
     }
 
     /// Whether queued prefetch work remains.
@@ -822,6 +844,8 @@ pub enum PeerEvent {
     PrefetchDone {
         /// The peer.
         peer: Arc<ForeignPeer>,
+        /// When the last run was installed.
+        at: Instant,
     },
     /// A store error poisoned a page (the faulting thread gets SIGBUS).
     StoreError {
@@ -1068,7 +1092,10 @@ fn prefetch_chunk(
         q.runs.is_empty() && q.taken == 0
     };
     if done && p.prefetch_pending.swap(false, Relaxed) {
-        let _ = tx.send(PeerEvent::PrefetchDone { peer: p.clone() });
+        let _ = tx.send(PeerEvent::PrefetchDone {
+            peer: p.clone(),
+            at: Instant::now(),
+        });
     }
     blocked
 }
