@@ -410,6 +410,26 @@ impl RedisStore {
         }
     }
 
+    /// CPU seconds the server has used (`INFO cpu`: `used_cpu_sys` +
+    /// `used_cpu_user`; a cluster answers for one node), for benchmarks
+    /// that report the server's CPU share.
+    pub fn server_cpu_seconds(&self) -> Result<f64, RedisStoreError> {
+        let key = self.meta_key();
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("cpu");
+        let info: String = self
+            .with_conn(&key, |c| c.query(&cmd))
+            .map_err(|f| self.request_error("INFO cpu", f))?;
+        Ok(info
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("used_cpu_sys:")
+                    .or_else(|| l.strip_prefix("used_cpu_user:"))
+            })
+            .filter_map(|v| v.trim().parse::<f64>().ok())
+            .sum())
+    }
+
     /// The store's name (after `#` in the URL).
     pub fn name(&self) -> &str {
         &self.name

@@ -152,23 +152,37 @@ fn base_args(dir: &Path) -> Vec<String> {
     .collect()
 }
 
-/// A `redis-server` on a unix socket in a temporary directory (no TCP).
+/// A `redis-server` listening on a unix socket in a temporary directory
+/// ([`start`](Self::start)) or on a loopback TCP port
+/// ([`start_tcp`](Self::start_tcp)).
 #[derive(Debug)]
 pub struct RedisServer {
     proc: Process,
     socket: PathBuf,
+    /// The TCP port; `None` for a unix socket (and no TCP).
+    port: Option<u16>,
     // Dropped after `proc`: the directory goes once the server is stopped.
     dir: TempDir,
 }
 
 impl RedisServer {
-    /// Starts a server and waits until it answers `PING`.
+    /// Starts a server on a unix socket and waits until it answers `PING`.
     pub fn start() -> Result<RedisServer, ServerError> {
+        Self::start_on(None)
+    }
+
+    /// Starts a server on a free loopback TCP port (no unix socket).
+    pub fn start_tcp() -> Result<RedisServer, ServerError> {
+        Self::start_on(Some(free_port()?))
+    }
+
+    fn start_on(port: Option<u16>) -> Result<RedisServer, ServerError> {
         let dir = TempDir::new("redis")?;
         let socket = dir.0.join("redis.sock");
         let mut s = RedisServer {
             proc: Process { child: None },
             socket,
+            port,
             dir,
         };
         s.restart()?;
@@ -176,21 +190,62 @@ impl RedisServer {
     }
 
     fn args(&self) -> Vec<String> {
-        let mut a = vec![
-            "--port".to_string(),
-            "0".to_string(),
-            "--unixsocket".to_string(),
-            self.socket.display().to_string(),
-            "--unixsocketperm".to_string(),
-            "700".to_string(),
-        ];
+        let mut a = match self.port {
+            Some(p) => vec![
+                "--port".to_string(),
+                p.to_string(),
+                "--bind".to_string(),
+                "127.0.0.1".to_string(),
+            ],
+            None => vec![
+                "--port".to_string(),
+                "0".to_string(),
+                "--unixsocket".to_string(),
+                self.socket.display().to_string(),
+                "--unixsocketperm".to_string(),
+                "700".to_string(),
+            ],
+        };
         a.extend(base_args(&self.dir.0));
         a
     }
 
-    /// The base URL (`redis+unix:///...`), without a store name.
+    /// The base URL (`redis+unix:///...` or `redis://127.0.0.1:PORT`),
+    /// without a store name.
     pub fn url(&self) -> String {
-        format!("redis+unix://{}", self.socket.display())
+        match self.port {
+            Some(p) => format!("redis://127.0.0.1:{p}"),
+            None => format!("redis+unix://{}", self.socket.display()),
+        }
+    }
+
+    /// The unix socket's path (`None` for a TCP server).
+    pub fn socket(&self) -> Option<&Path> {
+        self.port.is_none().then_some(self.socket.as_path())
+    }
+
+    /// Pins every thread of the server to `cpus` (a `taskset` list:
+    /// `1`, `0-1`). Benchmarks use it to say where the server runs.
+    pub fn pin(&self, cpus: &str) -> Result<(), ServerError> {
+        let pid = self.pid().ok_or_else(|| ServerError::Setup {
+            step: "pinning redis-server".into(),
+            reason: "the server is not running".into(),
+        })?;
+        let out = Command::new("taskset")
+            .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| ServerError::Spawn {
+                program: "taskset",
+                source,
+            })?;
+        if !out.status.success() {
+            return Err(ServerError::Setup {
+                step: format!("taskset -a -p -c {cpus} {pid}"),
+                reason: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// The URL of store `name` on this server.

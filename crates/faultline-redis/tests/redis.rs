@@ -568,3 +568,42 @@ fn a_stream_is_read_ahead_and_a_write_back_makes_it_stale() {
     }
     assert_eq!(off.timing().ahead_hits, 0);
 }
+
+#[test]
+fn tcp_and_unix_url_forms_read_and_write_back() {
+    let _d = deadline(60);
+    let tcp = RedisServer::start_tcp().unwrap();
+    let unix = RedisServer::start().unwrap();
+    let urls = [
+        format!("{}#tcp", tcp.url()),
+        format!("unix://{}#unix", unix.socket().unwrap().display()),
+    ];
+    assert!(urls[0].starts_with("redis://127.0.0.1:"), "{}", urls[0]);
+    assert!(urls[1].starts_with("unix:///"), "{}", urls[1]);
+    let data = pattern(1 << 20, 11);
+    for url in &urls {
+        put(url, &data, quick());
+        let r = Region::builder(data.len())
+            .store(RedisStore::open_with(url, quick()).unwrap())
+            .fault_around(64)
+            .budget(EvictionConfig {
+                budget_pages: data.len() / PS,
+                policy: PolicyKind::Clock,
+            })
+            .build_dyn(thread_engine(EngineKind::Poll))
+            .unwrap();
+        assert!(*region_bytes(&r) == data[..], "{url}: every byte");
+        // SAFETY: inside the region.
+        unsafe { *r.as_ptr().add(100 * PS + 7) = !data[100 * PS + 7] };
+        assert_eq!(r.flush().unwrap(), 1, "{url}");
+        let store = RedisStore::open(url).unwrap();
+        let mut page = vec![0u8; PS];
+        faultline::PageStore::fill(&store, 100 * PS as u64, &mut page).unwrap();
+        assert_eq!(page[7], !data[100 * PS + 7], "{url}: the write-back");
+        assert_eq!(page[..7], data[100 * PS..100 * PS + 7]);
+    }
+    // Nothing reached the other server: each URL named its own.
+    let mut c = tcp.connection().unwrap();
+    let n: u64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+    assert_eq!(n, 1 + (data.len() / faultline_redis::DEFAULT_CHUNK) as u64);
+}

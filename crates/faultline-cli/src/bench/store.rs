@@ -15,7 +15,12 @@
 //! Every configuration runs `--reps` times, interleaved, and the median is
 //! reported with the load average. Unless `--url` names a server, the bench
 //! starts its own `redis-server` on a unix socket in a temporary directory
-//! and stops it at the end.
+//! (pinned to `--server-cpus`, default the last CPU, the poll handler's:
+//! on a 2-vCPU guest a request and its reply then switch threads on one
+//! CPU instead of waking a halted vCPU) and stops it at the end. The
+//! sequential run prints where the fill time went (send, wait for the
+//! first reply byte, read) and how many fills were read ahead; the
+//! throughput run prints the server's CPU share (`INFO cpu`).
 
 use std::fs::File;
 use std::io::Write;
@@ -59,6 +64,12 @@ pub struct StoreArgs {
     /// runs use).
     #[arg(long, value_delimiter = ',', default_value = "65536")]
     pub chunk: Vec<usize>,
+    /// CPUs of the bench's own redis-server (a `taskset` list, e.g. `1`
+    /// or `0-1`); `last` (the default) is the last CPU, where the poll
+    /// engine pins its handler thread, so a request and its reply switch
+    /// threads on one CPU instead of waking the other. Ignored with --url.
+    #[arg(long, default_value = "last")]
+    pub server_cpus: String,
 }
 
 /// The 1, 5 and 15 minute load averages.
@@ -134,13 +145,27 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
         Some(_) => None,
         None => Some(RedisServer::start().context("starting redis-server")?),
     };
+    let placement = match &server {
+        Some(s) => {
+            let cpus = match args.server_cpus.as_str() {
+                "last" => {
+                    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    (n - 1).to_string()
+                }
+                other => other.to_string(),
+            };
+            s.pin(&cpus).context("pinning redis-server")?;
+            format!("redis-server on CPUs {cpus}")
+        }
+        None => "redis-server placement unknown (--url)".to_string(),
+    };
     let base = match (&args.url, &server) {
         (Some(u), _) => u.clone(),
         (None, Some(s)) => s.url(),
         (None, None) => unreachable!("a server or a URL"),
     };
     println!(
-        "\n== store: Redis ({base}) vs the local file store; load average {}",
+        "\n== store: Redis ({base}, {placement}) vs the local file store; load average {}",
         loadavg()
     );
     let steps = if args.scale > 0 { 4 } else { 3 };
@@ -367,18 +392,23 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     //    threads, fault-around 16.
     progress.step("throughput");
     let mut tput: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    // The server's CPU seconds per wall second, per configuration.
+    let mut share: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let engines = [
         thread_engine(EngineKind::Workers, 1)?,
         thread_engine(EngineKind::Workers, 2)?,
     ];
     for _ in 0..reps {
         for (i, e) in engines.iter().enumerate() {
+            let store = Arc::new(RedisStore::open(&seq_url)?);
+            let cpu0 = store.server_cpu_seconds()?;
             let r = Region::builder(len)
-                .store(RedisStore::open(&seq_url)?)
+                .shared_store(store.clone())
                 .fault_around(16)
                 .build_dyn(e.clone())?;
             let secs = first_touch(&r, 4);
             tput[i].push(pages as f64 / secs);
+            share[i].push((store.server_cpu_seconds()? - cpu0) / secs);
         }
     }
     let (t1, t2) = (median(&mut tput[0].clone()), median(&mut tput[1].clone()));
@@ -394,8 +424,12 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     }
     progress.suspend(|| {
         println!(
-            "throughput, workers engine, 4 faulting threads, fault-around 16, {reps} runs: 1 handler {t1:.0} pages/s, 2 handlers {t2:.0} pages/s, ratio {scale_ratio:.2}x (target >= 1.6x: {}); load {}",
+            "throughput, workers engine, 4 faulting threads, fault-around 16, {reps} runs: 1 handler {t1:.0} pages/s (runs {}), 2 handlers {t2:.0} pages/s (runs {}), ratio {scale_ratio:.2}x (target >= 1.6x: {}); redis-server busy {:.0}% / {:.0}% of a CPU (1 / 2 handlers, medians); load {}",
+            tput[0].iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(" "),
+            tput[1].iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(" "),
             if scale_ratio >= 1.6 { "met" } else { "missed" },
+            100.0 * median(&mut share[0].clone()),
+            100.0 * median(&mut share[1].clone()),
             loadavg()
         )
     });
