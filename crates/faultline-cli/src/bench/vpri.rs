@@ -218,6 +218,39 @@ fn b1(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
             "92",
         );
     }
+    // The floor: one plain cache-missing load of a random word of the same
+    // bitmap (flushed, same timer), what any cold check costs at least.
+    let mut floor = Vec::with_capacity(a.b1_samples / 10);
+    for _ in 0..a.b1_samples / 10 {
+        let p = rng.gen_range(0..pages);
+        let w = r.words_of(p)[0];
+        flush(&[w]);
+        let t = rdtscp();
+        // SAFETY: `w` points into the live bitmap (an aligned u64 word).
+        let v = unsafe { std::ptr::read_volatile(w.cast::<u64>()) };
+        floor.push(rdtscp() - t);
+        std::hint::black_box(v);
+    }
+    let fs = summary_ns(&mut floor, overhead);
+    rows.push(vec![
+        "floor: one clflushed load".into(),
+        format!("{:.1}", fs.mean),
+        format!("{:.1}", fs.p99),
+    ]);
+    line(
+        ctx,
+        "table2.cold_floor.one_missing_load.avg_ns",
+        fs.mean,
+        "ns",
+        "(this machine's floor for a cold check)",
+    );
+    line(
+        ctx,
+        "table2.cold_floor.one_missing_load.p99_ns",
+        fs.p99,
+        "ns",
+        "(a cold p99 below it is impossible here)",
+    );
     // Update: the evictor's invalidation (claim, set absent, release).
     let n = a.b1_samples / 10;
     let mut upd = Vec::with_capacity(n);
