@@ -15,7 +15,8 @@
 //!    unreached neighbour to `l + 1` with a plain (relaxed) store: racing
 //!    writers store the same value, and no compare-and-swap sits in the
 //!    inner loop. Level `l`'s discoveries are counted as level `l + 1`'s
-//!    frontier, which each vertex joins exactly once.
+//!    frontier, which each vertex joins exactly once; the edge loop
+//!    (`expand_chunk`) only raises a flag, as the C example's does.
 //! 3. A barrier ends the level; the search stops when a level discovers no
 //!    vertex.
 //!
@@ -24,6 +25,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::Instant;
@@ -140,8 +142,6 @@ trait LevelCell: Sync + Sized {
     fn unreached() -> Self;
     fn get(&self) -> u32;
     fn set(&self, level: u32);
-    /// Sets an unreached cell to `level`; true if it was unreached.
-    fn reach(&self, level: u32) -> bool;
     fn into_level(self) -> u32 {
         match self.get() {
             l if l == Self::NONE => UNREACHED,
@@ -161,16 +161,9 @@ macro_rules! level_cell {
             fn get(&self) -> u32 {
                 self.load(Ordering::Relaxed) as u32
             }
+            #[inline(always)]
             fn set(&self, level: u32) {
                 self.store(level as $int, Ordering::Relaxed)
-            }
-            #[inline(always)]
-            fn reach(&self, level: u32) -> bool {
-                let unreached = self.load(Ordering::Relaxed) == <$int>::MAX;
-                if unreached {
-                    self.store(level as $int, Ordering::Relaxed);
-                }
-                unreached
             }
         }
     };
@@ -189,7 +182,7 @@ struct Shared<'a, L> {
     next_chunk: AtomicUsize,
     frontier: AtomicU64,
     scanned: AtomicU64,
-    discovered: AtomicU64,
+    found: AtomicBool,
     done: AtomicBool,
     malformed: AtomicBool,
 }
@@ -199,40 +192,100 @@ impl<L: LevelCell> Shared<'_, L> {
     fn work_level(&self) {
         let n = self.levels.len();
         let cur = self.current.load(Ordering::Relaxed);
-        let (mut frontier, mut scanned, mut discovered) = (0u64, 0u64, 0u64);
+        let mut sum = Expanded::default();
         loop {
             let start = self.next_chunk.fetch_add(CHUNK, Ordering::Relaxed);
             if start >= n {
                 break;
             }
-            for v in start..(start + CHUNK).min(n) {
-                if self.levels[v].get() != cur {
-                    continue;
-                }
-                frontier += 1;
-                let Some(adj) = self
-                    .edges
-                    .get(self.index[v] as usize..self.index[v + 1] as usize)
-                else {
-                    self.malformed.store(true, Ordering::Relaxed);
-                    continue;
-                };
-                scanned += adj.len() as u64;
-                for &w in adj {
-                    let Some(slot) = self.levels.get(w as usize) else {
-                        self.malformed.store(true, Ordering::Relaxed);
-                        continue;
-                    };
-                    if slot.reach(cur + 1) {
-                        discovered += 1;
-                    }
-                }
+            let chunk = start..(start + CHUNK).min(n);
+            sum.add(expand_chunk(
+                self.levels,
+                chunk,
+                self.index,
+                self.edges,
+                cur,
+            ));
+        }
+        if sum.malformed {
+            self.malformed.store(true, Ordering::Relaxed);
+        }
+        if sum.found {
+            self.found.store(true, Ordering::Relaxed);
+        }
+        self.frontier.fetch_add(sum.frontier, Ordering::Relaxed);
+        self.scanned.fetch_add(sum.scanned, Ordering::Relaxed);
+    }
+}
+
+/// What expanding part of a level did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Expanded {
+    /// Vertices on the level.
+    frontier: u64,
+    /// Adjacency entries scanned.
+    scanned: u64,
+    /// Whether an unreached vertex was reached.
+    found: bool,
+    /// Whether an index entry or edge pointed outside the arrays.
+    malformed: bool,
+}
+
+impl Expanded {
+    fn add(&mut self, other: Expanded) {
+        self.frontier += other.frontier;
+        self.scanned += other.scanned;
+        self.found |= other.found;
+        self.malformed |= other.malformed;
+    }
+}
+
+/// Expands the vertices of `chunk` that are on level `cur`.
+///
+/// A function of its own, over plain slices, so that the edge loop keeps
+/// in registers what the C loop keeps (cursor, level array, next level, a
+/// flag): inlined into the worker next to `Shared`'s atomics, LLVM spilled
+/// the level array's address and reloaded it at every edge. Per edge it
+/// does what the C loop does plus one compare against `levels.len()`: the
+/// graph lives in a mapped file that may change under the search, so a
+/// bad edge is reported (`malformed`), never trusted.
+#[inline(never)]
+fn expand_chunk<L: LevelCell>(
+    levels: &[L],
+    chunk: Range<usize>,
+    index: &[u64],
+    edges: &[u64],
+    cur: u32,
+) -> Expanded {
+    let mut out = Expanded::default();
+    let next = cur + 1;
+    // `index` has one entry more than `levels` (`search` checks), so one
+    // bounds check per chunk covers every vertex's `index[v]..index[v + 1]`.
+    let bounds = index[chunk.start..=chunk.end].windows(2);
+    for (cell, range) in levels[chunk].iter().zip(bounds) {
+        if cell.get() != cur {
+            continue;
+        }
+        out.frontier += 1;
+        let Some(adj) = edges.get(range[0] as usize..range[1] as usize) else {
+            out.malformed = true;
+            continue;
+        };
+        out.scanned += adj.len() as u64;
+        for &w in adj {
+            let Some(slot) = levels.get(w as usize) else {
+                out.malformed = true;
+                continue;
+            };
+            // Racing workers may both see the cell unreached; both store
+            // the same level.
+            if slot.get() == L::NONE {
+                slot.set(next);
+                out.found = true;
             }
         }
-        self.frontier.fetch_add(frontier, Ordering::Relaxed);
-        self.scanned.fetch_add(scanned, Ordering::Relaxed);
-        self.discovered.fetch_add(discovered, Ordering::Relaxed);
     }
+    out
 }
 
 /// Level-synchronous top-down BFS with `threads` workers (see the module
@@ -283,7 +336,7 @@ fn search<L: LevelCell>(
         next_chunk: AtomicUsize::new(0),
         frontier: AtomicU64::new(0),
         scanned: AtomicU64::new(0),
-        discovered: AtomicU64::new(0),
+        found: AtomicBool::new(false),
         done: AtomicBool::new(false),
         malformed: AtomicBool::new(false),
     };
@@ -313,12 +366,14 @@ fn search<L: LevelCell>(
                 level,
                 frontier: shared.frontier.swap(0, Ordering::Relaxed),
                 edges_scanned: shared.scanned.swap(0, Ordering::Relaxed),
-                discovered: shared.discovered.swap(0, Ordering::Relaxed),
+                // Set from the next level's frontier below.
+                discovered: 0,
                 seconds: lt.elapsed().as_secs_f64(),
             };
             per_level.push(stats);
-            if stats.discovered == 0 || level + 2 >= L::NONE {
-                overflow = stats.discovered != 0;
+            let found = shared.found.swap(false, Ordering::Relaxed);
+            if !found || level + 2 >= L::NONE {
+                overflow = found;
                 shared.done.store(true, Ordering::Release);
                 barrier.wait();
                 break;
@@ -332,8 +387,8 @@ fn search<L: LevelCell>(
     if overflow {
         return Ok(None);
     }
-    // Racing stores may count a vertex twice; each vertex is expanded once,
-    // so the next level's frontier is the exact count.
+    // Each vertex is expanded once, so the next level's frontier is the
+    // exact count of what a level discovered.
     for l in 0..per_level.len() {
         per_level[l].discovered = per_level.get(l + 1).map_or(0, |next| next.frontier);
     }
