@@ -24,7 +24,9 @@
 //!
 //! 1. drains the install log (a lock-free ring the fault path appends to)
 //!    into the eviction policy ([`crate::policy`]: FIFO, CLOCK, refault-aware);
-//! 2. while more pages are resident than the budget, takes the policy's
+//! 2. while more pages are resident than the budget (once past it: than
+//!    the low-water mark, [`crate::RegionBuilder::budget_low_water`], UMap's
+//!    hysteresis; by default the budget itself), takes the policy's
 //!    victim and *claims* it (the same claim bit faults use, so no fault
 //!    can install or dirty it meanwhile);
 //! 3. for a dirty victim: write-protects it (writers now block in a WP
@@ -282,18 +284,29 @@ impl Unwritable {
     }
 }
 
-/// Starts the evictor thread of `state` (a region with a budget).
-pub(crate) fn start(state: &RegionState, cfg: EvictionConfig) -> std::io::Result<Background> {
-    state.spawn_worker("faultline-evictor", move |r, stop| run(r, cfg, stop))
+/// Starts the evictor thread of `state` (a region with a budget). Past the
+/// budget it evicts down to `low_water` pages (default and most: the
+/// budget), UMap's low-water mark.
+pub(crate) fn start(
+    state: &RegionState,
+    cfg: EvictionConfig,
+    low_water: Option<usize>,
+) -> std::io::Result<Background> {
+    state.spawn_worker("faultline-evictor", move |r, stop| {
+        run(r, cfg, low_water, stop)
+    })
 }
 
-fn run(r: &RegionState, cfg: EvictionConfig, stop: &StopFlag) {
+fn run(r: &RegionState, cfg: EvictionConfig, low_water: Option<usize>, stop: &StopFlag) {
     let budget_feed = r
         .budget
         .as_ref()
         .expect("budget regions have a budget feed");
     let mut policy = cfg.policy.build(cfg.budget_pages);
     let budget = cfg.budget_pages.max(1);
+    let low = low_water.unwrap_or(budget).min(budget);
+    // Set when the region goes past the budget, cleared at `low`.
+    let mut draining = false;
     let mut held = Unwritable {
         pages: VecDeque::new(),
         delay: RETRY_MIN,
@@ -305,11 +318,12 @@ fn run(r: &RegionState, cfg: EvictionConfig, stop: &StopFlag) {
         budget_feed.drain_hints(|p| policy.on_access_hint(p));
         let mut progress = false;
         let mut tries = 0;
-        let over = || {
+        let over = |limit: usize| {
             let stuck = budget_feed.unwritable.load(SeqCst);
-            budget_feed.resident.load(SeqCst).saturating_sub(stuck) > budget
+            budget_feed.resident.load(SeqCst).saturating_sub(stuck) > limit
         };
-        while over() && tries < 4 * budget {
+        draining |= over(budget);
+        while draining && over(low) && tries < 4 * budget {
             tries += 1;
             // Pages whose claim is held (being faulted or dirtied) or that
             // an I/O holds are skipped this round and handed back.
@@ -336,6 +350,7 @@ fn run(r: &RegionState, cfg: EvictionConfig, stop: &StopFlag) {
                 }
             }
         }
+        draining &= over(low);
         if !progress {
             std::thread::park_timeout(Duration::from_micros(200));
         }

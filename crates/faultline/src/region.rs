@@ -90,6 +90,7 @@ pub struct RegionBuilder {
     pool: Option<FramePoolConfig>,
     run_ahead: Option<RunAheadConfig>,
     budget: Option<EvictionConfig>,
+    low_water: Option<usize>,
     drain_timeout: Duration,
     zero_copy: ZeroCopy,
 }
@@ -120,6 +121,7 @@ impl RegionBuilder {
             pool: None,
             run_ahead: None,
             budget: None,
+            low_water: None,
             drain_timeout: Duration::from_secs(10),
             zero_copy: ZeroCopy::Auto,
         }
@@ -200,6 +202,14 @@ impl RegionBuilder {
     /// [`crate::evict`]). Private anonymous regions resolved with COPY.
     pub fn budget(mut self, cfg: EvictionConfig) -> Self {
         self.budget = Some(cfg);
+        self
+    }
+    /// With a [`budget`](Self::budget): once the region goes past it, the
+    /// evictor evicts down to `pages` (at most the budget; UMap's low-water
+    /// mark) before it rests, instead of stopping just under the budget.
+    /// Default: the budget.
+    pub fn budget_low_water(mut self, pages: usize) -> Self {
+        self.low_water = Some(pages);
         self
     }
     /// How long dropping the region waits for in-flight faults.
@@ -540,7 +550,7 @@ impl RegionBuilder {
         }
         if let Some(cfg) = self.budget {
             region.evictor = Some(
-                crate::evict::start(region.state(), cfg)
+                crate::evict::start(region.state(), cfg, self.low_water)
                     .map_err(spawn_err("spawn evictor thread"))?,
             );
         }

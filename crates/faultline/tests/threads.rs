@@ -336,6 +336,48 @@ fn eviction_region_drop_writes_dirty_pages_back() {
     eviction_drop_writes_back(EngineKind::Poll);
 }
 
+/// UMap's low-water mark: once past its budget, the evictor evicts down to
+/// the mark before it rests; without one it stops at the budget.
+#[test]
+fn eviction_past_the_budget_drains_to_the_low_water_mark() {
+    let _deadline = deadline(120);
+    let (budget, touched) = (16usize, 17usize);
+    for low in [None, Some(6usize)] {
+        let len = 64 * 4096;
+        let mut b = Region::builder(len)
+            .shared_store(Arc::new(MemoryStore::new(vec![5; len])))
+            .readahead(ReadaheadConfig::fixed(1))
+            .budget(EvictionConfig {
+                budget_pages: budget,
+                policy: faultline::policy::PolicyKind::Fifo,
+            });
+        if let Some(l) = low {
+            b = b.budget_low_water(l);
+        }
+        let r = b.build_dyn(engine_of(EngineKind::Poll)).unwrap();
+        // One page per fault: the 17th puts the region one past its budget.
+        for pg in 0..touched {
+            assert_eq!(read(r.as_ptr(), pg * 4096), 5);
+        }
+        let rest = low.unwrap_or(budget) as u64;
+        let t0 = std::time::Instant::now();
+        loop {
+            let s = r.eviction_stats().unwrap();
+            if s.evicted >= touched as u64 - rest {
+                // `resident` drops before `evicted` counts: it is final.
+                assert_eq!(s.resident, rest, "low water {low:?}: {s:?}");
+                assert_eq!(s.evicted, touched as u64 - rest, "{s:?}");
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "low water {low:?}: the evictor did not get there: {s:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
 #[test]
 fn adaptive_readahead_grows_on_streams_only() {
     let _deadline = deadline(120);
