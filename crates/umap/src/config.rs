@@ -8,7 +8,7 @@
 //! | `UMAP_PAGE_FILLERS` | threads reading pages from the store | hardware threads | handler threads of the workers engine; unset, file regions use the signal engine (faults resolved on the faulting thread, no fillers) |
 //! | `UMAP_PAGE_EVICTORS` | threads evicting pages | hardware threads | reported; each region has one evictor thread |
 //! | `UMAP_EVICT_HIGH_WATER_THRESHOLD` | percent of the buffer at which eviction starts | 90 | the budget is `BUFSIZE * HIGH / 100` pages |
-//! | `UMAP_EVICT_LOW_WATER_THRESHOLD` | percent at which eviction stops | 70 | validated (`LOW <= HIGH`); eviction stops at the budget |
+//! | `UMAP_EVICT_LOW_WATER_THRESHOLD` | percent at which eviction stops | 70 | once past the budget, the evictor evicts down to `BUFSIZE * LOW / 100` pages (`LOW <= HIGH`) |
 //! | `UMAP_READ_AHEAD` | pages read ahead of a fault | 0 | set: every fault installs the aligned window of `READ_AHEAD + 1` pages; unset: faultline's adaptive read-ahead |
 //! | `UMAP_MAX_FAULT_EVENTS` | uffd events read at once | 256 | messages per `read(2)` of the workers engine |
 //! | `UMAP_LOG_LEVEL` | log verbosity | errors only | `ERROR`, `WARNING`, `INFO`, `DEBUG` (or 0-3) on stderr |
@@ -159,6 +159,13 @@ impl Config {
     /// The per-region budget: `BUFSIZE * HIGH / 100` pages, at least 1.
     pub fn budget_pages(&self) -> usize {
         (self.buf_pages.saturating_mul(self.high_water) / 100).clamp(1, usize::MAX as u64) as usize
+    }
+
+    /// Where eviction stops once it started: `BUFSIZE * LOW / 100` pages
+    /// (at most the budget).
+    pub fn low_water_pages(&self) -> usize {
+        ((self.buf_pages.saturating_mul(self.low_water) / 100).min(usize::MAX as u64) as usize)
+            .min(self.budget_pages())
     }
 }
 

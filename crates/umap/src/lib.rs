@@ -15,8 +15,9 @@
 //!    `len` and `offset` multiples of `UMAP_PAGESIZE`, a readable `fd`),
 //!    opens the file as a faultline file store (read-only when `fd` is) and
 //!    builds a region with a resident budget of `UMAP_BUFSIZE * HIGH / 100`
-//!    pages (dirty pages are tracked, written back on eviction,
-//!    `umap_flush` and `uunmap`).
+//!    pages; past it the evictor evicts down to `UMAP_BUFSIZE * LOW / 100`
+//!    (dirty pages are tracked, written back on eviction, `umap_flush` and
+//!    `uunmap`).
 //! 2. Faults are resolved by the signal engine (on the faulting thread)
 //!    unless `UMAP_PAGE_FILLERS` is set or the store is a C++
 //!    `Umap::Store` (not async-signal-safe): then by a workers engine with
@@ -213,7 +214,8 @@ fn map_region(
         .budget(EvictionConfig {
             budget_pages: c.budget_pages(),
             policy: PolicyKind::Clock,
-        });
+        })
+        .budget_low_water(c.low_water_pages());
     if let Some(n) = c.read_ahead {
         b = b.readahead(ReadaheadConfig::fixed(n as usize + 1));
     }
@@ -406,7 +408,13 @@ pub struct umap_prefetch_item {
     pub page_base_addr: *mut c_void,
 }
 
-fn populate(addr: usize, size: usize) -> Result<(), CError> {
+/// How long prefetching waits for pages other threads are resolving.
+const POPULATE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Installs the pages of `[addr, addr + size)` (clipped to the region
+/// holding `addr`) on the calling thread; with `pin`, pins them first, so
+/// the evictor leaves them resident until `uunmap`.
+fn populate(addr: usize, size: usize, pin: bool) -> Result<(), CError> {
     let map = regions();
     let Some((&start, region)) = map.range(..=addr).next_back() else {
         return Err(CError::invalid(format!(
@@ -422,7 +430,16 @@ fn populate(addr: usize, size: usize) -> Result<(), CError> {
     let ps = region.page_size();
     let first = off / ps * ps;
     let end = (off + size.max(1)).min(region.len());
-    region.populate(first, end - first)?;
+    let pages = first / ps..end.div_ceil(ps);
+    if pin {
+        // Pinned before they are installed: the evictor never sees them
+        // unpinned, even for a moment.
+        region.pin(pages.clone());
+    }
+    // Installed as a read would install them: clean, so only pages the
+    // program then writes are written back (`Region::populate` installs
+    // as a write, dirty, and a read-only `fd` would fail the write-back).
+    region.resolve_pages(pages, false, POPULATE_WAIT)?;
     Ok(())
 }
 
@@ -445,7 +462,7 @@ pub unsafe extern "C" fn umap_prefetch(npages: c_int, page_array: *mut umap_pref
         let items = unsafe { std::slice::from_raw_parts(page_array, npages as usize) };
         let mut first = None;
         for item in items {
-            if let Err(e) = populate(item.page_base_addr as usize, 1) {
+            if let Err(e) = populate(item.page_base_addr as usize, 1, false) {
                 first.get_or_insert(e);
             }
         }
@@ -462,22 +479,21 @@ pub unsafe extern "C" fn umap_prefetch(npages: c_int, page_array: *mut umap_pref
     }
 }
 
-/// UMap's `umap_fetch_and_pin()`: installs `[paddr, paddr + size)` now.
-/// Pinning is not offered (the budget may evict the pages later); the
-/// call logs a warning once.
+/// UMap's `umap_fetch_and_pin()`: pins the pages of `[paddr, paddr +
+/// size)` and installs them now. Pinned pages stay resident (the evictor
+/// skips them, and they count against the budget) until `uunmap`; UMap
+/// has no unpin call. Errors set `errno` to `EINVAL` (outside every
+/// region) or the store's error (UMap's function returns nothing).
 ///
 /// # Safety
 /// None beyond UMap's: `paddr` is inside a region.
 #[no_mangle]
 pub unsafe extern "C" fn umap_fetch_and_pin(paddr: *mut c_char, size: u64) {
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    WARNED.call_once(|| {
-        log_at(Level::Warning, || {
-            "umap_fetch_and_pin: pages are fetched but not pinned (a budget may evict them)".into()
-        })
+    log_at(Level::Debug, || {
+        format!("umap_fetch_and_pin(paddr {paddr:p}, size {size})")
     });
     let r = guard("umap_fetch_and_pin", || {
-        populate(paddr as usize, size as usize).map(|()| 0)
+        populate(paddr as usize, size as usize, true).map(|()| 0)
     });
     if r < 0 {
         fail(

@@ -267,6 +267,29 @@ fn many_threads_fault_at_once() {
     }
 }
 
+/// `UMAP_EVICT_LOW_WATER_THRESHOLD`: past the budget the evictor stops at
+/// `BUFSIZE * LOW / 100`; `umap_fetch_and_pin` pages survive a sweep that
+/// evicts everything else (signal engine, then 2 fillers).
+#[test]
+fn low_water_mark_and_pinned_pages() {
+    let Some(p) = programs() else { return };
+    let f = pattern_file(&tmp(), "watermarks.bin", 64);
+    let base = [
+        ("UMAP_BUFSIZE", "20"),
+        ("UMAP_EVICT_HIGH_WATER_THRESHOLD", "80"),
+        ("UMAP_EVICT_LOW_WATER_THRESHOLD", "30"),
+        ("UMAP_READ_AHEAD", "0"),
+    ];
+    for fillers in [None, Some("2")] {
+        let mut env = base.to_vec();
+        env.extend(fillers.map(|n| ("UMAP_PAGE_FILLERS", n)));
+        assert_ok(
+            &run(&p.c, &["watermarks", f.to_str().unwrap()], &env, LIMIT),
+            "watermarks",
+        );
+    }
+}
+
 #[test]
 fn cpp_stores_through_umap_ex() {
     let Some(p) = programs() else { return };

@@ -10,15 +10,17 @@
  *    (EINVAL, EBADF, EEXIST, EOPNOTSUPP, EIO) and a message on stderr.
  *  - UMAP_BUFSIZE is a budget per region (UMap: one buffer for all).
  *  - UMAP_PAGE_EVICTORS is reported but each region has one evictor
- *    thread; eviction stops at the high-water mark's budget (the low-water
- *    mark is validated, not used).
+ *    thread. It starts past UMAP_BUFSIZE * HIGH / 100 pages and evicts
+ *    down to UMAP_BUFSIZE * LOW / 100, as UMap's evictors do.
  *  - With UMAP_PAGE_FILLERS unset, file regions resolve faults on the
  *    faulting thread (no filler threads); set, or for a Umap::Store, that
  *    many filler threads do.
  *  - UMAP_READ_AHEAD unset: faultline's adaptive read-ahead; set to N:
  *    every fault installs the aligned window of N + 1 pages.
- *  - UMAP_PAGESIZE must be a power of two (UMap: any multiple of 4096).
- *  - umap_fetch_and_pin() fetches but does not pin.
+ *  - UMAP_PAGESIZE must be a power of two (UMap: any multiple of 4096):
+ *    faultline maps an address to its page with a shift.
+ *  - umap_fetch_and_pin() pins until uunmap() (UMap has no unpin call);
+ *    pinned pages count against the budget.
  */
 #ifndef _UMAP_H_
 #define _UMAP_H_
@@ -70,7 +72,8 @@ int umap_has_write_support();
 
 /** Installs the listed pages now, on the calling thread. */
 void umap_prefetch( int npages, struct umap_prefetch_item* page_array );
-/** Installs [paddr, paddr + size) now (not pinned here). */
+/** Pins the pages of [paddr, paddr + size) and installs them now; they
+ *  stay resident until uunmap(). */
 void umap_fetch_and_pin( char* paddr, uint64_t size );
 uint64_t umapcfg_get_umap_page_size( void );
 uint64_t umapcfg_get_max_fault_events( void );
