@@ -104,7 +104,7 @@ fn cargo_cinstall_installs_the_library_header_and_pc_file() {
         .strip_prefix("cargo-c 0.")
         .and_then(|v| v.split('.').next())
         .and_then(|m| m.parse::<u32>().ok());
-    if !minor.is_some_and(|m| m >= 10) {
+    if minor.is_none_or(|m| m < 10) {
         eprintln!("skipping: no cargo-c >= 0.10 (`cargo cinstall --version`: {version:?}; bash scripts/setup.sh installs it)");
         return;
     }
