@@ -20,7 +20,9 @@
 //! sends one pipeline per node. Every reply must have exactly the length
 //! asked for: a missing or short key inside the store's length is an
 //! error. Write-back is one pipeline of `SET`s (whole chunks) and
-//! `SETRANGE`s (parts), so any page size works with any chunk size.
+//! `SETRANGE`s (parts), so any page size works with any chunk size; a
+//! `flush` batch (`PageStore::write_back_batch`, up to 64 pages) is one
+//! pipeline.
 //!
 //! A sequential stream is read ahead on a single server
 //! ([`RedisConfig::read_ahead`]): a fill that continues the previous one
@@ -67,7 +69,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use faultline::{FillRange, PageStore, StoreError};
+use faultline::{FillRange, PageStore, StoreError, WriteRange};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Value};
 use resp::{Bulk, RawConn};
@@ -1004,22 +1006,41 @@ impl PageStore for RedisStore {
     }
 
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        // Bytes past the store's end must be zeros (the region's tail).
-        let inside = self.info.len.saturating_sub(offset).min(data.len() as u64) as usize;
-        if let Some(i) = data[inside..].iter().position(|&b| b != 0) {
-            let at = offset + (inside + i) as u64;
-            return Err(self.remote(
-                at / self.info.chunk_bytes as u64,
-                at,
-                format!("write past the store's end {:#x}", self.info.len),
-            ));
-        }
+        let mut out = [Ok(())];
+        self.write_back_batch(&[WriteRange { offset, data }], &mut out);
+        let [res] = out;
+        res
+    }
+
+    fn write_back_batch(&self, ranges: &[WriteRange<'_>], out: &mut [Result<(), StoreError>]) {
+        // Bytes past the store's end must be zeros (the region's tail); a
+        // range that breaks this fails alone.
         let mut pieces = Vec::new();
-        self.pieces_of(0, offset, inside, &mut pieces);
+        for (i, (r, o)) in ranges.iter().zip(out.iter_mut()).enumerate() {
+            let inside = self
+                .info
+                .len
+                .saturating_sub(r.offset)
+                .min(r.data.len() as u64) as usize;
+            *o = match r.data[inside..].iter().position(|&b| b != 0) {
+                Some(k) => {
+                    let at = r.offset + (inside + k) as u64;
+                    Err(self.remote(
+                        at / self.info.chunk_bytes as u64,
+                        at,
+                        format!("write past the store's end {:#x}", self.info.len),
+                    ))
+                }
+                None => {
+                    self.pieces_of(i, r.offset, inside, &mut pieces);
+                    Ok(())
+                }
+            };
+        }
         let Some(first) = pieces.first() else {
-            return Ok(());
+            return;
         };
-        // A whole chunk is a SET, part of one a SETRANGE.
+        // One pipeline: a whole chunk is a SET, part of one a SETRANGE.
         let cmds: Vec<Cmd> = pieces
             .iter()
             .map(|p| {
@@ -1028,15 +1049,25 @@ impl PageStore for RedisStore {
                 if !p.whole {
                     cmd.arg(p.from);
                 }
-                cmd.arg(&data[p.at..p.at + p.len]);
+                cmd.arg(&ranges[p.range].data[p.at..p.at + p.len]);
                 cmd
             })
             .collect();
         self.writes_started.fetch_add(1, Ordering::SeqCst);
-        let res = self
-            .with_conn(&self.chunk_key(first.chunk), |c| c.pipeline(&cmds))
-            .map_err(|f| self.remote(first.chunk, offset, f.cause));
+        let res = self.with_conn(&self.chunk_key(first.chunk), |c| c.pipeline(&cmds));
         self.writes_finished.fetch_add(1, Ordering::SeqCst);
-        res
+        if let Err(f) = res {
+            // Which SET failed is not known: every range written here
+            // stays dirty.
+            for p in &pieces {
+                if out[p.range].is_ok() {
+                    out[p.range] = Err(self.remote(
+                        p.chunk,
+                        ranges[p.range].offset + p.at as u64,
+                        f.cause.clone(),
+                    ));
+                }
+            }
+        }
     }
 }

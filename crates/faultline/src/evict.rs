@@ -94,42 +94,85 @@ pub struct EvictionConfig {
 /// The caller holds the page's claim. Returns the store error, if any (the
 /// page is then un-protected again and stays dirty).
 pub(crate) fn write_back(r: &RegionState, page: usize) -> Result<(), StoreError> {
+    let mut out = [Ok(())];
+    write_back_batch(r, &[page], &mut out);
+    let [res] = out;
+    res
+}
+
+/// [`write_back`] of every page of `pages` (claimed by the caller) with
+/// one [`PageStore::write_back_batch`](crate::PageStore::write_back_batch)
+/// call: one round trip for a remote store. `out[i]` is `pages[i]`'s
+/// result.
+pub(crate) fn write_back_batch(
+    r: &RegionState,
+    pages: &[usize],
+    out: &mut [Result<(), StoreError>],
+) {
     let budget = r
         .budget
         .as_ref()
         .expect("budget regions have a budget feed");
+    let ps = r.pages.size().bytes();
+    let mut ranges = Vec::with_capacity(pages.len());
+    let mut which = Vec::with_capacity(pages.len());
+    for (i, &page) in pages.iter().enumerate() {
+        match write_protect(r, page) {
+            Ok(()) => {
+                // SAFETY: the page is resident (dirty) and write-protected;
+                // we only read it.
+                let data =
+                    unsafe { std::slice::from_raw_parts(r.pages.addr(page) as *const u8, ps) };
+                ranges.push(crate::store::WriteRange {
+                    offset: r.pages.offset(page),
+                    data,
+                });
+                which.push(i);
+            }
+            Err(e) => out[i] = Err(e),
+        }
+    }
+    let mut res = vec![Ok(()); ranges.len()];
+    if !ranges.is_empty() {
+        r.store.write_back_batch(&ranges, &mut res);
+    }
+    for (i, res) in which.into_iter().zip(res) {
+        let page = pages[i];
+        match res {
+            Ok(()) => {
+                r.residency.set(page, PageState::ReadOnly);
+                budget.written_back.fetch_add(1, Relaxed);
+            }
+            Err(e) => {
+                budget.write_back_errors.fetch_add(1, Relaxed);
+                let _ = r
+                    .uffd
+                    .writeprotect(r.pages.addr(page), ps as u64, false, false);
+                out[i] = Err(e);
+            }
+        }
+    }
+}
+
+/// Write-protects `page` for its write-back. (DONTWAKE is only valid when
+/// clearing protection.) EAGAIN: an event is pending (thread engines read
+/// it soon); retry, bounded.
+fn write_protect(r: &RegionState, page: usize) -> Result<(), StoreError> {
     let (addr, ps) = (r.pages.addr(page), r.pages.size().bytes());
-    let offset = r.pages.offset(page);
-    // (DONTWAKE is only valid when clearing protection.) EAGAIN: an event
-    // is pending (thread engines read it soon); retry, bounded.
     let mut tries = 0;
     loop {
         match r.uffd.writeprotect(addr, ps as u64, true, false) {
-            Ok(()) => break,
+            Ok(()) => return Ok(()),
             Err(e) if e.is(Errno::EAGAIN) && tries < 2000 => {
                 tries += 1;
                 std::thread::sleep(Duration::from_micros(50));
             }
             Err(e) => {
                 return Err(StoreError::Failed {
-                    offset,
+                    offset: r.pages.offset(page),
                     reason: format!("write-protecting for write-back: {e}").into(),
                 })
             }
-        }
-    }
-    // SAFETY: the page is resident (dirty) and write-protected; we only read.
-    let data = unsafe { std::slice::from_raw_parts(addr as *const u8, ps) };
-    match r.store.write_back(offset, data) {
-        Ok(()) => {
-            r.residency.set(page, PageState::ReadOnly);
-            budget.written_back.fetch_add(1, Relaxed);
-            Ok(())
-        }
-        Err(e) => {
-            budget.write_back_errors.fetch_add(1, Relaxed);
-            let _ = r.uffd.writeprotect(addr, ps as u64, false, false);
-            Err(e)
         }
     }
 }

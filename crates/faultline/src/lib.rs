@@ -102,4 +102,6 @@ pub use pool::{FramePoolConfig, FramePoolStats};
 pub use region::{Region, RegionBuilder};
 pub use residency::PageState;
 pub use runahead::{RunAheadConfig, RunAheadStats};
-pub use store::{FileAccess, FileStore, FillRange, MemoryStore, PageStore, StoreError, ZeroStore};
+pub use store::{
+    FileAccess, FileStore, FillRange, MemoryStore, PageStore, StoreError, WriteRange, ZeroStore,
+};

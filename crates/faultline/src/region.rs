@@ -754,8 +754,26 @@ impl Region {
         if s.budget.is_none() {
             return Ok(0);
         }
+        // Claimed dirty pages go back in batches: one store call (one round
+        // trip for a remote store) per batch.
+        const BATCH: usize = 64;
         let mut written = 0;
         let mut first_err = None;
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut flush_batch = |batch: &mut Vec<usize>| {
+            let mut out = vec![Ok(()); batch.len()];
+            crate::evict::write_back_batch(s, batch, &mut out);
+            for (&p, res) in batch.iter().zip(out) {
+                match res {
+                    Ok(()) => written += 1,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                s.residency.release(p..p + 1);
+            }
+            batch.clear();
+        };
         for p in 0..s.pages.count() {
             if s.residency.get(p) != PageState::Writable {
                 continue;
@@ -766,6 +784,8 @@ impl Region {
             let deadline = Instant::now() + CLAIM_WAIT;
             while !claim_idle(&s.residency, p) {
                 if Instant::now() > deadline {
+                    // Write back (and let go of) the pages already claimed.
+                    flush_batch(&mut batch);
                     return Err(Error::Io {
                         op: "flush: claiming a page",
                         source: std::io::Error::from(std::io::ErrorKind::TimedOut),
@@ -774,15 +794,15 @@ impl Region {
                 std::thread::yield_now();
             }
             if s.residency.get(p) == PageState::Writable {
-                match crate::evict::write_back(s, p) {
-                    Ok(()) => written += 1,
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                    }
+                batch.push(p);
+                if batch.len() == BATCH {
+                    flush_batch(&mut batch);
                 }
+            } else {
+                s.residency.release(p..p + 1);
             }
-            s.residency.release(p..p + 1);
         }
+        flush_batch(&mut batch);
         match first_err {
             Some(e) => Err(Error::Store(e)),
             None => Ok(written),

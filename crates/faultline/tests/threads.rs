@@ -390,7 +390,10 @@ struct BatchedStore {
     inner: MemoryStore,
     batches: std::sync::atomic::AtomicUsize,
     fills: std::sync::atomic::AtomicUsize,
+    write_batches: std::sync::atomic::AtomicUsize,
     bad: u64,
+    /// A write-back covering it fails.
+    bad_write: u64,
 }
 
 impl PageStore for BatchedStore {
@@ -421,7 +424,20 @@ impl PageStore for BatchedStore {
         true
     }
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        if (offset..offset + data.len() as u64).contains(&self.bad_write) {
+            return Err(StoreError::Failed {
+                offset: self.bad_write,
+                reason: "injected".into(),
+            });
+        }
         self.inner.write_back(offset, data)
+    }
+    fn write_back_batch(&self, ranges: &[WriteRange<'_>], out: &mut [Result<(), StoreError>]) {
+        self.write_batches
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        for (r, o) in ranges.iter().zip(out.iter_mut()) {
+            *o = self.write_back(r.offset, r.data);
+        }
     }
 }
 
@@ -440,7 +456,9 @@ fn window_with_holes_is_one_batched_fill() {
             inner: MemoryStore::new(data.clone()),
             batches: Default::default(),
             fills: Default::default(),
+            write_batches: Default::default(),
             bad: (9 * ps + 100) as u64,
+            bad_write: u64::MAX,
         });
         let r = Region::builder(64 * ps)
             .shared_store(store.clone())
@@ -482,6 +500,51 @@ fn window_with_holes_is_one_batched_fill() {
         for pg in (16..64).step_by(5) {
             assert_eq!(read(p, pg * ps + 1), data[pg * ps + 1], "{e:?} page {pg}");
         }
+    }
+}
+
+/// `flush` hands the store its dirty pages in batches of 64 (one
+/// `write_back_batch` each: one round trip for a remote store); a page
+/// whose write-back failed stays dirty, the others are clean.
+#[test]
+fn flush_writes_back_in_batches() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let _deadline = deadline(60);
+    let ps = 4096usize;
+    let data = pattern(128 * ps);
+    for e in THREAD_ENGINES {
+        let store = Arc::new(BatchedStore {
+            inner: MemoryStore::new(data.clone()),
+            batches: Default::default(),
+            fills: Default::default(),
+            write_batches: Default::default(),
+            bad: u64::MAX,
+            bad_write: (70 * ps + 5) as u64,
+        });
+        let r = Region::builder(128 * ps)
+            .shared_store(store.clone())
+            .budget(EvictionConfig {
+                budget_pages: 128,
+                policy: policy::PolicyKind::Clock,
+            })
+            .build_dyn(engine_of(e))
+            .unwrap();
+        let p = r.as_ptr();
+        for pg in 0..100 {
+            // SAFETY: inside the region.
+            unsafe { *p.add(pg * ps + 1) = !data[pg * ps + 1] };
+        }
+        assert!(r.flush().is_err(), "{e:?}: page 70's write-back fails");
+        assert_eq!(store.write_batches.load(SeqCst), 2, "{e:?}: 64 + 36 pages");
+        let ev = r.eviction_stats().unwrap();
+        assert_eq!((ev.written_back, ev.write_back_errors), (99, 1), "{e:?}");
+        let mut page = vec![0u8; ps];
+        store.inner.fill(99 * ps as u64, &mut page).unwrap();
+        assert_eq!(page[1], !data[99 * ps + 1], "{e:?}: in the store");
+        // Only page 70 is still dirty: one more batch of one.
+        assert!(r.flush().is_err(), "{e:?}");
+        assert_eq!(store.write_batches.load(SeqCst), 3, "{e:?}");
+        assert_eq!(r.eviction_stats().unwrap().write_back_errors, 2, "{e:?}");
     }
 }
 

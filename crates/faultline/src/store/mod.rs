@@ -146,6 +146,17 @@ pub trait PageStore: Send + Sync + 'static {
     /// Writes `data` back at `offset`.
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError>;
 
+    /// Writes every range back, each with its own result (`out[i]` for
+    /// `ranges[i]`, same lengths). A store that pays per request (a
+    /// [`batched`](Self::batched) one) does all of them in one round
+    /// trip; `Region::flush` hands it its dirty pages in batches. The
+    /// default loops over [`write_back`](Self::write_back).
+    fn write_back_batch(&self, ranges: &[WriteRange<'_>], out: &mut [Result<(), StoreError>]) {
+        for (range, res) in ranges.iter().zip(out.iter_mut()) {
+            *res = self.write_back(range.offset, range.data);
+        }
+    }
+
     /// A zero-copy view of `len` bytes at `offset`, if the store holds them
     /// in memory that stays mapped while the store lives.
     fn view(&self, _offset: u64, _len: usize) -> Option<&[u8]> {
@@ -193,6 +204,15 @@ pub struct FillRange<'a> {
     pub offset: u64,
     /// Where the bytes go.
     pub buf: &'a mut [u8],
+}
+
+/// One range of a [`PageStore::write_back_batch`]: `data` at `offset`.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteRange<'a> {
+    /// Byte offset in the store.
+    pub offset: u64,
+    /// The bytes.
+    pub data: &'a [u8],
 }
 
 /// A store's data as a tmpfs/shmem file: `len` bytes of `fd` from
