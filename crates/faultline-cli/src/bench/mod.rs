@@ -42,6 +42,7 @@ pub mod store;
 #[allow(dead_code)]
 pub mod tsc;
 pub mod vpri;
+mod vpri_scale;
 mod vpri_sim;
 pub mod watch;
 #[allow(dead_code)]
