@@ -705,17 +705,17 @@ impl ForeignPeer {
         // Ask the store to start reading every run now, in the background
         // (a file: the kernel's large asynchronous reads), in the order the
         // runs will be installed.
-        let hints: Vec<(u64, usize)> = runs
-            .iter()
-            .map(|(i, run)| {
-                let r = &self.regions[*i];
-                (
-                    r.store_offset + r.state.pages.offset(run.start),
-                    r.state.pages.bytes(run.len()),
-                )
-            })
-            .collect();
         if hint {
+            let hints: Vec<(u64, usize)> = runs
+                .iter()
+                .map(|(i, run)| {
+                    let r = &self.regions[*i];
+                    (
+                        r.store_offset + r.state.pages.offset(run.start),
+                        r.state.pages.bytes(run.len()),
+                    )
+                })
+                .collect();
             let store = self.store.clone();
             let _ = std::thread::Builder::new()
                 .name("faultline-prefetch-read".into())

@@ -84,6 +84,8 @@ struct Run {
     p99_ns: f64,
     faults: u64,
     bytes_read: u64,
+    /// serve's reading and mapping of the recorded set (prefetch), ms.
+    prepare_ms: f64,
 }
 
 /// Runs the bench.
@@ -138,6 +140,8 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     let mut progress = ctx.progress(steps, "restore");
     let mut rows = Vec::new();
     let mut floors = Vec::new();
+    // Per (working set, cache): prefetch's preparation of the record.
+    let mut prepared: Vec<(String, f64)> = Vec::new();
     // Per (working set, cache): each configuration's median ms (plot).
     let mut groups: Vec<(String, Vec<(String, f64)>)> = Vec::new();
     for &ws in &a.working_set {
@@ -172,6 +176,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     p99_ns: med(&|r| r.p99_ns),
                     faults: med(&|r| r.faults as f64) as u64,
                     bytes_read: med(&|r| r.bytes_read as f64) as u64,
+                    prepare_ms: med(&|r| r.prepare_ms),
                 };
                 medians.push((cfg.to_string(), m));
             }
@@ -186,6 +191,9 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                 ));
             }
             groups.push((format!("{ws}% {cache}"), bars));
+            if let Some(m) = medians.iter().find(|m| m.0 == "prefetch") {
+                prepared.push((format!("{ws}% {cache} prefetch"), m.1.prepare_ms));
+            }
             let get = |n: &str| medians.iter().find(|m| m.0 == n).map(|m| &m.1);
             let ratio = |x: Option<&Run>, m: &Run| x.map(|x| x.seconds / m.seconds);
             let show = |r: Option<f64>| r.map_or("-".to_string(), fmt_ratio);
@@ -201,6 +209,9 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     .with("vcpu_p99_ns", m.p99_ns)
                     .with("demand_faults", m.faults)
                     .with("bytes_read", m.bytes_read);
+                if m.prepare_ms.is_finite() {
+                    rec = rec.with("prepare_ms", m.prepare_ms);
+                }
                 if let Some(r) = ratio(base, m) {
                     rec = rec.with("speedup_vs_baseline", r);
                 }
@@ -265,6 +276,11 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     println!(
         "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read)"
     );
+    for (label, ms) in &prepared {
+        println!(
+            "{label}: serve read and mapped the recorded set in {ms:.1} ms from its own start (the peer starts with it; not a pause before the handshake)"
+        );
+    }
     print_floors(ctx, &floors);
     let names: Vec<String> = groups.iter().map(|g| g.0.clone()).collect();
     let mut series: Vec<(String, Vec<f64>)> = Vec::new();
@@ -472,7 +488,7 @@ fn served(
     mem: &Path,
     ws: f64,
     extra: &[&str],
-) -> anyhow::Result<(PeerReport, PeerSummary)> {
+) -> anyhow::Result<(PeerReport, PeerSummary, f64)> {
     let sock = dir.join("serve.sock");
     let json = dir.join("serve.json");
     let _ = std::fs::remove_file(&sock);
@@ -486,10 +502,11 @@ fn served(
         .arg(&json)
         .args(["--peers", "1", "--timeout", "60"]);
     cmd.args(extra);
+    let err = dir.join("serve.err");
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&err)?)
         .spawn()?;
     let rep = peer(a, dir, mem, ws, Some(&sock));
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -510,7 +527,17 @@ fn served(
     }
     let sums: Vec<PeerSummary> = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
     let s = sums.into_iter().next().context("serve reported no peer")?;
-    Ok((rep, s))
+    Ok((rep, s, prepared_ms(&std::fs::read_to_string(&err)?)))
+}
+
+/// The ms `serve` said reading and mapping its recorded set took (from its
+/// start, concurrent with the peer's start and restore).
+fn prepared_ms(log: &str) -> f64 {
+    log.lines()
+        .find(|l| l.contains("prepared the recorded set"))
+        .and_then(|l| l.rsplit(" in ").next())
+        .and_then(|t| t.trim_end_matches(" ms").parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 fn record(a: &RestoreArgs, dir: &Path, mem: &Path, ws: f64, rec: &Path) -> anyhow::Result<()> {
@@ -539,6 +566,7 @@ fn one(
         p99_ns: p.p99_ns as f64,
         faults,
         bytes_read: bytes,
+        prepare_ms: f64::NAN,
     };
     Ok(match cfg {
         "kernel" => {
@@ -560,19 +588,22 @@ fn one(
             from(p?, faults, faults * 4096)
         }
         "on-demand" => {
-            let (p, s) = served(a, dir, mem, ws, &[])?;
+            let (p, s, _) = served(a, dir, mem, ws, &[])?;
             from(p, s.faults, s.bytes_read)
         }
         "prefetch" | "eager" => {
             let list = if cfg == "prefetch" { rec } else { all };
-            let (p, s) = served(
+            let (p, s, prepare_ms) = served(
                 a,
                 dir,
                 mem,
                 ws,
                 &["--prefetch", list.to_str().context("path")?],
             )?;
-            from(p, s.faults, s.bytes_read)
+            Run {
+                prepare_ms,
+                ..from(p, s.faults, s.bytes_read)
+            }
         }
         other => bail!("unknown configuration {other}"),
     })
