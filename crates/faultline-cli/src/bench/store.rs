@@ -5,6 +5,11 @@
 //!    fault-around 64, pages from Redis (unix socket) vs from a `FileStore`
 //!    on a file in the page cache (copied, not zero copy). Target: Redis
 //!    <= 2x the file store per page.
+//!
+//!    **flush**: every page of the same region dirtied (a budget tracks
+//!    them), then one `Region::flush`: Redis with its batched write-back
+//!    (64 pages per pipeline), the same store written one page per
+//!    pipeline (the baseline), and the file store.
 //! 2. **bfs**: a level-synchronous BFS over an R-MAT graph (`--scale`,
 //!    default 20) whose region reads Redis, with the default adaptive
 //!    read-ahead, vs the same region over the file. Target: <= 3x.
@@ -168,7 +173,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
         "\n== store: Redis ({base}, {placement}) vs the local file store; load average {}",
         loadavg()
     );
-    let steps = if args.scale > 0 { 4 } else { 3 };
+    let steps = if args.scale > 0 { 5 } else { 4 };
     let mut progress = ctx.progress(steps, "store");
 
     // The data: a file in the page cache and the same bytes in Redis.
@@ -316,6 +321,56 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
                 .collect(),
         ),
     ];
+
+    // 1b. Write-back: every page of the region dirtied, then one flush
+    //     (batches of 64 pages: one pipeline each for Redis).
+    progress.step("flush");
+    // [batched redis, redis one page per pipeline, file]
+    let mut flush_ns: [Vec<f64>; 3] = Default::default();
+    for _ in 0..reps {
+        for k in 0..3 {
+            let store: Arc<dyn PageStore> = match k {
+                0 => Arc::new(RedisStore::open(&seq_url)?),
+                1 => Arc::new(PerPage(RedisStore::open(&seq_url)?)),
+                _ => Arc::new(FileStore::open(&file.0)?),
+            };
+            let r = Region::builder(len)
+                .shared_store(store)
+                .fault_around(64)
+                .zero_copy(false)
+                .budget(faultline::EvictionConfig {
+                    budget_pages: pages,
+                    policy: faultline::policy::PolicyKind::Clock,
+                })
+                .build_dyn(poll.clone())?;
+            for pg in 0..pages {
+                // SAFETY: inside the region, which is writable.
+                unsafe { *r.as_ptr().add(pg * 4096) ^= 1 };
+            }
+            let t = Instant::now();
+            let n = r.flush().context("flush")?;
+            let ns = t.elapsed().as_secs_f64() * 1e9 / n.max(1) as f64;
+            anyhow::ensure!(n == pages, "flush wrote {n} of {pages} pages");
+            flush_ns[k].push(ns);
+        }
+    }
+    let [fb, fp, ff] = flush_ns.clone().map(|mut v| median(&mut v));
+    for (k, what) in ["redis", "redis-per-page", "file"].into_iter().enumerate() {
+        ctx.report.records.push(
+            record("store-flush", what, &mut flush_ns[k].clone())
+                .with("ratio_to_file", [fb, fp, ff][k] / ff)
+                .with("loadavg", loadavg()),
+        );
+    }
+    progress.suspend(|| {
+        println!(
+            "flush of {} MiB of dirty pages, {reps} runs: redis, 64 pages per pipeline {fb:.0} ns/page; redis, one pipeline per page {fp:.0} ns/page ({:.2}x faster batched); file {ff:.0} ns/page (redis batched {:.2}x the file); load {}",
+            args.mib,
+            fp / fb,
+            fb / ff,
+            loadavg()
+        )
+    });
 
     // 2. BFS over a Redis-backed region vs the file store.
     let mut bfs_ratio = None;
@@ -467,6 +522,36 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     );
     drop(server);
     Ok(())
+}
+
+/// A Redis store without its batched write-back (the default
+/// `write_back_batch`: one pipeline per page), the baseline of the flush
+/// run.
+struct PerPage(RedisStore);
+
+impl PageStore for PerPage {
+    fn describe(&self) -> &str {
+        self.0.describe()
+    }
+    fn len(&self) -> Option<u64> {
+        self.0.len()
+    }
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), faultline::StoreError> {
+        self.0.fill(offset, buf)
+    }
+    fn fill_batch(
+        &self,
+        ranges: &mut [faultline::FillRange<'_>],
+        out: &mut [Result<(), faultline::StoreError>],
+    ) {
+        self.0.fill_batch(ranges, out)
+    }
+    fn batched(&self) -> bool {
+        true
+    }
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), faultline::StoreError> {
+        self.0.write_back(offset, data)
+    }
 }
 
 /// One BFS from vertex 0 over `graph` through a poll-engine region reading
