@@ -328,7 +328,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     // [batched redis, redis one page per pipeline, file]
     let mut flush_ns: [Vec<f64>; 3] = Default::default();
     for _ in 0..reps {
-        for k in 0..3 {
+        for (k, runs) in flush_ns.iter_mut().enumerate() {
             let store: Arc<dyn PageStore> = match k {
                 0 => Arc::new(RedisStore::open(&seq_url)?),
                 1 => Arc::new(PerPage(RedisStore::open(&seq_url)?)),
@@ -351,7 +351,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
             let n = r.flush().context("flush")?;
             let ns = t.elapsed().as_secs_f64() * 1e9 / n.max(1) as f64;
             anyhow::ensure!(n == pages, "flush wrote {n} of {pages} pages");
-            flush_ns[k].push(ns);
+            runs.push(ns);
         }
     }
     let [fb, fp, ff] = flush_ns.clone().map(|mut v| median(&mut v));
