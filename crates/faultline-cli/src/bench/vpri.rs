@@ -29,9 +29,8 @@ use anyhow::Context;
 use faultline::policy::PolicyKind;
 use faultline::residency::{PageState, Residency};
 use faultline::store::FileAccess;
-use faultline::{
-    EvictionConfig, FileStore, MemoryStore, PageStore, PollEngine, Region, SignalEngine, StoreError,
-};
+use faultline::testing::{Action, Fault, FaultyStore};
+use faultline::{EvictionConfig, FileStore, MemoryStore, PollEngine, Region, SignalEngine};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Target, Tenant, TenantConfig};
 use rand::{Rng, SeedableRng};
 
@@ -111,7 +110,15 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         b3(ctx, a).context("B3")?;
     }
     if parts.contains(&"b4") {
-        super::vpri_scale::b4(ctx, a).context("B4")?;
+        super::vpri_scale::b4(
+            ctx,
+            &super::vpri_scale::B4 {
+                rate: a.b4_rate,
+                secs: a.b4_secs,
+                store_ms: a.b2_store_ms,
+            },
+        )
+        .context("B4")?;
     }
     if parts.contains(&"b2") {
         b2(ctx, a).context("B2")?;
@@ -529,31 +536,6 @@ fn set_rcvbuf(s: &UdpSocket, bytes: i32) {
     }
 }
 
-/// A store that sleeps in fills of pages past `fast_pages` (injected
-/// faults); the hot buffer pages are filled at once.
-pub(super) struct DelayStore {
-    pub(super) inner: MemoryStore,
-    pub(super) delay: Duration,
-    pub(super) fast_bytes: u64,
-}
-impl PageStore for DelayStore {
-    fn describe(&self) -> &str {
-        "delay-store"
-    }
-    fn len(&self) -> Option<u64> {
-        self.inner.len()
-    }
-    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        if offset >= self.fast_bytes {
-            std::thread::sleep(self.delay);
-        }
-        self.inner.fill(offset, buf)
-    }
-    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        self.inner.write_back(offset, data)
-    }
-}
-
 /// B2: random reads with injected I/O faults.
 fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
     println!(
@@ -591,11 +573,17 @@ fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
             progress.step(&format!("round {}: {mode}", round + 1));
             let region = Arc::new(
                 Region::builder(pages * PS)
-                    .store(DelayStore {
-                        inner: MemoryStore::new(vec![0u8; pages * PS]),
-                        delay: Duration::from_secs_f64(a.b2_store_ms / 1000.0),
-                        fast_bytes: (hot * PS) as u64,
-                    })
+                    // Fills past the hot buffer pages are injected faults.
+                    .store(
+                        FaultyStore::builder(MemoryStore::new(vec![0u8; pages * PS]))
+                            .rule(
+                                Fault::fill(Action::Slow(Duration::from_secs_f64(
+                                    a.b2_store_ms / 1000.0,
+                                )))
+                                .pages(hot as u64..),
+                            )
+                            .build(),
+                    )
                     .fault_around(1)
                     .build(&engine)?,
             );

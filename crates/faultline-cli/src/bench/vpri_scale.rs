@@ -17,22 +17,32 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use faultline::testing::{Action, Fault, FaultyStore};
 use faultline::{MemoryStore, PollEngine, Region};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Tenant, TenantConfig, WorkerMode};
 use rand::{Rng, SeedableRng};
 
 use super::report::print_table;
-use super::vpri::{DelayStore, VpriArgs};
 use super::vpri_sim::line;
 use super::BenchCtx;
 
 const PS: usize = 4096;
 
+/// B4's settings (from `bench vpri`'s arguments).
+pub(super) struct B4 {
+    /// Injected I/O faults per second per device.
+    pub rate: f64,
+    /// Seconds per point.
+    pub secs: f64,
+    /// Store latency of an injected fault, in ms.
+    pub store_ms: f64,
+}
+
 /// Runs B4.
-pub(super) fn b4(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
+pub(super) fn b4(ctx: &mut BenchCtx, a: &B4) -> anyhow::Result<()> {
     println!(
         "\n== B4: fault-worker scaling (Fig 15): K devices x {} I/O faults/s, {} ms store, {} s per point ==",
-        a.b4_rate, a.b2_store_ms, a.b4_secs
+        a.rate, a.store_ms, a.secs
     );
     let ks = [1usize, 2, 4, 8, 16];
     let cpus = faultline::sys::thread::online_cpus().max(1);
@@ -63,20 +73,22 @@ pub(super) fn b4(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
                     })
                     .collect::<Result<_, _>>()?,
             };
-            let pages = (a.b4_rate * a.b4_secs * 3.0) as usize + 64;
+            let pages = (a.rate * a.secs * 3.0) as usize + 64;
             let threads: Vec<_> = (0..k)
                 .map(|i| {
                     let tenant = tenants[i % tenants.len()].clone();
                     let region = Region::builder(pages * PS)
-                        .store(DelayStore {
-                            inner: MemoryStore::new(vec![0u8; pages * PS]),
-                            delay: Duration::from_secs_f64(a.b2_store_ms / 1000.0),
-                            fast_bytes: 0,
-                        })
+                        .store(
+                            FaultyStore::builder(MemoryStore::new(vec![0u8; pages * PS]))
+                                .rule(Fault::fill(Action::Slow(Duration::from_secs_f64(
+                                    a.store_ms / 1000.0,
+                                ))))
+                                .build(),
+                        )
                         .fault_around(1)
                         .build(&engine);
                     let file = file.clone();
-                    let (rate, secs) = (a.b4_rate, a.b4_secs);
+                    let (rate, secs) = (a.rate, a.secs);
                     std::thread::spawn(move || -> anyhow::Result<()> {
                         let dev = IoDevice::new(
                             Arc::new(region?),
