@@ -592,3 +592,56 @@ fn a_snapshot_in_redis_is_served_byte_for_byte() {
         text(&dir, "bad.err")
     );
 }
+
+/// `bench restore --store`: the memory file is uploaded to a real Redis
+/// server, faultline's configurations are served from it (every byte
+/// checked by the peer), and the records say which store served them.
+#[test]
+fn bench_restore_serves_from_redis() {
+    let dir = Dir::new("bench-redis", MIB);
+    let server = faultline_redis::server::RedisServer::start().unwrap();
+    let url = server.store_url("restore");
+    let json = dir.path("restore.json");
+    let mut b = Proc::start(
+        "bench",
+        &[
+            "bench",
+            "--json",
+            json.to_str().unwrap(),
+            "restore",
+            "--size",
+            &(16 * MIB).to_string(),
+            "--working-set",
+            "10",
+            "--configs",
+            "on-demand,prefetch",
+            "--cache",
+            "warm",
+            "--reps",
+            "1",
+            "--store",
+            &url,
+        ],
+        &dir.path("bench.err"),
+    );
+    assert_ok(&mut b, &dir);
+    let out: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows: Vec<_> = out["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["bench"] == "restore")
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    for r in rows {
+        assert_eq!(r["store"], url.as_str(), "{r}");
+        assert!(r["bytes_read"].as_u64().unwrap() > 0, "{r}");
+    }
+    // The store holds the uploaded file.
+    assert!(
+        text(&dir, "bench.err").contains(&format!("uploading the memory file to {url}")),
+        "{}",
+        text(&dir, "bench.err")
+    );
+}

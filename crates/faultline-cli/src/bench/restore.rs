@@ -74,6 +74,14 @@ pub struct RestoreArgs {
     /// Uses the first --working-set.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<usize>,
+    /// Serve faultline's configurations (on-demand, prefetch, eager) from
+    /// this Redis store (`redis://HOST:PORT/NAME`, `unix:///PATH?name=NAME`
+    /// or `redis+unix://...`): the memory file is uploaded there first,
+    /// replacing a store of that name. The kernel and the baseline handler
+    /// still read the file, and the peer checks bytes against it. "cold"
+    /// then only drops the file's cache (Redis keeps its data in memory).
+    #[arg(long)]
+    pub store: Option<String>,
 }
 
 const CONFIGS: [&str; 5] = ["kernel", "baseline", "on-demand", "prefetch", "eager"];
@@ -125,6 +133,20 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     let all = dir.join("all.txt");
     let offs: Vec<u64> = (0..a.size as u64).step_by(4096).collect();
     crate::serve::record::write(&all, &offs)?;
+    if let Some(url) = &a.store {
+        eprintln!("restore: uploading the memory file to {url}");
+        let f = std::fs::File::open(&mem)?;
+        let t = Instant::now();
+        faultline_redis::RedisStore::put(
+            url,
+            faultline_redis::RedisConfig::default(),
+            std::io::BufReader::new(f),
+            a.size as u64,
+            |_| {},
+        )
+        .with_context(|| format!("uploading the memory file to {url}"))?;
+        eprintln!("restore: uploaded in {:.2} s", t.elapsed().as_secs_f64());
+    }
     if !a.peers.is_empty() {
         return run_peers(ctx, a, dir, &mem);
     }
@@ -136,6 +158,9 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         a.reps,
         if root { " + drop_caches" } else { " (not root: drop_caches skipped)" }
     );
+    if let Some(url) = &a.store {
+        println!("restore: faultline's configurations are served from {url} (kernel and baseline read the file)");
+    }
     let steps = (a.working_set.len() * a.cache.len() * a.configs.len() * a.reps) as u64;
     let mut progress = ctx.progress(steps, "restore");
     let mut rows = Vec::new();
@@ -203,6 +228,13 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                 let mut rec = Record::new("restore", cfg, "COPY", "read", &s)
                     .with("working_set_pct", ws)
                     .with("cache", cache.as_str())
+                    .with(
+                        "store",
+                        match (cfg.as_str(), &a.store) {
+                            ("kernel" | "baseline", _) | (_, None) => "file",
+                            (_, Some(url)) => url.as_str(),
+                        },
+                    )
                     .with("reps", a.reps as u64)
                     .with("seconds", m.seconds)
                     .with("vcpu_median_ns", m.median_ns)
@@ -493,11 +525,11 @@ fn served(
     let json = dir.join("serve.json");
     let _ = std::fs::remove_file(&sock);
     let mut cmd = Command::new(exe()?);
-    cmd.arg("serve")
-        .arg("--socket")
-        .arg(&sock)
-        .arg("--mem")
-        .arg(mem);
+    cmd.arg("serve").arg("--socket").arg(&sock);
+    match &a.store {
+        Some(url) => cmd.arg("--store").arg(url),
+        None => cmd.arg("--mem").arg(mem),
+    };
     cmd.arg("--json")
         .arg(&json)
         .args(["--peers", "1", "--timeout", "60"]);
