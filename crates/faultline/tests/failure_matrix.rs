@@ -499,9 +499,11 @@ fn refused_write_back_child() {
         assert_eq!(read(region.as_ptr(), page * 4096 + 1), page as u8 | 1);
     }
     // The evictor is asynchronous (on a loaded machine it may not have run
-    // yet): give it a bounded while to meet the refusing store.
+    // yet, or only met the refusing store once): give it a bounded while
+    // to meet it and to hold the pages it cannot write (the overrun).
     wait_until(Duration::from_secs(5), || {
-        region.eviction_stats().unwrap().write_back_errors > 0
+        let es = region.eviction_stats().unwrap();
+        es.write_back_errors > 0 && es.unwritable > 8
     });
     let es = region.eviction_stats().unwrap();
     say(&format!("DONE {es:?}"));
