@@ -396,6 +396,21 @@ struct BatchedStore {
     bad_write: u64,
 }
 
+impl BatchedStore {
+    /// Over `data`, failing fills of the page holding byte `bad` and
+    /// write-backs covering byte `bad_write` (`u64::MAX`: none).
+    fn new(data: Vec<u8>, bad: u64, bad_write: u64) -> BatchedStore {
+        BatchedStore {
+            inner: MemoryStore::new(data),
+            batches: Default::default(),
+            fills: Default::default(),
+            write_batches: Default::default(),
+            bad,
+            bad_write,
+        }
+    }
+}
+
 impl PageStore for BatchedStore {
     fn describe(&self) -> &str {
         "batched-test-store"
@@ -452,14 +467,11 @@ fn window_with_holes_is_one_batched_fill() {
     let ps = 4096usize;
     let data = pattern(64 * ps);
     for e in THREAD_ENGINES {
-        let store = Arc::new(BatchedStore {
-            inner: MemoryStore::new(data.clone()),
-            batches: Default::default(),
-            fills: Default::default(),
-            write_batches: Default::default(),
-            bad: (9 * ps + 100) as u64,
-            bad_write: u64::MAX,
-        });
+        let store = Arc::new(BatchedStore::new(
+            data.clone(),
+            (9 * ps + 100) as u64,
+            u64::MAX,
+        ));
         let r = Region::builder(64 * ps)
             .shared_store(store.clone())
             .fault_around(16)
@@ -513,14 +525,11 @@ fn flush_writes_back_in_batches() {
     let ps = 4096usize;
     let data = pattern(128 * ps);
     for e in THREAD_ENGINES {
-        let store = Arc::new(BatchedStore {
-            inner: MemoryStore::new(data.clone()),
-            batches: Default::default(),
-            fills: Default::default(),
-            write_batches: Default::default(),
-            bad: u64::MAX,
-            bad_write: (70 * ps + 5) as u64,
-        });
+        let store = Arc::new(BatchedStore::new(
+            data.clone(),
+            u64::MAX,
+            (70 * ps + 5) as u64,
+        ));
         let r = Region::builder(128 * ps)
             .shared_store(store.clone())
             .budget(EvictionConfig {
