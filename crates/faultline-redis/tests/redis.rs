@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use faultline::policy::PolicyKind;
+use faultline::testing::child::deadline;
 use faultline::{
     engine, Engine, EngineConfig, EngineKind, Error, EvictionConfig, Region, StoreError,
 };
@@ -64,30 +65,6 @@ fn region_bytes(r: &Region) -> &[u8] {
     // SAFETY: the region is mapped for its whole length while `r` lives;
     // every page read faults in from the store.
     unsafe { std::slice::from_raw_parts(r.as_ptr(), r.len()) }
-}
-
-/// Kills the test if it runs past `secs` (every wait has a timeout).
-fn deadline(secs: u64) -> impl Drop {
-    struct Guard(Arc<std::sync::atomic::AtomicBool>);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let d = done.clone();
-    std::thread::spawn(move || {
-        let end = Instant::now() + Duration::from_secs(secs);
-        while Instant::now() < end {
-            if d.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        eprintln!("test deadline of {secs} s passed");
-        std::process::abort();
-    });
-    Guard(done)
 }
 
 #[test]
