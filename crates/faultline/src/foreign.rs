@@ -98,7 +98,7 @@ use crate::page::{MemoryKind, PageSize, Pages, ResolveOp};
 use crate::policy::ReadaheadConfig;
 use crate::residency::{PageBits, PageState, Residency};
 use crate::runahead::RunAheadConfig;
-use crate::store::{PageStore, StoreError};
+use crate::store::{FillRange, PageStore, StoreError};
 use crate::sys::sock::{self, events, PollFd};
 use crate::sys::thread::EventFd;
 use crate::sys::uffd::{feature, pagefault_flag, Msg, Uffd, UffdMsg};
@@ -312,6 +312,20 @@ impl RegionStore {
             .any(|p| self.removed.bits.get(p))
             .then_some(first..last + 1)
     }
+
+    /// Zeros the pages of `buf` (filled from region offset `offset`) that
+    /// the peer removed.
+    fn zero_removed(&self, offset: u64, buf: &mut [u8]) {
+        if let Some(pages) = self.removed_in(offset, buf.len()) {
+            let ps = 1usize << self.shift;
+            let first = pages.start;
+            for p in pages.filter(|&p| self.removed.bits.get(p)) {
+                let at = (p - first) * ps;
+                let end = (at + ps).min(buf.len());
+                buf[at..end].fill(0);
+            }
+        }
+    }
 }
 
 impl PageStore for RegionStore {
@@ -323,16 +337,23 @@ impl PageStore for RegionStore {
     }
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.inner.fill(self.base + offset, buf)?;
-        if let Some(pages) = self.removed_in(offset, buf.len()) {
-            let ps = 1usize << self.shift;
-            let first = pages.start;
-            for p in pages.filter(|&p| self.removed.bits.get(p)) {
-                let at = (p - first) * ps;
-                let end = (at + ps).min(buf.len());
-                buf[at..end].fill(0);
+        self.zero_removed(offset, buf);
+        Ok(())
+    }
+    fn fill_batch(&self, ranges: &mut [FillRange<'_>], out: &mut [Result<(), StoreError>]) {
+        for r in ranges.iter_mut() {
+            r.offset += self.base;
+        }
+        self.inner.fill_batch(ranges, out);
+        for (r, res) in ranges.iter_mut().zip(out.iter()) {
+            r.offset -= self.base;
+            if res.is_ok() {
+                self.zero_removed(r.offset, r.buf);
             }
         }
-        Ok(())
+    }
+    fn batched(&self) -> bool {
+        self.inner.batched()
     }
     fn write_back(&self, offset: u64, _data: &[u8]) -> Result<(), StoreError> {
         Err(StoreError::Failed {
@@ -1553,5 +1574,86 @@ mod tests {
         let q = peer.prefetch.lock().unwrap();
         let runs: Vec<Range<usize>> = q.runs.iter().map(|r| r.1.clone()).collect();
         assert_eq!(runs, vec![40..43, 3..4, 5..6]);
+    }
+
+    /// A store that pays per request and counts its batched calls.
+    struct CountingBatched {
+        inner: MemoryStore,
+        batches: AtomicUsize,
+    }
+
+    impl PageStore for CountingBatched {
+        fn describe(&self) -> &str {
+            "counting-batched"
+        }
+        fn len(&self) -> Option<u64> {
+            self.inner.len()
+        }
+        fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+            self.inner.fill(offset, buf)
+        }
+        fn fill_batch(&self, ranges: &mut [FillRange<'_>], out: &mut [Result<(), StoreError>]) {
+            self.batches.fetch_add(1, Relaxed);
+            self.inner.fill_batch(ranges, out)
+        }
+        fn batched(&self) -> bool {
+            true
+        }
+        fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+            self.inner.write_back(offset, data)
+        }
+    }
+
+    #[test]
+    fn region_store_forwards_batches_at_its_offset_and_zeros_removed_pages() {
+        let data: Vec<u8> = (0..16 * 4096).map(|i| (i / 4096) as u8 + 1).collect();
+        let inner = Arc::new(CountingBatched {
+            inner: MemoryStore::new(data),
+            batches: AtomicUsize::new(0),
+        });
+        let removed = Arc::new(Removed {
+            bits: PageBits::new(8),
+            any: AtomicBool::new(true),
+        });
+        removed.bits.set(2);
+        let rs = RegionStore {
+            inner: inner.clone(),
+            base: 8 * 4096,
+            len: 8 * 4096,
+            shift: 12,
+            removed,
+        };
+        assert!(
+            rs.batched(),
+            "a batched store stays batched behind a peer's region"
+        );
+        let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 2 * 4096]);
+        let mut ranges = [
+            FillRange {
+                offset: 0,
+                buf: &mut a,
+            },
+            FillRange {
+                offset: 4096,
+                buf: &mut b,
+            },
+        ];
+        let mut out = [Ok(()), Ok(())];
+        rs.fill_batch(&mut ranges, &mut out);
+        assert!(out.iter().all(|r| r.is_ok()));
+        assert_eq!(
+            inner.batches.load(Relaxed),
+            1,
+            "one round trip for both ranges"
+        );
+        // The ranges keep the caller's offsets.
+        assert_eq!((ranges[0].offset, ranges[1].offset), (0, 4096));
+        // Region page 0 is store page 8; page 2 was removed by the peer.
+        assert!(a.iter().all(|&x| x == 9));
+        assert!(b[..4096].iter().all(|&x| x == 10));
+        assert!(
+            b[4096..].iter().all(|&x| x == 0),
+            "a removed page reads as zeros"
+        );
     }
 }
