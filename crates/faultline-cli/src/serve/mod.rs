@@ -138,6 +138,19 @@ pub struct PeerSummary {
     pub seconds: f64,
 }
 
+/// Whose restore `--record` records: the first peer whose handshake is
+/// accepted, and only that one. A handshake claims the slot before it
+/// sets its peer up, so two peers that connect at once cannot both record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recorder {
+    /// No peer has claimed it yet.
+    Free,
+    /// A handshake claimed it and is setting its peer up.
+    Claimed,
+    /// This peer records.
+    Peer(u64),
+}
+
 struct Shared {
     args: ServeArgs,
     store: Arc<dyn PageStore>,
@@ -146,7 +159,7 @@ struct Shared {
     prefetch: Option<Vec<u64>>,
     connected: AtomicUsize,
     finished: AtomicUsize,
-    recorder: Mutex<Option<u64>>,
+    recorder: Mutex<Recorder>,
     pids: Mutex<Vec<(u64, usize, i32, Instant)>>,
     summaries: Mutex<Vec<PeerSummary>>,
 }
@@ -230,7 +243,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         prefetch,
         connected: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
-        recorder: Mutex::new(None),
+        recorder: Mutex::new(Recorder::Free),
         pids: Mutex::new(Vec::new()),
         summaries: Mutex::new(Vec::new()),
     });
@@ -352,8 +365,12 @@ impl Shared {
             ));
         }
         let record = self.args.record.is_some() && {
-            let r = self.recorder.lock().expect("recorder");
-            r.is_none()
+            let mut r = self.recorder.lock().expect("recorder");
+            let free = *r == Recorder::Free;
+            if free {
+                *r = Recorder::Claimed;
+            }
+            free
         };
         let opts = ForeignOptions {
             readahead: if record || self.args.fault_around <= 1 {
@@ -369,7 +386,13 @@ impl Shared {
         let peer =
             match ForeignPeer::new(format!("peer {n}"), uffd, &specs, self.store.clone(), &opts) {
                 Ok(p) => p,
-                Err(e) => return refuse(e.to_string()),
+                Err(e) => {
+                    if record {
+                        // Leave the record to the next peer.
+                        *self.recorder.lock().expect("recorder") = Recorder::Free;
+                    }
+                    return refuse(e.to_string());
+                }
             };
         let conn: OwnedFd = conn.into();
         let peer = peer.with_hangup(conn);
@@ -380,7 +403,7 @@ impl Shared {
             .map(|offs| peer.prefetch_prepared(offs));
         let peer = self.engine.add(peer);
         if record {
-            *self.recorder.lock().expect("recorder") = Some(peer.id());
+            *self.recorder.lock().expect("recorder") = Recorder::Peer(peer.id());
         }
         self.pids
             .lock()
@@ -495,7 +518,7 @@ impl Shared {
             s.regions.exists,
             s.prefetched
         ));
-        if *self.recorder.lock().expect("recorder") == Some(peer.id()) {
+        if *self.recorder.lock().expect("recorder") == Recorder::Peer(peer.id()) {
             if let Some(path) = &self.args.record {
                 let offs = peer.take_record();
                 match record::write(path, &offs) {
