@@ -43,7 +43,10 @@ pub struct DeviceConfig {
     pub pin: PinMode,
     /// Region pages per pinning unit (the paper tracks 2 MiB units).
     pub unit_pages: usize,
-    /// Access-log slots (lossy beyond this many undrained events).
+    /// Access-log slots (lossy beyond this many undrained events; rounded
+    /// up to a power of two). 0 turns the log off: nothing is logged or
+    /// dropped, and the pin policy and the eviction policy see no device
+    /// accesses (B8's "IO-PAL off").
     pub log_slots: usize,
     /// How often the log is drained into the pinning policy and the
     /// region's eviction policy (access hints), and the policy ticked.
@@ -139,6 +142,7 @@ impl IoDevice {
             tenant: tenant.inner().clone(),
             ordering: cfg.ordering,
             log: AccessLog::new(cfg.log_slots),
+            log_on: cfg.log_slots > 0,
             born: Instant::now(),
             counters: Counters::default(),
             unit_pages: cfg.unit_pages.max(1),

@@ -7,7 +7,8 @@
 //! 1. take an I/O reference on every page it touches (the evictor skips
 //!    referenced pages), then check the presence bitmap with the
 //!    direction's rule ([`faultline::Region::io_ready`]);
-//! 2. all ready: log it to the device's access log and issue it; the
+//! 2. all ready: log it to the device's access log (unless the device
+//!    has none, `log_slots: 0`) and issue it; the
 //!    references drop when it completes;
 //! 3. a miss (an *I/O page fault*): drop the references, post every page
 //!    that is not ready to the tenant's fault queue (deduplicated) and
@@ -345,12 +346,14 @@ impl IoQueue {
         region.io_acquire(p.pages.clone());
         match region.io_ready(p.pages.clone(), write) {
             Ok(()) => {
-                self.dev.log.push(AccessEvent {
-                    page: p.pages.start,
-                    pages: p.pages.len() as u32,
-                    ts_ns: self.dev.now_ns(),
-                    write,
-                });
+                if self.dev.log_on {
+                    self.dev.log.push(AccessEvent {
+                        page: p.pages.start,
+                        pages: p.pages.len() as u32,
+                        ts_ns: self.dev.now_ns(),
+                        write,
+                    });
+                }
                 self.issue(p)
             }
             Err(first) => {

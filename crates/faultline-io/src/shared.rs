@@ -45,6 +45,8 @@ pub(crate) struct DeviceInner {
     pub tenant: Arc<TenantInner>,
     pub ordering: Ordering,
     pub log: AccessLog,
+    /// Whether queues append to `log` (`log_slots > 0`).
+    pub log_on: bool,
     pub born: Instant,
     pub counters: Counters,
     pub unit_pages: usize,

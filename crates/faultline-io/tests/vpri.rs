@@ -745,6 +745,52 @@ fn access_log_is_lossy_not_blocking() {
     assert_eq!(n, 64);
 }
 
+/// B8's slow consumer: the device's own drainer runs, but only once an
+/// hour, so its 64-slot log overflows; every I/O still completes, the
+/// first 64 are logged and the rest counted as dropped, and a drain makes
+/// room again. With `log_slots: 0` nothing is logged or dropped.
+#[test]
+fn slow_log_consumer_drops_and_log_off_logs_nothing() {
+    let engine = SignalEngine::new().unwrap();
+    let tmp = Temp::new("pal-slow", &vec![1u8; PS]);
+    let f = Arc::new(File::open(&tmp.0).unwrap());
+    let t = tenant();
+    let n = 5_000u64;
+    for slots in [64usize, 0] {
+        let region = Arc::new(Region::builder(16 * PS).build(&engine).unwrap());
+        region.populate(0, 16 * PS).unwrap();
+        let dev = IoDevice::new(
+            region,
+            &t,
+            DeviceConfig {
+                log_slots: slots,
+                drain_period: Duration::from_secs(3600),
+                pin: PinMode::Adp(None),
+                unit_pages: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut q = dev.queue(Backend::Uring { depth: 8 }).unwrap();
+        for i in 0..n {
+            q.read_at(&f, 0, (i as usize % 16) * PS, 64, i).unwrap();
+            assert!(q.complete(WAIT).is_some());
+        }
+        let s = dev.stats();
+        assert_eq!(s.completed, n);
+        if slots == 0 {
+            assert_eq!((s.log_logged, s.log_dropped), (0, 0));
+            continue;
+        }
+        assert_eq!((s.log_logged, s.log_dropped), (64, n - 64));
+        // The consumer catches up: the ring takes events again.
+        dev.drain_now();
+        q.read_at(&f, 0, 0, 64, n).unwrap();
+        assert!(q.complete(WAIT).is_some());
+        assert_eq!(dev.stats().log_logged, 65);
+    }
+}
+
 /// ADP pins what it promotes, the evictor honours the pins, and the
 /// access log feeds the region's eviction policy (hints).
 #[test]

@@ -42,6 +42,8 @@ pub mod store;
 #[allow(dead_code)]
 pub mod tsc;
 pub mod vpri;
+mod vpri_day;
+mod vpri_pal;
 mod vpri_scale;
 mod vpri_sim;
 pub mod watch;

@@ -15,6 +15,9 @@
 //!   buffers over a budget region the evictor keeps cycling, signal
 //!   engine: plain `recv` (EFAULT loses the datagram) vs the API.
 //! * **B5** (Fig 16) and **B7** (Figs 9-11): see [`super::vpri_sim`].
+//! * **B8** (§5.3, the access log's cost and ADP on a lossy log): see
+//!   [`super::vpri_pal`]; **B9** (Figs 7, 18, production-like): see
+//!   [`super::vpri_day`]. Both run only when asked for (`--only b8,b9`).
 //!
 //! Time constants are the paper's times the scale factor `S` (printed).
 
@@ -45,7 +48,8 @@ const PS: usize = 4096;
 /// Arguments of `faultline bench vpri`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct VpriArgs {
-    /// Which parts, comma-separated: b1,b2,b3,b4,b5,b7 (default all).
+    /// Which parts, comma-separated: b1,b2,b3,b4,b5,b7,b8,b9 (default
+    /// b1,b2,b3,b4,b5,b7; b8 and b9 take about half a minute each).
     #[arg(long, default_value = "b1,b2,b3,b4,b5,b7")]
     pub only: String,
     /// Time-scaling factor S applied to the paper's constants (default 1/100).
@@ -81,6 +85,19 @@ pub struct VpriArgs {
     /// B4: seconds per point (default 3).
     #[arg(long, default_value_t = 3.0)]
     pub b4_secs: f64,
+    /// B8: seconds per point per round (default 0.6; 7 log settings x 2
+    /// workloads per round).
+    #[arg(long, default_value_t = 0.6)]
+    pub b8_secs: f64,
+    /// B8: rounds (default 3; each point's IOPS is the median).
+    #[arg(long, default_value_t = 3)]
+    pub b8_reps: usize,
+    /// B9: simulated VMs (default 56: B5's 14-VM mix four times).
+    #[arg(long, default_value_t = 56)]
+    pub b9_vms: usize,
+    /// B9: simulated days (default 2).
+    #[arg(long, default_value_t = 2)]
+    pub b9_days: u64,
     /// B1: samples per measurement (default 1,000,000 hot, 1/10 of it cold).
     #[arg(long, default_value_t = 1_000_000)]
     pub b1_samples: usize,
@@ -90,8 +107,8 @@ pub struct VpriArgs {
 pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
     let parts: Vec<&str> = a.only.split(',').map(str::trim).collect();
     for p in &parts {
-        if !["b1", "b2", "b3", "b4", "b5", "b7"].contains(p) {
-            anyhow::bail!("unknown part {p:?} (b1, b2, b3, b4, b5, b7)");
+        if !["b1", "b2", "b3", "b4", "b5", "b7", "b8", "b9"].contains(p) {
+            anyhow::bail!("unknown part {p:?} (b1, b2, b3, b4, b5, b7, b8, b9)");
         }
     }
     println!(
@@ -127,7 +144,27 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         super::vpri_sim::run(ctx, a.scale, parts.contains(&"b5"), parts.contains(&"b7"))
             .context("B5/B7")?;
     }
-    println!("not reproduced here: B4's CPU contention (its fills are sleeps: 16 tenants' workers on 2 CPUs), B6 as its own run (Fig 17 is plotted from B5's NIC domain), B8, B9.");
+    if parts.contains(&"b8") {
+        super::vpri_pal::b8(
+            ctx,
+            &super::vpri_pal::B8 {
+                secs: a.b8_secs,
+                reps: a.b8_reps,
+            },
+        )
+        .context("B8")?;
+    }
+    if parts.contains(&"b9") {
+        super::vpri_day::b9(
+            ctx,
+            &super::vpri_day::B9 {
+                vms: a.b9_vms,
+                days: a.b9_days,
+            },
+        )
+        .context("B9")?;
+    }
+    println!("not reproduced here: B4's CPU contention (its fills are sleeps: 16 tenants' workers on 2 CPUs), B6 as its own run (Fig 17 is plotted from B5's NIC domain).");
     Ok(())
 }
 

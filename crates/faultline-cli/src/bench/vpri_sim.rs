@@ -26,6 +26,13 @@
 //! the P10 of the ages (since the device's last access) of the units the
 //! reclaimer takes (digest §5).
 //!
+//! The same model serves B8 ([`LogModel`]: the device's accesses reach the
+//! pin policy and the reclaimer's hints only through the runtime's lossy
+//! access log, drained every D s) and B9 ([`Reclaim::Drift`]: simulated
+//! days, each VM's reclaim ratio redrawn hourly; [`FaultRate`] folds the
+//! I/O faults per second into days). Everything is seeded: the same
+//! command prints the same numbers.
+//!
 //! Traces (digest §1.7): NIC = a ring over 3% of the VM, bursty (on/off
 //! traffic, idle gaps of minutes), one ring unit replaced now and then;
 //! block = page-cache-like, new units with a probability that grows the
@@ -35,6 +42,7 @@ use std::collections::HashMap;
 
 use faultline::policy::{Clock, EvictionPolicy};
 use faultline_io::adp::{Adp, AdpConfig, LruPin, PinAll, PinNothing, PinPolicy};
+use faultline_io::{AccessEvent, AccessLog};
 use rand::{Rng, SeedableRng};
 
 use super::report::{print_table, Record};
@@ -49,7 +57,7 @@ const NS: u64 = 1_000_000_000;
 const DERIVE_Q: f64 = 0.1;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Class {
+pub(super) enum Class {
     Nic,
     Block,
 }
@@ -143,9 +151,97 @@ impl Trace {
     }
 }
 
+/// The device's access log in the model (B8): the runtime's own lossy
+/// ring ([`AccessLog`]), drained by its consumer every `drain_every_s`
+/// simulated seconds. Without it (B5) every device access reaches the
+/// pin policy and the reclaimer at once.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LogModel {
+    /// Ring slots.
+    pub slots: usize,
+    /// The consumer drains (and ticks the pin policy) every this many
+    /// simulated seconds.
+    pub drain_every_s: u64,
+}
+
+/// The host's reclaim ratio per VM.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Reclaim {
+    /// The same r for every VM, all the time (B5).
+    Fixed(f64),
+    /// Each VM's r redrawn from U[lo, hi] every `every_s` seconds (the
+    /// paper's production moves it within 0-50%; B9).
+    Drift { lo: f64, hi: f64, every_s: u64 },
+}
+
+/// One simulated run: a policy, the reclaim ratio, how long, and whether
+/// the device accesses go through a lossy log.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RoundCfg<'a> {
+    pub kind: &'a str,
+    pub reclaim: Reclaim,
+    pub steps: u64,
+    pub log: Option<LogModel>,
+    pub keep_sizes: bool,
+}
+
+impl<'a> RoundCfg<'a> {
+    /// B5's round: one hour at a fixed r, no log.
+    pub fn hour(kind: &'a str, r: f64) -> RoundCfg<'a> {
+        RoundCfg {
+            kind,
+            reclaim: Reclaim::Fixed(r),
+            steps: HOUR_STEPS,
+            log: None,
+            keep_sizes: false,
+        }
+    }
+}
+
+/// One device's I/O faults in one simulated day (B9, Fig 7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct DayRate {
+    /// I/O faults that day.
+    pub iopfs: u64,
+    /// Seconds with more than [`BURST_PER_S`] I/O faults.
+    pub burst_secs: u64,
+    /// The most I/O faults in one second.
+    pub peak_per_s: u64,
+}
+
+/// A device's I/O faults per second, folded into days.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct FaultRate {
+    /// One entry per simulated day begun (the last may be partial).
+    pub days: Vec<DayRate>,
+}
+
+/// A burst second (Fig 7): more than this many I/O faults.
+pub(super) const BURST_PER_S: u64 = 5;
+/// Seconds per simulated day.
+pub(super) const DAY_S: u64 = 86_400;
+
+impl FaultRate {
+    /// Adds second `t`'s `n` I/O faults.
+    pub fn second(&mut self, t: u64, n: u64) {
+        let d = (t / DAY_S) as usize;
+        if self.days.len() <= d {
+            self.days.resize(d + 1, DayRate::default());
+        }
+        let day = &mut self.days[d];
+        day.iopfs += n;
+        if n > BURST_PER_S {
+            day.burst_secs += 1;
+        }
+        day.peak_per_s = day.peak_per_s.max(n);
+    }
+}
+
 struct Vm {
     units: usize,
-    /// When the device last touched each unit (`u64::MAX`: never).
+    class: Class,
+    /// When the device last touched each unit, as far as the device's
+    /// consumer knows (`u64::MAX`: never).
     last_dev: Vec<u64>,
     now: u64,
     budget: usize,
@@ -155,7 +251,11 @@ struct Vm {
     policy: Box<dyn PinPolicy>,
     trace: Trace,
     rng: rand::rngs::SmallRng,
+    /// Draws this VM's reclaim ratio under [`Reclaim::Drift`].
+    ratio_rng: rand::rngs::SmallRng,
+    log: Option<AccessLog>,
     iopfs: u64,
+    rate: FaultRate,
     /// Pinned units fetched back by the pin.
     pin_fetches: u64,
     /// Sum over steps of the age threshold in force (s).
@@ -165,9 +265,14 @@ struct Vm {
 }
 
 impl Vm {
-    fn access(&mut self, u: usize, device: bool) {
+    /// A unit is touched: by the device (`device`, an I/O fault if the unit
+    /// is not resident) or the guest CPU; `hint`: the reclaimer hears of a
+    /// hit now (else only through the access log's consumer).
+    fn access(&mut self, u: usize, device: bool, hint: bool) {
         if self.resident[u] {
-            self.reclaim.on_access_hint(u);
+            if hint {
+                self.reclaim.on_access_hint(u);
+            }
         } else {
             if device {
                 self.iopfs += 1;
@@ -175,6 +280,16 @@ impl Vm {
             self.resident[u] = true;
             self.count += 1;
             self.reclaim.on_fault(u);
+        }
+        self.trim();
+    }
+
+    /// The reclaimer takes unpinned units until the VM is within budget.
+    fn trim(&mut self) {
+        // Everything resident is pinned (pin-all): nothing to take, and no
+        // need to scan the whole CLOCK for it on every access.
+        if self.policy.pinned() >= self.count {
+            return;
         }
         while self.count > self.budget {
             let p = &self.policy;
@@ -188,6 +303,34 @@ impl Vm {
                     }
                 }
                 None => break,
+            }
+        }
+    }
+
+    /// What the device's consumer does with one access: the pin policy and
+    /// the reclaimer (as a hint) learn of it.
+    fn consume(&mut self, u: usize, ts: u64, hint: bool) {
+        if hint && self.resident[u] {
+            self.reclaim.on_access_hint(u);
+        }
+        self.last_dev[u] = ts;
+        self.policy.on_access(u, ts);
+    }
+
+    /// Ticks the pin policy and applies its pins (a pin makes its unit
+    /// present: a host fetch, not a device fault).
+    fn tick(&mut self, now: u64) {
+        self.policy.tick(now);
+        let mut pins = Vec::new();
+        self.policy.drain_changes(&mut |u, pin| {
+            if pin {
+                pins.push(u)
+            }
+        });
+        for u in pins {
+            if !self.resident[u] {
+                self.pin_fetches += 1;
+                self.access(u, false, true);
             }
         }
     }
@@ -205,42 +348,80 @@ fn policy_for(kind: &str, units: usize) -> Box<dyn PinPolicy> {
     }
 }
 
-struct ClassResult {
-    iopfs: u64,
-    pinned_pct: f64,
+pub(super) struct ClassResult {
+    pub iopfs: u64,
+    pub pinned_pct: f64,
     /// Units fetched back by pins.
-    pin_fetches: u64,
+    pub pin_fetches: u64,
     /// Mean age threshold in force (s), for policies that have one.
-    threshold_s: f64,
+    pub threshold_s: f64,
+    /// Access-log events logged and dropped (with a [`LogModel`]).
+    pub logged: u64,
+    pub dropped: u64,
 }
 
-/// Per class results, and one NIC domain's (minute, active %, pinned %).
-type RoundOut = (HashMap<&'static str, ClassResult>, Vec<(f64, f64, f64)>);
+/// One VM's outcome.
+pub(super) struct VmOut {
+    pub class: Class,
+    pub rate: FaultRate,
+    pub pinned_pct: f64,
+}
 
-/// One simulated hour for every VM under `kind`, reclaim ratio `r`.
-fn round(kind: &str, r: f64, sizes: &[(Class, usize)], keep_sizes: bool) -> RoundOut {
+/// Per class results, one NIC domain's (minute, active %, pinned %), and
+/// every VM's.
+pub(super) struct RoundOut {
+    pub classes: HashMap<&'static str, ClassResult>,
+    pub nic_sizes: Vec<(f64, f64, f64)>,
+    pub vms: Vec<VmOut>,
+}
+
+/// The VMs of B5 (the first 14: 4 NIC + 10 block of U[8, 64] "GB") and,
+/// for larger fleets (B9), more of the same mix.
+pub(super) fn fleet(n: usize) -> Vec<(Class, usize)> {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(42);
+    (0..n)
+        .map(|i| {
+            (
+                if i % 14 < 4 { Class::Nic } else { Class::Block },
+                rng.gen_range(8..=64) * 64,
+            )
+        })
+        .collect()
+}
+
+/// Simulates every VM of `sizes` under `cfg`. Deterministic (seeded).
+pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
+    let ratio = |rng: &mut rand::rngs::SmallRng| match cfg.reclaim {
+        Reclaim::Fixed(r) => r,
+        Reclaim::Drift { lo, hi, .. } => rng.gen_range(lo..=hi),
+    };
     let mut vms: Vec<Vm> = sizes
         .iter()
         .enumerate()
         .map(|(i, &(class, units))| {
             let mut reclaim = Clock::new();
-            let budget = ((1.0 - r) * units as f64) as usize;
+            let mut ratio_rng = rand::rngs::SmallRng::seed_from_u64(300 + i as u64);
+            let budget = ((1.0 - ratio(&mut ratio_rng)) * units as f64) as usize;
             // The VM starts fully resident; the reclaimer trims it to budget.
             for u in 0..units {
                 reclaim.on_fault(u);
             }
             let mut vm = Vm {
                 units,
+                class,
                 last_dev: vec![u64::MAX; units],
                 now: 0,
                 budget,
                 resident: vec![true; units],
                 count: units,
                 reclaim,
-                policy: policy_for(kind, units),
+                policy: policy_for(cfg.kind, units),
                 trace: Trace::new(class, units, 100 + i as u64),
                 rng: rand::rngs::SmallRng::seed_from_u64(200 + i as u64),
+                ratio_rng,
+                log: cfg.log.map(|l| AccessLog::new(l.slots)),
                 iopfs: 0,
+                rate: FaultRate::default(),
                 pin_fetches: 0,
                 threshold_sum: 0.0,
                 pinned_sum: 0.0,
@@ -252,10 +433,18 @@ fn round(kind: &str, r: f64, sizes: &[(Class, usize)], keep_sizes: bool) -> Roun
         .collect();
     let mut ev = Vec::new();
     let mut cpu = Vec::new();
-    for step in 0..HOUR_STEPS {
+    for step in 0..cfg.steps {
         let now = step * STEP_S * NS;
         for vm in &mut vms {
             vm.now = now;
+            if let Reclaim::Drift { every_s, .. } = cfg.reclaim {
+                if step > 0 && step % every_s == 0 {
+                    let r = ratio(&mut vm.ratio_rng);
+                    vm.budget = ((1.0 - r) * vm.units as f64) as usize;
+                    vm.trim();
+                }
+            }
+            let before = vm.iopfs;
             // Guest CPU: 80% of touches in a hot 20% of memory.
             for _ in 0..16 {
                 let hot = vm.rng.gen_bool(0.8);
@@ -264,38 +453,53 @@ fn round(kind: &str, r: f64, sizes: &[(Class, usize)], keep_sizes: bool) -> Roun
                 } else {
                     vm.rng.gen_range(0..vm.units)
                 };
-                vm.access(u, false);
+                vm.access(u, false, true);
             }
             vm.trace.step(&mut ev, &mut cpu);
             for &u in &cpu {
-                vm.access(u, false);
+                vm.access(u, false, true);
             }
-            for &u in &ev {
-                vm.access(u, true);
-                vm.last_dev[u] = now;
-                vm.policy.on_access(u, now);
-            }
-            vm.policy.tick(now);
-            // A pin makes its unit present (the hypervisor's pin faults a
-            // reclaimed page back in, as VFIO's pinning does): a host
-            // fetch, not a device fault.
-            let mut pins = Vec::new();
-            vm.policy.drain_changes(&mut |u, pin| {
-                if pin {
-                    pins.push(u)
+            match (&vm.log, cfg.log) {
+                (Some(log), Some(m)) => {
+                    for &u in &ev {
+                        log.push(AccessEvent {
+                            page: u,
+                            pages: 1,
+                            ts_ns: now,
+                            write: true,
+                        });
+                    }
+                    for &u in &ev {
+                        vm.access(u, true, false);
+                    }
+                    // The consumer: drain, then tick (as the device's
+                    // drainer thread does).
+                    if step % m.drain_every_s.max(1) == 0 {
+                        let mut got = Vec::new();
+                        vm.log
+                            .as_ref()
+                            .expect("a log")
+                            .drain(usize::MAX, |e| got.push(e));
+                        for e in got {
+                            vm.consume(e.page, e.ts_ns, true);
+                        }
+                        vm.tick(now);
+                    }
                 }
-            });
-            for u in pins {
-                if !vm.resident[u] {
-                    vm.pin_fetches += 1;
-                    vm.access(u, false);
+                _ => {
+                    for &u in &ev {
+                        vm.access(u, true, true);
+                        vm.consume(u, now, false);
+                    }
+                    vm.tick(now);
                 }
             }
+            vm.rate.second(step, vm.iopfs - before);
             if let Some(t) = vm.policy.threshold_ns() {
                 vm.threshold_sum += t as f64 / NS as f64;
             }
             vm.pinned_sum += vm.policy.pinned() as f64 / vm.units as f64;
-            if keep_sizes && step % 60 == 0 {
+            if cfg.keep_sizes && step % 60 == 0 {
                 let (a, i) = vm.policy.sizes();
                 vm.sizes.push((
                     step as f64 / 60.0,
@@ -305,47 +509,54 @@ fn round(kind: &str, r: f64, sizes: &[(Class, usize)], keep_sizes: bool) -> Roun
             }
         }
     }
-    let mut out = HashMap::new();
+    let steps = cfg.steps.max(1) as f64;
+    let mut classes = HashMap::new();
     for (name, class) in [("nic", Class::Nic), ("block", Class::Block)] {
-        let v: Vec<&Vm> = vms.iter().filter(|v| v.trace.class == class).collect();
-        out.insert(
+        let v: Vec<&Vm> = vms.iter().filter(|v| v.class == class).collect();
+        let n = v.len().max(1) as f64;
+        classes.insert(
             name,
             ClassResult {
                 iopfs: v.iter().map(|v| v.iopfs).sum(),
                 pin_fetches: v.iter().map(|v| v.pin_fetches).sum(),
-                threshold_s: v
+                threshold_s: v.iter().map(|v| v.threshold_sum / steps).sum::<f64>() / n,
+                pinned_pct: v.iter().map(|v| v.pinned_sum / steps * 100.0).sum::<f64>() / n,
+                logged: v
                     .iter()
-                    .map(|v| v.threshold_sum / HOUR_STEPS as f64)
-                    .sum::<f64>()
-                    / v.len() as f64,
-                pinned_pct: v
+                    .filter_map(|v| v.log.as_ref())
+                    .map(|l| l.logged())
+                    .sum(),
+                dropped: v
                     .iter()
-                    .map(|v| v.pinned_sum / HOUR_STEPS as f64 * 100.0)
-                    .sum::<f64>()
-                    / v.len() as f64,
+                    .filter_map(|v| v.log.as_ref())
+                    .map(|l| l.dropped())
+                    .sum(),
             },
         );
     }
     let nic_sizes = vms
         .iter()
-        .find(|v| v.trace.class == Class::Nic)
+        .find(|v| v.class == Class::Nic)
         .map(|v| v.sizes.clone())
         .unwrap_or_default();
-    (out, nic_sizes)
+    RoundOut {
+        classes,
+        nic_sizes,
+        vms: vms
+            .into_iter()
+            .map(|v| VmOut {
+                class: v.class,
+                pinned_pct: v.pinned_sum / steps * 100.0,
+                rate: v.rate,
+            })
+            .collect(),
+    }
 }
 
 /// Entry point of B5/B7.
 pub fn run(ctx: &mut BenchCtx, scale: f64, b5: bool, b7: bool) -> anyhow::Result<()> {
     let _ = scale;
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(42);
-    let sizes: Vec<(Class, usize)> = (0..14)
-        .map(|i| {
-            (
-                if i < 4 { Class::Nic } else { Class::Block },
-                rng.gen_range(8..=64) * 64,
-            )
-        })
-        .collect();
+    let sizes = fleet(14);
     if b7 {
         b7_run(ctx, &sizes);
     }
@@ -357,11 +568,18 @@ pub fn run(ctx: &mut BenchCtx, scale: f64, b5: bool, b7: bool) -> anyhow::Result
     let mut sums: HashMap<(&str, &str), (f64, f64)> = HashMap::new();
     let mut fig17 = Vec::new();
     for r in [0.1, 0.2, 0.3] {
-        let (none, _) = round("none", r, &sizes, false);
+        let none = round(&RoundCfg::hour("none", r), &sizes).classes;
         for kind in ["pin-all", "lru10", "adp", "adp-derived"] {
-            let (res, nic_sizes) = round(kind, r, &sizes, r == 0.2);
+            let out = round(
+                &RoundCfg {
+                    keep_sizes: r == 0.2,
+                    ..RoundCfg::hour(kind, r)
+                },
+                &sizes,
+            );
+            let res = out.classes;
             if r == 0.2 && (kind == "adp" || kind == "lru10") {
-                fig17.push((kind, nic_sizes));
+                fig17.push((kind, out.nic_sizes));
             }
             for class in ["nic", "block"] {
                 let base = none[class].iopfs.max(1) as f64;
@@ -681,4 +899,66 @@ pub(super) fn line(ctx: &mut BenchCtx, label: &str, measured: f64, unit: &str, p
             .with("unit", unit)
             .with("paper_value", paper),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The model's access log is the runtime's lossy ring: a consumer that
+    /// keeps up loses nothing, a slow one over 64 slots drops, and either
+    /// way every device access is logged or counted as dropped.
+    #[test]
+    fn a_slow_log_consumer_drops_a_fast_one_does_not() {
+        let sizes = [(Class::Nic, 512), (Class::Block, 1024)];
+        let cfg = |slots, d| RoundCfg {
+            log: Some(LogModel {
+                slots,
+                drain_every_s: d,
+            }),
+            steps: 900,
+            ..RoundCfg::hour("adp", 0.2)
+        };
+        let fast = round(&cfg(1024, 1), &sizes).classes;
+        let slow = round(&cfg(64, 120), &sizes).classes;
+        for c in ["nic", "block"] {
+            assert!(fast[c].logged > 0, "{c}");
+            assert_eq!(fast[c].dropped, 0, "{c}");
+            assert!(slow[c].dropped > 0, "{c}");
+            assert_eq!(
+                fast[c].logged,
+                slow[c].logged + slow[c].dropped,
+                "{c}: the device's accesses do not depend on the consumer"
+            );
+        }
+    }
+
+    /// B9's production-like reclaim: a VM's budget moves every hour, and
+    /// the per-second fault counts fold into one record per day.
+    #[test]
+    fn drifting_reclaim_is_recorded_per_day() {
+        let sizes = [(Class::Block, 512)];
+        let out = round(
+            &RoundCfg {
+                kind: "none",
+                reclaim: Reclaim::Drift {
+                    lo: 0.0,
+                    hi: 0.5,
+                    every_s: 600,
+                },
+                steps: DAY_S + 3600,
+                log: None,
+                keep_sizes: false,
+            },
+            &sizes,
+        );
+        let days = &out.vms[0].rate.days;
+        assert_eq!(days.len(), 2);
+        assert_eq!(
+            days.iter().map(|d| d.iopfs).sum::<u64>(),
+            out.classes["block"].iopfs
+        );
+        assert!(days[0].iopfs > 0);
+        assert!(days.iter().all(|d| d.peak_per_s * DAY_S >= d.iopfs));
+    }
 }

@@ -168,6 +168,8 @@ pub struct Usage {
     pub major_faults: u64,
     /// System CPU time, in seconds.
     pub system_seconds: f64,
+    /// User CPU time, in seconds.
+    pub user_seconds: f64,
 }
 
 /// `getrusage(RUSAGE_SELF)` of the whole process.
@@ -183,6 +185,7 @@ pub fn usage() -> std::io::Result<Usage> {
         minor_faults: ru.ru_minflt as u64,
         major_faults: ru.ru_majflt as u64,
         system_seconds: ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 * 1e-6,
+        user_seconds: ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 * 1e-6,
     })
 }
 
