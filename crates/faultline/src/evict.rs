@@ -38,6 +38,11 @@
 //!    page); then releases the claim. A thread that touches the page later
 //!    faults and reads it back from the store.
 //!
+//! Regions built with [`crate::RegionBuilder::shared_budget`] share one
+//! budget ([`SharedBudget`], UMap's one buffer for all regions): the
+//! counts and marks of step 2 are those of all its regions together, and
+//! each region's evictor evicts its own pages while the total is over.
+//!
 //! The evictor is asynchronous. A fault that finds the region well past
 //! its budget (budget + max(budget/4, 4 read-ahead windows)) waits for it,
 //! like the kernel's direct reclaim, so the budget holds approximately even
@@ -68,7 +73,7 @@
 
 use std::collections::VecDeque;
 use std::fmt::Write;
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use crate::background::{Background, StopFlag};
@@ -79,7 +84,7 @@ use crate::residency::PageState;
 use crate::store::StoreError;
 use crate::sys::Errno;
 
-pub use crate::fault::feeds::EvictionStats;
+pub use crate::fault::feeds::{EvictionStats, SharedBudget};
 
 /// Budget settings.
 #[derive(Debug, Clone, Copy)]
@@ -216,8 +221,7 @@ fn evict(r: &RegionState, page: usize, try_dirty: bool) -> Victim {
     };
     if let Victim::Evicted = out {
         budget.zap(r, page, r.delivery.reads_events);
-        budget.resident.fetch_sub(1, SeqCst);
-        budget.evicted.fetch_add(1, Relaxed);
+        budget.evicted_one();
     }
     r.residency.release(page..page + 1);
     out
@@ -251,7 +255,7 @@ impl Unwritable {
             .budget
             .as_ref()
             .expect("budget regions have a budget feed");
-        feed.unwritable.fetch_add(1, SeqCst);
+        feed.hold_unwritable(true);
         self.pages.push_back(page);
         let Some(err) = err else { return };
         if self.due.is_none() {
@@ -302,7 +306,7 @@ impl Unwritable {
             r.residency.release(p..p + 1);
             match res {
                 Ok(()) => {
-                    feed.unwritable.fetch_sub(1, SeqCst);
+                    feed.hold_unwritable(false);
                     if r.residency.get(p) != PageState::Absent {
                         policy.on_fault(p);
                     }
@@ -346,8 +350,14 @@ fn run(r: &RegionState, cfg: EvictionConfig, low_water: Option<usize>, stop: &St
         .as_ref()
         .expect("budget regions have a budget feed");
     let mut policy = cfg.policy.build(cfg.budget_pages);
-    let budget = cfg.budget_pages.max(1);
-    let low = low_water.unwrap_or(budget).min(budget);
+    // A shared budget's marks apply to the total of its regions.
+    let (budget, low) = match budget_feed.shared() {
+        Some(s) => (s.pages(), s.low_water()),
+        None => {
+            let budget = cfg.budget_pages.max(1);
+            (budget, low_water.unwrap_or(budget).min(budget))
+        }
+    };
     // Set when the region goes past the budget, cleared at `low`.
     let mut draining = false;
     let mut held = Unwritable {
@@ -361,10 +371,7 @@ fn run(r: &RegionState, cfg: EvictionConfig, low_water: Option<usize>, stop: &St
         budget_feed.drain_hints(|p| policy.on_access_hint(p));
         let mut progress = false;
         let mut tries = 0;
-        let over = |limit: usize| {
-            let stuck = budget_feed.unwritable.load(SeqCst);
-            budget_feed.resident.load(SeqCst).saturating_sub(stuck) > limit
-        };
+        let over = |limit: usize| budget_feed.over(limit);
         draining |= over(budget);
         while draining && over(low) && tries < 4 * budget {
             tries += 1;

@@ -89,7 +89,7 @@ pub use engine::{
     WorkersEngine,
 };
 pub use error::{Error, Result};
-pub use evict::{EvictionConfig, EvictionStats};
+pub use evict::{EvictionConfig, EvictionStats, SharedBudget};
 pub use fault::report::StackWriter;
 pub use fault::RegionStats;
 pub use foreign::{

@@ -49,7 +49,7 @@ use crate::background::Background;
 use crate::caps::{capabilities, op_unusable};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::evict::{EvictionConfig, EvictionStats};
+use crate::evict::{EvictionConfig, EvictionStats, SharedBudget};
 use crate::fault::feeds::{BudgetFeed, RunAheadFeed};
 use crate::fault::readahead::Streams;
 use crate::fault::report::report;
@@ -57,7 +57,7 @@ use crate::fault::resolve::{populate, populate_where, Access};
 use crate::fault::state::Counters;
 use crate::fault::{table, RegionState, RegionStats};
 use crate::page::{MemoryKind, PageSize, Pages, ResolveOp};
-use crate::policy::ReadaheadConfig;
+use crate::policy::{PolicyKind, ReadaheadConfig};
 use crate::pool::{FramePool, FramePoolConfig, FramePoolStats};
 use crate::residency::{PageBits, PageState, Residency};
 use crate::runahead::{RunAheadConfig, RunAheadStats};
@@ -91,6 +91,7 @@ pub struct RegionBuilder {
     run_ahead: Option<RunAheadConfig>,
     budget: Option<EvictionConfig>,
     low_water: Option<usize>,
+    shared_budget: Option<Arc<SharedBudget>>,
     drain_timeout: Duration,
     zero_copy: ZeroCopy,
 }
@@ -122,6 +123,7 @@ impl RegionBuilder {
             run_ahead: None,
             budget: None,
             low_water: None,
+            shared_budget: None,
             drain_timeout: Duration::from_secs(10),
             zero_copy: ZeroCopy::Auto,
         }
@@ -210,6 +212,19 @@ impl RegionBuilder {
     /// Default: the budget.
     pub fn budget_low_water(mut self, pages: usize) -> Self {
         self.low_water = Some(pages);
+        self
+    }
+    /// A budget shared with the other regions built with the same
+    /// [`SharedBudget`] (UMap's one buffer): their resident pages count
+    /// together, and each region's evictor (with `policy`) evicts its own
+    /// pages while the total is past the budget. Replaces
+    /// [`budget`](Self::budget) and [`budget_low_water`](Self::budget_low_water).
+    pub fn shared_budget(mut self, shared: Arc<SharedBudget>, policy: PolicyKind) -> Self {
+        self.budget = Some(EvictionConfig {
+            budget_pages: shared.pages(),
+            policy,
+        });
+        self.shared_budget = Some(shared);
         self
     }
     /// How long dropping the region waits for in-flight faults.
@@ -517,9 +532,9 @@ impl RegionBuilder {
             delivery: engine.delivery(),
             inflight: AtomicUsize::new(0),
             stats: Counters::default(),
-            budget: self
-                .budget
-                .map(|b| BudgetFeed::new(pages.count(), b.budget_pages, window)),
+            budget: self.budget.map(|b| {
+                BudgetFeed::new(pages.count(), b.budget_pages, window, self.shared_budget)
+            }),
             runahead: self.run_ahead.map(|_| RunAheadFeed::new(pages.count())),
             timing_start: AtomicU64::new(0),
             timing_resolved: AtomicU64::new(0),

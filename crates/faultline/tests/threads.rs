@@ -378,6 +378,68 @@ fn eviction_past_the_budget_drains_to_the_low_water_mark() {
     }
 }
 
+/// UMap's one buffer for all regions: two regions of one `SharedBudget`
+/// of 16 pages, 12 pages read in each (each alone under 16), are evicted
+/// down to 16 together; the shared count is the sum of the regions' and
+/// drops by a region's pages when it is dropped. Evicted pages read back.
+#[test]
+fn regions_of_a_shared_budget_stay_within_it_together() {
+    let _deadline = deadline(120);
+    let (budget, touched) = (16usize, 12usize);
+    let shared = Arc::new(faultline::SharedBudget::new(budget, budget));
+    let len = 64 * 4096;
+    let region = |byte: u8| {
+        Region::builder(len)
+            .shared_store(Arc::new(MemoryStore::new(vec![byte; len])))
+            .readahead(ReadaheadConfig::fixed(1))
+            .shared_budget(shared.clone(), faultline::policy::PolicyKind::Fifo)
+            .build_dyn(engine_of(EngineKind::Poll))
+            .unwrap()
+    };
+    let (a, b) = (region(1), region(2));
+    for pg in 0..touched {
+        assert_eq!(read(a.as_ptr(), pg * 4096), 1);
+    }
+    for pg in 0..touched {
+        assert_eq!(read(b.as_ptr(), pg * 4096), 2);
+    }
+    let t0 = std::time::Instant::now();
+    let (sa, sb) = loop {
+        let (sa, sb) = (a.eviction_stats().unwrap(), b.eviction_stats().unwrap());
+        // `resident` drops before `evicted` counts: wait for both.
+        if shared.resident() <= budget
+            && sa.evicted + sb.evicted + shared.resident() as u64 == 2 * touched as u64
+        {
+            break (sa, sb);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the evictors did not bring the total to {budget}: shared {shared:?}, {sa:?}, {sb:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    // Each alone is under the budget: only the shared count evicts.
+    assert!(
+        sa.evicted + sb.evicted >= (2 * touched - budget) as u64,
+        "{sa:?} {sb:?}"
+    );
+    assert_eq!(sa.resident + sb.resident, shared.resident() as u64);
+    assert!(shared.max_resident() > budget, "{shared:?}");
+    // Evicted pages come back from the store, and the total stays bounded.
+    for pg in 0..touched {
+        assert_eq!(read(a.as_ptr(), pg * 4096), 1);
+        assert_eq!(read(b.as_ptr(), pg * 4096), 2);
+    }
+    assert!(
+        faultline::testing::child::wait_until(Duration::from_secs(30), || shared.resident()
+            <= budget),
+        "{shared:?}"
+    );
+    let a_resident = a.eviction_stats().unwrap().resident as usize;
+    drop(b);
+    assert_eq!(shared.resident(), a_resident, "{shared:?}");
+}
+
 #[test]
 fn adaptive_readahead_grows_on_streams_only() {
     let _deadline = deadline(120);

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering:
 use std::time::{Duration, Instant};
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::residency::{PageBits, PageState};
 use crate::sys::mem::{self, Advice};
@@ -54,6 +55,59 @@ pub struct EvictionStats {
     pub access_hints_dropped: u64,
 }
 
+/// One resident budget for several regions (UMap's one buffer for every
+/// region): each region built with
+/// [`crate::RegionBuilder::shared_budget`] counts its resident pages here
+/// as well as in its own [`EvictionStats`], and its evictor evicts its own
+/// pages, by its own policy, while the regions *together* are past the
+/// budget (down to the low-water mark once past it). Faults wait for the
+/// evictors when the total is past the budget plus slack, as for one
+/// region. There is no global victim order: every region over which the
+/// total is past the budget gives up pages, oldest first by its policy.
+#[derive(Debug)]
+pub struct SharedBudget {
+    pages: usize,
+    low_water: usize,
+    resident: AtomicUsize,
+    max_resident: AtomicUsize,
+    unwritable: AtomicUsize,
+}
+
+impl SharedBudget {
+    /// A budget of `pages` resident pages (at least 1), evicted down to
+    /// `low_water` (at most `pages`) once past it.
+    pub fn new(pages: usize, low_water: usize) -> SharedBudget {
+        let pages = pages.max(1);
+        SharedBudget {
+            pages,
+            low_water: low_water.min(pages),
+            resident: AtomicUsize::new(0),
+            max_resident: AtomicUsize::new(0),
+            unwritable: AtomicUsize::new(0),
+        }
+    }
+
+    /// The budget, in pages.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// The low-water mark, in pages.
+    pub fn low_water(&self) -> usize {
+        self.low_water
+    }
+
+    /// Pages resident now in all its regions together.
+    pub fn resident(&self) -> usize {
+        self.resident.load(Relaxed)
+    }
+
+    /// Most pages resident at once in all its regions together.
+    pub fn max_resident(&self) -> usize {
+        self.max_resident.load(Relaxed)
+    }
+}
+
 /// The budget side of the fault path: the install log and resident count.
 #[derive(Debug)]
 pub(crate) struct BudgetFeed {
@@ -80,6 +134,9 @@ pub(crate) struct BudgetFeed {
     hint_head: AtomicU64,
     hints_taken: AtomicU64,
     hints_dropped: AtomicU64,
+    /// The budget this region shares with others, if any: `resident` and
+    /// `unwritable` are mirrored into it, and the limits apply to it.
+    shared: Option<Arc<SharedBudget>>,
 }
 
 /// Slots of the access-hint ring.
@@ -95,9 +152,15 @@ const BUDGET_WAIT: Duration = Duration::from_millis(10);
 const ZAP_ACK_WAIT: Duration = Duration::from_secs(1);
 
 impl BudgetFeed {
-    /// For a region of `pages` pages with `budget` resident pages, whose
-    /// faults install up to `window` pages at once.
-    pub fn new(pages: usize, budget: usize, window: usize) -> BudgetFeed {
+    /// For a region of `pages` pages with `budget` resident pages (of
+    /// `shared`, when given), whose faults install up to `window` pages at
+    /// once.
+    pub fn new(
+        pages: usize,
+        budget: usize,
+        window: usize,
+        shared: Option<Arc<SharedBudget>>,
+    ) -> BudgetFeed {
         // Every logged install is drained before its page can be evicted,
         // so at most `pages` entries are ever outstanding.
         let cap = pages.max(1024).next_power_of_two();
@@ -120,7 +183,51 @@ impl BudgetFeed {
             hint_head: AtomicU64::new(0),
             hints_taken: AtomicU64::new(0),
             hints_dropped: AtomicU64::new(0),
+            shared,
         }
+    }
+
+    /// The budget this region shares, if any.
+    pub fn shared(&self) -> Option<&SharedBudget> {
+        self.shared.as_deref()
+    }
+
+    /// An eviction: one page fewer resident.
+    pub fn evicted_one(&self) {
+        self.resident.fetch_sub(1, SeqCst);
+        if let Some(s) = &self.shared {
+            s.resident.fetch_sub(1, SeqCst);
+        }
+        self.evicted.fetch_add(1, Relaxed);
+    }
+
+    /// A dirty page held for a write-back retry (`held`) or released from
+    /// it (`!held`).
+    pub fn hold_unwritable(&self, held: bool) {
+        for c in [
+            Some(&self.unwritable),
+            self.shared.as_ref().map(|s| &s.unwritable),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if held {
+                c.fetch_add(1, SeqCst);
+            } else {
+                c.fetch_sub(1, SeqCst);
+            }
+        }
+    }
+
+    /// Whether more than `limit` pages are resident, not counting pages
+    /// held for a write-back retry: in this region, or in all regions of
+    /// its shared budget.
+    pub fn over(&self, limit: usize) -> bool {
+        let (resident, stuck) = match &self.shared {
+            Some(s) => (&s.resident, &s.unwritable),
+            None => (&self.resident, &self.unwritable),
+        };
+        resident.load(SeqCst).saturating_sub(stuck.load(SeqCst)) > limit
     }
 
     /// Posts an access hint for `page` (an I/O touched it). Never waits:
@@ -160,17 +267,20 @@ impl BudgetFeed {
     pub fn installed(&self, page: usize) {
         let now = self.resident.fetch_add(1, SeqCst) + 1;
         self.max_resident.fetch_max(now, Relaxed);
+        if let Some(s) = &self.shared {
+            let now = s.resident.fetch_add(1, SeqCst) + 1;
+            s.max_resident.fetch_max(now, Relaxed);
+        }
         let i = self.tail.fetch_add(1, SeqCst) as usize & (self.log.len() - 1);
         self.log[i].store(page as u64 + 1, SeqCst);
     }
 
-    /// Whether the region is past budget + slack, not counting pages the
-    /// evictor cannot write back (a fault must not wait for an eviction
-    /// the store refuses).
+    /// Whether the region (or its shared budget) is past budget + slack,
+    /// not counting pages the evictor cannot write back (a fault must not
+    /// wait for an eviction the store refuses).
     #[inline]
     pub fn over_limit(&self) -> bool {
-        let stuck = self.unwritable.load(Relaxed);
-        self.resident.load(Relaxed).saturating_sub(stuck) > self.limit
+        self.over(self.limit)
     }
 
     /// A fault resolved on the faulting thread, past the limit: wait
@@ -249,6 +359,17 @@ impl BudgetFeed {
             skipped_io_busy: self.skipped_io_busy.load(Relaxed),
             access_hints: self.hints_taken.load(Relaxed),
             access_hints_dropped: self.hints_dropped.load(Relaxed),
+        }
+    }
+}
+
+impl Drop for BudgetFeed {
+    /// The region is gone: its pages no longer count against the budget
+    /// it shared.
+    fn drop(&mut self) {
+        if let Some(s) = &self.shared {
+            s.resident.fetch_sub(*self.resident.get_mut(), SeqCst);
+            s.unwritable.fetch_sub(*self.unwritable.get_mut(), SeqCst);
         }
     }
 }
