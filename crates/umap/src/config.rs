@@ -4,9 +4,9 @@
 //! | variable | UMap's meaning | default | here |
 //! |---|---|---|---|
 //! | `UMAP_PAGESIZE` | bytes per UMap page (a multiple of the system page) | system page size | the region page size (a power of two) |
-//! | `UMAP_BUFSIZE` | UMap pages resident at once | 90% of available memory | the region's budget (per region), times the high-water mark |
+//! | `UMAP_BUFSIZE` | UMap pages resident at once | 90% of available memory | one [`faultline::SharedBudget`] for every region of the process, times the high-water mark |
 //! | `UMAP_PAGE_FILLERS` | threads reading pages from the store | hardware threads | handler threads of the workers engine; unset, file regions use the signal engine (faults resolved on the faulting thread, no fillers) |
-//! | `UMAP_PAGE_EVICTORS` | threads evicting pages | hardware threads | reported; each region has one evictor thread |
+//! | `UMAP_PAGE_EVICTORS` | threads evicting pages | hardware threads | reported; each region has one evictor thread (it evicts that region's pages while the buffer is over) |
 //! | `UMAP_EVICT_HIGH_WATER_THRESHOLD` | percent of the buffer at which eviction starts | 90 | the budget is `BUFSIZE * HIGH / 100` pages |
 //! | `UMAP_EVICT_LOW_WATER_THRESHOLD` | percent at which eviction stops | 70 | once past the budget, the evictor evicts down to `BUFSIZE * LOW / 100` pages (`LOW <= HIGH`) |
 //! | `UMAP_READ_AHEAD` | pages read ahead of a fault | 0 | set: every fault installs the aligned window of `READ_AHEAD + 1` pages; unset: faultline's adaptive read-ahead |
@@ -156,7 +156,8 @@ impl Config {
         }
     }
 
-    /// The per-region budget: `BUFSIZE * HIGH / 100` pages, at least 1.
+    /// The buffer's budget, for all regions together: `BUFSIZE * HIGH /
+    /// 100` pages, at least 1.
     pub fn budget_pages(&self) -> usize {
         (self.buf_pages.saturating_mul(self.high_water) / 100).clamp(1, usize::MAX as u64) as usize
     }

@@ -14,10 +14,11 @@
 //!    UMap documents them (`UMAP_PRIVATE` required, `UMAP_FIXED` allowed,
 //!    `len` and `offset` multiples of `UMAP_PAGESIZE`, a readable `fd`),
 //!    opens the file as a faultline file store (read-only when `fd` is) and
-//!    builds a region with a resident budget of `UMAP_BUFSIZE * HIGH / 100`
-//!    pages; past it the evictor evicts down to `UMAP_BUFSIZE * LOW / 100`
-//!    (dirty pages are tracked, written back on eviction, `umap_flush` and
-//!    `uunmap`).
+//!    builds a region of UMap's one buffer, a [`SharedBudget`] of
+//!    `UMAP_BUFSIZE * HIGH / 100` pages for all regions together; past it
+//!    each region's evictor evicts its own pages until the total is down to
+//!    `UMAP_BUFSIZE * LOW / 100` (dirty pages are tracked, written back on
+//!    eviction, `umap_flush` and `uunmap`).
 //! 2. Faults are resolved by the signal engine (on the faulting thread)
 //!    unless `UMAP_PAGE_FILLERS` is set or the store is a C++
 //!    `Umap::Store` (not async-signal-safe): then by a workers engine with
@@ -43,7 +44,7 @@ use faultline::engine::{self, EngineConfig, EngineKind};
 use faultline::policy::PolicyKind;
 use faultline::store::{FileAccess, PageCacheFile, StoreError};
 use faultline::sys::{mem::is_read_write, set_errno, Errno};
-use faultline::{Engine, EvictionConfig, FileStore, PageStore, ReadaheadConfig, Region};
+use faultline::{Engine, FileStore, PageStore, ReadaheadConfig, Region, SharedBudget};
 use faultline_ffi::callback::{FillFn, WriteFn};
 use faultline_ffi::{
     guard, guard_or, last_error, set_last_error, CError, CallbackStore, Callbacks,
@@ -79,6 +80,20 @@ fn fail(what: &str, e: CError) -> c_int {
     set_last_error(&format!("{what}: {}", e.message));
     set_errno(e.errno);
     -1
+}
+
+/// UMap's buffer, one for every region of the process: their resident
+/// pages count together against `UMAP_BUFSIZE * HIGH / 100` pages, and
+/// once past it each region's evictor evicts its own pages until the total
+/// is down to `UMAP_BUFSIZE * LOW / 100`.
+fn buffer() -> Arc<SharedBudget> {
+    static BUFFER: OnceLock<Arc<SharedBudget>> = OnceLock::new();
+    BUFFER
+        .get_or_init(|| {
+            let c = config();
+            Arc::new(SharedBudget::new(c.budget_pages(), c.low_water_pages()))
+        })
+        .clone()
 }
 
 /// The engine regions use: the signal engine when the store allows it and
@@ -211,11 +226,7 @@ fn map_region(
     let mut b = Region::builder(length)
         .page_size(ps)
         .shared_store(store)
-        .budget(EvictionConfig {
-            budget_pages: c.budget_pages(),
-            policy: PolicyKind::Clock,
-        })
-        .budget_low_water(c.low_water_pages());
+        .shared_budget(buffer(), PolicyKind::Clock);
     if let Some(n) = c.read_ahead {
         b = b.readahead(ReadaheadConfig::fixed(n as usize + 1));
     }
@@ -231,7 +242,7 @@ fn map_region(
     let start = region.as_ptr() as usize;
     log_at(Level::Info, || {
         format!(
-            "umap: region {start:#x}+{length:#x}, {} pages of {ps} bytes, budget {} pages, engine {}",
+            "umap: region {start:#x}+{length:#x}, {} pages of {ps} bytes, buffer of {} pages shared by every region, engine {}",
             length / ps,
             c.budget_pages(),
             region.engine().kind().name()

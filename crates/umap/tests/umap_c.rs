@@ -290,6 +290,30 @@ fn low_water_mark_and_pinned_pages() {
     }
 }
 
+/// `UMAP_BUFSIZE` is one buffer for every region, as in UMap: two regions
+/// of 12 pages each are evicted to 16 together (each alone is under it),
+/// stay within it through a sweep of both, and once one is unmapped the
+/// other holds all 16.
+#[test]
+fn two_regions_share_one_buffer() {
+    let Some(p) = programs() else { return };
+    let f = pattern_file(&tmp(), "buffer.bin", 64);
+    let base = [
+        ("UMAP_BUFSIZE", "32"),
+        ("UMAP_EVICT_HIGH_WATER_THRESHOLD", "50"),
+        ("UMAP_EVICT_LOW_WATER_THRESHOLD", "50"),
+        ("UMAP_READ_AHEAD", "0"),
+    ];
+    for fillers in [None, Some("2")] {
+        let mut env = base.to_vec();
+        env.extend(fillers.map(|n| ("UMAP_PAGE_FILLERS", n)));
+        assert_ok(
+            &run(&p.c, &["buffer", f.to_str().unwrap()], &env, LIMIT),
+            "buffer",
+        );
+    }
+}
+
 #[test]
 fn cpp_stores_through_umap_ex() {
     let Some(p) = programs() else { return };

@@ -8,10 +8,11 @@
  *  - Where UMap prints an error and aborts, these functions fail: umap()
  *    returns UMAP_FAILED, uunmap()/umap_flush() return -1, with errno set
  *    (EINVAL, EBADF, EEXIST, EOPNOTSUPP, EIO) and a message on stderr.
- *  - UMAP_BUFSIZE is a budget per region (UMap: one buffer for all).
- *  - UMAP_PAGE_EVICTORS is reported but each region has one evictor
- *    thread. It starts past UMAP_BUFSIZE * HIGH / 100 pages and evicts
- *    down to UMAP_BUFSIZE * LOW / 100, as UMap's evictors do.
+ *  - UMAP_BUFSIZE is one buffer for every region, as in UMap, but there
+ *    is no global eviction order: UMAP_PAGE_EVICTORS is reported, and
+ *    each region has one evictor thread that evicts that region's pages
+ *    while all regions together are past UMAP_BUFSIZE * HIGH / 100 pages,
+ *    down to UMAP_BUFSIZE * LOW / 100.
  *  - With UMAP_PAGE_FILLERS unset, file regions resolve faults on the
  *    faulting thread (no filler threads); set, or for a Umap::Store, that
  *    many filler threads do.

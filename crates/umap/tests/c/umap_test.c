@@ -194,6 +194,60 @@ static int watermarks(const char *path) {
     return 0;
 }
 
+/* Resident pages of the two regions together, once at most `want` (at most
+ * 10 s). */
+static size_t wait_both_at_most(void *p, void *q, size_t len, size_t want) {
+    size_t r = resident(p, len) + resident(q, len);
+    for (int i = 0; i < 10000 && r > want; i++) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+        r = resident(p, len) + resident(q, len);
+    }
+    return r;
+}
+
+/* UMap's one buffer for all regions. Run with UMAP_BUFSIZE=32, HIGH=50
+ * and LOW=50 (16 pages for every region together), READ_AHEAD=0, on a
+ * file of at least 64 pages. */
+static int buffer(const char *path) {
+    int fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    size_t len = (size_t)file_size(fd), pages = len / PAGE;
+    CHECK(pages >= 64);
+    unsigned char *want = malloc(len);
+    CHECK(pread(fd, want, len, 0) == (ssize_t)len);
+    unsigned char *p = umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 0);
+    unsigned char *q = umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 0);
+    CHECK(p != UMAP_FAILED && q != UMAP_FAILED);
+    /* 12 pages in each: each alone is under 16, together they are not. */
+    for (size_t i = 0; i < 12; i++) CHECK(p[i * PAGE] == want[i * PAGE]);
+    for (size_t i = 0; i < 12; i++) CHECK(q[i * PAGE + 2] == want[i * PAGE + 2]);
+    size_t r = wait_both_at_most(p, q, len, 16);
+    printf("two_regions_12_each %zu\n", r);
+    CHECK(r <= 16);
+    /* Both swept whole, interleaved: still one buffer of 16. */
+    for (size_t i = 0; i < pages; i++) {
+        CHECK(p[i * PAGE + 3] == want[i * PAGE + 3]);
+        CHECK(q[i * PAGE + 4] == want[i * PAGE + 4]);
+    }
+    r = wait_both_at_most(p, q, len, 16);
+    printf("two_regions_swept %zu\n", r);
+    CHECK(r <= 16);
+    /* Once q is gone its pages no longer count: p alone holds 16. */
+    CHECK(uunmap(q, len) == 0);
+    for (int round = 0; round < 2; round++)
+        for (size_t i = 0; i < 16; i++) CHECK(p[i * PAGE + 5] == want[i * PAGE + 5]);
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    r = resident(p, len);
+    printf("after_uunmap %zu\n", r);
+    CHECK(r == 16);
+    CHECK(uunmap(p, len) == 0);
+    close(fd);
+    free(want);
+    return 0;
+}
+
 static int bad_inputs(const char *path) {
     int fd = open(path, O_RDWR);
     CHECK(fd >= 0);
@@ -281,6 +335,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "bad-inputs")) rc = bad_inputs(path);
     else if (!strcmp(mode, "threads")) rc = threads(path);
     else if (!strcmp(mode, "watermarks")) rc = watermarks(path);
+    else if (!strcmp(mode, "buffer")) rc = buffer(path);
     if (rc == 0) printf("ok %s\n", mode);
     return rc;
 }
