@@ -267,27 +267,31 @@ fn many_threads_fault_at_once() {
     }
 }
 
-/// `UMAP_EVICT_LOW_WATER_THRESHOLD`: past the budget the evictor stops at
-/// `BUFSIZE * LOW / 100`; `umap_fetch_and_pin` pages survive a sweep that
-/// evicts everything else (signal engine, then 2 fillers).
-#[test]
-fn low_water_mark_and_pinned_pages() {
+/// Runs the C program's eviction `mode` on a 64-page file with
+/// `UMAP_BUFSIZE`, high and low water `[buf, high, low]` and no read-ahead,
+/// on the signal engine and then with 2 fillers.
+fn eviction_mode(mode: &str, [buf, high, low]: [&str; 3]) {
     let Some(p) = programs() else { return };
-    let f = pattern_file(&tmp(), "watermarks.bin", 64);
+    let f = pattern_file(&tmp(), &format!("{mode}.bin"), 64);
     let base = [
-        ("UMAP_BUFSIZE", "20"),
-        ("UMAP_EVICT_HIGH_WATER_THRESHOLD", "80"),
-        ("UMAP_EVICT_LOW_WATER_THRESHOLD", "30"),
+        ("UMAP_BUFSIZE", buf),
+        ("UMAP_EVICT_HIGH_WATER_THRESHOLD", high),
+        ("UMAP_EVICT_LOW_WATER_THRESHOLD", low),
         ("UMAP_READ_AHEAD", "0"),
     ];
     for fillers in [None, Some("2")] {
         let mut env = base.to_vec();
         env.extend(fillers.map(|n| ("UMAP_PAGE_FILLERS", n)));
-        assert_ok(
-            &run(&p.c, &["watermarks", f.to_str().unwrap()], &env, LIMIT),
-            "watermarks",
-        );
+        assert_ok(&run(&p.c, &[mode, f.to_str().unwrap()], &env, LIMIT), mode);
     }
+}
+
+/// `UMAP_EVICT_LOW_WATER_THRESHOLD`: past the budget the evictor stops at
+/// `BUFSIZE * LOW / 100`; `umap_fetch_and_pin` pages survive a sweep that
+/// evicts everything else (signal engine, then 2 fillers).
+#[test]
+fn low_water_mark_and_pinned_pages() {
+    eviction_mode("watermarks", ["20", "80", "30"]);
 }
 
 /// `UMAP_BUFSIZE` is one buffer for every region, as in UMap: two regions
@@ -296,22 +300,7 @@ fn low_water_mark_and_pinned_pages() {
 /// other holds all 16.
 #[test]
 fn two_regions_share_one_buffer() {
-    let Some(p) = programs() else { return };
-    let f = pattern_file(&tmp(), "buffer.bin", 64);
-    let base = [
-        ("UMAP_BUFSIZE", "32"),
-        ("UMAP_EVICT_HIGH_WATER_THRESHOLD", "50"),
-        ("UMAP_EVICT_LOW_WATER_THRESHOLD", "50"),
-        ("UMAP_READ_AHEAD", "0"),
-    ];
-    for fillers in [None, Some("2")] {
-        let mut env = base.to_vec();
-        env.extend(fillers.map(|n| ("UMAP_PAGE_FILLERS", n)));
-        assert_ok(
-            &run(&p.c, &["buffer", f.to_str().unwrap()], &env, LIMIT),
-            "buffer",
-        );
-    }
+    eviction_mode("buffer", ["32", "50", "50"]);
 }
 
 #[test]

@@ -132,28 +132,47 @@ static int config(const char *path) {
     return 0;
 }
 
-/* Waits (at most 10 s) until at most `want` pages of [p, p + len) are
- * resident; returns the count last seen. */
-static size_t wait_resident_at_most(void *p, size_t len, size_t want) {
-    size_t r = resident(p, len);
+/* Resident pages of [p, p + len) and, unless q is NULL, of [q, q + len). */
+static size_t resident_both(void *p, void *q, size_t len) {
+    return resident(p, len) + (q ? resident(q, len) : 0);
+}
+
+/* Waits (at most 10 s) until at most `want` pages of [p, p + len) and
+ * [q, q + len) together (q may be NULL) are resident; returns the count
+ * last seen. */
+static size_t wait_both_at_most(void *p, void *q, size_t len, size_t want) {
+    size_t r = resident_both(p, q, len);
     for (int i = 0; i < 10000 && r > want; i++) {
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, NULL);
-        r = resident(p, len);
+        r = resident_both(p, q, len);
     }
     return r;
+}
+
+static size_t wait_resident_at_most(void *p, size_t len, size_t want) {
+    return wait_both_at_most(p, NULL, len, want);
+}
+
+/* Opens `path` (at least 64 pages) read-only; `*want` gets its bytes. */
+static int open_read_only_64(const char *path, size_t *len, unsigned char **want) {
+    int fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    *len = (size_t)file_size(fd);
+    CHECK(*len / PAGE >= 64);
+    *want = malloc(*len);
+    CHECK(pread(fd, *want, *len, 0) == (ssize_t)*len);
+    return fd;
 }
 
 /* Run with UMAP_BUFSIZE=20, HIGH=80 (budget 16), LOW=30 (6 pages),
  * READ_AHEAD=0 on a file of at least 64 pages. */
 static int watermarks(const char *path) {
     CHECK(umapcfg_get_max_pages_in_buffer() == 20);
-    int fd = open(path, O_RDONLY);
-    CHECK(fd >= 0);
-    size_t len = (size_t)file_size(fd), pages = len / PAGE;
-    CHECK(pages >= 64);
-    unsigned char *want = malloc(len);
-    CHECK(pread(fd, want, len, 0) == (ssize_t)len);
+    size_t len;
+    unsigned char *want;
+    int fd = open_read_only_64(path, &len, &want);
+    size_t pages = len / PAGE;
 
     /* Low water: one page past the budget of 16 starts the evictor, which
      * stops at 6 (BUFSIZE * LOW / 100), not just under the budget. */
@@ -194,28 +213,14 @@ static int watermarks(const char *path) {
     return 0;
 }
 
-/* Resident pages of the two regions together, once at most `want` (at most
- * 10 s). */
-static size_t wait_both_at_most(void *p, void *q, size_t len, size_t want) {
-    size_t r = resident(p, len) + resident(q, len);
-    for (int i = 0; i < 10000 && r > want; i++) {
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, NULL);
-        r = resident(p, len) + resident(q, len);
-    }
-    return r;
-}
-
 /* UMap's one buffer for all regions. Run with UMAP_BUFSIZE=32, HIGH=50
  * and LOW=50 (16 pages for every region together), READ_AHEAD=0, on a
  * file of at least 64 pages. */
 static int buffer(const char *path) {
-    int fd = open(path, O_RDONLY);
-    CHECK(fd >= 0);
-    size_t len = (size_t)file_size(fd), pages = len / PAGE;
-    CHECK(pages >= 64);
-    unsigned char *want = malloc(len);
-    CHECK(pread(fd, want, len, 0) == (ssize_t)len);
+    size_t len;
+    unsigned char *want;
+    int fd = open_read_only_64(path, &len, &want);
+    size_t pages = len / PAGE;
     unsigned char *p = umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 0);
     unsigned char *q = umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 0);
     CHECK(p != UMAP_FAILED && q != UMAP_FAILED);
