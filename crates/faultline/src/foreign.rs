@@ -274,6 +274,9 @@ pub struct PeerStats {
     pub prefetched: u64,
     /// Prefetch ioctls.
     pub prefetch_ioctls: u64,
+    /// Pages installed by run-ahead populators
+    /// ([`ForeignOptions::run_ahead`]).
+    pub run_ahead_pages: u64,
     /// Faults outside every region of the peer.
     pub outside: u64,
     /// Bytes read from the store (pages filled or viewed, at each
@@ -388,6 +391,9 @@ struct ForeignRegion {
     removed: Arc<Removed>,
     /// Pages that have faulted (record mode).
     seen: Option<PageBits>,
+    /// Pages that faulted once while the map called them present (see
+    /// `Worker::on_fault`); only the peer's handler thread touches them.
+    suspect: PageBits,
     store_offset: u64,
 }
 
@@ -411,7 +417,7 @@ pub struct ForeignPeer {
     /// (and the REMOVE bookkeeping that follows): a REMOVE is never read
     /// while a helper's copy is in flight, so none can put the store's
     /// bytes into a range after the peer dropped it.
-    copy_gate: RwLock<()>,
+    copy_gate: Arc<RwLock<()>>,
     store: Arc<dyn PageStore>,
     stats: PeerCounters,
 }
@@ -500,7 +506,7 @@ impl ForeignPeer {
                 // them the fault path below treats a fault on a recorded
                 // page as a dropped page (never `mincore`, which would look
                 // at our own address space).
-                delivery: Delivery::HANDLER_THREAD,
+                delivery: Delivery::PEER_HANDLER,
                 inflight: AtomicUsize::new(0),
                 stats: Default::default(),
                 budget: None,
@@ -514,6 +520,7 @@ impl ForeignPeer {
                 state,
                 removed,
                 seen: opts.record.then(|| PageBits::new(pages.count())),
+                suspect: PageBits::new(pages.count()),
                 store_offset: s.store_offset,
             });
         }
@@ -527,7 +534,7 @@ impl ForeignPeer {
             record: opts.record.then(|| Mutex::new(Vec::new())),
             prefetch: Mutex::new(PrefetchQueue::default()),
             prefetch_pending: AtomicBool::new(false),
-            copy_gate: RwLock::new(()),
+            copy_gate: Arc::new(RwLock::new(())),
             store,
             stats: PeerCounters::default(),
         };
@@ -535,12 +542,11 @@ impl ForeignPeer {
             let mut pop = peer.populators.lock().expect("populators");
             for r in &peer.regions {
                 pop.push(
-                    crate::runahead::start(&r.state, cfg, 4 << 20).map_err(|source| {
-                        ForeignError::Spawn {
+                    crate::runahead::start(&r.state, cfg, 4 << 20, Some(peer.copy_gate.clone()))
+                        .map_err(|source| ForeignError::Spawn {
                             what: "a run-ahead thread",
                             source,
-                        }
-                    })?,
+                        })?,
                 );
             }
         }
@@ -575,8 +581,8 @@ impl ForeignPeer {
     }
 
     /// Bytes of this peer's own bookkeeping: per region the residency map
-    /// (3 bits a page), the removed bits and the record's seen bits (1 bit
-    /// a page each), plus the record log and the prefetch queue. What one
+    /// (3 bits a page), the removed, suspect and the record's seen bits (1
+    /// bit a page each), plus the record log and the prefetch queue. What one
     /// more peer costs the handler, beside the store it shares.
     pub fn bookkeeping_bytes(&self) -> usize {
         let bits: usize = self
@@ -584,7 +590,7 @@ impl ForeignPeer {
             .iter()
             .map(|r| {
                 let n = r.state.pages.count();
-                let words = n.div_ceil(32) + n.div_ceil(64) * (2 + usize::from(r.seen.is_some()));
+                let words = n.div_ceil(32) + n.div_ceil(64) * (3 + usize::from(r.seen.is_some()));
                 words * 8
             })
             .sum();
@@ -619,7 +625,11 @@ impl ForeignPeer {
         let c = &self.stats;
         let mut regions = RegionStats::default();
         let mut bytes_read = 0;
+        let mut run_ahead_pages = 0;
         for r in &self.regions {
+            if let Some(feed) = &r.state.runahead {
+                run_ahead_pages += feed.stats().pages_populated;
+            }
             let s = r.state.stats.snapshot();
             bytes_read += (s.store_fills + s.zero_copy_fills) * r.state.pages.size().bytes() as u64;
             regions.faults += s.faults;
@@ -642,6 +652,7 @@ impl ForeignPeer {
             deferred: c.deferred.load(Relaxed),
             prefetched: c.prefetched.load(Relaxed),
             prefetch_ioctls: c.prefetch_ioctls.load(Relaxed),
+            run_ahead_pages,
             outside: c.outside.load(Relaxed),
             bytes_read,
             regions,
@@ -1377,11 +1388,23 @@ impl Worker {
                     .push(reg.store_offset + r.pages.offset(page));
             }
         }
-        if !p.uffd.reports_removes() && r.residency.get(page) != PageState::Absent {
-            // No REMOVE events: a fault on a page we installed means the
-            // peer dropped it behind our back. Forget it (under its claim,
-            // so a resolver finishing it is not overwritten).
-            if r.residency.try_claim(page) {
+        if r.residency.get(page) != PageState::Absent {
+            // A fault on a page we installed. Without REMOVE events the
+            // peer dropped it behind our back. With them it is usually a
+            // message that raced with the install (resolve wakes, done);
+            // but a REMOVE is read *before* the kernel zaps its range (the
+            // balloon's madvise waits for the event to be read, then
+            // zaps), so a page installed in between is recorded present
+            // and then dropped, and its thread faults on it again and
+            // again. So the second fault of a page the map calls present
+            // means stale (a raced message is read once). Forget it (under
+            // its claim, so a resolver finishing it is not overwritten):
+            // resolve re-installs it, or finds it there (EEXIST).
+            let stale = !p.uffd.reports_removes() || reg.suspect.get(page);
+            if !stale {
+                reg.suspect.set(page);
+            } else if r.residency.try_claim(page) {
+                reg.suspect.clear(page);
                 r.residency.set(page, PageState::Absent);
                 r.residency.release(page..page + 1);
             }

@@ -559,7 +559,7 @@ impl RegionBuilder {
         if let Some(cfg) = self.run_ahead {
             let scratch = region.engine.scratch_bytes();
             region.populator = Some(
-                crate::runahead::start(region.state(), cfg, scratch)
+                crate::runahead::start(region.state(), cfg, scratch, None)
                     .map_err(spawn_err("spawn run-ahead thread"))?,
             );
         }

@@ -371,6 +371,11 @@ impl PageBits {
     pub fn set(&self, page: usize) {
         self.0[page / 64].fetch_or(1 << (page % 64), AcqRel);
     }
+    /// Clears `page`'s bit.
+    #[inline]
+    pub fn clear(&self, page: usize) {
+        self.0[page / 64].fetch_and(!(1 << (page % 64)), AcqRel);
+    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 //!    (`ahead` pages never touched).
 
 use std::ops::Range;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::background::{Background, StopFlag};
@@ -41,14 +42,18 @@ impl Default for RunAheadConfig {
 }
 
 /// Starts the populator thread of `state` (a region with a run-ahead
-/// feed).
+/// feed). With a `gate`, each install (store read and copy) holds it
+/// shared: the owner of the region's userfaultfd takes it exclusively
+/// around reading events, so none is read while an install is in flight
+/// (a peer's memory: see `ForeignPeer::copy_gate`).
 pub(crate) fn start(
     state: &RegionState,
     cfg: RunAheadConfig,
     scratch_bytes: usize,
+    gate: Option<Arc<RwLock<()>>>,
 ) -> std::io::Result<Background> {
     state.spawn_worker("faultline-runahead", move |r, stop| {
-        run(r, cfg, stop, scratch_bytes)
+        run(r, cfg, stop, scratch_bytes, gate.as_deref())
     })
 }
 
@@ -68,7 +73,13 @@ fn merge(windows: Vec<Range<usize>>, span: usize) -> Vec<Range<usize>> {
     out
 }
 
-fn run(r: &RegionState, cfg: RunAheadConfig, stop: &StopFlag, scratch_bytes: usize) {
+fn run(
+    r: &RegionState,
+    cfg: RunAheadConfig,
+    stop: &StopFlag,
+    scratch_bytes: usize,
+    gate: Option<&RwLock<()>>,
+) {
     let feed = r.runahead.as_ref().expect("run-ahead regions have a feed");
     // Predict in windows of the largest read-ahead window: what one fault
     // of a sequential stream installs.
@@ -104,6 +115,7 @@ fn run(r: &RegionState, cfg: RunAheadConfig, stop: &StopFlag, scratch_bytes: usi
             let Some(first) = first else { continue };
             // Installs the window (claims keep it exclusive with the
             // application's own faults) and marks it installed ahead.
+            let _gate = gate.map(|g| g.read().expect("run-ahead gate"));
             let _ = resolve(r, first, Access::WRITE, &Origin::RunAhead(w), &mut scratch);
         }
     }

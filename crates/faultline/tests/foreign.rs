@@ -209,3 +209,116 @@ fn prefetch_installs_the_set_before_any_fault() {
     assert!(got == &data[..len / 2]);
     assert_eq!(peer.stats().faults, 0);
 }
+
+/// Run-ahead populators on a peer's memory racing its balloon: the peer
+/// streams through a region (so the populator installs windows ahead of
+/// it) while another of its threads drops 32-page ranges just ahead of
+/// the stream. Two guards make it pass, and this test caught each one
+/// missing:
+/// - each populator install (store read, copy, map update) holds the
+///   peer's copy gate, which the handler takes around reading events;
+///   without it a copy of store bytes landed after the drop (11 of 60
+///   runs failed);
+/// - a missing fault on a page the map calls present re-installs it
+///   (EEXIST if it is there): a REMOVE is read before the kernel zaps its
+///   range, so a page installed in between is recorded present and then
+///   dropped; without the re-install the stream livelocked re-faulting on
+///   such a page (1 of 40 runs, with the gate).
+#[test]
+fn run_ahead_racing_balloon_removes_keeps_dropped_ranges_zero() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let _deadline = faultline::testing::child::deadline(240);
+    const PAGES: usize = 4096;
+    const STEP: usize = 128;
+    const DROP: usize = 32;
+    let len = PAGES * 4096;
+    let data = pattern(len);
+    let store: Arc<dyn PageStore> = Arc::new(MemoryStore::new(data.clone()));
+    let (engine, _events) = ForeignEngine::new(EngineKind::Poll, Default::default()).unwrap();
+    let (mut populated, mut drops) = (0, 0);
+    for round in 0..8 {
+        let u = new_uffd(feature::EVENT_REMOVE);
+        let a = Mapping::anon(len).unwrap();
+        a.advise(0, len, Advice::NoHugePage).unwrap();
+        u.register(a.addr(), len as u64, register_mode::MISSING)
+            .unwrap();
+        let opts = ForeignOptions {
+            readahead: ReadaheadConfig::adaptive(1, 16),
+            run_ahead: Some(RunAheadConfig { budget_pages: 256 }),
+            ..Default::default()
+        };
+        let peer = engine.add(
+            ForeignPeer::new(
+                "self",
+                ForeignUffd::adopt(dup(&u)).unwrap(),
+                &[spec(a.addr(), len, 0)],
+                store.clone(),
+                &opts,
+            )
+            .unwrap(),
+        );
+        let base = a.addr() as usize;
+        let progress = Arc::new(AtomicUsize::new(0));
+        let reader = {
+            let progress = progress.clone();
+            std::thread::spawn(move || {
+                for p in 0..PAGES {
+                    // SAFETY: inside a live mapping (leaked if the stream
+                    // stalls, see below).
+                    unsafe { std::ptr::read_volatile((base + p * 4096) as *const u8) };
+                    progress.store(p, SeqCst);
+                }
+            })
+        };
+        // Drop [k*STEP + STEP/2, +DROP) once the stream is within half a
+        // chunk of it, where the populator is installing.
+        let mut dropped = Vec::new();
+        let mut stalled = false;
+        for k in 0..PAGES / STEP {
+            let at = k * STEP + STEP / 2;
+            if !wait_until(Duration::from_secs(30), || {
+                progress.load(SeqCst) + STEP / 2 >= at || reader.is_finished()
+            }) {
+                stalled = true;
+                break;
+            }
+            if progress.load(SeqCst) >= at {
+                continue; // the stream passed it already
+            }
+            mem::madvise(a.addr() + (at * 4096) as u64, DROP * 4096, Advice::DontNeed).unwrap();
+            dropped.push(at..at + DROP);
+        }
+        if stalled || !wait_until(Duration::from_secs(30), || reader.is_finished()) {
+            // The reader is stuck in a fault: keep its memory mapped.
+            std::mem::forget(a);
+            panic!(
+                "round {round}: the stream stalled at page {}",
+                progress.load(SeqCst)
+            );
+        }
+        reader.join().unwrap();
+        // SAFETY: the mapping is live; pages still missing fault in here.
+        let got = unsafe { std::slice::from_raw_parts(a.as_ptr(), len) };
+        for p in 0..PAGES {
+            let page = &got[p * 4096..(p + 1) * 4096];
+            if dropped.iter().any(|r| r.contains(&p)) {
+                assert!(
+                    page.iter().all(|&x| x == 0),
+                    "round {round}: dropped page {p} holds store bytes"
+                );
+            } else {
+                assert!(
+                    page == &data[p * 4096..(p + 1) * 4096],
+                    "round {round}: page {p} differs"
+                );
+            }
+        }
+        let s = peer.stats();
+        assert!(s.removes as usize >= dropped.len());
+        populated += s.run_ahead_pages;
+        drops += dropped.len();
+        engine.remove(peer.id()).unwrap();
+    }
+    assert!(populated > 0, "the run-ahead populators installed nothing");
+    assert!(drops > 0, "nothing was dropped ahead of the stream");
+}

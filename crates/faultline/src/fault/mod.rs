@@ -62,6 +62,10 @@ pub struct Delivery {
     /// The engine reads the userfaultfd's events (`UFFD_EVENT_REMOVE`), so
     /// the residency map learns when pages are dropped behind its back.
     pub reads_events: bool,
+    /// The region's memory is mapped in this process, so `mincore` can
+    /// tell whether one of its pages is mapped (not so for a peer's memory
+    /// served through its userfaultfd).
+    pub memory_here: bool,
 }
 
 impl Delivery {
@@ -71,6 +75,7 @@ impl Delivery {
         on_faulting_thread: true,
         faulter_sleeps: false,
         reads_events: false,
+        memory_here: true,
     };
     /// A message read by a handler thread; the faulting thread sleeps
     /// until woken (the `poll`, `spin` and `workers` engines).
@@ -78,5 +83,13 @@ impl Delivery {
         on_faulting_thread: false,
         faulter_sleeps: true,
         reads_events: true,
+        memory_here: true,
+    };
+    /// A peer's fault read by a handler thread of this process
+    /// (`crate::foreign`): like [`HANDLER_THREAD`](Self::HANDLER_THREAD),
+    /// but the memory is in the peer's address space.
+    pub const PEER_HANDLER: Delivery = Delivery {
+        memory_here: false,
+        ..Delivery::HANDLER_THREAD
     };
 }

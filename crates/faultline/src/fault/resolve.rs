@@ -124,17 +124,28 @@ pub(crate) fn resolve(
         match state {
             PageState::Poisoned => return repoison(r, page),
             PageState::ReadOnly | PageState::Writable => {
-                // Engines that read events learn of dropped pages through
-                // REMOVE, so a fault on a recorded page is a message that
-                // raced with its resolution: wake and done. Without an
-                // event reader the page may have been dropped behind our
-                // back (MADV_DONTNEED). For anonymous memory mincore tells;
-                // for shmem/hugetlb (mincore reports the page cache, not
-                // the mapping) re-install, which is idempotent (EEXIST if
-                // it was there).
-                let stale = !r.delivery.reads_events
-                    && (r.kind != MemoryKind::PrivateAnon
-                        || !sys::mem::is_mapped(r.pages.addr(page), ps));
+                // A missing fault on a page the map records as installed:
+                // usually a message that raced with its resolution (wake
+                // and done). But the map may be stale. Without an event
+                // reader the page may have been dropped behind our back
+                // (MADV_DONTNEED). With one, a REMOVE is read *before* the
+                // kernel zaps its range (the madvise caller waits for the
+                // event to be read, then zaps), so a page installed in
+                // between is recorded present and then dropped. For
+                // anonymous memory of this process mincore tells. For
+                // shmem/hugetlb (mincore reports the page cache, not the
+                // mapping) without events, re-install, which is idempotent
+                // (EEXIST if it was there). Local shmem/hugetlb with events
+                // keeps the first reading (a shared mapping's page cache
+                // outlives the zap, so its next touch does not fault); a
+                // peer's handler tells stale pages itself (`crate::foreign`:
+                // the same page faulting twice as present).
+                let stale = !access.wp
+                    && if r.delivery.memory_here && r.kind == MemoryKind::PrivateAnon {
+                        !sys::mem::is_mapped(r.pages.addr(page), ps)
+                    } else {
+                        !r.delivery.reads_events
+                    };
                 if !stale {
                     if wake {
                         let _ = r.uffd.wake(r.pages.addr(page), ps as u64);
