@@ -55,8 +55,14 @@ pub enum Bad {
 pub enum Backend {
     /// A userfaultfd handed to the handler (Firecracker's `Uffd` backend).
     Uffd,
-    /// The memory file mapped `MAP_PRIVATE` (Firecracker's `File` backend).
+    /// The memory file (or --map-file) mapped `MAP_PRIVATE` (Firecracker's
+    /// `File` backend).
     File,
+    /// Shared (zero-copy) mode: the snapshot's tmpfs copy (--map-file, made
+    /// by `faultline serve --shared`) mapped `MAP_PRIVATE`, registered
+    /// MISSING|MINOR with `UFFD_FEATURE_MINOR_SHMEM`, handed over like
+    /// `uffd`.
+    Shared,
 }
 
 /// `faultline peer` arguments.
@@ -116,6 +122,16 @@ pub struct PeerArgs {
     /// Memory backend.
     #[arg(long, value_enum, default_value_t = Backend::Uffd)]
     pub backend: Backend,
+    /// The file the `file` and `shared` backends map (default: --mem).
+    #[arg(long)]
+    pub map_file: Option<PathBuf>,
+    /// After the checks, write to every working-set page (its first byte
+    /// inverted) and read the writes back (they must stay private).
+    #[arg(long)]
+    pub scribble: bool,
+    /// Stay alive this many ms after finishing (others run meanwhile).
+    #[arg(long, default_value_t = 0)]
+    pub hold_ms: u64,
     /// Write timings to FILE (JSON).
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -165,20 +181,32 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
     if sizes.iter().any(|&s| s == 0 || s % ps != 0) {
         bail!("region sizes must be positive multiples of {ps}: {sizes:?}");
     }
+    let mapped = match &args.map_file {
+        Some(p) => std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?,
+        None => file.try_clone()?,
+    };
     let layout = match args.backend {
         Backend::Uffd => map_anon(&sizes, args.gap.next_multiple_of(ps), args.huge)?,
-        Backend::File => map_file(&file, &sizes)?,
+        Backend::File | Backend::Shared => map_file(&mapped, &sizes)?,
     };
     let mut t0 = Instant::now();
     let mut _conn = None;
-    if args.backend == Backend::Uffd {
+    if args.backend != Backend::File {
         let u = match uffd::dev_userfaultfd(uffd::open_flags(true)) {
             Ok(u) => u,
             Err(_) => uffd::syscall_userfaultfd(uffd::open_flags(true))?,
         };
-        u.api(feature::EVENT_REMOVE)?;
+        let (features, mode) = if args.backend == Backend::Shared {
+            (
+                feature::EVENT_REMOVE | feature::MINOR_SHMEM | feature::MISSING_SHMEM,
+                register_mode::MISSING | register_mode::MINOR,
+            )
+        } else {
+            (feature::EVENT_REMOVE, register_mode::MISSING)
+        };
+        u.api(features)?;
         for &(base, len, _) in &layout.regions {
-            u.register(base, len as u64, register_mode::MISSING)?;
+            u.register(base, len as u64, mode)?;
         }
         let conn = connect(&args)?;
         t0 = Instant::now();
@@ -200,6 +228,10 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
     ));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string(&report)?)?;
+    }
+    if args.hold_ms > 0 {
+        say(format_args!("holding for {} ms", args.hold_ms));
+        std::thread::sleep(Duration::from_millis(args.hold_ms));
     }
     Ok(())
 }
@@ -503,6 +535,31 @@ fn touch_and_check(
         for &(r, p) in ws.iter() {
             check(r, p)?;
         }
+    }
+    if args.scribble {
+        for &(r, p) in ws.iter() {
+            let addr = regions[r].0 + (p * PAGE) as u64;
+            // SAFETY: a byte inside a live, writable mapping of this process.
+            unsafe {
+                let b = std::ptr::read_volatile(addr as *const u8);
+                std::ptr::write_volatile(addr as *mut u8, !b);
+            }
+        }
+        for &(r, p) in ws.iter() {
+            let (base, _, off) = regions[r];
+            let addr = base + (p * PAGE) as u64;
+            let mut b = [0u8; 1];
+            file.read_exact_at(&mut b, off + (p * PAGE) as u64)?;
+            // SAFETY: as above.
+            let got = unsafe { std::ptr::read_volatile(addr as *const u8) };
+            if got != !b[0] {
+                bail!(
+                    "the write at {addr:#x} did not stick: read {got:#04x}, wrote {:#04x}",
+                    !b[0]
+                );
+            }
+        }
+        say(format_args!("scribbled on {} pages", ws.len()));
     }
     let _ = &layout.maps;
     Ok(PeerReport {

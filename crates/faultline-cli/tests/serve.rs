@@ -645,3 +645,192 @@ fn bench_restore_serves_from_redis() {
         text(&dir, "bench.err")
     );
 }
+
+/// A file in /dev/shm (tmpfs), removed on drop.
+struct Shm(PathBuf);
+
+impl Shm {
+    fn new(name: &str) -> Shm {
+        let p = PathBuf::from(format!(
+            "/dev/shm/faultline-test-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&p);
+        Shm(p)
+    }
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// serve's `--json` summaries.
+fn summaries(dir: &Dir, f: &str) -> Vec<serde_json::Value> {
+    serde_json::from_str(&text(dir, f)).unwrap()
+}
+
+#[test]
+fn shared_mode_record_then_prefetch_gives_identical_bytes_without_a_copy() {
+    let dir = Dir::new("shared-record", 16 * MIB);
+    let snap = Shm::new("record");
+    let rec = dir.path("ws.txt");
+    let shared = ["--backend", "shared", "--map-file", snap.arg()];
+    let mut s = serve(
+        &dir,
+        &[
+            "--peers",
+            "1",
+            "--shared",
+            snap.arg(),
+            "--record",
+            rec.to_str().unwrap(),
+        ],
+    );
+    let mut p = peer(
+        &dir,
+        "rec",
+        &[&shared[..], &["--working-set", "25", "--seed", "3"]].concat(),
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert!(log.contains("populated 16 MiB"), "{log}");
+    assert!(log.contains("shared mode"), "{log}");
+    let pages = std::fs::read_to_string(&rec).unwrap().lines().count() - 1;
+    assert!(pages > 0);
+    let json = dir.path("serve.json");
+    let mut s = serve(
+        &dir,
+        &[
+            "--peers",
+            "1",
+            "--shared",
+            snap.arg(),
+            "--prefetch",
+            rec.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let mut p = peer(
+        &dir,
+        "pre",
+        &[
+            &shared[..],
+            &["--working-set", "25", "--seed", "3", "--verify-all"],
+        ]
+        .concat(),
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert!(log.contains("reused"), "{log}");
+    assert!(log.contains(&format!("prefetching {pages} pages")), "{log}");
+    let sum = &summaries(&dir, "serve.json")[0];
+    assert_eq!(sum["mode"], "shared", "{sum}");
+    assert!(sum["prefetched"].as_u64().unwrap() > 0, "{sum}");
+    // Every page was mapped from the shared page cache: nothing was read
+    // from the memory file, nothing copied.
+    assert_eq!(sum["bytes_read"], 0, "{sum}");
+    assert_eq!(
+        sum["installed"].as_u64().unwrap(),
+        (16 * MIB / 4096) as u64,
+        "{sum}"
+    );
+}
+
+#[test]
+fn shared_mode_writes_stay_private_and_removed_pages_read_zeros() {
+    let dir = Dir::new("shared-private", 16 * MIB);
+    let snap = Shm::new("private");
+    let shared = ["--backend", "shared", "--map-file", snap.arg()];
+    let mut s = serve(&dir, &["--peers", "3", "--shared", snap.arg()]);
+    // A writes to 30% of its pages and stays alive...
+    let mut a = peer(
+        &dir,
+        "a",
+        &[
+            &shared[..],
+            &["--working-set", "30", "--scribble", "--hold-ms", "30000"],
+        ]
+        .concat(),
+    );
+    wait_for(&dir, "a.err", "scribbled on");
+    // ...while B (shared) sees the snapshot's bytes everywhere, and zeros
+    // where it ballooned, and C (copy mode, same handler) is served too.
+    let mut b = peer(
+        &dir,
+        "b",
+        &[&shared[..], &["--working-set", "30", "--balloon"]].concat(),
+    );
+    let mut c = peer(&dir, "c", &["--verify-all", "--threads", "2"]);
+    assert_ok(&mut b, &dir);
+    assert_ok(&mut c, &dir);
+    a.kill();
+    assert_ok(&mut s, &dir);
+    assert_eq!(
+        std::fs::read(&snap.0).unwrap(),
+        std::fs::read(dir.path("mem")).unwrap(),
+        "a peer's writes reached the shared snapshot"
+    );
+    let log = text(&dir, "serve.err");
+    assert_eq!(log.matches("shared mode").count(), 2, "{log}");
+    assert_eq!(log.matches("copy mode").count(), 1, "{log}");
+    assert!(log.contains("1 REMOVE events (1024 pages)"), "{log}");
+}
+
+#[test]
+fn a_peer_mapping_another_file_is_refused_while_a_shared_peer_is_served() {
+    let dir = Dir::new("shared-bad", 16 * MIB);
+    let snap = Shm::new("bad");
+    let other = Shm::new("other");
+    let mut s = serve(
+        &dir,
+        &[
+            "--peers",
+            "2",
+            "--shared",
+            snap.arg(),
+            "--kill-peer-on-error",
+        ],
+    );
+    let mut good = peer(
+        &dir,
+        "good",
+        &[
+            "--backend",
+            "shared",
+            "--map-file",
+            snap.arg(),
+            "--verify-all",
+            "--pause-at",
+            "30",
+            "--pause-ms",
+            "1000",
+        ],
+    );
+    wait_for(&dir, "good.err", "paused");
+    // Same bytes, another file: not the page cache serve vouches for.
+    std::fs::copy(&snap.0, &other.0).unwrap();
+    let mut bad = peer(
+        &dir,
+        "bad",
+        &["--backend", "shared", "--map-file", other.arg()],
+    );
+    let st = bad.wait(WAIT);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(9), "{st}: {}", text(&dir, "serve.err"));
+    assert_ok(&mut good, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert!(
+        log.contains("refused: shared mode: region 0: it maps"),
+        "{log}"
+    );
+    assert!(log.contains("not the shared snapshot"), "{log}");
+}

@@ -33,6 +33,24 @@
 //! run our signal handler). Page sizes: 4 KiB (anonymous memory) and
 //! 2 MiB (hugetlb).
 //!
+//! # Shared (zero-copy) mode
+//! Copy mode must allocate and copy every page it installs
+//! (`UFFDIO_COPY`), while the kernel maps page-cache pages of a file without
+//! copying. A peer that maps its guest memory `MAP_PRIVATE` from a
+//! [`SharedSnapshot`] (a tmpfs file holding the store's bytes; one page
+//! cache for every clone) and registers it MISSING|MINOR with
+//! `UFFD_FEATURE_MINOR_SHMEM` is served with `UFFDIO_CONTINUE`
+//! ([`ForeignOptions::shared`]): a fault (MINOR: the page cache holds the
+//! page) maps the page-cache page read-only into the peer, no store read,
+//! no allocation, no copy; the peer's first write to it copies it in the
+//! kernel (private COW, no userfaultfd fault), so writes stay private to
+//! that peer and never reach the file. Prefetch is `UFFDIO_CONTINUE` of
+//! the queued runs. A page the peer removed reads zeros (`UFFDIO_COPY` of
+//! zeros installs a private anonymous page in a `MAP_PRIVATE` vma); a
+//! MISSING fault (a hole in the snapshot) is copied from the store.
+//! REMOVE, EAGAIN, EEXIST, the residency map, statistics and record work
+//! as in copy mode.
+//!
 //! # The peer's handshake
 //! `UFFDIO_API` can be done once per userfaultfd, and the peer did it: we
 //! read the features it chose from `/proc/self/fdinfo`
@@ -98,6 +116,7 @@ use crate::page::{MemoryKind, PageSize, Pages, ResolveOp};
 use crate::policy::ReadaheadConfig;
 use crate::residency::{PageBits, PageState, Residency};
 use crate::runahead::RunAheadConfig;
+use crate::snapshot::SharedSnapshot;
 use crate::store::{FillRange, PageStore, StoreError};
 use crate::sys::sock::{self, events, PollFd};
 use crate::sys::thread::EventFd;
@@ -156,6 +175,16 @@ pub enum ForeignError {
         end: u64,
         /// The store's length.
         store_len: u64,
+    },
+    /// The shared snapshot is not the store's size.
+    #[error("the shared snapshot {path} holds {snapshot} bytes, the store {store}")]
+    SharedLength {
+        /// The snapshot file.
+        path: std::path::PathBuf,
+        /// Its length.
+        snapshot: u64,
+        /// The store's length.
+        store: u64,
     },
     /// A thread could not be started.
     #[error("spawning {what}: {source}")]
@@ -238,8 +267,18 @@ pub struct ForeignOptions {
     pub run_ahead: Option<RunAheadConfig>,
     /// A resident budget: refused (see the module docs).
     pub budget: Option<EvictionConfig>,
-    /// The page-cache zero-copy mode: refused (see the module docs).
+    /// The page-cache zero-copy mode of local regions: refused (see the
+    /// module docs; [`ForeignOptions::shared`] is its foreign form).
     pub zero_copy: bool,
+    /// Shared (zero-copy) mode: the peer maps its regions `MAP_PRIVATE`
+    /// from this snapshot at their store offsets, registered MISSING and
+    /// MINOR (`UFFD_FEATURE_MINOR_SHMEM`); check that with
+    /// [`SharedSnapshot::check_peer`] first. Minor faults and prefetch are
+    /// answered with `UFFDIO_CONTINUE` (no store read, no copy); pages the
+    /// peer removed read zeros (a private anonymous page, `UFFDIO_COPY`)
+    /// and pages the page cache lacks are copied from the store. 4 KiB
+    /// pages only. Default: none (copy mode).
+    pub shared: Option<Arc<SharedSnapshot>>,
     /// Record the order in which pages first fault.
     pub record: bool,
 }
@@ -454,10 +493,31 @@ impl ForeignPeer {
         if opts.zero_copy {
             return Err(ForeignError::Refused {
                 what: "the page-cache zero-copy mode",
-                why: "it maps the store's file into the region, and nothing can be mapped into another process",
+                why: "it maps the store's file into the region, and nothing can be mapped into another process (the peer maps a shared snapshot itself: ForeignOptions::shared)",
             });
         }
         check_layout(specs, store.len())?;
+        if let Some(snap) = &opts.shared {
+            if uffd.features & feature::MINOR_SHMEM == 0 {
+                return Err(ForeignError::Refused {
+                    what: "shared (zero-copy) mode",
+                    why: "the peer's userfaultfd lacks UFFD_FEATURE_MINOR_SHMEM: its minor faults never reach us",
+                });
+            }
+            if specs.iter().any(|s| s.page_size != 4096) {
+                return Err(ForeignError::Refused {
+                    what: "shared (zero-copy) mode with 2 MiB pages",
+                    why: "the shared snapshot is a tmpfs file of 4 KiB pages (a hugetlbfs snapshot is not implemented)",
+                });
+            }
+            if store.len().is_some_and(|l| l != snap.len()) {
+                return Err(ForeignError::SharedLength {
+                    path: snap.path().to_owned(),
+                    snapshot: snap.len(),
+                    store: store.len().unwrap_or(0),
+                });
+            }
+        }
         let mut order: Vec<usize> = (0..specs.len()).collect();
         order.sort_by_key(|&i| specs[i].base);
         let mut regions = Vec::with_capacity(specs.len());
@@ -488,17 +548,35 @@ impl ForeignPeer {
                 removed: removed.clone(),
             });
             let readahead = Streams::new(opts.readahead);
+            // Shared mode: which pages the snapshot's page cache holds
+            // (CONTINUE); the others (holes, and later removed pages) are
+            // copied, at most 2 MiB per ioctl (the handler threads'
+            // scratch holds that much).
+            let (kind, op, cached, max_run_pages) = match &opts.shared {
+                Some(snap) => {
+                    let bits = PageBits::new(pages.count());
+                    let map = snap
+                        .cached_pages(s.store_offset, s.len)
+                        .map_err(|e| geometry(crate::Error::from(e)))?;
+                    map.iter()
+                        .enumerate()
+                        .filter(|(_, &c)| c)
+                        .for_each(|(p, _)| bits.set(p));
+                    (MemoryKind::Shmem, ResolveOp::Continue, Some(bits), 512)
+                }
+                None => (kind, ResolveOp::Copy, None, usize::MAX),
+            };
             let state = Box::new(RegionState {
                 id: NEXT_REGION.fetch_add(1, Relaxed),
                 pages,
                 kind,
-                op: ResolveOp::Copy,
+                op,
                 zeropage_reads: false,
                 readahead,
-                max_run_pages: usize::MAX,
+                max_run_pages,
                 store: rstore,
                 residency: Residency::new(pages.count()),
-                cached: None,
+                cached,
                 alias: None,
                 pool: None,
                 uffd: uffd.uffd.clone(),
@@ -568,6 +646,11 @@ impl ForeignPeer {
     /// The label given at creation.
     pub fn label(&self) -> &str {
         &self.label
+    }
+
+    /// Whether the peer is served in shared (zero-copy) mode.
+    pub fn is_shared(&self) -> bool {
+        self.regions.iter().any(|r| r.state.cached.is_some())
     }
 
     /// The peer's userfaultfd.
@@ -1409,6 +1492,13 @@ impl Worker {
                 r.residency.release(page..page + 1);
             }
         }
+        if let Some(cached) = &r.cached {
+            if flags & pagefault_flag::MINOR == 0 {
+                // Shared mode: a MISSING fault says the page cache lacks
+                // this page (a hole in the snapshot): copy it.
+                cached.clear(page);
+            }
+        }
         r.fault_seen(page, t0);
         let access = Access {
             write: flags & pagefault_flag::WRITE != 0,
@@ -1510,6 +1600,11 @@ fn on_remove(p: &ForeignPeer, start: u64, end: u64) {
         }
         for pg in pages.clone() {
             r.removed.bits.set(pg);
+            // Shared mode: its next (minor) fault must get zeros, a
+            // private page, not the snapshot's page again.
+            if let Some(cached) = &r.state.cached {
+                cached.clear(pg);
+            }
         }
         r.removed.any.store(true, Relaxed);
         r.state

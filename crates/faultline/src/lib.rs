@@ -78,6 +78,7 @@ pub mod pool;
 pub mod region;
 pub mod residency;
 pub mod runahead;
+pub mod snapshot;
 pub mod store;
 #[doc(hidden)]
 pub mod sys;
@@ -102,6 +103,7 @@ pub use pool::{FramePoolConfig, FramePoolStats};
 pub use region::{Region, RegionBuilder};
 pub use residency::PageState;
 pub use runahead::{RunAheadConfig, RunAheadStats};
+pub use snapshot::{PeerBacking, SharedError, SharedSnapshot};
 pub use store::{
     FileAccess, FileStore, FillRange, MemoryStore, PageStore, StoreError, WriteRange, ZeroStore,
 };

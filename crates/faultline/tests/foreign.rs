@@ -322,3 +322,128 @@ fn run_ahead_racing_balloon_removes_keeps_dropped_ranges_zero() {
     assert!(populated > 0, "the run-ahead populators installed nothing");
     assert!(drops > 0, "nothing was dropped ahead of the stream");
 }
+
+/// A file in /dev/shm, removed on drop.
+struct Shm(std::path::PathBuf);
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn a_shared_snapshot_is_served_with_continue_zero_copy() {
+    let len = 1 << 20;
+    let data = pattern(2 * len);
+    let store: Arc<dyn PageStore> = Arc::new(MemoryStore::new(data.clone()));
+    let path = Shm(format!("/dev/shm/faultline-lib-shared-{}", std::process::id()).into());
+    let _ = std::fs::remove_file(&path.0);
+    let (snap, done) = SharedSnapshot::create(&path.0, &*store, |_, _| {}).unwrap();
+    assert_eq!((snap.len(), done.bytes), (2 * len as u64, 2 * len as u64));
+    assert_eq!(std::fs::read(&path.0).unwrap(), data);
+    // What it refuses: an existing path; reusing it for other bytes.
+    let e = SharedSnapshot::create(&path.0, &*store, |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("creating"), "{e}");
+    let mut other = data.clone();
+    other[2 * len - 1] ^= 1; // the last page is always sampled
+    let e = SharedSnapshot::open(&path.0, &MemoryStore::new(other)).unwrap_err();
+    assert!(e.to_string().contains("differs"), "{e}");
+    let snap = Arc::new(SharedSnapshot::open(&path.0, &*store).unwrap());
+
+    // The "peer" (this process) maps its second half MAP_PRIVATE and
+    // registers it MISSING|MINOR.
+    let file = std::fs::File::open(&path.0).unwrap();
+    let m = Mapping::file_private(None, &file, len, len as u64).unwrap();
+    let u = new_uffd(feature::EVENT_REMOVE | feature::MINOR_SHMEM | feature::MISSING_SHMEM);
+    u.register(
+        m.addr(),
+        len as u64,
+        register_mode::MISSING | register_mode::MINOR,
+    )
+    .unwrap();
+    let pid = std::process::id() as i32;
+    assert_eq!(
+        snap.check_peer(pid, &[(m.addr(), len, len as u64)])
+            .unwrap(),
+        PeerBacking::Shared
+    );
+    let e = snap.check_peer(pid, &[(m.addr(), len, 0)]).unwrap_err();
+    assert!(e.to_string().contains("file offset"), "{e}");
+    let anon = Mapping::anon(len).unwrap();
+    assert_eq!(
+        snap.check_peer(pid, &[(anon.addr(), len, 0)]).unwrap(),
+        PeerBacking::Anonymous
+    );
+    let specs = [spec(m.addr(), len, len as u64)];
+    let shared = ForeignOptions {
+        shared: Some(snap.clone()),
+        ..Default::default()
+    };
+    // Shared mode needs the peer's minor faults.
+    let plain = ForeignUffd::adopt(dup(&new_uffd(feature::EVENT_REMOVE))).unwrap();
+    let e = ForeignPeer::new("t", plain, &specs, store.clone(), &shared).unwrap_err();
+    assert!(e.to_string().contains("MINOR_SHMEM"), "{e}");
+    let short: Arc<dyn PageStore> = Arc::new(MemoryStore::new(pattern(len)));
+    let e = ForeignPeer::new(
+        "t",
+        ForeignUffd::adopt(dup(&u)).unwrap(),
+        &[spec(m.addr(), len / 2, 0)],
+        short,
+        &shared,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ForeignError::SharedLength { .. }), "{e}");
+
+    let (engine, events) = ForeignEngine::new(EngineKind::Poll, Default::default()).unwrap();
+    let peer = ForeignPeer::new(
+        "self",
+        ForeignUffd::adopt(dup(&u)).unwrap(),
+        &specs,
+        store,
+        &shared,
+    )
+    .unwrap();
+    assert!(peer.is_shared());
+    // Prefetch the first half (CONTINUE runs), then touch everything.
+    let set: Vec<u64> = (len as u64..len as u64 + len as u64 / 2)
+        .step_by(4096)
+        .collect();
+    peer.prefetch_prepared(&set);
+    let peer = engine.add(peer);
+    match events.recv_timeout(Duration::from_secs(30)).unwrap() {
+        PeerEvent::PrefetchDone { .. } => {}
+        other => panic!("unexpected {other:?}"),
+    }
+    let base = m.addr() as usize;
+    let read_all = move || {
+        let t = std::thread::spawn(move || {
+            // SAFETY: inside a live mapping.
+            (0..len)
+                .map(|o| unsafe { std::ptr::read_volatile((base + o) as *const u8) })
+                .collect::<Vec<u8>>()
+        });
+        assert!(wait_until(Duration::from_secs(30), || t.is_finished()));
+        t.join().unwrap()
+    };
+    assert!(read_all() == data[len..], "the peer's bytes differ");
+    let s = peer.stats();
+    assert_eq!(s.prefetched, (len / 2 / 4096) as u64);
+    assert_eq!(s.regions.installed, (len / 4096) as u64);
+    assert_eq!(s.bytes_read, 0, "no page may be read from the store");
+    // A write is private: the page is copied in the kernel, the file stays.
+    // SAFETY: inside a live, writable mapping whose page is installed.
+    unsafe { std::ptr::write_volatile(m.as_ptr(), !data[len]) };
+    assert_eq!(std::fs::read(&path.0).unwrap(), data);
+    // Dropped pages read zeros (a private page), not the snapshot's.
+    mem::madvise(m.addr(), len / 2, Advice::DontNeed).unwrap();
+    let after = read_all();
+    assert!(
+        after[..len / 2].iter().all(|&b| b == 0),
+        "removed pages must read zeros"
+    );
+    assert!(after[len / 2..] == data[len + len / 2..]);
+    assert_eq!(peer.stats().removed_pages, (len / 2 / 4096) as u64);
+    assert!(events.try_recv().is_err(), "no peer event expected");
+    engine.remove(peer.id()).unwrap();
+}

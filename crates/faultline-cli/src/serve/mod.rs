@@ -32,7 +32,7 @@ use faultline::store::FileAccess;
 use faultline::sys::sock::{self, events, PollFd};
 use faultline::{
     EngineKind, FileStore, ForeignEngine, ForeignEngineConfig, ForeignOptions, ForeignPeer,
-    ForeignUffd, PageStore, PeerEvent, ReadaheadConfig,
+    ForeignUffd, PageStore, PeerBacking, PeerEvent, ReadaheadConfig, SharedSnapshot,
 };
 
 /// `faultline serve` arguments.
@@ -96,6 +96,18 @@ pub struct ServeArgs {
     /// Seconds a connected peer has to send its handshake. Default 5.
     #[arg(long, default_value_t = 5.0)]
     pub handshake_timeout: f64,
+    /// Shared (zero-copy) mode: keep a copy of the snapshot's bytes in
+    /// PATH, a file on tmpfs (e.g. /dev/shm/NAME): written at start when
+    /// absent (mode 0444; the time it takes is printed: the one-time
+    /// population of the shared page cache), reused when present (same
+    /// size, 64 sampled pages equal to the memory file's). A peer that maps
+    /// PATH `MAP_PRIVATE` at its regions' offsets and registers them
+    /// MISSING|MINOR (`UFFD_FEATURE_MINOR_SHMEM`) is served with
+    /// `UFFDIO_CONTINUE` (no copy); serve checks that in the peer's
+    /// /proc/PID/smaps. Peers with anonymous memory are served by copy as
+    /// before, by the same process. PATH is never removed by serve.
+    #[arg(long)]
+    pub shared: Option<PathBuf>,
     /// Write every peer's statistics to FILE (JSON) on exit.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -112,6 +124,9 @@ pub struct PeerSummary {
     pub outcome: String,
     /// Regions.
     pub regions: usize,
+    /// How it was served: "copy" or "shared" (zero copy).
+    #[serde(default)]
+    pub mode: String,
     /// Features the peer enabled with UFFDIO_API.
     pub features: Vec<String>,
     /// Fault messages.
@@ -155,6 +170,7 @@ struct Shared {
     args: ServeArgs,
     store: Arc<dyn PageStore>,
     store_len: u64,
+    shared: Option<Arc<SharedSnapshot>>,
     engine: ForeignEngine,
     prefetch: Option<Vec<u64>>,
     connected: AtomicUsize,
@@ -200,6 +216,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(p) => Some(record::read(p)?),
         None => None,
     };
+    let shared = match &args.shared {
+        Some(path) => Some(Arc::new(shared_snapshot(path, &*store)?)),
+        None => None,
+    };
     let (engine, events) = ForeignEngine::new(
         kind,
         ForeignEngineConfig {
@@ -239,6 +259,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         args: args.clone(),
         store,
         store_len,
+        shared,
         engine,
         prefetch,
         connected: AtomicUsize::new(0),
@@ -300,6 +321,46 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     result
+}
+
+/// Opens (or writes) the shared snapshot at `path`; says how long
+/// writing it took.
+fn shared_snapshot(
+    path: &std::path::Path,
+    store: &dyn PageStore,
+) -> anyhow::Result<SharedSnapshot> {
+    if path.exists() {
+        let t = Instant::now();
+        let snap = SharedSnapshot::open(path, store)
+            .with_context(|| format!("reusing the shared snapshot {}", path.display()))?;
+        say(format_args!(
+            "shared snapshot {}: reused ({} bytes; size and 64 sampled pages match) in {:.1} ms",
+            path.display(),
+            snap.len(),
+            t.elapsed().as_secs_f64() * 1e3
+        ));
+        return Ok(snap);
+    }
+    let mut next = 0u64;
+    let (snap, done) = SharedSnapshot::create(path, store, |d, total| {
+        if d >= next || d == total {
+            say(format_args!(
+                "shared snapshot {}: written {} / {} MiB",
+                path.display(),
+                d >> 20,
+                total >> 20
+            ));
+            next = d + (256 << 20);
+        }
+    })
+    .with_context(|| format!("writing the shared snapshot {}", path.display()))?;
+    say(format_args!(
+        "shared snapshot {}: populated {} MiB in {:.1} ms (the one-time cost of the shared page cache)",
+        path.display(),
+        done.bytes >> 20,
+        done.elapsed.as_secs_f64() * 1e3
+    ));
+    Ok(snap)
 }
 
 impl Shared {
@@ -372,6 +433,23 @@ impl Shared {
             }
             free
         };
+        // Shared mode when the peer maps the shared snapshot (checked in
+        // its /proc/PID/smaps); copy mode for anonymous memory.
+        let shared = match &self.shared {
+            Some(snap) => {
+                let regions: Vec<(u64, usize, u64)> = specs
+                    .iter()
+                    .map(|s| (s.base, s.len, s.store_offset))
+                    .collect();
+                match snap.check_peer(pid, &regions) {
+                    Ok(PeerBacking::Shared) => Some(snap.clone()),
+                    Ok(PeerBacking::Anonymous) => None,
+                    Err(e) => return refuse(format!("shared mode: {e}")),
+                }
+            }
+            None => None,
+        };
+        let mode = if shared.is_some() { "shared" } else { "copy" };
         let opts = ForeignOptions {
             readahead: if record || self.args.fault_around <= 1 {
                 ReadaheadConfig::off()
@@ -379,6 +457,7 @@ impl Shared {
                 ReadaheadConfig::adaptive(1, self.args.fault_around)
             },
             record,
+            shared,
             ..Default::default()
         };
         let features: Vec<String> = uffd.feature_names().iter().map(|s| s.to_string()).collect();
@@ -410,7 +489,7 @@ impl Shared {
             .expect("pids")
             .push((peer.id(), n, pid, received));
         say(format_args!(
-            "peer {n} (pid {pid}): serving {} region(s), {} bytes, {:.2} ms after its handshake was read; features [{}]{}{}{}",
+            "peer {n} (pid {pid}): serving {} region(s), {} bytes, {mode} mode, {:.2} ms after its handshake was read; features [{}]{}{}{}",
             specs.len(),
             total,
             received.elapsed().as_secs_f64() * 1e3,
@@ -491,6 +570,7 @@ impl Shared {
             pid,
             outcome: outcome.clone(),
             regions: peer.regions(),
+            mode: if peer.is_shared() { "shared" } else { "copy" }.into(),
             features: peer
                 .uffd()
                 .feature_names()

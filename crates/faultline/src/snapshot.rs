@@ -1,0 +1,478 @@
+//! A shared snapshot: one tmpfs file holding a store's bytes, which many
+//! peers (VMs restored from one snapshot) map `MAP_PRIVATE` as their guest
+//! memory, so their faults are served with `UFFDIO_CONTINUE` (zero copy)
+//! and the page cache is shared by all of them.
+//!
+//! ```text
+//!   store (memory file, Redis, ...)
+//!     │  SharedSnapshot::create: written once (the one-time population cost)
+//!     ▼
+//!   /dev/shm/snap (tmpfs, mode 0444) ◄── mmap(MAP_PRIVATE) by every peer,
+//!                                        registered MISSING|MINOR
+//!   peer touches a page ─► MINOR fault (the page is in the page cache)
+//!   handler: UFFDIO_CONTINUE ─► the page-cache page is mapped read-only into
+//!            the peer (no allocation, no copy); a write copies it in the
+//!            kernel (private COW), the file never changes
+//! ```
+//!
+//! In a `MAP_PRIVATE` vma `UFFDIO_COPY`/`ZEROPAGE` install *anonymous*
+//! pages (`mm/userfaultfd.c`: `mfill_atomic_pte` takes the anonymous path
+//! for every vma without `VM_SHARED`), so a page the peer dropped
+//! (`MADV_DONTNEED`, a REMOVE event; its next touch is a MINOR fault again,
+//! the page cache still holds the page) is answered with a private page of
+//! zeros, exactly as in copy mode; a page missing from the page cache (a
+//! hole in the file) is a MISSING fault, answered by a copy from the store.
+//! Probed on the project's kernel (6.18) before relying on it.
+//!
+//! # Trust
+//! The handler cannot read what another process mapped, only where:
+//! [`SharedSnapshot::check_peer`] reads `/proc/<pid>/smaps` and requires each
+//! region to be a private mapping of *this* file (device and inode) at the
+//! region's store offset, registered for MINOR faults. That the file holds
+//! the store's bytes is trusted: [`SharedSnapshot::create`] writes it (a
+//! new file, mode 0444: only its owner or root can change it, and peers'
+//! private mappings never write it back); [`SharedSnapshot::open`] reuses
+//! an existing file when its size matches and a sample of pages matches the
+//! store.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::store::{PageStore, StoreError};
+use crate::sys::mem::{self, Mapping, MemError};
+
+/// Why a shared snapshot could not be made, opened or used by a peer.
+#[derive(Debug, thiserror::Error)]
+pub enum SharedError {
+    /// Creating, writing or opening the file failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// The step.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Mapping or inspecting the file failed.
+    #[error("{path}: {source}")]
+    Map {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: MemError,
+    },
+    /// Reading the store failed.
+    #[error("reading the store at {offset:#x}: {source}")]
+    Store {
+        /// Where.
+        offset: u64,
+        /// The error.
+        #[source]
+        source: StoreError,
+    },
+    /// The store's length is unknown.
+    #[error("the store does not report its length")]
+    UnknownLength,
+    /// The file is not on tmpfs/shmem (CONTINUE needs a shmem page cache).
+    #[error("{0} is not on tmpfs (UFFDIO_CONTINUE needs shmem: use /dev/shm)")]
+    NotTmpfs(PathBuf),
+    /// An existing file does not hold the store's bytes.
+    #[error("{path} exists but does not hold the store's bytes: {why}")]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        why: String,
+    },
+    /// A peer's regions are not private mappings of this file, or are not
+    /// registered for minor faults.
+    #[error("region {index}: {why}")]
+    Peer {
+        /// Region index (as the peer listed it).
+        index: usize,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// How a peer's memory is backed, read from `/proc/<pid>/smaps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerBacking {
+    /// Anonymous (or hugetlb) memory: copy mode.
+    Anonymous,
+    /// Every region is a private mapping of the shared snapshot at its
+    /// store offset, registered for minor faults: shared (zero-copy) mode.
+    Shared,
+}
+
+/// One vma of `/proc/<pid>/smaps`.
+#[derive(Debug, Clone)]
+struct Vma {
+    start: u64,
+    end: u64,
+    private: bool,
+    offset: u64,
+    dev: (u32, u32),
+    inode: u64,
+    path: String,
+    minor: bool,
+}
+
+/// A tmpfs file holding a store's bytes. See the module docs.
+#[derive(Debug)]
+pub struct SharedSnapshot {
+    path: PathBuf,
+    len: u64,
+    dev: (u32, u32),
+    inode: u64,
+    /// Read-only shared view (never touched: `mincore` tells which pages
+    /// the page cache holds).
+    map: Mapping,
+    _file: File,
+}
+
+/// How long [`SharedSnapshot::create`] took and what it wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct Populated {
+    /// Bytes written.
+    pub bytes: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+const CHUNK: usize = 2 << 20;
+
+impl SharedSnapshot {
+    /// Writes every byte of `store` to a new file at `path` (which must be
+    /// on tmpfs and must not exist), mode 0444. `progress(done, total)` is
+    /// called after each 2 MiB chunk. This is the one-time population cost
+    /// of the shared page cache.
+    pub fn create(
+        path: &Path,
+        store: &dyn PageStore,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<(SharedSnapshot, Populated), SharedError> {
+        let t = Instant::now();
+        let len = store.len().ok_or(SharedError::UnknownLength)?;
+        let io = |what, source| SharedError::Io {
+            what,
+            path: path.to_owned(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .open(path)
+            .map_err(|e| io("creating", e))?;
+        let made = (|| {
+            if !mem::is_tmpfs(&file).map_err(|source| SharedError::Map {
+                path: path.to_owned(),
+                source,
+            })? {
+                return Err(SharedError::NotTmpfs(path.to_owned()));
+            }
+            file.set_len(len).map_err(|e| io("sizing", e))?;
+            let mut buf = vec![0u8; CHUNK];
+            let mut off = 0u64;
+            while off < len {
+                let n = CHUNK.min((len - off) as usize);
+                let src: &[u8] = match store.view(off, n) {
+                    Some(v) => v,
+                    None => {
+                        store
+                            .fill(off, &mut buf[..n])
+                            .map_err(|source| SharedError::Store {
+                                offset: off,
+                                source,
+                            })?;
+                        &buf[..n]
+                    }
+                };
+                file.write_all_at(src, off).map_err(|e| io("writing", e))?;
+                off += n as u64;
+                progress(off, len);
+            }
+            Ok(())
+        })();
+        if let Err(e) = made {
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        drop(file);
+        let snap = Self::map(path)?;
+        Ok((
+            snap,
+            Populated {
+                bytes: len,
+                elapsed: t.elapsed(),
+            },
+        ))
+    }
+
+    /// Reuses the file at `path` (made by [`SharedSnapshot::create`]): it
+    /// must be on tmpfs, as long as `store`, and 64 pages spread over it
+    /// must equal the store's.
+    pub fn open(path: &Path, store: &dyn PageStore) -> Result<SharedSnapshot, SharedError> {
+        let snap = Self::map(path)?;
+        let len = store.len().ok_or(SharedError::UnknownLength)?;
+        let mismatch = |why: String| SharedError::Mismatch {
+            path: path.to_owned(),
+            why,
+        };
+        if snap.len != len {
+            return Err(mismatch(format!(
+                "{} bytes, the store holds {len}",
+                snap.len
+            )));
+        }
+        let pages = len / 4096;
+        let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
+        let samples = 64u64.min(pages);
+        for k in 0..samples {
+            let off = (pages - 1) * k / (samples - 1).max(1) * 4096;
+            store
+                .fill(off, &mut a)
+                .map_err(|source| SharedError::Store {
+                    offset: off,
+                    source,
+                })?;
+            snap._file
+                .read_exact_at(&mut b, off)
+                .map_err(|source| SharedError::Io {
+                    what: "reading",
+                    path: path.to_owned(),
+                    source,
+                })?;
+            if a != b {
+                return Err(mismatch(format!("the page at {off:#x} differs")));
+            }
+        }
+        Ok(snap)
+    }
+
+    fn map(path: &Path) -> Result<SharedSnapshot, SharedError> {
+        let io = |what, source| SharedError::Io {
+            what,
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(|e| io("opening", e))?;
+        let meta = file.metadata().map_err(|e| io("inspecting", e))?;
+        let map_err = |source| SharedError::Map {
+            path: path.to_owned(),
+            source,
+        };
+        if !mem::is_tmpfs(&file).map_err(map_err)? {
+            return Err(SharedError::NotTmpfs(path.to_owned()));
+        }
+        let len = meta.len();
+        let map = Mapping::file_readonly(&file, len.max(1) as usize, 0).map_err(map_err)?;
+        Ok(SharedSnapshot {
+            path: path.to_owned(),
+            len,
+            dev: dev_numbers(meta.dev()),
+            inode: meta.ino(),
+            map,
+            _file: file,
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Per 4 KiB page of `offset..offset+len`, whether the page cache
+    /// holds it (`mincore` of our read-only view).
+    pub(crate) fn cached_pages(&self, offset: u64, len: usize) -> Result<Vec<bool>, MemError> {
+        let mut map = self.map.resident_range(offset as usize, len)?;
+        map.resize(len / 4096, false);
+        Ok(map)
+    }
+
+    /// How peer `pid` backs its regions, given as `(base, len,
+    /// store_offset)` in the peer's address space (see the module docs):
+    /// anonymous memory (copy mode), or private mappings of this file at
+    /// each region's store offset registered for minor faults (shared
+    /// mode). Anything else (another file, another offset, a shared
+    /// mapping, no MINOR registration, a mix) is refused with why.
+    pub fn check_peer(
+        &self,
+        pid: i32,
+        regions: &[(u64, usize, u64)],
+    ) -> Result<PeerBacking, SharedError> {
+        let vmas = read_smaps(pid).map_err(|source| SharedError::Io {
+            what: "reading the peer's memory map",
+            path: format!("/proc/{pid}/smaps").into(),
+            source,
+        })?;
+        let mut kinds = Vec::new();
+        for (index, &(base, len, store_offset)) in regions.iter().enumerate() {
+            let bad = |why: String| SharedError::Peer { index, why };
+            let (start, end) = (base, base + len as u64);
+            let covering: Vec<&Vma> = vmas
+                .iter()
+                .filter(|v| v.start < end && v.end > start)
+                .collect();
+            let covered: u64 = covering
+                .iter()
+                .map(|v| v.end.min(end) - v.start.max(start))
+                .sum();
+            if covered != len as u64 {
+                return Err(bad(format!(
+                    "[{start:#x}, {end:#x}) is not entirely mapped in process {pid}"
+                )));
+            }
+            let anon = covering.iter().all(|v| v.inode == 0);
+            kinds.push(anon);
+            if anon {
+                continue;
+            }
+            for v in covering {
+                let at = v.start.max(start);
+                let file_off = v.offset + (at - v.start);
+                let want = store_offset + (at - start);
+                if v.inode != self.inode || v.dev != self.dev {
+                    return Err(bad(format!(
+                        "it maps {} (device {}:{}, inode {}), not the shared snapshot {} (device {}:{}, inode {})",
+                        if v.path.is_empty() { "another file" } else { &v.path },
+                        v.dev.0, v.dev.1, v.inode,
+                        self.path.display(), self.dev.0, self.dev.1, self.inode
+                    )));
+                }
+                if file_off != want {
+                    return Err(bad(format!(
+                        "it maps the snapshot at file offset {file_off:#x} where the handshake says {want:#x}"
+                    )));
+                }
+                if !v.private {
+                    return Err(bad(
+                        "it maps the snapshot MAP_SHARED: its writes would change every clone; map it MAP_PRIVATE".into(),
+                    ));
+                }
+                if !v.minor {
+                    return Err(bad(
+                        "it is not registered for minor faults (UFFDIO_REGISTER_MODE_MINOR with UFFD_FEATURE_MINOR_SHMEM)".into(),
+                    ));
+                }
+            }
+        }
+        match (kinds.iter().all(|&a| a), kinds.iter().all(|&a| !a)) {
+            (true, _) => Ok(PeerBacking::Anonymous),
+            (_, true) => Ok(PeerBacking::Shared),
+            _ => Err(SharedError::Peer {
+                index: kinds.iter().position(|&a| !a).unwrap_or(0),
+                why: "some regions map the snapshot and others are anonymous; use one kind".into(),
+            }),
+        }
+    }
+}
+
+/// `st_dev` as the (major, minor) that `/proc/<pid>/maps` prints.
+fn dev_numbers(dev: u64) -> (u32, u32) {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    (major as u32, minor as u32)
+}
+
+fn read_smaps(pid: i32) -> io::Result<Vec<Vma>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
+    Ok(parse_smaps(&text))
+}
+
+/// The vmas of an smaps text: header lines and their `VmFlags`.
+fn parse_smaps(text: &str) -> Vec<Vma> {
+    let mut out: Vec<Vma> = Vec::new();
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some(v) = out.last_mut() {
+                v.minor = flags.split_whitespace().any(|f| f == "ui");
+            }
+            continue;
+        }
+        let mut it = line.split_whitespace();
+        let Some(range) = it.next() else { continue };
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
+            continue;
+        };
+        let (Some(perms), Some(off), Some(dev), Some(inode)) =
+            (it.next(), it.next(), it.next(), it.next())
+        else {
+            continue;
+        };
+        let Some((ma, mi)) = dev.split_once(':') else {
+            continue;
+        };
+        out.push(Vma {
+            start,
+            end,
+            private: perms.ends_with('p'),
+            offset: u64::from_str_radix(off, 16).unwrap_or(u64::MAX),
+            dev: (
+                u32::from_str_radix(ma, 16).unwrap_or(u32::MAX),
+                u32::from_str_radix(mi, 16).unwrap_or(u32::MAX),
+            ),
+            inode: inode.parse().unwrap_or(0),
+            path: it.collect::<Vec<_>>().join(" "),
+            minor: false,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smaps_headers_and_flags_are_parsed() {
+        let text = "\
+7f0000000000-7f0000200000 rw-p 00200000 00:1a 4242                       /dev/shm/snap
+Size:               2048 kB
+VmFlags: rd wr mr mw me ac ui um
+7f0000400000-7f0000600000 rw-p 00000000 00:00 0 
+VmFlags: rd wr mr mw me ac um
+";
+        let v = parse_smaps(text);
+        assert_eq!(v.len(), 2);
+        assert_eq!(
+            (v[0].start, v[0].end, v[0].offset),
+            (0x7f00_0000_0000, 0x7f00_0020_0000, 0x20_0000)
+        );
+        assert_eq!(
+            (v[0].dev, v[0].inode, v[0].path.as_str()),
+            ((0, 0x1a), 4242, "/dev/shm/snap")
+        );
+        assert!(v[0].private && v[0].minor);
+        assert!(!v[1].minor);
+        assert_eq!(v[1].inode, 0);
+    }
+
+    #[test]
+    fn device_numbers_split_as_the_kernel_prints_them() {
+        // makedev(0, 0x1a) and makedev(259, 3).
+        assert_eq!(dev_numbers(0x1a), (0, 0x1a));
+        assert_eq!(dev_numbers((259 << 8) | 3), (259, 3));
+    }
+}
