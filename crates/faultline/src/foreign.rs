@@ -553,17 +553,12 @@ impl ForeignPeer {
             // copied, at most 2 MiB per ioctl (the handler threads'
             // scratch holds that much).
             let (kind, op, cached, max_run_pages) = match &opts.shared {
-                Some(snap) => {
-                    let bits = PageBits::new(pages.count());
-                    let map = snap
-                        .cached_pages(s.store_offset, s.len)
-                        .map_err(|e| geometry(crate::Error::from(e)))?;
-                    map.iter()
-                        .enumerate()
-                        .filter(|(_, &c)| c)
-                        .for_each(|(p, _)| bits.set(p));
-                    (MemoryKind::Shmem, ResolveOp::Continue, Some(bits), 512)
-                }
+                Some(snap) => (
+                    MemoryKind::Shmem,
+                    ResolveOp::Continue,
+                    Some(snap.cached_bits(s.store_offset, pages.count())),
+                    512,
+                ),
                 None => (kind, ResolveOp::Copy, None, usize::MAX),
             };
             let state = Box::new(RegionState {

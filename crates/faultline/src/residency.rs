@@ -361,6 +361,21 @@ impl PageBits {
     pub fn new(pages: usize) -> PageBits {
         PageBits((0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
     }
+    /// `pages` bits, all set.
+    pub fn full(pages: usize) -> PageBits {
+        PageBits(
+            (0..pages.div_ceil(64))
+                .map(|w| {
+                    let left = pages - w * 64;
+                    AtomicU64::new(if left >= 64 {
+                        u64::MAX
+                    } else {
+                        (1 << left) - 1
+                    })
+                })
+                .collect(),
+        )
+    }
     /// Whether `page`'s bit is set.
     #[inline]
     pub fn get(&self, page: usize) -> bool {

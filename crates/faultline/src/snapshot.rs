@@ -41,6 +41,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::residency::PageBits;
 use crate::store::{PageStore, StoreError};
 use crate::sys::mem::{self, Mapping, MemError};
 
@@ -131,9 +132,10 @@ pub struct SharedSnapshot {
     len: u64,
     dev: (u32, u32),
     inode: u64,
-    /// Read-only shared view (never touched: `mincore` tells which pages
-    /// the page cache holds).
-    map: Mapping,
+    /// Pages the page cache lacks (holes), from `mincore` of a read-only
+    /// view when the file was opened; `None`: every page is allocated
+    /// (`st_blocks` covers the length), no `mincore` needed.
+    holes: Option<Vec<bool>>,
     _file: File,
 }
 
@@ -274,13 +276,26 @@ impl SharedSnapshot {
             return Err(SharedError::NotTmpfs(path.to_owned()));
         }
         let len = meta.len();
-        let map = Mapping::file_readonly(&file, len.max(1) as usize, 0).map_err(map_err)?;
+        // tmpfs counts allocated pages in st_blocks: a file written in full
+        // has no holes and needs no page-by-page look.
+        let holes = if meta.blocks() * 512 >= len.next_multiple_of(4096) {
+            None
+        } else {
+            let map = Mapping::file_readonly(&file, len.max(1) as usize, 0).map_err(map_err)?;
+            Some(
+                map.resident_map()
+                    .map_err(map_err)?
+                    .iter()
+                    .map(|&r| !r)
+                    .collect(),
+            )
+        };
         Ok(SharedSnapshot {
             path: path.to_owned(),
             len,
             dev: dev_numbers(meta.dev()),
             inode: meta.ino(),
-            map,
+            holes,
             _file: file,
         })
     }
@@ -300,12 +315,23 @@ impl SharedSnapshot {
         self.len == 0
     }
 
-    /// Per 4 KiB page of `offset..offset+len`, whether the page cache
-    /// holds it (`mincore` of our read-only view).
-    pub(crate) fn cached_pages(&self, offset: u64, len: usize) -> Result<Vec<bool>, MemError> {
-        let mut map = self.map.resident_range(offset as usize, len)?;
-        map.resize(len / 4096, false);
-        Ok(map)
+    /// One bit per 4 KiB page of `pages` pages from `offset`: whether the
+    /// page cache holds it (pages past the end: no).
+    pub(crate) fn cached_bits(&self, offset: u64, pages: usize) -> PageBits {
+        let first = (offset / 4096) as usize;
+        let have = ((self.len.div_ceil(4096) as usize).saturating_sub(first)).min(pages);
+        match &self.holes {
+            None if have == pages => PageBits::full(pages),
+            _ => {
+                let bits = PageBits::new(pages);
+                for p in 0..have {
+                    if self.holes.as_ref().is_none_or(|h| !h[first + p]) {
+                        bits.set(p);
+                    }
+                }
+                bits
+            }
+        }
     }
 
     /// How peer `pid` backs its regions, given as `(base, len,

@@ -171,6 +171,8 @@ struct Shared {
     store: Arc<dyn PageStore>,
     store_len: u64,
     shared: Option<Arc<SharedSnapshot>>,
+    /// The recorded set was read and mapped (or is being).
+    prepared: std::sync::Once,
     engine: ForeignEngine,
     prefetch: Option<Vec<u64>>,
     connected: AtomicUsize,
@@ -230,22 +232,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     )?;
-    if let Some(offs) = &prefetch {
-        // The recorded set is known before any peer connects: read it and
-        // map it now, so installs after a handshake only copy.
-        let (store, offs) = (store.clone(), offs.clone());
-        std::thread::Builder::new()
-            .name("faultline-prepare".into())
-            .spawn(move || {
-                let t = Instant::now();
-                let bytes = faultline::prepare_store(&*store, &offs, 4096);
-                say(format_args!(
-                    "prepared the recorded set: {} MiB of the memory file read and mapped in {:.1} ms",
-                    bytes >> 20,
-                    t.elapsed().as_secs_f64() * 1e3
-                ));
-            })?;
-    }
     let _ = std::fs::remove_file(&args.socket);
     let listener = UnixListener::bind(&args.socket)
         .with_context(|| format!("binding {}", args.socket.display()))?;
@@ -255,11 +241,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.socket.display(),
         args.timeout
     ));
+    let prepared = std::sync::Once::new();
+    if let (Some(offs), None) = (&prefetch, &shared) {
+        // The recorded set is known before any peer connects: read it and
+        // map it now, so installs after a handshake only copy. (With
+        // --shared, at the first peer served by copy: shared peers never
+        // read the memory file.)
+        prepared.call_once(|| ());
+        prepare(&store, offs)?;
+    }
     let shared = Arc::new(Shared {
         args: args.clone(),
         store,
         store_len,
         shared,
+        prepared,
         engine,
         prefetch,
         connected: AtomicUsize::new(0),
@@ -321,6 +317,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     result
+}
+
+/// Reads and maps the recorded set of the memory file on a thread of its
+/// own, so copies into peers never wait for the disk (see
+/// `faultline::prepare_store`).
+fn prepare(store: &Arc<dyn PageStore>, offs: &[u64]) -> std::io::Result<()> {
+    let (store, offs) = (store.clone(), offs.to_vec());
+    std::thread::Builder::new()
+        .name("faultline-prepare".into())
+        .spawn(move || {
+            let t = Instant::now();
+            let bytes = faultline::prepare_store(&*store, &offs, 4096);
+            say(format_args!(
+                "prepared the recorded set: {} MiB of the memory file read and mapped in {:.1} ms",
+                bytes >> 20,
+                t.elapsed().as_secs_f64() * 1e3
+            ));
+        })?;
+    Ok(())
 }
 
 /// Opens (or writes) the shared snapshot at `path`; says how long
@@ -475,7 +490,15 @@ impl Shared {
             };
         let conn: OwnedFd = conn.into();
         let peer = peer.with_hangup(conn);
-        // The store was prepared with the record at start (`run`).
+        if let (Some(offs), false) = (&self.prefetch, peer.is_shared()) {
+            self.prepared.call_once(|| {
+                if let Err(e) = prepare(&self.store, offs) {
+                    say(format_args!("preparing the recorded set failed: {e}"));
+                }
+            });
+        }
+        // The store was prepared with the record (`prepare`), or needs no
+        // preparation (shared mode).
         let queued = self
             .prefetch
             .as_ref()

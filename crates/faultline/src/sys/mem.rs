@@ -151,21 +151,6 @@ impl Mapping {
         Ok(vec.iter().map(|&b| b & 1 != 0).collect())
     }
 
-    /// Per base page of `offset..offset+len` of the mapping (clamped to
-    /// it), whether it is resident (`mincore`).
-    pub fn resident_range(&self, offset: usize, len: usize) -> Result<Vec<bool>, MemError> {
-        let start = offset.min(self.len) / super::BASE_PAGE * super::BASE_PAGE;
-        let len = len.min(self.len - start);
-        let mut vec = vec![0u8; len.div_ceil(super::BASE_PAGE)];
-        // SAFETY: `start..start+len` lies inside our mapping (clamped
-        // above) and `start` is page-aligned; `vec` has one byte per page.
-        if unsafe { libc::mincore(self.ptr.as_ptr().add(start).cast(), len, vec.as_mut_ptr()) } != 0
-        {
-            return Err(last("mincore"));
-        }
-        Ok(vec.iter().map(|&b| b & 1 != 0).collect())
-    }
-
     fn map(
         len: usize,
         prot: i32,
