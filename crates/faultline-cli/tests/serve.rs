@@ -669,6 +669,12 @@ impl Drop for Shm {
     }
 }
 
+/// A peer in shared mode: it maps `snap` `MAP_PRIVATE`, MISSING|MINOR.
+fn shared_peer(dir: &Dir, name: &str, snap: &Shm, extra: &[&str]) -> Proc {
+    let args = [&["--backend", "shared", "--map-file", snap.arg()], extra].concat();
+    peer(dir, name, &args)
+}
+
 /// serve's `--json` summaries.
 fn summaries(dir: &Dir, f: &str) -> Vec<serde_json::Value> {
     serde_json::from_str(&text(dir, f)).unwrap()
@@ -678,56 +684,28 @@ fn summaries(dir: &Dir, f: &str) -> Vec<serde_json::Value> {
 fn shared_mode_record_then_prefetch_gives_identical_bytes_without_a_copy() {
     let dir = Dir::new("shared-record", 16 * MIB);
     let snap = Shm::new("record");
-    let rec = dir.path("ws.txt");
-    let shared = ["--backend", "shared", "--map-file", snap.arg()];
-    let mut s = serve(
-        &dir,
-        &[
-            "--peers",
-            "1",
-            "--shared",
-            snap.arg(),
-            "--record",
-            rec.to_str().unwrap(),
-        ],
-    );
-    let mut p = peer(
-        &dir,
-        "rec",
-        &[&shared[..], &["--working-set", "25", "--seed", "3"]].concat(),
-    );
-    assert_ok(&mut p, &dir);
-    assert_ok(&mut s, &dir);
-    let log = text(&dir, "serve.err");
+    let (rec, json) = (dir.path("ws.txt"), dir.path("serve.json"));
+    let (rec, json) = (rec.to_str().unwrap(), json.to_str().unwrap());
+    // One shared serve and one shared peer touching the same working set.
+    let round = |serve_extra: &[&str], name: &str, peer_extra: &[&str]| {
+        let args = [&["--peers", "1", "--shared", snap.arg()], serve_extra].concat();
+        let mut s = serve(&dir, &args);
+        let ws = ["--working-set", "25", "--seed", "3"];
+        let mut p = shared_peer(&dir, name, &snap, &[&ws[..], peer_extra].concat());
+        assert_ok(&mut p, &dir);
+        assert_ok(&mut s, &dir);
+        text(&dir, "serve.err")
+    };
+    let log = round(&["--record", rec], "rec", &[]);
     assert!(log.contains("populated 16 MiB"), "{log}");
     assert!(log.contains("shared mode"), "{log}");
-    let pages = std::fs::read_to_string(&rec).unwrap().lines().count() - 1;
+    let pages = std::fs::read_to_string(rec).unwrap().lines().count() - 1;
     assert!(pages > 0);
-    let json = dir.path("serve.json");
-    let mut s = serve(
-        &dir,
-        &[
-            "--peers",
-            "1",
-            "--shared",
-            snap.arg(),
-            "--prefetch",
-            rec.to_str().unwrap(),
-            "--json",
-            json.to_str().unwrap(),
-        ],
-    );
-    let mut p = peer(
-        &dir,
+    round(
+        &["--prefetch", rec, "--json", json],
         "pre",
-        &[
-            &shared[..],
-            &["--working-set", "25", "--seed", "3", "--verify-all"],
-        ]
-        .concat(),
+        &["--verify-all"],
     );
-    assert_ok(&mut p, &dir);
-    assert_ok(&mut s, &dir);
     let log = text(&dir, "serve.err");
     assert!(log.contains("reused"), "{log}");
     assert!(log.contains(&format!("prefetching {pages} pages")), "{log}");
@@ -748,26 +726,18 @@ fn shared_mode_record_then_prefetch_gives_identical_bytes_without_a_copy() {
 fn shared_mode_writes_stay_private_and_removed_pages_read_zeros() {
     let dir = Dir::new("shared-private", 16 * MIB);
     let snap = Shm::new("private");
-    let shared = ["--backend", "shared", "--map-file", snap.arg()];
     let mut s = serve(&dir, &["--peers", "3", "--shared", snap.arg()]);
     // A writes to 30% of its pages and stays alive...
-    let mut a = peer(
+    let mut a = shared_peer(
         &dir,
         "a",
-        &[
-            &shared[..],
-            &["--working-set", "30", "--scribble", "--hold-ms", "30000"],
-        ]
-        .concat(),
+        &snap,
+        &["--working-set", "30", "--scribble", "--hold-ms", "30000"],
     );
     wait_for(&dir, "a.err", "scribbled on");
     // ...while B (shared) sees the snapshot's bytes everywhere, and zeros
     // where it ballooned, and C (copy mode, same handler) is served too.
-    let mut b = peer(
-        &dir,
-        "b",
-        &[&shared[..], &["--working-set", "30", "--balloon"]].concat(),
-    );
+    let mut b = shared_peer(&dir, "b", &snap, &["--working-set", "30", "--balloon"]);
     let mut c = peer(&dir, "c", &["--verify-all", "--threads", "2"]);
     assert_ok(&mut b, &dir);
     assert_ok(&mut c, &dir);
@@ -799,29 +769,16 @@ fn a_peer_mapping_another_file_is_refused_while_a_shared_peer_is_served() {
             "--kill-peer-on-error",
         ],
     );
-    let mut good = peer(
+    let mut good = shared_peer(
         &dir,
         "good",
-        &[
-            "--backend",
-            "shared",
-            "--map-file",
-            snap.arg(),
-            "--verify-all",
-            "--pause-at",
-            "30",
-            "--pause-ms",
-            "1000",
-        ],
+        &snap,
+        &["--verify-all", "--pause-at", "30", "--pause-ms", "1000"],
     );
     wait_for(&dir, "good.err", "paused");
     // Same bytes, another file: not the page cache serve vouches for.
     std::fs::copy(&snap.0, &other.0).unwrap();
-    let mut bad = peer(
-        &dir,
-        "bad",
-        &["--backend", "shared", "--map-file", other.arg()],
-    );
+    let mut bad = shared_peer(&dir, "bad", &other, &[]);
     let st = bad.wait(WAIT);
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(st.signal(), Some(9), "{st}: {}", text(&dir, "serve.err"));
