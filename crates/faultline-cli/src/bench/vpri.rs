@@ -92,11 +92,11 @@ pub struct VpriArgs {
     /// B8: rounds (default 3; each point's IOPS is the median).
     #[arg(long, default_value_t = 3)]
     pub b8_reps: usize,
-    /// B9: simulated VMs (default 56: B5's 14-VM mix four times).
-    #[arg(long, default_value_t = 56)]
+    /// B9: simulated VMs (default 28: B5's 14-VM mix twice).
+    #[arg(long, default_value_t = 28)]
     pub b9_vms: usize,
-    /// B9: simulated days (default 2).
-    #[arg(long, default_value_t = 2)]
+    /// B9: simulated days (default 1).
+    #[arg(long, default_value_t = 1)]
     pub b9_days: u64,
     /// B1: samples per measurement (default 1,000,000 hot, 1/10 of it cold).
     #[arg(long, default_value_t = 1_000_000)]
