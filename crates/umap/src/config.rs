@@ -3,7 +3,7 @@
 //!
 //! | variable | UMap's meaning | default | here |
 //! |---|---|---|---|
-//! | `UMAP_PAGESIZE` | bytes per UMap page (a multiple of the system page) | system page size | the region page size (a power of two) |
+//! | `UMAP_PAGESIZE` | bytes per UMap page (a multiple of the system page) | system page size | the region page size when a power of two; otherwise a UMap page is a group of region pages of the largest power of two dividing it, which faults install and the buffer counts together (eviction and write-back go by region page) |
 //! | `UMAP_BUFSIZE` | UMap pages resident at once | 90% of available memory | one [`faultline::SharedBudget`] for every region of the process, times the high-water mark |
 //! | `UMAP_PAGE_FILLERS` | threads reading pages from the store | hardware threads | handler threads of the workers engine; unset, file regions use the signal engine (faults resolved on the faulting thread, no fillers) |
 //! | `UMAP_PAGE_EVICTORS` | threads evicting pages | hardware threads | reported; each region has one evictor thread (it evicts that region's pages while the buffer is over) |
@@ -16,6 +16,7 @@
 use std::sync::OnceLock;
 
 use faultline::sys::thread::online_cpus;
+use faultline::ReadaheadConfig;
 
 /// Log levels, as UMap names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -110,9 +111,9 @@ impl Config {
         let mut invalid = Vec::new();
         let threads = online_cpus().max(1) as u64;
         let page_size = var("UMAP_PAGESIZE", &mut invalid).unwrap_or(SYSTEM_PAGE);
-        if page_size < SYSTEM_PAGE || !page_size.is_power_of_two() {
+        if page_size < SYSTEM_PAGE || !page_size.is_multiple_of(SYSTEM_PAGE) {
             invalid.push(format!(
-                "UMAP_PAGESIZE={page_size} must be a power of two of at least {SYSTEM_PAGE}"
+                "UMAP_PAGESIZE={page_size} must be a non-zero multiple of {SYSTEM_PAGE}"
             ));
         }
         let buf_pages = var("UMAP_BUFSIZE", &mut invalid)
@@ -156,17 +157,52 @@ impl Config {
         }
     }
 
-    /// The buffer's budget, for all regions together: `BUFSIZE * HIGH /
-    /// 100` pages, at least 1.
-    pub fn budget_pages(&self) -> usize {
-        (self.buf_pages.saturating_mul(self.high_water) / 100).clamp(1, usize::MAX as u64) as usize
+    /// The region page size: the largest power of two that divides
+    /// `UMAP_PAGESIZE` (all of it when it is a power of two). faultline's
+    /// page size is a shift in the fault path, so a UMap page of, say,
+    /// 12 KiB is a group of three 4 KiB region pages.
+    pub fn region_page_size(&self) -> u64 {
+        1 << self.page_size.max(1).trailing_zeros()
     }
 
-    /// Where eviction stops once it started: `BUFSIZE * LOW / 100` pages
-    /// (at most the budget).
+    /// Region pages per UMap page: 1 unless `UMAP_PAGESIZE` is not a power
+    /// of two.
+    pub fn group(&self) -> usize {
+        (self.page_size / self.region_page_size()).max(1) as usize
+    }
+
+    /// The buffer's budget, for all regions together: `BUFSIZE * HIGH /
+    /// 100` UMap pages (at least 1), in region pages.
+    pub fn budget_pages(&self) -> usize {
+        let umap_pages =
+            (self.buf_pages.saturating_mul(self.high_water) / 100).clamp(1, usize::MAX as u64);
+        (umap_pages as usize).saturating_mul(self.group())
+    }
+
+    /// Where eviction stops once it started: `BUFSIZE * LOW / 100` UMap
+    /// pages (at most the budget), in region pages.
     pub fn low_water_pages(&self) -> usize {
-        ((self.buf_pages.saturating_mul(self.low_water) / 100).min(usize::MAX as u64) as usize)
+        let umap_pages =
+            (self.buf_pages.saturating_mul(self.low_water) / 100).min(usize::MAX as u64);
+        (umap_pages as usize)
+            .saturating_mul(self.group())
             .min(self.budget_pages())
+    }
+
+    /// How many region pages a fault installs: the aligned window of
+    /// `READ_AHEAD + 1` UMap pages when set; unset, faultline's adaptive
+    /// read-ahead (`None`: the region's default), in whole UMap pages when
+    /// a UMap page is a group (fault-around of one UMap page, growing to
+    /// at least 32 region pages on sequential streams).
+    pub fn readahead(&self) -> Option<ReadaheadConfig> {
+        let g = self.group();
+        match self.read_ahead {
+            Some(n) => Some(ReadaheadConfig::fixed(
+                (n as usize).saturating_add(1).saturating_mul(g),
+            )),
+            None if g == 1 => None,
+            None => Some(ReadaheadConfig::adaptive(g, g * 32usize.div_ceil(g))),
+        }
     }
 }
 

@@ -44,7 +44,7 @@ use faultline::engine::{self, EngineConfig, EngineKind};
 use faultline::policy::PolicyKind;
 use faultline::store::{FileAccess, PageCacheFile, StoreError};
 use faultline::sys::{mem::is_read_write, set_errno, Errno};
-use faultline::{Engine, FileStore, PageStore, ReadaheadConfig, Region, SharedBudget};
+use faultline::{Engine, FileStore, PageStore, Region, SharedBudget};
 use faultline_ffi::callback::{FillFn, WriteFn};
 use faultline_ffi::{
     guard, guard_or, last_error, set_last_error, CError, CallbackStore, Callbacks,
@@ -224,11 +224,11 @@ fn map_region(
     }
     let engine = engine_for(store.as_ref())?;
     let mut b = Region::builder(length)
-        .page_size(ps)
+        .page_size(c.region_page_size() as usize)
         .shared_store(store)
         .shared_budget(buffer(), PolicyKind::Clock);
-    if let Some(n) = c.read_ahead {
-        b = b.readahead(ReadaheadConfig::fixed(n as usize + 1));
+    if let Some(ra) = c.readahead() {
+        b = b.readahead(ra);
     }
     if flags & MAP_FIXED != 0 {
         if !(addr as usize).is_multiple_of(ps) {
@@ -438,9 +438,11 @@ fn populate(addr: usize, size: usize, pin: bool) -> Result<(), CError> {
             "{addr:#x} is not in a umap region"
         )));
     }
-    let ps = region.page_size();
-    let first = off / ps * ps;
-    let end = (off + size.max(1)).min(region.len());
+    // Whole UMap pages (a group of region pages when UMAP_PAGESIZE is not
+    // a power of two; the region's length is a multiple of it).
+    let (ups, ps) = (config().page_size as usize, region.page_size());
+    let first = off / ups * ups;
+    let end = (off + size.max(1)).next_multiple_of(ups).min(region.len());
     let pages = first / ps..end.div_ceil(ps);
     if pin {
         // Pinned before they are installed: the evictor never sees them

@@ -18,8 +18,10 @@
  *    many filler threads do.
  *  - UMAP_READ_AHEAD unset: faultline's adaptive read-ahead; set to N:
  *    every fault installs the aligned window of N + 1 pages.
- *  - UMAP_PAGESIZE must be a power of two (UMap: any multiple of 4096):
- *    faultline maps an address to its page with a shift.
+ *  - UMAP_PAGESIZE that is not a power of two (any multiple of 4096, as
+ *    in UMap) is a group of region pages (faultline maps an address to its
+ *    page with a shift): faults, prefetches and the buffer take it whole,
+ *    but eviction and write-back go by region page.
  *  - umap_fetch_and_pin() pins until uunmap() (UMap has no unpin call);
  *    pinned pages count against the budget.
  */

@@ -132,6 +132,22 @@ static int config(const char *path) {
     return 0;
 }
 
+/* umap_prefetch of an address inside the second system page: prints how
+ * many system pages became resident (the whole UMap page holding it). */
+static int prefetch(const char *path) {
+    int fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    size_t len = (size_t)file_size(fd);
+    unsigned char *p = umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 0);
+    CHECK(p != UMAP_FAILED);
+    struct umap_prefetch_item item = {p + PAGE + 7};
+    umap_prefetch(1, &item);
+    printf("resident_after_prefetch %zu\n", resident(p, len));
+    CHECK(uunmap(p, len) == 0);
+    close(fd);
+    return 0;
+}
+
 /* Resident pages of [p, p + len) and, unless q is NULL, of [q, q + len). */
 static size_t resident_both(void *p, void *q, size_t len) {
     return resident(p, len) + (q ? resident(q, len) : 0);
@@ -341,6 +357,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "threads")) rc = threads(path);
     else if (!strcmp(mode, "watermarks")) rc = watermarks(path);
     else if (!strcmp(mode, "buffer")) rc = buffer(path);
+    else if (!strcmp(mode, "prefetch")) rc = prefetch(path);
     if (rc == 0) printf("ok %s\n", mode);
     return rc;
 }
