@@ -47,7 +47,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     fi
 fi
 
-# cargo-c (`cargo cinstall -p faultline-capi`, libfaultline's install path).
+# cargo-c (`cargo cinstall -p faultline-capi` and `-p umap`, the libraries'
+# install path).
 # It embeds its own Cargo, which must read this workspace's Cargo.lock v4:
 # Debian's cargo-c 0.9.14 (Cargo 0.66) cannot ("lock file version `4` was
 # found, but this version of Cargo does not understand this lock file"), so

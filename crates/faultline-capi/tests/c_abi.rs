@@ -18,7 +18,14 @@ fn program() -> Option<&'static PathBuf> {
     EXE.get_or_init(|| match toolchain() {
         Ok(()) => {
             let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/fl_test.c");
-            Some(compile("fl_test", &[src], "faultline", false, &[]))
+            Some(compile(
+                prefix(),
+                "fl_test",
+                &[src],
+                "faultline",
+                false,
+                &[],
+            ))
         }
         Err(why) => {
             eprintln!("skipping: {why}");
@@ -58,7 +65,14 @@ fn pkg_config_names_the_library_and_header() {
         "#include <faultline/faultline.h>\nint main() { fl_region_stats s{}; return (int)s.faults + (fl_version() == nullptr); }\n",
     )
     .unwrap();
-    let exe = compile("header_check", &[cxx_check], "faultline", true, &[]);
+    let exe = compile(
+        prefix(),
+        "header_check",
+        &[cxx_check],
+        "faultline",
+        true,
+        &[],
+    );
     assert!(run(exe.as_path(), &[], &[], LIMIT).status.success());
     let out = prefix().join("bin/fl_test_static");
     let status = std::process::Command::new("gcc")
@@ -91,96 +105,15 @@ fn cargo_cinstall_installs_the_library_header_and_pc_file() {
     if program().is_none() {
         return;
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let version = std::process::Command::new(&cargo)
-        .args(["cinstall", "--version"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    // "cargo-c 0.10.24+cargo-0.98.0"; Debian's 0.9.14 cannot read
-    // Cargo.lock v4 and prints no version.
-    let minor = version
-        .strip_prefix("cargo-c 0.")
-        .and_then(|v| v.split('.').next())
-        .and_then(|m| m.parse::<u32>().ok());
-    if minor.is_none_or(|m| m < 10) {
-        eprintln!("skipping: no cargo-c >= 0.10 (`cargo cinstall --version`: {version:?}; bash scripts/setup.sh installs it)");
+    let Some(prefix) = cargo_cinstall("faultline-capi") else {
         return;
-    }
-    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cinstall-target");
-    let prefix = fresh_dir("cinstall");
-    let _ = std::fs::remove_dir_all(&prefix);
-    let manifest = root().join("Cargo.toml");
-    let out = run(
-        std::path::Path::new(&cargo),
-        &[
-            "cinstall",
-            "--manifest-path",
-            manifest.to_str().unwrap(),
-            "-p",
-            "faultline-capi",
-            "--profile",
-            "dev",
-            "--prefix",
-            prefix.to_str().unwrap(),
-            "--libdir",
-            "lib",
-            "--target-dir",
-            target.to_str().unwrap(),
-        ],
-        &[],
-        Duration::from_secs(900),
-    );
-    assert!(
-        out.status.success(),
-        "cargo cinstall failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lib = prefix.join("lib");
-    let so = std::fs::read(lib.join("libfaultline.so.0.1.0")).unwrap();
-    assert!(so.windows(17).any(|w| w == b"libfaultline.so.0"), "SONAME");
-    for (link, to) in [
-        ("libfaultline.so.0", "libfaultline.so.0.1.0"),
-        ("libfaultline.so", "libfaultline.so.0.1.0"),
-    ] {
-        assert_eq!(
-            std::fs::read_link(lib.join(link)).unwrap(),
-            PathBuf::from(to)
-        );
-    }
-    assert!(lib.join("libfaultline.a").metadata().unwrap().len() > 0);
+    };
+    assert_installed_library(&prefix, "faultline");
     let header = std::fs::read_to_string(prefix.join("include/faultline/faultline.h")).unwrap();
     assert!(header.contains("fl_region_new"), "header");
     // A C program through this prefix's faultline.pc.
-    let pc = |args: &[&str]| -> Vec<String> {
-        let o = std::process::Command::new("pkg-config")
-            .args(args)
-            .arg("faultline")
-            .env("PKG_CONFIG_PATH", lib.join("pkgconfig"))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "pkg-config {args:?}");
-        String::from_utf8(o.stdout)
-            .unwrap()
-            .split_whitespace()
-            .map(str::to_string)
-            .collect()
-    };
-    assert!(pc(&["--libs"]).contains(&"-lfaultline".to_string()));
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/fl_test.c");
-    let exe = prefix.join("fl_test");
-    let status = std::process::Command::new("gcc")
-        .args(["-std=c11", "-D_GNU_SOURCE", "-O1"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .args(pc(&["--cflags", "--libs"]))
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(status.success(), "compiling against the cinstall prefix");
+    let exe = compile(&prefix, "fl_test", &[src], "faultline", false, &[]);
     assert_ok(&run(&exe, &["version"], &[], LIMIT), "version");
     let f = pattern_file(&tmp(), "cinstall.bin", 40);
     assert_ok(

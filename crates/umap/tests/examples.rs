@@ -56,7 +56,14 @@ fn bfs_through_umap_agrees_with_mmap() {
         eprintln!("skipping: {why}");
         return;
     }
-    let exe = compile("bfs_umap", &[example("c/bfs_umap.c")], "umap", false, &[]);
+    let exe = compile(
+        prefix(),
+        "bfs_umap",
+        &[example("c/bfs_umap.c")],
+        "umap",
+        false,
+        &[],
+    );
     let g = small_graph(50_000);
     let out = run(
         &exe,
@@ -86,6 +93,7 @@ fn callback_store_example_writes_every_page_back() {
         return;
     }
     let exe = compile(
+        prefix(),
         "callback_store",
         &[example("c/callback_store.c")],
         "faultline",
@@ -107,6 +115,7 @@ fn umap_store_example_serves_and_scrambles() {
         return;
     }
     let exe = compile(
+        prefix(),
         "xor_store",
         &[example("cpp/xor_store.cpp")],
         "umap",

@@ -26,8 +26,16 @@ fn programs() -> Option<&'static Programs> {
         Ok(()) => {
             let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c");
             Some(Programs {
-                c: compile("umap_test", &[dir.join("umap_test.c")], "umap", false, &[]),
+                c: compile(
+                    prefix(),
+                    "umap_test",
+                    &[dir.join("umap_test.c")],
+                    "umap",
+                    false,
+                    &[],
+                ),
                 cxx: compile(
+                    prefix(),
                     "umap_store",
                     &[dir.join("umap_store.cpp")],
                     "umap",
@@ -354,6 +362,51 @@ fn low_water_mark_and_pinned_pages() {
 #[test]
 fn two_regions_share_one_buffer() {
     eviction_mode("buffer", ["32", "50", "50"]);
+}
+
+/// `cargo cinstall -p umap` installs libumap (versioned `.so` with its
+/// SONAME, symlinks, `.a`), UMap's headers and `umap.pc`, through which the
+/// C test compiles and reads a file back and the C++ store test compiles
+/// and runs.
+#[test]
+fn cargo_cinstall_installs_libumap_its_headers_and_pc_file() {
+    if programs().is_none() {
+        return;
+    }
+    let Some(prefix) = cargo_cinstall("umap") else {
+        return;
+    };
+    assert_installed_library(&prefix, "umap");
+    let include = prefix.join("include/umap");
+    let header = std::fs::read_to_string(include.join("umap.h")).unwrap();
+    assert!(header.contains("uunmap"), "umap/umap.h");
+    assert!(
+        include.join("store/Store.hpp").exists(),
+        "umap/store/Store.hpp"
+    );
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let c = compile(
+        &prefix,
+        "umap_test",
+        &[dir.join("umap_test.c")],
+        "umap",
+        false,
+        &[],
+    );
+    let f = pattern_file(&tmp(), "cinstall.bin", 40);
+    assert_ok(
+        &run(&c, &["readback", f.to_str().unwrap()], &[], LIMIT),
+        "readback",
+    );
+    let cxx = compile(
+        &prefix,
+        "umap_store",
+        &[dir.join("umap_store.cpp")],
+        "umap",
+        true,
+        &[],
+    );
+    assert_ok(&run(&cxx, &["custom"], &[], LIMIT), "custom");
 }
 
 #[test]

@@ -82,9 +82,14 @@ pub fn fresh_dir(name: &str) -> PathBuf {
 
 /// `pkg-config ARGS` with the temporary prefix on the search path.
 pub fn pkg_config(args: &[&str]) -> Vec<String> {
+    pkg_config_in(prefix(), args)
+}
+
+/// `pkg-config ARGS` with `prefix`'s `lib/pkgconfig` on the search path.
+pub fn pkg_config_in(prefix: &Path, args: &[&str]) -> Vec<String> {
     let out = Command::new("pkg-config")
         .args(args)
-        .env("PKG_CONFIG_PATH", prefix().join("lib/pkgconfig"))
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
         .output()
         .expect("run pkg-config");
     assert!(
@@ -100,15 +105,17 @@ pub fn pkg_config(args: &[&str]) -> Vec<String> {
 }
 
 /// Compiles `sources` into an executable linked against the pkg-config
-/// package `package` (C with gcc, C++ with g++ when `cxx`). Returns its path.
+/// package `package` installed in `prefix` (usually [`prefix()`]; C with
+/// gcc, C++ with g++ when `cxx`). Returns its path.
 pub fn compile(
+    prefix: &Path,
     name: &str,
     sources: &[PathBuf],
     package: &str,
     cxx: bool,
     extra: &[&str],
 ) -> PathBuf {
-    let exe = prefix().join("bin").join(name);
+    let exe = prefix.join("bin").join(name);
     std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
     let mut cmd = Command::new(if cxx { "g++" } else { "gcc" });
     cmd.args(["-O2", "-g", "-Wall", "-Wextra", "-Werror"])
@@ -120,8 +127,8 @@ pub fn compile(
         .args(sources)
         .arg("-o")
         .arg(&exe)
-        .args(pkg_config(&["--cflags", "--libs", package]))
-        .arg(format!("-Wl,-rpath,{}", prefix().join("lib").display()))
+        .args(pkg_config_in(prefix, &["--cflags", "--libs", package]))
+        .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display()))
         .args(["-lpthread"])
         .args(extra);
     let out = cmd.output().expect("run the compiler");
@@ -179,4 +186,81 @@ pub fn pattern_file(dir: &Path, name: &str, pages: usize) -> PathBuf {
         .collect();
     std::fs::write(&path, data).expect("write the pattern file");
     path
+}
+
+/// Runs `cargo cinstall -p PACKAGE` (dev profile) into a fresh prefix and
+/// returns it, or `None` (saying why) without a cargo-c of at least 0.10
+/// (Debian's 0.9.14 cannot read Cargo.lock v4 and prints no version;
+/// `bash scripts/setup.sh` installs a newer one). Builds in
+/// `CARGO_TARGET_TMPDIR/cinstall-target`, because this `cargo test` holds
+/// the workspace's target directory; later runs reuse it (about 35 s the
+/// first time, seconds after).
+pub fn cargo_cinstall(package: &str) -> Option<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let version = Command::new(&cargo)
+        .args(["cinstall", "--version"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    // "cargo-c 0.10.24+cargo-0.98.0"
+    let minor = version
+        .strip_prefix("cargo-c 0.")
+        .and_then(|v| v.split('.').next())
+        .and_then(|m| m.parse::<u32>().ok());
+    if minor.is_none_or(|m| m < 10) {
+        eprintln!("skipping: no cargo-c >= 0.10 (`cargo cinstall --version`: {version:?}; bash scripts/setup.sh installs it)");
+        return None;
+    }
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cinstall-target");
+    let prefix = fresh_dir(&format!("cinstall-{package}"));
+    let _ = std::fs::remove_dir_all(&prefix);
+    let manifest = root().join("Cargo.toml");
+    let out = run(
+        Path::new(&cargo),
+        &[
+            "cinstall",
+            "--manifest-path",
+            manifest.to_str().unwrap(),
+            "-p",
+            package,
+            "--profile",
+            "dev",
+            "--prefix",
+            prefix.to_str().unwrap(),
+            "--libdir",
+            "lib",
+            "--target-dir",
+            target.to_str().unwrap(),
+        ],
+        &[],
+        Duration::from_secs(900),
+    );
+    assert!(
+        out.status.success(),
+        "cargo cinstall -p {package} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(prefix)
+}
+
+/// Checks what cargo-c installs for the C library `name` in `prefix`:
+/// `libNAME.so.0.1.0` with SONAME `libNAME.so.0`, the `.so.0` and `.so`
+/// symlinks, `libNAME.a`, and `-lNAME` from `NAME.pc`.
+pub fn assert_installed_library(prefix: &Path, name: &str) {
+    let lib = prefix.join("lib");
+    let so = std::fs::read(lib.join(format!("lib{name}.so.0.1.0"))).unwrap();
+    let soname = format!("lib{name}.so.0");
+    assert!(
+        so.windows(soname.len()).any(|w| w == soname.as_bytes()),
+        "SONAME {soname}"
+    );
+    for link in [soname.clone(), format!("lib{name}.so")] {
+        assert_eq!(
+            std::fs::read_link(lib.join(link)).unwrap(),
+            PathBuf::from(format!("lib{name}.so.0.1.0"))
+        );
+    }
+    assert!(lib.join(format!("lib{name}.a")).metadata().unwrap().len() > 0);
+    assert!(pkg_config_in(prefix, &["--libs", name]).contains(&format!("-l{name}")));
 }
