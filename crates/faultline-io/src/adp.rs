@@ -21,9 +21,11 @@
 //!   reclaimer ([`Adp::with_derived_threshold`]: a quantile of the ages at
 //!   which the reclaimer takes this device's units, fed through
 //!   [`PinPolicy::on_reclaim`]; the paper: "the threshold reflects the
-//!   reclaim policy in the memory subsystem"). The runtime's devices use
-//!   the fixed one (the evictor does not report reclaim ages yet);
-//!   `faultline bench vpri` (B5) runs both.
+//!   reclaim policy in the memory subsystem"). A runtime device gets the
+//!   derived one with [`crate::PinMode::AdpDerived`]: it watches the
+//!   region's evictions ([`faultline::Region::watch_reclaims`]) and turns
+//!   each into an age since its own last access to the unit;
+//!   `faultline bench vpri` (B5) runs both in the model.
 //!
 //! Choices where the paper is silent (digest §1.8), tested below:
 //!

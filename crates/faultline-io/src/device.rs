@@ -12,7 +12,7 @@ use crate::adp::{Adp, AdpConfig, LruPin, PinAll, PinNothing, PinPolicy};
 use crate::log::AccessLog;
 use crate::queue::{Backend, IoQueue};
 pub use crate::shared::Ordering;
-use crate::shared::{Counters, DeviceInner};
+use crate::shared::{Counters, DeviceInner, Reclaims};
 use crate::tenant::Tenant;
 use crate::Result;
 
@@ -30,6 +30,17 @@ pub enum PinMode {
     },
     /// Adaptive pinning; `None` = the paper's settings at `time_scale`.
     Adp(Option<AdpConfig>),
+    /// Adaptive pinning whose age threshold follows the region's evictor
+    /// ([`Adp::with_derived_threshold`]): the `quantile` of the ages (since
+    /// this device last touched them) of the units the evictor takes. The
+    /// device watches the region's reclaims ([`Region::watch_reclaims`]);
+    /// until it has seen enough, the configured threshold holds.
+    AdpDerived {
+        /// ADP's settings; `None` = the paper's at `time_scale`.
+        config: Option<AdpConfig>,
+        /// Which quantile of the reclaim ages (0..=1; B5 uses 0.1).
+        quantile: f64,
+    },
 }
 
 /// A device's settings.
@@ -100,9 +111,15 @@ pub struct DeviceStats {
     pub log_logged: u64,
     /// Access-log events dropped (ring full).
     pub log_dropped: u64,
+    /// Reclaims of units this device had touched, reported to the pin
+    /// policy with their ages ([`PinMode::AdpDerived`]).
+    pub reclaim_ages: u64,
 }
 
 static NEXT_DEV: AtomicU64 = AtomicU64::new(1);
+
+/// Evictions a device's reclaim watch holds between drains (lossy beyond).
+const RECLAIM_SLOTS: usize = 4096;
 
 /// A device over one region: its queues issue I/O into the region's
 /// memory. See the [crate docs](crate).
@@ -134,6 +151,19 @@ impl IoDevice {
             PinMode::Adp(c) => Box::new(Adp::new(
                 c.unwrap_or_else(|| AdpConfig::paper(units, cfg.time_scale)),
             )),
+            PinMode::AdpDerived { config, quantile } => Box::new(
+                Adp::new(config.unwrap_or_else(|| AdpConfig::paper(units, cfg.time_scale)))
+                    .with_derived_threshold(quantile),
+            ),
+        };
+        let reclaims = match cfg.pin {
+            PinMode::AdpDerived { .. } => region.watch_reclaims(RECLAIM_SLOTS).map(|watch| {
+                Mutex::new(Reclaims {
+                    watch,
+                    last_ns: vec![u64::MAX; units],
+                })
+            }),
+            _ => None,
         };
         let inner = Arc::new(DeviceInner {
             name: cfg.name.clone(),
@@ -148,6 +178,7 @@ impl IoDevice {
             unit_pages: cfg.unit_pages.max(1),
             pin_all: cfg.pin == PinMode::All,
             policy: Mutex::new(policy),
+            reclaims,
             stop: AtomicBool::new(false),
         });
         {
@@ -214,6 +245,15 @@ impl IoDevice {
         self.inner.policy.lock().expect("pin policy lock").sizes()
     }
 
+    /// The pin policy's age threshold in force (ns), if it has one (ADP).
+    pub fn threshold_ns(&self) -> Option<u64> {
+        self.inner
+            .policy
+            .lock()
+            .expect("pin policy lock")
+            .threshold_ns()
+    }
+
     /// Counters.
     pub fn stats(&self) -> DeviceStats {
         let c = &self.inner.counters;
@@ -229,6 +269,7 @@ impl IoDevice {
             pinned_units: c.pinned_units.load(Relaxed) as u64,
             log_logged: self.inner.log.logged(),
             log_dropped: self.inner.log.dropped(),
+            reclaim_ages: c.reclaim_ages.load(Relaxed),
         }
     }
 }

@@ -36,6 +36,16 @@ pub(crate) struct Counters {
     pub efault_lost: AtomicU64,
     pub parked: AtomicU64,
     pub pinned_units: AtomicUsize,
+    pub reclaim_ages: AtomicU64,
+}
+
+/// What a device learns of the evictor: the pages it takes (for
+/// [`PinMode::AdpDerived`](crate::PinMode::AdpDerived)) and when the
+/// device last touched each unit (ns since the device's birth; `u64::MAX`:
+/// never), to turn each into an age.
+pub(crate) struct Reclaims {
+    pub watch: faultline::ReclaimWatch,
+    pub last_ns: Vec<u64>,
 }
 
 pub(crate) struct DeviceInner {
@@ -54,6 +64,8 @@ pub(crate) struct DeviceInner {
     pub pin_all: bool,
     /// The pin policy (the drain thread's; `PinMode::All` pins at once).
     pub policy: Mutex<Box<dyn PinPolicy>>,
+    /// Taken inside `policy` by the drain, never the other way round.
+    pub reclaims: Option<Mutex<Reclaims>>,
     pub stop: AtomicBool,
 }
 
@@ -66,18 +78,43 @@ impl DeviceInner {
     /// eviction policy, ticks the policy, applies its pin changes.
     pub(crate) fn drain(&self) {
         let mut p = self.policy.lock().expect("pin policy lock");
+        let mut rec = self
+            .reclaims
+            .as_ref()
+            .map(|r| r.lock().expect("reclaims lock"));
         let now = self.now_ns();
         let mut last = usize::MAX;
         self.log.drain(usize::MAX, |ev: AccessEvent| {
             let unit = ev.page / self.unit_pages;
             if unit != last {
                 p.on_access(unit, ev.ts_ns);
+                if let Some(t) = rec.as_mut().and_then(|r| r.last_ns.get_mut(unit)) {
+                    *t = ev.ts_ns;
+                }
                 last = unit;
             }
             for pg in ev.page..ev.page + ev.pages as usize {
                 self.region.access_hint(pg);
             }
         });
+        // The evictor's reclaims of units this device touched, with their
+        // ages since that touch (one per unit and run of pages).
+        if let Some(r) = rec.as_mut() {
+            let Reclaims { watch, last_ns } = &mut **r;
+            let mut last = usize::MAX;
+            watch.drain(|page| {
+                let unit = page / self.unit_pages;
+                if unit == last {
+                    return;
+                }
+                last = unit;
+                if let Some(&t) = last_ns.get(unit).filter(|&&t| t != u64::MAX) {
+                    p.on_reclaim(unit, now.saturating_sub(t));
+                    self.counters.reclaim_ages.fetch_add(1, Relaxed);
+                }
+            });
+        }
+        drop(rec);
         p.tick(now);
         self.apply(&mut **p);
     }

@@ -850,3 +850,78 @@ fn adp_pins_are_honoured_by_the_evictor() {
     assert_ne!(region.page_state(0), PageState::Absent, "{es:?}");
     assert!(es.access_hints >= 3, "{es:?}");
 }
+
+/// The evictor reports what it takes and ADP derives its threshold from
+/// it at runtime: a `PinMode::AdpDerived` device whose pages the evictor
+/// takes under pressure receives their reclaim ages (since the device
+/// last touched them), and its threshold moves from the configured
+/// 1,000 s to one of those ages, which are bounded by the test's length.
+#[test]
+fn evictor_reclaim_ages_reach_adp() {
+    let engine = SignalEngine::new().unwrap();
+    let pages = 128;
+    let store = Temp::new("derive-store", &vec![2u8; pages * PS]);
+    let region = Arc::new(
+        Region::builder(pages * PS)
+            .store(FileStore::open_with(&store.0, 0, FileAccess::Pread).unwrap())
+            .budget(EvictionConfig {
+                budget_pages: 32,
+                policy: PolicyKind::Clock,
+            })
+            .fault_around(1)
+            .build(&engine)
+            .unwrap(),
+    );
+    let t = tenant();
+    let configured = 1_000_000_000_000; // 1,000 s
+    let cfg = adp::AdpConfig {
+        active_cap: pages,
+        inactive_cap: 4,
+        scan_period_ns: 1_000_000,
+        threshold_ns: configured,
+        demote_delay_ns: configured,
+    };
+    let started = Instant::now();
+    let dev = IoDevice::new(
+        region.clone(),
+        &t,
+        DeviceConfig {
+            pin: PinMode::AdpDerived {
+                config: Some(cfg),
+                quantile: 0.5,
+            },
+            unit_pages: 1,
+            drain_log: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(dev.threshold_ns(), Some(configured));
+    let tmp = Temp::new("derive-src", &vec![4u8; PS]);
+    let f = Arc::new(File::open(&tmp.0).unwrap());
+    let mut q = dev.queue(Backend::Syscall).unwrap();
+    for p in 0..64 {
+        q.read_at(&f, 0, p * PS, 64, p as u64).unwrap();
+        assert!(q.complete(WAIT).unwrap().result.is_ok());
+    }
+    dev.drain_now();
+    // CPU pressure on the other half: the evictor takes the device's pages.
+    for p in 64..pages {
+        // SAFETY: in bounds.
+        assert_eq!(unsafe { *region.as_ptr().add(p * PS) }, 2);
+    }
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while dev.stats().reclaim_ages < 16 && Instant::now() < give_up {
+        dev.drain_now();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    dev.drain_now();
+    let s = dev.stats();
+    let es = region.eviction_stats().unwrap();
+    assert!(s.reclaim_ages >= 16, "{s:?} {es:?}");
+    let derived = dev.threshold_ns().unwrap();
+    assert!(
+        derived <= started.elapsed().as_nanos() as u64,
+        "threshold {derived} ns: an age longer than the test"
+    );
+}

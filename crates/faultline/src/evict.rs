@@ -74,6 +74,7 @@
 use std::collections::VecDeque;
 use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::background::{Background, StopFlag};
@@ -84,7 +85,43 @@ use crate::residency::PageState;
 use crate::store::StoreError;
 use crate::sys::Errno;
 
+use crate::fault::feeds::PageRing;
 pub use crate::fault::feeds::{EvictionStats, SharedBudget};
+
+/// The pages the evictor takes from a region from now on
+/// ([`crate::Region::watch_reclaims`]), for a consumer that needs to know
+/// (an I/O device's pinning policy derives its age threshold from them).
+/// A lossy ring: when the consumer falls behind, evictions are dropped
+/// and counted, the evictor never waits. Each watch sees every eviction;
+/// dropping it stops the recording.
+pub struct ReclaimWatch {
+    ring: Arc<PageRing>,
+}
+
+impl std::fmt::Debug for ReclaimWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReclaimWatch")
+            .field("taken", &self.ring.taken())
+            .field("dropped", &self.ring.dropped())
+            .finish()
+    }
+}
+
+impl ReclaimWatch {
+    pub(crate) fn new(ring: Arc<PageRing>) -> ReclaimWatch {
+        ReclaimWatch { ring }
+    }
+
+    /// Hands every page evicted since the last call to `f`, oldest first.
+    pub fn drain(&mut self, f: impl FnMut(usize)) {
+        self.ring.drain(f);
+    }
+
+    /// Evictions dropped because this watch's ring was full.
+    pub fn dropped(&self) -> u64 {
+        self.ring.dropped()
+    }
+}
 
 /// Budget settings.
 #[derive(Debug, Clone, Copy)]
@@ -222,6 +259,7 @@ fn evict(r: &RegionState, page: usize, try_dirty: bool) -> Victim {
     if let Victim::Evicted = out {
         budget.zap(r, page, r.delivery.reads_events);
         budget.evicted_one();
+        budget.reclaimed(page);
     }
     r.residency.release(page..page + 1);
     out

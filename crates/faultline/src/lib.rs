@@ -90,7 +90,7 @@ pub use engine::{
     WorkersEngine,
 };
 pub use error::{Error, Result};
-pub use evict::{EvictionConfig, EvictionStats, SharedBudget};
+pub use evict::{EvictionConfig, EvictionStats, ReclaimWatch, SharedBudget};
 pub use fault::report::StackWriter;
 pub use fault::RegionStats;
 pub use foreign::{

@@ -1004,6 +1004,14 @@ impl Region {
             b.hint(page);
         }
     }
+
+    /// Records the pages the evictor takes from now on, in a lossy ring
+    /// of `slots` pages (see [`crate::evict::ReclaimWatch`]); `None`
+    /// without a budget (nothing is ever evicted).
+    pub fn watch_reclaims(&self, slots: usize) -> Option<crate::evict::ReclaimWatch> {
+        let b = self.state().budget.as_ref()?;
+        Some(crate::evict::ReclaimWatch::new(b.watch_reclaims(slots)))
+    }
 }
 
 impl Drop for Region {

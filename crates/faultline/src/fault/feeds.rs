@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering:
 use std::time::{Duration, Instant};
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::residency::{PageBits, PageState};
 use crate::sys::mem::{self, Advice};
@@ -128,15 +128,85 @@ pub(crate) struct BudgetFeed {
     /// engine has handled the REMOVE event of that zap (see [`Self::zap`]).
     zapping: AtomicUsize,
     zap_handled: AtomicBool,
-    /// Access hints for the policy (page + 1; 0 = empty), lossy.
-    hints: Box<[AtomicU64]>,
-    hint_tail: AtomicU64,
-    hint_head: AtomicU64,
-    hints_taken: AtomicU64,
-    hints_dropped: AtomicU64,
+    /// Access hints for the policy, lossy (the evictor drains it).
+    hints: PageRing,
+    /// Rings of [`crate::evict::ReclaimWatch`]es: every evicted page is
+    /// pushed to each (lossy); a ring nobody else holds is dropped.
+    reclaim_watchers: Mutex<Vec<Arc<PageRing>>>,
+    /// `reclaim_watchers.len()`, read without the lock by the evictor.
+    reclaim_watching: AtomicUsize,
     /// The budget this region shares with others, if any: `resident` and
     /// `unwritable` are mirrored into it, and the limits apply to it.
     shared: Option<Arc<SharedBudget>>,
+}
+
+/// A lossy ring of page indices: producers never wait (a push into a full
+/// ring is dropped and counted); one consumer at a time drains it.
+#[derive(Debug)]
+pub struct PageRing {
+    /// page + 1; 0 = empty.
+    slots: Box<[AtomicU64]>,
+    tail: AtomicU64,
+    head: AtomicU64,
+    taken: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl PageRing {
+    /// A ring of `slots` pages.
+    pub fn new(slots: usize) -> PageRing {
+        PageRing {
+            slots: (0..slots.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            tail: AtomicU64::new(0),
+            head: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Appends `page`, or drops it (counted) when the ring is full.
+    pub fn push(&self, page: usize) {
+        let n = self.slots.len() as u64;
+        let tail = self.tail.load(SeqCst);
+        if tail - self.head.load(SeqCst) >= n
+            || self
+                .tail
+                .compare_exchange(tail, tail + 1, SeqCst, Relaxed)
+                .is_err()
+        {
+            self.dropped.fetch_add(1, Relaxed);
+            return;
+        }
+        self.slots[(tail % n) as usize].store(page as u64 + 1, SeqCst);
+    }
+
+    /// Hands every page pushed so far to `f`, oldest first. One consumer
+    /// at a time (callers serialise).
+    pub fn drain(&self, mut f: impl FnMut(usize)) {
+        let n = self.slots.len() as u64;
+        let tail = self.tail.load(SeqCst);
+        let mut head = self.head.load(Relaxed);
+        while head < tail {
+            let v = self.slots[(head % n) as usize].swap(0, SeqCst);
+            if v == 0 {
+                break; // its producer has not written it yet
+            }
+            f(v as usize - 1);
+            self.taken.fetch_add(1, Relaxed);
+            head += 1;
+        }
+        self.head.store(head, SeqCst);
+    }
+
+    /// Pages drained so far.
+    pub fn taken(&self) -> u64 {
+        self.taken.load(Relaxed)
+    }
+
+    /// Pages dropped because the ring was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Relaxed)
+    }
 }
 
 /// Slots of the access-hint ring.
@@ -178,11 +248,9 @@ impl BudgetFeed {
             skipped_io_busy: AtomicU64::new(0),
             zapping: AtomicUsize::new(0),
             zap_handled: AtomicBool::new(false),
-            hints: (0..HINT_SLOTS).map(|_| AtomicU64::new(0)).collect(),
-            hint_tail: AtomicU64::new(0),
-            hint_head: AtomicU64::new(0),
-            hints_taken: AtomicU64::new(0),
-            hints_dropped: AtomicU64::new(0),
+            hints: PageRing::new(HINT_SLOTS),
+            reclaim_watchers: Mutex::new(Vec::new()),
+            reclaim_watching: AtomicUsize::new(0),
             shared,
         }
     }
@@ -233,33 +301,36 @@ impl BudgetFeed {
     /// Posts an access hint for `page` (an I/O touched it). Never waits:
     /// when the ring is full the hint is dropped and counted.
     pub fn hint(&self, page: usize) {
-        let tail = self.hint_tail.load(SeqCst);
-        if tail - self.hint_head.load(SeqCst) >= HINT_SLOTS as u64
-            || self
-                .hint_tail
-                .compare_exchange(tail, tail + 1, SeqCst, Relaxed)
-                .is_err()
-        {
-            self.hints_dropped.fetch_add(1, Relaxed);
-            return;
-        }
-        self.hints[tail as usize % HINT_SLOTS].store(page as u64 + 1, SeqCst);
+        self.hints.push(page);
     }
 
     /// Hands every posted hint to `f` (the evictor).
-    pub fn drain_hints(&self, mut f: impl FnMut(usize)) {
-        let tail = self.hint_tail.load(SeqCst);
-        let mut head = self.hint_head.load(Relaxed);
-        while head < tail {
-            let v = self.hints[head as usize % HINT_SLOTS].swap(0, SeqCst);
-            if v == 0 {
-                break; // its producer has not written it yet
-            }
-            f(v as usize - 1);
-            self.hints_taken.fetch_add(1, Relaxed);
-            head += 1;
+    pub fn drain_hints(&self, f: impl FnMut(usize)) {
+        self.hints.drain(f);
+    }
+
+    /// A new ring that every page evicted from now on is pushed to.
+    pub fn watch_reclaims(&self, slots: usize) -> Arc<PageRing> {
+        let ring = Arc::new(PageRing::new(slots));
+        let mut w = self.reclaim_watchers.lock().expect("reclaim watchers");
+        w.push(ring.clone());
+        self.reclaim_watching.store(w.len(), SeqCst);
+        ring
+    }
+
+    /// The evictor took `page`: tells the watchers (lossy, never waits on
+    /// a consumer; without watchers one atomic load).
+    pub fn reclaimed(&self, page: usize) {
+        if self.reclaim_watching.load(Relaxed) == 0 {
+            return;
         }
-        self.hint_head.store(head, SeqCst);
+        let mut w = self.reclaim_watchers.lock().expect("reclaim watchers");
+        // A watch that was dropped is only held here.
+        w.retain(|r| Arc::strong_count(r) > 1);
+        self.reclaim_watching.store(w.len(), SeqCst);
+        for r in w.iter() {
+            r.push(page);
+        }
     }
 
     /// Logs that `page` was installed. Async-signal-safe, wait-free.
@@ -357,8 +428,8 @@ impl BudgetFeed {
             resident: self.resident.load(Relaxed) as u64,
             max_resident: self.max_resident.load(Relaxed) as u64,
             skipped_io_busy: self.skipped_io_busy.load(Relaxed),
-            access_hints: self.hints_taken.load(Relaxed),
-            access_hints_dropped: self.hints_dropped.load(Relaxed),
+            access_hints: self.hints.taken(),
+            access_hints_dropped: self.hints.dropped(),
         }
     }
 }
@@ -456,5 +527,41 @@ impl RunAheadFeed {
             windows_predicted: self.windows.load(Relaxed),
             pages_populated: self.populated.load(Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_ring_is_fifo_and_drops_when_full() {
+        let r = PageRing::new(4);
+        for p in 10..15 {
+            r.push(p);
+        }
+        assert_eq!(r.dropped(), 1);
+        let mut got = vec![];
+        r.drain(|p| got.push(p));
+        assert_eq!(got, [10, 11, 12, 13]);
+        r.push(7);
+        r.drain(|p| got.push(p));
+        assert_eq!((got.last(), r.taken()), (Some(&7), 5));
+    }
+
+    /// Every watch sees every eviction; a dropped watch is forgotten.
+    #[test]
+    fn reclaim_watchers_each_see_every_eviction() {
+        let feed = BudgetFeed::new(64, 16, 1, None);
+        feed.reclaimed(1); // nobody watches: nothing kept
+        let a = feed.watch_reclaims(8);
+        let b = feed.watch_reclaims(8);
+        feed.reclaimed(2);
+        drop(b);
+        feed.reclaimed(3);
+        assert_eq!(feed.reclaim_watching.load(SeqCst), 1);
+        let mut got = vec![];
+        a.drain(|p| got.push(p));
+        assert_eq!(got, [2, 3]);
     }
 }
