@@ -792,24 +792,31 @@ fn slow_log_consumer_drops_and_log_off_logs_nothing() {
     }
 }
 
-/// ADP pins what it promotes, the evictor honours the pins, and the
-/// access log feeds the region's eviction policy (hints).
-#[test]
-fn adp_pins_are_honoured_by_the_evictor() {
+/// A signal-engine region of `pages` pages over a file of 2s, with a
+/// CLOCK evictor at `budget` pages (the engine and the file go with it).
+fn clock_region(tag: &str, pages: usize, budget: usize) -> (Arc<SignalEngine>, Temp, Arc<Region>) {
     let engine = SignalEngine::new().unwrap();
-    let pages = 128;
-    let store = Temp::new("adp-store", &vec![2u8; pages * PS]);
+    let store = Temp::new(tag, &vec![2u8; pages * PS]);
     let region = Arc::new(
         Region::builder(pages * PS)
             .store(FileStore::open_with(&store.0, 0, FileAccess::Pread).unwrap())
             .budget(EvictionConfig {
-                budget_pages: 32,
+                budget_pages: budget,
                 policy: PolicyKind::Clock,
             })
             .fault_around(1)
             .build(&engine)
             .unwrap(),
     );
+    (engine, store, region)
+}
+
+/// ADP pins what it promotes, the evictor honours the pins, and the
+/// access log feeds the region's eviction policy (hints).
+#[test]
+fn adp_pins_are_honoured_by_the_evictor() {
+    let pages = 128;
+    let (_engine, _store, region) = clock_region("adp-store", pages, 32);
     let t = tenant();
     let cfg = adp::AdpConfig {
         active_cap: 2,
@@ -858,20 +865,8 @@ fn adp_pins_are_honoured_by_the_evictor() {
 /// 1,000 s to one of those ages, which are bounded by the test's length.
 #[test]
 fn evictor_reclaim_ages_reach_adp() {
-    let engine = SignalEngine::new().unwrap();
     let pages = 128;
-    let store = Temp::new("derive-store", &vec![2u8; pages * PS]);
-    let region = Arc::new(
-        Region::builder(pages * PS)
-            .store(FileStore::open_with(&store.0, 0, FileAccess::Pread).unwrap())
-            .budget(EvictionConfig {
-                budget_pages: 32,
-                policy: PolicyKind::Clock,
-            })
-            .fault_around(1)
-            .build(&engine)
-            .unwrap(),
-    );
+    let (_engine, _store, region) = clock_region("derive-store", pages, 32);
     let t = tenant();
     let configured = 1_000_000_000_000; // 1,000 s
     let cfg = adp::AdpConfig {
