@@ -251,21 +251,16 @@ fn removed_ranges_read_zeros() {
 
 /// Two peers dropping and re-reading a range (`--storm`) while their
 /// vCPUs fault, served by `faultline serve --peers 2 EXTRA`; every byte is
-/// checked by the peers. Returns serve's log.
-fn two_storming_peers(dir: &Dir, extra: &[&str]) -> String {
+/// checked by the peers (started with `peer_extra` too). Returns serve's
+/// log.
+fn two_storming_peers(dir: &Dir, extra: &[&str], peer_extra: &[&str]) -> String {
     let mut args = vec!["--peers", "2"];
     args.extend_from_slice(extra);
     let mut s = serve(dir, &args);
-    let mut a = peer(
-        dir,
-        "a",
-        &["--storm", "40", "--working-set", "30", "--threads", "4"],
-    );
-    let mut b = peer(
-        dir,
-        "b",
-        &["--storm", "40", "--working-set", "30", "--seed", "7"],
-    );
+    let a_args = ["--storm", "40", "--working-set", "30", "--threads", "4"];
+    let mut a = peer(dir, "a", &[&a_args[..], peer_extra].concat());
+    let b_args = ["--storm", "40", "--working-set", "30", "--seed", "7"];
+    let mut b = peer(dir, "b", &[&b_args[..], peer_extra].concat());
     assert_ok(&mut a, dir);
     assert_ok(&mut b, dir);
     assert_ok(&mut s, dir);
@@ -280,7 +275,7 @@ fn two_storming_peers(dir: &Dir, extra: &[&str]) -> String {
 #[test]
 fn remove_storms_racing_faults_keep_every_byte_right() {
     let dir = Dir::new("storm", 8 * MIB);
-    two_storming_peers(&dir, &["--threads", "2"]);
+    two_storming_peers(&dir, &["--threads", "2"], &[]);
 }
 
 #[test]
@@ -290,15 +285,34 @@ fn prefetch_helpers_racing_remove_storms_keep_every_byte_right() {
     // gate keeps the store's bytes out of every dropped range.
     let dir = Dir::new("prefetch-storm", 8 * MIB);
     let all = record_all(&dir, 8 * MIB);
+    let all = all.to_str().unwrap();
+    let log = two_storming_peers(&dir, &["--prefetch", all, "--prefetch-helpers", "1"], &[]);
+    assert!(!log.contains(" 0 prefetched"), "{log}");
+}
+
+#[test]
+fn shared_mode_remove_storms_racing_continue_prefetch_keep_every_byte_right() {
+    // The same storm in shared mode: CONTINUE prefetch of every page (the
+    // handler thread and a helper) and minor faults racing the drops;
+    // dropped ranges must read zeros (a private page), never the
+    // snapshot's bytes again.
+    let dir = Dir::new("shared-storm", 8 * MIB);
+    let snap = Shm::new("storm");
+    let all = record_all(&dir, 8 * MIB);
+    let all = all.to_str().unwrap();
     let log = two_storming_peers(
         &dir,
         &[
+            "--shared",
+            snap.arg(),
             "--prefetch",
-            all.to_str().unwrap(),
+            all,
             "--prefetch-helpers",
             "1",
         ],
+        &["--backend", "shared", "--map-file", snap.arg()],
     );
+    assert_eq!(log.matches("shared mode").count(), 2, "{log}");
     assert!(!log.contains(" 0 prefetched"), "{log}");
 }
 

@@ -88,7 +88,7 @@ fn write_figure<F: Figure>(dir: &Path, name: &str, fig: &F, text: bool) -> anyho
 }
 
 fn color(i: usize) -> RGBColor {
-    const C: [RGBColor; 8] = [
+    const C: [RGBColor; 10] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
         RGBColor(44, 160, 44),
@@ -97,6 +97,8 @@ fn color(i: usize) -> RGBColor {
         RGBColor(140, 86, 75),
         RGBColor(227, 119, 194),
         RGBColor(127, 127, 127),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
     ];
     C[i % C.len()]
 }
