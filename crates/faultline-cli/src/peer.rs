@@ -154,6 +154,30 @@ pub struct PeerReport {
     pub p99_ns: u64,
     /// Bytes compared with the file.
     pub verified_bytes: u64,
+    /// The peer's private anonymous memory after the working set (KiB,
+    /// `RssAnon`): copy mode's copies, shared mode's written pages.
+    #[serde(default)]
+    pub rss_anon_kib: u64,
+    /// Its mapped shared-memory pages (KiB, `RssShmem`): shared mode's
+    /// mapped page-cache pages, shared with every other peer.
+    #[serde(default)]
+    pub rss_shmem_kib: u64,
+    /// Its mapped file pages (KiB, `RssFile`): the kernel baseline's.
+    #[serde(default)]
+    pub rss_file_kib: u64,
+}
+
+/// `RssAnon`, `RssShmem` and `RssFile` of this process, KiB.
+fn rss_kib() -> (u64, u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let get = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("RssAnon:"), get("RssShmem:"), get("RssFile:"))
 }
 
 struct Layout {
@@ -480,6 +504,7 @@ fn touch_and_check(
         s.join().expect("storm thread");
     }
     let seconds = end.duration_since(t0).as_secs_f64();
+    let (rss_anon_kib, rss_shmem_kib, rss_file_kib) = rss_kib();
     lat.sort_unstable();
     let pick = |q: f64| {
         lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
@@ -568,5 +593,8 @@ fn touch_and_check(
         median_ns,
         p99_ns,
         verified_bytes: verified,
+        rss_anon_kib,
+        rss_shmem_kib,
+        rss_file_kib,
     })
 }

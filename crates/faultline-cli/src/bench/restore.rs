@@ -139,6 +139,8 @@ struct Run {
     bytes_read: u64,
     /// serve's reading and mapping of the recorded set (prefetch), ms.
     prepare_ms: f64,
+    /// The peer's private anonymous memory after the working set, KiB.
+    peer_anon_kib: u64,
 }
 
 /// Runs the bench.
@@ -270,6 +272,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     faults: med(&|r| r.faults as f64) as u64,
                     bytes_read: med(&|r| r.bytes_read as f64) as u64,
                     prepare_ms: med(&|r| r.prepare_ms),
+                    peer_anon_kib: med(&|r| r.peer_anon_kib as f64) as u64,
                 };
                 medians.push((cfg.to_string(), m));
             }
@@ -317,7 +320,8 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     .with("vcpu_median_ns", m.median_ns)
                     .with("vcpu_p99_ns", m.p99_ns)
                     .with("demand_faults", m.faults)
-                    .with("bytes_read", m.bytes_read);
+                    .with("bytes_read", m.bytes_read)
+                    .with("peer_anon_kib", m.peer_anon_kib);
                 if m.prepare_ms.is_finite() {
                     rec = rec.with("prepare_ms", m.prepare_ms);
                 }
@@ -343,6 +347,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     format!("{:.1}", m.p99_ns / 1e3),
                     m.faults.to_string(),
                     format!("{}", m.bytes_read >> 20),
+                    format!("{}", m.peer_anon_kib >> 10),
                     show(ratio(base, m)),
                     show(ratio(kern, m)),
                     show(ratio(ktmp, m)),
@@ -365,6 +370,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     "-".into(),
                     "-".into(),
                     "-".into(),
+                    "-".into(),
                     format!("ours {} (REAP 3.70x)", fmt_ratio(dem.seconds / pre.seconds)),
                 ]);
             }
@@ -381,6 +387,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
             "p99 us",
             "faults",
             "MiB read",
+            "peer anon MiB",
             "vs baseline",
             "vs kernel",
             "vs kernel-tmpfs",
@@ -389,7 +396,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         &rows,
     );
     println!(
-        "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read)"
+        "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read; peer anon: the VM's private memory after the restore (RssAnon), shared mode maps the one shared page cache instead)"
     );
     for (label, ms) in &prepared {
         println!(
@@ -715,6 +722,7 @@ fn one(
         faults,
         bytes_read: bytes,
         prepare_ms: f64::NAN,
+        peer_anon_kib: p.rss_anon_kib,
     };
     Ok(match cfg {
         "kernel" | "kernel-tmpfs" => {
