@@ -165,10 +165,14 @@ pub struct PeerReport {
     /// Its mapped file pages (KiB, `RssFile`): the kernel baseline's.
     #[serde(default)]
     pub rss_file_kib: u64,
+    /// Its hugetlb pages (KiB, `HugetlbPages`; not in `RssAnon`).
+    #[serde(default)]
+    pub hugetlb_kib: u64,
 }
 
-/// `RssAnon`, `RssShmem` and `RssFile` of this process, KiB.
-fn rss_kib() -> (u64, u64, u64) {
+/// `RssAnon`, `RssShmem`, `RssFile` and `HugetlbPages` of this process,
+/// KiB.
+fn rss_kib() -> (u64, u64, u64, u64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let get = |key: &str| {
         status
@@ -177,7 +181,12 @@ fn rss_kib() -> (u64, u64, u64) {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     };
-    (get("RssAnon:"), get("RssShmem:"), get("RssFile:"))
+    (
+        get("RssAnon:"),
+        get("RssShmem:"),
+        get("RssFile:"),
+        get("HugetlbPages:"),
+    )
 }
 
 struct Layout {
@@ -504,7 +513,7 @@ fn touch_and_check(
         s.join().expect("storm thread");
     }
     let seconds = end.duration_since(t0).as_secs_f64();
-    let (rss_anon_kib, rss_shmem_kib, rss_file_kib) = rss_kib();
+    let (rss_anon_kib, rss_shmem_kib, rss_file_kib, hugetlb_kib) = rss_kib();
     lat.sort_unstable();
     let pick = |q: f64| {
         lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
@@ -596,5 +605,6 @@ fn touch_and_check(
         rss_anon_kib,
         rss_shmem_kib,
         rss_file_kib,
+        hugetlb_kib,
     })
 }

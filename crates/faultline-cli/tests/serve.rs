@@ -426,62 +426,11 @@ fn four_vcpus_on_two_regions_with_a_gap() {
     assert_ok(&mut s, &dir);
 }
 
-fn meminfo(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix(field).map(|v| v.trim().parse().unwrap()))
-        .unwrap_or(0)
-}
-
-const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
-
-/// Free 2 MiB hugetlb pages for a test: the existing pool when it has
-/// enough, else (as root) a pool reserved by growing `vm.nr_hugepages`,
-/// given back on drop. `Err`: why there are none.
-struct HugePool {
-    restore: Option<String>,
-}
-
-impl HugePool {
-    fn get(pages: u64) -> Result<HugePool, String> {
-        let free = meminfo("HugePages_Free:");
-        if free >= pages {
-            return Ok(HugePool { restore: None });
-        }
-        let old = std::fs::read_to_string(NR_HUGEPAGES).map_err(|e| e.to_string())?;
-        let want = old.trim().parse::<u64>().map_err(|e| e.to_string())? + pages - free;
-        if let Err(e) = std::fs::write(NR_HUGEPAGES, want.to_string()) {
-            return Err(format!(
-                "the pool has {free} free 2 MiB pages and growing vm.nr_hugepages failed ({e}; needs root)"
-            ));
-        }
-        let pool = HugePool {
-            restore: Some(old.trim().to_string()),
-        };
-        let now = meminfo("HugePages_Free:");
-        if now < pages {
-            return Err(format!(
-                "vm.nr_hugepages raised to {want}, but only {now} 2 MiB pages are free (fragmented memory)"
-            ));
-        }
-        Ok(pool)
-    }
-}
-
-impl Drop for HugePool {
-    fn drop(&mut self) {
-        if let Some(old) = &self.restore {
-            let _ = std::fs::write(NR_HUGEPAGES, old);
-        }
-    }
-}
-
 #[test]
 fn hugetlb_regions_are_served_and_prefetched() {
     // Two 4 MiB regions of 2 MiB hugetlb pages: on demand, then a record
     // and a prefetch of it; every byte compared each time.
-    let pool = match HugePool::get(8) {
+    let pool = match faultline::testing::HugePool::get(8) {
         Ok(p) => p,
         Err(why) => {
             eprintln!("SKIPPED: hugetlb rows: {why}");

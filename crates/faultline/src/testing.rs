@@ -1,6 +1,6 @@
 //! Test support, usable by users to test their own programs: a store that
-//! injects failures, and ([`child`]) tests run in child processes with
-//! deadlines.
+//! injects failures, ([`child`]) tests run in child processes with
+//! deadlines, and a pool of free hugetlb pages ([`HugePool`]).
 //!
 //! [`FaultyStore`] wraps any [`PageStore`] and, following the [`Fault`]
 //! rules it was built with, makes `fill` or `write_back` fail, panic,
@@ -40,6 +40,8 @@
 //! the runtime's fail-closed path, which aborts the process anyway.
 
 pub mod child;
+mod hugepool;
+pub use hugepool::HugePool;
 
 use std::ops::{Bound, Range, RangeBounds};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};

@@ -17,7 +17,11 @@
 //!   `MAP_PRIVATE` (the kernel on the same page cache as the shared modes);
 //! * `on-demand-shared`, `prefetch-shared`: `faultline serve --shared` and a
 //!   peer that maps the shared tmpfs copy `MAP_PRIVATE`, registered
-//!   MISSING|MINOR: faults and prefetch are `UFFDIO_CONTINUE` (zero copy).
+//!   MISSING|MINOR: faults and prefetch are `UFFDIO_CONTINUE` (zero copy);
+//! * `on-demand-huge`, `prefetch-huge` (only when asked for with
+//!   `--configs`): the peer's memory is 2 MiB hugetlb pages (`--huge`),
+//!   copied 2 MiB per fault or prefetch run; a pool of 2 MiB pages is
+//!   reserved for the run (`vm.nr_hugepages` grown as root and given back).
 //!
 //! The shared tmpfs copy is written once per run, before the
 //! configurations run; how long that takes (the one-time population of the
@@ -70,7 +74,8 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Configurations to run (the ratios need kernel, baseline and
-    /// on-demand). Default: all.
+    /// on-demand). Default: all but on-demand-huge and prefetch-huge
+    /// (they reserve 2 MiB pages for the peer: ask for them).
     #[arg(
         long,
         value_delimiter = ',',
@@ -96,7 +101,7 @@ pub struct RestoreArgs {
     pub store: Option<String>,
 }
 
-const CONFIGS: [&str; 8] = [
+const CONFIGS: [&str; 10] = [
     "kernel",
     "baseline",
     "on-demand",
@@ -105,6 +110,8 @@ const CONFIGS: [&str; 8] = [
     "kernel-tmpfs",
     "on-demand-shared",
     "prefetch-shared",
+    "on-demand-huge",
+    "prefetch-huge",
 ];
 
 /// Configurations that use the shared tmpfs copy.
@@ -120,6 +127,31 @@ enum Backing<'a> {
     File(&'a Path),
     /// `MAP_PRIVATE` of the shared snapshot, handed over (shared mode).
     Shared(&'a Path, &'a Path),
+    /// 2 MiB hugetlb memory handed over (copy mode).
+    Huge(&'a Path),
+}
+
+/// How `faultline serve` serves the peer of a configuration.
+#[derive(Clone, Copy)]
+enum Mode<'a> {
+    /// Anonymous 4 KiB memory, copied.
+    Copy,
+    /// The shared snapshot (`--shared`), `UFFDIO_CONTINUE`.
+    Shared(&'a Path),
+    /// 2 MiB hugetlb memory, copied.
+    Huge,
+}
+
+impl<'a> Mode<'a> {
+    fn of(cfg: &str, snap: &'a Path) -> Mode<'a> {
+        if cfg.ends_with("-shared") {
+            Mode::Shared(snap)
+        } else if cfg.ends_with("-huge") {
+            Mode::Huge
+        } else {
+            Mode::Copy
+        }
+    }
 }
 
 /// The shared tmpfs copy of the memory file, removed on drop.
@@ -139,7 +171,8 @@ struct Run {
     bytes_read: u64,
     /// serve's reading and mapping of the recorded set (prefetch), ms.
     prepare_ms: f64,
-    /// The peer's private anonymous memory after the working set, KiB.
+    /// The peer's private memory after the working set (anonymous and
+    /// hugetlb), KiB.
     peer_anon_kib: u64,
 }
 
@@ -197,6 +230,23 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     if !a.peers.is_empty() {
         return run_peers(ctx, a, dir, &mem);
     }
+    // Hugetlb rows: a pool for the peer's 2 MiB pages (grown as root and
+    // given back afterwards), or the rows are skipped with the reason.
+    let mut configs = a.configs.clone();
+    let mut _pool = None;
+    if configs.iter().any(|c| c.ends_with("-huge")) {
+        match faultline::testing::HugePool::get(a.size as u64 / (2 << 20) + 4) {
+            Ok(p) => _pool = Some(p),
+            Err(why) => {
+                println!("restore: hugetlb rows skipped: {why}");
+                configs.retain(|c| !c.ends_with("-huge"));
+            }
+        }
+    }
+    let a = &RestoreArgs {
+        configs,
+        ..a.clone()
+    };
     let snap = Snapshot(PathBuf::from(format!(
         "/dev/shm/faultline-restore-{}.mem",
         std::process::id()
@@ -396,7 +446,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         &rows,
     );
     println!(
-        "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read; peer anon: the VM's private memory after the restore (RssAnon), shared mode maps the one shared page cache instead)"
+        "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read; peer anon: the VM's private memory after the restore (RssAnon + HugetlbPages), shared mode maps the one shared page cache instead)"
     );
     for (label, ms) in &prepared {
         println!(
@@ -601,6 +651,7 @@ fn peer(
             .args(["--backend", "shared"])
             .arg("--map-file")
             .arg(f),
+        Backing::Huge(s) => cmd.arg("--socket").arg(s).arg("--huge"),
     };
     let st = run_bounded(cmd, Duration::from_secs(600))?;
     if !st {
@@ -632,7 +683,7 @@ fn served(
     mem: &Path,
     ws: f64,
     extra: &[&str],
-    shared: Option<&Path>,
+    mode: Mode<'_>,
 ) -> anyhow::Result<(PeerReport, PeerSummary, f64)> {
     let sock = dir.join("serve.sock");
     let json = dir.join("serve.json");
@@ -647,7 +698,7 @@ fn served(
         .arg(&json)
         .args(["--peers", "1", "--timeout", "60"]);
     cmd.args(extra);
-    if let Some(snap) = shared {
+    if let Mode::Shared(snap) = mode {
         cmd.arg("--shared").arg(snap);
     }
     let err = dir.join("serve.err");
@@ -656,9 +707,10 @@ fn served(
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&err)?)
         .spawn()?;
-    let backing = match shared {
-        Some(snap) => Backing::Shared(&sock, snap),
-        None => Backing::Uffd(&sock),
+    let backing = match mode {
+        Mode::Shared(snap) => Backing::Shared(&sock, snap),
+        Mode::Huge => Backing::Huge(&sock),
+        Mode::Copy => Backing::Uffd(&sock),
     };
     let rep = peer(a, dir, mem, ws, backing);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -699,7 +751,7 @@ fn record(a: &RestoreArgs, dir: &Path, mem: &Path, ws: f64, rec: &Path) -> anyho
         mem,
         ws,
         &["--record", rec.to_str().context("path")?],
-        None,
+        Mode::Copy,
     )?;
     Ok(())
 }
@@ -722,7 +774,7 @@ fn one(
         faults,
         bytes_read: bytes,
         prepare_ms: f64::NAN,
-        peer_anon_kib: p.rss_anon_kib,
+        peer_anon_kib: p.rss_anon_kib + p.hugetlb_kib,
     };
     Ok(match cfg {
         "kernel" | "kernel-tmpfs" => {
@@ -744,21 +796,19 @@ fn one(
                 .map_err(|_| anyhow::anyhow!("baseline handler panicked"))??;
             from(p?, faults, faults * 4096)
         }
-        "on-demand" | "on-demand-shared" => {
-            let shared = cfg.ends_with("-shared").then_some(snap);
-            let (p, s, _) = served(a, dir, mem, ws, &[], shared)?;
+        "on-demand" | "on-demand-shared" | "on-demand-huge" => {
+            let (p, s, _) = served(a, dir, mem, ws, &[], Mode::of(cfg, snap))?;
             from(p, s.faults, s.bytes_read)
         }
-        "prefetch" | "eager" | "prefetch-shared" => {
+        "prefetch" | "eager" | "prefetch-shared" | "prefetch-huge" => {
             let list = if cfg == "eager" { all } else { rec };
-            let shared = cfg.ends_with("-shared").then_some(snap);
             let (p, s, prepare_ms) = served(
                 a,
                 dir,
                 mem,
                 ws,
                 &["--prefetch", list.to_str().context("path")?],
-                shared,
+                Mode::of(cfg, snap),
             )?;
             Run {
                 prepare_ms,
