@@ -257,10 +257,12 @@ impl Expanded {
 /// edge loop is unrolled by [`UNROLL`], which pays for that compare: the
 /// loop is bound by how many edges the core keeps in flight, i.e. by
 /// instructions per edge, and unrolling drops the counter's increment and
-/// compare from three edges in four (measured in DESIGN.md, "The BFS loop";
-/// branch-free forms — an index clamped to a sentinel cell, or masked into
-/// a power-of-two array with the edges OR-ed to detect strays — were slower
-/// than the compare, as they add work to every edge's address).
+/// compare from three edges in four. Branch-free forms (an index clamped
+/// to a sentinel cell, or masked into a power-of-two array with the edges
+/// OR-ed to detect strays) were slower than the compare: they add work to
+/// every edge's address. The numbers: DESIGN.md, "What the numbers say".
+/// A malformed edge is skipped; the search runs to its end and returns
+/// [`BfsError::Malformed`], never levels.
 #[inline(never)]
 fn expand_chunk<L: LevelCell>(
     levels: &[L],
