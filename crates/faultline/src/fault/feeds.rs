@@ -62,8 +62,9 @@ pub struct EvictionStats {
 /// pages, by its own policy, while the regions *together* are past the
 /// budget (down to the low-water mark once past it). Faults wait for the
 /// evictors when the total is past the budget plus slack, as for one
-/// region. There is no global victim order: every region over which the
-/// total is past the budget gives up pages, oldest first by its policy.
+/// region. There is no global victim order: while the total is past the
+/// budget, every region's evictor gives up that region's pages, in its
+/// own policy's order.
 #[derive(Debug)]
 pub struct SharedBudget {
     pages: usize,
