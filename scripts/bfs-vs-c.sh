@@ -11,7 +11,9 @@
 # `scripts/c-install.sh` into a temporary prefix (release builds), unless
 # FAULTLINE (a faultline binary) and C_PREFIX (an installed prefix) are
 # given; compiles the example with `cc -O3`. On a shared machine, build
-# first and run the measurement under `flock -x /work/cpu.lock`.
+# first and run the measurement under `flock -x /work/cpu.lock`; where
+# other work ignores that lock, `chrt -f 10` (as root) keeps it from
+# varying the runs by up to 2x (issue 16's round-3 numbers were taken so).
 set -euo pipefail
 
 if [ $# -lt 1 ] || [ $# -gt 3 ]; then
