@@ -168,6 +168,21 @@ pub struct PeerReport {
     /// Its hugetlb pages (KiB, `HugetlbPages`; not in `RssAnon`).
     #[serde(default)]
     pub hugetlb_kib: u64,
+    /// Page faults the kernel counted for this process while the vCPUs
+    /// touched the working set (`minflt` of /proc/self/stat): for the file
+    /// backend, how many faults the kernel took (fault-around and large
+    /// folios map several pages per fault).
+    #[serde(default)]
+    pub minor_faults: u64,
+}
+
+/// `minflt` of /proc/self/stat (field 10).
+fn minor_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The command name (field 2) may hold spaces: count after its ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(7)?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// `RssAnon`, `RssShmem`, `RssFile` and `HugetlbPages` of this process,
@@ -443,6 +458,7 @@ fn touch_and_check(
     t0: Instant,
 ) -> anyhow::Result<PeerReport> {
     let ws = Arc::new(working_set(layout, args.working_set, args.seed));
+    let minflt0 = minor_faults();
     let regions = Arc::new(layout.regions.clone());
     let nthreads = args.threads.max(1);
     let touched = Arc::new(AtomicUsize::new(0));
@@ -513,6 +529,7 @@ fn touch_and_check(
         s.join().expect("storm thread");
     }
     let seconds = end.duration_since(t0).as_secs_f64();
+    let minor_faults = minor_faults() - minflt0;
     let (rss_anon_kib, rss_shmem_kib, rss_file_kib, hugetlb_kib) = rss_kib();
     lat.sort_unstable();
     let pick = |q: f64| {
@@ -606,5 +623,6 @@ fn touch_and_check(
         rss_shmem_kib,
         rss_file_kib,
         hugetlb_kib,
+        minor_faults,
     })
 }

@@ -293,7 +293,8 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         let rec = dir.join(format!("ws{ws}.txt"));
         warm(&mem)?;
         let ws_bytes = ((a.size as f64 * ws / 100.0) as usize).max(2 << 20);
-        let floor = progress.suspend(|| restore_floor::measure(&mem, ws_bytes, 2 << 20))?;
+        let shared = snap.0.exists().then_some(snap.0.as_path());
+        let floor = progress.suspend(|| restore_floor::measure(&mem, shared, ws_bytes, 2 << 20))?;
         floors.push((ws, floor));
         record(a, dir, &mem, ws, &rec)?;
         for cache in &a.cache {
@@ -446,7 +447,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         &rows,
     );
     println!(
-        "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read; peer anon: the VM's private memory after the restore (RssAnon + HugetlbPages), shared mode maps the one shared page cache instead)"
+        "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages); peer anon: the VM's private memory after the restore (RssAnon + HugetlbPages), shared mode maps the one shared page cache instead)"
     );
     for (label, ms) in &prepared {
         println!(
@@ -508,8 +509,11 @@ fn print_floors(ctx: &mut BenchCtx, floors: &[(f64, restore_floor::Floor)]) {
             ("UFFDIO_COPY, source not populated", f.copy_unpopulated_bps),
             ("UFFDIO_COPY, populated, 2 threads", f.copy_populated_2t_bps),
             ("UFFDIO_COPY, populated, 4 KiB per ioctl", f.copy_page_bps),
+            ("UFFDIO_CONTINUE (shared tmpfs copy)", f.continue_bps),
+            ("UFFDIO_CONTINUE, 2 threads", f.continue_2t_bps),
+            ("UFFDIO_CONTINUE, 4 KiB per ioctl", f.continue_page_bps),
         ];
-        for (what, bps) in cases {
+        for (what, bps) in cases.into_iter().filter(|c| c.1 > 0.0) {
             let s = Summary::from_ns(&mut [f.bytes as f64 / bps * 1e9]);
             ctx.report.push(
                 Record::new("restore-floor", what, "COPY", "read", &s)
@@ -531,7 +535,7 @@ fn print_floors(ctx: &mut BenchCtx, floors: &[(f64, restore_floor::Floor)]) {
         &["ws", "floor (warm, one process)", "MiB", "GB/s", "ms"],
         &rows,
     );
-    println!("(the working set's bytes moved in 2 MiB runs: the least any copying handler spends)");
+    println!("(the working set's bytes moved in 2 MiB runs: the least any copying handler spends; CONTINUE: mapped from the shared page cache, no copy)");
 }
 
 /// `--peers`: one round per N (see `restore_peers.rs`).
@@ -780,9 +784,9 @@ fn one(
         "kernel" | "kernel-tmpfs" => {
             let file = if cfg == "kernel" { mem } else { snap };
             let p = peer(a, dir, mem, ws, Backing::File(file))?;
-            // Every first touch is a kernel fault on the file mapping.
-            let n = p.pages as u64;
-            from(p, n, n * 4096)
+            // The faults the kernel took (each may map several pages).
+            let (faults, n) = (p.minor_faults, p.pages as u64);
+            from(p, faults, n * 4096)
         }
         "baseline" => {
             let sock = dir.join("base.sock");

@@ -12,7 +12,11 @@
 //!   destination page, no source faults;
 //! * `UFFDIO_COPY`, source not populated: the same with the source's page
 //!   tables empty (each source page costs a minor fault of this process);
-//! * two threads splitting the populated case.
+//! * two threads splitting the populated case;
+//! * `UFFDIO_CONTINUE` (shared mode's floor, when the shared tmpfs copy
+//!   exists): a private mapping of it registered MISSING|MINOR, the working
+//!   set's pages mapped from its page cache in runs (no allocation, no
+//!   copy), one and two threads, and one 4 KiB page per ioctl.
 //!
 //! Everything runs warm (the file is in the page cache).
 
@@ -20,7 +24,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use faultline::sys::mem::{Advice, Mapping};
-use faultline::sys::uffd::{self, mode, register_mode, Outcome};
+use faultline::sys::uffd::{self, feature, mode, register_mode, Outcome};
 
 /// Throughputs measured, bytes per second.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
@@ -41,10 +45,23 @@ pub struct Floor {
     pub populate_bps: f64,
     /// UFFDIO_COPY one 4 KiB page per ioctl, populated source, one thread.
     pub copy_page_bps: f64,
+    /// UFFDIO_CONTINUE from the shared tmpfs copy, one thread (0: not
+    /// measured).
+    pub continue_bps: f64,
+    /// The same, two threads.
+    pub continue_2t_bps: f64,
+    /// UFFDIO_CONTINUE one 4 KiB page per ioctl, one thread.
+    pub continue_page_bps: f64,
 }
 
-/// Measures the floor for `bytes` of `mem` (warm), in runs of `run_bytes`.
-pub fn measure(mem: &Path, bytes: usize, run_bytes: usize) -> anyhow::Result<Floor> {
+/// Measures the floor for `bytes` of `mem` (warm), in runs of `run_bytes`;
+/// with `snap` (the shared tmpfs copy), the CONTINUE floor too.
+pub fn measure(
+    mem: &Path,
+    snap: Option<&Path>,
+    bytes: usize,
+    run_bytes: usize,
+) -> anyhow::Result<Floor> {
     let file = std::fs::File::open(mem)?;
     let len = (file.metadata()?.len() as usize).min(bytes) / run_bytes * run_bytes;
     anyhow::ensure!(len > 0, "the memory file is smaller than one run");
@@ -119,5 +136,50 @@ pub fn measure(mem: &Path, bytes: usize, run_bytes: usize) -> anyhow::Result<Flo
     f.copy_unpopulated_bps = copy(false, 1, run_bytes)?.0;
     f.copy_populated_2t_bps = copy(true, 2, run_bytes)?.0;
     f.copy_page_bps = copy(true, 1, 4096)?.0;
+    if let Some(snap) = snap {
+        let snap = std::fs::File::open(snap)?;
+        let cont = |threads: usize, run_bytes: usize| -> anyhow::Result<f64> {
+            let dst = Mapping::file_private(None, &snap, len, 0)?;
+            let u = match uffd::dev_userfaultfd(uffd::open_flags(true)) {
+                Ok(u) => u,
+                Err(_) => uffd::syscall_userfaultfd(uffd::open_flags(true))?,
+            };
+            u.api(feature::MINOR_SHMEM | feature::MISSING_SHMEM)?;
+            u.register(
+                dst.addr(),
+                len as u64,
+                register_mode::MISSING | register_mode::MINOR,
+            )?;
+            let (runs, u, d) = (len / run_bytes, &u, dst.addr());
+            let t = Instant::now();
+            std::thread::scope(|sc| -> anyhow::Result<()> {
+                let hs: Vec<_> = (0..threads)
+                    .map(|k| {
+                        sc.spawn(move || -> anyhow::Result<()> {
+                            for i in (k..runs).step_by(threads) {
+                                let at = d + (i * run_bytes) as u64;
+                                let out =
+                                    u.continue_(at, run_bytes as u64, mode::CONTINUE_DONTWAKE)?;
+                                anyhow::ensure!(
+                                    matches!(out, Outcome::Done(n) if n == run_bytes),
+                                    "UFFDIO_CONTINUE: {out:?}"
+                                );
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join()
+                        .map_err(|_| anyhow::anyhow!("continue thread panicked"))??;
+                }
+                Ok(())
+            })?;
+            Ok(len as f64 / t.elapsed().as_secs_f64())
+        };
+        f.continue_bps = cont(1, run_bytes)?;
+        f.continue_2t_bps = cont(2, run_bytes)?;
+        f.continue_page_bps = cont(1, 4096)?;
+    }
     Ok(f)
 }
