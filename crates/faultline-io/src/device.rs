@@ -67,6 +67,11 @@ pub struct DeviceConfig {
     /// Whether the device's own thread drains the log (`false`: the user
     /// drains [`IoDevice::access_log`] and nothing is pinned adaptively).
     pub drain_log: bool,
+    /// The device's home CPU (where its queues are driven): its page
+    /// requests go first to the tenant's fault worker pinned to that CPU;
+    /// another worker takes one only after it waited 1 ms (the home worker
+    /// busy). `None` (default): whichever worker is free.
+    pub home_cpu: Option<usize>,
 }
 
 impl Default for DeviceConfig {
@@ -80,6 +85,7 @@ impl Default for DeviceConfig {
             drain_period: Duration::from_millis(10),
             time_scale: 0.01,
             drain_log: true,
+            home_cpu: None,
         }
     }
 }
@@ -171,6 +177,7 @@ impl IoDevice {
             region,
             tenant: tenant.inner().clone(),
             ordering: cfg.ordering,
+            home_cpu: cfg.home_cpu,
             log: AccessLog::new(cfg.log_slots),
             log_on: cfg.log_slots > 0,
             born: Instant::now(),

@@ -372,7 +372,10 @@ impl IoQueue {
         let region = &self.dev.region;
         for pg in pages {
             if region.io_ready(pg..pg + 1, write).is_err()
-                && self.dev.tenant.post(region, pg, write, &self.responder)
+                && self
+                    .dev
+                    .tenant
+                    .post(region, pg, write, &self.responder, self.dev.home_cpu)
             {
                 self.dev.counters.posted.fetch_add(1, Relaxed);
             }

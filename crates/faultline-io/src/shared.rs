@@ -54,6 +54,9 @@ pub(crate) struct DeviceInner {
     pub region: Arc<Region>,
     pub tenant: Arc<TenantInner>,
     pub ordering: Ordering,
+    /// The CPU whose tenant worker serves this device's page requests
+    /// first ([`DeviceConfig::home_cpu`](crate::DeviceConfig::home_cpu)).
+    pub home_cpu: Option<usize>,
     pub log: AccessLog,
     /// Whether queues append to `log` (`log_slots > 0`).
     pub log_on: bool,

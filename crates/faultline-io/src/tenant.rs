@@ -11,7 +11,11 @@
 //! each page through the region's resolve path
 //! ([`faultline::Region::resolve_pages`]: no kernel fault, no uffd
 //! message) and send a *page response* to every queue waiting on it (its
-//! inbox plus an eventfd wake).
+//! inbox plus an eventfd wake). A device with a home CPU
+//! ([`crate::DeviceConfig::home_cpu`]) has its requests served by the
+//! worker pinned to that CPU first; another worker takes one only after
+//! it waited 1 ms (its home worker busy), so the queue stays work
+//! conserving ([`TenantStats::served_at_home`], [`TenantStats::stolen`]).
 //!
 //! A fault worker never issues I/O into a region and is never a uffd
 //! handler thread, so it cannot deadlock on the faults it serves.
@@ -103,6 +107,48 @@ struct Pending {
     region: Arc<Region>,
     responders: Vec<Arc<Responder>>,
     posted: Instant,
+    /// The posting device's home CPU, if it has one.
+    home: Option<usize>,
+}
+
+/// How long a request whose device has a home CPU waits for the worker
+/// pinned there before any other worker of the tenant takes it (work
+/// conserving: a busy home worker delays it by at most this).
+const STEAL_AFTER: Duration = Duration::from_millis(1);
+
+/// Which of `len` queued requests (oldest first; `item(i)` = its device's
+/// home CPU and when it was posted) the worker on `cpu` takes at `now`:
+/// the oldest whose home is `cpu`; else the oldest that has no home here
+/// (none, or a CPU none of `worker_cpus` is pinned to) or has waited
+/// [`STEAL_AFTER`]. `Err(when)`: nothing yet, look again at `when` (or
+/// when woken); `Err(None)`: nothing queued for it at all.
+fn pick(
+    len: usize,
+    item: impl Fn(usize) -> (Option<usize>, Instant),
+    cpu: Option<usize>,
+    worker_cpus: &[Option<usize>],
+    now: Instant,
+) -> Result<usize, Option<Instant>> {
+    if cpu.is_some() {
+        if let Some(i) = (0..len).find(|&i| item(i).0 == cpu) {
+            return Ok(i);
+        }
+    }
+    let mut next: Option<Instant> = None;
+    for i in 0..len {
+        let (home, posted) = item(i);
+        match home {
+            Some(h) if worker_cpus.contains(&Some(h)) => {
+                let due = posted + STEAL_AFTER;
+                if due <= now {
+                    return Ok(i);
+                }
+                next = Some(next.map_or(due, |n| n.min(due)));
+            }
+            _ => return Ok(i),
+        }
+    }
+    Err(next)
 }
 
 #[derive(Default)]
@@ -126,6 +172,11 @@ pub struct TenantStats {
     pub service_ns_total: u64,
     /// Longest post-to-response time, ns.
     pub service_ns_max: u64,
+    /// Requests with a home CPU served by the worker pinned there.
+    pub served_at_home: u64,
+    /// Requests with a home CPU another worker took (after
+    /// `STEAL_AFTER`, 1 ms, while the home worker was busy).
+    pub stolen: u64,
 }
 
 pub(crate) struct TenantInner {
@@ -140,6 +191,10 @@ pub(crate) struct TenantInner {
     failed: AtomicU64,
     service_total: AtomicU64,
     service_max: AtomicU64,
+    served_at_home: AtomicU64,
+    stolen: AtomicU64,
+    /// The CPU each worker is pinned to (`None`: not pinned).
+    worker_cpus: Vec<Option<usize>>,
 }
 
 impl TenantInner {
@@ -151,6 +206,7 @@ impl TenantInner {
         page: usize,
         write: bool,
         responder: &Arc<Responder>,
+        home: Option<usize>,
     ) -> bool {
         let key = (region.id(), page, write);
         let mut q = self.q.lock().expect("fault queue lock");
@@ -167,16 +223,22 @@ impl TenantInner {
                 region: region.clone(),
                 responders: vec![responder.clone()],
                 posted: Instant::now(),
+                home,
             },
         );
         q.fifo.push_back(key);
         drop(q);
         self.posts.fetch_add(1, Relaxed);
-        self.cv.notify_one();
+        if home.is_some() && self.worker_cpus.len() > 1 {
+            // The home worker must hear of it, not just any one.
+            self.cv.notify_all();
+        } else {
+            self.cv.notify_one();
+        }
         true
     }
 
-    fn worker(&self) {
+    fn worker(&self, cpu: Option<usize>) {
         loop {
             let (key, region) = {
                 let mut q = self.q.lock().expect("fault queue lock");
@@ -184,13 +246,30 @@ impl TenantInner {
                     if self.stop.load(SeqCst) {
                         return;
                     }
-                    if let Some(k) = q.fifo.pop_front() {
-                        let region = q.pending[&k].region.clone();
-                        break (k, region);
-                    }
+                    let now = Instant::now();
+                    let item = |i: usize| {
+                        let p = &q.pending[&q.fifo[i]];
+                        (p.home, p.posted)
+                    };
+                    let wait = match pick(q.fifo.len(), item, cpu, &self.worker_cpus, now) {
+                        Ok(i) => {
+                            let k = q.fifo.remove(i).expect("a picked request is queued");
+                            let p = &q.pending[&k];
+                            if p.home.is_some() {
+                                if p.home == cpu {
+                                    self.served_at_home.fetch_add(1, Relaxed);
+                                } else if self.worker_cpus.contains(&p.home) {
+                                    self.stolen.fetch_add(1, Relaxed);
+                                }
+                            }
+                            break (k, p.region.clone());
+                        }
+                        Err(Some(when)) => when.saturating_duration_since(now),
+                        Err(None) => Duration::from_millis(100),
+                    };
                     q = self
                         .cv
-                        .wait_timeout(q, Duration::from_millis(100))
+                        .wait_timeout(q, wait.max(Duration::from_micros(50)))
                         .expect("fault queue lock")
                         .0;
                 }
@@ -247,6 +326,15 @@ impl std::fmt::Debug for Tenant {
 impl Tenant {
     /// Starts the tenant's fault workers.
     pub fn new(cfg: TenantConfig) -> Result<Tenant> {
+        let pins: Vec<Option<usize>> = match (cfg.mode, cfg.cpus.is_empty()) {
+            (WorkerMode::Serialized, true) => vec![None],
+            (WorkerMode::Serialized, false) => vec![Some(cfg.cpus[0])],
+            (WorkerMode::Affined, true) => {
+                let n = faultline::sys::thread::online_cpus().max(1);
+                vec![None; n]
+            }
+            (WorkerMode::Affined, false) => cfg.cpus.iter().map(|&c| Some(c)).collect(),
+        };
         let inner = Arc::new(TenantInner {
             name: cfg.name.clone(),
             q: Mutex::new(Queue::default()),
@@ -259,16 +347,10 @@ impl Tenant {
             failed: AtomicU64::new(0),
             service_total: AtomicU64::new(0),
             service_max: AtomicU64::new(0),
+            served_at_home: AtomicU64::new(0),
+            stolen: AtomicU64::new(0),
+            worker_cpus: pins.clone(),
         });
-        let pins: Vec<Option<usize>> = match (cfg.mode, cfg.cpus.is_empty()) {
-            (WorkerMode::Serialized, true) => vec![None],
-            (WorkerMode::Serialized, false) => vec![Some(cfg.cpus[0])],
-            (WorkerMode::Affined, true) => {
-                let n = faultline::sys::thread::online_cpus().max(1);
-                vec![None; n]
-            }
-            (WorkerMode::Affined, false) => cfg.cpus.iter().map(|&c| Some(c)).collect(),
-        };
         let mut tenant = Tenant {
             inner: inner.clone(),
             workers: Vec::new(),
@@ -283,7 +365,7 @@ impl Tenant {
                         // leaves the worker unpinned.
                         let _ = pin_to_cpu(c);
                     }
-                    inner.worker();
+                    inner.worker(cpu);
                 })
                 .map_err(|e| Error::Io {
                     op: "spawn fault worker",
@@ -309,6 +391,8 @@ impl Tenant {
             failed: i.failed.load(Relaxed),
             service_ns_total: i.service_total.load(Relaxed),
             service_ns_max: i.service_max.load(Relaxed),
+            served_at_home: i.served_at_home.load(Relaxed),
+            stolen: i.stolen.load(Relaxed),
         }
     }
 
@@ -339,5 +423,40 @@ impl Drop for Tenant {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_takes_its_own_first_then_what_no_one_else_owns() {
+        let t0 = Instant::now();
+        let cpus = [Some(0), Some(1)];
+        // Oldest first: home 1, no home, home 0, home 7 (no worker there).
+        let q = [(Some(1), t0), (None, t0), (Some(0), t0), (Some(7), t0)];
+        let item = |i: usize| q[i];
+        assert_eq!(
+            pick(4, item, Some(0), &cpus, t0),
+            Ok(2),
+            "its own, though not the oldest"
+        );
+        assert_eq!(pick(4, item, Some(1), &cpus, t0), Ok(0));
+        // Worker 0 with only others' requests: the homeless one, not 1's.
+        let q2 = [(Some(1), t0), (None, t0), (Some(7), t0)];
+        let item2 = |i: usize| q2[i];
+        assert_eq!(pick(3, item2, Some(0), &cpus, t0), Ok(1));
+        // Only worker 1's, young: wait until it may be stolen; then steal.
+        let q3 = [(Some(1), t0)];
+        let item3 = |i: usize| q3[i];
+        assert_eq!(
+            pick(1, item3, Some(0), &cpus, t0),
+            Err(Some(t0 + STEAL_AFTER))
+        );
+        assert_eq!(pick(1, item3, Some(0), &cpus, t0 + STEAL_AFTER), Ok(0));
+        // Unpinned workers take anything, oldest first.
+        assert_eq!(pick(4, item, None, &[None, None], t0), Ok(0));
+        assert_eq!(pick(0, item, Some(0), &cpus, t0), Err(None));
     }
 }

@@ -920,3 +920,61 @@ fn evictor_reclaim_ages_reach_adp() {
         "threshold {derived} ns: an age longer than the test"
     );
 }
+
+/// Devices with a home CPU: each page request goes to the tenant's worker
+/// pinned there, or (after 1 ms, that worker busy) to another; every
+/// request is served, and each is counted as one or the other.
+#[test]
+fn page_requests_go_to_the_home_cpu_worker() {
+    let engine = SignalEngine::new().unwrap();
+    let t = Arc::new(
+        Tenant::new(TenantConfig {
+            cpus: vec![0, 1],
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let tmp = Temp::new("home-src", &vec![5u8; PS]);
+    let f = Arc::new(File::open(&tmp.0).unwrap());
+    let pages = 64;
+    let mut devs = Vec::new();
+    for home in [0, 1] {
+        let region = Arc::new(
+            Region::builder(pages * PS)
+                .store(MemoryStore::new(vec![0u8; pages * PS]))
+                .fault_around(1)
+                .build(&engine)
+                .unwrap(),
+        );
+        devs.push(
+            IoDevice::new(
+                region,
+                &t,
+                DeviceConfig {
+                    home_cpu: Some(home),
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
+    }
+    let mut qs: Vec<IoQueue> = devs
+        .iter()
+        .map(|d| d.queue(Backend::Syscall).unwrap())
+        .collect();
+    for p in 0..pages {
+        for q in &mut qs {
+            q.read_at(&f, 0, p * PS, 64, p as u64).unwrap();
+        }
+    }
+    for q in &mut qs {
+        for _ in 0..pages {
+            assert!(q.complete(WAIT).unwrap().result.is_ok());
+        }
+    }
+    let s = t.stats();
+    assert_eq!(s.resolved, 2 * pages as u64, "{s:?}");
+    assert_eq!(s.served_at_home + s.stolen, s.posts, "{s:?}");
+    eprintln!("{s:?}");
+    assert!(s.served_at_home > 0, "{s:?}");
+}
