@@ -147,11 +147,38 @@ struct Pending {
 }
 
 /// [`Pending::wait`]: waits for an io_uring completion: the ring is full,
-/// or (ordered queue) an earlier I/O on the same socket is in flight. The
-/// kernel does not keep two receives (or sends) on one socket in
-/// submission order, so an ordered queue has at most one in flight per
-/// socket.
+/// or (ordered queue) an earlier I/O it depends on is in flight
+/// ([`depends`]). io_uring runs the SQEs it holds in any order (a cached
+/// write completes inline while an O_DIRECT read before it is still on
+/// the disk), so an ordered queue keeps dependent I/Os apart itself;
+/// independent ones still run together. (`IOSQE_IO_LINK` would order
+/// them too, but it serialises every I/O of the chain and turns one short
+/// or failed I/O into `ECANCELED` for the rest.)
 const WAIT_SLOT: i16 = -1;
+
+/// Whether `later` must wait for `earlier` to finish in an ordered queue:
+/// both on one socket (the kernel does not keep two receives, or sends,
+/// on one socket in submission order); region buffers that overlap where
+/// either I/O writes region memory (a `recv`/read into a buffer and a
+/// send/write out of it); or the same open file with overlapping byte
+/// ranges where either writes the file.
+fn depends(later: &Pending, earlier: &Pending) -> bool {
+    let (a, b) = (&later.io, &earlier.io);
+    let overlap = |x: u64, xl: usize, y: u64, yl: usize| x < y + yl as u64 && y < x + xl as u64;
+    if a.target.fd() == b.target.fd() {
+        match (a.op, b.op) {
+            (Op::ReadAt(_), Op::ReadAt(_)) => {}
+            (Op::ReadAt(x) | Op::WriteAt(x), Op::ReadAt(y) | Op::WriteAt(y)) => {
+                if overlap(x, a.len, y, b.len) {
+                    return true;
+                }
+            }
+            _ => return true, // a socket
+        }
+    }
+    (a.op.writes_region() || b.op.writes_region())
+        && overlap(a.region_off as u64, a.len, b.region_off as u64, b.len)
+}
 
 struct Uring {
     ring: IoUring,
@@ -482,11 +509,7 @@ impl IoQueue {
         if u.free.is_empty() {
             return true;
         }
-        let socket = !matches!(p.io.target, Target::File(_));
-        let fd = p.io.target.fd();
-        socket
-            && self.dev.ordering == Ordering::Ordered
-            && u.slots.iter().flatten().any(|q| q.io.target.fd() == fd)
+        self.dev.ordering == Ordering::Ordered && u.slots.iter().flatten().any(|q| depends(p, q))
     }
 
     /// The kernel met a page that was not there after all (EFAULT). Never

@@ -18,7 +18,9 @@ use crate::tenant::TenantInner;
 pub enum Ordering {
     /// The paper's paused queue: an I/O that misses parks, and every later
     /// I/O of the queue waits behind it; I/Os issue and complete in
-    /// submission order.
+    /// submission order, and an I/O that depends on an earlier one (same
+    /// socket, overlapping region buffer or file range with a write) runs
+    /// only after it has finished.
     Ordered,
     /// Only the I/O that missed parks; later I/Os go on (the paper's §8
     /// future work).

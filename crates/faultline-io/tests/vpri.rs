@@ -973,8 +973,59 @@ fn page_requests_go_to_the_home_cpu_worker() {
         }
     }
     let s = t.stats();
-    assert_eq!(s.resolved, 2 * pages as u64, "{s:?}");
+    // A page can be posted again after its response (a queue checked it
+    // just before the worker resolved it): a no-op resolve, still served.
+    assert!(s.posts >= 2 * pages as u64, "{s:?}");
+    assert_eq!((s.resolved, s.failed), (s.posts, 0), "{s:?}");
     assert_eq!(s.served_at_home + s.stolen, s.posts, "{s:?}");
-    eprintln!("{s:?}");
     assert!(s.served_at_home > 0, "{s:?}");
+}
+
+/// An ordered queue keeps I/Os that depend on each other in order, though
+/// io_uring runs what it holds in any order: O_DIRECT reads of distinct
+/// blocks into one buffer, each followed by a (cached, inline) write of
+/// that buffer to a second file, copy every block; a later read never
+/// overwrites the buffer before the write before it has sent it.
+#[test]
+fn ordered_queue_keeps_dependent_ios_in_order() {
+    let engine = SignalEngine::new().unwrap();
+    let blocks = 64usize;
+    let src: Vec<u8> = (0..blocks).flat_map(|i| vec![i as u8 + 1; PS]).collect();
+    let a = Temp::new("dep-src", &src);
+    let b = Temp::new("dep-dst", &vec![0u8; blocks * PS]);
+    // The source's blocks leave the page cache: the direct reads go to
+    // the disk (asynchronously) while the writes complete at once.
+    let fa = Arc::new(
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&a.0)
+            .unwrap(),
+    );
+    let fb = Arc::new(OpenOptions::new().write(true).open(&b.0).unwrap());
+    let region = Arc::new(
+        Region::builder(4 * PS)
+            .store(MemoryStore::new(vec![0u8; 4 * PS]))
+            .build(&engine)
+            .unwrap(),
+    );
+    region.populate(0, 4 * PS).unwrap();
+    let t = tenant();
+    let dev = device(region, &t, Ordering::Ordered);
+    let mut q = dev.queue(Backend::Uring { depth: 32 }).unwrap();
+    for i in 0..blocks {
+        q.read_at(&fa, (i * PS) as u64, 0, PS, 2 * i as u64)
+            .unwrap();
+        q.write_at(&fb, (i * PS) as u64, 0, PS, 2 * i as u64 + 1)
+            .unwrap();
+    }
+    for tag in 0..2 * blocks as u64 {
+        let c = q.complete(WAIT).expect("completes");
+        assert_eq!((c.tag, c.result.ok()), (tag, Some(PS)));
+    }
+    let got = std::fs::read(&b.0).unwrap();
+    let bad: Vec<usize> = (0..blocks)
+        .filter(|&i| got[i * PS..(i + 1) * PS] != src[i * PS..(i + 1) * PS])
+        .collect();
+    assert!(bad.is_empty(), "blocks copied out of order: {bad:?}");
 }
