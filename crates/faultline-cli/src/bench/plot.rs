@@ -88,7 +88,7 @@ fn write_figure<F: Figure>(dir: &Path, name: &str, fig: &F, text: bool) -> anyho
 }
 
 fn color(i: usize) -> RGBColor {
-    const C: [RGBColor; 10] = [
+    const C: [RGBColor; 12] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
         RGBColor(44, 160, 44),
@@ -99,6 +99,8 @@ fn color(i: usize) -> RGBColor {
         RGBColor(127, 127, 127),
         RGBColor(188, 189, 34),
         RGBColor(23, 190, 207),
+        RGBColor(0, 0, 128),
+        RGBColor(0, 0, 0),
     ];
     C[i % C.len()]
 }

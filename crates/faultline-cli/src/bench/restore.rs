@@ -336,6 +336,12 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     "floor: UFFDIO_COPY of the set, 1 thread".into(),
                     floor.bytes as f64 / floor.copy_populated_bps * 1e3,
                 ));
+                if floor.continue_page_bps > 0.0 {
+                    bars.push((
+                        "floor: UFFDIO_CONTINUE of the set, 4 KiB per ioctl".into(),
+                        floor.bytes as f64 / floor.continue_page_bps * 1e3,
+                    ));
+                }
             }
             groups.push((format!("{ws}% {cache}"), bars));
             if let Some(m) = medians.iter().find(|m| m.0 == "prefetch") {
