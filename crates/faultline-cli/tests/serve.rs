@@ -609,6 +609,59 @@ fn bench_restore_serves_from_redis() {
     );
 }
 
+/// `bench restore`'s shared-mode rows: the tmpfs copy is written (and
+/// timed), the kernel maps it, serve maps its pages into the peer with
+/// CONTINUE (no byte read, no private copy); the copy is removed after.
+#[test]
+fn bench_restore_shared_rows_read_nothing_and_clean_up() {
+    let dir = Dir::new("bench-shared", MIB);
+    let json = dir.path("restore.json");
+    let mut b = Proc::start(
+        "bench",
+        &[
+            "bench",
+            "--json",
+            json.to_str().unwrap(),
+            "restore",
+            "--size",
+            &(16 * MIB).to_string(),
+            "--working-set",
+            "10",
+            "--configs",
+            "kernel-tmpfs,prefetch-shared",
+            "--cache",
+            "warm",
+            "--reps",
+            "1",
+        ],
+        &dir.path("bench.err"),
+    );
+    let pid = b.pid();
+    assert_ok(&mut b, &dir);
+    let out: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let records = out["records"].as_array().unwrap();
+    let row = |cfg: &str| {
+        records
+            .iter()
+            .find(|r| r["bench"] == "restore" && r["mechanism"] == cfg)
+            .unwrap_or_else(|| panic!("no {cfg} row: {out}"))
+    };
+    let shared = row("prefetch-shared");
+    assert_eq!(shared["op"], "CONTINUE", "{shared}");
+    assert_eq!(shared["bytes_read"], 0, "{shared}");
+    // 10% of 16 MiB touched: the peer's private memory stays below it.
+    assert!(shared["peer_anon_kib"].as_u64().unwrap() < 1600, "{shared}");
+    assert_eq!(row("kernel-tmpfs")["store"], "tmpfs copy");
+    let populated = records
+        .iter()
+        .filter(|r| r["bench"] == "restore-populate")
+        .count();
+    assert_eq!(populated, 2, "{out}");
+    let snap = format!("/dev/shm/faultline-restore-{pid}.mem");
+    assert!(!Path::new(&snap).exists(), "{snap} was left behind");
+}
+
 /// A file in /dev/shm (tmpfs), removed on drop.
 struct Shm(PathBuf);
 
