@@ -550,25 +550,45 @@ fn run_peers(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path, mem: &Path) -> any
     let rec = dir.join(format!("ws{ws}.txt"));
     warm(mem)?;
     record(a, dir, mem, ws, &rec)?;
+    // Shared mode too when asked for (prefetch-shared among --configs, as
+    // by default): the clones map one tmpfs copy.
+    let snap = a.configs.iter().any(|c| c == "prefetch-shared").then(|| {
+        Snapshot(PathBuf::from(format!(
+            "/dev/shm/faultline-restore-{}.mem",
+            std::process::id()
+        )))
+    });
+    if let Some(snap) = &snap {
+        let store = faultline::FileStore::open_with(mem, 0, faultline::store::FileAccess::Mmap)?;
+        faultline::SharedSnapshot::create(&snap.0, &store, |_, _| {})
+            .context("writing the shared tmpfs copy")?;
+    }
     println!(
         "\nrestore --peers: {} MiB memory file, {ws}% working set, {} vCPU threads per peer, warm",
         a.size >> 20,
         a.vcpus
     );
-    let mut progress = ctx.progress(a.peers.len() as u64, "restore peers");
+    let modes: Vec<Option<&Path>> = std::iter::once(None)
+        .chain(snap.as_ref().map(|s| Some(s.0.as_path())))
+        .collect();
+    let mut progress = ctx.progress((a.peers.len() * modes.len()) as u64, "restore peers");
     let mut rounds = Vec::new();
-    for &n in &a.peers {
-        progress.step(&format!("{n} peers"));
-        warm(mem)?;
-        rounds.push(restore_peers::round(
-            &exe()?,
-            dir,
-            mem,
-            &rec,
-            n.max(1),
-            ws,
-            a.vcpus,
-        )?);
+    for &shared in &modes {
+        for &n in &a.peers {
+            let mode = if shared.is_some() { "shared" } else { "copy" };
+            progress.step(&format!("{n} peers, {mode}"));
+            warm(mem)?;
+            rounds.push(restore_peers::round(
+                &exe()?,
+                dir,
+                mem,
+                &rec,
+                shared,
+                n.max(1),
+                ws,
+                a.vcpus,
+            )?);
+        }
     }
     progress.finish();
     restore_peers::report(ctx, ws, &rounds)

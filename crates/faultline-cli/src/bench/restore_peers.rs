@@ -9,8 +9,11 @@
 //! samples every 2 ms until they are done. Reported per N: the handler's
 //! peak `RssAnon` and `RssFile` over the round against the idle handler,
 //! the growth per peer against the bookkeeping `serve` reports per peer,
-//! the restore times (median and slowest), every byte of every peer's
-//! working set checked by the peer.
+//! the restore times (median and slowest), the peers' own private memory
+//! (their `RssAnon` after the restore, summed), every byte of every peer's
+//! working set checked by the peer. With a shared tmpfs copy, the same
+//! rounds in shared mode (`serve --shared`, peers mapping the copy): the
+//! clones share its page cache instead of holding private copies.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -29,6 +32,11 @@ use crate::serve::PeerSummary;
 pub struct PeersRound {
     /// Peers restored at once.
     pub peers: usize,
+    /// Shared (zero-copy) mode, else copy mode.
+    pub shared: bool,
+    /// The peers' private memory after their restores (RssAnon +
+    /// HugetlbPages), summed, KiB.
+    pub peers_private_kib: u64,
     /// The handler's RssAnon / RssFile before any peer connected, KiB.
     pub idle_anon_kib: u64,
     /// See `idle_anon_kib`.
@@ -70,6 +78,7 @@ pub fn round(
     dir: &Path,
     mem: &Path,
     rec: &Path,
+    shared: Option<&Path>,
     n: usize,
     ws: f64,
     vcpus: usize,
@@ -78,8 +87,8 @@ pub fn round(
     let json = dir.join("peers-serve.json");
     let err = dir.join("peers-serve.err");
     let _ = std::fs::remove_file(&sock);
-    let mut serve = Command::new(exe)
-        .arg("serve")
+    let mut cmd = Command::new(exe);
+    cmd.arg("serve")
         .arg("--socket")
         .arg(&sock)
         .arg("--mem")
@@ -88,16 +97,27 @@ pub fn round(
         .arg(rec)
         .arg("--json")
         .arg(&json)
-        .args(["--peers", &n.to_string(), "--timeout", "120"])
+        .args(["--peers", &n.to_string(), "--timeout", "120"]);
+    if let Some(snap) = shared {
+        cmd.arg("--shared").arg(snap);
+    }
+    let mut serve = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&err)?)
         .spawn()?;
     let pid = serve.id();
     let deadline = Instant::now() + Duration::from_secs(120);
+    // Ready: the recorded set prepared (copy mode); listening (shared
+    // mode: serve prepares nothing for shared peers).
+    let ready = if shared.is_some() {
+        "listening on"
+    } else {
+        "prepared the recorded set"
+    };
     while !std::fs::read_to_string(&err)
         .unwrap_or_default()
-        .contains("prepared the recorded set")
+        .contains(ready)
     {
         if Instant::now() > deadline || serve.try_wait()?.is_some() {
             kill(&mut serve);
@@ -107,6 +127,7 @@ pub fn round(
     }
     let mut r = PeersRound {
         peers: n,
+        shared: shared.is_some(),
         ..Default::default()
     };
     (r.idle_anon_kib, r.idle_file_kib, _) = rss(pid).context("reading the handler's status")?;
@@ -114,8 +135,8 @@ pub fn round(
     for i in 0..n {
         let out = dir.join(format!("peer-{i}.json"));
         let _ = std::fs::remove_file(&out);
-        let child = Command::new(exe)
-            .arg("peer")
+        let mut cmd = Command::new(exe);
+        cmd.arg("peer")
             .arg("--socket")
             .arg(&sock)
             .arg("--mem")
@@ -123,7 +144,11 @@ pub fn round(
             .arg("--json")
             .arg(&out)
             .args(["--threads", &vcpus.to_string()])
-            .args(["--working-set", &ws.to_string()])
+            .args(["--working-set", &ws.to_string()]);
+        if let Some(snap) = shared {
+            cmd.args(["--backend", "shared", "--map-file"]).arg(snap);
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -178,6 +203,7 @@ pub fn round(
         let p: PeerReport = serde_json::from_str(&std::fs::read_to_string(out)?)?;
         r.seconds.push(p.seconds);
         r.verified_bytes += p.verified_bytes;
+        r.peers_private_kib += p.rss_anon_kib + p.hugetlb_kib;
     }
     let sums: Vec<PeerSummary> = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
     if sums.len() != n {
@@ -199,20 +225,32 @@ pub fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Res
         let anon_growth = r.peak_anon_kib.saturating_sub(r.idle_anon_kib);
         let s = Summary::from_ns(&mut [med * 1e9]);
         ctx.report.push(
-            Record::new("restore-peers", "prefetch", "COPY", "read", &s)
-                .with("working_set_pct", ws)
-                .with("peers", r.peers as u64)
-                .with("idle_rss_anon_kib", r.idle_anon_kib)
-                .with("idle_rss_file_kib", r.idle_file_kib)
-                .with("peak_rss_anon_kib", r.peak_anon_kib)
-                .with("peak_rss_file_kib", r.peak_file_kib)
-                .with("vm_hwm_kib", r.hwm_kib)
-                .with("bookkeeping_bytes", r.bookkeeping_bytes)
-                .with("median_seconds", med)
-                .with("slowest_seconds", slowest)
-                .with("verified_bytes", r.verified_bytes),
+            Record::new(
+                "restore-peers",
+                if r.shared {
+                    "prefetch-shared"
+                } else {
+                    "prefetch"
+                },
+                if r.shared { "CONTINUE" } else { "COPY" },
+                "read",
+                &s,
+            )
+            .with("working_set_pct", ws)
+            .with("peers", r.peers as u64)
+            .with("idle_rss_anon_kib", r.idle_anon_kib)
+            .with("idle_rss_file_kib", r.idle_file_kib)
+            .with("peak_rss_anon_kib", r.peak_anon_kib)
+            .with("peak_rss_file_kib", r.peak_file_kib)
+            .with("vm_hwm_kib", r.hwm_kib)
+            .with("bookkeeping_bytes", r.bookkeeping_bytes)
+            .with("median_seconds", med)
+            .with("slowest_seconds", slowest)
+            .with("verified_bytes", r.verified_bytes)
+            .with("peers_private_kib", r.peers_private_kib),
         );
         rows.push(vec![
+            if r.shared { "shared" } else { "copy" }.to_string(),
             r.peers.to_string(),
             format!("{:.1}", mib(r.idle_anon_kib)),
             format!("{:.1}", mib(r.peak_anon_kib)),
@@ -226,10 +264,12 @@ pub fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Res
             format!("{:.1}", med * 1e3),
             format!("{:.1}", slowest * 1e3),
             format!("{}", r.verified_bytes >> 20),
+            format!("{:.1}", mib(r.peers_private_kib)),
         ]);
     }
     print_table(
         &[
+            "mode",
             "peers",
             "anon idle MiB",
             "anon peak MiB",
@@ -240,44 +280,55 @@ pub fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Res
             "median ms",
             "slowest ms",
             "MiB verified",
+            "peers' private MiB",
         ],
         &rows,
     );
     println!(
-        "(the handler's RssAnon/RssFile from /proc/PID/status: idle = prefetch record prepared, no peer yet; peak over the round; bookkeeping = what serve reports per peer: residency map, removed bits, prefetch queue)"
+        "(the handler's RssAnon/RssFile from /proc/PID/status: idle = prefetch record prepared, no peer yet; peak over the round; bookkeeping = what serve reports per peer: residency map, removed bits, prefetch queue; peers' private = the peers' RssAnon after their restores, summed: copy mode copies the working set into each, shared mode maps the one tmpfs copy's page cache)"
     );
-    let series = |f: &dyn Fn(&PeersRound) -> f64| -> Vec<(f64, f64)> {
-        rounds.iter().map(|r| (r.peers as f64, f(r))).collect()
-    };
-    let anon = vec![
-        (
-            "RssAnon peak".to_string(),
+    // One line per measure and mode (copy; shared when it ran).
+    let mut anon = Vec::new();
+    let mut file = Vec::new();
+    for shared in [false, true] {
+        let of: Vec<&PeersRound> = rounds.iter().filter(|r| r.shared == shared).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let mode = if shared { "shared" } else { "copy" };
+        let series = |f: &dyn Fn(&PeersRound) -> f64| -> Vec<(f64, f64)> {
+            of.iter().map(|r| (r.peers as f64, f(r))).collect()
+        };
+        anon.push((
+            format!("RssAnon peak ({mode})"),
             series(&|r| mib(r.peak_anon_kib)),
-        ),
-        (
-            "RssAnon idle".to_string(),
+        ));
+        anon.push((
+            format!("RssAnon idle ({mode})"),
             series(&|r| mib(r.idle_anon_kib)),
-        ),
-        (
-            "RssAnon idle + bookkeeping of N peers".to_string(),
+        ));
+        anon.push((
+            format!("RssAnon idle + bookkeeping of N peers ({mode})"),
             series(&|r| mib(r.idle_anon_kib) + r.bookkeeping_bytes as f64 / 1048576.0),
-        ),
-    ];
-    let file = vec![
-        (
-            "RssFile peak".to_string(),
+        ));
+        file.push((
+            format!("RssFile peak ({mode})"),
             series(&|r| mib(r.peak_file_kib)),
-        ),
-        (
-            "RssFile idle".to_string(),
+        ));
+        file.push((
+            format!("RssFile idle ({mode})"),
             series(&|r| mib(r.idle_file_kib)),
-        ),
-    ];
+        ));
+        file.push((
+            format!("the peers' private memory, summed ({mode})"),
+            series(&|r| mib(r.peers_private_kib)),
+        ));
+    }
     for (name, what, lines) in [
         ("restore_peers_anon", "anonymous", &anon),
         (
             "restore_peers_file",
-            "file-backed (the shared memory file)",
+            "file (handler) and the peers' private",
             &file,
         ),
     ] {
