@@ -659,8 +659,9 @@ impl ForeignPeer {
     }
 
     /// Bytes of this peer's own bookkeeping: per region the residency map
-    /// (3 bits a page), the removed, suspect and the record's seen bits (1
-    /// bit a page each), plus the record log and the prefetch queue. What one
+    /// (3 bits a page), the removed, suspect, the record's seen and shared
+    /// mode's page-cache bits (1 bit a page each), plus the record log and
+    /// the prefetch queue. What one
     /// more peer costs the handler, beside the store it shares.
     pub fn bookkeeping_bytes(&self) -> usize {
         let bits: usize = self
@@ -668,7 +669,9 @@ impl ForeignPeer {
             .iter()
             .map(|r| {
                 let n = r.state.pages.count();
-                let words = n.div_ceil(32) + n.div_ceil(64) * (3 + usize::from(r.seen.is_some()));
+                let bitmaps =
+                    3 + usize::from(r.seen.is_some()) + usize::from(r.state.cached.is_some());
+                let words = n.div_ceil(32) + n.div_ceil(64) * bitmaps;
                 words * 8
             })
             .sum();
