@@ -60,8 +60,8 @@ pub enum Backend {
     File,
     /// Shared (zero-copy) mode: the snapshot's tmpfs copy (--map-file, made
     /// by `faultline serve --shared`) mapped `MAP_PRIVATE`, registered
-    /// MISSING|MINOR with `UFFD_FEATURE_MINOR_SHMEM`, handed over like
-    /// `uffd`.
+    /// MISSING|MINOR with `UFFD_FEATURE_MINOR_SHMEM` (with --huge: a copy
+    /// on hugetlbfs, `MINOR_HUGETLBFS`), handed over like `uffd`.
     Shared,
 }
 
@@ -245,8 +245,13 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
             Err(_) => uffd::syscall_userfaultfd(uffd::open_flags(true))?,
         };
         let (features, mode) = if args.backend == Backend::Shared {
+            let minor = if args.huge {
+                feature::MINOR_HUGETLBFS | feature::MISSING_HUGETLBFS
+            } else {
+                feature::MINOR_SHMEM | feature::MISSING_SHMEM
+            };
             (
-                feature::EVENT_REMOVE | feature::MINOR_SHMEM | feature::MISSING_SHMEM,
+                feature::EVENT_REMOVE | minor,
                 register_mode::MISSING | register_mode::MINOR,
             )
         } else {
@@ -588,26 +593,22 @@ fn touch_and_check(
         }
     }
     if args.scribble {
+        let mut wrote = Vec::with_capacity(ws.len());
         for &(r, p) in ws.iter() {
             let addr = regions[r].0 + (p * PAGE) as u64;
             // SAFETY: a byte inside a live, writable mapping of this process.
             unsafe {
-                let b = std::ptr::read_volatile(addr as *const u8);
-                std::ptr::write_volatile(addr as *mut u8, !b);
+                let b = !std::ptr::read_volatile(addr as *const u8);
+                std::ptr::write_volatile(addr as *mut u8, b);
+                wrote.push(b);
             }
         }
-        for &(r, p) in ws.iter() {
-            let (base, _, off) = regions[r];
-            let addr = base + (p * PAGE) as u64;
-            let mut b = [0u8; 1];
-            file.read_exact_at(&mut b, off + (p * PAGE) as u64)?;
+        for (&(r, p), &b) in ws.iter().zip(&wrote) {
+            let addr = regions[r].0 + (p * PAGE) as u64;
             // SAFETY: as above.
             let got = unsafe { std::ptr::read_volatile(addr as *const u8) };
-            if got != !b[0] {
-                bail!(
-                    "the write at {addr:#x} did not stick: read {got:#04x}, wrote {:#04x}",
-                    !b[0]
-                );
+            if got != b {
+                bail!("the write at {addr:#x} did not stick: read {got:#04x}, wrote {b:#04x}");
             }
         }
         say(format_args!("scribbled on {} pages", ws.len()));

@@ -807,3 +807,99 @@ fn a_peer_mapping_another_file_is_refused_while_a_shared_peer_is_served() {
     );
     assert!(log.contains("not the shared snapshot"), "{log}");
 }
+
+/// A hugetlbfs mount (2 MiB pages) in `dir`, unmounted on drop.
+struct HugeMount(PathBuf);
+
+impl HugeMount {
+    fn new(dir: &Dir) -> Result<HugeMount, String> {
+        let at = dir.path("hugetlbfs");
+        std::fs::create_dir_all(&at).map_err(|e| e.to_string())?;
+        let st = Command::new("mount")
+            .args(["-t", "hugetlbfs", "-o", "pagesize=2M", "none"])
+            .arg(&at)
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !st.success() {
+            return Err(format!("mount -t hugetlbfs failed ({st}; needs root)"));
+        }
+        Ok(HugeMount(at))
+    }
+}
+
+impl Drop for HugeMount {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0.join("snap"));
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn shared_mode_on_hugetlbfs_maps_2m_pages_and_keeps_writes_private() {
+    // The snapshot on hugetlbfs: CONTINUE maps 2 MiB page-cache pages; a
+    // balloon reads zeros (a private 2 MiB page), writes stay private.
+    let dir = Dir::new("shared-huge", 8 * MIB);
+    // The snapshot (4), each peer's private mapping's reservation (4), spare.
+    let pool = match faultline::testing::HugePool::get(12) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("SKIPPED: hugetlbfs shared mode: {why}");
+            return;
+        }
+    };
+    let mount = match HugeMount::new(&dir) {
+        Ok(m) => m,
+        Err(why) => {
+            eprintln!("SKIPPED: hugetlbfs shared mode: {why}");
+            return;
+        }
+    };
+    let snap = mount.0.join("snap");
+    let snap = snap.to_str().unwrap();
+    let json = dir.path("serve.json");
+    let mut s = serve(
+        &dir,
+        &[
+            "--peers",
+            "1",
+            "--shared",
+            snap,
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let mut p = peer(
+        &dir,
+        "huge",
+        &[
+            "--backend",
+            "shared",
+            "--huge",
+            "--map-file",
+            snap,
+            "--balloon",
+            "--scribble",
+            "--threads",
+            "2",
+        ],
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert!(log.contains("shared mode"), "{log}");
+    assert!(log.contains("MINOR_HUGETLBFS"), "{log}");
+    // One REMOVE of the balloon's 2 MiB page.
+    assert!(log.contains("1 REMOVE events (1 pages)"), "{log}");
+    let sum = &summaries(&dir, "serve.json")[0];
+    assert_eq!(sum["mode"], "shared", "{sum}");
+    // Only the ballooned page was copied (zeros): 2 MiB.
+    assert_eq!(sum["bytes_read"], 2 * MIB as u64, "{sum}");
+    assert_eq!(
+        std::fs::read(snap).unwrap(),
+        std::fs::read(dir.path("mem")).unwrap(),
+        "the peer's writes reached the snapshot"
+    );
+    drop(mount);
+    drop(pool);
+}

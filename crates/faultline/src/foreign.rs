@@ -272,12 +272,13 @@ pub struct ForeignOptions {
     pub zero_copy: bool,
     /// Shared (zero-copy) mode: the peer maps its regions `MAP_PRIVATE`
     /// from this snapshot at their store offsets, registered MISSING and
-    /// MINOR (`UFFD_FEATURE_MINOR_SHMEM`); check that with
+    /// MINOR (`UFFD_FEATURE_MINOR_SHMEM`; `MINOR_HUGETLBFS` for a snapshot
+    /// on hugetlbfs, whose regions have 2 MiB pages); check that with
     /// [`SharedSnapshot::check_peer`] first. Minor faults and prefetch are
     /// answered with `UFFDIO_CONTINUE` (no store read, no copy); pages the
-    /// peer removed read zeros (a private anonymous page, `UFFDIO_COPY`)
-    /// and pages the page cache lacks are copied from the store. 4 KiB
-    /// pages only. Default: none (copy mode).
+    /// peer removed read zeros (a private page, `UFFDIO_COPY`) and pages
+    /// the page cache lacks are copied from the store. Default: none (copy
+    /// mode).
     pub shared: Option<Arc<SharedSnapshot>>,
     /// Record the order in which pages first fault.
     pub record: bool,
@@ -498,16 +499,22 @@ impl ForeignPeer {
         }
         check_layout(specs, store.len())?;
         if let Some(snap) = &opts.shared {
-            if uffd.features & feature::MINOR_SHMEM == 0 {
+            let huge = snap.page_bytes() != 4096;
+            let minor = if huge {
+                feature::MINOR_HUGETLBFS
+            } else {
+                feature::MINOR_SHMEM
+            };
+            if uffd.features & minor == 0 {
                 return Err(ForeignError::Refused {
                     what: "shared (zero-copy) mode",
-                    why: "the peer's userfaultfd lacks UFFD_FEATURE_MINOR_SHMEM: its minor faults never reach us",
+                    why: "the peer's userfaultfd lacks UFFD_FEATURE_MINOR_SHMEM (tmpfs snapshot) or UFFD_FEATURE_MINOR_HUGETLBFS (hugetlbfs snapshot): its minor faults never reach us",
                 });
             }
-            if specs.iter().any(|s| s.page_size != 4096) {
+            if specs.iter().any(|s| s.page_size != snap.page_bytes()) {
                 return Err(ForeignError::Refused {
-                    what: "shared (zero-copy) mode with 2 MiB pages",
-                    why: "the shared snapshot is a tmpfs file of 4 KiB pages (a hugetlbfs snapshot is not implemented)",
+                    what: "shared (zero-copy) mode",
+                    why: "the regions' page size must be the shared snapshot's (4 KiB on tmpfs, 2 MiB on hugetlbfs)",
                 });
             }
             if store.len().is_some_and(|l| l != snap.len()) {
@@ -554,10 +561,14 @@ impl ForeignPeer {
             // scratch holds that much).
             let (kind, op, cached, max_run_pages) = match &opts.shared {
                 Some(snap) => (
-                    MemoryKind::Shmem,
+                    if size == PageSize::BASE {
+                        MemoryKind::Shmem
+                    } else {
+                        MemoryKind::Hugetlb
+                    },
                     ResolveOp::Continue,
                     Some(snap.cached_bits(s.store_offset, pages.count())),
-                    512,
+                    (PageSize::HUGE_2M.bytes() / size.bytes()).max(1),
                 ),
                 None => (kind, ResolveOp::Copy, None, usize::MAX),
             };

@@ -80,9 +80,20 @@ pub enum SharedError {
     /// The store's length is unknown.
     #[error("the store does not report its length")]
     UnknownLength,
-    /// The file is not on tmpfs/shmem (CONTINUE needs a shmem page cache).
-    #[error("{0} is not on tmpfs (UFFDIO_CONTINUE needs shmem: use /dev/shm)")]
+    /// The file is not on tmpfs/shmem or hugetlbfs (CONTINUE needs their
+    /// page cache).
+    #[error(
+        "{0} is not on tmpfs or hugetlbfs (UFFDIO_CONTINUE needs their page cache: use /dev/shm)"
+    )]
     NotTmpfs(PathBuf),
+    /// A hugetlbfs snapshot whose length is not a multiple of 2 MiB.
+    #[error("{path}: {len} bytes is not a multiple of the 2 MiB pages of hugetlbfs")]
+    HugeLength {
+        /// The file.
+        path: PathBuf,
+        /// The store's length.
+        len: u64,
+    },
     /// An existing file does not hold the store's bytes.
     #[error("{path} exists but does not hold the store's bytes: {why}")]
     Mismatch {
@@ -132,6 +143,8 @@ pub struct SharedSnapshot {
     len: u64,
     dev: (u32, u32),
     inode: u64,
+    /// Its page size: 4 KiB on tmpfs, 2 MiB on hugetlbfs.
+    page_bytes: u64,
     /// Pages the page cache lacks (holes), from `mincore` of a read-only
     /// view when the file was opened; `None`: every page is allocated
     /// (`st_blocks` covers the length), no `mincore` needed.
@@ -149,10 +162,12 @@ pub struct Populated {
 }
 
 const CHUNK: usize = 2 << 20;
+const HUGE: u64 = 2 << 20;
 
 impl SharedSnapshot {
     /// Writes every byte of `store` to a new file at `path` (which must be
-    /// on tmpfs and must not exist), mode 0444. `progress(done, total)` is
+    /// on tmpfs, or hugetlbfs with 2 MiB pages and a free pool as large as
+    /// the store, and must not exist), mode 0444. `progress(done, total)` is
     /// called after each 2 MiB chunk. This is the one-time population cost
     /// of the shared page cache.
     pub fn create(
@@ -175,13 +190,28 @@ impl SharedSnapshot {
             .open(path)
             .map_err(|e| io("creating", e))?;
         let made = (|| {
-            if !mem::is_tmpfs(&file).map_err(|source| SharedError::Map {
+            let map_err = |source| SharedError::Map {
                 path: path.to_owned(),
                 source,
-            })? {
+            };
+            let huge = mem::is_hugetlbfs(&file).map_err(map_err)?;
+            if !huge && !mem::is_tmpfs(&file).map_err(map_err)? {
                 return Err(SharedError::NotTmpfs(path.to_owned()));
             }
+            if huge && !len.is_multiple_of(HUGE) {
+                return Err(SharedError::HugeLength {
+                    path: path.to_owned(),
+                    len,
+                });
+            }
             file.set_len(len).map_err(|e| io("sizing", e))?;
+            // hugetlbfs has no write(2): its pages are filled through a
+            // shared mapping (its pages are reserved when it is made).
+            let dst = if huge {
+                Some(Mapping::shared(&file, len as usize, 0).map_err(map_err)?)
+            } else {
+                None
+            };
             let mut buf = vec![0u8; CHUNK];
             let mut off = 0u64;
             while off < len {
@@ -198,7 +228,14 @@ impl SharedSnapshot {
                         &buf[..n]
                     }
                 };
-                file.write_all_at(src, off).map_err(|e| io("writing", e))?;
+                match &dst {
+                    // SAFETY: `off..off+n` lies inside the shared mapping of
+                    // the file, which nothing else references yet.
+                    Some(m) => unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), m.as_ptr().add(off as usize), n)
+                    },
+                    None => file.write_all_at(src, off).map_err(|e| io("writing", e))?,
+                }
                 off += n as u64;
                 progress(off, len);
             }
@@ -272,13 +309,16 @@ impl SharedSnapshot {
             path: path.to_owned(),
             source,
         };
-        if !mem::is_tmpfs(&file).map_err(map_err)? {
+        let huge = mem::is_hugetlbfs(&file).map_err(map_err)?;
+        if !huge && !mem::is_tmpfs(&file).map_err(map_err)? {
             return Err(SharedError::NotTmpfs(path.to_owned()));
         }
         let len = meta.len();
         // tmpfs counts allocated pages in st_blocks: a file written in full
-        // has no holes and needs no page-by-page look.
-        let holes = if meta.blocks() * 512 >= len.next_multiple_of(4096) {
+        // has no holes and needs no page-by-page look. A hugetlbfs file is
+        // taken as full (`create` fills every page; a hole would fault
+        // MISSING and be copied from the store).
+        let holes = if huge || meta.blocks() * 512 >= len.next_multiple_of(4096) {
             None
         } else {
             let map = Mapping::file_readonly(&file, len.max(1) as usize, 0).map_err(map_err)?;
@@ -295,6 +335,7 @@ impl SharedSnapshot {
             len,
             dev: dev_numbers(meta.dev()),
             inode: meta.ino(),
+            page_bytes: if huge { HUGE } else { 4096 },
             holes,
             _file: file,
         })
@@ -310,16 +351,23 @@ impl SharedSnapshot {
         self.len
     }
 
+    /// Its page size: 4096 (tmpfs) or 2 MiB (hugetlbfs); the peer's
+    /// regions must use it.
+    pub fn page_bytes(&self) -> u64 {
+        self.page_bytes
+    }
+
     /// Whether it is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    /// One bit per 4 KiB page of `pages` pages from `offset`: whether the
-    /// page cache holds it (pages past the end: no).
+    /// One bit per page (of [`SharedSnapshot::page_bytes`]) of `pages`
+    /// pages from `offset`: whether the page cache holds it (pages past
+    /// the end: no).
     pub(crate) fn cached_bits(&self, offset: u64, pages: usize) -> PageBits {
-        let first = (offset / 4096) as usize;
-        let have = ((self.len.div_ceil(4096) as usize).saturating_sub(first)).min(pages);
+        let first = (offset / self.page_bytes) as usize;
+        let have = ((self.len.div_ceil(self.page_bytes) as usize).saturating_sub(first)).min(pages);
         match &self.holes {
             None if have == pages => PageBits::full(pages),
             _ => {

@@ -260,13 +260,22 @@ pub fn process_vm_read(pid: i32, addr: u64, out: &mut [u8]) -> Result<usize, Err
 
 /// Whether `fd` is a file on tmpfs/shmem (`fstatfs` magic `TMPFS_MAGIC`).
 pub fn is_tmpfs(fd: &impl AsRawFd) -> Result<bool, MemError> {
+    Ok(fs_magic(fd)? == 0x0102_1994)
+}
+
+/// Whether `fd` is a file on hugetlbfs (`fstatfs` magic `HUGETLBFS_MAGIC`).
+pub fn is_hugetlbfs(fd: &impl AsRawFd) -> Result<bool, MemError> {
+    Ok(fs_magic(fd)? == 0x9584_58f6)
+}
+
+fn fs_magic(fd: &impl AsRawFd) -> Result<i64, MemError> {
     // SAFETY: statfs is plain data filled by the kernel.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: `st` is a valid out-pointer; the fd is open.
     if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(last("fstatfs"));
     }
-    Ok(st.f_type as i64 == 0x0102_1994)
+    Ok(st.f_type as i64)
 }
 
 /// `memfd_create`, optionally hugetlb-backed (2 MiB pages).
