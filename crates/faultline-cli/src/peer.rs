@@ -165,7 +165,8 @@ pub struct PeerReport {
     /// Its mapped file pages (KiB, `RssFile`): the kernel baseline's.
     #[serde(default)]
     pub rss_file_kib: u64,
-    /// Its hugetlb pages (KiB, `HugetlbPages`; not in `RssAnon`).
+    /// Its private hugetlb pages (KiB, `Private_Hugetlb` of smaps_rollup;
+    /// not in `RssAnon`).
     #[serde(default)]
     pub hugetlb_kib: u64,
     /// Page faults the kernel counted for this process while the vCPUs
@@ -185,8 +186,8 @@ fn minor_faults() -> u64 {
         .unwrap_or(0)
 }
 
-/// `RssAnon`, `RssShmem`, `RssFile` and `HugetlbPages` of this process,
-/// KiB.
+/// `RssAnon`, `RssShmem`, `RssFile` and private hugetlb memory of this
+/// process, KiB.
 fn rss_kib() -> (u64, u64, u64, u64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let get = |key: &str| {
@@ -196,11 +197,19 @@ fn rss_kib() -> (u64, u64, u64, u64) {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     };
+    // Private hugetlb pages only (HugetlbPages counts mapped shared
+    // page-cache pages of a hugetlbfs file too).
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    let private_hugetlb = rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Private_Hugetlb:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
     (
         get("RssAnon:"),
         get("RssShmem:"),
         get("RssFile:"),
-        get("HugetlbPages:"),
+        private_hugetlb,
     )
 }
 

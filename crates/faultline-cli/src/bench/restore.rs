@@ -21,7 +21,11 @@
 //! * `on-demand-huge`, `prefetch-huge` (only when asked for with
 //!   `--configs`): the peer's memory is 2 MiB hugetlb pages (`--huge`),
 //!   copied 2 MiB per fault or prefetch run; a pool of 2 MiB pages is
-//!   reserved for the run (`vm.nr_hugepages` grown as root and given back).
+//!   reserved for the run (`vm.nr_hugepages` grown as root and given back);
+//! * `kernel-hugetlbfs`, `on-demand-shared-huge`, `prefetch-shared-huge`
+//!   (only when asked for): the shared copy on a hugetlbfs mount the bench
+//!   makes (2 MiB pages, root), mapped by the kernel, or served with
+//!   `UFFDIO_CONTINUE` of 2 MiB pages; its population (warm) is reported.
 //!
 //! The shared tmpfs copy is written once per run, before the
 //! configurations run; how long that takes (the one-time population of the
@@ -101,7 +105,7 @@ pub struct RestoreArgs {
     pub store: Option<String>,
 }
 
-const CONFIGS: [&str; 10] = [
+const CONFIGS: [&str; 13] = [
     "kernel",
     "baseline",
     "on-demand",
@@ -112,7 +116,42 @@ const CONFIGS: [&str; 10] = [
     "prefetch-shared",
     "on-demand-huge",
     "prefetch-huge",
+    "kernel-hugetlbfs",
+    "on-demand-shared-huge",
+    "prefetch-shared-huge",
 ];
+
+/// Configurations that use the shared copy on hugetlbfs.
+fn uses_huge_snapshot(cfg: &str) -> bool {
+    cfg == "kernel-hugetlbfs" || cfg.ends_with("-shared-huge")
+}
+
+/// A hugetlbfs mount (2 MiB pages) holding the shared copy, unmounted on
+/// drop.
+struct HugeMount(PathBuf);
+
+impl HugeMount {
+    fn new(at: PathBuf) -> anyhow::Result<HugeMount> {
+        std::fs::create_dir_all(&at)?;
+        let st = Command::new("mount")
+            .args(["-t", "hugetlbfs", "-o", "pagesize=2M", "none"])
+            .arg(&at)
+            .stderr(Stdio::null())
+            .status()?;
+        anyhow::ensure!(st.success(), "mount -t hugetlbfs failed ({st}; needs root)");
+        Ok(HugeMount(at))
+    }
+    fn snap(&self) -> PathBuf {
+        self.0.join("snap.mem")
+    }
+}
+
+impl Drop for HugeMount {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.snap());
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
 
 /// Configurations that use the shared tmpfs copy.
 fn uses_snapshot(cfg: &str) -> bool {
@@ -129,6 +168,10 @@ enum Backing<'a> {
     Shared(&'a Path, &'a Path),
     /// 2 MiB hugetlb memory handed over (copy mode).
     Huge(&'a Path),
+    /// `MAP_PRIVATE` of a file on hugetlbfs (2 MiB pages), no handler.
+    FileHuge(&'a Path),
+    /// `MAP_PRIVATE` of the shared copy on hugetlbfs, handed over.
+    SharedHuge(&'a Path, &'a Path),
 }
 
 /// How `faultline serve` serves the peer of a configuration.
@@ -140,12 +183,16 @@ enum Mode<'a> {
     Shared(&'a Path),
     /// 2 MiB hugetlb memory, copied.
     Huge,
+    /// The shared copy on hugetlbfs, `UFFDIO_CONTINUE` of 2 MiB pages.
+    SharedHuge(&'a Path),
 }
 
 impl<'a> Mode<'a> {
-    fn of(cfg: &str, snap: &'a Path) -> Mode<'a> {
+    fn of(cfg: &str, snap: &'a Path, hsnap: &'a Path) -> Mode<'a> {
         if cfg.ends_with("-shared") {
             Mode::Shared(snap)
+        } else if cfg.ends_with("-shared-huge") {
+            Mode::SharedHuge(hsnap)
         } else if cfg.ends_with("-huge") {
             Mode::Huge
         } else {
@@ -234,15 +281,52 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     // given back afterwards), or the rows are skipped with the reason.
     let mut configs = a.configs.clone();
     let mut _pool = None;
-    if configs.iter().any(|c| c.ends_with("-huge")) {
-        match faultline::testing::HugePool::get(a.size as u64 / (2 << 20) + 4) {
+    let huge_pages = a.size as u64 / (2 << 20);
+    // The shared copy on hugetlbfs stays in the pool, and a peer's
+    // MAP_PRIVATE mapping of it reserves its size again.
+    let need = if configs.iter().any(|c| uses_huge_snapshot(c)) {
+        2 * huge_pages + 8
+    } else {
+        huge_pages + 4
+    };
+    if configs
+        .iter()
+        .any(|c| c.ends_with("-huge") || uses_huge_snapshot(c))
+    {
+        match faultline::testing::HugePool::get(need) {
             Ok(p) => _pool = Some(p),
             Err(why) => {
                 println!("restore: hugetlb rows skipped: {why}");
-                configs.retain(|c| !c.ends_with("-huge"));
+                configs.retain(|c| !c.ends_with("-huge") && !uses_huge_snapshot(c));
             }
         }
     }
+    let mut hmount = None;
+    let mut populated: Vec<(&str, f64)> = Vec::new();
+    if configs.iter().any(|c| uses_huge_snapshot(c)) {
+        let made = HugeMount::new(dir.join("hugetlbfs")).and_then(|m| {
+            warm(&mem)?;
+            let store =
+                faultline::FileStore::open_with(&mem, 0, faultline::store::FileAccess::Mmap)?;
+            let (_, done) = faultline::SharedSnapshot::create(&m.snap(), &store, |_, _| {})?;
+            Ok((m, done))
+        });
+        match made {
+            Ok((m, done)) => {
+                let ms = done.elapsed.as_secs_f64() * 1e3;
+                eprintln!(
+                    "restore: shared hugetlbfs copy written from a warm memory file in {ms:.1} ms"
+                );
+                populated.push(("warm memory file, to hugetlbfs", ms));
+                hmount = Some(m);
+            }
+            Err(why) => {
+                println!("restore: hugetlbfs shared rows skipped: {why:#}");
+                configs.retain(|c| !uses_huge_snapshot(c));
+            }
+        }
+    }
+    let hsnap = hmount.as_ref().map_or_else(PathBuf::new, |m| m.snap());
     let a = &RestoreArgs {
         configs,
         ..a.clone()
@@ -251,7 +335,6 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         "/dev/shm/faultline-restore-{}.mem",
         std::process::id()
     )));
-    let mut populated: Vec<(&str, f64)> = Vec::new();
     if a.configs.iter().any(|c| uses_snapshot(c)) {
         let store = faultline::FileStore::open_with(&mem, 0, faultline::store::FileAccess::Mmap)?;
         for cache in ["cold", "warm"] {
@@ -267,7 +350,12 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                 "restore: shared tmpfs copy written from a {cache} memory file in {:.1} ms",
                 done.elapsed.as_secs_f64() * 1e3
             );
-            populated.push((cache, done.elapsed.as_secs_f64() * 1e3));
+            let label = if cache == "cold" {
+                "cold memory file"
+            } else {
+                "warm memory file"
+            };
+            populated.push((label, done.elapsed.as_secs_f64() * 1e3));
         }
     }
     let root = is_root();
@@ -309,7 +397,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     } else {
                         warm(&mem)?;
                     }
-                    runs.push(one(a, dir, &mem, ws, cfg, &rec, &all, &snap.0)?);
+                    runs.push(one(a, dir, &mem, ws, cfg, &rec, &all, &snap.0, &hsnap)?);
                 }
                 let med = |f: &dyn Fn(&Run) -> f64| {
                     let mut v: Vec<f64> = runs.iter().map(f).collect();
@@ -354,7 +442,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
             let ktmp = get("kernel-tmpfs");
             for (cfg, m) in &medians {
                 let s = Summary::from_ns(&mut [m.median_ns]);
-                let op = if cfg.ends_with("-shared") {
+                let op = if cfg.contains("-shared") {
                     "CONTINUE"
                 } else if cfg.starts_with("kernel") {
                     "kernel"
@@ -368,6 +456,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                         "store",
                         match (cfg.as_str(), &a.store) {
                             (c, _) if uses_snapshot(c) => "tmpfs copy",
+                            (c, _) if uses_huge_snapshot(c) => "hugetlbfs copy",
                             ("kernel" | "baseline", _) | (_, None) => "file",
                             (_, Some(url)) => url.as_str(),
                         },
@@ -377,8 +466,10 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     .with("vcpu_median_ns", m.median_ns)
                     .with("vcpu_p99_ns", m.p99_ns)
                     .with("demand_faults", m.faults)
-                    .with("bytes_read", m.bytes_read)
-                    .with("peer_anon_kib", m.peer_anon_kib);
+                    .with("bytes_read", m.bytes_read);
+                if !uses_huge_snapshot(cfg) {
+                    rec = rec.with("peer_anon_kib", m.peer_anon_kib);
+                }
                 if m.prepare_ms.is_finite() {
                     rec = rec.with("prepare_ms", m.prepare_ms);
                 }
@@ -404,7 +495,13 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     format!("{:.1}", m.p99_ns / 1e3),
                     m.faults.to_string(),
                     format!("{}", m.bytes_read >> 20),
-                    format!("{}", m.peer_anon_kib >> 10),
+                    // A hugetlbfs page-cache page mapped by one process
+                    // counts as Private_Hugetlb: no private figure there.
+                    if uses_huge_snapshot(cfg) {
+                        "-".to_string()
+                    } else {
+                        format!("{}", m.peer_anon_kib >> 10)
+                    },
                     show(ratio(base, m)),
                     show(ratio(kern, m)),
                     show(ratio(ktmp, m)),
@@ -453,7 +550,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         &rows,
     );
     println!(
-        "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages); peer anon: the VM's private memory after the restore (RssAnon + HugetlbPages), shared mode maps the one shared page cache instead)"
+        "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
     );
     for (label, ms) in &prepared {
         println!(
@@ -466,7 +563,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
             a.size >> 20
         );
         for (cache, ms) in &populated {
-            println!("  written from a {cache} memory file: {ms:.1} ms");
+            println!("  written from a {cache}: {ms:.1} ms");
             let s = Summary::from_ns(&mut [ms * 1e6]);
             ctx.report.push(
                 Record::new("restore-populate", "shared tmpfs copy", "write", "read", &s)
@@ -682,6 +779,14 @@ fn peer(
             .arg("--map-file")
             .arg(f),
         Backing::Huge(s) => cmd.arg("--socket").arg(s).arg("--huge"),
+        Backing::FileHuge(f) => cmd
+            .args(["--backend", "file", "--huge", "--map-file"])
+            .arg(f),
+        Backing::SharedHuge(s, f) => cmd
+            .arg("--socket")
+            .arg(s)
+            .args(["--backend", "shared", "--huge", "--map-file"])
+            .arg(f),
     };
     let st = run_bounded(cmd, Duration::from_secs(600))?;
     if !st {
@@ -728,7 +833,7 @@ fn served(
         .arg(&json)
         .args(["--peers", "1", "--timeout", "60"]);
     cmd.args(extra);
-    if let Mode::Shared(snap) = mode {
+    if let Mode::Shared(snap) | Mode::SharedHuge(snap) = mode {
         cmd.arg("--shared").arg(snap);
     }
     let err = dir.join("serve.err");
@@ -740,6 +845,7 @@ fn served(
     let backing = match mode {
         Mode::Shared(snap) => Backing::Shared(&sock, snap),
         Mode::Huge => Backing::Huge(&sock),
+        Mode::SharedHuge(snap) => Backing::SharedHuge(&sock, snap),
         Mode::Copy => Backing::Uffd(&sock),
     };
     let rep = peer(a, dir, mem, ws, backing);
@@ -796,6 +902,7 @@ fn one(
     rec: &Path,
     all: &Path,
     snap: &Path,
+    hsnap: &Path,
 ) -> anyhow::Result<Run> {
     let from = |p: PeerReport, faults: u64, bytes: u64| Run {
         seconds: p.seconds,
@@ -807,9 +914,13 @@ fn one(
         peer_anon_kib: p.rss_anon_kib + p.hugetlb_kib,
     };
     Ok(match cfg {
-        "kernel" | "kernel-tmpfs" => {
-            let file = if cfg == "kernel" { mem } else { snap };
-            let p = peer(a, dir, mem, ws, Backing::File(file))?;
+        "kernel" | "kernel-tmpfs" | "kernel-hugetlbfs" => {
+            let backing = match cfg {
+                "kernel" => Backing::File(mem),
+                "kernel-tmpfs" => Backing::File(snap),
+                _ => Backing::FileHuge(hsnap),
+            };
+            let p = peer(a, dir, mem, ws, backing)?;
             // The faults the kernel took (each may map several pages).
             let (faults, n) = (p.minor_faults, p.pages as u64);
             from(p, faults, n * 4096)
@@ -826,11 +937,11 @@ fn one(
                 .map_err(|_| anyhow::anyhow!("baseline handler panicked"))??;
             from(p?, faults, faults * 4096)
         }
-        "on-demand" | "on-demand-shared" | "on-demand-huge" => {
-            let (p, s, _) = served(a, dir, mem, ws, &[], Mode::of(cfg, snap))?;
+        "on-demand" | "on-demand-shared" | "on-demand-huge" | "on-demand-shared-huge" => {
+            let (p, s, _) = served(a, dir, mem, ws, &[], Mode::of(cfg, snap, hsnap))?;
             from(p, s.faults, s.bytes_read)
         }
-        "prefetch" | "eager" | "prefetch-shared" | "prefetch-huge" => {
+        "prefetch" | "eager" | "prefetch-shared" | "prefetch-huge" | "prefetch-shared-huge" => {
             let list = if cfg == "eager" { all } else { rec };
             let (p, s, prepare_ms) = served(
                 a,
@@ -838,7 +949,7 @@ fn one(
                 mem,
                 ws,
                 &["--prefetch", list.to_str().context("path")?],
-                Mode::of(cfg, snap),
+                Mode::of(cfg, snap, hsnap),
             )?;
             Run {
                 prepare_ms,

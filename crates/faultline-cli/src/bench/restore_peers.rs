@@ -35,7 +35,7 @@ pub struct PeersRound {
     /// Shared (zero-copy) mode, else copy mode.
     pub shared: bool,
     /// The peers' private memory after their restores (RssAnon +
-    /// HugetlbPages), summed, KiB.
+    /// private hugetlb), summed, KiB.
     pub peers_private_kib: u64,
     /// The handler's RssAnon / RssFile before any peer connected, KiB.
     pub idle_anon_kib: u64,
