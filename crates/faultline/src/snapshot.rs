@@ -194,10 +194,7 @@ impl SharedSnapshot {
                 path: path.to_owned(),
                 source,
             };
-            let huge = mem::is_hugetlbfs(&file).map_err(map_err)?;
-            if !huge && !mem::is_tmpfs(&file).map_err(map_err)? {
-                return Err(SharedError::NotTmpfs(path.to_owned()));
-            }
+            let huge = in_memory_fs(&file, path)?;
             if huge && !len.is_multiple_of(HUGE) {
                 return Err(SharedError::HugeLength {
                     path: path.to_owned(),
@@ -309,10 +306,7 @@ impl SharedSnapshot {
             path: path.to_owned(),
             source,
         };
-        let huge = mem::is_hugetlbfs(&file).map_err(map_err)?;
-        if !huge && !mem::is_tmpfs(&file).map_err(map_err)? {
-            return Err(SharedError::NotTmpfs(path.to_owned()));
-        }
+        let huge = in_memory_fs(&file, path)?;
         let len = meta.len();
         // tmpfs counts allocated pages in st_blocks: a file written in full
         // has no holes and needs no page-by-page look. A hugetlbfs file is
@@ -461,6 +455,20 @@ impl SharedSnapshot {
 }
 
 /// `st_dev` as the (major, minor) that `/proc/<pid>/maps` prints.
+/// Whether `file` (at `path`) is on hugetlbfs (`true`) or tmpfs
+/// (`false`); anything else is refused.
+fn in_memory_fs(file: &File, path: &Path) -> Result<bool, SharedError> {
+    let map_err = |source| SharedError::Map {
+        path: path.to_owned(),
+        source,
+    };
+    let huge = mem::is_hugetlbfs(file).map_err(map_err)?;
+    if !huge && !mem::is_tmpfs(file).map_err(map_err)? {
+        return Err(SharedError::NotTmpfs(path.to_owned()));
+    }
+    Ok(huge)
+}
+
 fn dev_numbers(dev: u64) -> (u32, u32) {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
