@@ -556,6 +556,38 @@ fn a_snapshot_in_redis_is_served_byte_for_byte() {
     );
 }
 
+/// Runs `bench restore` on a 16 MiB file (10% working set, warm, one
+/// rep) with `configs` and `extra` arguments; its JSON and its pid.
+fn bench_restore(dir: &Dir, configs: &str, extra: &[&str]) -> (serde_json::Value, u32) {
+    let json = dir.path("restore.json");
+    let size = (16 * MIB).to_string();
+    let args = [
+        &[
+            "bench",
+            "--json",
+            json.to_str().unwrap(),
+            "restore",
+            "--size",
+            &size,
+            "--working-set",
+            "10",
+            "--configs",
+            configs,
+            "--cache",
+            "warm",
+            "--reps",
+            "1",
+        ][..],
+        extra,
+    ]
+    .concat();
+    let mut b = Proc::start("bench", &args, &dir.path("bench.err"));
+    let pid = b.pid();
+    assert_ok(&mut b, dir);
+    let out = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (out, pid)
+}
+
 /// `bench restore --store`: the memory file is uploaded to a real Redis
 /// server, faultline's configurations are served from it (every byte
 /// checked by the peer), and the records say which store served them.
@@ -564,32 +596,7 @@ fn bench_restore_serves_from_redis() {
     let dir = Dir::new("bench-redis", MIB);
     let server = faultline_redis::server::RedisServer::start().unwrap();
     let url = server.store_url("restore");
-    let json = dir.path("restore.json");
-    let mut b = Proc::start(
-        "bench",
-        &[
-            "bench",
-            "--json",
-            json.to_str().unwrap(),
-            "restore",
-            "--size",
-            &(16 * MIB).to_string(),
-            "--working-set",
-            "10",
-            "--configs",
-            "on-demand,prefetch",
-            "--cache",
-            "warm",
-            "--reps",
-            "1",
-            "--store",
-            &url,
-        ],
-        &dir.path("bench.err"),
-    );
-    assert_ok(&mut b, &dir);
-    let out: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (out, _) = bench_restore(&dir, "on-demand,prefetch", &["--store", &url]);
     let rows: Vec<_> = out["records"]
         .as_array()
         .unwrap()
@@ -615,31 +622,7 @@ fn bench_restore_serves_from_redis() {
 #[test]
 fn bench_restore_shared_rows_read_nothing_and_clean_up() {
     let dir = Dir::new("bench-shared", MIB);
-    let json = dir.path("restore.json");
-    let mut b = Proc::start(
-        "bench",
-        &[
-            "bench",
-            "--json",
-            json.to_str().unwrap(),
-            "restore",
-            "--size",
-            &(16 * MIB).to_string(),
-            "--working-set",
-            "10",
-            "--configs",
-            "kernel-tmpfs,prefetch-shared",
-            "--cache",
-            "warm",
-            "--reps",
-            "1",
-        ],
-        &dir.path("bench.err"),
-    );
-    let pid = b.pid();
-    assert_ok(&mut b, &dir);
-    let out: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (out, pid) = bench_restore(&dir, "kernel-tmpfs,prefetch-shared", &[]);
     let records = out["records"].as_array().unwrap();
     let row = |cfg: &str| {
         records
