@@ -409,9 +409,8 @@ fn run(r: &RegionState, cfg: EvictionConfig, low_water: Option<usize>, stop: &St
         budget_feed.drain_hints(|p| policy.on_access_hint(p));
         let mut progress = false;
         let mut tries = 0;
-        let over = |limit: usize| budget_feed.over(limit);
-        draining |= over(budget);
-        while draining && over(low) && tries < 4 * budget {
+        draining |= budget_feed.over(budget);
+        while draining && budget_feed.over(low) && tries < 4 * budget {
             tries += 1;
             // Pages whose claim is held (being faulted or dirtied) or that
             // an I/O holds are skipped this round and handed back.
@@ -438,7 +437,7 @@ fn run(r: &RegionState, cfg: EvictionConfig, low_water: Option<usize>, stop: &St
                 }
             }
         }
-        draining &= over(low);
+        draining &= budget_feed.over(low);
         if !progress {
             std::thread::park_timeout(Duration::from_micros(200));
         }

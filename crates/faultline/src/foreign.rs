@@ -785,10 +785,7 @@ impl ForeignPeer {
     fn queue_prefetch(&self, offsets: &[u64], hint: bool) -> usize {
         let counts: Vec<usize> = self.regions.iter().map(|r| r.state.pages.count()).collect();
         // Bit sets (the transient memory of a queue stays small).
-        let bits = |n: usize| vec![0u64; n.div_ceil(64)];
-        let get = |b: &[u64], p: usize| b[p / 64] & (1 << (p % 64)) != 0;
-        let set = |b: &mut [u64], p: usize| b[p / 64] |= 1 << (p % 64);
-        let mut in_set: Vec<Vec<u64>> = counts.iter().map(|&n| bits(n)).collect();
+        let in_set: Vec<PageBits> = counts.iter().map(|&n| PageBits::new(n)).collect();
         let mut order: Vec<(u32, u32)> = Vec::with_capacity(offsets.len());
         for &off in offsets {
             for (i, r) in self.regions.iter().enumerate() {
@@ -798,30 +795,30 @@ impl ForeignPeer {
                         .state
                         .pages
                         .index(r.state.pages.base() + off - r.store_offset);
-                    if !get(&in_set[i], p) {
-                        set(&mut in_set[i], p);
+                    if !in_set[i].get(p) {
+                        in_set[i].set(p);
                         order.push((i as u32, p as u32));
                     }
                 }
             }
         }
-        let mut queued: Vec<Vec<u64>> = counts.iter().map(|&n| bits(n)).collect();
+        let queued: Vec<PageBits> = counts.iter().map(|&n| PageBits::new(n)).collect();
         let mut runs: VecDeque<(usize, Range<usize>)> = VecDeque::new();
         for &(i, p) in &order {
             let (i, p) = (i as usize, p as usize);
-            if get(&queued[i], p) {
+            let (s, q) = (&in_set[i], &queued[i]);
+            if q.get(p) {
                 continue;
             }
-            let (s, q) = (&in_set[i], &mut queued[i]);
             let mut start = p;
-            while start > 0 && get(s, start - 1) && !get(q, start - 1) {
+            while start > 0 && s.get(start - 1) && !q.get(start - 1) {
                 start -= 1;
             }
             let mut end = p + 1;
-            while end < counts[i] && get(s, end) && !get(q, end) {
+            while end < counts[i] && s.get(end) && !q.get(end) {
                 end += 1;
             }
-            (start..end).for_each(|x| set(q, x));
+            (start..end).for_each(|x| q.set(x));
             runs.push_back((i, start..end));
         }
         let n = order.len();

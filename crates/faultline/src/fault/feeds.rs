@@ -273,18 +273,16 @@ impl BudgetFeed {
     /// A dirty page held for a write-back retry (`held`) or released from
     /// it (`!held`).
     pub fn hold_unwritable(&self, held: bool) {
-        for c in [
-            Some(&self.unwritable),
-            self.shared.as_ref().map(|s| &s.unwritable),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        let count = |c: &AtomicUsize| {
             if held {
                 c.fetch_add(1, SeqCst);
             } else {
                 c.fetch_sub(1, SeqCst);
             }
+        };
+        count(&self.unwritable);
+        if let Some(s) = &self.shared {
+            count(&s.unwritable);
         }
     }
 
