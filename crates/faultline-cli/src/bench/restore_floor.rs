@@ -23,8 +23,9 @@
 use std::path::Path;
 use std::time::Instant;
 
+use faultline::caps::open_uffd;
 use faultline::sys::mem::{Advice, Mapping};
-use faultline::sys::uffd::{self, feature, mode, register_mode, Outcome};
+use faultline::sys::uffd::{feature, mode, register_mode, Outcome};
 
 /// Throughputs measured, bytes per second.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
@@ -91,46 +92,27 @@ pub fn measure(
         }
         let dst = Mapping::anon(len)?;
         dst.advise(0, len, Advice::NoHugePage)?;
-        let u = match uffd::dev_userfaultfd(uffd::open_flags(true)) {
-            Ok(u) => u,
-            Err(_) => uffd::syscall_userfaultfd(uffd::open_flags(true))?,
-        };
-        u.api(0)?;
+        let u = open_uffd(true, 0)?;
         u.register(dst.addr(), len as u64, register_mode::MISSING)?;
-        let runs = len / run_bytes;
         let (u, s, d) = (&u, src.addr(), dst.addr());
-        let t = Instant::now();
-        std::thread::scope(|sc| -> anyhow::Result<()> {
-            let hs: Vec<_> = (0..threads)
-                .map(|k| {
-                    sc.spawn(move || -> anyhow::Result<()> {
-                        for i in (k..runs).step_by(threads) {
-                            let off = (i * run_bytes) as u64;
-                            // SAFETY: the source run lies inside the live file mapping.
-                            let out = unsafe {
-                                u.copy(
-                                    d + off,
-                                    (s + off) as *const u8,
-                                    run_bytes as u64,
-                                    mode::COPY_DONTWAKE,
-                                )
-                            }?;
-                            anyhow::ensure!(
-                                matches!(out, Outcome::Done(n) if n == run_bytes),
-                                "UFFDIO_COPY: {out:?}"
-                            );
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            for h in hs {
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("copy thread panicked"))??;
-            }
+        let secs = timed_runs(threads, len / run_bytes, |i| {
+            let off = (i * run_bytes) as u64;
+            // SAFETY: the source run lies inside the live file mapping.
+            let out = unsafe {
+                u.copy(
+                    d + off,
+                    (s + off) as *const u8,
+                    run_bytes as u64,
+                    mode::COPY_DONTWAKE,
+                )
+            }?;
+            anyhow::ensure!(
+                matches!(out, Outcome::Done(n) if n == run_bytes),
+                "UFFDIO_COPY: {out:?}"
+            );
             Ok(())
         })?;
-        Ok((len as f64 / t.elapsed().as_secs_f64(), populate_bps))
+        Ok((len as f64 / secs, populate_bps))
     };
     (f.copy_populated_bps, f.populate_bps) = copy(true, 1, run_bytes)?;
     f.copy_unpopulated_bps = copy(false, 1, run_bytes)?.0;
@@ -140,46 +122,49 @@ pub fn measure(
         let snap = std::fs::File::open(snap)?;
         let cont = |threads: usize, run_bytes: usize| -> anyhow::Result<f64> {
             let dst = Mapping::file_private(None, &snap, len, 0)?;
-            let u = match uffd::dev_userfaultfd(uffd::open_flags(true)) {
-                Ok(u) => u,
-                Err(_) => uffd::syscall_userfaultfd(uffd::open_flags(true))?,
-            };
-            u.api(feature::MINOR_SHMEM | feature::MISSING_SHMEM)?;
+            let u = open_uffd(true, feature::MINOR_SHMEM | feature::MISSING_SHMEM)?;
             u.register(
                 dst.addr(),
                 len as u64,
                 register_mode::MISSING | register_mode::MINOR,
             )?;
-            let (runs, u, d) = (len / run_bytes, &u, dst.addr());
-            let t = Instant::now();
-            std::thread::scope(|sc| -> anyhow::Result<()> {
-                let hs: Vec<_> = (0..threads)
-                    .map(|k| {
-                        sc.spawn(move || -> anyhow::Result<()> {
-                            for i in (k..runs).step_by(threads) {
-                                let at = d + (i * run_bytes) as u64;
-                                let out =
-                                    u.continue_(at, run_bytes as u64, mode::CONTINUE_DONTWAKE)?;
-                                anyhow::ensure!(
-                                    matches!(out, Outcome::Done(n) if n == run_bytes),
-                                    "UFFDIO_CONTINUE: {out:?}"
-                                );
-                            }
-                            Ok(())
-                        })
-                    })
-                    .collect();
-                for h in hs {
-                    h.join()
-                        .map_err(|_| anyhow::anyhow!("continue thread panicked"))??;
-                }
+            let (u, d) = (&u, dst.addr());
+            let secs = timed_runs(threads, len / run_bytes, |i| {
+                let at = d + (i * run_bytes) as u64;
+                let out = u.continue_(at, run_bytes as u64, mode::CONTINUE_DONTWAKE)?;
+                anyhow::ensure!(
+                    matches!(out, Outcome::Done(n) if n == run_bytes),
+                    "UFFDIO_CONTINUE: {out:?}"
+                );
                 Ok(())
             })?;
-            Ok(len as f64 / t.elapsed().as_secs_f64())
+            Ok(len as f64 / secs)
         };
         f.continue_bps = cont(1, run_bytes)?;
         f.continue_2t_bps = cont(2, run_bytes)?;
         f.continue_page_bps = cont(1, 4096)?;
     }
     Ok(f)
+}
+
+/// Runs `run(i)` for every `i` in `0..runs`, dealt round-robin to
+/// `threads` threads; the wall time in seconds.
+fn timed_runs(
+    threads: usize,
+    runs: usize,
+    run: impl Fn(usize) -> anyhow::Result<()> + Sync,
+) -> anyhow::Result<f64> {
+    let run = &run;
+    let t = Instant::now();
+    std::thread::scope(|sc| -> anyhow::Result<()> {
+        let hs: Vec<_> = (0..threads)
+            .map(|k| sc.spawn(move || (k..runs).step_by(threads).try_for_each(run)))
+            .collect();
+        for h in hs {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("an ioctl thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    Ok(t.elapsed().as_secs_f64())
 }
