@@ -73,6 +73,23 @@ pub trait PinPolicy: Send {
     fn threshold_ns(&self) -> Option<u64> {
         None
     }
+    /// Why `unit` is pinned (`None`: it is not). Policies that pin on
+    /// access (the default) say [`PinCause::Access`].
+    fn pin_cause(&self, unit: usize) -> Option<PinCause> {
+        self.is_pinned(unit).then_some(PinCause::Access)
+    }
+}
+
+/// Why a unit is pinned (for accounting: `faultline bench vpri` B5 splits
+/// the pinned memory by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PinCause {
+    /// Pinned when accessed (simple LRU, pin-all).
+    Access,
+    /// ADP: promoted by the scan, idle past the threshold.
+    Age,
+    /// ADP: promoted from the tail of an overflowing active block.
+    Overflow,
 }
 
 /// ADP parameters (per domain, in units and ns).
@@ -118,6 +135,8 @@ struct Meta {
     last: u64,
     key: (u64, u64),
     demote_at: Option<u64>,
+    /// Why it was promoted (inactive units only).
+    cause: Option<PinCause>,
 }
 
 /// The Adaptive DMA Protector for one domain. See the module docs.
@@ -236,6 +255,7 @@ impl Adp {
                 last,
                 key,
                 demote_at: None,
+                cause: None,
             },
         );
     }
@@ -249,9 +269,10 @@ impl Adp {
         Some(m)
     }
 
-    fn promote(&mut self, unit: usize) {
+    fn promote(&mut self, unit: usize, cause: PinCause) {
         let m = self.remove(unit).expect("promoted unit is tracked");
         self.insert(unit, Block::Inactive, m.last);
+        self.meta.get_mut(&unit).expect("just inserted").cause = Some(cause);
         self.changes.push((unit, true));
         self.enforce_inactive_cap();
     }
@@ -268,7 +289,7 @@ impl Adp {
     fn enforce_active_cap(&mut self) {
         while self.active.len() > self.cfg.active_cap {
             let (_, &u) = self.active.first_key_value().expect("non-empty");
-            self.promote(u);
+            self.promote(u, PinCause::Overflow);
             self.counts.promoted_by_overflow += 1;
         }
     }
@@ -295,7 +316,9 @@ impl PinPolicy for Adp {
                 self.remove(unit);
                 self.insert(unit, Block::Inactive, now);
                 let due = m.demote_at.unwrap_or(now + self.cfg.demote_delay_ns);
-                self.meta.get_mut(&unit).expect("just inserted").demote_at = Some(due);
+                let meta = self.meta.get_mut(&unit).expect("just inserted");
+                meta.demote_at = Some(due);
+                meta.cause = m.cause;
                 if m.demote_at.is_none() {
                     self.demotions.push_back((due, unit));
                 }
@@ -330,7 +353,7 @@ impl PinPolicy for Adp {
                 if now.saturating_sub(m.last) <= self.cfg.threshold_ns {
                     break;
                 }
-                self.promote(u);
+                self.promote(u, PinCause::Age);
                 self.counts.promoted_by_age += 1;
                 promoted += 1;
             }
@@ -361,6 +384,10 @@ impl PinPolicy for Adp {
 
     fn threshold_ns(&self) -> Option<u64> {
         Some(self.cfg.threshold_ns)
+    }
+
+    fn pin_cause(&self, unit: usize) -> Option<PinCause> {
+        self.meta.get(&unit).and_then(|m| m.cause)
     }
 
     fn on_reclaim(&mut self, _unit: usize, age_ns: u64) {
@@ -569,6 +596,16 @@ mod tests {
         prop_assert!(err.is_none(), "inconsistent change {:?}", err);
         let pinned: HashSet<usize> = a.inactive.values().copied().collect();
         prop_assert_eq!(&pinned, applied);
+        // Every pinned unit says why, and only pinned units do.
+        for &u in a.active.values() {
+            prop_assert_eq!(a.pin_cause(u), None);
+        }
+        for &u in a.inactive.values() {
+            prop_assert!(matches!(
+                a.pin_cause(u),
+                Some(PinCause::Age | PinCause::Overflow)
+            ));
+        }
         Ok(())
     }
 
@@ -705,6 +742,7 @@ mod tests {
         }
         // 31 units, cap 30: the oldest (7) was promoted and pinned.
         assert!(a.is_pinned(7));
+        assert_eq!(a.pin_cause(7), Some(PinCause::Overflow));
         assert_eq!(a.counts.promoted_by_overflow, 1);
         assert_eq!(a.sizes(), (30, 1));
     }

@@ -85,6 +85,11 @@ pub struct VpriArgs {
     /// B4: seconds per point (default 3).
     #[arg(long, default_value_t = 3.0)]
     pub b4_secs: f64,
+    /// B5: redraw each VM's reclaim ratio every this many simulated
+    /// seconds, within the paper's 0-50% with mean r (default 0: every VM
+    /// at r all hour).
+    #[arg(long, default_value_t = 0)]
+    pub b5_reclaim_every: u64,
     /// B8: seconds per point per round (default 0.6; 7 log settings x 2
     /// workloads per round).
     #[arg(long, default_value_t = 0.6)]
@@ -141,8 +146,13 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         b2(ctx, a).context("B2")?;
     }
     if parts.contains(&"b5") || parts.contains(&"b7") {
-        super::vpri_sim::run(ctx, a.scale, parts.contains(&"b5"), parts.contains(&"b7"))
-            .context("B5/B7")?;
+        super::vpri_sim::run(
+            ctx,
+            a.b5_reclaim_every,
+            parts.contains(&"b5"),
+            parts.contains(&"b7"),
+        )
+        .context("B5/B7")?;
     }
     if parts.contains(&"b8") {
         super::vpri_pal::b8(

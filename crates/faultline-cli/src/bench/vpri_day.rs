@@ -102,7 +102,7 @@ pub(super) fn b9(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
                 kind,
                 reclaim: Reclaim::Drift {
                     hi: 0.5,
-                    skew: 3,
+                    skew: 3.0,
                     every_s: 3600,
                 },
                 steps: days * DAY_S,
