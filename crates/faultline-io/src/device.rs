@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use faultline::Region;
 
@@ -61,6 +61,8 @@ pub struct DeviceConfig {
     pub log_slots: usize,
     /// How often the log is drained into the pinning policy and the
     /// region's eviction policy (access hints), and the policy ticked.
+    /// Each drain is coalesced: the policy sees each unit once, at its
+    /// last access in the drain, and the eviction policy each page once.
     pub drain_period: Duration,
     /// Time scale of the paper's constants for `PinMode::Adp(None)`.
     pub time_scale: f64,
@@ -180,7 +182,8 @@ impl IoDevice {
             home_cpu: cfg.home_cpu,
             log: AccessLog::new(cfg.log_slots),
             log_on: cfg.log_slots > 0,
-            born: Instant::now(),
+            born_ns: crate::sys::coarse_now_ns(),
+            batch: Default::default(),
             counters: Counters::default(),
             unit_pages: cfg.unit_pages.max(1),
             pin_all: cfg.pin == PinMode::All,

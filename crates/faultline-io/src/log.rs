@@ -7,6 +7,12 @@
 //! less accurate, exactly as the DPU discards events when the host has
 //! posted no empty descriptors. The consumer (the device's pinner thread,
 //! or the user) regulates the cost by how often it drains.
+//!
+//! The producer's path is one compare-and-swap and five stores (the
+//! logged count is the enqueue position, and the device stamps events
+//! with the coarse clock); [`AccessLog::drain`] claims each run of
+//! published events with one compare-and-swap. `faultline bench vpri
+//! --only b8` measures what it costs an I/O.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
@@ -17,7 +23,8 @@ pub struct AccessEvent {
     pub page: usize,
     /// Number of region pages it touches.
     pub pages: u32,
-    /// When it was issued (ns since the device was created).
+    /// When it was issued (ns since the device was created, on the coarse
+    /// clock: a jiffy's resolution).
     pub ts_ns: u64,
     /// Whether the I/O wrote region memory (a read or receive).
     pub write: bool,
@@ -34,9 +41,10 @@ struct Slot {
 pub struct AccessLog {
     slots: Box<[Slot]>,
     mask: usize,
+    /// Events pushed so far (each successful push advances it by one, so
+    /// it is also the count of events logged).
     enq: AtomicUsize,
     deq: AtomicUsize,
-    logged: AtomicU64,
     dropped: AtomicU64,
 }
 
@@ -66,13 +74,13 @@ impl AccessLog {
             mask: n - 1,
             enq: AtomicUsize::new(0),
             deq: AtomicUsize::new(0),
-            logged: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
         }
     }
 
     /// Appends `ev`; false (and counted) if the ring is full. Lock-free,
-    /// never waits.
+    /// never waits: one compare-and-swap and five stores when it logs, one
+    /// atomic add when it drops.
     pub fn push(&self, ev: AccessEvent) -> bool {
         let mut pos = self.enq.load(Relaxed);
         loop {
@@ -90,7 +98,6 @@ impl AccessLog {
                         slot.meta
                             .store(u64::from(ev.pages) << 1 | u64::from(ev.write), Relaxed);
                         slot.seq.store(pos + 1, Release);
-                        self.logged.fetch_add(1, Relaxed);
                         return true;
                     }
                     Err(cur) => pos = cur,
@@ -138,21 +145,53 @@ impl AccessLog {
     }
 
     /// Hands up to `max` events to `f`, oldest first; returns how many.
+    /// Claims each run of published events with one compare-and-swap
+    /// (not one per event, as [`AccessLog::pop`] does).
     pub fn drain(&self, max: usize, mut f: impl FnMut(AccessEvent)) -> usize {
         let mut n = 0;
         while n < max {
-            match self.pop() {
-                Some(ev) => f(ev),
-                None => break,
+            let pos = self.deq.load(Relaxed);
+            let mut k = 0;
+            while n + k < max && k <= self.mask {
+                let seq = self.slots[(pos + k) & self.mask].seq.load(Acquire);
+                if seq != pos + k + 1 {
+                    break;
+                }
+                k += 1;
             }
-            n += 1;
+            if k == 0 {
+                if self.deq.load(Relaxed) == pos {
+                    break;
+                }
+                continue;
+            }
+            if self
+                .deq
+                .compare_exchange(pos, pos + k, Relaxed, Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            for i in pos..pos + k {
+                let slot = &self.slots[i & self.mask];
+                let meta = slot.meta.load(Relaxed);
+                let ev = AccessEvent {
+                    page: slot.page.load(Relaxed) as usize,
+                    pages: (meta >> 1) as u32,
+                    ts_ns: slot.ts.load(Relaxed),
+                    write: meta & 1 != 0,
+                };
+                slot.seq.store(i + self.mask + 1, Release);
+                f(ev);
+            }
+            n += k;
         }
         n
     }
 
     /// Events logged so far.
     pub fn logged(&self) -> u64 {
-        self.logged.load(Relaxed)
+        self.enq.load(Relaxed) as u64
     }
 
     /// Events dropped because the ring was full.
@@ -193,6 +232,72 @@ mod tests {
         assert!(log.push(ev(9)));
         assert_eq!(log.pop(), Some(ev(9)));
         assert_eq!(log.pop(), None);
+    }
+
+    #[test]
+    fn drain_takes_runs_up_to_max_in_order() {
+        let log = AccessLog::new(8);
+        for p in 0..6 {
+            assert!(log.push(ev(p)));
+        }
+        let mut got = vec![];
+        assert_eq!(log.drain(4, |e| got.push(e)), 4);
+        assert_eq!(log.pop(), Some(ev(4)));
+        // Wraps around the ring.
+        for p in 6..13 {
+            assert!(log.push(ev(p)));
+        }
+        assert!(!log.push(ev(99)), "8 slots: 5..13 fill it");
+        assert_eq!(log.drain(usize::MAX, |e| got.push(e)), 8);
+        assert_eq!(got, (0..4).chain(5..13).map(ev).collect::<Vec<_>>());
+        assert_eq!(log.drain(usize::MAX, |_| unreachable!()), 0);
+        assert_eq!((log.logged(), log.dropped()), (13, 1));
+    }
+
+    #[test]
+    fn concurrent_producers_and_consumers_lose_nothing() {
+        let log = std::sync::Arc::new(AccessLog::new(256));
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let consumers: Vec<_> = (0..2)
+            .map(|_| {
+                let (log, done) = (log.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let mut seen = vec![];
+                    loop {
+                        let finished = done.load(Acquire);
+                        log.drain(usize::MAX, |e| seen.push(e.page));
+                        if finished {
+                            break seen;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let producers: Vec<_> = (0..2)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    (0..20_000)
+                        .filter(|i| log.push(ev(t * 100_000 + i)))
+                        .map(|i| t * 100_000 + i)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut pushed: Vec<usize> = producers
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        done.store(true, Release);
+        let mut seen: Vec<usize> = consumers
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        pushed.sort_unstable();
+        seen.sort_unstable();
+        assert_eq!(seen, pushed, "every logged event drained exactly once");
+        assert_eq!(pushed.len() as u64 + log.dropped(), 40_000);
+        assert_eq!(log.logged(), pushed.len() as u64);
     }
 
     #[test]

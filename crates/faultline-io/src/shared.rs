@@ -5,7 +5,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use faultline::Region;
 
@@ -62,7 +61,8 @@ pub(crate) struct DeviceInner {
     pub log: AccessLog,
     /// Whether queues append to `log` (`log_slots > 0`).
     pub log_on: bool,
-    pub born: Instant,
+    /// Birth on the coarse clock ([`crate::sys::coarse_now_ns`]).
+    pub born_ns: u64,
     pub counters: Counters,
     pub unit_pages: usize,
     /// Whether every page is pinned ([`PinMode::All`]).
@@ -71,37 +71,90 @@ pub(crate) struct DeviceInner {
     pub policy: Mutex<Box<dyn PinPolicy>>,
     /// Taken inside `policy` by the drain, never the other way round.
     pub reclaims: Option<Mutex<Reclaims>>,
+    /// The drain's scratch, taken inside `policy` (a leaf).
+    pub batch: Mutex<Batch>,
     pub stop: AtomicBool,
 }
 
+/// One drain's coalescing: each unit's last access and each page's hint
+/// once per drain, however many events name them.
+#[derive(Default)]
+pub(crate) struct Batch {
+    /// Per unit: its last access in this drain (`u64::MAX`: none).
+    last: Vec<u64>,
+    /// Units accessed in this drain.
+    units: Vec<usize>,
+    /// Per page, a bit: hinted in this drain.
+    hinted: Vec<u64>,
+    /// Words of `hinted` to clear after the drain.
+    words: Vec<usize>,
+}
+
 impl DeviceInner {
+    /// Time since the device's birth on the coarse clock (ns; one jiffy's
+    /// resolution, which ADP's seconds-scale rules do not notice): what
+    /// the access log stamps and the drain ticks with.
     pub fn now_ns(&self) -> u64 {
-        self.born.elapsed().as_nanos() as u64
+        crate::sys::coarse_now_ns().saturating_sub(self.born_ns)
     }
 
     /// Drains the access log into the pinning policy and the region's
     /// eviction policy, ticks the policy, applies its pin changes.
+    ///
+    /// The drained events are coalesced first: the policy sees each unit
+    /// once, at its last access in this drain (oldest first), and the
+    /// eviction policy each page once. So the consumer's work grows with
+    /// the units and pages the device touched in a period, not with its
+    /// I/O rate (ADP's rules act on seconds; a drain period is ms).
     pub(crate) fn drain(&self) {
         let mut p = self.policy.lock().expect("pin policy lock");
         let mut rec = self
             .reclaims
             .as_ref()
             .map(|r| r.lock().expect("reclaims lock"));
+        let mut batch = self.batch.lock().expect("drain batch lock");
+        let Batch {
+            last,
+            units,
+            hinted,
+            words,
+        } = &mut *batch;
+        let pages = self.region.pages();
+        last.resize(pages.div_ceil(self.unit_pages), u64::MAX);
+        hinted.resize(pages.div_ceil(64), 0);
         let now = self.now_ns();
-        let mut last = usize::MAX;
         self.log.drain(usize::MAX, |ev: AccessEvent| {
-            let unit = ev.page / self.unit_pages;
-            if unit != last {
-                p.on_access(unit, ev.ts_ns);
-                if let Some(t) = rec.as_mut().and_then(|r| r.last_ns.get_mut(unit)) {
-                    *t = ev.ts_ns;
-                }
-                last = unit;
+            let end = (ev.page + ev.pages as usize).min(pages);
+            let Some(t) = last.get_mut(ev.page / self.unit_pages) else {
+                return;
+            };
+            if *t == u64::MAX {
+                units.push(ev.page / self.unit_pages);
+                *t = ev.ts_ns;
             }
-            for pg in ev.page..ev.page + ev.pages as usize {
-                self.region.access_hint(pg);
+            *t = (*t).max(ev.ts_ns);
+            for pg in ev.page..end {
+                let (w, bit) = (pg / 64, 1u64 << (pg % 64));
+                if hinted[w] & bit == 0 {
+                    hinted[w] |= bit;
+                    words.push(w);
+                    self.region.access_hint(pg);
+                }
             }
         });
+        units.sort_by_key(|&u| last[u]);
+        for &u in units.iter() {
+            let t = std::mem::replace(&mut last[u], u64::MAX);
+            p.on_access(u, t);
+            if let Some(l) = rec.as_mut().and_then(|r| r.last_ns.get_mut(u)) {
+                *l = t;
+            }
+        }
+        units.clear();
+        for w in words.drain(..) {
+            hinted[w] = 0;
+        }
+        drop(batch);
         // The evictor's reclaims of units this device touched, with their
         // ages since that touch (one per unit and run of pages).
         if let Some(r) = rec.as_mut() {
