@@ -47,7 +47,7 @@ pub mod tenant;
 
 pub use device::{DeviceConfig, DeviceStats, IoDevice, Ordering, PinMode};
 pub use log::{AccessEvent, AccessLog};
-pub use queue::{Backend, Completion, Io, IoQueue, Op, Target};
+pub use queue::{Backend, Completion, Io, IoQueue, Op, Target, PREFETCH_AHEAD};
 pub use tenant::{Tenant, TenantConfig, TenantStats, WorkerMode};
 
 /// Errors of the I/O API.

@@ -1029,3 +1029,67 @@ fn ordered_queue_keeps_dependent_ios_in_order() {
         .collect();
     assert!(bad.is_empty(), "blocks copied out of order: {bad:?}");
 }
+
+/// `submit_batch` (pipelined presence checks) does what `submit` does, I/O
+/// by I/O: reads into resident and missing pages all land, each I/O into
+/// a missing page is one I/O fault, and a bad I/O stops the batch with its
+/// error after the ones before it were submitted.
+#[test]
+fn submit_batch_is_submit_with_prefetch() {
+    let engine = SignalEngine::new().unwrap();
+    let pages = 256;
+    let file_data: Vec<u8> = (0..pages * PS).map(|o| pat(11, o)).collect();
+    let tmp = Temp::new("batch", &file_data);
+    let file = Arc::new(File::open(&tmp.0).unwrap());
+    let region = Arc::new(
+        Region::builder(pages * PS)
+            .store(MemoryStore::new(vec![0; pages * PS]))
+            .fault_around(1)
+            .build(&engine)
+            .unwrap(),
+    );
+    // Every other run of 8 pages resident.
+    for r in (0..pages).step_by(16) {
+        region.populate(r * PS, 8 * PS).unwrap();
+    }
+    let missing = (0..pages).filter(|p| p % 16 >= 8).count() as u64;
+    let t = tenant();
+    let dev = device(region.clone(), &t, Ordering::Unordered);
+    let mut q = dev.queue(Backend::Uring { depth: 64 }).unwrap();
+    let io = |dst: usize| faultline_io::Io {
+        op: faultline_io::Op::ReadAt(((pages - 1 - dst) * PS) as u64),
+        target: Target::File(file.clone()),
+        region_off: dst * PS,
+        len: PS,
+        tag: dst as u64,
+    };
+    q.submit_batch((0..pages).map(io)).unwrap();
+    for _ in 0..pages {
+        let c = q.complete(WAIT).expect("every read completes");
+        assert_eq!(c.result.as_ref().ok(), Some(&PS), "tag {}", c.tag);
+    }
+    // SAFETY: the region is mapped for its length; no I/O is in flight.
+    let mem = unsafe { std::slice::from_raw_parts(region.as_ptr(), pages * PS) };
+    for dst in 0..pages {
+        let src = pages - 1 - dst;
+        assert!(
+            mem[dst * PS..(dst + 1) * PS] == file_data[src * PS..(src + 1) * PS],
+            "page {dst}"
+        );
+    }
+    assert_eq!(dev.stats().iopfs, missing, "{:?}", dev.stats());
+    // A bad I/O (past the region) in the middle: the two before it go in.
+    let mut bad = io(0);
+    bad.region_off = pages * PS;
+    let err = q
+        .submit_batch([io(1), io(2), bad, io(3)])
+        .expect_err("past the region");
+    assert!(
+        matches!(err, faultline_io::Error::OutOfRange { .. }),
+        "{err:?}"
+    );
+    for _ in 0..2 {
+        assert!(q.complete(WAIT).is_some());
+    }
+    assert_eq!(q.outstanding(), 0);
+}

@@ -939,6 +939,16 @@ impl Region {
         s.residency.io_acquire(pages);
     }
 
+    /// Starts loading the presence-check words of `pages` into the cache
+    /// without waiting (see [`Residency::prefetch_io`]): call it for a
+    /// batch of I/Os before checking them one by one. Pages past the
+    /// region are ignored.
+    ///
+    /// [`Residency::prefetch_io`]: crate::residency::Residency::prefetch_io
+    pub fn io_prefetch(&self, pages: std::ops::Range<usize>) {
+        self.state().residency.prefetch_io(pages);
+    }
+
     /// Drops the references [`io_acquire`](Self::io_acquire) took.
     pub fn io_release(&self, pages: std::ops::Range<usize>) {
         let s = self.state();
