@@ -129,6 +129,10 @@ pub struct PeerArgs {
     /// inverted) and read the writes back (they must stay private).
     #[arg(long)]
     pub scribble: bool,
+    /// Shared backend: register the regions MISSING only (no MINOR), as a
+    /// VMM unaware of shared mode would; the handler registers MINOR.
+    #[arg(long)]
+    pub missing_only: bool,
     /// Stay alive this many ms after finishing (others run meanwhile).
     #[arg(long, default_value_t = 0)]
     pub hold_ms: u64,
@@ -175,6 +179,45 @@ pub struct PeerReport {
     /// folios map several pages per fault).
     #[serde(default)]
     pub minor_faults: u64,
+    /// `CLOCK_MONOTONIC` ns (serve's clock too) of the start of `seconds`:
+    /// just before the handshake was sent (file backend: after mapping).
+    #[serde(default)]
+    pub sent_ns: u64,
+    /// ... when the working set was drawn and the vCPU threads about to
+    /// start.
+    #[serde(default)]
+    pub vcpus_ns: u64,
+    /// ... when the first vCPU touch began.
+    #[serde(default)]
+    pub first_touch_ns: u64,
+    /// ... when the last working-set touch ended.
+    #[serde(default)]
+    pub last_touch_ns: u64,
+    /// Times the vCPU threads were preempted while touching (their
+    /// `nonvoluntary_ctxt_switches`, summed): other threads wanted their
+    /// CPUs.
+    #[serde(default)]
+    pub vcpu_preempted: u64,
+    /// Times they slept (`voluntary_ctxt_switches`): waits for a fault to
+    /// be resolved.
+    #[serde(default)]
+    pub vcpu_slept: u64,
+}
+
+/// This thread's (voluntary, nonvoluntary) context switches.
+fn thread_switches() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let get = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        get("voluntary_ctxt_switches:"),
+        get("nonvoluntary_ctxt_switches:"),
+    )
 }
 
 /// `minflt` of /proc/self/stat (field 10).
@@ -246,7 +289,7 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
         Backend::Uffd => map_anon(&sizes, args.gap.next_multiple_of(ps), args.huge)?,
         Backend::File | Backend::Shared => map_file(&mapped, &sizes)?,
     };
-    let mut t0 = Instant::now();
+    let mut t0 = (Instant::now(), faultline::sys::monotonic_ns());
     let mut _conn = None;
     if args.backend != Backend::File {
         let u = match uffd::dev_userfaultfd(uffd::open_flags(true)) {
@@ -259,9 +302,14 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
             } else {
                 feature::MINOR_SHMEM | feature::MISSING_SHMEM
             };
+            let minor_mode = if args.missing_only {
+                0
+            } else {
+                register_mode::MINOR
+            };
             (
                 feature::EVENT_REMOVE | minor,
-                register_mode::MISSING | register_mode::MINOR,
+                register_mode::MISSING | minor_mode,
             )
         } else {
             (feature::EVENT_REMOVE, register_mode::MISSING)
@@ -271,7 +319,7 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
             u.register(base, len as u64, mode)?;
         }
         let conn = connect(&args)?;
-        t0 = Instant::now();
+        t0 = (Instant::now(), faultline::sys::monotonic_ns());
         if send_handshake(&args, &conn, &u, &layout, ps as u64, file_len as u64)? {
             return Ok(());
         }
@@ -469,7 +517,7 @@ fn touch_and_check(
     args: &PeerArgs,
     file: &std::fs::File,
     layout: &Layout,
-    t0: Instant,
+    (t0, sent_ns): (Instant, u64),
 ) -> anyhow::Result<PeerReport> {
     let ws = Arc::new(working_set(layout, args.working_set, args.seed));
     let minflt0 = minor_faults();
@@ -506,11 +554,14 @@ fn touch_and_check(
         })
     });
     let mut handles = Vec::new();
+    let vcpus_ns = faultline::sys::monotonic_ns();
     for t in 0..nthreads {
         let (ws, regions, touched) = (ws.clone(), regions.clone(), touched.clone());
         let paused = paused.clone();
         handles.push(std::thread::spawn(move || {
             let mut lat = Vec::with_capacity(ws.len() / nthreads + 1);
+            let mut first_ns = u64::MAX;
+            let switches = thread_switches();
             for (i, &(r, p)) in ws.iter().enumerate() {
                 if i % nthreads != t {
                     continue;
@@ -522,21 +573,38 @@ fn touch_and_check(
                     }
                 }
                 let addr = regions[r].0 + (p * PAGE) as u64;
+                if first_ns == u64::MAX {
+                    first_ns = faultline::sys::monotonic_ns();
+                }
                 let s = Instant::now();
                 // SAFETY: `addr` lies in a live mapping of this process.
                 unsafe { std::ptr::read_volatile(addr as *const u8) };
                 lat.push(s.elapsed().as_nanos() as u64);
                 touched.fetch_add(1, Relaxed);
             }
-            (lat, Instant::now())
+            let (end, end_ns) = (Instant::now(), faultline::sys::monotonic_ns());
+            let after = thread_switches();
+            (
+                lat,
+                end,
+                first_ns,
+                end_ns,
+                (after.0 - switches.0, after.1 - switches.1),
+            )
         }));
     }
     let mut lat = Vec::new();
     let mut end = t0;
+    let (mut first_touch_ns, mut last_touch_ns) = (u64::MAX, 0);
+    let (mut vcpu_slept, mut vcpu_preempted) = (0, 0);
     for h in handles {
-        let (l, e) = h.join().expect("vCPU thread");
+        let (l, e, first, last, (slept, preempted)) = h.join().expect("vCPU thread");
+        vcpu_slept += slept;
+        vcpu_preempted += preempted;
         lat.extend(l);
         end = end.max(e);
+        first_touch_ns = first_touch_ns.min(first);
+        last_touch_ns = last_touch_ns.max(last);
     }
     vcpus_done.store(true, Relaxed);
     if let Some(s) = stormer {
@@ -634,5 +702,11 @@ fn touch_and_check(
         rss_file_kib,
         hugetlb_kib,
         minor_faults,
+        sent_ns,
+        vcpus_ns,
+        first_touch_ns,
+        last_touch_ns,
+        vcpu_preempted,
+        vcpu_slept,
     })
 }

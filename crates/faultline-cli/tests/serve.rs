@@ -754,6 +754,59 @@ fn shared_mode_writes_stay_private_and_removed_pages_read_zeros() {
 }
 
 #[test]
+fn serve_registers_minor_for_a_shared_peer_that_registered_missing_only() {
+    let dir = Dir::new("shared-missing-only", 16 * MIB);
+    let snap = Shm::new("missing-only");
+    let json = dir.path("serve.json");
+    let mut s = serve(
+        &dir,
+        &[
+            "--peers",
+            "1",
+            "--shared",
+            snap.arg(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    // The peer registers MISSING only: its touches of cached pages would be
+    // the kernel's, and after its balloon the kernel would map the
+    // snapshot's page again, not zeros. serve registers MINOR through the
+    // peer's userfaultfd, so the faults are ours and the ballooned range
+    // reads zeros (the peer checks every byte).
+    let mut p = shared_peer(
+        &dir,
+        "p",
+        &snap,
+        &["--missing-only", "--working-set", "30", "--balloon"],
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert!(log.contains("shared mode"), "{log}");
+    assert!(log.contains("1 REMOVE events (1024 pages)"), "{log}");
+    let sum = &summaries(&dir, "serve.json")[0];
+    // Its touches reached serve as minor faults (with MISSING only, none
+    // would: the snapshot has no holes), answered by CONTINUE; only the
+    // ballooned pages (1024, read back as zeros) were copied.
+    assert!(sum["faults"].as_u64().unwrap() > 0, "{sum}");
+    assert_eq!(sum["bytes_read"], 1024 * 4096, "{sum}");
+    // The hand-off's milestones are stamped in order.
+    let h = &sum["handoff"];
+    let at = |k: &str| h[k].as_u64().unwrap();
+    assert!(at("accepted_ns") > 0, "{h}");
+    for (a, b) in [
+        ("accepted_ns", "received_ns"),
+        ("received_ns", "checked_ns"),
+        ("checked_ns", "built_ns"),
+        ("built_ns", "serving_ns"),
+        ("serving_ns", "first_fault_ns"),
+    ] {
+        assert!(at(a) <= at(b), "{a} after {b}: {h}");
+    }
+}
+
+#[test]
 fn a_peer_mapping_another_file_is_refused_while_a_shared_peer_is_served() {
     let dir = Dir::new("shared-bad", 16 * MIB);
     let snap = Shm::new("bad");

@@ -103,7 +103,7 @@ use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::background::Background;
@@ -185,6 +185,17 @@ pub enum ForeignError {
         snapshot: u64,
         /// The store's length.
         store: u64,
+    },
+    /// Registering a region for minor faults (shared mode) failed.
+    #[error(
+        "region {index}: registering it MISSING|MINOR through the peer's userfaultfd: {source}"
+    )]
+    Register {
+        /// Region index.
+        index: usize,
+        /// The error.
+        #[source]
+        source: crate::sys::uffd::UffdError,
     },
     /// A thread could not be started.
     #[error("spawning {what}: {source}")]
@@ -295,6 +306,27 @@ struct PeerCounters {
     prefetched: AtomicU64,
     prefetch_ioctls: AtomicU64,
     outside: AtomicU64,
+}
+
+/// When serving a peer reached its milestones, in `CLOCK_MONOTONIC`
+/// nanoseconds ([`crate::sys::monotonic_ns`], comparable with the peer's
+/// own clock readings); `None`: not (yet). What `faultline bench restore`
+/// breaks a restore's hand-off down with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerTimes {
+    /// The first fault message read.
+    pub first_fault_ns: Option<u64>,
+    /// The first prefetch ioctl finished.
+    pub first_prefetch_ns: Option<u64>,
+    /// The prefetch queue ran dry (the last prefetch ioctl finished).
+    pub prefetch_done_ns: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct PeerClock {
+    first_fault: OnceLock<u64>,
+    first_prefetch: OnceLock<u64>,
+    prefetch_done: OnceLock<u64>,
 }
 
 /// A snapshot of a peer's counters.
@@ -426,6 +458,79 @@ struct PrefetchQueue {
     taken: usize,
 }
 
+/// The page size of a [`PrefetchPlan`]'s runs.
+const PLAN_PAGE: u64 = 4096;
+
+/// A working set (store offsets of 4 KiB pages, in the order they were
+/// first touched: a record) made into the runs prefetch installs, once,
+/// for any number of peers ([`ForeignPeer::prefetch_plan`]). In the set's
+/// order, around each page not yet in a run, the run is the longest
+/// contiguous stretch of set pages not yet in a run: a cluster is one run
+/// whatever order its pages were touched in, and the pages needed first
+/// come first. Holes between set pages are never bridged (a page costs
+/// more to copy than an ioctl). Building costs O(set); each peer's queue
+/// then O(runs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefetchPlan {
+    /// (store offset, 4 KiB pages), in install order.
+    runs: Vec<(u64, u32)>,
+    pages: usize,
+}
+
+impl PrefetchPlan {
+    /// The plan of the set at `offsets` (store offsets, any alignment:
+    /// each names its 4 KiB page; repeats are ignored).
+    pub fn new(offsets: &[u64]) -> PrefetchPlan {
+        let Some(max) = offsets.iter().max() else {
+            return PrefetchPlan::default();
+        };
+        let count = (max / PLAN_PAGE) as usize + 1;
+        let in_set = PageBits::new(count);
+        let mut order: Vec<u32> = Vec::with_capacity(offsets.len());
+        for &off in offsets {
+            let p = (off / PLAN_PAGE) as usize;
+            if !in_set.get(p) {
+                in_set.set(p);
+                order.push(p as u32);
+            }
+        }
+        let queued = PageBits::new(count);
+        let mut runs = Vec::new();
+        for &p in &order {
+            let p = p as usize;
+            if queued.get(p) {
+                continue;
+            }
+            let mut start = p;
+            while start > 0 && in_set.get(start - 1) && !queued.get(start - 1) {
+                start -= 1;
+            }
+            let mut end = p + 1;
+            while end < count && in_set.get(end) && !queued.get(end) {
+                end += 1;
+            }
+            (start..end).for_each(|x| queued.set(x));
+            runs.push((start as u64 * PLAN_PAGE, (end - start) as u32));
+        }
+        PrefetchPlan {
+            runs,
+            pages: order.len(),
+        }
+    }
+
+    /// Pages in the set.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// Its runs, as (store offset, bytes), in install order.
+    pub fn runs(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+        self.runs
+            .iter()
+            .map(|&(o, n)| (o, n as usize * PLAN_PAGE as usize))
+    }
+}
+
 struct ForeignRegion {
     state: Box<RegionState>,
     removed: Arc<Removed>,
@@ -460,6 +565,7 @@ pub struct ForeignPeer {
     copy_gate: Arc<RwLock<()>>,
     store: Arc<dyn PageStore>,
     stats: PeerCounters,
+    clock: PeerClock,
 }
 
 impl std::fmt::Debug for ForeignPeer {
@@ -524,6 +630,7 @@ impl ForeignPeer {
                     store: store.len().unwrap_or(0),
                 });
             }
+            register_minor(&uffd, specs)?;
         }
         let mut order: Vec<usize> = (0..specs.len()).collect();
         order.sort_by_key(|&i| specs[i].base);
@@ -621,6 +728,7 @@ impl ForeignPeer {
             copy_gate: Arc::new(RwLock::new(())),
             store,
             stats: PeerCounters::default(),
+            clock: PeerClock::default(),
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
@@ -751,6 +859,16 @@ impl ForeignPeer {
         }
     }
 
+    /// When its first fault, first and last prefetch install happened.
+    pub fn times(&self) -> PeerTimes {
+        let c = &self.clock;
+        PeerTimes {
+            first_fault_ns: c.first_fault.get().copied(),
+            first_prefetch_ns: c.first_prefetch.get().copied(),
+            prefetch_done_ns: c.prefetch_done.get().copied(),
+        }
+    }
+
     /// The store offsets of the pages that faulted, in the order they
     /// first did (record mode; empty otherwise). Takes the log.
     pub fn take_record(&self) -> Vec<u64> {
@@ -773,60 +891,70 @@ impl ForeignPeer {
     /// Offsets outside every region are ignored; returns the number of
     /// pages queued.
     pub fn prefetch(&self, offsets: &[u64]) -> usize {
-        self.queue_prefetch(offsets, true)
+        self.prefetch_plan(&PrefetchPlan::new(offsets), true)
     }
 
     /// [`ForeignPeer::prefetch`] of a set whose store ranges
     /// [`prepare_store`] already read and mapped (no read hints).
     pub fn prefetch_prepared(&self, offsets: &[u64]) -> usize {
-        self.queue_prefetch(offsets, false)
+        self.prefetch_plan(&PrefetchPlan::new(offsets), false)
     }
 
-    fn queue_prefetch(&self, offsets: &[u64], hint: bool) -> usize {
-        let counts: Vec<usize> = self.regions.iter().map(|r| r.state.pages.count()).collect();
-        // Bit sets (the transient memory of a queue stays small).
-        let in_set: Vec<PageBits> = counts.iter().map(|&n| PageBits::new(n)).collect();
-        let mut order: Vec<(u32, u32)> = Vec::with_capacity(offsets.len());
-        for &off in offsets {
+    /// [`ForeignPeer::prefetch`] of a set made into runs once
+    /// ([`PrefetchPlan::new`]), for any number of peers: this peer's share
+    /// costs O(runs), not O(set). `read_hints`: ask the store to start
+    /// reading the runs (false when [`prepare_store`] did).
+    pub fn prefetch_plan(&self, plan: &PrefetchPlan, read_hints: bool) -> usize {
+        let mut runs: VecDeque<(usize, Range<usize>)> = VecDeque::with_capacity(plan.runs.len());
+        // Regions of pages larger than the plan's: several runs fall in one
+        // page; it is queued once.
+        let queued: Vec<Option<PageBits>> = self
+            .regions
+            .iter()
+            .map(|r| {
+                (r.state.pages.size().bytes() as u64 > PLAN_PAGE)
+                    .then(|| PageBits::new(r.state.pages.count()))
+            })
+            .collect();
+        let mut n = 0;
+        for &(off, len) in &plan.runs {
+            let (lo, hi) = (off, off + len as u64 * PLAN_PAGE);
             for (i, r) in self.regions.iter().enumerate() {
-                let len = r.state.pages.len() as u64;
-                if off >= r.store_offset && off < r.store_offset + len {
-                    let p = r
-                        .state
-                        .pages
-                        .index(r.state.pages.base() + off - r.store_offset);
-                    if !in_set[i].get(p) {
-                        in_set[i].set(p);
-                        order.push((i as u32, p as u32));
+                let (so, end) = (r.store_offset, r.store_offset + r.state.pages.len() as u64);
+                let (a, b) = (lo.max(so), hi.min(end));
+                if a >= b {
+                    continue;
+                }
+                let ps = r.state.pages.size().bytes() as u64;
+                let (first, last) = (((a - so) / ps) as usize, (b - so).div_ceil(ps) as usize);
+                match &queued[i] {
+                    None => {
+                        runs.push_back((i, first..last));
+                        n += last - first;
+                    }
+                    Some(q) => {
+                        let mut p = first;
+                        while p < last {
+                            if q.get(p) {
+                                p += 1;
+                                continue;
+                            }
+                            let s = p;
+                            while p < last && !q.get(p) {
+                                q.set(p);
+                                p += 1;
+                            }
+                            runs.push_back((i, s..p));
+                            n += p - s;
+                        }
                     }
                 }
             }
         }
-        let queued: Vec<PageBits> = counts.iter().map(|&n| PageBits::new(n)).collect();
-        let mut runs: VecDeque<(usize, Range<usize>)> = VecDeque::new();
-        for &(i, p) in &order {
-            let (i, p) = (i as usize, p as usize);
-            let (s, q) = (&in_set[i], &queued[i]);
-            if q.get(p) {
-                continue;
-            }
-            let mut start = p;
-            while start > 0 && s.get(start - 1) && !q.get(start - 1) {
-                start -= 1;
-            }
-            let mut end = p + 1;
-            while end < counts[i] && s.get(end) && !q.get(end) {
-                end += 1;
-            }
-            (start..end).for_each(|x| q.set(x));
-            runs.push_back((i, start..end));
-        }
-        let n = order.len();
-        drop((order, in_set, queued));
         // Ask the store to start reading every run now, in the background
         // (a file: the kernel's large asynchronous reads), in the order the
         // runs will be installed.
-        if hint {
+        if read_hints {
             let hints: Vec<(u64, usize)> = runs
                 .iter()
                 .map(|(i, run)| {
@@ -871,6 +999,47 @@ impl Drop for ForeignPeer {
             b.stop(|| ());
         }
     }
+}
+
+/// Shared mode needs the peer's minor faults, and its registration does
+/// not show in its memory map (only in smaps' `ui` flag, which costs a
+/// page-table walk of every vma of the peer): the regions are registered
+/// MISSING|MINOR here, through the peer's userfaultfd (the ioctl acts on
+/// the peer's mm). For a VMM that registered them so (as shared mode asks)
+/// that changes nothing; one that registered MISSING only gets the
+/// registration that makes its dropped pages read zeros. A registration
+/// replaces the range's modes, so a peer that enabled write-protection
+/// (which it may have registered) is refused instead. The kernel must
+/// allow CONTINUE on the range.
+fn register_minor(uffd: &ForeignUffd, specs: &[ForeignRegionSpec]) -> Result<(), ForeignError> {
+    use crate::sys::uffd::{ioctl_bit, register_mode};
+    const WP: u64 = feature::PAGEFAULT_FLAG_WP
+        | feature::WP_HUGETLBFS_SHMEM
+        | feature::WP_UNPOPULATED
+        | feature::WP_ASYNC;
+    if uffd.features & WP != 0 {
+        return Err(ForeignError::Refused {
+            what: "shared (zero-copy) mode",
+            why: "the peer enabled write-protect features: registering its regions MISSING|MINOR would drop a WP registration",
+        });
+    }
+    for (index, s) in specs.iter().enumerate() {
+        let ioctls = uffd
+            .uffd
+            .register(
+                s.base,
+                s.len as u64,
+                register_mode::MISSING | register_mode::MINOR,
+            )
+            .map_err(|source| ForeignError::Register { index, source })?;
+        if ioctls & (1 << ioctl_bit::CONTINUE) == 0 {
+            return Err(ForeignError::Refused {
+                what: "shared (zero-copy) mode",
+                why: "the kernel does not allow UFFDIO_CONTINUE on the peer's regions",
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks the regions against each other and against the store: no
@@ -1213,6 +1382,7 @@ fn prefetch_chunk(
         q.runs.is_empty() && q.taken == 0
     };
     if done && p.prefetch_pending.swap(false, Relaxed) {
+        p.clock.prefetch_done.get_or_init(crate::sys::monotonic_ns);
         let _ = tx.send(PeerEvent::PrefetchDone {
             peer: p.clone(),
             at: Instant::now(),
@@ -1247,6 +1417,7 @@ fn install_run(
                 }
                 p.stats.prefetched.fetch_add((page - start) as u64, Relaxed);
                 p.stats.prefetch_ioctls.fetch_add(1, Relaxed);
+                p.clock.first_prefetch.get_or_init(crate::sys::monotonic_ns);
             }
             Resolution::Retry => return (page, true),
             _ => page += 1,
@@ -1459,6 +1630,7 @@ impl Worker {
 
     fn on_fault(&mut self, p: &Arc<ForeignPeer>, addr: u64, flags: u64) -> Verdict {
         let t0 = crate::sys::rdtsc();
+        p.clock.first_fault.get_or_init(crate::sys::monotonic_ns);
         p.stats.faults.fetch_add(1, Relaxed);
         let Some(reg) = p.find(addr) else {
             p.stats.outside.fetch_add(1, Relaxed);
@@ -1698,6 +1870,60 @@ mod tests {
         let q = peer.prefetch.lock().unwrap();
         let runs: Vec<Range<usize>> = q.runs.iter().map(|r| r.1.clone()).collect();
         assert_eq!(runs, vec![40..43, 3..4, 5..6]);
+        drop(q);
+        // One plan, made once, queued for a peer whose two regions hold the
+        // store's halves swapped: a run crossing the halves' boundary in the
+        // store (30..34) is split at it, each piece in its region's pages
+        // (the pieces in address order).
+        let plan = PrefetchPlan::new(
+            &[40u64, 42, 41, 3, 5, 31, 30, 33, 32]
+                .iter()
+                .map(|p| p << 12)
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(plan.pages(), 9);
+        let store_runs: Vec<(u64, usize)> = plan.runs().collect();
+        assert_eq!(
+            store_runs,
+            vec![
+                (40 << 12, 3 << 12),
+                (3 << 12, 4096),
+                (5 << 12, 4096),
+                (30 << 12, 4 << 12)
+            ]
+        );
+        let half = len / 2;
+        let specs = [
+            ForeignRegionSpec {
+                base: a.addr(),
+                len: half,
+                page_size: 4096,
+                store_offset: half as u64,
+            },
+            ForeignRegionSpec {
+                base: a.addr() + half as u64,
+                len: half,
+                page_size: 4096,
+                store_offset: 0,
+            },
+        ];
+        let fd: OwnedFd = u.as_fd().try_clone_to_owned().unwrap();
+        let store: Arc<dyn PageStore> = Arc::new(MemoryStore::new(vec![7u8; len]));
+        let swapped = ForeignPeer::new(
+            "t2",
+            ForeignUffd::adopt(fd).unwrap(),
+            &specs,
+            store,
+            &ForeignOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(swapped.prefetch_plan(&plan, false), 9);
+        let q = swapped.prefetch.lock().unwrap();
+        let runs: Vec<(usize, Range<usize>)> = q.runs.iter().cloned().collect();
+        assert_eq!(
+            runs,
+            vec![(0, 8..11), (1, 3..4), (1, 5..6), (0, 0..2), (1, 30..32)]
+        );
     }
 
     /// A store that pays per request and counts its batched calls.

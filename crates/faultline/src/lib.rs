@@ -95,7 +95,7 @@ pub use fault::report::StackWriter;
 pub use fault::RegionStats;
 pub use foreign::{
     prepare_store, ForeignEngine, ForeignEngineConfig, ForeignError, ForeignOptions, ForeignPeer,
-    ForeignRegionSpec, ForeignUffd, PeerEvent, PeerStats,
+    ForeignRegionSpec, ForeignUffd, PeerEvent, PeerStats, PeerTimes, PrefetchPlan,
 };
 pub use page::{MemoryKind, PageSize, ResolveOp};
 pub use policy::ReadaheadConfig;

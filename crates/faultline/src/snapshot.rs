@@ -26,9 +26,11 @@
 //!
 //! # Trust
 //! The handler cannot read what another process mapped, only where:
-//! [`SharedSnapshot::check_peer`] reads `/proc/<pid>/smaps` and requires each
-//! region to be a private mapping of *this* file (device and inode) at the
-//! region's store offset, registered for MINOR faults. That the file holds
+//! [`SharedSnapshot::check_peer`] looks the peer's vmas up (`PROCMAP_QUERY`
+//! on `/proc/<pid>/maps`) and requires each region to be a private mapping
+//! of *this* file (device and inode) at the region's store offset; the
+//! MINOR registration is made sure of by [`crate::ForeignPeer::new`]
+//! (`UFFDIO_REGISTER` through the peer's userfaultfd). That the file holds
 //! the store's bytes is trusted: [`SharedSnapshot::create`] writes it (a
 //! new file, mode 0444: only its owner or root can change it, and peers'
 //! private mappings never write it back); [`SharedSnapshot::open`] reuses
@@ -36,7 +38,7 @@
 //! store.
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Read as _};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -113,7 +115,7 @@ pub enum SharedError {
     },
 }
 
-/// How a peer's memory is backed, read from `/proc/<pid>/smaps`.
+/// How a peer's memory is backed, read from its memory map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerBacking {
     /// Anonymous (or hugetlb) memory: copy mode.
@@ -123,7 +125,7 @@ pub enum PeerBacking {
     Shared,
 }
 
-/// One vma of `/proc/<pid>/smaps`.
+/// One vma of the peer (`PROCMAP_QUERY`, or a `/proc/<pid>/maps` line).
 #[derive(Debug, Clone)]
 struct Vma {
     start: u64,
@@ -133,7 +135,6 @@ struct Vma {
     dev: (u32, u32),
     inode: u64,
     path: String,
-    minor: bool,
 }
 
 /// A tmpfs file holding a store's bytes. See the module docs.
@@ -379,27 +380,48 @@ impl SharedSnapshot {
     /// How peer `pid` backs its regions, given as `(base, len,
     /// store_offset)` in the peer's address space (see the module docs):
     /// anonymous memory (copy mode), or private mappings of this file at
-    /// each region's store offset registered for minor faults (shared
-    /// mode). Anything else (another file, another offset, a shared
-    /// mapping, no MINOR registration, a mix) is refused with why.
+    /// each region's store offset (shared mode). Anything else (another
+    /// file, another offset, a shared mapping, a hole, a mix) is refused
+    /// with why. The vmas are looked up with `PROCMAP_QUERY` on
+    /// `/proc/<pid>/maps` (Linux 6.11+: a few µs, no page-table walk), or
+    /// read from that file's text on older kernels; either needs the right
+    /// to read the peer's memory map (same user, or root) and its pid in
+    /// our pid namespace. That the regions are registered for minor faults
+    /// is not visible there: [`crate::ForeignPeer::new`] makes sure of it
+    /// in shared mode.
     pub fn check_peer(
         &self,
         pid: i32,
         regions: &[(u64, usize, u64)],
     ) -> Result<PeerBacking, SharedError> {
-        let vmas = read_smaps(pid).map_err(|source| SharedError::Io {
+        let path = PathBuf::from(format!("/proc/{pid}/maps"));
+        let io = |source| SharedError::Io {
             what: "reading the peer's memory map",
-            path: format!("/proc/{pid}/smaps").into(),
+            path: path.clone(),
             source,
-        })?;
+        };
+        let maps = File::open(&path).map_err(io)?;
+        let mut text: Option<Vec<Vma>> = None;
         let mut kinds = Vec::new();
         for (index, &(base, len, store_offset)) in regions.iter().enumerate() {
             let bad = |why: String| SharedError::Peer { index, why };
             let (start, end) = (base, base + len as u64);
-            let covering: Vec<&Vma> = vmas
-                .iter()
-                .filter(|v| v.start < end && v.end > start)
-                .collect();
+            let covering = match &text {
+                None => match query_vmas(&maps, start, end) {
+                    Ok(v) => v,
+                    // Before Linux 6.11: the maps text.
+                    Err(e) if mem::procmap_query_unsupported(&e) => {
+                        let mut buf = String::new();
+                        (&maps).read_to_string(&mut buf).map_err(io)?;
+                        let all = parse_maps(&buf);
+                        let v = overlapping(&all, start, end);
+                        text = Some(all);
+                        v
+                    }
+                    Err(e) => return Err(io(e.source)),
+                },
+                Some(all) => overlapping(all, start, end),
+            };
             let covered: u64 = covering
                 .iter()
                 .map(|v| v.end.min(end) - v.start.max(start))
@@ -436,11 +458,6 @@ impl SharedSnapshot {
                         "it maps the snapshot MAP_SHARED: its writes would change every clone; map it MAP_PRIVATE".into(),
                     ));
                 }
-                if !v.minor {
-                    return Err(bad(
-                        "it is not registered for minor faults (UFFDIO_REGISTER_MODE_MINOR with UFFD_FEATURE_MINOR_SHMEM)".into(),
-                    ));
-                }
             }
         }
         match (kinds.iter().all(|&a| a), kinds.iter().all(|&a| !a)) {
@@ -452,6 +469,38 @@ impl SharedSnapshot {
             }),
         }
     }
+}
+
+/// The vmas overlapping `[start, end)`, by `PROCMAP_QUERY` (stops at the
+/// first gap: the caller finds the range not entirely mapped).
+fn query_vmas(maps: &File, start: u64, end: u64) -> Result<Vec<Vma>, MemError> {
+    let mut out = Vec::new();
+    let mut at = start;
+    while at < end {
+        match mem::procmap_query(maps, at)? {
+            Some(v) if v.start <= at => {
+                out.push(Vma {
+                    start: v.start,
+                    end: v.end,
+                    private: !v.shared,
+                    offset: v.offset,
+                    dev: v.dev,
+                    inode: v.inode,
+                    path: String::new(),
+                });
+                at = v.end;
+            }
+            _ => break,
+        }
+    }
+    Ok(out)
+}
+
+fn overlapping(all: &[Vma], start: u64, end: u64) -> Vec<Vma> {
+    all.iter()
+        .filter(|v| v.start < end && v.end > start)
+        .cloned()
+        .collect()
 }
 
 /// `st_dev` as the (major, minor) that `/proc/<pid>/maps` prints.
@@ -475,21 +524,11 @@ fn dev_numbers(dev: u64) -> (u32, u32) {
     (major as u32, minor as u32)
 }
 
-fn read_smaps(pid: i32) -> io::Result<Vec<Vma>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
-    Ok(parse_smaps(&text))
-}
-
-/// The vmas of an smaps text: header lines and their `VmFlags`.
-fn parse_smaps(text: &str) -> Vec<Vma> {
+/// The vmas of a `/proc/<pid>/maps` text (smaps' header lines are the
+/// same; its other lines are skipped).
+fn parse_maps(text: &str) -> Vec<Vma> {
     let mut out: Vec<Vma> = Vec::new();
     for line in text.lines() {
-        if let Some(flags) = line.strip_prefix("VmFlags:") {
-            if let Some(v) = out.last_mut() {
-                v.minor = flags.split_whitespace().any(|f| f == "ui");
-            }
-            continue;
-        }
         let mut it = line.split_whitespace();
         let Some(range) = it.next() else { continue };
         let Some((a, b)) = range.split_once('-') else {
@@ -517,7 +556,6 @@ fn parse_smaps(text: &str) -> Vec<Vma> {
             ),
             inode: inode.parse().unwrap_or(0),
             path: it.collect::<Vec<_>>().join(" "),
-            minor: false,
         });
     }
     out
@@ -528,7 +566,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn smaps_headers_and_flags_are_parsed() {
+    fn maps_lines_are_parsed() {
         let text = "\
 7f0000000000-7f0000200000 rw-p 00200000 00:1a 4242                       /dev/shm/snap
 Size:               2048 kB
@@ -536,7 +574,7 @@ VmFlags: rd wr mr mw me ac ui um
 7f0000400000-7f0000600000 rw-p 00000000 00:00 0 
 VmFlags: rd wr mr mw me ac um
 ";
-        let v = parse_smaps(text);
+        let v = parse_maps(text);
         assert_eq!(v.len(), 2);
         assert_eq!(
             (v[0].start, v[0].end, v[0].offset),
@@ -546,8 +584,7 @@ VmFlags: rd wr mr mw me ac um
             (v[0].dev, v[0].inode, v[0].path.as_str()),
             ((0, 0x1a), 4242, "/dev/shm/snap")
         );
-        assert!(v[0].private && v[0].minor);
-        assert!(!v[1].minor);
+        assert!(v[0].private);
         assert_eq!(v[1].inode, 0);
     }
 

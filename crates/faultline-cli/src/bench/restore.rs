@@ -103,6 +103,10 @@ pub struct RestoreArgs {
     /// then only drops the file's cache (Redis keeps its data in memory).
     #[arg(long)]
     pub store: Option<String>,
+    /// `faultline serve --prefetch-helpers N` for every served
+    /// configuration. Default: serve's default.
+    #[arg(long)]
+    pub prefetch_helpers: Option<usize>,
 }
 
 const CONFIGS: [&str; 13] = [
@@ -221,6 +225,95 @@ struct Run {
     /// The peer's private memory after the working set (anonymous and
     /// hugetlb), KiB.
     peer_anon_kib: u64,
+    /// The hand-off's steps ([`STEPS`]), ms from the peer's handshake send
+    /// (NaN: not taken by this configuration).
+    steps: Vec<f64>,
+    /// The vCPU threads' preemptions and sleeps while touching.
+    preempted: u64,
+    slept: u64,
+}
+
+/// The steps of a restore's hand-off, in the order they usually happen:
+/// (column, JSON key, what it is). Times are ms from the peer's handshake
+/// send (the kernel rows: from its mapping), stamped with `CLOCK_MONOTONIC`
+/// by the peer and by serve.
+const STEPS: [(&str, &str, &str); 14] = [
+    (
+        "accept",
+        "accepted",
+        "serve's listener accepted the connection (before the send: the peer connects first)",
+    ),
+    ("thread", "thread", "serve's handshake thread started"),
+    ("recv", "received", "recvmsg returned the handshake"),
+    ("adopt", "adopted", "parsed, userfaultfd adopted (fdinfo)"),
+    (
+        "check",
+        "checked",
+        "mode check ended (shared snapshot or anonymous)",
+    ),
+    ("built", "built", "the peer's regions set up"),
+    ("queued", "queued", "prefetch queued"),
+    ("serving", "serving", "handed to the handler threads"),
+    (
+        "vcpus",
+        "vcpus",
+        "the peer drew its working set, starts its vCPUs",
+    ),
+    ("1st touch", "first_touch", "the first vCPU touch began"),
+    ("1st fault", "first_fault", "serve read the first fault"),
+    (
+        "1st pf",
+        "first_prefetch",
+        "the first prefetch ioctl finished",
+    ),
+    (
+        "pf done",
+        "prefetch_done",
+        "the last prefetch ioctl finished",
+    ),
+    (
+        "last touch",
+        "last_touch",
+        "the last working-set touch ended (the restore time)",
+    ),
+];
+
+/// The hand-off steps of one run (see [`STEPS`]).
+fn steps(p: &PeerReport, s: Option<&PeerSummary>) -> Vec<f64> {
+    let at = |ns: u64| {
+        if ns == 0 || p.sent_ns == 0 || ns == u64::MAX {
+            f64::NAN
+        } else {
+            (ns as f64 - p.sent_ns as f64) / 1e6
+        }
+    };
+    let h = s.map(|s| s.handoff).unwrap_or_default();
+    [
+        h.accepted_ns,
+        h.thread_ns,
+        h.received_ns,
+        h.adopted_ns,
+        h.checked_ns,
+        h.built_ns,
+        h.queued_ns,
+        h.serving_ns,
+        p.vcpus_ns,
+        p.first_touch_ns,
+        h.first_fault_ns,
+        h.first_prefetch_ns,
+        h.prefetch_done_ns,
+        p.last_touch_ns,
+    ]
+    .into_iter()
+    .map(at)
+    .collect()
+}
+
+/// The median of the finite values (NaN when none).
+fn median_finite(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Runs the bench.
@@ -372,6 +465,8 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     let steps = (a.working_set.len() * a.cache.len() * a.configs.len() * a.reps) as u64;
     let mut progress = ctx.progress(steps, "restore");
     let mut rows = Vec::new();
+    let mut handoff_rows = Vec::new();
+    let evictor = Evictor::new()?;
     let mut floors = Vec::new();
     // Per (working set, cache): prefetch's preparation of the record.
     let mut prepared: Vec<(String, f64)> = Vec::new();
@@ -382,23 +477,44 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         warm(&mem)?;
         let ws_bytes = ((a.size as f64 * ws / 100.0) as usize).max(2 << 20);
         let shared = snap.0.exists().then_some(snap.0.as_path());
-        let floor = progress.suspend(|| restore_floor::measure(&mem, shared, ws_bytes, 2 << 20))?;
-        floors.push((ws, floor));
         record(a, dir, &mem, ws, &rec)?;
+        let hshared = (!hsnap.as_os_str().is_empty()).then_some(hsnap.as_path());
+        let floor = progress.suspend(|| -> anyhow::Result<_> {
+            let mut f = restore_floor::measure(&mem, shared, ws_bytes, 2 << 20)?;
+            // The recorded set's own runs: shared-mode prefetch's floor.
+            let plan = faultline::PrefetchPlan::new(&crate::serve::record::read(&rec)?);
+            f.set_bytes = plan.pages() * 4096;
+            if let Some(snap) = shared {
+                (f.continue_set_s, f.set_runs) =
+                    restore_floor::continue_set(snap, &plan, 1, false)?;
+                f.continue_set_2t_s = restore_floor::continue_set(snap, &plan, 2, false)?.0;
+            }
+            if let Some(h) = hshared {
+                (f.continue_huge_set_s, f.huge_set_pages) =
+                    restore_floor::continue_set(h, &plan, 1, true)?;
+            }
+            Ok(f)
+        })?;
+        floors.push((ws, floor));
         for cache in &a.cache {
             let cold = cache == "cold";
             let mut medians: Vec<(String, Run)> = Vec::new();
-            for cfg in &a.configs {
-                let mut runs = Vec::new();
-                for rep in 0..a.reps.max(1) {
+            // Reps interleaved (every configuration once, then again), so a
+            // slow spell of the machine hits all of them alike.
+            let mut all_runs: Vec<Vec<Run>> = a.configs.iter().map(|_| Vec::new()).collect();
+            for rep in 0..a.reps.max(1) {
+                for (cfg, runs) in a.configs.iter().zip(&mut all_runs) {
                     progress.step(&format!("ws {ws}% {cache} {cfg} {rep}"));
                     if cold {
                         drop_cache(&mem, root)?;
                     } else {
                         warm(&mem)?;
                     }
+                    evictor.evict();
                     runs.push(one(a, dir, &mem, ws, cfg, &rec, &all, &snap.0, &hsnap)?);
                 }
+            }
+            for (cfg, runs) in a.configs.iter().zip(all_runs) {
                 let med = |f: &dyn Fn(&Run) -> f64| {
                     let mut v: Vec<f64> = runs.iter().map(f).collect();
                     v.sort_by(f64::total_cmp);
@@ -412,6 +528,11 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     bytes_read: med(&|r| r.bytes_read as f64) as u64,
                     prepare_ms: med(&|r| r.prepare_ms),
                     peer_anon_kib: med(&|r| r.peer_anon_kib as f64) as u64,
+                    preempted: med(&|r| r.preempted as f64) as u64,
+                    slept: med(&|r| r.slept as f64) as u64,
+                    steps: (0..STEPS.len())
+                        .map(|k| median_finite(runs.iter().map(|r| r.steps[k]).collect()))
+                        .collect(),
                 };
                 medians.push((cfg.to_string(), m));
             }
@@ -473,6 +594,25 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                 if m.prepare_ms.is_finite() {
                     rec = rec.with("prepare_ms", m.prepare_ms);
                 }
+                for ((_, key, _), ms) in STEPS.iter().zip(&m.steps) {
+                    if ms.is_finite() {
+                        rec = rec.with(&format!("handoff_{key}_ms"), *ms);
+                    }
+                }
+                rec = rec
+                    .with("vcpu_preempted", m.preempted)
+                    .with("vcpu_slept", m.slept);
+                let mut line = vec![format!("{ws}%"), cache.clone(), cfg.clone()];
+                line.extend(m.steps.iter().map(|ms| {
+                    if ms.is_finite() {
+                        format!("{ms:.2}")
+                    } else {
+                        "-".into()
+                    }
+                }));
+                line.push(m.preempted.to_string());
+                line.push(m.slept.to_string());
+                handoff_rows.push(line);
                 if let Some(r) = ratio(base, m) {
                     rec = rec.with("speedup_vs_baseline", r);
                 }
@@ -552,6 +692,15 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     println!(
         "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
     );
+    let mut head = vec!["ws", "cache", "config"];
+    head.extend(STEPS.iter().map(|s| s.0));
+    head.extend(["preempted", "slept"]);
+    println!("\nwhere the restore time goes: ms from the peer's handshake send (kernel rows: from its mapping), medians; CLOCK_MONOTONIC stamps of the peer and of serve");
+    print_table(&head, &handoff_rows);
+    for (col, _, what) in STEPS {
+        println!("  {col}: {what}");
+    }
+    println!("  preempted, slept: the vCPU threads' involuntary and voluntary context switches while touching (other threads took their CPU; they waited for a fault)");
     for (label, ms) in &prepared {
         println!(
             "{label}: serve read and mapped the recorded set in {ms:.1} ms from its own start (the peer starts with it; not a pause before the handshake)"
@@ -616,6 +765,47 @@ fn print_floors(ctx: &mut BenchCtx, floors: &[(f64, restore_floor::Floor)]) {
             ("UFFDIO_CONTINUE, 2 threads", f.continue_2t_bps),
             ("UFFDIO_CONTINUE, 4 KiB per ioctl", f.continue_page_bps),
         ];
+        let set = [
+            (
+                format!(
+                    "UFFDIO_CONTINUE of the recorded set's {} runs (tmpfs)",
+                    f.set_runs
+                ),
+                f.continue_set_s,
+                f.set_bytes,
+            ),
+            (
+                format!("the same, 2 threads ({} runs)", f.set_runs),
+                f.continue_set_2t_s,
+                f.set_bytes,
+            ),
+            (
+                format!(
+                    "UFFDIO_CONTINUE of the {} huge pages the set touches (hugetlbfs)",
+                    f.huge_set_pages
+                ),
+                f.continue_huge_set_s,
+                f.huge_set_pages << 21,
+            ),
+        ];
+        for (what, secs, bytes) in set.into_iter().filter(|c| c.1 > 0.0) {
+            let bps = bytes as f64 / secs;
+            let s = Summary::from_ns(&mut [secs * 1e9]);
+            ctx.report.push(
+                Record::new("restore-floor", &what, "CONTINUE", "read", &s)
+                    .with("working_set_pct", *ws)
+                    .with("bytes", bytes as u64)
+                    .with("ms", secs * 1e3)
+                    .with("bytes_per_second", bps),
+            );
+            rows.push(vec![
+                format!("{ws}%"),
+                what,
+                format!("{}", bytes >> 20),
+                gbs(bps),
+                format!("{:.2}", secs * 1e3),
+            ]);
+        }
         for (what, bps) in cases.into_iter().filter(|c| c.1 > 0.0) {
             let s = Summary::from_ns(&mut [f.bytes as f64 / bps * 1e9]);
             ctx.report.push(
@@ -719,6 +909,37 @@ fn write_mem(path: &Path, size: usize) -> anyhow::Result<()> {
     }
     f.into_inner()?.sync_all()?;
     Ok(())
+}
+
+/// Pushes the working set's cache lines out of the CPU caches before each
+/// run: every configuration's vCPUs start from memory, not from lines an
+/// earlier run (or `warm`, for the memory file) left in a last-level cache
+/// that here is hundreds of MiB.
+struct Evictor(Mapping);
+
+impl Evictor {
+    fn new() -> anyhow::Result<Evictor> {
+        // Twice the last-level cache (sysfs; 64 MiB when unknown), at most
+        // 2 GiB.
+        let llc = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size")
+            .ok()
+            .and_then(|s| s.trim().strip_suffix('K')?.parse::<usize>().ok())
+            .map_or(32 << 20, |k| k << 10);
+        let len = (2 * llc).clamp(64 << 20, 2 << 30);
+        let m = Mapping::anon(len)?;
+        m.advise(0, len, mem::Advice::PopulateWrite)?;
+        Ok(Evictor(m))
+    }
+
+    fn evict(&self) {
+        let mut sum = 0u64;
+        for off in (0..self.0.len()).step_by(64) {
+            // SAFETY: inside a live, populated anonymous mapping.
+            sum = sum
+                .wrapping_add(unsafe { std::ptr::read_volatile(self.0.as_ptr().add(off)) } as u64);
+        }
+        std::hint::black_box(sum);
+    }
 }
 
 fn warm(path: &Path) -> anyhow::Result<()> {
@@ -833,6 +1054,9 @@ fn served(
         .arg(&json)
         .args(["--peers", "1", "--timeout", "60"]);
     cmd.args(extra);
+    if let Some(n) = a.prefetch_helpers {
+        cmd.args(["--prefetch-helpers", &n.to_string()]);
+    }
     if let Mode::Shared(snap) | Mode::SharedHuge(snap) = mode {
         cmd.arg("--shared").arg(snap);
     }
@@ -905,6 +1129,9 @@ fn one(
     hsnap: &Path,
 ) -> anyhow::Result<Run> {
     let from = |p: PeerReport, faults: u64, bytes: u64| Run {
+        steps: steps(&p, None),
+        preempted: p.vcpu_preempted,
+        slept: p.vcpu_slept,
         seconds: p.seconds,
         median_ns: p.median_ns as f64,
         p99_ns: p.p99_ns as f64,
@@ -939,7 +1166,10 @@ fn one(
         }
         "on-demand" | "on-demand-shared" | "on-demand-huge" | "on-demand-shared-huge" => {
             let (p, s, _) = served(a, dir, mem, ws, &[], Mode::of(cfg, snap, hsnap))?;
-            from(p, s.faults, s.bytes_read)
+            Run {
+                steps: steps(&p, Some(&s)),
+                ..from(p, s.faults, s.bytes_read)
+            }
         }
         "prefetch" | "eager" | "prefetch-shared" | "prefetch-huge" | "prefetch-shared-huge" => {
             let list = if cfg == "eager" { all } else { rec };
@@ -953,6 +1183,7 @@ fn one(
             )?;
             Run {
                 prepare_ms,
+                steps: steps(&p, Some(&s)),
                 ..from(p, s.faults, s.bytes_read)
             }
         }

@@ -16,7 +16,12 @@
 //! * `UFFDIO_CONTINUE` (shared mode's floor, when the shared tmpfs copy
 //!   exists): a private mapping of it registered MISSING|MINOR, the working
 //!   set's pages mapped from its page cache in runs (no allocation, no
-//!   copy), one and two threads, and one 4 KiB page per ioctl.
+//!   copy), one and two threads, and one 4 KiB page per ioctl;
+//! * `UFFDIO_CONTINUE` of exactly the recorded set's runs (what prefetch in
+//!   shared mode installs, in its order, one ioctl per run), one and two
+//!   threads; and on the hugetlbfs copy, one 2 MiB ioctl per huge page the
+//!   set touches: the least shared-mode prefetch can spend, with nothing
+//!   else running.
 //!
 //! Everything runs warm (the file is in the page cache).
 
@@ -53,6 +58,79 @@ pub struct Floor {
     pub continue_2t_bps: f64,
     /// UFFDIO_CONTINUE one 4 KiB page per ioctl, one thread.
     pub continue_page_bps: f64,
+    /// Bytes of the recorded set (its runs' pages).
+    pub set_bytes: usize,
+    /// Its runs (ioctls on the tmpfs copy).
+    pub set_runs: usize,
+    /// UFFDIO_CONTINUE of the set's runs on the tmpfs copy, one thread, s
+    /// (0: not measured).
+    pub continue_set_s: f64,
+    /// The same, two threads.
+    pub continue_set_2t_s: f64,
+    /// Huge pages the set touches (ioctls on the hugetlbfs copy).
+    pub huge_set_pages: usize,
+    /// UFFDIO_CONTINUE of those 2 MiB pages, one thread, s (0: not
+    /// measured).
+    pub continue_huge_set_s: f64,
+}
+
+/// CONTINUE of a plan's runs (pieces of at most 2 MiB, as prefetch
+/// installs them) into a fresh private mapping of `snap` registered
+/// MISSING|MINOR, dealt to `threads` threads; seconds. With `huge`, the
+/// file is on hugetlbfs and each huge page the runs touch is one 2 MiB
+/// ioctl.
+pub fn continue_set(
+    snap: &Path,
+    plan: &faultline::PrefetchPlan,
+    threads: usize,
+    huge: bool,
+) -> anyhow::Result<(f64, usize)> {
+    const PIECE: u64 = 2 << 20;
+    let file = std::fs::File::open(snap)?;
+    let len = file.metadata()?.len() as usize;
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    if huge {
+        let mut seen = vec![false; len.div_ceil(PIECE as usize)];
+        for (off, bytes) in plan.runs() {
+            for h in off / PIECE..(off + bytes as u64).div_ceil(PIECE) {
+                if !std::mem::replace(&mut seen[h as usize], true) {
+                    ranges.push((h * PIECE, PIECE));
+                }
+            }
+        }
+    } else {
+        for (off, bytes) in plan.runs() {
+            let mut at = off;
+            while at < off + bytes as u64 {
+                let n = PIECE.min(off + bytes as u64 - at);
+                ranges.push((at, n));
+                at += n;
+            }
+        }
+    }
+    let dst = Mapping::file_private(None, &file, len, 0)?;
+    let features = if huge {
+        feature::MINOR_HUGETLBFS | feature::MISSING_HUGETLBFS
+    } else {
+        feature::MINOR_SHMEM | feature::MISSING_SHMEM
+    };
+    let u = open_uffd(true, features)?;
+    u.register(
+        dst.addr(),
+        len as u64,
+        register_mode::MISSING | register_mode::MINOR,
+    )?;
+    let (u, d, ranges) = (&u, dst.addr(), &ranges);
+    let secs = timed_runs(threads, ranges.len(), |i| {
+        let (off, n) = ranges[i];
+        let out = u.continue_(d + off, n, mode::CONTINUE_DONTWAKE)?;
+        anyhow::ensure!(
+            matches!(out, Outcome::Done(m) if m as u64 == n),
+            "UFFDIO_CONTINUE: {out:?}"
+        );
+        Ok(())
+    })?;
+    Ok((secs, ranges.len()))
 }
 
 /// Measures the floor for `bytes` of `mem` (warm), in runs of `run_bytes`;

@@ -2,7 +2,8 @@
 //! memory backend (and any VMM speaking its hand-off; see `handshake`).
 //!
 //! ```text
-//!  listener (main thread) ── accept ──► handshake thread per connection
+//!  listener (main thread) ── accept ──► the handshake (on the listener when it
+//!     │                                   is there within 2 ms, else a thread)
 //!     │                                   recvmsg: JSON + SCM_RIGHTS uffd, SO_PEERCRED
 //!     │                                   parse, check layout vs the memory file
 //!     │                                   ForeignPeer ─► ForeignEngine::add
@@ -32,7 +33,7 @@ use faultline::store::FileAccess;
 use faultline::sys::sock::{self, events, PollFd};
 use faultline::{
     EngineKind, FileStore, ForeignEngine, ForeignEngineConfig, ForeignOptions, ForeignPeer,
-    ForeignUffd, PageStore, PeerBacking, PeerEvent, ReadaheadConfig, SharedSnapshot,
+    ForeignUffd, PageStore, PeerBacking, PeerEvent, PrefetchPlan, ReadaheadConfig, SharedSnapshot,
 };
 
 /// `faultline serve` arguments.
@@ -103,8 +104,10 @@ pub struct ServeArgs {
     /// size, 64 sampled pages equal to the memory file's). A peer that maps
     /// PATH `MAP_PRIVATE` at its regions' offsets and registers them
     /// MISSING|MINOR (`UFFD_FEATURE_MINOR_SHMEM`) is served with
-    /// `UFFDIO_CONTINUE` (no copy); serve checks that in the peer's
-    /// /proc/PID/smaps. Peers with anonymous memory are served by copy as
+    /// `UFFDIO_CONTINUE` (no copy); serve checks the mapping in the peer's
+    /// memory map (PROCMAP_QUERY on /proc/PID/maps) and registers the
+    /// regions MISSING|MINOR itself through the peer's userfaultfd (a no-op
+    /// for a peer that did). Peers with anonymous memory are served by copy as
     /// before, by the same process. PATH is never removed by serve.
     #[arg(long)]
     pub shared: Option<PathBuf>,
@@ -151,6 +154,39 @@ pub struct PeerSummary {
     pub bookkeeping_bytes: u64,
     /// Seconds from the handshake to its end.
     pub seconds: f64,
+    /// When the hand-off reached its milestones.
+    #[serde(default)]
+    pub handoff: Handoff,
+}
+
+/// When serve reached each step of a peer's hand-off, `CLOCK_MONOTONIC`
+/// nanoseconds (the peer's clock too: `bench restore` lays them beside the
+/// peer's own); 0: the step did not happen.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, Default)]
+pub struct Handoff {
+    /// The listener accepted the connection.
+    pub accepted_ns: u64,
+    /// Handling the handshake started (on the listener's thread when it
+    /// arrived within 2 ms of the connection, else on a thread of its own).
+    pub thread_ns: u64,
+    /// `recvmsg` returned the handshake.
+    pub received_ns: u64,
+    /// The handshake was parsed and the userfaultfd adopted.
+    pub adopted_ns: u64,
+    /// The mode check (shared snapshot or anonymous memory) ended.
+    pub checked_ns: u64,
+    /// The peer's regions were set up.
+    pub built_ns: u64,
+    /// Its prefetch was queued.
+    pub queued_ns: u64,
+    /// It was handed to the handler threads.
+    pub serving_ns: u64,
+    /// The first fault message was read.
+    pub first_fault_ns: u64,
+    /// The first prefetch ioctl finished.
+    pub first_prefetch_ns: u64,
+    /// The last prefetch ioctl finished.
+    pub prefetch_done_ns: u64,
 }
 
 /// Whose restore `--record` records: the first peer whose handshake is
@@ -166,6 +202,17 @@ enum Recorder {
     Peer(u64),
 }
 
+/// A peer being served: its engine id, connection number, pid, when its
+/// handshake was read, its hand-off so far.
+#[derive(Clone, Copy)]
+struct Served {
+    id: u64,
+    n: usize,
+    pid: i32,
+    received: Instant,
+    handoff: Handoff,
+}
+
 struct Shared {
     args: ServeArgs,
     store: Arc<dyn PageStore>,
@@ -175,10 +222,12 @@ struct Shared {
     prepared: std::sync::Once,
     engine: ForeignEngine,
     prefetch: Option<Vec<u64>>,
+    /// The recorded set made into runs once, queued for every peer.
+    plan: Option<PrefetchPlan>,
     connected: AtomicUsize,
     finished: AtomicUsize,
     recorder: Mutex<Recorder>,
-    pids: Mutex<Vec<(u64, usize, i32, Instant)>>,
+    pids: Mutex<Vec<Served>>,
     summaries: Mutex<Vec<PeerSummary>>,
 }
 
@@ -207,6 +256,10 @@ fn open_store(args: &ServeArgs) -> anyhow::Result<(Arc<dyn PageStore>, String)> 
         (None, None) => anyhow::bail!("--mem or --store is required"),
     })
 }
+
+/// How long the listener waits for a new connection's handshake before it
+/// hands the connection to a thread of its own, ms.
+const HANDSHAKE_INLINE_MS: i32 = 2;
 
 /// Runs `faultline serve`.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -257,6 +310,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         shared,
         prepared,
         engine,
+        plan: prefetch.as_deref().map(PrefetchPlan::new),
         prefetch,
         connected: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
@@ -276,12 +330,40 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         loop {
             match listener.accept() {
                 Ok((conn, _)) => {
+                    let accepted_ns = faultline::sys::monotonic_ns();
                     let n = shared.connected.fetch_add(1, SeqCst) + 1;
+                    // A peer sends its handshake right after connecting:
+                    // when it is there within HANDSHAKE_INLINE, the peer is
+                    // set up on this thread (no thread start on the
+                    // restore's critical path); else on a thread of its
+                    // own, so a slow or silent peer never holds the
+                    // listener up.
+                    let mut fds = [PollFd {
+                        fd: std::os::fd::AsRawFd::as_raw_fd(&conn),
+                        events: events::IN,
+                        revents: 0,
+                    }];
+                    if sock::poll(&mut fds, HANDSHAKE_INLINE_MS).is_ok_and(|r| r == 1) {
+                        let handoff = Handoff {
+                            accepted_ns,
+                            thread_ns: faultline::sys::monotonic_ns(),
+                            ..Default::default()
+                        };
+                        if !shared.accept(n, conn, handoff) {
+                            shared.finished.fetch_add(1, SeqCst);
+                        }
+                        continue;
+                    }
                     let s = shared.clone();
                     std::thread::Builder::new()
                         .name(format!("faultline-handshake-{n}"))
                         .spawn(move || {
-                            if !s.accept(n, conn) {
+                            let handoff = Handoff {
+                                accepted_ns,
+                                thread_ns: faultline::sys::monotonic_ns(),
+                                ..Default::default()
+                            };
+                            if !s.accept(n, conn, handoff) {
                                 s.finished.fetch_add(1, SeqCst);
                             }
                         })?;
@@ -380,7 +462,8 @@ fn shared_snapshot(
 
 impl Shared {
     /// Handles connection `n`; returns whether a peer is now being served.
-    fn accept(&self, n: usize, conn: UnixStream) -> bool {
+    fn accept(&self, n: usize, conn: UnixStream, mut handoff: Handoff) -> bool {
+        let now = faultline::sys::monotonic_ns;
         let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
         let refuse = |why: String| {
             say(format_args!("peer {n} (pid {pid}): refused: {why}"));
@@ -409,6 +492,7 @@ impl Shared {
             Err(e) => return refuse(format!("recvmsg failed: {e}")),
         };
         let received = Instant::now();
+        handoff.received_ns = now();
         if got.bytes == 0 && got.fds.is_empty() {
             return refuse("it hung up without a handshake".into());
         }
@@ -433,6 +517,7 @@ impl Shared {
             Ok(u) => u,
             Err(e) => return refuse(e.to_string()),
         };
+        handoff.adopted_ns = now();
         let total: u64 = specs.iter().map(|s| s.len as u64).sum();
         if total != self.store_len {
             say(format_args!(
@@ -449,7 +534,7 @@ impl Shared {
             free
         };
         // Shared mode when the peer maps the shared snapshot (checked in
-        // its /proc/PID/smaps); copy mode for anonymous memory.
+        // its memory map); copy mode for anonymous memory.
         let shared = match &self.shared {
             Some(snap) => {
                 let regions: Vec<(u64, usize, u64)> = specs
@@ -464,6 +549,7 @@ impl Shared {
             }
             None => None,
         };
+        handoff.checked_ns = now();
         let mode = if shared.is_some() { "shared" } else { "copy" };
         let opts = ForeignOptions {
             readahead: if record || self.args.fault_around <= 1 {
@@ -488,6 +574,7 @@ impl Shared {
                     return refuse(e.to_string());
                 }
             };
+        handoff.built_ns = now();
         let conn: OwnedFd = conn.into();
         let peer = peer.with_hangup(conn);
         if let (Some(offs), false) = (&self.prefetch, peer.is_shared()) {
@@ -500,17 +587,22 @@ impl Shared {
         // The store was prepared with the record (`prepare`), or needs no
         // preparation (shared mode).
         let queued = self
-            .prefetch
+            .plan
             .as_ref()
-            .map(|offs| peer.prefetch_prepared(offs));
+            .map(|plan| peer.prefetch_plan(plan, false));
+        handoff.queued_ns = now();
         let peer = self.engine.add(peer);
+        handoff.serving_ns = now();
         if record {
             *self.recorder.lock().expect("recorder") = Recorder::Peer(peer.id());
         }
-        self.pids
-            .lock()
-            .expect("pids")
-            .push((peer.id(), n, pid, received));
+        self.pids.lock().expect("pids").push(Served {
+            id: peer.id(),
+            n,
+            pid,
+            received,
+            handoff,
+        });
         say(format_args!(
             "peer {n} (pid {pid}): serving {} region(s), {} bytes, {mode} mode, {:.2} ms after its handshake was read; features [{}]{}{}{}",
             specs.len(),
@@ -540,13 +632,24 @@ impl Shared {
     }
 
     fn lookup(&self, id: u64) -> (usize, i32, Instant) {
+        let s = self.lookup_all(id);
+        (s.n, s.pid, s.received)
+    }
+
+    fn lookup_all(&self, id: u64) -> Served {
         self.pids
             .lock()
             .expect("pids")
             .iter()
-            .find(|p| p.0 == id)
-            .map(|p| (p.1, p.2, p.3))
-            .unwrap_or((0, 0, Instant::now()))
+            .find(|p| p.id == id)
+            .copied()
+            .unwrap_or(Served {
+                id,
+                n: 0,
+                pid: 0,
+                received: Instant::now(),
+                handoff: Handoff::default(),
+            })
     }
 
     fn on_event(&self, ev: PeerEvent) {
@@ -586,8 +689,15 @@ impl Shared {
     }
 
     fn finish(&self, peer: &Arc<ForeignPeer>, outcome: String) {
-        let (n, pid, t) = self.lookup(peer.id());
+        let Served {
+            n,
+            pid,
+            received: t,
+            handoff,
+            ..
+        } = self.lookup_all(peer.id());
         let s = peer.stats();
+        let times = peer.times();
         let summary = PeerSummary {
             peer: n,
             pid,
@@ -610,6 +720,12 @@ impl Shared {
             prefetched: s.prefetched,
             bookkeeping_bytes: peer.bookkeeping_bytes() as u64,
             seconds: t.elapsed().as_secs_f64(),
+            handoff: Handoff {
+                first_fault_ns: times.first_fault_ns.unwrap_or(0),
+                first_prefetch_ns: times.first_prefetch_ns.unwrap_or(0),
+                prefetch_done_ns: times.prefetch_done_ns.unwrap_or(0),
+                ..handoff
+            },
         };
         say(format_args!(
             "peer {n} (pid {pid}): {outcome}; {} faults, {} pages installed, {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched",

@@ -625,3 +625,86 @@ pub fn willneed(addr: u64, len: usize) -> Result<(), MemError> {
     }
     Ok(())
 }
+
+/// One vma of a process, as `PROCMAP_QUERY` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmaInfo {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// `MAP_SHARED` (else private).
+    pub shared: bool,
+    /// Offset in the mapped file.
+    pub offset: u64,
+    /// The mapped file's inode (0: anonymous memory).
+    pub inode: u64,
+    /// The mapped file's device, (major, minor).
+    pub dev: (u32, u32),
+}
+
+/// `struct procmap_query` (`include/uapi/linux/fs.h`, Linux 6.11).
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// `PROCMAP_QUERY` = `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: u64 =
+    (3 << 30) | ((std::mem::size_of::<ProcmapQuery>() as u64) << 16) | ((b'f' as u64) << 8) | 17;
+const PROCMAP_QUERY_VMA_SHARED: u64 = 0x08;
+const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
+
+/// The vma of the process whose `/proc/<pid>/maps` is open as `maps`
+/// that covers `addr`, or else the next one above it (`Ok(None)`: none).
+/// One `ioctl(PROCMAP_QUERY)` (Linux 6.11+): a lookup in the process's vma
+/// tree, no page-table walk and no text (unlike `/proc/<pid>/smaps`).
+/// Older kernels fail with `ENOTTY`.
+pub fn procmap_query(maps: &impl AsRawFd, addr: u64) -> Result<Option<VmaInfo>, MemError> {
+    let mut q = ProcmapQuery {
+        size: std::mem::size_of::<ProcmapQuery>() as u64,
+        query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA,
+        query_addr: addr,
+        ..Default::default()
+    };
+    // SAFETY: `q` is a valid, writable procmap_query of the size it
+    // declares; no name or build-id buffers are asked for (sizes 0).
+    let rc = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
+    if rc != 0 {
+        let e = last("ioctl(PROCMAP_QUERY)");
+        if e.source.raw_os_error() == Some(libc::ENOENT) {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(VmaInfo {
+        start: q.vma_start,
+        end: q.vma_end,
+        shared: q.vma_flags & PROCMAP_QUERY_VMA_SHARED != 0,
+        offset: q.vma_offset,
+        inode: q.inode,
+        dev: (q.dev_major, q.dev_minor),
+    }))
+}
+
+/// Whether `procmap_query` failed because the kernel lacks
+/// `PROCMAP_QUERY` (before Linux 6.11: `ENOTTY`; `EINVAL` for a struct it
+/// does not know).
+pub fn procmap_query_unsupported(e: &MemError) -> bool {
+    matches!(e.source.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL))
+}

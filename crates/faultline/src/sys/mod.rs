@@ -212,3 +212,17 @@ pub fn rdtsc() -> u64 {
         t.elapsed().as_nanos() as u64
     }
 }
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `std::time::Instant` reads
+/// on Linux, and the same in every process of the machine (timelines
+/// measured across processes compare these).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always
+    // exists on Linux, so the call cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
