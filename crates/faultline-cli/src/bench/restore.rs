@@ -545,10 +545,16 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     "floor: UFFDIO_COPY of the set, 1 thread".into(),
                     floor.bytes as f64 / floor.copy_populated_bps * 1e3,
                 ));
-                if floor.continue_page_bps > 0.0 {
+                if floor.continue_set_s > 0.0 {
                     bars.push((
-                        "floor: UFFDIO_CONTINUE of the set, 4 KiB per ioctl".into(),
-                        floor.bytes as f64 / floor.continue_page_bps * 1e3,
+                        "floor: UFFDIO_CONTINUE of the recorded set's runs, 1 thread".into(),
+                        floor.continue_set_s * 1e3,
+                    ));
+                }
+                if floor.continue_huge_set_s > 0.0 {
+                    bars.push((
+                        "floor: UFFDIO_CONTINUE of its 2 MiB pages (hugetlbfs)".into(),
+                        floor.continue_huge_set_s * 1e3,
                     ));
                 }
             }
