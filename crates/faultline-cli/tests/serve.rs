@@ -754,6 +754,52 @@ fn shared_mode_writes_stay_private_and_removed_pages_read_zeros() {
 }
 
 #[test]
+fn verify_full_refuses_a_reused_snapshot_changed_where_the_sample_does_not_look() {
+    use std::os::unix::fs::FileExt;
+    let dir = Dir::new("shared-verify", 16 * MIB);
+    let snap = Shm::new("verify");
+    // serve with no peer: it sets the snapshot up, then times out.
+    let run = |name: &str, extra: &[&str]| {
+        let args = [&["--shared", snap.arg(), "--timeout", "0.2"], extra].concat();
+        let mut p = start(&dir, name, "serve", &args);
+        let st = p.wait(WAIT);
+        (st, text(&dir, &format!("{name}.err")))
+    };
+    let (_, log) = run("make", &[]);
+    assert!(log.contains("populated 16 MiB"), "{log}");
+    // Change one byte of page 1: none of the 64 sampled pages (0, 65,
+    // 130, ... of 4096).
+    let flip = || {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .read(true)
+            .open(&snap.0)
+            .unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, 0x1000 + 7).unwrap();
+        f.write_all_at(&[!b[0]], 0x1000 + 7).unwrap();
+    };
+    flip();
+    let (_, log) = run("sample", &[]);
+    assert!(
+        log.contains("reused") && log.contains("64 sampled pages"),
+        "{log}"
+    );
+    let (st, log) = run("full", &["--verify", "full"]);
+    assert!(!st.success(), "{log}");
+    assert!(
+        log.contains("the page at 0x1000 differs (byte 0x1007)"),
+        "{log}"
+    );
+    flip();
+    let (_, log) = run("full-ok", &["--verify", "full"]);
+    assert!(
+        log.contains("reused") && log.contains("every byte match"),
+        "{log}"
+    );
+}
+
+#[test]
 fn serve_registers_minor_for_a_shared_peer_that_registered_missing_only() {
     let dir = Dir::new("shared-missing-only", 16 * MIB);
     let snap = Shm::new("missing-only");

@@ -103,7 +103,7 @@ pub use pool::{FramePoolConfig, FramePoolStats};
 pub use region::{Region, RegionBuilder};
 pub use residency::PageState;
 pub use runahead::{RunAheadConfig, RunAheadStats};
-pub use snapshot::{PeerBacking, SharedError, SharedSnapshot};
+pub use snapshot::{PeerBacking, SharedError, SharedSnapshot, Verify};
 pub use store::{
     FileAccess, FileStore, FillRange, MemoryStore, PageStore, StoreError, WriteRange, ZeroStore,
 };

@@ -153,6 +153,17 @@ pub struct SharedSnapshot {
     _file: File,
 }
 
+/// How much of an existing snapshot's content [`SharedSnapshot::open_verified`]
+/// compares with the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verify {
+    /// 64 pages spread over it (fast; a change elsewhere goes unseen).
+    #[default]
+    Sample,
+    /// Every byte.
+    Full,
+}
+
 /// How long [`SharedSnapshot::create`] took and what it wrote.
 #[derive(Debug, Clone, Copy)]
 pub struct Populated {
@@ -256,8 +267,19 @@ impl SharedSnapshot {
 
     /// Reuses the file at `path` (made by [`SharedSnapshot::create`]): it
     /// must be on tmpfs, as long as `store`, and 64 pages spread over it
-    /// must equal the store's.
+    /// must equal the store's ([`Verify::Sample`]).
     pub fn open(path: &Path, store: &dyn PageStore) -> Result<SharedSnapshot, SharedError> {
+        Self::open_verified(path, store, Verify::Sample)
+    }
+
+    /// [`SharedSnapshot::open`], checking the file's content as `verify`
+    /// says: 64 sampled pages, or every byte (reads both in full: about
+    /// the cost of writing it again, but nothing is written).
+    pub fn open_verified(
+        path: &Path,
+        store: &dyn PageStore,
+        verify: Verify,
+    ) -> Result<SharedSnapshot, SharedError> {
         let snap = Self::map(path)?;
         let len = store.len().ok_or(SharedError::UnknownLength)?;
         let mismatch = |why: String| SharedError::Mismatch {
@@ -269,6 +291,10 @@ impl SharedSnapshot {
                 "{} bytes, the store holds {len}",
                 snap.len
             )));
+        }
+        if verify == Verify::Full {
+            snap.compare_all(store)?;
+            return Ok(snap);
         }
         let pages = len / 4096;
         let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
@@ -293,6 +319,47 @@ impl SharedSnapshot {
             }
         }
         Ok(snap)
+    }
+
+    /// Compares every byte with the store, 2 MiB at a time.
+    fn compare_all(&self, store: &dyn PageStore) -> Result<(), SharedError> {
+        let (mut a, mut b) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
+        let mut off = 0u64;
+        while off < self.len {
+            let n = CHUNK.min((self.len - off) as usize);
+            let want: &[u8] = match store.view(off, n) {
+                Some(v) => v,
+                None => {
+                    store
+                        .fill(off, &mut a[..n])
+                        .map_err(|source| SharedError::Store {
+                            offset: off,
+                            source,
+                        })?;
+                    &a[..n]
+                }
+            };
+            self._file
+                .read_exact_at(&mut b[..n], off)
+                .map_err(|source| SharedError::Io {
+                    what: "reading",
+                    path: self.path.clone(),
+                    source,
+                })?;
+            if want != &b[..n] {
+                let i = want.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(0);
+                return Err(SharedError::Mismatch {
+                    path: self.path.clone(),
+                    why: format!(
+                        "the page at {:#x} differs (byte {:#x})",
+                        (off + i as u64) / 4096 * 4096,
+                        off + i as u64
+                    ),
+                });
+            }
+            off += n as u64;
+        }
+        Ok(())
     }
 
     fn map(path: &Path) -> Result<SharedSnapshot, SharedError> {

@@ -243,7 +243,11 @@ const STEPS: [(&str, &str, &str); 14] = [
         "accepted",
         "serve's listener accepted the connection (before the send: the peer connects first)",
     ),
-    ("thread", "thread", "serve's handshake thread started"),
+    (
+        "thread",
+        "thread",
+        "serve began handling it (on its listener thread, or a thread of its own)",
+    ),
     ("recv", "received", "recvmsg returned the handshake"),
     ("adopt", "adopted", "parsed, userfaultfd adopted (fdinfo)"),
     (

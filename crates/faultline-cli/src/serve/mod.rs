@@ -34,6 +34,7 @@ use faultline::sys::sock::{self, events, PollFd};
 use faultline::{
     EngineKind, FileStore, ForeignEngine, ForeignEngineConfig, ForeignOptions, ForeignPeer,
     ForeignUffd, PageStore, PeerBacking, PeerEvent, PrefetchPlan, ReadaheadConfig, SharedSnapshot,
+    Verify,
 };
 
 /// `faultline serve` arguments.
@@ -101,7 +102,7 @@ pub struct ServeArgs {
     /// PATH, a file on tmpfs (e.g. /dev/shm/NAME): written at start when
     /// absent (mode 0444; the time it takes is printed: the one-time
     /// population of the shared page cache), reused when present (same
-    /// size, 64 sampled pages equal to the memory file's). A peer that maps
+    /// size, and content equal to the memory file's as --verify checks). A peer that maps
     /// PATH `MAP_PRIVATE` at its regions' offsets and registers them
     /// MISSING|MINOR (`UFFD_FEATURE_MINOR_SHMEM`) is served with
     /// `UFFDIO_CONTINUE` (no copy); serve checks the mapping in the peer's
@@ -111,9 +112,23 @@ pub struct ServeArgs {
     /// before, by the same process. PATH is never removed by serve.
     #[arg(long)]
     pub shared: Option<PathBuf>,
+    /// How an existing --shared file's content is checked against the
+    /// memory file before it is reused: `sample` (64 pages spread over it)
+    /// or `full` (every byte; about as long as writing it). Default sample.
+    #[arg(long, value_enum, default_value_t = VerifyArg::Sample)]
+    pub verify: VerifyArg,
     /// Write every peer's statistics to FILE (JSON) on exit.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+/// `--verify`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VerifyArg {
+    /// 64 sampled pages.
+    Sample,
+    /// Every byte.
+    Full,
 }
 
 /// One peer's summary (stderr and `--json`).
@@ -272,7 +287,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let shared = match &args.shared {
-        Some(path) => Some(Arc::new(shared_snapshot(path, &*store)?)),
+        Some(path) => Some(Arc::new(shared_snapshot(path, &*store, args.verify)?)),
         None => None,
     };
     let (engine, events) = ForeignEngine::new(
@@ -425,13 +440,18 @@ fn prepare(store: &Arc<dyn PageStore>, offs: &[u64]) -> std::io::Result<()> {
 fn shared_snapshot(
     path: &std::path::Path,
     store: &dyn PageStore,
+    verify: VerifyArg,
 ) -> anyhow::Result<SharedSnapshot> {
     if path.exists() {
         let t = Instant::now();
-        let snap = SharedSnapshot::open(path, store)
+        let (verify, what) = match verify {
+            VerifyArg::Sample => (Verify::Sample, "64 sampled pages"),
+            VerifyArg::Full => (Verify::Full, "every byte"),
+        };
+        let snap = SharedSnapshot::open_verified(path, store, verify)
             .with_context(|| format!("reusing the shared snapshot {}", path.display()))?;
         say(format_args!(
-            "shared snapshot {}: reused ({} bytes; size and 64 sampled pages match) in {:.1} ms",
+            "shared snapshot {}: reused ({} bytes; size and {what} match) in {:.1} ms",
             path.display(),
             snap.len(),
             t.elapsed().as_secs_f64() * 1e3
