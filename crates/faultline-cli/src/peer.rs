@@ -129,6 +129,11 @@ pub struct PeerArgs {
     /// inverted) and read the writes back (they must stay private).
     #[arg(long)]
     pub scribble: bool,
+    /// Declare the regions' backing in the handshake (`"backing"`:
+    /// `anonymous`, or `shared` with --backend shared), for a handler that
+    /// cannot read this process's memory map (another pid namespace).
+    #[arg(long)]
+    pub declare_backing: bool,
     /// Shared backend: register the regions MISSING only (no MINOR), as a
     /// VMM unaware of shared mode would; the handler registers MINOR.
     #[arg(long)]
@@ -379,6 +384,14 @@ fn send_handshake(
         .map(|&(b, l, o)| (b, l as u64, o, ps))
         .collect();
     let mut msg = encode(args.variant, &regions);
+    if args.declare_backing {
+        let backing = if args.backend == Backend::Shared {
+            faultline::PeerBacking::Shared
+        } else {
+            faultline::PeerBacking::Anonymous
+        };
+        msg = crate::serve::handshake::declare_backing(&msg, &backing);
+    }
     let mut with_fd = true;
     match args.bad {
         None | Some(Bad::Twice) => {}

@@ -800,6 +800,71 @@ fn verify_full_refuses_a_reused_snapshot_changed_where_the_sample_does_not_look(
 }
 
 #[test]
+fn a_shared_peer_in_another_pid_namespace_is_served_by_its_declared_backing() {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    let unshare = Command::new("unshare").arg("--help").output().is_ok();
+    if !root || !unshare {
+        eprintln!("SKIPPED: needs root and unshare(1) (root {root}, unshare {unshare})");
+        return;
+    }
+    let dir = Dir::new("shared-pidns", 16 * MIB);
+    let snap = Shm::new("pidns");
+    // serve in a pid namespace of its own with its own /proc: SO_PEERCRED
+    // gives it pid 0 for the peers, and their memory maps are out of its
+    // reach.
+    let mut args = vec![
+        "--pid".to_string(),
+        "--fork".into(),
+        "--mount-proc".into(),
+        "--kill-child".into(),
+        BIN.into(),
+    ];
+    args.extend(command(
+        &dir,
+        "serve",
+        &["--timeout", "20", "--peers", "2", "--shared", snap.arg()],
+    ));
+    let child = Command::new("unshare")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path("serve.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut s = Proc {
+        child,
+        name: "serve".into(),
+    };
+    wait_for(&dir, "serve.err", "listening on");
+    // Undeclared: its backing cannot be checked, so it is refused (its
+    // vCPUs then block in the kernel; the test stops it by pid).
+    let mut a = shared_peer(&dir, "a", &snap, &["--working-set", "10"]);
+    wait_for(&dir, "serve.err", "refused: shared mode");
+    a.kill();
+    // Declared: served in shared mode as it says, every byte checked (with
+    // zeros after its balloon).
+    let mut b = shared_peer(
+        &dir,
+        "b",
+        &snap,
+        &["--declare-backing", "--working-set", "30", "--balloon"],
+    );
+    assert_ok(&mut b, &dir);
+    assert_ok(&mut s, &dir);
+    let log = text(&dir, "serve.err");
+    assert!(
+        log.contains("(pid 0): refused: shared mode: reading the peer's memory map"),
+        "{log}"
+    );
+    assert!(log.contains("out of reach"), "{log}");
+    assert!(log.contains("as its handshake declares: Shared"), "{log}");
+    assert_eq!(log.matches("shared mode, ").count(), 1, "{log}");
+}
+
+#[test]
 fn serve_registers_minor_for_a_shared_peer_that_registered_missing_only() {
     let dir = Dir::new("shared-missing-only", 16 * MIB);
     let snap = Shm::new("missing-only");

@@ -8,10 +8,18 @@
 //! releases, KiB in the oldest that had it: 4 and 2048 are read as KiB,
 //! 4096 and 2097152 as bytes) or neither (4 KiB). Unknown fields
 //! (`gpa_start`, `is_guest_memfd`, ...) are ignored.
+//!
+//! One optional field of faultline's own, per region: `"backing"`,
+//! `"anonymous"` or `"shared"` (the region maps `faultline serve
+//! --shared`'s snapshot `MAP_PRIVATE`). It declares what serve otherwise
+//! reads in the peer's memory map, which a peer in another pid namespace
+//! (its pid unknown to serve, `SO_PEERCRED` says 0) or under another user
+//! cannot show; serve still checks the map when it can read it. Handlers
+//! that do not know the field ignore it.
 
 use serde::{Deserialize, Serialize};
 
-use faultline::ForeignRegionSpec;
+use faultline::{ForeignRegionSpec, PeerBacking};
 
 /// One region as sent on the wire.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
@@ -28,6 +36,18 @@ pub struct WireRegion {
     /// Page size (older releases; see the module docs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page_size_kib: Option<u64>,
+    /// faultline's own: `anonymous` or `shared` (see the module docs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backing: Option<String>,
+}
+
+/// A parsed handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// The regions.
+    pub regions: Vec<ForeignRegionSpec>,
+    /// The backing every region declared (`None`: not declared).
+    pub backing: Option<PeerBacking>,
 }
 
 /// Why a handshake was refused.
@@ -52,6 +72,17 @@ pub enum HandshakeError {
         /// `page_size_kib`.
         kib: u64,
     },
+    /// A `backing` that is not `anonymous` or `shared`.
+    #[error("region {index}: backing {value:?} is not \"anonymous\" or \"shared\"")]
+    Backing {
+        /// Region index.
+        index: usize,
+        /// What it said.
+        value: String,
+    },
+    /// Regions declaring different backings, or some none.
+    #[error("the regions declare different backings (declare one for every region, or none)")]
+    MixedBacking,
     /// A page size that is not served.
     #[error("region {index}: page size {bytes} bytes is not supported (4096 or 2097152)")]
     PageSize {
@@ -64,12 +95,36 @@ pub enum HandshakeError {
 
 /// Parses the message into region specs. Never panics, whatever the bytes.
 pub fn parse(bytes: &[u8]) -> Result<Vec<ForeignRegionSpec>, HandshakeError> {
+    Ok(parse_handshake(bytes)?.regions)
+}
+
+/// Parses the message: the regions and their declared backing. Never
+/// panics, whatever the bytes.
+pub fn parse_handshake(bytes: &[u8]) -> Result<Handshake, HandshakeError> {
     let wire: Vec<WireRegion> =
         serde_json::from_slice(bytes).map_err(|e| HandshakeError::Json(e.to_string()))?;
     if wire.is_empty() {
         return Err(HandshakeError::Empty);
     }
-    wire.iter()
+    let mut declared = Vec::with_capacity(wire.len());
+    for (index, w) in wire.iter().enumerate() {
+        declared.push(match w.backing.as_deref() {
+            None => None,
+            Some("anonymous") => Some(PeerBacking::Anonymous),
+            Some("shared") => Some(PeerBacking::Shared),
+            Some(other) => {
+                return Err(HandshakeError::Backing {
+                    index,
+                    value: other.into(),
+                })
+            }
+        });
+    }
+    if declared.iter().any(|d| d != &declared[0]) {
+        return Err(HandshakeError::MixedBacking);
+    }
+    let regions = wire
+        .iter()
         .enumerate()
         .map(|(index, w)| {
             if w.size == 0 {
@@ -103,7 +158,27 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<ForeignRegionSpec>, HandshakeError> {
                 store_offset: w.offset,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Handshake {
+        regions,
+        backing: declared[0].clone(),
+    })
+}
+
+/// `message` (an [`encode`]d handshake) with every region declaring
+/// `backing`.
+pub fn declare_backing(message: &str, backing: &PeerBacking) -> String {
+    let value = match backing {
+        PeerBacking::Anonymous => "anonymous",
+        PeerBacking::Shared => "shared",
+    };
+    let mut v: serde_json::Value = serde_json::from_str(message).unwrap_or_default();
+    if let Some(items) = v.as_array_mut() {
+        for item in items.iter_mut().filter_map(|i| i.as_object_mut()) {
+            item.insert("backing".into(), value.into());
+        }
+    }
+    v.to_string()
 }
 
 /// The field variants a peer may send (for the test peer).
@@ -162,6 +237,43 @@ pub fn encode(variant: Variant, regions: &[(u64, u64, u64, u64)]) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_declared_backing_is_read_and_checked() {
+        let msg = encode(
+            Variant::PageSize,
+            &[
+                (0x1000_0000, 4096, 0, 4096),
+                (0x2000_0000, 4096, 4096, 4096),
+            ],
+        );
+        assert_eq!(parse_handshake(msg.as_bytes()).unwrap().backing, None);
+        let shared = declare_backing(&msg, &PeerBacking::Shared);
+        let hs = parse_handshake(shared.as_bytes()).unwrap();
+        assert_eq!(hs.backing, Some(PeerBacking::Shared));
+        assert_eq!(hs.regions, parse(msg.as_bytes()).unwrap());
+        let anon = declare_backing(&msg, &PeerBacking::Anonymous);
+        assert_eq!(
+            parse_handshake(anon.as_bytes()).unwrap().backing,
+            Some(PeerBacking::Anonymous)
+        );
+        let mixed = shared.replacen("\"shared\"", "\"anonymous\"", 1);
+        assert_eq!(
+            parse_handshake(mixed.as_bytes()),
+            Err(HandshakeError::MixedBacking)
+        );
+        let mut one: serde_json::Value = serde_json::from_str(&shared).unwrap();
+        one[0].as_object_mut().unwrap().remove("backing").unwrap();
+        assert_eq!(
+            parse_handshake(one.to_string().as_bytes()),
+            Err(HandshakeError::MixedBacking)
+        );
+        let bad = shared.replace("\"shared\"", "\"memfd\"");
+        assert!(matches!(
+            parse_handshake(bad.as_bytes()),
+            Err(HandshakeError::Backing { index: 0, .. })
+        ));
+    }
 
     #[test]
     fn every_variant_parses_to_the_same_regions() {

@@ -33,8 +33,8 @@ use faultline::store::FileAccess;
 use faultline::sys::sock::{self, events, PollFd};
 use faultline::{
     EngineKind, FileStore, ForeignEngine, ForeignEngineConfig, ForeignOptions, ForeignPeer,
-    ForeignUffd, PageStore, PeerBacking, PeerEvent, PrefetchPlan, ReadaheadConfig, SharedSnapshot,
-    Verify,
+    ForeignUffd, PageStore, PeerBacking, PeerEvent, PrefetchPlan, ReadaheadConfig, SharedError,
+    SharedSnapshot, Verify,
 };
 
 /// `faultline serve` arguments.
@@ -529,8 +529,8 @@ impl Shared {
                 fds.len()
             ));
         }
-        let specs = match handshake::parse(&buf[..got.bytes]) {
-            Ok(s) => s,
+        let (specs, declared) = match handshake::parse_handshake(&buf[..got.bytes]) {
+            Ok(h) => (h.regions, h.backing),
             Err(e) => return refuse(e.to_string()),
         };
         let uffd = match ForeignUffd::adopt(fds.remove(0)) {
@@ -545,6 +545,45 @@ impl Shared {
                 self.store_len
             ));
         }
+        // Shared mode when the peer maps the shared snapshot (checked in
+        // its memory map; what its handshake declares when the map cannot
+        // be read); copy mode for anonymous memory.
+        let backing = match &self.shared {
+            Some(snap) => {
+                let regions: Vec<(u64, usize, u64)> = specs
+                    .iter()
+                    .map(|s| (s.base, s.len, s.store_offset))
+                    .collect();
+                match (snap.check_peer(pid, &regions), declared) {
+                    (Ok(seen), Some(said)) if seen != said => {
+                        return refuse(format!(
+                            "shared mode: its handshake declares {said:?} memory, its memory map shows {seen:?}"
+                        ))
+                    }
+                    (Ok(seen), _) => seen,
+                    (Err(SharedError::Io { source, path, .. }), Some(said)) => {
+                        say(format_args!(
+                            "peer {n} (pid {pid}): note: its memory map is out of reach ({}: {source}); serving it as its handshake declares: {said:?} memory",
+                            path.display()
+                        ));
+                        said
+                    }
+                    (Err(e), _) => return refuse(format!("shared mode: {e}")),
+                }
+            }
+            None if declared == Some(PeerBacking::Shared) => {
+                return refuse(
+                    "its handshake declares a shared backing, and serve has no --shared snapshot"
+                        .into(),
+                )
+            }
+            None => PeerBacking::Anonymous,
+        };
+        let shared = match (&self.shared, backing) {
+            (Some(snap), PeerBacking::Shared) => Some(snap.clone()),
+            _ => None,
+        };
+        handoff.checked_ns = now();
         let record = self.args.record.is_some() && {
             let mut r = self.recorder.lock().expect("recorder");
             let free = *r == Recorder::Free;
@@ -553,23 +592,6 @@ impl Shared {
             }
             free
         };
-        // Shared mode when the peer maps the shared snapshot (checked in
-        // its memory map); copy mode for anonymous memory.
-        let shared = match &self.shared {
-            Some(snap) => {
-                let regions: Vec<(u64, usize, u64)> = specs
-                    .iter()
-                    .map(|s| (s.base, s.len, s.store_offset))
-                    .collect();
-                match snap.check_peer(pid, &regions) {
-                    Ok(PeerBacking::Shared) => Some(snap.clone()),
-                    Ok(PeerBacking::Anonymous) => None,
-                    Err(e) => return refuse(format!("shared mode: {e}")),
-                }
-            }
-            None => None,
-        };
-        handoff.checked_ns = now();
         let mode = if shared.is_some() { "shared" } else { "copy" };
         let opts = ForeignOptions {
             readahead: if record || self.args.fault_around <= 1 {
