@@ -645,6 +645,66 @@ fn bench_restore_shared_rows_read_nothing_and_clean_up() {
     assert!(!Path::new(&snap).exists(), "{snap} was left behind");
 }
 
+/// `bench restore` on hugetlbfs: the shared rows with their hand-off
+/// steps and the hugetlbfs CONTINUE floor, then `--peers` rounds on
+/// hugetlbfs (every byte of every peer's set checked by the peer); the
+/// pool and the mount are given back.
+#[test]
+fn bench_restore_on_hugetlbfs_rows_floor_and_peer_rounds() {
+    let nr = || std::fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap();
+    let before = nr();
+    let dir = Dir::new("bench-huge", MIB);
+    let (out, _) = bench_restore(&dir, "kernel,prefetch-shared-huge", &[]);
+    let log = text(&dir, "bench.err") + &text(&dir, "bench.out");
+    let records = out["records"].as_array().unwrap();
+    let Some(row) = records
+        .iter()
+        .find(|r| r["bench"] == "restore" && r["mechanism"] == "prefetch-shared-huge")
+    else {
+        eprintln!("SKIPPED: no hugetlbfs rows (no pool or mount here): {log}");
+        return;
+    };
+    assert_eq!(row["op"], "CONTINUE", "{row}");
+    assert_eq!(row["bytes_read"], 0, "{row}");
+    // The hand-off's steps, in ms from the handshake's send: serve had
+    // the peer before its last touch, and its prefetch ran.
+    let ms = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("no {k}: {row}"));
+    assert!(
+        ms("handoff_serving_ms") < ms("handoff_last_touch_ms"),
+        "{row}"
+    );
+    assert!(
+        ms("handoff_first_prefetch_ms") <= ms("handoff_prefetch_done_ms"),
+        "{row}"
+    );
+    let floor = records
+        .iter()
+        .find(|r| {
+            r["bench"] == "restore-floor"
+                && r["mechanism"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("huge pages the set touches"))
+        })
+        .unwrap_or_else(|| panic!("no hugetlbfs CONTINUE floor: {out}"));
+    assert_eq!(floor["bytes"], 16 * MIB as u64, "{floor}");
+    let (out, _) = bench_restore(&dir, "prefetch-shared-huge", &["--peers", "1,2"]);
+    let rounds: Vec<_> = out["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["bench"] == "restore-peers" && r["mechanism"] == "prefetch-shared-huge")
+        .collect();
+    assert_eq!(rounds.len(), 2, "{out}");
+    for r in rounds {
+        let n = r["peers"].as_u64().unwrap();
+        // 10% of 16 MiB (409 pages) per peer, every byte compared.
+        assert_eq!(r["verified_bytes"], n * 409 * 4096, "{r}");
+    }
+    assert_eq!(nr(), before, "vm.nr_hugepages was not given back");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains("faultline-restore-"), "{mounts}");
+}
+
 /// A file in /dev/shm (tmpfs), removed on drop.
 struct Shm(PathBuf);
 

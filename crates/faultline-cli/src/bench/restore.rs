@@ -860,20 +860,67 @@ fn run_peers(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path, mem: &Path) -> any
         faultline::SharedSnapshot::create(&snap.0, &store, |_, _| {})
             .context("writing the shared tmpfs copy")?;
     }
+    // And on hugetlbfs when asked for (prefetch-shared-huge among
+    // --configs): a pool for the copy, a mount; each round then reserves
+    // its peers' private mappings (a hugetlbfs MAP_PRIVATE mapping
+    // reserves its size in the pool).
+    let huge_pages = a.size as u64 / (2 << 20);
+    // (Dropped in reverse: the mount, then the pool.)
+    let mut _pool = None;
+    let mut hmount = None;
+    if a.configs.iter().any(|c| c == "prefetch-shared-huge") {
+        let made = faultline::testing::HugePool::get(huge_pages + 8)
+            .map_err(|why| anyhow::anyhow!(why))
+            .and_then(|pool| {
+                let m = HugeMount::new(dir.join("hugetlbfs"))?;
+                let store =
+                    faultline::FileStore::open_with(mem, 0, faultline::store::FileAccess::Mmap)?;
+                faultline::SharedSnapshot::create(&m.snap(), &store, |_, _| {})?;
+                Ok((pool, m))
+            });
+        match made {
+            Ok((pool, m)) => {
+                _pool = Some(pool);
+                hmount = Some(m);
+            }
+            Err(why) => println!("restore --peers: hugetlbfs rounds skipped: {why:#}"),
+        }
+    }
+    let hsnap = hmount.as_ref().map(|m| m.snap());
     println!(
         "\nrestore --peers: {} MiB memory file, {ws}% working set, {} vCPU threads per peer, warm",
         a.size >> 20,
         a.vcpus
     );
-    let modes: Vec<Option<&Path>> = std::iter::once(None)
-        .chain(snap.as_ref().map(|s| Some(s.0.as_path())))
+    let modes: Vec<(Option<&Path>, bool)> = std::iter::once((None, false))
+        .chain(snap.as_ref().map(|s| (Some(s.0.as_path()), false)))
+        .chain(hsnap.as_deref().map(|h| (Some(h), true)))
         .collect();
     let mut progress = ctx.progress((a.peers.len() * modes.len()) as u64, "restore peers");
     let mut rounds = Vec::new();
-    for &shared in &modes {
+    for &(shared, huge) in &modes {
         for &n in &a.peers {
-            let mode = if shared.is_some() { "shared" } else { "copy" };
+            let mode = match (shared, huge) {
+                (None, _) => "copy",
+                (Some(_), false) => "shared",
+                (Some(_), true) => "shared-huge",
+            };
             progress.step(&format!("{n} peers, {mode}"));
+            // The peers' private mappings of the hugetlbfs copy, reserved
+            // in the pool for this round.
+            let _round_pool = if huge {
+                match faultline::testing::HugePool::get(n.max(1) as u64 * huge_pages + 8) {
+                    Ok(p) => Some(p),
+                    Err(why) => {
+                        progress.suspend(|| {
+                            println!("restore --peers: {n} peers on hugetlbfs skipped: {why}")
+                        });
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
             warm(mem)?;
             rounds.push(restore_peers::round(
                 &exe()?,
@@ -881,6 +928,7 @@ fn run_peers(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path, mem: &Path) -> any
                 mem,
                 &rec,
                 shared,
+                huge,
                 n.max(1),
                 ws,
                 a.vcpus,

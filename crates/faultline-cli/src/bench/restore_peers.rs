@@ -13,7 +13,8 @@
 //! (their `RssAnon` after the restore, summed), every byte of every peer's
 //! working set checked by the peer. With a shared tmpfs copy, the same
 //! rounds in shared mode (`serve --shared`, peers mapping the copy): the
-//! clones share its page cache instead of holding private copies.
+//! clones share its page cache instead of holding private copies; and with
+//! the copy on hugetlbfs, the same with 2 MiB pages (peers `--huge`).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -34,6 +35,8 @@ pub struct PeersRound {
     pub peers: usize,
     /// Shared (zero-copy) mode, else copy mode.
     pub shared: bool,
+    /// The shared copy is on hugetlbfs (2 MiB pages).
+    pub huge: bool,
     /// The peers' private memory after their restores (RssAnon +
     /// private hugetlb), summed, KiB.
     pub peers_private_kib: u64,
@@ -79,6 +82,7 @@ pub fn round(
     mem: &Path,
     rec: &Path,
     shared: Option<&Path>,
+    huge: bool,
     n: usize,
     ws: f64,
     vcpus: usize,
@@ -128,6 +132,7 @@ pub fn round(
     let mut r = PeersRound {
         peers: n,
         shared: shared.is_some(),
+        huge,
         ..Default::default()
     };
     (r.idle_anon_kib, r.idle_file_kib, _) = rss(pid).context("reading the handler's status")?;
@@ -147,6 +152,9 @@ pub fn round(
             .args(["--working-set", &ws.to_string()]);
         if let Some(snap) = shared {
             cmd.args(["--backend", "shared", "--map-file"]).arg(snap);
+        }
+        if huge {
+            cmd.arg("--huge");
         }
         let child = cmd
             .stdin(Stdio::null())
@@ -203,7 +211,9 @@ pub fn round(
         let p: PeerReport = serde_json::from_str(&std::fs::read_to_string(out)?)?;
         r.seconds.push(p.seconds);
         r.verified_bytes += p.verified_bytes;
-        r.peers_private_kib += p.rss_anon_kib + p.hugetlb_kib;
+        // A hugetlbfs page-cache page mapped by one process counts as
+        // private hugetlb: in the hugetlbfs rounds only RssAnon is.
+        r.peers_private_kib += p.rss_anon_kib + if huge { 0 } else { p.hugetlb_kib };
     }
     let sums: Vec<PeerSummary> = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
     if sums.len() != n {
@@ -224,13 +234,18 @@ pub fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Res
         let slowest = secs.last().copied().unwrap_or(0.0);
         let anon_growth = r.peak_anon_kib.saturating_sub(r.idle_anon_kib);
         let s = Summary::from_ns(&mut [med * 1e9]);
+        let mode = match (r.shared, r.huge) {
+            (false, _) => "copy",
+            (true, false) => "shared",
+            (true, true) => "shared-huge",
+        };
         ctx.report.push(
             Record::new(
                 "restore-peers",
-                if r.shared {
-                    "prefetch-shared"
-                } else {
-                    "prefetch"
+                match mode {
+                    "copy" => "prefetch",
+                    "shared" => "prefetch-shared",
+                    _ => "prefetch-shared-huge",
                 },
                 if r.shared { "CONTINUE" } else { "COPY" },
                 "read",
@@ -250,7 +265,7 @@ pub fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Res
             .with("peers_private_kib", r.peers_private_kib),
         );
         rows.push(vec![
-            if r.shared { "shared" } else { "copy" }.to_string(),
+            mode.to_string(),
             r.peers.to_string(),
             format!("{:.1}", mib(r.idle_anon_kib)),
             format!("{:.1}", mib(r.peak_anon_kib)),
@@ -285,17 +300,23 @@ pub fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Res
         &rows,
     );
     println!(
-        "(the handler's RssAnon/RssFile from /proc/PID/status: idle = prefetch record prepared, no peer yet; peak over the round; bookkeeping = what serve reports per peer: residency map, removed bits, prefetch queue; peers' private = the peers' RssAnon after their restores, summed: copy mode copies the working set into each, shared mode maps the one tmpfs copy's page cache)"
+        "(the handler's RssAnon/RssFile from /proc/PID/status: idle = prefetch record prepared, no peer yet; peak over the round; bookkeeping = what serve reports per peer: residency map, removed bits, prefetch queue; peers' private = the peers' RssAnon after their restores, summed: copy mode copies the working set into each, shared mode maps the one tmpfs copy's page cache; shared-huge: the copy on hugetlbfs, RssAnon only)"
     );
     // One line per measure and mode (copy; shared when it ran).
     let mut anon = Vec::new();
     let mut file = Vec::new();
-    for shared in [false, true] {
-        let of: Vec<&PeersRound> = rounds.iter().filter(|r| r.shared == shared).collect();
+    for (shared, huge, mode) in [
+        (false, false, "copy"),
+        (true, false, "shared"),
+        (true, true, "shared, hugetlbfs"),
+    ] {
+        let of: Vec<&PeersRound> = rounds
+            .iter()
+            .filter(|r| r.shared == shared && r.huge == huge)
+            .collect();
         if of.is_empty() {
             continue;
         }
-        let mode = if shared { "shared" } else { "copy" };
         let series = |f: &dyn Fn(&PeersRound) -> f64| -> Vec<(f64, f64)> {
             of.iter().map(|r| (r.peers as f64, f(r))).collect()
         };
