@@ -182,7 +182,7 @@ impl IoDevice {
             home_cpu: cfg.home_cpu,
             log: AccessLog::new(cfg.log_slots),
             log_on: cfg.log_slots > 0,
-            born_ns: crate::sys::coarse_now_ns(),
+            born: std::time::Instant::now(),
             batch: Default::default(),
             counters: Counters::default(),
             unit_pages: cfg.unit_pages.max(1),

@@ -208,6 +208,9 @@ pub struct IoQueue {
     kick: bool,
     uring: Option<Uring>,
     fixed: bool,
+    /// Access-log events of the current call, logged together at its end
+    /// ([`AccessLog::push_batch`](crate::AccessLog::push_batch)).
+    log_buf: Vec<AccessEvent>,
 }
 
 impl std::fmt::Debug for IoQueue {
@@ -249,6 +252,7 @@ impl IoQueue {
             kick: false,
             uring,
             fixed: false,
+            log_buf: Vec::new(),
         })
     }
 
@@ -316,6 +320,23 @@ impl IoQueue {
     /// or whose socket is not ready, is parked and this returns at once.
     /// Never waits.
     pub fn submit(&mut self, io: Io) -> Result<()> {
+        let r = self.submit_one(io);
+        self.flush_log();
+        r
+    }
+
+    /// Logs the access-log events this call gathered, in one batch, all
+    /// stamped with one clock read (the I/Os were issued within this call).
+    fn flush_log(&mut self) {
+        if !self.log_buf.is_empty() {
+            let now = self.dev.now_ns();
+            self.log_buf.iter_mut().for_each(|e| e.ts_ns = now);
+            self.dev.log.push_batch(&self.log_buf);
+            self.log_buf.clear();
+        }
+    }
+
+    fn submit_one(&mut self, io: Io) -> Result<()> {
         let region = &self.dev.region;
         let pages = region
             .page_range(io.region_off, io.len)
@@ -383,11 +404,16 @@ impl IoQueue {
             }
         };
         (0..PREFETCH_AHEAD).for_each(prefetch);
+        let mut r = Ok(());
         for (i, io) in ios.into_iter().enumerate() {
             prefetch(i + PREFETCH_AHEAD);
-            self.submit(io)?;
+            r = self.submit_one(io);
+            if r.is_err() {
+                break;
+            }
         }
-        Ok(())
+        self.flush_log();
+        r
     }
 
     fn park(&mut self, p: Pending) {
@@ -405,10 +431,10 @@ impl IoQueue {
         match region.io_ready(p.pages.clone(), write) {
             Ok(()) => {
                 if self.dev.log_on {
-                    self.dev.log.push(AccessEvent {
+                    self.log_buf.push(AccessEvent {
                         page: p.pages.start,
                         pages: p.pages.len() as u32,
-                        ts_ns: self.dev.now_ns(),
+                        ts_ns: 0, // stamped by `flush_log`
                         write,
                     });
                 }
@@ -653,6 +679,7 @@ impl IoQueue {
                 }
             }
         }
+        self.flush_log();
     }
 
     fn reap(&mut self) {

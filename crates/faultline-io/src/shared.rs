@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use faultline::Region;
 
@@ -61,8 +62,7 @@ pub(crate) struct DeviceInner {
     pub log: AccessLog,
     /// Whether queues append to `log` (`log_slots > 0`).
     pub log_on: bool,
-    /// Birth on the coarse clock ([`crate::sys::coarse_now_ns`]).
-    pub born_ns: u64,
+    pub born: Instant,
     pub counters: Counters,
     pub unit_pages: usize,
     /// Whether every page is pinned ([`PinMode::All`]).
@@ -91,11 +91,10 @@ pub(crate) struct Batch {
 }
 
 impl DeviceInner {
-    /// Time since the device's birth on the coarse clock (ns; one jiffy's
-    /// resolution, which ADP's seconds-scale rules do not notice): what
-    /// the access log stamps and the drain ticks with.
+    /// Time since the device's birth (ns): the access log's stamps and
+    /// the drain's ticks.
     pub fn now_ns(&self) -> u64 {
-        crate::sys::coarse_now_ns().saturating_sub(self.born_ns)
+        self.born.elapsed().as_nanos() as u64
     }
 
     /// Drains the access log into the pinning policy and the region's

@@ -90,7 +90,7 @@ pub struct VpriArgs {
     /// at r all hour).
     #[arg(long, default_value_t = 0)]
     pub b5_reclaim_every: u64,
-    /// B8: seconds per point per round (default 0.6; 7 log settings x 2
+    /// B8: seconds per point per round (default 0.6; 8 log settings x 2
     /// workloads per round).
     #[arg(long, default_value_t = 0.6)]
     pub b8_secs: f64,

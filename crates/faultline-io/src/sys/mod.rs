@@ -1,24 +1,10 @@
 //! The crate's only `libc` use: the iovec io_uring's buffer registration
-//! takes, the syscall backend's socket calls that must never wait
+//! takes, and the syscall backend's socket calls that must never wait
 //! (`MSG_DONTWAIT` receives and sends, and the `poll` that waits for them
-//! with a bound), and the access log's coarse clock. The other kernel calls go through the `io-uring` crate
+//! with a bound). The other kernel calls go through the `io-uring` crate
 //! and `faultline::sys`.
 
 use std::io;
-
-/// `CLOCK_MONOTONIC_COARSE` in ns: the time of the last timer tick (a
-/// vDSO read of one variable, no TSC read: a few ns; resolution one
-/// jiffy, 1-4 ms). The access log stamps events with it.
-pub(crate) fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to fill.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    debug_assert_eq!(rc, 0, "CLOCK_MONOTONIC_COARSE exists since Linux 2.6.32");
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// Registers `[addr, addr+len)` as fixed buffer 0 of `ring`.
 ///
