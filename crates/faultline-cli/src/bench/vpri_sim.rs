@@ -401,6 +401,8 @@ pub(super) struct PinLedger {
     /// (ADP: demotions; LRU: its cap).
     pub unpinned_idle: u64,
     pub unpinned_hot: u64,
+    /// Pins undone within the same tick (no pinned time).
+    pub transient: u64,
 }
 
 impl PinLedger {
@@ -523,7 +525,13 @@ impl Vm {
         let s = now / NS;
         for (u, pin) in changes {
             if pin {
-                let cause = self.policy.pin_cause(u).unwrap_or(PinCause::Access);
+                // No cause: pinned and unpinned again within this tick
+                // (ADP: promoted, then dropped by the inactive cap): no
+                // pinned time, only counted.
+                let Some(cause) = self.policy.pin_cause(u) else {
+                    self.ledger.transient += 1;
+                    continue;
+                };
                 *self.ledger.pins.entry(cause).or_default() += 1;
                 self.pin_state[u] = PinState::Idle { since: s, cause };
                 pins.push(u);
@@ -784,6 +792,7 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
                         l.protected += vm.ledger.protected;
                         l.unpinned_idle += vm.ledger.unpinned_idle;
                         l.unpinned_hot += vm.ledger.unpinned_hot;
+                        l.transient += vm.ledger.transient;
                     }
                     l
                 },
@@ -886,6 +895,7 @@ pub fn run(ctx: &mut BenchCtx, reclaim_every: u64, b5: bool, b7: bool) -> anyhow
                 a.protected += l.protected;
                 a.unpinned_idle += l.unpinned_idle;
                 a.unpinned_hot += l.unpinned_hot;
+                a.transient += l.transient;
                 rows.push(vec![
                     format!("{:.0}%", r * 100.0),
                     kind.into(),
@@ -1122,7 +1132,7 @@ fn print_accounting(ctx: &mut BenchCtx, acct: &HashMap<(&str, &str), PinLedger>)
                 format!("protected {}", l.protected),
                 format!("unpin idle {}", l.unpinned_idle),
                 format!("unpin hot {}", l.unpinned_hot),
-                String::new(),
+                format!("same-tick {}", l.transient),
                 String::new(),
                 String::new(),
             ]);
