@@ -107,6 +107,12 @@ pub struct RestoreArgs {
     /// configuration. Default: serve's default.
     #[arg(long)]
     pub prefetch_helpers: Option<usize>,
+    /// Do not evict the CPU caches before each run (by default a buffer
+    /// twice the last-level cache is read first, so no configuration's
+    /// vCPUs find their lines cached by an earlier run or by the memory
+    /// file's warm-up).
+    #[arg(long)]
+    pub keep_caches: bool,
 }
 
 const CONFIGS: [&str; 13] = [
@@ -457,11 +463,16 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     }
     let root = is_root();
     println!(
-        "\nrestore: {} MiB memory file, {} vCPU threads, {} reps (medians); cold cache: posix_fadvise(DONTNEED){}",
+        "\nrestore: {} MiB memory file, {} vCPU threads, {} reps (medians, interleaved); cold cache: posix_fadvise(DONTNEED){}; CPU caches {}",
         a.size >> 20,
         a.vcpus,
         a.reps,
-        if root { " + drop_caches" } else { " (not root: drop_caches skipped)" }
+        if root { " + drop_caches" } else { " (not root: drop_caches skipped)" },
+        if a.keep_caches {
+            "kept between runs (--keep-caches)"
+        } else {
+            "evicted before each run"
+        }
     );
     if let Some(url) = &a.store {
         println!("restore: faultline's configurations are served from {url} (kernel and baseline read the file)");
@@ -470,7 +481,11 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     let mut progress = ctx.progress(steps, "restore");
     let mut rows = Vec::new();
     let mut handoff_rows = Vec::new();
-    let evictor = Evictor::new()?;
+    let evictor = if a.keep_caches {
+        Evictor(Mapping::anon(4096)?)
+    } else {
+        Evictor::new()?
+    };
     let mut floors = Vec::new();
     // Per (working set, cache): prefetch's preparation of the record.
     let mut prepared: Vec<(String, f64)> = Vec::new();
@@ -514,7 +529,9 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
                     } else {
                         warm(&mem)?;
                     }
-                    evictor.evict();
+                    if !a.keep_caches {
+                        evictor.evict();
+                    }
                     runs.push(one(a, dir, &mem, ws, cfg, &rec, &all, &snap.0, &hsnap)?);
                 }
             }
