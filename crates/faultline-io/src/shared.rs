@@ -122,13 +122,19 @@ impl DeviceInner {
         last.resize(pages.div_ceil(self.unit_pages), u64::MAX);
         hinted.resize(pages.div_ceil(64), 0);
         let now = self.now_ns();
+        // A shift instead of a division per event when units are a power
+        // of two pages (the paper's 2 MiB, the benchmarks' 16 pages).
+        let up = self.unit_pages;
+        let shift = up.is_power_of_two().then(|| up.trailing_zeros());
+        let unit_of = |page: usize| shift.map_or(page / up, |s| page >> s);
         self.log.drain(usize::MAX, |ev: AccessEvent| {
             let end = (ev.page + ev.pages as usize).min(pages);
-            let Some(t) = last.get_mut(ev.page / self.unit_pages) else {
+            let unit = unit_of(ev.page);
+            let Some(t) = last.get_mut(unit) else {
                 return;
             };
             if *t == u64::MAX {
-                units.push(ev.page / self.unit_pages);
+                units.push(unit);
                 *t = ev.ts_ns;
             }
             *t = (*t).max(ev.ts_ns);
