@@ -8,14 +8,14 @@
 //! posted no empty descriptors. The consumer (the device's pinner thread,
 //! or the user) regulates the cost by how often it drains.
 //!
-//! The producer's path is one compare-and-swap and five stores (the
-//! logged count is the enqueue position); a queue logs the I/Os of one
-//! call together, with one clock read and one compare-and-swap
-//! ([`AccessLog::push_batch`]), so an I/O's share is a few stores;
-//! [`AccessLog::drain`] claims each run of published events with one
-//! compare-and-swap. `faultline bench vpri --only b8` measures what it
-//! costs an I/O.
+//! Producers and consumers claim runs of slots with one compare-and-swap
+//! a run (the logged count is the enqueue position): a queue logs the
+//! I/Os of one call together, with one clock read
+//! ([`AccessLog::push_batch`]), so an I/O's share is a few stores, and
+//! [`AccessLog::drain`] takes every published event at once.
+//! `faultline bench vpri --only b8` measures what it costs an I/O.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
 /// One logged I/O.
@@ -81,36 +81,9 @@ impl AccessLog {
     }
 
     /// Appends `ev`; false (and counted) if the ring is full. Lock-free,
-    /// never waits: one compare-and-swap and five stores when it logs, one
-    /// atomic add when it drops.
+    /// never waits.
     pub fn push(&self, ev: AccessEvent) -> bool {
-        let mut pos = self.enq.load(Relaxed);
-        loop {
-            let slot = &self.slots[pos & self.mask];
-            let seq = slot.seq.load(Acquire);
-            let diff = seq as isize - pos as isize;
-            if diff == 0 {
-                match self
-                    .enq
-                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
-                {
-                    Ok(_) => {
-                        slot.page.store(ev.page as u64, Relaxed);
-                        slot.ts.store(ev.ts_ns, Relaxed);
-                        slot.meta
-                            .store(u64::from(ev.pages) << 1 | u64::from(ev.write), Relaxed);
-                        slot.seq.store(pos + 1, Release);
-                        return true;
-                    }
-                    Err(cur) => pos = cur,
-                }
-            } else if diff < 0 {
-                self.dropped.fetch_add(1, Relaxed);
-                return false;
-            } else {
-                pos = self.enq.load(Relaxed);
-            }
-        }
+        self.push_batch(&[ev]) == 1
     }
 
     /// Appends as many of `evs` as there are free slots, with one
@@ -120,29 +93,10 @@ impl AccessLog {
     pub fn push_batch(&self, evs: &[AccessEvent]) -> usize {
         let mut done = 0;
         while done < evs.len() {
-            let pos = self.enq.load(Relaxed);
-            let want = evs.len() - done;
-            let mut k = 0;
-            while k < want && k <= self.mask {
-                if self.slots[(pos + k) & self.mask].seq.load(Acquire) != pos + k {
-                    break;
-                }
-                k += 1;
-            }
-            if k == 0 {
-                if self.enq.load(Relaxed) == pos {
-                    break;
-                }
-                continue;
-            }
-            if self
-                .enq
-                .compare_exchange(pos, pos + k, Relaxed, Relaxed)
-                .is_err()
-            {
-                continue;
-            }
-            for (i, ev) in (pos..pos + k).zip(&evs[done..done + k]) {
+            let Some(run) = self.claim(&self.enq, 0, evs.len() - done) else {
+                break;
+            };
+            for (i, ev) in run.clone().zip(&evs[done..]) {
                 let slot = &self.slots[i & self.mask];
                 slot.page.store(ev.page as u64, Relaxed);
                 slot.ts.store(ev.ts_ns, Relaxed);
@@ -150,7 +104,7 @@ impl AccessLog {
                     .store(u64::from(ev.pages) << 1 | u64::from(ev.write), Relaxed);
                 slot.seq.store(i + 1, Release);
             }
-            done += k;
+            done += run.len();
         }
         if done < evs.len() {
             self.dropped.fetch_add((evs.len() - done) as u64, Relaxed);
@@ -160,66 +114,21 @@ impl AccessLog {
 
     /// Takes the oldest event, if any.
     pub fn pop(&self) -> Option<AccessEvent> {
-        let mut pos = self.deq.load(Relaxed);
-        loop {
-            let slot = &self.slots[pos & self.mask];
-            let seq = slot.seq.load(Acquire);
-            let diff = seq as isize - (pos + 1) as isize;
-            if diff == 0 {
-                match self
-                    .deq
-                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
-                {
-                    Ok(_) => {
-                        let meta = slot.meta.load(Relaxed);
-                        let ev = AccessEvent {
-                            page: slot.page.load(Relaxed) as usize,
-                            pages: (meta >> 1) as u32,
-                            ts_ns: slot.ts.load(Relaxed),
-                            write: meta & 1 != 0,
-                        };
-                        slot.seq.store(pos + self.mask + 1, Release);
-                        return Some(ev);
-                    }
-                    Err(cur) => pos = cur,
-                }
-            } else if diff < 0 {
-                return None;
-            } else {
-                pos = self.deq.load(Relaxed);
-            }
-        }
+        let mut ev = None;
+        self.drain(1, |e| ev = Some(e));
+        ev
     }
 
     /// Hands up to `max` events to `f`, oldest first; returns how many.
-    /// Claims each run of published events with one compare-and-swap
-    /// (not one per event, as [`AccessLog::pop`] does).
+    /// Claims each run of published events with one compare-and-swap.
     pub fn drain(&self, max: usize, mut f: impl FnMut(AccessEvent)) -> usize {
         let mut n = 0;
         while n < max {
-            let pos = self.deq.load(Relaxed);
-            let mut k = 0;
-            while n + k < max && k <= self.mask {
-                let seq = self.slots[(pos + k) & self.mask].seq.load(Acquire);
-                if seq != pos + k + 1 {
-                    break;
-                }
-                k += 1;
-            }
-            if k == 0 {
-                if self.deq.load(Relaxed) == pos {
-                    break;
-                }
-                continue;
-            }
-            if self
-                .deq
-                .compare_exchange(pos, pos + k, Relaxed, Relaxed)
-                .is_err()
-            {
-                continue;
-            }
-            for i in pos..pos + k {
+            let Some(run) = self.claim(&self.deq, 1, max - n) else {
+                break;
+            };
+            n += run.len();
+            for i in run {
                 let slot = &self.slots[i & self.mask];
                 let meta = slot.meta.load(Relaxed);
                 let ev = AccessEvent {
@@ -231,9 +140,35 @@ impl AccessLog {
                 slot.seq.store(i + self.mask + 1, Release);
                 f(ev);
             }
-            n += k;
         }
         n
+    }
+
+    /// Claims, with one compare-and-swap on `idx` (the enqueue or dequeue
+    /// position), the run of up to `max` slots from it that are ready:
+    /// sequence number `pos + lag` (0: free for a producer; 1: published
+    /// for a consumer). `None` when the next slot is not ready (the ring
+    /// is full or empty).
+    fn claim(&self, idx: &AtomicUsize, lag: usize, max: usize) -> Option<Range<usize>> {
+        loop {
+            let pos = idx.load(Relaxed);
+            let mut k = 0;
+            while k < max && k <= self.mask {
+                if self.slots[(pos + k) & self.mask].seq.load(Acquire) != pos + k + lag {
+                    break;
+                }
+                k += 1;
+            }
+            if k == 0 {
+                if idx.load(Relaxed) == pos {
+                    return None;
+                }
+                continue;
+            }
+            if idx.compare_exchange(pos, pos + k, Relaxed, Relaxed).is_ok() {
+                return Some(pos..pos + k);
+            }
+        }
     }
 
     /// Events logged so far.
