@@ -225,18 +225,7 @@ impl SharedSnapshot {
             let mut off = 0u64;
             while off < len {
                 let n = CHUNK.min((len - off) as usize);
-                let src: &[u8] = match store.view(off, n) {
-                    Some(v) => v,
-                    None => {
-                        store
-                            .fill(off, &mut buf[..n])
-                            .map_err(|source| SharedError::Store {
-                                offset: off,
-                                source,
-                            })?;
-                        &buf[..n]
-                    }
-                };
+                let src = store_bytes(store, off, &mut buf[..n])?;
                 match &dst {
                     // SAFETY: `off..off+n` lies inside the shared mapping of
                     // the file, which nothing else references yet.
@@ -301,12 +290,7 @@ impl SharedSnapshot {
         let samples = 64u64.min(pages);
         for k in 0..samples {
             let off = (pages - 1) * k / (samples - 1).max(1) * 4096;
-            store
-                .fill(off, &mut a)
-                .map_err(|source| SharedError::Store {
-                    offset: off,
-                    source,
-                })?;
+            let want = store_bytes(store, off, &mut a)?;
             snap._file
                 .read_exact_at(&mut b, off)
                 .map_err(|source| SharedError::Io {
@@ -314,7 +298,7 @@ impl SharedSnapshot {
                     path: path.to_owned(),
                     source,
                 })?;
-            if a != b {
+            if want != b {
                 return Err(mismatch(format!("the page at {off:#x} differs")));
             }
         }
@@ -327,18 +311,7 @@ impl SharedSnapshot {
         let mut off = 0u64;
         while off < self.len {
             let n = CHUNK.min((self.len - off) as usize);
-            let want: &[u8] = match store.view(off, n) {
-                Some(v) => v,
-                None => {
-                    store
-                        .fill(off, &mut a[..n])
-                        .map_err(|source| SharedError::Store {
-                            offset: off,
-                            source,
-                        })?;
-                    &a[..n]
-                }
-            };
+            let want = store_bytes(store, off, &mut a[..n])?;
             self._file
                 .read_exact_at(&mut b[..n], off)
                 .map_err(|source| SharedError::Io {
@@ -573,6 +546,23 @@ fn overlapping(all: &[Vma], start: u64, end: u64) -> Vec<Vma> {
 /// `st_dev` as the (major, minor) that `/proc/<pid>/maps` prints.
 /// Whether `file` (at `path`) is on hugetlbfs (`true`) or tmpfs
 /// (`false`); anything else is refused.
+/// The store's bytes at `off..off + buf.len()`: its zero-copy view when it
+/// has one, else read into `buf`.
+fn store_bytes<'a>(
+    store: &'a dyn PageStore,
+    off: u64,
+    buf: &'a mut [u8],
+) -> Result<&'a [u8], SharedError> {
+    if let Some(v) = store.view(off, buf.len()) {
+        return Ok(v);
+    }
+    store.fill(off, buf).map_err(|source| SharedError::Store {
+        offset: off,
+        source,
+    })?;
+    Ok(buf)
+}
+
 fn in_memory_fs(file: &File, path: &Path) -> Result<bool, SharedError> {
     let map_err = |source| SharedError::Map {
         path: path.to_owned(),
