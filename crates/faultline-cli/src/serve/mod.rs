@@ -359,29 +359,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         revents: 0,
                     }];
                     if sock::poll(&mut fds, HANDSHAKE_INLINE_MS).is_ok_and(|r| r == 1) {
-                        let handoff = Handoff {
-                            accepted_ns,
-                            thread_ns: faultline::sys::monotonic_ns(),
-                            ..Default::default()
-                        };
-                        if !shared.accept(n, conn, handoff) {
-                            shared.finished.fetch_add(1, SeqCst);
-                        }
+                        shared.handle(n, conn, accepted_ns);
                         continue;
                     }
                     let s = shared.clone();
                     std::thread::Builder::new()
                         .name(format!("faultline-handshake-{n}"))
-                        .spawn(move || {
-                            let handoff = Handoff {
-                                accepted_ns,
-                                thread_ns: faultline::sys::monotonic_ns(),
-                                ..Default::default()
-                            };
-                            if !s.accept(n, conn, handoff) {
-                                s.finished.fetch_add(1, SeqCst);
-                            }
-                        })?;
+                        .spawn(move || s.handle(n, conn, accepted_ns))?;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => say(format_args!("accept failed: {e}")),
@@ -481,6 +465,19 @@ fn shared_snapshot(
 }
 
 impl Shared {
+    /// Handles connection `n` (accepted at `accepted_ns`) on this thread;
+    /// a connection that serves no peer counts as finished.
+    fn handle(&self, n: usize, conn: UnixStream, accepted_ns: u64) {
+        let handoff = Handoff {
+            accepted_ns,
+            thread_ns: faultline::sys::monotonic_ns(),
+            ..Default::default()
+        };
+        if !self.accept(n, conn, handoff) {
+            self.finished.fetch_add(1, SeqCst);
+        }
+    }
+
     /// Handles connection `n`; returns whether a peer is now being served.
     fn accept(&self, n: usize, conn: UnixStream, mut handoff: Handoff) -> bool {
         let now = faultline::sys::monotonic_ns;
