@@ -44,6 +44,7 @@ pub mod tsc;
 pub mod vpri;
 mod vpri_day;
 mod vpri_pal;
+mod vpri_psi;
 mod vpri_scale;
 mod vpri_sim;
 pub mod watch;

@@ -85,10 +85,21 @@ pub struct VpriArgs {
     /// B4: seconds per point (default 3).
     #[arg(long, default_value_t = 3.0)]
     pub b4_secs: f64,
-    /// B5: redraw each VM's reclaim ratio every this many simulated
-    /// seconds, within the paper's 0-50% with mean r (default 0: every VM
-    /// at r all hour).
-    #[arg(long, default_value_t = 0)]
+    /// B5: how each VM's reclaim ratio is set (default psi: the server's
+    /// memory fixed at 1 - r, balanced across VMs by their pressure, as the
+    /// paper's §3.4 and §7.3 say; static: every VM at r all hour; redraw:
+    /// random redraws, see --b5-reclaim-every; psi-avg10/psi-avg60/
+    /// psi-avg300: the kernel's PSI averages as the pressure; psi-abs:
+    /// Senpai's absolute 10 ms / 6 s target).
+    #[arg(long, default_value = "psi")]
+    pub b5_reclaim: String,
+    /// B5: further reclaim models printed beside it, comma-separated, or
+    /// "none" (default static).
+    #[arg(long, default_value = "static")]
+    pub b5_compare: String,
+    /// B5: the redraw model's period, simulated seconds: each VM's ratio
+    /// redrawn within 0-50% with mean r (default 600).
+    #[arg(long, default_value_t = 600)]
     pub b5_reclaim_every: u64,
     /// B8: seconds per point per round (default 0.6; 8 log settings x 2
     /// workloads per round).
@@ -103,6 +114,11 @@ pub struct VpriArgs {
     /// B9: simulated days (default 1).
     #[arg(long, default_value_t = 1)]
     pub b9_days: u64,
+    /// B9: the host's reclaim (default psi: a server of 12.5% overcommit,
+    /// the middle of the paper's 10-15%, balanced by pressure; drift: each
+    /// VM's ratio redrawn hourly as 0.5 U^3).
+    #[arg(long, default_value = "psi")]
+    pub b9_reclaim: String,
     /// B1: samples per measurement (default 1,000,000 hot, 1/10 of it cold).
     #[arg(long, default_value_t = 1_000_000)]
     pub b1_samples: usize,
@@ -146,9 +162,17 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         b2(ctx, a).context("B2")?;
     }
     if parts.contains(&"b5") || parts.contains(&"b7") {
+        let model = |m: &str| super::vpri_sim::B5Model::parse(m.trim(), a.b5_reclaim_every);
+        let compare = a
+            .b5_compare
+            .split(',')
+            .filter(|m| !m.trim().is_empty() && m.trim() != "none")
+            .map(model)
+            .collect::<anyhow::Result<Vec<_>>>()?;
         super::vpri_sim::run(
             ctx,
-            a.b5_reclaim_every,
+            model(&a.b5_reclaim)?,
+            &compare,
             parts.contains(&"b5"),
             parts.contains(&"b7"),
         )
@@ -170,6 +194,11 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
             &super::vpri_day::B9 {
                 vms: a.b9_vms,
                 days: a.b9_days,
+                psi: match a.b9_reclaim.as_str() {
+                    "psi" => true,
+                    "drift" => false,
+                    m => anyhow::bail!("unknown B9 reclaim {m:?} (psi, drift)"),
+                },
             },
         )
         .context("B9")?;

@@ -8,8 +8,8 @@
 //! gives it). What is modelled: the VMs. 14 VMs of U[8, 64] "GB" (64 units
 //! of 2 MiB per GB... scaled down: 64 units per GB), 4 NIC-like and 10
 //! block-like, one device each; a guest CPU touching its memory with a
-//! skewed working set; a host budget of (1 - r) of each VM's memory,
-//! r in {10, 20, 30}%. An I/O page fault is a device access to a unit the
+//! skewed working set; a host reclaimer that holds each VM to a budget,
+//! with the server overcommitted by r in {10, 20, 30}%. An I/O page fault is a device access to a unit the
 //! reclaimer has taken. A pin makes its unit present (a reclaimed unit is
 //! fetched back by the host, as a hypervisor's pin does; counted as a pin
 //! fetch, not an I/O fault).
@@ -24,8 +24,13 @@
 //! paper's): the traces' shapes (on/off NIC traffic; block = page-cache
 //! lives, see [`block`], whose rates were fitted to those statistics and
 //! nothing else), the guest CPU (16 touches a second, 80% in a hot 20%),
-//! a static per-VM budget in B5 by default (the paper moves each VM's
-//! reclaim ratio within 0-50%; `--b5-reclaim-every`), and CLOCK as the host reclaimer. `adp-derived` replaces
+//! and CLOCK as each VM's reclaimer. How each VM's budget is set is a
+//! [`B5Model`]: by default the paper's own mechanism ([`super::vpri_psi`]:
+//! the server's memory fixed at (1 - r), each VM's reclaim ratio moved
+//! within 0-50% by its pressure, Senpai's rule, as §3.4 and §7.3 say);
+//! for comparison every VM at r all hour (`static`, round 4's default) or
+//! random redraws within 0-50% (`redraw`, a period the paper does not
+//! give). `adp-derived` replaces
 //! the fixed 180 s threshold by the P10 of the ages (since the device's
 //! last access) of the units the reclaimer takes (digest §5).
 //!
@@ -40,15 +45,16 @@
 //! the device's next access, ADP's delayed demotion, unpinned unused by a
 //! cap, or still waiting when the hour ends), and the reclaimer's horizon
 //! (P10/P50 of the ages at which it takes device units) that the fixed
-//! 180 s threshold is meant to reflect. `--b5-reclaim-every S` moves each
-//! VM's reclaim ratio within the paper's 0-50% (mean r) every S seconds
-//! instead of holding it at r.
+//! 180 s threshold is meant to reflect, and the VMs' reclaim ratios
+//! (their time averages: mean, min, max). `--b5-reclaim MODEL` picks the
+//! model printed in full, `--b5-compare` the models printed beside it.
 //!
 //! The same model serves B8 ([`LogModel`]: the device's accesses reach the
 //! pin policy and the reclaimer's hints only through the runtime's lossy
-//! access log, drained every D s) and B9 ([`Reclaim::Drift`]: simulated
-//! days, each VM's reclaim ratio redrawn hourly; [`FaultRate`] folds the
-//! I/O faults per second into days). Everything is seeded: the same
+//! access log, drained every D s; static budgets) and B9 (simulated days
+//! under [`Reclaim::Psi`], or [`Reclaim::Drift`]: each VM's reclaim ratio
+//! redrawn hourly; [`FaultRate`] folds the I/O faults per second into
+//! days). Everything is seeded: the same
 //! command prints the same numbers.
 //!
 //! Traces (digest §1.7): NIC = a ring over 3% of the VM, bursty (on/off
@@ -68,6 +74,7 @@ use rand::{Rng, SeedableRng};
 
 use super::report::{print_table, Record};
 use super::stats::Summary;
+use super::vpri_psi::{PsiCfg, PsiHost, Target, Window};
 use super::BenchCtx;
 
 const STEP_S: u64 = 1;
@@ -294,6 +301,9 @@ pub(super) enum Reclaim {
     /// paper's production moves each VM's r within 0-50% at a fleet
     /// overcommit of 10-15%: hi 0.5, skew 3, mean 12.5%).
     Drift { hi: f64, skew: f64, every_s: u64 },
+    /// The server's memory fixed at (1 - r) of the VMs', each VM's ratio
+    /// moved within 0-50% by its pressure ([`super::vpri_psi`]).
+    Psi(PsiCfg),
 }
 
 /// One simulated run: a policy, the reclaim ratio, how long, and whether
@@ -437,6 +447,11 @@ struct Vm {
     rate: FaultRate,
     /// Pinned units fetched back by the pin.
     pin_fetches: u64,
+    /// Faults the VM's work stalled on this second (guest CPU and device;
+    /// not the host's pin fetches): its pressure.
+    stall_faults: u64,
+    /// Sum over steps of the reclaim ratio in force.
+    ratio_sum: f64,
     /// Sum over steps of the age threshold in force (s).
     threshold_sum: f64,
     pinned_sum: f64,
@@ -473,6 +488,7 @@ impl Vm {
             if device {
                 self.iopfs += 1;
             }
+            self.stall_faults += 1;
             self.resident[u] = true;
             self.count += 1;
             self.reclaim.on_fault(u);
@@ -552,7 +568,10 @@ impl Vm {
         for u in pins {
             if !self.resident[u] {
                 self.pin_fetches += 1;
+                // The host's fetch, not a stall of the VM's work.
+                let stalls = self.stall_faults;
                 self.access(u, false, true);
+                self.stall_faults = stalls;
             }
         }
     }
@@ -583,6 +602,8 @@ pub(super) struct ClassResult {
     /// Pinned time by cause and use, % of the VM (averaged over VMs like
     /// `pinned_pct`, which it adds up to); event counts summed.
     pub ledger: PinLedger,
+    /// The VMs' reclaim ratios, % (each VM's time average): mean, min, max.
+    pub ratio_pct: (f64, f64, f64),
     /// Access-log events logged and dropped (with a [`LogModel`]).
     pub logged: u64,
     pub dropped: u64,
@@ -599,6 +620,9 @@ pub(super) struct VmOut {
 /// every VM's.
 pub(super) struct RoundOut {
     pub classes: HashMap<&'static str, ClassResult>,
+    /// With [`Reclaim::Psi`]: the server's memory and the most the VMs held
+    /// at the end of any second (units).
+    pub server: Option<(usize, usize)>,
     pub nic_sizes: Vec<(f64, f64, f64)>,
     pub vms: Vec<VmOut>,
 }
@@ -622,6 +646,14 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
     let ratio = |rng: &mut rand::rngs::SmallRng| match cfg.reclaim {
         Reclaim::Fixed(r) => r,
         Reclaim::Drift { hi, skew, .. } => hi * rng.gen::<f64>().powf(skew),
+        Reclaim::Psi(c) => c.r,
+    };
+    let mut host = match cfg.reclaim {
+        Reclaim::Psi(c) => Some(PsiHost::new(
+            c,
+            &sizes.iter().map(|s| s.1).collect::<Vec<_>>(),
+        )),
+        _ => None,
     };
     let mut vms: Vec<Vm> = sizes
         .iter()
@@ -654,14 +686,21 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
                 iopfs: 0,
                 rate: FaultRate::default(),
                 pin_fetches: 0,
+                stall_faults: 0,
+                ratio_sum: 0.0,
                 threshold_sum: 0.0,
                 pinned_sum: 0.0,
                 sizes: Vec::new(),
             };
+            if let Some(h) = &host {
+                vm.budget = h.budgets()[i];
+            }
             vm.tick(0);
             vm
         })
         .collect();
+    let mut server_max = 0usize;
+    let mut faults = vec![0u64; vms.len()];
     let mut ev = Vec::new();
     let mut cpu = Vec::new();
     for step in 0..cfg.steps {
@@ -726,6 +765,7 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
                 }
             }
             vm.rate.second(step, vm.iopfs - before);
+            vm.ratio_sum += 1.0 - vm.budget as f64 / vm.units as f64;
             if let Some(t) = vm.policy.threshold_ns() {
                 vm.threshold_sum += t as f64 / NS as f64;
             }
@@ -738,6 +778,20 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
                     i as f64 / vm.units as f64 * 100.0,
                 ));
             }
+        }
+        // The host: a second of each VM's stalls; its budgets move every
+        // Senpai interval and the reclaimer trims to them at once.
+        if let Some(h) = &mut host {
+            for (f, vm) in faults.iter_mut().zip(&mut vms) {
+                *f = std::mem::take(&mut vm.stall_faults);
+            }
+            if h.second(&faults) {
+                for (vm, b) in vms.iter_mut().zip(h.budgets()) {
+                    vm.budget = b;
+                    vm.trim();
+                }
+            }
+            server_max = server_max.max(vms.iter().map(|v| v.count).sum());
         }
     }
     let steps = cfg.steps.max(1) as f64;
@@ -764,6 +818,14 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
                 pin_fetches: v.iter().map(|v| v.pin_fetches).sum(),
                 threshold_s: v.iter().map(|v| v.threshold_sum / steps).sum::<f64>() / n,
                 pinned_pct: v.iter().map(|v| v.pinned_sum / steps * 100.0).sum::<f64>() / n,
+                ratio_pct: {
+                    let r: Vec<f64> = v.iter().map(|v| v.ratio_sum / steps * 100.0).collect();
+                    (
+                        r.iter().sum::<f64>() / n,
+                        r.iter().copied().fold(f64::INFINITY, f64::min),
+                        r.iter().copied().fold(0.0, f64::max),
+                    )
+                },
                 reclaim_age_s: {
                     let mut a: Vec<u64> = v
                         .iter()
@@ -816,6 +878,7 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
         .unwrap_or_default();
     RoundOut {
         classes,
+        server: host.map(|h| (h.capacity(), server_max)),
         nic_sizes,
         vms: vms
             .into_iter()
@@ -828,25 +891,102 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
     }
 }
 
-/// B5's reclaim at overcommit `r`: the same ratio for every VM all hour
-/// (`every_s` 0), or the paper's "reclaim ratio for each VM dynamically
-/// adjusted from 0% to 50%": each VM's ratio redrawn every `every_s` as
-/// 0.5 U^(0.5/r - 1), within 0-50% with mean r (the period is ours; the
-/// paper gives none).
-pub(super) fn b5_reclaim(r: f64, every_s: u64) -> Reclaim {
-    if every_s == 0 {
-        Reclaim::Fixed(r)
-    } else {
-        Reclaim::Drift {
-            hi: 0.5,
-            skew: 0.5 / r - 1.0,
-            every_s,
+/// How B5 sets each VM's reclaim ratio at overcommit r.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum B5Model {
+    /// Every VM at r all hour.
+    Static,
+    /// The paper's "reclaim ratio for each VM dynamically adjusted from 0%
+    /// to 50%" as random redraws: each VM's ratio redrawn every S s as
+    /// 0.5 U^(0.5/r - 1), within 0-50% with mean r (the period is ours;
+    /// the paper gives none).
+    Redraw(u64),
+    /// The paper's mechanism: a server of (1 - r) memory whose reclaim is
+    /// balanced across VMs by their pressure ([`super::vpri_psi`]).
+    Psi(Window, Target),
+}
+
+impl B5Model {
+    /// `static`, `redraw` (every `every_s`), `psi` (the default PSI model),
+    /// `psi-avg10`/`psi-avg60`/`psi-avg300` (the kernel's averages as the
+    /// pressure), `psi-abs` (Senpai's absolute target).
+    pub fn parse(s: &str, every_s: u64) -> anyhow::Result<B5Model> {
+        Ok(match s {
+            "static" => B5Model::Static,
+            "redraw" => B5Model::Redraw(every_s.max(1)),
+            "psi" => B5Model::Psi(Window::Senpai, Target::ServerMean),
+            "psi-avg10" => B5Model::Psi(Window::Avg(10), Target::ServerMean),
+            "psi-avg60" => B5Model::Psi(Window::Avg(60), Target::ServerMean),
+            "psi-avg300" => B5Model::Psi(Window::Avg(300), Target::ServerMean),
+            "psi-abs" => B5Model::Psi(Window::Senpai, Target::Senpai),
+            _ => anyhow::bail!(
+                "unknown reclaim model {s:?} (static, redraw, psi, psi-avg10, psi-avg60, psi-avg300, psi-abs)"
+            ),
+        })
+    }
+
+    fn reclaim(&self, r: f64) -> Reclaim {
+        match *self {
+            B5Model::Static => Reclaim::Fixed(r),
+            B5Model::Redraw(every_s) => Reclaim::Drift {
+                hi: 0.5,
+                skew: 0.5 / r - 1.0,
+                every_s,
+            },
+            B5Model::Psi(window, target) => Reclaim::Psi(PsiCfg { r, window, target }),
+        }
+    }
+
+    fn name(&self) -> String {
+        match *self {
+            B5Model::Static => "static".into(),
+            B5Model::Redraw(s) => format!("redraw-{s}s"),
+            B5Model::Psi(window, target) => PsiCfg {
+                r: 0.0,
+                window,
+                target,
+            }
+            .name(),
         }
     }
 }
 
-/// Entry point of B5/B7; `reclaim_every`: see [`b5_reclaim`].
-pub fn run(ctx: &mut BenchCtx, reclaim_every: u64, b5: bool, b7: bool) -> anyhow::Result<()> {
+/// One reclaim model's B5 results.
+struct ModelOut {
+    name: String,
+    /// (policy, class) -> (IOPF reduction %, pinned %/VM), mean over r.
+    sums: HashMap<(&'static str, &'static str), (f64, f64)>,
+    /// Per r, no pinning: the reclaimer's horizon (P10, P50 s) and the VMs'
+    /// reclaim ratios (mean, min, max %), NIC then block.
+    horizon: Vec<[(u64, u64); 2]>,
+    ratios: Vec<[(f64, f64, f64); 2]>,
+    /// Per r, no pinning, PSI model: the server's memory and the most the
+    /// VMs held at the end of a second.
+    server: Vec<Option<(usize, usize)>>,
+}
+
+impl ModelOut {
+    fn rpr_ratio(&self, kind: &str, class: &str) -> f64 {
+        let rpr = |k: &str| {
+            let (red, pin) = self.sums[&(k, class)];
+            red / pin.max(1e-9)
+        };
+        rpr(kind) / rpr("lru10").max(1e-9)
+    }
+}
+
+const B5_RS: [f64; 3] = [0.1, 0.2, 0.3];
+const B5_KINDS: [&str; 4] = ["pin-all", "lru10", "adp", "adp-derived"];
+
+/// Entry point of B5/B7: B5 under `model` in full (the Fig 16 lines,
+/// accounting, Fig 17), then every model of `compare` beside it.
+pub fn run(
+    ctx: &mut BenchCtx,
+    model: B5Model,
+    compare: &[B5Model],
+    b5: bool,
+    b7: bool,
+) -> anyhow::Result<()> {
     let sizes = fleet(14);
     if b7 {
         b7_run(ctx, &sizes);
@@ -854,27 +994,59 @@ pub fn run(ctx: &mut BenchCtx, reclaim_every: u64, b5: bool, b7: bool) -> anyhow
     if !b5 {
         return Ok(());
     }
-    println!("\n== B5: the ADP mix of Fig 16 (simulated hour, paper constants, S = 1 in simulated time) ==");
+    let mut models = vec![model];
+    models.extend(compare.iter().filter(|&&m| m != model));
+    let mut progress = super::progress::Progress::new(
+        (models.len() * B5_RS.len() * (B5_KINDS.len() + 1)) as u64,
+        "B5",
+    );
+    let mut outs = Vec::new();
+    for (i, &m) in models.iter().enumerate() {
+        outs.push(b5_model(ctx, &sizes, m, i == 0, &mut progress)?);
+    }
+    progress.finish();
+    print_models(ctx, &outs);
+    Ok(())
+}
+
+/// B5's rounds under one reclaim model; `detail`: print them in full.
+fn b5_model(
+    ctx: &mut BenchCtx,
+    sizes: &[(Class, usize)],
+    model: B5Model,
+    detail: bool,
+    progress: &mut super::progress::Progress,
+) -> anyhow::Result<ModelOut> {
+    let name = model.name();
     let mut rows = Vec::new();
     let mut sums: HashMap<(&str, &str), (f64, f64)> = HashMap::new();
     let mut fig17 = Vec::new();
     let mut acct: HashMap<(&str, &str), PinLedger> = HashMap::new();
-    for r in [0.1, 0.2, 0.3] {
+    let mut horizon = Vec::new();
+    let mut ratios = Vec::new();
+    let mut server = Vec::new();
+    for r in B5_RS {
         let hour = |kind| RoundCfg {
-            reclaim: b5_reclaim(r, reclaim_every),
+            reclaim: model.reclaim(r),
             ..RoundCfg::hour(kind, r)
         };
-        let none = round(&hour("none"), &sizes).classes;
-        for kind in ["pin-all", "lru10", "adp", "adp-derived"] {
+        progress.step(&format!("{name} r={r} none"));
+        let none_out = round(&hour("none"), sizes);
+        server.push(none_out.server);
+        let none = none_out.classes;
+        horizon.push([none["nic"].reclaim_age_s, none["block"].reclaim_age_s]);
+        ratios.push([none["nic"].ratio_pct, none["block"].ratio_pct]);
+        for kind in B5_KINDS {
+            progress.step(&format!("{name} r={r} {kind}"));
             let out = round(
                 &RoundCfg {
-                    keep_sizes: r == 0.2,
+                    keep_sizes: detail && r == 0.2,
                     ..hour(kind)
                 },
-                &sizes,
+                sizes,
             );
             let res = out.classes;
-            if r == 0.2 && (kind == "adp" || kind == "lru10") {
+            if detail && r == 0.2 && (kind == "adp" || kind == "lru10") {
                 fig17.push((kind, out.nic_sizes));
             }
             for class in ["nic", "block"] {
@@ -896,6 +1068,7 @@ pub fn run(ctx: &mut BenchCtx, reclaim_every: u64, b5: bool, b7: bool) -> anyhow
                 a.unpinned_idle += l.unpinned_idle;
                 a.unpinned_hot += l.unpinned_hot;
                 a.transient += l.transient;
+                let (rm, rlo, rhi) = res[class].ratio_pct;
                 rows.push(vec![
                     format!("{:.0}%", r * 100.0),
                     kind.into(),
@@ -915,10 +1088,25 @@ pub fn run(ctx: &mut BenchCtx, reclaim_every: u64, b5: bool, b7: bool) -> anyhow
                         "{} / {}",
                         res[class].reclaim_age_s.0, res[class].reclaim_age_s.1
                     ),
+                    format!("{rm:.1} [{rlo:.1}-{rhi:.1}]"),
                 ]);
             }
         }
     }
+    let out = ModelOut {
+        name,
+        sums,
+        horizon,
+        ratios,
+        server,
+    };
+    if !detail {
+        return Ok(out);
+    }
+    println!(
+        "\n== B5: the ADP mix of Fig 16 (simulated hour, paper constants, S = 1 in simulated time), reclaim model: {} ==",
+        out.name
+    );
     print_table(
         &[
             "r",
@@ -932,10 +1120,12 @@ pub fn run(ctx: &mut BenchCtx, reclaim_every: u64, b5: bool, b7: bool) -> anyhow
             "pin fetches",
             "threshold s",
             "reclaim age P10/P50 s",
+            "VM reclaim % mean [min-max]",
         ],
         &rows,
     );
     print_accounting(ctx, &acct);
+    let sums = &out.sums;
     let g = |k: &str, c: &str| sums[&(k, c)];
     let rpr = |k: &str, c: &str| g(k, c).0 / g(k, c).1.max(1e-9);
     line(
@@ -1081,7 +1271,112 @@ pub fn run(ctx: &mut BenchCtx, reclaim_every: u64, b5: bool, b7: bool) -> anyhow
             super::plot::line_chart(d, nm, &title, "minute", "% of VM memory", &series, false)
         })?;
     }
-    Ok(())
+    Ok(out)
+}
+
+/// The reclaim models side by side: each policy's reduction and pinned
+/// memory (mean over r), the RPR ratios to LRU, the reclaimer's horizon
+/// and the VMs' reclaim ratios (no pinning).
+fn print_models(ctx: &mut BenchCtx, outs: &[ModelOut]) {
+    println!("\nReclaim models (B5, mean over r = 10/20/30%; horizon and VM ratios from the no-pinning rounds):");
+    let mut rows = Vec::new();
+    for o in outs {
+        for class in ["nic", "block"] {
+            let c = usize::from(class == "block");
+            let cell = |k: &str| {
+                let (red, pin) = o.sums[&(k, class)];
+                format!("{red:.1} / {pin:.2}")
+            };
+            let per_r = |f: &dyn Fn(usize) -> String| {
+                (0..B5_RS.len()).map(f).collect::<Vec<_>>().join(", ")
+            };
+            rows.push(vec![
+                o.name.clone(),
+                class.into(),
+                cell("lru10"),
+                cell("adp"),
+                cell("adp-derived"),
+                format!("{:.2}", o.rpr_ratio("adp", class)),
+                format!("{:.2}", o.rpr_ratio("adp-derived", class)),
+                per_r(&|i| format!("{}/{}", o.horizon[i][c].0, o.horizon[i][c].1)),
+                per_r(&|i| {
+                    let (m, lo, hi) = o.ratios[i][c];
+                    format!("{m:.0} [{lo:.0}-{hi:.0}]")
+                }),
+            ]);
+            for kind in ["lru10", "adp", "adp-derived"] {
+                let (red, pin) = o.sums[&(kind, class)];
+                let k = kind.replace('-', "_");
+                let base = format!("fig16.model.{}.{k}.{class}", o.name);
+                line_quiet(ctx, &format!("{base}.iopf_reduction_pct"), red, "%");
+                line_quiet(ctx, &format!("{base}.pinned_pct"), pin, "%");
+            }
+            for kind in ["adp", "adp-derived"] {
+                let label = format!(
+                    "fig16.model.{}.{}.rpr_ratio.{class}",
+                    o.name,
+                    kind.replace('-', "_")
+                );
+                line_quiet(ctx, &label, o.rpr_ratio(kind, class), "x");
+            }
+            for (i, r) in B5_RS.iter().enumerate() {
+                let base = format!("fig16.model.{}.r{:.0}.{class}", o.name, r * 100.0);
+                line_quiet(
+                    ctx,
+                    &format!("{base}.reclaim_age_p10_s"),
+                    o.horizon[i][c].0 as f64,
+                    "s",
+                );
+                line_quiet(
+                    ctx,
+                    &format!("{base}.reclaim_age_p50_s"),
+                    o.horizon[i][c].1 as f64,
+                    "s",
+                );
+                line_quiet(
+                    ctx,
+                    &format!("{base}.vm_ratio_min_pct"),
+                    o.ratios[i][c].1,
+                    "%",
+                );
+                line_quiet(
+                    ctx,
+                    &format!("{base}.vm_ratio_max_pct"),
+                    o.ratios[i][c].2,
+                    "%",
+                );
+            }
+        }
+    }
+    print_table(
+        &[
+            "model",
+            "class",
+            "LRU 10% red/pin %",
+            "ADP red/pin %",
+            "ADP-derived red/pin %",
+            "RPR ADP/LRU",
+            "RPR ADP-d/LRU",
+            "horizon P10/P50 s (r=10,20,30)",
+            "VM reclaim % mean [min-max] (r=10,20,30)",
+        ],
+        &rows,
+    );
+    for o in outs {
+        let held: Vec<String> = o
+            .server
+            .iter()
+            .flatten()
+            .map(|(cap, max)| format!("{max} of {cap}"))
+            .collect();
+        if !held.is_empty() {
+            println!(
+                "{}: server memory (units, r=10,20,30, no pinning): the VMs held at most {}",
+                o.name,
+                held.join(", ")
+            );
+        }
+    }
 }
 
 /// B5's per-mechanism accounting: each policy's pinned memory (% of the
@@ -1413,6 +1708,47 @@ mod tests {
         }
         let nic = trace_stats(&fleet(14), Class::Nic);
         assert!((2.0..=5.0).contains(&nic.fp), "NIC footprint {}", nic.fp);
+    }
+
+    /// The PSI-balanced server on the real model: deterministic (the same
+    /// round twice gives the same numbers), the VMs never hold more than
+    /// the server's memory at the end of a second, each VM's reclaim ratio
+    /// stays within 0-50%, and the block VMs (whose devices also stall)
+    /// end up reclaimed less than the NIC VMs.
+    #[test]
+    fn psi_server_is_deterministic_and_keeps_its_bounds() {
+        let sizes = fleet(14);
+        let cfg = |kind| RoundCfg {
+            reclaim: Reclaim::Psi(PsiCfg::new(0.3)),
+            steps: 1800,
+            ..RoundCfg::hour(kind, 0.3)
+        };
+        for kind in ["none", "adp"] {
+            let a = round(&cfg(kind), &sizes);
+            let b = round(&cfg(kind), &sizes);
+            let (cap, held) = a.server.expect("a PSI round reports its server");
+            assert!(held <= cap, "{kind}: held {held} of {cap}");
+            let total: usize = sizes.iter().map(|s| s.1).sum();
+            assert_eq!(cap, (0.7 * total as f64) as usize);
+            for c in ["nic", "block"] {
+                let (x, y) = (&a.classes[c], &b.classes[c]);
+                assert_eq!(
+                    (x.iopfs, x.pin_fetches),
+                    (y.iopfs, y.pin_fetches),
+                    "{kind} {c}"
+                );
+                assert_eq!(x.ratio_pct, y.ratio_pct, "{kind} {c}");
+                assert_eq!(x.pinned_pct, y.pinned_pct, "{kind} {c}");
+                let (_, lo, hi) = x.ratio_pct;
+                assert!(lo >= 0.0 && hi <= 50.0, "{kind} {c}: {lo}-{hi}");
+            }
+            assert!(
+                a.classes["block"].ratio_pct.0 < a.classes["nic"].ratio_pct.0,
+                "{kind}: block {:?} nic {:?}",
+                a.classes["block"].ratio_pct,
+                a.classes["nic"].ratio_pct
+            );
+        }
     }
 
     /// B9's production-like reclaim: a VM's budget moves every hour, and
