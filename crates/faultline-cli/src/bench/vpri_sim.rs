@@ -9,8 +9,8 @@
 //! of 2 MiB per GB... scaled down: 64 units per GB), 4 NIC-like and 10
 //! block-like, one device each; a guest CPU touching its memory with a
 //! skewed working set; a host reclaimer that holds each VM to a budget,
-//! with the server overcommitted by r in {10, 20, 30}%. An I/O page fault is a device access to a unit the
-//! reclaimer has taken. A pin makes its unit present (a reclaimed unit is
+//! with the server overcommitted by r in {10, 20, 30}%. An I/O page fault
+//! is a device access to a unit the reclaimer has taken. A pin makes its unit present (a reclaimed unit is
 //! fetched back by the host, as a hypervisor's pin does; counted as a pin
 //! fetch, not an I/O fault).
 //!
@@ -30,9 +30,9 @@
 //! within 0-50% by its pressure, Senpai's rule, as §3.4 and §7.3 say);
 //! for comparison every VM at r all hour (`static`, round 4's default) or
 //! random redraws within 0-50% (`redraw`, a period the paper does not
-//! give). `adp-derived` replaces
-//! the fixed 180 s threshold by the P10 of the ages (since the device's
-//! last access) of the units the reclaimer takes (digest §5).
+//! give). `adp-derived` replaces the fixed 180 s threshold by the P10 of
+//! the ages (since the device's last access) of the units the reclaimer
+//! takes (digest §5).
 //!
 //! Before the calibration (round 2's block trace: 20% new units, 48%
 //! among the last 64, 32% uniform over the footprint, a whole number of
@@ -54,8 +54,7 @@
 //! access log, drained every D s; static budgets) and B9 (simulated days
 //! under [`Reclaim::Psi`], or [`Reclaim::Drift`]: each VM's reclaim ratio
 //! redrawn hourly; [`FaultRate`] folds the I/O faults per second into
-//! days). Everything is seeded: the same
-//! command prints the same numbers.
+//! days). Everything is seeded: the same command prints the same numbers.
 //!
 //! Traces (digest §1.7): NIC = a ring over 3% of the VM, bursty (on/off
 //! traffic, idle gaps of minutes), a ring buffer moving to a new unit at
@@ -450,6 +449,8 @@ struct Vm {
     /// Faults the VM's work stalled on this second (guest CPU and device;
     /// not the host's pin fetches): its pressure.
     stall_faults: u64,
+    /// All of them, the whole run.
+    stalls: u64,
     /// Sum over steps of the reclaim ratio in force.
     ratio_sum: f64,
     /// Sum over steps of the age threshold in force (s).
@@ -489,6 +490,7 @@ impl Vm {
                 self.iopfs += 1;
             }
             self.stall_faults += 1;
+            self.stalls += 1;
             self.resident[u] = true;
             self.count += 1;
             self.reclaim.on_fault(u);
@@ -569,9 +571,9 @@ impl Vm {
             if !self.resident[u] {
                 self.pin_fetches += 1;
                 // The host's fetch, not a stall of the VM's work.
-                let stalls = self.stall_faults;
+                let stalls = (self.stall_faults, self.stalls);
                 self.access(u, false, true);
-                self.stall_faults = stalls;
+                (self.stall_faults, self.stalls) = stalls;
             }
         }
     }
@@ -604,6 +606,9 @@ pub(super) struct ClassResult {
     pub ledger: PinLedger,
     /// The VMs' reclaim ratios, % (each VM's time average): mean, min, max.
     pub ratio_pct: (f64, f64, f64),
+    /// The VMs' mean pressure, PSI "some" % (stalled faults x 5 ms over
+    /// the run), averaged over VMs.
+    pub psi_pct: f64,
     /// Access-log events logged and dropped (with a [`LogModel`]).
     pub logged: u64,
     pub dropped: u64,
@@ -687,6 +692,7 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
                 rate: FaultRate::default(),
                 pin_fetches: 0,
                 stall_faults: 0,
+                stalls: 0,
                 ratio_sum: 0.0,
                 threshold_sum: 0.0,
                 pinned_sum: 0.0,
@@ -818,6 +824,13 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
                 pin_fetches: v.iter().map(|v| v.pin_fetches).sum(),
                 threshold_s: v.iter().map(|v| v.threshold_sum / steps).sum::<f64>() / n,
                 pinned_pct: v.iter().map(|v| v.pinned_sum / steps * 100.0).sum::<f64>() / n,
+                psi_pct: v
+                    .iter()
+                    .map(|v| {
+                        v.stalls as f64 * super::vpri_psi::STALL_PER_FAULT_US / 1e6 / steps * 100.0
+                    })
+                    .sum::<f64>()
+                    / n,
                 ratio_pct: {
                     let r: Vec<f64> = v.iter().map(|v| v.ratio_sum / steps * 100.0).collect();
                     (
@@ -960,6 +973,8 @@ struct ModelOut {
     /// reclaim ratios (mean, min, max %), NIC then block.
     horizon: Vec<[(u64, u64); 2]>,
     ratios: Vec<[(f64, f64, f64); 2]>,
+    /// Per r, no pinning: the VMs' mean pressure (PSI some %), NIC, block.
+    psi: Vec<[f64; 2]>,
     /// Per r, no pinning, PSI model: the server's memory and the most the
     /// VMs held at the end of a second.
     server: Vec<Option<(usize, usize)>>,
@@ -1025,6 +1040,7 @@ fn b5_model(
     let mut horizon = Vec::new();
     let mut ratios = Vec::new();
     let mut server = Vec::new();
+    let mut psi = Vec::new();
     for r in B5_RS {
         let hour = |kind| RoundCfg {
             reclaim: model.reclaim(r),
@@ -1036,6 +1052,7 @@ fn b5_model(
         let none = none_out.classes;
         horizon.push([none["nic"].reclaim_age_s, none["block"].reclaim_age_s]);
         ratios.push([none["nic"].ratio_pct, none["block"].ratio_pct]);
+        psi.push([none["nic"].psi_pct, none["block"].psi_pct]);
         for kind in B5_KINDS {
             progress.step(&format!("{name} r={r} {kind}"));
             let out = round(
@@ -1098,6 +1115,7 @@ fn b5_model(
         sums,
         horizon,
         ratios,
+        psi,
         server,
     };
     if !detail {
@@ -1303,6 +1321,7 @@ fn print_models(ctx: &mut BenchCtx, outs: &[ModelOut]) {
                     let (m, lo, hi) = o.ratios[i][c];
                     format!("{m:.0} [{lo:.0}-{hi:.0}]")
                 }),
+                per_r(&|i| format!("{:.2}", o.psi[i][c])),
             ]);
             for kind in ["lru10", "adp", "adp-derived"] {
                 let (red, pin) = o.sums[&(kind, class)];
@@ -1345,6 +1364,7 @@ fn print_models(ctx: &mut BenchCtx, outs: &[ModelOut]) {
                     o.ratios[i][c].2,
                     "%",
                 );
+                line_quiet(ctx, &format!("{base}.psi_some_pct"), o.psi[i][c], "%");
             }
         }
     }
@@ -1359,6 +1379,7 @@ fn print_models(ctx: &mut BenchCtx, outs: &[ModelOut]) {
             "RPR ADP-d/LRU",
             "horizon P10/P50 s (r=10,20,30)",
             "VM reclaim % mean [min-max] (r=10,20,30)",
+            "PSI some % (r=10,20,30)",
         ],
         &rows,
     );
