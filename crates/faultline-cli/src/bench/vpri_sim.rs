@@ -457,6 +457,8 @@ struct Vm {
     threshold_sum: f64,
     pinned_sum: f64,
     sizes: Vec<(f64, f64, f64)>,
+    /// (minute, reclaim ratio %) every simulated minute (with `keep_sizes`).
+    ratios: Vec<(f64, f64)>,
 }
 
 impl Vm {
@@ -619,6 +621,9 @@ pub(super) struct VmOut {
     pub class: Class,
     pub rate: FaultRate,
     pub pinned_pct: f64,
+    pub units: usize,
+    /// (minute, reclaim ratio %), with `keep_sizes`.
+    pub ratios: Vec<(f64, f64)>,
 }
 
 /// Per class results, one NIC domain's (minute, active %, pinned %), and
@@ -697,6 +702,7 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
                 threshold_sum: 0.0,
                 pinned_sum: 0.0,
                 sizes: Vec::new(),
+                ratios: Vec::new(),
             };
             if let Some(h) = &host {
                 vm.budget = h.budgets()[i];
@@ -777,6 +783,10 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
             }
             vm.pinned_sum += vm.policy.pinned() as f64 / vm.units as f64;
             if cfg.keep_sizes && step % 60 == 0 {
+                vm.ratios.push((
+                    step as f64 / 60.0,
+                    (1.0 - vm.budget as f64 / vm.units as f64) * 100.0,
+                ));
                 let (a, i) = vm.policy.sizes();
                 vm.sizes.push((
                     step as f64 / 60.0,
@@ -898,6 +908,8 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
             .map(|v| VmOut {
                 class: v.class,
                 pinned_pct: v.pinned_sum / steps * 100.0,
+                units: v.units,
+                ratios: v.ratios,
                 rate: v.rate,
             })
             .collect(),
@@ -1041,6 +1053,7 @@ fn b5_model(
     let mut ratios = Vec::new();
     let mut server = Vec::new();
     let mut psi = Vec::new();
+    let mut ratio_series = Vec::new();
     for r in B5_RS {
         let hour = |kind| RoundCfg {
             reclaim: model.reclaim(r),
@@ -1065,6 +1078,17 @@ fn b5_model(
             let res = out.classes;
             if detail && r == 0.2 && (kind == "adp" || kind == "lru10") {
                 fig17.push((kind, out.nic_sizes));
+            }
+            if detail && r == 0.2 && kind == "adp" {
+                ratio_series = out
+                    .vms
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        let c = format!("{:?}", v.class).to_lowercase();
+                        (format!("{i}: {c}, {} GB", v.units / 64), v.ratios.clone())
+                    })
+                    .collect();
             }
             for class in ["nic", "block"] {
                 let base = none[class].iopfs.max(1) as f64;
@@ -1272,6 +1296,21 @@ fn b5_model(
         "%",
         "up to 81",
     );
+    let title = format!(
+        "B5, {}: each VM's reclaim ratio per minute (r = 20%, ADP)",
+        out.name
+    );
+    ctx.figure("vpri_b5_reclaim_ratios", |d, nm| {
+        super::plot::line_chart(
+            d,
+            nm,
+            &title,
+            "minute",
+            "reclaim ratio %",
+            &ratio_series,
+            false,
+        )
+    })?;
     for (kind, s) in fig17 {
         let act: Vec<(f64, f64)> = s.iter().map(|x| (x.0, x.1)).collect();
         let ina: Vec<(f64, f64)> = s.iter().map(|x| (x.0, x.2)).collect();
