@@ -26,7 +26,7 @@
 //! | what stalls | the VM's guest-CPU faults and device I/O faults, not the host's own pin fetches | the VM's tasks wait on both |
 //! | pressure | PSI "some": stall share of time, min(100%, faults x 5 ms) per second (faults of a second do not overlap: our choice, an upper bound) | Documentation/accounting/psi.rst |
 //! | pressure window | the stall accumulated over Senpai's interval, 6 s, from PSI's `total` counter | oomd Senpai: `interval_{6}` ticks of oomd's 1 s loop, reading `pressure.some` `total` |
-//! | control period | every 6 s (Senpai's interval) | as above |
+//! | control period | every 6 s (Senpai's interval), every VM at once | oomd Senpai probes after a quiet interval but backs off within one as soon as the stall passes its target; the server's mean is known only at the interval's end (our simplification) |
 //! | adjustment | e = pressure / target; e >= 1: limit x (1 + min(1, (e/20)^2)); e < 1: limit x (1 - min(1%, ((1/e)/10)^2 x 1%)) | oomd Senpai: `max_backoff_{1.0}`, `coeff_backoff_{20}`, `max_probe_{0.01}`, `coeff_probe_{10}` |
 //! | target | the server's mean pressure (over VMs, same window) | our choice, see below; Senpai's absolute `pressure_ms_{10}` per interval is [`Target::Senpai`] |
 //! | fitting to H | excess taken from each VM in proportion to its memory above its 50% floor | Linux's proportional memcg reclaim above protection (`mm/vmscan.c`, `get_scan_count`); the floor acts as `memory.min` |
