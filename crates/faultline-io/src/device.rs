@@ -1,7 +1,7 @@
 //! Devices: one protection domain each (VPRI's per-device BDF), with an
 //! access log, a pinning policy and the counters of its queues.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -63,6 +63,9 @@ pub struct DeviceConfig {
     /// region's eviction policy (access hints), and the policy ticked.
     /// Each drain is coalesced: the policy sees each unit once, at its
     /// last access in the drain, and the eviction policy each page once.
+    /// The drain thread keeps off the CPU the device's queues last waited
+    /// on (when the process may use another), so it never makes a
+    /// submitter wait for its CPU.
     pub drain_period: Duration,
     /// Time scale of the paper's constants for `PinMode::Adp(None)`.
     pub time_scale: f64,
@@ -190,6 +193,7 @@ impl IoDevice {
             policy: Mutex::new(policy),
             reclaims,
             stop: AtomicBool::new(false),
+            queue_cpu: AtomicUsize::new(crate::shared::NO_CPU),
         });
         {
             let mut p = inner.policy.lock().expect("pin policy lock");
@@ -202,7 +206,14 @@ impl IoDevice {
                 std::thread::Builder::new()
                     .name(format!("fl-io-pal-{}", cfg.name))
                     .spawn(move || {
+                        // Off the CPU the device's queues wait on: a queue's
+                        // thread sleeps between I/Os, and a drain woken onto
+                        // its idle CPU would make it wait when its next I/O
+                        // is due.
+                        let mut placement = crate::sys::KeepOff::new();
                         while !i.stop.load(SeqCst) {
+                            let q = i.queue_cpu.load(Relaxed);
+                            placement.keep_off((q != crate::shared::NO_CPU).then_some(q));
                             i.drain();
                             std::thread::park_timeout(period);
                         }

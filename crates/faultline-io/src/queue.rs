@@ -755,6 +755,12 @@ impl IoQueue {
                 continue;
             }
             let left = deadline - now;
+            // Where this queue's thread sleeps: the device's drain keeps
+            // off that CPU.
+            self.dev.queue_cpu.store(
+                crate::sys::current_cpu().unwrap_or(crate::shared::NO_CPU),
+                Relaxed,
+            );
             if self.uring.is_some() {
                 self.wait_uring(left);
             } else {

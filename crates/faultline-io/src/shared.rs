@@ -74,7 +74,13 @@ pub(crate) struct DeviceInner {
     /// The drain's scratch, taken inside `policy` (a leaf).
     pub batch: Mutex<Batch>,
     pub stop: AtomicBool,
+    /// The CPU a queue of this device last went to wait on
+    /// ([`NO_CPU`]: none yet); the drain thread keeps off it.
+    pub queue_cpu: AtomicUsize,
 }
+
+/// [`DeviceInner::queue_cpu`] before any queue waited.
+pub(crate) const NO_CPU: usize = usize::MAX;
 
 /// One drain's coalescing: each unit's last access and each page's hint
 /// once per drain, however many events name them.

@@ -17,6 +17,19 @@
 //! it waited 1 ms (its home worker busy), so the queue stays work
 //! conserving ([`TenantStats::served_at_home`], [`TenantStats::stolen`]).
 //!
+//! An unpinned worker (a tenant without a CPU set) serves each request
+//! **off the CPU of the thread that posted it**, when the process may run
+//! on another: before resolving, it narrows its own affinity to the CPUs
+//! it started with (those of the thread that created the tenant) minus
+//! the poster's ([`TenantStats::off_poster_cpu`]). The
+//! submitting thread is the latency-critical one, and it sleeps between
+//! I/Os, so its CPU often looks idle when a worker wakes, and the kernel
+//! keeps a waking thread on its previous CPU when that one is idle: the
+//! worker then ran there (on the post, and again when the store's wait
+//! ended) and the submitter, woken by its next I/O, waited behind the
+//! page's fill and copy (B2's trace: 20-50 µs each, twice a fault). Idle
+//! workers sleep until a request comes (no periodic wake-ups either).
+//!
 //! A fault worker never issues I/O into a region and is never a uffd
 //! handler thread, so it cannot deadlock on the faults it serves.
 
@@ -109,6 +122,8 @@ struct Pending {
     posted: Instant,
     /// The posting device's home CPU, if it has one.
     home: Option<usize>,
+    /// The CPU the posting thread ran on.
+    poster_cpu: Option<usize>,
 }
 
 /// How long a request whose device has a home CPU waits for the worker
@@ -177,6 +192,10 @@ pub struct TenantStats {
     /// Requests with a home CPU another worker took (after
     /// `STEAL_AFTER`, 1 ms, while the home worker was busy).
     pub stolen: u64,
+    /// Requests an unpinned worker served off the posting thread's CPU
+    /// (its affinity narrowed to the other allowed CPUs; see the module
+    /// docs).
+    pub off_poster_cpu: u64,
 }
 
 pub(crate) struct TenantInner {
@@ -193,6 +212,7 @@ pub(crate) struct TenantInner {
     service_max: AtomicU64,
     served_at_home: AtomicU64,
     stolen: AtomicU64,
+    off_poster: AtomicU64,
     /// The CPU each worker is pinned to (`None`: not pinned).
     worker_cpus: Vec<Option<usize>>,
 }
@@ -224,6 +244,7 @@ impl TenantInner {
                 responders: vec![responder.clone()],
                 posted: Instant::now(),
                 home,
+                poster_cpu: crate::sys::current_cpu(),
             },
         );
         q.fifo.push_back(key);
@@ -239,8 +260,10 @@ impl TenantInner {
     }
 
     fn worker(&self, cpu: Option<usize>) {
+        // An unpinned worker keeps off the poster's CPU.
+        let mut placement = cpu.is_none().then(crate::sys::KeepOff::new);
         loop {
-            let (key, region) = {
+            let (key, region, poster_cpu) = {
                 let mut q = self.q.lock().expect("fault queue lock");
                 loop {
                     if self.stop.load(SeqCst) {
@@ -262,10 +285,14 @@ impl TenantInner {
                                     self.stolen.fetch_add(1, Relaxed);
                                 }
                             }
-                            break (k, p.region.clone());
+                            break (k, p.region.clone(), p.poster_cpu);
                         }
                         Err(Some(when)) => when.saturating_duration_since(now),
-                        Err(None) => Duration::from_millis(100),
+                        Err(None) => {
+                            // Nothing queued: sleep until a post (or stop).
+                            q = self.cv.wait(q).expect("fault queue lock");
+                            continue;
+                        }
                     };
                     q = self
                         .cv
@@ -274,6 +301,11 @@ impl TenantInner {
                         .0;
                 }
             };
+            if let Some(p) = placement.as_mut() {
+                if p.keep_off(poster_cpu) {
+                    self.off_poster.fetch_add(1, Relaxed);
+                }
+            }
             let (_, page, write) = key;
             let res = region.resolve_pages(page..page + 1, write, self.timeout);
             let pending = self
@@ -349,6 +381,7 @@ impl Tenant {
             service_max: AtomicU64::new(0),
             served_at_home: AtomicU64::new(0),
             stolen: AtomicU64::new(0),
+            off_poster: AtomicU64::new(0),
             worker_cpus: pins.clone(),
         });
         let mut tenant = Tenant {
@@ -393,6 +426,7 @@ impl Tenant {
             service_ns_max: i.service_max.load(Relaxed),
             served_at_home: i.served_at_home.load(Relaxed),
             stolen: i.stolen.load(Relaxed),
+            off_poster_cpu: i.off_poster.load(Relaxed),
         }
     }
 
@@ -404,6 +438,10 @@ impl Tenant {
 impl Drop for Tenant {
     fn drop(&mut self) {
         self.inner.stop.store(true, SeqCst);
+        // Workers check `stop` under the queue lock and wait without a
+        // timeout when idle: taking the lock once orders this store before
+        // any such check, so none can miss the notification.
+        drop(self.inner.q.lock());
         self.inner.cv.notify_all();
         for h in self.workers.drain(..) {
             let _ = h.join();

@@ -1093,3 +1093,179 @@ fn submit_batch_is_submit_with_prefetch() {
     }
     assert_eq!(q.outstanding(), 0);
 }
+
+/// A memory store that records the CPU each fill ran on.
+struct CpuStore {
+    data: MemoryStore,
+    cpus: std::sync::Mutex<Vec<i32>>,
+}
+impl PageStore for CpuStore {
+    fn describe(&self) -> &str {
+        "cpu-recording"
+    }
+    fn len(&self) -> Option<u64> {
+        self.data.len()
+    }
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        // SAFETY: no arguments; returns a CPU number or -1.
+        let cpu = unsafe { libc::sched_getcpu() };
+        self.cpus.lock().unwrap().push(cpu);
+        self.data.fill(offset, buf)
+    }
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.data.write_back(offset, data)
+    }
+}
+
+/// Forwards to a shared [`CpuStore`].
+struct SharedCpu(Arc<CpuStore>);
+impl PageStore for SharedCpu {
+    fn describe(&self) -> &str {
+        self.0.describe()
+    }
+    fn len(&self) -> Option<u64> {
+        self.0.len()
+    }
+    fn fill(&self, o: u64, b: &mut [u8]) -> Result<(), StoreError> {
+        self.0.fill(o, b)
+    }
+    fn write_back(&self, o: u64, d: &[u8]) -> Result<(), StoreError> {
+        self.0.write_back(o, d)
+    }
+}
+
+/// The first CPU the calling thread may use, if it may use a second one
+/// (for anything to keep off the first).
+fn two_cpus() -> Option<usize> {
+    let cpus = faultline::sys::thread::allowed_cpus().unwrap();
+    if cpus.len() < 2 {
+        eprintln!("skipped: needs 2 allowed CPUs, has {cpus:?}");
+        return None;
+    }
+    Some(cpus[0])
+}
+
+/// An unpinned tenant's fault workers serve a request off the CPU of the
+/// thread that posted it: every fill of pages missed by I/Os submitted
+/// from a thread pinned to one CPU runs on another, and each request is
+/// counted as served off the poster's CPU.
+#[test]
+fn fault_workers_keep_off_the_posting_cpu() {
+    let Some(mine) = two_cpus() else { return };
+    let engine = PollEngine::new().unwrap();
+    let pages = 32;
+    let store = Arc::new(CpuStore {
+        data: MemoryStore::new((0..pages * PS).map(|o| pat(3, o)).collect()),
+        cpus: Default::default(),
+    });
+    let region = Arc::new(
+        Region::builder(pages * PS)
+            .store(SharedCpu(store.clone()))
+            .fault_around(1)
+            .build(&engine)
+            .unwrap(),
+    );
+    let tmp = Temp::new("keepoff", &vec![9u8; PS]);
+    let f = Arc::new(File::open(&tmp.0).unwrap());
+    let t = tenant();
+    let dev = device(region.clone(), &t, Ordering::Unordered);
+    let mut q = dev.queue(Backend::Uring { depth: 64 }).unwrap();
+    // The submitter on one CPU (the workers started before, with all).
+    faultline::sys::thread::pin_to_cpu(mine).unwrap();
+    for p in 0..pages {
+        q.read_at(&f, 0, p * PS + 8, 64, p as u64).unwrap();
+    }
+    for _ in 0..pages {
+        let c = q.complete(WAIT).expect("every read completes");
+        assert_eq!(c.result.unwrap(), 64);
+    }
+    let cpus = store.cpus.lock().unwrap().clone();
+    let s = t.stats();
+    assert!(!cpus.is_empty() && s.posts > 0, "{s:?}");
+    assert!(
+        cpus.iter().all(|&c| c != mine as i32),
+        "a fill ran on the poster's CPU {mine}: {cpus:?}"
+    );
+    assert_eq!(s.off_poster_cpu, s.posts, "{s:?}");
+    for p in 0..pages {
+        // SAFETY: the reads completed; the region is mapped.
+        let b = unsafe { *region.as_ptr().add(p * PS + 8) };
+        assert_eq!(b, 9, "page {p}");
+    }
+}
+
+/// The device's access-log drain thread keeps off the CPU its queue last
+/// waited on: once a queue on a thread pinned to one CPU has waited, the
+/// drainer's allowed CPUs leave that one out.
+#[test]
+fn log_drainer_keeps_off_the_queue_cpu() {
+    let Some(mine) = two_cpus() else { return };
+    let engine = SignalEngine::new().unwrap();
+    let region = Arc::new(
+        Region::builder(16 * PS)
+            .store(MemoryStore::new(vec![0u8; 16 * PS]))
+            .build(&engine)
+            .unwrap(),
+    );
+    region.populate(0, 16 * PS).unwrap();
+    let t = tenant();
+    let dev = IoDevice::new(
+        region,
+        &t,
+        DeviceConfig {
+            name: "koff".into(),
+            drain_period: Duration::from_millis(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let tmp = Temp::new("drainoff", &vec![1u8; PS]);
+    let f = Arc::new(File::open(&tmp.0).unwrap());
+    let mut q = dev.queue(Backend::Uring { depth: 8 }).unwrap();
+    // The queue's thread on one CPU (the drainer started before, with all).
+    faultline::sys::thread::pin_to_cpu(mine).unwrap();
+    // A completion nobody has yet makes the queue wait (for 1 ms).
+    assert!(q.complete(Duration::from_millis(1)).is_none());
+    q.read_at(&f, 0, 0, 64, 0).unwrap();
+    assert!(q.complete(WAIT).unwrap().result.is_ok());
+    let allowed = |tid: &str| -> Option<String> {
+        let st = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+        st.lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|s| s.trim().to_string())
+    };
+    let drainer = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|e| {
+            let tid = e.ok()?.file_name().into_string().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
+            (comm.trim() == "fl-io-pal-koff").then_some(tid)
+        })
+        .next()
+        .expect("the drain thread");
+    // Its next drain (every 1 ms) applies it; a bounded wait.
+    let end = Instant::now() + WAIT;
+    let list = loop {
+        let list = allowed(&drainer).expect("drainer status");
+        let cpus = parse_cpu_list(&list);
+        if !cpus.contains(&mine) || Instant::now() > end {
+            break cpus;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    assert!(
+        !list.contains(&mine) && !list.is_empty(),
+        "drainer allowed {list:?}, queue on {mine}"
+    );
+}
+
+/// "0-3,5" -> [0, 1, 2, 3, 5].
+fn parse_cpu_list(s: &str) -> Vec<usize> {
+    s.split(',')
+        .filter(|x| !x.is_empty())
+        .flat_map(|r| match r.split_once('-') {
+            Some((a, b)) => (a.parse().unwrap()..=b.parse().unwrap()).collect::<Vec<usize>>(),
+            None => vec![r.parse().unwrap()],
+        })
+        .collect()
+}
