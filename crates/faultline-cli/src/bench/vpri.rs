@@ -55,17 +55,34 @@ pub struct VpriArgs {
     /// Time-scaling factor S applied to the paper's constants (default 1/100).
     #[arg(long, default_value_t = 0.01)]
     pub scale: f64,
-    /// B2: seconds per mode (default 5).
-    #[arg(long, default_value_t = 5.0)]
+    /// B2: seconds per mode per round (default 0.5).
+    #[arg(long, default_value_t = 0.5)]
     pub b2_secs: f64,
     /// B2: I/Os arriving per second, open loop (default 26,800: the
     /// paper's virtio-blk device, Table 1). Latency counts from arrival.
     #[arg(long, default_value_t = 26_800.0)]
     pub b2_iops: f64,
-    /// B2: rounds of the four modes (default 3; the ratios use each
-    /// mode's median p99.9).
-    #[arg(long, default_value_t = 3)]
+    /// B2: rounds (default 30). Each round runs the five modes (plain
+    /// fault-free, API fault-free, blocking, ordered, unordered) back to
+    /// back, in a shuffled order (seeded), each after a random 0-50 ms
+    /// pause (so periodic noise of the machine does not phase-lock onto
+    /// one mode), at the same priority (`--b2-normal-priority`), wherever
+    /// the scheduler puts them. Each round's ratio is a mode's p99.9 over
+    /// that round's plain fault-free p99.9; the headline is the median
+    /// over the rounds (range and the pooled p99.9s printed too), beside
+    /// the floor the parked I/Os alone give. Each round's steal time and
+    /// other processes' CPU (from /proc/stat) are printed. About 1.5 min
+    /// with the defaults.
+    #[arg(long, default_value_t = 30)]
     pub b2_reps: usize,
+    /// B2: run the submitting thread at the caller's priority. Default:
+    /// SCHED_FIFO 10 while it submits and reaps, in every mode alike (the
+    /// application's I/O thread; the library's threads and the poll
+    /// engine stay at normal priority), so kernel threads and agents of
+    /// this shared guest cannot preempt it; falls back to the caller's
+    /// priority, and says so, without the permission.
+    #[arg(long)]
+    pub b2_normal_priority: bool,
     /// B2: injected I/O faults per second (default 10, the paper's Fig 6 rate).
     #[arg(long, default_value_t = 10.0)]
     pub b2_rate: f64,
@@ -662,11 +679,132 @@ fn set_rcvbuf(s: &UdpSocket, bytes: i32) {
     }
 }
 
+/// B2's modes, in the order of the tables: name, injected faults/s
+/// (0 or `--b2-rate`), and the API queue's ordering (`None`: plain
+/// io_uring).
+fn b2_modes(rate: f64) -> [(&'static str, f64, Option<Ordering>); 5] {
+    [
+        ("fault-free", 0.0, None),
+        ("fault-free, API unordered", 0.0, Some(Ordering::Unordered)),
+        ("blocking (plain io_uring)", rate, None),
+        ("VPRI ordered", rate, Some(Ordering::Ordered)),
+        ("VPRI unordered", rate, Some(Ordering::Unordered)),
+    ]
+}
+
+/// CPU time of the whole machine and of this process, from `/proc`.
+#[derive(Clone, Copy, Default)]
+struct CpuSnap {
+    /// Non-idle time of all CPUs (user, nice, system, irq, softirq), ticks.
+    busy: u64,
+    /// Time the hypervisor ran something else on our vCPUs, ticks.
+    steal: u64,
+    /// This process's user + system time, ticks.
+    own: u64,
+    at: Option<Instant>,
+}
+
+impl CpuSnap {
+    fn now() -> CpuSnap {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let f: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
+        let own_stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command name's closing parenthesis: utime and
+        // stime are fields 14 and 15 of the line (11 and 12 after it).
+        let rest = own_stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let g: Vec<u64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        CpuSnap {
+            busy: at(0) + at(1) + at(2) + at(5) + at(6),
+            steal: at(7),
+            own: g.get(11).copied().unwrap_or(0) + g.get(12).copied().unwrap_or(0),
+            at: Some(Instant::now()),
+        }
+    }
+
+    /// Since `before`: steal in ms, and the other processes' CPU time as a
+    /// share of one CPU (the machine's busy time minus ours).
+    fn since(&self, before: &CpuSnap) -> (f64, f64) {
+        // SAFETY: sysconf has no memory effects.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let secs = match (self.at, before.at) {
+            (Some(a), Some(b)) => a.duration_since(b).as_secs_f64().max(1e-9),
+            _ => 1.0,
+        };
+        let steal_ms = self.steal.saturating_sub(before.steal) as f64 / hz * 1e3;
+        let others = (self.busy.saturating_sub(before.busy) as f64
+            - self.own.saturating_sub(before.own) as f64)
+            .max(0.0)
+            / hz;
+        (steal_ms, others / secs * 100.0)
+    }
+}
+
+/// The calling thread at SCHED_FIFO 10 (threads it starts get the normal
+/// policy back: `SCHED_RESET_ON_FORK`) until dropped; a no-op when not
+/// asked for or not permitted.
+struct Fifo(bool);
+
+impl Fifo {
+    fn enter(want: bool) -> Fifo {
+        if !want {
+            return Fifo(false);
+        }
+        let p = libc::sched_param { sched_priority: 10 };
+        // SAFETY: a valid sched_param for the calling thread (0).
+        let r = unsafe {
+            libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &p)
+        };
+        Fifo(r == 0)
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        if self.0 {
+            let p = libc::sched_param { sched_priority: 0 };
+            // SAFETY: as above.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) };
+        }
+    }
+}
+
 /// B2: random reads with injected I/O faults.
 fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
+    let modes = b2_modes(a.b2_rate);
+    let reps = a.b2_reps.max(1);
     println!(
         "\n== B2: random 4 KiB reads arriving at {} IOPS (open loop, latency from arrival), io_uring QD <= 32, {} injected I/O faults/s, {} ms store (Fig 6), poll engine ==",
         a.b2_iops, a.b2_rate, a.b2_store_ms
+    );
+    println!(
+        "method: {reps} rounds; each round runs all {} modes for {} s each, in a shuffled order (seeded), each after \
+         a random 0-50 ms pause; a ratio is a mode's p99.9 over the plain fault-free p99.9 of the same round, and \
+         the headline is the median over the rounds (range and all rounds pooled printed too); steal and the other \
+         processes' CPU (% of one CPU, /proc/stat, the round's busiest segment) per round show a noisy one. Same method, priority (the \
+         next line) and CPUs (wherever the scheduler puts them) for every mode.",
+        modes.len(),
+        a.b2_secs
+    );
+    let fifo = !a.b2_normal_priority && Fifo::enter(true).0;
+    println!(
+        "priority of the submitting thread: {}",
+        match (a.b2_normal_priority, fifo) {
+            (true, _) => "the caller's (--b2-normal-priority)",
+            (false, true) =>
+                "SCHED_FIFO 10 in every mode (library threads and the poll engine: normal)",
+            (false, false) => "the caller's (SCHED_FIFO not permitted)",
+        }
     );
     let hot = 1024usize; // buffer pages in the hot set
     let fresh = ((a.b2_rate * a.b2_secs * 2.0) as usize + 64).max(64);
@@ -683,19 +821,27 @@ fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         file.read_at(&mut tmp, (b * PS) as u64)?;
     }
     let engine = PollEngine::new()?;
-    let mut p999 = vec![Vec::new(); 4];
+    // Per mode and round: the latencies (ns) and the injected faults.
+    let mut lat_by: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); reps]; modes.len()];
+    let mut faults_by = vec![vec![0u64; reps]; modes.len()];
+    let mut order_rng = rand::rngs::SmallRng::seed_from_u64(13);
     let mut rows = Vec::new();
-    let mut timelines = Vec::new();
-    let modes = [
-        ("fault-free", 0.0),
-        ("blocking (plain io_uring)", a.b2_rate),
-        ("VPRI ordered", a.b2_rate),
-        ("VPRI unordered", a.b2_rate),
-    ];
-    let reps = a.b2_reps.max(1);
+    let mut timelines: Vec<(String, Vec<(f64, f64)>)> = modes
+        .iter()
+        .map(|(mode, _, _)| (mode.to_string(), Vec::new()))
+        .collect();
     let mut progress = super::progress::Progress::new((reps * modes.len()) as u64, "B2");
     for round in 0..reps {
-        for (m, &(mode, rate)) in modes.iter().enumerate() {
+        let mut order: Vec<usize> = (0..modes.len()).collect();
+        rand::seq::SliceRandom::shuffle(&mut order[..], &mut order_rng);
+        let (mut round_steal, mut round_others, mut round_iops) = (0.0, 0.0f64, f64::MAX);
+        let mut p999_row = vec![0.0; modes.len()];
+        for &m in &order {
+            let (mode, rate, ordering) = modes[m];
+            // A random pause, so that no periodic noise of the machine
+            // (a kernel thread every 512 ms, an agent every second) keeps
+            // falling into the same mode.
+            std::thread::sleep(Duration::from_millis(order_rng.gen_range(0..50)));
             progress.step(&format!("round {}: {mode}", round + 1));
             let region = Arc::new(
                 Region::builder(pages * PS)
@@ -714,76 +860,195 @@ fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
                     .build(&engine)?,
             );
             region.populate(0, hot * PS)?;
-            let (lat, timeline, faults) = if mode.starts_with("VPRI") {
-                let ordering = if mode.ends_with("ordered") && !mode.ends_with("unordered") {
-                    Ordering::Ordered
-                } else {
-                    Ordering::Unordered
-                };
-                b2_api(&region, &file, file_blocks, hot, rate, a, ordering)?
-            } else {
-                b2_plain(&region, &file, file_blocks, hot, rate, a)?
+            let before = CpuSnap::now();
+            let (lat, timeline, faults) = match ordering {
+                Some(o) => b2_api(&region, &file, file_blocks, hot, rate, a, o)?,
+                None => b2_plain(&region, &file, file_blocks, hot, rate, a)?,
             };
-            let mut l = lat;
-            let s = Summary::from_ns(&mut l);
-            let iops = s.n as f64 / a.b2_secs;
-            p999[m].push(s.p999);
-            rows.push(vec![
-                (round + 1).to_string(),
-                mode.to_string(),
-                format!("{:.0}", iops),
-                faults.to_string(),
-                format!("{:.1}", s.median / 1e3),
-                format!("{:.1}", s.p99 / 1e3),
-                format!("{:.1}", s.p999 / 1e3),
-                format!("{:.1}", s.max / 1e3),
-            ]);
-            if round == 0 {
-                timelines.push((mode.to_string(), timeline));
-            }
+            let (steal_ms, others) = CpuSnap::now().since(&before);
+            round_steal += steal_ms;
+            round_others = round_others.max(others);
+            round_iops = round_iops.min(lat.len() as f64 / a.b2_secs);
+            p999_row[m] = Summary::from_ns(&mut lat.clone()).p999;
+            lat_by[m][round] = lat;
+            faults_by[m][round] = faults;
+            // A mode's rounds end to end.
+            let t_off = round as f64 * a.b2_secs * 1e3;
+            timelines[m]
+                .1
+                .extend(timeline.into_iter().map(|(t, p)| (t + t_off, p)));
         }
+        let mut row = vec![
+            (round + 1).to_string(),
+            order
+                .iter()
+                .map(|m| (m + 1).to_string())
+                .collect::<String>(),
+            format!("{round_iops:.0}"),
+        ];
+        row.extend(p999_row.iter().map(|p| format!("{:.1}", p / 1e3)));
+        row.extend([
+            format!("{:.2}", p999_row[4] / p999_row[0].max(1.0)),
+            format!("{round_steal:.0}"),
+            format!("{round_others:.1}"),
+        ]);
+        rows.push(row);
     }
     progress.finish();
     print_table(
         &[
-            "round", "mode", "IOPS", "faults", "p50 us", "p99 us", "p99.9 us", "max us",
+            "round",
+            "order",
+            "min IOPS",
+            "p99.9 us: 1 fault-free",
+            "2 API fault-free",
+            "3 blocking",
+            "4 ordered",
+            "5 unordered",
+            "5/1",
+            "steal ms",
+            "others %CPU (max)",
         ],
         &rows,
     );
-    let p999: Vec<f64> = p999
-        .into_iter()
-        .map(|mut v| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        })
+    let p999 = |v: &[f64]| Summary::from_ns(&mut v.to_vec()).p999;
+    // What the unordered queue's p99.9 would be if a fault delayed only
+    // the I/O into its page: the fault-free I/Os plus as many parked ones
+    // per I/O as the unordered run had, each slower than all.
+    let floor_of = |ff: &[f64], faults: u64, n_un: usize| {
+        let parked = (faults as f64 * ff.len() as f64 / n_un.max(1) as f64).round() as usize;
+        let mut v = ff.to_vec();
+        v.extend(std::iter::repeat_n(f64::MAX, parked));
+        p999(&v)
+    };
+    let pooled: Vec<Vec<f64>> = lat_by.iter().map(|r| r.concat()).collect();
+    let base = p999(&pooled[0]).max(1.0);
+    let pooled_floor = floor_of(&pooled[0], faults_by[4].iter().sum(), pooled[4].len());
+    // Each round's ratios to the same round's plain fault-free p99.9; the
+    // last row is the floor.
+    let ff_round: Vec<f64> = lat_by[0].iter().map(|v| p999(v).max(1.0)).collect();
+    let mut ratios: Vec<Vec<f64>> = lat_by
+        .iter()
+        .map(|r| r.iter().zip(&ff_round).map(|(v, b)| p999(v) / b).collect())
         .collect();
-    let base = p999[0].max(1.0);
+    ratios.push(
+        (0..reps)
+            .map(|i| floor_of(&lat_by[0][i], faults_by[4][i], lat_by[4][i].len()) / ff_round[i])
+            .collect(),
+    );
+    let spread = |r: &[f64]| {
+        let mut r = r.to_vec();
+        r.sort_by(f64::total_cmp);
+        (r[r.len() / 2], r[0], r[r.len() - 1])
+    };
+    let names = modes
+        .iter()
+        .map(|(m, _, _)| *m)
+        .chain(["floor: fault-free + the parked I/Os only"]);
+    let mut summary = Vec::new();
+    for (m, name) in names.enumerate() {
+        let (med, lo, hi) = spread(&ratios[m]);
+        let (p50, p99, p999_ns) = match pooled.get(m) {
+            Some(v) => {
+                let s = Summary::from_ns(&mut v.clone());
+                (
+                    format!("{:.1}", s.median / 1e3),
+                    format!("{:.1}", s.p99 / 1e3),
+                    s.p999,
+                )
+            }
+            None => ("-".into(), "-".into(), pooled_floor),
+        };
+        summary.push(vec![
+            name.to_string(),
+            p50,
+            p99,
+            format!("{:.1}", p999_ns / 1e3),
+            format!("{:.2}", p999_ns / base),
+            format!("{med:.2} [{lo:.2}-{hi:.2}]"),
+            format!("{}/{reps}", ratios[m].iter().filter(|&&x| x < 1.5).count()),
+        ]);
+        if m > 0 {
+            let key = [
+                "",
+                "api_fault_free",
+                "blocking",
+                "vpri_ordered",
+                "vpri_unordered",
+                "vpri_unordered_floor",
+            ][m];
+            let label = format!("fig6.{key}.p999_ratio_pooled");
+            let s = Summary {
+                n: 1,
+                median: p999_ns / base,
+                ..Summary::default()
+            };
+            ctx.report.push(
+                super::report::Record::new("vpri", &label, "-", "-", &s)
+                    .with("label", label.as_str())
+                    .with("measured", p999_ns / base)
+                    .with("unit", "x")
+                    .with("round_ratios", serde_json::json!(ratios[m])),
+            );
+        }
+    }
+    println!(
+        "the {reps} rounds (each ratio: a mode's p99.9 / the same round's plain fault-free p99.9; \
+         the headline is their median), and all rounds pooled:"
+    );
+    print_table(
+        &[
+            "mode",
+            "pooled p50 us",
+            "p99 us",
+            "p99.9 us",
+            "pooled ratio",
+            "round ratio median [min-max]",
+            "rounds < 1.5x",
+        ],
+        &summary,
+    );
+    let ratio = |m: usize| spread(&ratios[m]).0;
+    line(
+        ctx,
+        "fig6.api_fault_free.p999_ratio_vs_no_iopf",
+        ratio(1),
+        "x",
+        "(the API's own tail, no faults)",
+    );
     line(
         ctx,
         "fig6.blocking.p999_ratio_vs_no_iopf",
-        p999[1] / base,
+        ratio(2),
         "x",
         "2-11x at 10/s (target > 2)",
     );
     line(
         ctx,
         "fig6.vpri_ordered.p999_ratio_vs_no_iopf",
-        p999[2] / base,
+        ratio(3),
         "x",
         "(paper: the paused queue = blocking)",
     );
     line(
         ctx,
         "fig6.vpri_unordered.p999_ratio_vs_no_iopf",
-        p999[3] / base,
+        ratio(4),
         "x",
         "(target < 1.5; §8 future work)",
+    );
+    line(
+        ctx,
+        "fig6.vpri_unordered.p999_ratio_floor",
+        ratio(5),
+        "x",
+        "(the parked I/Os alone, nothing else delayed)",
     );
     ctx.figure("vpri_b2_p99", |d, nm| {
         super::plot::line_chart(
             d,
             nm,
-            "B2: p99 latency of the I/Os arriving in each 100 ms (round 1)",
+            "B2: p99 latency of the I/Os arriving in each 100 ms (a mode's rounds end to end)",
             "ms",
             "p99 us",
             &timelines,
@@ -813,7 +1078,9 @@ impl Picker {
             hot,
             next_fresh: hot,
             every,
-            due: Instant::now() + every.unwrap_or_default(),
+            // Half a period in: a run of whole tenths of a second at 10/s
+            // gets exactly rate x length faults.
+            due: Instant::now() + every.unwrap_or_default() / 2,
             injected: 0,
         }
     }
@@ -915,6 +1182,7 @@ fn b2_plain(
     let mut rng = rand::rngs::SmallRng::seed_from_u64(6);
     let mut lat = Vec::new();
     let mut timeline = Vec::new();
+    let _fifo = Fifo::enter(!a.b2_normal_priority);
     let mut arr = Arrivals::new(a.b2_iops, a.b2_secs);
     let mut backlog = std::collections::VecDeque::new();
     let mut inflight = 0;
@@ -987,6 +1255,7 @@ fn b2_api(
     let mut rng = rand::rngs::SmallRng::seed_from_u64(6);
     let mut lat = Vec::new();
     let mut timeline = Vec::new();
+    let _fifo = Fifo::enter(!a.b2_normal_priority);
     let mut arr = Arrivals::new(a.b2_iops, a.b2_secs);
     let mut backlog = std::collections::VecDeque::new();
     while !arr.over() || q.outstanding() > 0 || !backlog.is_empty() {
