@@ -92,10 +92,10 @@ impl PageStore for GateStore {
 }
 
 /// Forwards to a shared store (the test keeps a handle on it).
-struct Shared(Arc<GateStore>);
-impl PageStore for Shared {
+struct Shared<S>(Arc<S>);
+impl<S: PageStore> PageStore for Shared<S> {
     fn describe(&self) -> &str {
-        "gate"
+        self.0.describe()
     }
     fn len(&self) -> Option<u64> {
         self.0.len()
@@ -107,7 +107,7 @@ impl PageStore for Shared {
         self.0.write_back(o, d)
     }
     fn signal_safe(&self) -> bool {
-        true
+        self.0.signal_safe()
     }
 }
 
@@ -1117,23 +1117,6 @@ impl PageStore for CpuStore {
     }
 }
 
-/// Forwards to a shared [`CpuStore`].
-struct SharedCpu(Arc<CpuStore>);
-impl PageStore for SharedCpu {
-    fn describe(&self) -> &str {
-        self.0.describe()
-    }
-    fn len(&self) -> Option<u64> {
-        self.0.len()
-    }
-    fn fill(&self, o: u64, b: &mut [u8]) -> Result<(), StoreError> {
-        self.0.fill(o, b)
-    }
-    fn write_back(&self, o: u64, d: &[u8]) -> Result<(), StoreError> {
-        self.0.write_back(o, d)
-    }
-}
-
 /// The first CPU the calling thread may use, if it may use a second one
 /// (for anything to keep off the first).
 fn two_cpus() -> Option<usize> {
@@ -1160,7 +1143,7 @@ fn fault_workers_keep_off_the_posting_cpu() {
     });
     let region = Arc::new(
         Region::builder(pages * PS)
-            .store(SharedCpu(store.clone()))
+            .store(Shared(store.clone()))
             .fault_around(1)
             .build(&engine)
             .unwrap(),
