@@ -758,7 +758,7 @@ impl IoQueue {
             // Where this queue's thread sleeps: the device's drain keeps
             // off that CPU.
             self.dev.queue_cpu.store(
-                crate::sys::current_cpu().unwrap_or(crate::shared::NO_CPU),
+                faultline::sys::thread::current_cpu().unwrap_or(crate::shared::NO_CPU),
                 Relaxed,
             );
             if self.uring.is_some() {

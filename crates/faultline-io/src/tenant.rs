@@ -244,7 +244,7 @@ impl TenantInner {
                 responders: vec![responder.clone()],
                 posted: Instant::now(),
                 home,
-                poster_cpu: crate::sys::current_cpu(),
+                poster_cpu: faultline::sys::thread::current_cpu(),
             },
         );
         q.fifo.push_back(key);
@@ -261,7 +261,7 @@ impl TenantInner {
 
     fn worker(&self, cpu: Option<usize>) {
         // An unpinned worker keeps off the poster's CPU.
-        let mut placement = cpu.is_none().then(crate::sys::KeepOff::new);
+        let mut placement = cpu.is_none().then(crate::shared::KeepOff::new);
         loop {
             let (key, region, poster_cpu) = {
                 let mut q = self.q.lock().expect("fault queue lock");

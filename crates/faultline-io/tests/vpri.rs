@@ -1107,8 +1107,7 @@ impl PageStore for CpuStore {
         self.data.len()
     }
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        // SAFETY: no arguments; returns a CPU number or -1.
-        let cpu = unsafe { libc::sched_getcpu() };
+        let cpu = faultline::sys::thread::current_cpu().map_or(-1, |c| c as i32);
         self.cpus.lock().unwrap().push(cpu);
         self.data.fill(offset, buf)
     }

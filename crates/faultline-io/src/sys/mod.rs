@@ -1,9 +1,8 @@
 //! The crate's only `libc` use: the iovec io_uring's buffer registration
-//! takes, the syscall backend's socket calls that must never wait
+//! takes, and the syscall backend's socket calls that must never wait
 //! (`MSG_DONTWAIT` receives and sends, and the `poll` that waits for them
-//! with a bound), and the CPU placement of fault workers (`sched_getcpu`,
-//! `sched_setaffinity`). The other kernel calls go through the `io-uring`
-//! crate and `faultline::sys`.
+//! with a bound). The other kernel calls go through the `io-uring` crate
+//! and `faultline::sys` (e.g. the CPU placement in [`crate::shared::KeepOff`]).
 
 use std::io;
 
@@ -92,69 +91,4 @@ pub(crate) fn poll(
     }
     revents.extend(p.iter().map(|x| x.revents));
     Ok(())
-}
-
-/// The CPU the calling thread runs on now (`sched_getcpu`, a vDSO call),
-/// `None` if the kernel cannot say.
-pub(crate) fn current_cpu() -> Option<usize> {
-    // SAFETY: no arguments; returns a CPU number or -1.
-    let c = unsafe { libc::sched_getcpu() };
-    usize::try_from(c).ok()
-}
-
-/// Lets the calling thread run only on `cpus` (`sched_setaffinity`); the
-/// kernel moves it at once if it runs elsewhere.
-fn set_affinity(cpus: &[usize]) -> io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
-        // SAFETY: `c` is below CPU_SETSIZE, inside the set.
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 = this thread.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// A background thread's CPU placement that keeps off one CPU: the one a
-/// latency-critical thread (a queue's submitter) runs on. The thread may
-/// use every CPU it was allowed at [`KeepOff::new`] but that one, as long
-/// as another is left; with one allowed CPU it stays put.
-pub(crate) struct KeepOff {
-    allowed: Vec<usize>,
-    off: Option<usize>,
-}
-
-impl KeepOff {
-    /// The calling thread's allowed CPUs, none kept off yet.
-    pub(crate) fn new() -> KeepOff {
-        KeepOff {
-            allowed: faultline::sys::thread::allowed_cpus().unwrap_or_default(),
-            off: None,
-        }
-    }
-
-    /// Keeps the calling thread off `cpu` (`None`: allows all again);
-    /// one `sched_setaffinity` when that changes. Whether it now keeps
-    /// off a CPU.
-    pub(crate) fn keep_off(&mut self, cpu: Option<usize>) -> bool {
-        if self.allowed.len() < 2 {
-            return false;
-        }
-        let want = cpu.filter(|c| self.allowed.contains(c));
-        if want != self.off {
-            let cpus: Vec<usize> = self
-                .allowed
-                .iter()
-                .copied()
-                .filter(|&c| Some(c) != want)
-                .collect();
-            if set_affinity(&cpus).is_ok() {
-                self.off = want;
-            }
-        }
-        self.off.is_some()
-    }
 }

@@ -55,15 +55,32 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
 
 /// Pins the calling thread to `cpu`.
 pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(io::Error::last_os_error());
-        }
+    set_affinity(&[cpu])
+}
+
+/// Lets the calling thread run only on `cpus` (`sched_setaffinity`; CPUs
+/// at or past `CPU_SETSIZE` are ignored). The kernel moves the thread at
+/// once if it runs elsewhere; an empty set fails with `EINVAL`.
+pub fn set_affinity(cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `c` is below CPU_SETSIZE, inside the set.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 = this thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The CPU the calling thread runs on now (`sched_getcpu`, a vDSO call),
+/// `None` if the kernel cannot say.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: no arguments; returns a CPU number or -1.
+    let c = unsafe { libc::sched_getcpu() };
+    usize::try_from(c).ok()
 }
 
 /// Number of CPUs this process may run on.
