@@ -1157,8 +1157,11 @@ impl Arrivals {
     fn wait(&self) -> Duration {
         (self.t0 + self.every * self.next as u32).saturating_duration_since(Instant::now())
     }
-    fn over(&self) -> bool {
-        Instant::now() >= self.end
+    /// Whether every arrival of the run has been taken: a stall that
+    /// outlasts the run still delivers the arrivals it held up (checking
+    /// the clock instead dropped them, and with them the stall's tail).
+    fn all_taken(&self) -> bool {
+        self.t0 + self.every * self.next as u32 >= self.end
     }
 }
 
@@ -1186,7 +1189,7 @@ fn b2_plain(
     let mut arr = Arrivals::new(a.b2_iops, a.b2_secs);
     let mut backlog = std::collections::VecDeque::new();
     let mut inflight = 0;
-    while !arr.over() || inflight > 0 || !backlog.is_empty() {
+    while !arr.all_taken() || inflight > 0 || !backlog.is_empty() {
         while let Some(t) = arr.due() {
             backlog.push_back(t);
         }
@@ -1258,7 +1261,7 @@ fn b2_api(
     let _fifo = Fifo::enter(!a.b2_normal_priority);
     let mut arr = Arrivals::new(a.b2_iops, a.b2_secs);
     let mut backlog = std::collections::VecDeque::new();
-    while !arr.over() || q.outstanding() > 0 || !backlog.is_empty() {
+    while !arr.all_taken() || q.outstanding() > 0 || !backlog.is_empty() {
         while let Some(t) = arr.due() {
             backlog.push_back(t);
         }
@@ -1301,4 +1304,25 @@ fn b2_api(
         }
     }
     Ok((lat, to_series(&mut timeline), pick.injected))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loop stalled past the end of the run still gets every arrival
+    /// the stall held up, and only then is the run's arrival stream done.
+    #[test]
+    fn arrivals_held_up_by_a_stall_past_the_end_are_delivered() {
+        let mut arr = Arrivals::new(1000.0, 0.01); // 10 arrivals in 10 ms
+        std::thread::sleep(Duration::from_millis(30)); // a stall past the end
+        assert!(!arr.all_taken(), "nothing taken yet");
+        let mut n = 0;
+        while arr.due().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 10);
+        assert!(arr.all_taken());
+        assert_eq!(arr.wait(), Duration::ZERO);
+    }
 }
