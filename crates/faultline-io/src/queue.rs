@@ -14,8 +14,9 @@
 //!    that is not ready to the tenant's fault queue (deduplicated) and
 //!    park the I/O. [`Ordering::Ordered`] pauses the queue behind it;
 //!    [`Ordering::Unordered`] parks only it. A page response reissues the
-//!    parked I/Os (the check runs again: a page evicted meanwhile is a new
-//!    miss).
+//!    parked I/Os on that page and no others (an ordered queue goes on
+//!    from its head), so it costs O(its I/Os), not O(parked); the check
+//!    runs again: a page evicted meanwhile is a new miss, posted again.
 //!
 //! An EFAULT the kernel returns anyway (a check that lost a race) is never
 //! handed to the user: the I/O is parked and reissued, and counted.
@@ -452,17 +453,27 @@ impl IoQueue {
         }
     }
 
-    fn post_missing(&self, pages: Range<usize>, write: bool) {
+    /// Requests every page of `pages` not ready for the direction (each
+    /// request, new or joined, brings this queue a response). When none
+    /// is missing any more (resolved since the check that sent us here),
+    /// no response will come: the queue is kicked to check again.
+    fn post_missing(&mut self, pages: Range<usize>, write: bool) {
         let region = &self.dev.region;
+        let mut requested = false;
         for pg in pages {
-            if region.io_ready(pg..pg + 1, write).is_err()
-                && self
+            if region.io_ready(pg..pg + 1, write).is_err() {
+                requested = true;
+                if self
                     .dev
                     .tenant
                     .post(region, pg, write, &self.responder, self.dev.home_cpu)
-            {
-                self.dev.counters.posted.fetch_add(1, Relaxed);
+                {
+                    self.dev.counters.posted.fetch_add(1, Relaxed);
+                }
             }
+        }
+        if !requested {
+            self.kick = true;
         }
     }
 
@@ -621,9 +632,12 @@ impl IoQueue {
         let responses: Vec<Response> =
             std::mem::take(&mut *self.responder.inbox.lock().expect("inbox lock"));
         if !responses.is_empty() || self.kick {
-            self.kick = false;
             self.fail_parked(&responses);
-            self.reissue();
+            // A kick (a slot freed, a socket ready, an EFAULT) may concern
+            // any parked I/O; a page response only those on its page.
+            let answered: Vec<usize> = responses.iter().map(|r| r.page).collect();
+            let all = std::mem::take(&mut self.kick);
+            self.reissue((!all).then_some(&answered));
         }
         self.reap();
     }
@@ -649,17 +663,31 @@ impl IoQueue {
         }
     }
 
-    fn reissue(&mut self) {
+    /// Checks parked I/Os again and issues those now ready: all of them
+    /// (`answered` = `None`), or in an unordered queue only those on an
+    /// answered page. A parked miss always has a posted page of its own
+    /// whose response is still to come (it posted every page it missed,
+    /// and a recheck that misses again re-posts), so it is never stranded;
+    /// skipping the others keeps a response O(its I/Os), not O(parked),
+    /// with no re-posts of pages already requested.
+    fn reissue(&mut self, answered: Option<&[usize]>) {
+        let due =
+            |p: &Pending| answered.is_none_or(|pages| pages.iter().any(|pg| p.pages.contains(pg)));
+        let unordered = self.dev.ordering == Ordering::Unordered;
         let n = self.parked.len();
         // Pipelined checks, as in `submit_batch`.
-        for p in self.parked.iter().take(PREFETCH_AHEAD) {
+        for p in self.parked.iter().filter(|p| due(p)).take(PREFETCH_AHEAD) {
             self.dev.region.io_prefetch(p.pages.clone());
         }
         for _ in 0..n {
             let Some(mut p) = self.parked.pop_front() else {
                 break;
             };
-            if let Some(next) = self.parked.get(PREFETCH_AHEAD - 1) {
+            if unordered && !due(&p) {
+                self.parked.push_back(p);
+                continue;
+            }
+            if let Some(next) = self.parked.get(PREFETCH_AHEAD - 1).filter(|q| due(q)) {
                 self.dev.region.io_prefetch(next.pages.clone());
             }
             self.dev.counters.parked.fetch_sub(1, Relaxed);
