@@ -111,6 +111,18 @@ impl<S: PageStore> PageStore for Shared<S> {
     }
 }
 
+/// A region of `len` bytes over `store`, every page missing, faults
+/// resolved one page at a time (no fault-around), so an I/O into a page
+/// not touched before is an I/O page fault of that page alone.
+fn lazy_region<E: faultline::Engine>(
+    len: usize,
+    store: impl PageStore,
+    engine: &Arc<E>,
+) -> Arc<Region> {
+    let region = Region::builder(len).store(store).fault_around(1);
+    Arc::new(region.build(engine).unwrap())
+}
+
 fn tenant() -> Arc<Tenant> {
     Arc::new(Tenant::new(TenantConfig::default()).unwrap())
 }
@@ -163,14 +175,10 @@ fn io_read_into_missing_pages_signal_engine() {
         (Backend::Uring { depth: 32 }, &buffered),
         (Backend::Uring { depth: 32 }, &direct),
     ] {
-        let region = Arc::new(
-            Region::builder(pages * PS)
-                .store(MemoryStore::new(
-                    (0..pages * PS).map(|o| pat(1, o)).collect(),
-                ))
-                .fault_around(1)
-                .build(&engine)
-                .unwrap(),
+        let region = lazy_region(
+            pages * PS,
+            MemoryStore::new((0..pages * PS).map(|o| pat(1, o)).collect()),
+            &engine,
         );
         let dev = device(region.clone(), &t, Ordering::Unordered);
         let mut q = dev.queue(backend).unwrap();
@@ -370,13 +378,7 @@ fn receives_without_data_never_block() {
 fn thread_engine_io_is_parked_not_blocked() {
     let engine = PollEngine::new().unwrap();
     let store = GateStore::new(64 * PS);
-    let region = Arc::new(
-        Region::builder(64 * PS)
-            .store(Shared(store.clone()))
-            .fault_around(1)
-            .build(&engine)
-            .unwrap(),
-    );
+    let region = lazy_region(64 * PS, Shared(store.clone()), &engine);
     let tmp = Temp::new("park", &vec![9u8; PS]);
     let f = Arc::new(File::open(&tmp.0).unwrap());
     let t = tenant();
@@ -400,13 +402,7 @@ fn thread_engine_io_is_parked_not_blocked() {
 
 fn resident_and_gated(engine: &Arc<SignalEngine>) -> (Arc<Region>, Arc<GateStore>) {
     let store = GateStore::new(64 * PS);
-    let region = Arc::new(
-        Region::builder(64 * PS)
-            .store(Shared(store.clone()))
-            .fault_around(1)
-            .build(engine)
-            .unwrap(),
-    );
+    let region = lazy_region(64 * PS, Shared(store.clone()), engine);
     store.open.store(true, SeqCst);
     region.populate(0, 32 * PS).unwrap();
     store.open.store(false, SeqCst);
@@ -939,13 +935,7 @@ fn page_requests_go_to_the_home_cpu_worker() {
     let pages = 64;
     let mut devs = Vec::new();
     for home in [0, 1] {
-        let region = Arc::new(
-            Region::builder(pages * PS)
-                .store(MemoryStore::new(vec![0u8; pages * PS]))
-                .fault_around(1)
-                .build(&engine)
-                .unwrap(),
-        );
+        let region = lazy_region(pages * PS, MemoryStore::new(vec![0u8; pages * PS]), &engine);
         devs.push(
             IoDevice::new(
                 region,
@@ -1041,13 +1031,7 @@ fn submit_batch_is_submit_with_prefetch() {
     let file_data: Vec<u8> = (0..pages * PS).map(|o| pat(11, o)).collect();
     let tmp = Temp::new("batch", &file_data);
     let file = Arc::new(File::open(&tmp.0).unwrap());
-    let region = Arc::new(
-        Region::builder(pages * PS)
-            .store(MemoryStore::new(vec![0; pages * PS]))
-            .fault_around(1)
-            .build(&engine)
-            .unwrap(),
-    );
+    let region = lazy_region(pages * PS, MemoryStore::new(vec![0; pages * PS]), &engine);
     // Every other run of 8 pages resident.
     for r in (0..pages).step_by(16) {
         region.populate(r * PS, 8 * PS).unwrap();
@@ -1140,13 +1124,7 @@ fn fault_workers_keep_off_the_posting_cpu() {
         data: MemoryStore::new((0..pages * PS).map(|o| pat(3, o)).collect()),
         cpus: Default::default(),
     });
-    let region = Arc::new(
-        Region::builder(pages * PS)
-            .store(Shared(store.clone()))
-            .fault_around(1)
-            .build(&engine)
-            .unwrap(),
-    );
+    let region = lazy_region(pages * PS, Shared(store.clone()), &engine);
     let tmp = Temp::new("keepoff", &vec![9u8; PS]);
     let f = Arc::new(File::open(&tmp.0).unwrap());
     let t = tenant();
@@ -1298,13 +1276,7 @@ fn a_response_rechecks_only_the_io_on_its_page() {
         page: gated as u64,
         open: AtomicBool::new(false),
     });
-    let region = Arc::new(
-        Region::builder(8 * PS)
-            .store(Shared(store.clone()))
-            .fault_around(1)
-            .build(&engine)
-            .unwrap(),
-    );
+    let region = lazy_region(8 * PS, Shared(store.clone()), &engine);
     let tmp = Temp::new("recheck", &vec![7u8; PS]);
     let f = Arc::new(File::open(&tmp.0).unwrap());
     let t = tenant();
