@@ -210,7 +210,7 @@ impl IoDevice {
                         // thread sleeps between I/Os, and a drain woken onto
                         // its idle CPU would make it wait when its next I/O
                         // is due.
-                        let mut placement = crate::shared::KeepOff::new();
+                        let mut placement = crate::placement::KeepOff::new();
                         while !i.stop.load(SeqCst) {
                             let q = i.queue_cpu.load(Relaxed);
                             placement.keep_off((q != crate::shared::NO_CPU).then_some(q));

@@ -40,6 +40,7 @@
 pub mod adp;
 pub mod device;
 pub mod log;
+mod placement;
 pub mod queue;
 mod shared;
 mod sys;

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use faultline::sys::thread::{allowed_cpus, set_affinity};
 use faultline::Region;
 
 use crate::adp::PinPolicy;
@@ -216,46 +215,5 @@ impl DeviceInner {
                 self.region.unpin(range);
             }
         }
-    }
-}
-
-/// A background thread's CPU placement that keeps off one CPU: the one a
-/// latency-critical thread (a queue's submitter) runs on. The thread may
-/// use every CPU it was allowed at [`KeepOff::new`] but that one, as long
-/// as another is left; with one allowed CPU it stays put.
-pub(crate) struct KeepOff {
-    allowed: Vec<usize>,
-    off: Option<usize>,
-}
-
-impl KeepOff {
-    /// The calling thread's allowed CPUs, none kept off yet.
-    pub(crate) fn new() -> KeepOff {
-        KeepOff {
-            allowed: allowed_cpus().unwrap_or_default(),
-            off: None,
-        }
-    }
-
-    /// Keeps the calling thread off `cpu` (`None`: allows all again);
-    /// one `sched_setaffinity` when that changes. Whether it now keeps
-    /// off a CPU.
-    pub(crate) fn keep_off(&mut self, cpu: Option<usize>) -> bool {
-        if self.allowed.len() < 2 {
-            return false;
-        }
-        let want = cpu.filter(|c| self.allowed.contains(c));
-        if want != self.off {
-            let cpus: Vec<usize> = self
-                .allowed
-                .iter()
-                .copied()
-                .filter(|&c| Some(c) != want)
-                .collect();
-            if set_affinity(&cpus).is_ok() {
-                self.off = want;
-            }
-        }
-        self.off.is_some()
     }
 }

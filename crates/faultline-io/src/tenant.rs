@@ -261,7 +261,7 @@ impl TenantInner {
 
     fn worker(&self, cpu: Option<usize>) {
         // An unpinned worker keeps off the poster's CPU.
-        let mut placement = cpu.is_none().then(crate::shared::KeepOff::new);
+        let mut placement = cpu.is_none().then(crate::placement::KeepOff::new);
         loop {
             let (key, region, poster_cpu) = {
                 let mut q = self.q.lock().expect("fault queue lock");

@@ -1214,8 +1214,17 @@ fn b2_plain(
             ring.submit()?;
         }
         // Wait for a completion or the next arrival (the same ring wait
-        // as the API's queue uses).
-        let ts = types::Timespec::from(arr.wait().max(Duration::from_micros(1)));
+        // as the API's queue uses); with every slot busy, for a
+        // completion only, as the API loop does: a SCHED_FIFO submitter
+        // spinning on 1 us waits behind a stuck read would starve the
+        // normal-priority threads that unstick it (one blocking segment
+        // stalled 955 ms, the RT throttling budget).
+        let wait = if free.is_empty() {
+            Duration::from_millis(100)
+        } else {
+            arr.wait()
+        };
+        let ts = types::Timespec::from(wait.max(Duration::from_micros(1)));
         let args = types::SubmitArgs::new().timespec(&ts);
         let _ = ring.submitter().submit_with_args(1, &args);
         for c in ring.completion() {

@@ -2,7 +2,7 @@
 //! takes, and the syscall backend's socket calls that must never wait
 //! (`MSG_DONTWAIT` receives and sends, and the `poll` that waits for them
 //! with a bound). The other kernel calls go through the `io-uring` crate
-//! and `faultline::sys` (e.g. the CPU placement in [`crate::shared::KeepOff`]).
+//! and `faultline::sys` (e.g. the CPU placement in [`crate::placement::KeepOff`]).
 
 use std::io;
 
