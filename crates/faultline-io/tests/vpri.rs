@@ -123,6 +123,14 @@ fn lazy_region<E: faultline::Engine>(
     Arc::new(region.build(engine).unwrap())
 }
 
+/// A region of `len` bytes of zeros, every page resident.
+fn resident_region<E: faultline::Engine>(len: usize, engine: &Arc<E>) -> Arc<Region> {
+    let region = Region::builder(len).store(MemoryStore::new(vec![0u8; len]));
+    let region = Arc::new(region.build(engine).unwrap());
+    region.populate(0, len).unwrap();
+    region
+}
+
 fn tenant() -> Arc<Tenant> {
     Arc::new(Tenant::new(TenantConfig::default()).unwrap())
 }
@@ -327,13 +335,7 @@ fn udp_rx_signal_engine_no_drops() {
 fn receives_without_data_never_block() {
     let _guard = deadline(60);
     let engine = SignalEngine::new().unwrap();
-    let region = Arc::new(
-        Region::builder(16 * PS)
-            .store(MemoryStore::new(vec![0u8; 16 * PS]))
-            .build(&engine)
-            .unwrap(),
-    );
-    region.populate(0, 16 * PS).unwrap();
+    let region = resident_region(16 * PS, &engine);
     let t = tenant();
     for ordering in [Ordering::Ordered, Ordering::Unordered] {
         let dev = device(region.clone(), &t, ordering);
@@ -993,13 +995,7 @@ fn ordered_queue_keeps_dependent_ios_in_order() {
             .unwrap(),
     );
     let fb = Arc::new(OpenOptions::new().write(true).open(&b.0).unwrap());
-    let region = Arc::new(
-        Region::builder(4 * PS)
-            .store(MemoryStore::new(vec![0u8; 4 * PS]))
-            .build(&engine)
-            .unwrap(),
-    );
-    region.populate(0, 4 * PS).unwrap();
+    let region = resident_region(4 * PS, &engine);
     let t = tenant();
     let dev = device(region, &t, Ordering::Ordered);
     let mut q = dev.queue(Backend::Uring { depth: 32 }).unwrap();
@@ -1161,13 +1157,7 @@ fn fault_workers_keep_off_the_posting_cpu() {
 fn log_drainer_keeps_off_the_queue_cpu() {
     let Some(mine) = two_cpus() else { return };
     let engine = SignalEngine::new().unwrap();
-    let region = Arc::new(
-        Region::builder(16 * PS)
-            .store(MemoryStore::new(vec![0u8; 16 * PS]))
-            .build(&engine)
-            .unwrap(),
-    );
-    region.populate(0, 16 * PS).unwrap();
+    let region = resident_region(16 * PS, &engine);
     let t = tenant();
     let dev = IoDevice::new(
         region,
