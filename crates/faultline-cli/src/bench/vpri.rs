@@ -735,8 +735,7 @@ impl CpuSnap {
     /// Since `before`: steal in ms, and the other processes' CPU time as a
     /// share of one CPU (the machine's busy time minus ours).
     fn since(&self, before: &CpuSnap) -> (f64, f64) {
-        // SAFETY: sysconf has no memory effects.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let hz = faultline::sys::thread::clock_ticks_per_sec() as f64;
         let secs = match (self.at, before.at) {
             (Some(a), Some(b)) => a.duration_since(b).as_secs_f64().max(1e-9),
             _ => 1.0,
@@ -760,21 +759,14 @@ impl Fifo {
         if !want {
             return Fifo(false);
         }
-        let p = libc::sched_param { sched_priority: 10 };
-        // SAFETY: a valid sched_param for the calling thread (0).
-        let r = unsafe {
-            libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &p)
-        };
-        Fifo(r == 0)
+        Fifo(faultline::sys::thread::set_fifo(10).is_ok())
     }
 }
 
 impl Drop for Fifo {
     fn drop(&mut self) {
         if self.0 {
-            let p = libc::sched_param { sched_priority: 0 };
-            // SAFETY: as above.
-            unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) };
+            let _ = faultline::sys::thread::set_normal();
         }
     }
 }

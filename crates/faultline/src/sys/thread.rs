@@ -83,6 +83,41 @@ pub fn current_cpu() -> Option<usize> {
     usize::try_from(c).ok()
 }
 
+/// Runs the calling thread under `SCHED_FIFO` at `priority` (1-99), with
+/// `SCHED_RESET_ON_FORK` so threads it starts get the normal policy
+/// back. Needs `CAP_SYS_NICE` (or an RLIMIT_RTPRIO allowance): `EPERM`
+/// otherwise.
+pub fn set_fifo(priority: i32) -> io::Result<()> {
+    let p = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: a valid sched_param for the calling thread (0).
+    let r =
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &p) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Puts the calling thread back under the normal policy (`SCHED_OTHER`).
+pub fn set_normal() -> io::Result<()> {
+    let p = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a valid sched_param for the calling thread (0).
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Clock ticks per second (`USER_HZ`), the unit of `/proc/stat` and
+/// `/proc/PID/stat` CPU times.
+pub fn clock_ticks_per_sec() -> u64 {
+    // SAFETY: sysconf reads a constant; no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(hz).unwrap_or(100).max(1)
+}
+
 /// Number of CPUs this process may run on.
 pub fn online_cpus() -> usize {
     std::thread::available_parallelism()
