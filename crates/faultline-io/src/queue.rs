@@ -460,14 +460,20 @@ impl IoQueue {
     fn post_missing(&mut self, pages: Range<usize>, write: bool) {
         let region = &self.dev.region;
         let mut requested = false;
+        let keep_off = (self.dev.ordering == Ordering::Unordered)
+            .then(faultline::sys::thread::current_cpu)
+            .flatten();
         for pg in pages {
             if region.io_ready(pg..pg + 1, write).is_err() {
                 requested = true;
-                if self
-                    .dev
-                    .tenant
-                    .post(region, pg, write, &self.responder, self.dev.home_cpu)
-                {
+                if self.dev.tenant.post(
+                    region,
+                    pg,
+                    write,
+                    &self.responder,
+                    self.dev.home_cpu,
+                    keep_off,
+                ) {
                     self.dev.counters.posted.fetch_add(1, Relaxed);
                 }
             }

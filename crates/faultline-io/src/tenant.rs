@@ -18,8 +18,8 @@
 //! conserving ([`TenantStats::served_at_home`], [`TenantStats::stolen`]).
 //!
 //! An unpinned worker (a tenant without a CPU set) serves each request
-//! **off the CPU of the thread that posted it**, when the process may run
-//! on another: before resolving, it narrows its own affinity to the CPUs
+//! of an unordered queue **off the CPU of the thread that posted it**,
+//! when the process may run on another: before resolving, it narrows its own affinity to the CPUs
 //! it started with (those of the thread that created the tenant) minus
 //! the poster's ([`TenantStats::off_poster_cpu`]). The
 //! submitting thread is the latency-critical one, and it sleeps between
@@ -27,8 +27,14 @@
 //! keeps a waking thread on its previous CPU when that one is idle: the
 //! worker then ran there (on the post, and again when the store's wait
 //! ended) and the submitter, woken by its next I/O, waited behind the
-//! page's fill and copy (B2's trace: 20-50 µs each, twice a fault). Idle
-//! workers sleep until a request comes (no periodic wake-ups either).
+//! page's fill and copy (B2's trace: 20-50 µs each, twice a fault). A
+//! request of an ordered queue is served wherever the kernel puts the
+//! worker: the queue is paused behind that very page, so its thread has
+//! nothing to do but wait, and its idle CPU is the best place to serve
+//! it (kept off, B3's paused receives waited for a CPU shared with the
+//! sender, and 12,000-16,000 of 40,000 datagrams were lost instead of 0).
+//! Idle workers sleep until a request comes (no periodic wake-ups
+//! either).
 //!
 //! A fault worker never issues I/O into a region and is never a uffd
 //! handler thread, so it cannot deadlock on the faults it serves.
@@ -122,7 +128,7 @@ struct Pending {
     posted: Instant,
     /// The posting device's home CPU, if it has one.
     home: Option<usize>,
-    /// The CPU the posting thread ran on.
+    /// The CPU to serve it off (see [`TenantInner::post`]).
     poster_cpu: Option<usize>,
 }
 
@@ -219,7 +225,9 @@ pub(crate) struct TenantInner {
 
 impl TenantInner {
     /// Posts a page request; true if it was queued, false if folded into
-    /// one already pending (the responder is added to it).
+    /// one already pending (the responder is added to it). `keep_off`:
+    /// the CPU of a poster that goes on submitting while it waits (an
+    /// unordered queue), which an unpinned worker keeps off.
     pub fn post(
         &self,
         region: &Arc<Region>,
@@ -227,6 +235,7 @@ impl TenantInner {
         write: bool,
         responder: &Arc<Responder>,
         home: Option<usize>,
+        keep_off: Option<usize>,
     ) -> bool {
         let key = (region.id(), page, write);
         let mut q = self.q.lock().expect("fault queue lock");
@@ -244,7 +253,7 @@ impl TenantInner {
                 responders: vec![responder.clone()],
                 posted: Instant::now(),
                 home,
-                poster_cpu: faultline::sys::thread::current_cpu(),
+                poster_cpu: keep_off,
             },
         );
         q.fifo.push_back(key);

@@ -1296,3 +1296,37 @@ fn a_response_rechecks_only_the_io_on_its_page() {
         assert_eq!(b, 7, "page {page}");
     }
 }
+
+/// An ordered queue's requests are served wherever the kernel puts the
+/// worker, its poster's CPU included: the queue is paused behind the page,
+/// so its thread only waits (keeping off its CPU cost B3 most of its
+/// datagrams). Every read still lands.
+#[test]
+fn ordered_queue_requests_are_not_kept_off_the_poster_cpu() {
+    let Some(mine) = two_cpus() else { return };
+    let engine = PollEngine::new().unwrap();
+    let pages = 8;
+    let data = MemoryStore::new((0..pages * PS).map(|o| pat(5, o)).collect());
+    let region = lazy_region(pages * PS, data, &engine);
+    let tmp = Temp::new("ordered-on", &vec![6u8; PS]);
+    let f = Arc::new(File::open(&tmp.0).unwrap());
+    let t = tenant();
+    let dev = device(region.clone(), &t, Ordering::Ordered);
+    let mut q = dev.queue(Backend::Uring { depth: 16 }).unwrap();
+    faultline::sys::thread::pin_to_cpu(mine).unwrap();
+    for p in 0..pages {
+        q.read_at(&f, 0, p * PS + 8, 64, p as u64).unwrap();
+    }
+    for p in 0..pages as u64 {
+        let c = q.complete(WAIT).expect("every read completes");
+        assert_eq!((c.tag, c.result.unwrap()), (p, 64));
+    }
+    let s = t.stats();
+    assert!(s.posts > 0, "{s:?}");
+    assert_eq!(s.off_poster_cpu, 0, "{s:?}");
+    for p in 0..pages {
+        // SAFETY: the reads completed; the region is mapped.
+        let b = unsafe { *region.as_ptr().add(p * PS + 8) };
+        assert_eq!(b, 6, "page {p}");
+    }
+}
