@@ -321,7 +321,8 @@ impl IoQueue {
     /// or whose socket is not ready, is parked and this returns at once.
     /// Never waits.
     pub fn submit(&mut self, io: Io) -> Result<()> {
-        let r = self.submit_one(io);
+        let pages = self.dev.region.page_range(io.region_off, io.len);
+        let r = self.submit_one(io, pages);
         self.flush_log();
         r
     }
@@ -337,15 +338,15 @@ impl IoQueue {
         }
     }
 
-    fn submit_one(&mut self, io: Io) -> Result<()> {
+    /// `pages`: the region pages `io` touches (`page_range`), `None` if
+    /// it reaches past the region.
+    fn submit_one(&mut self, io: Io, pages: Option<Range<usize>>) -> Result<()> {
         let region = &self.dev.region;
-        let pages = region
-            .page_range(io.region_off, io.len)
-            .ok_or(Error::OutOfRange {
-                offset: io.region_off,
-                len: io.len,
-                region_len: region.len(),
-            })?;
+        let pages = pages.ok_or(Error::OutOfRange {
+            offset: io.region_off,
+            len: io.len,
+            region_len: region.len(),
+        })?;
         let file = matches!(io.target, Target::File(_));
         if file != matches!(io.op, Op::ReadAt(_) | Op::WriteAt(_)) {
             return Err(Error::Unsupported {
@@ -408,7 +409,7 @@ impl IoQueue {
         let mut r = Ok(());
         for (i, io) in ios.into_iter().enumerate() {
             prefetch(i + PREFETCH_AHEAD);
-            r = self.submit_one(io);
+            r = self.submit_one(io, pages[i].clone());
             if r.is_err() {
                 break;
             }

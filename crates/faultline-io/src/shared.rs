@@ -92,7 +92,7 @@ pub(crate) struct Batch {
     units: Vec<usize>,
     /// Per page, a bit: hinted in this drain.
     hinted: Vec<u64>,
-    /// Words of `hinted` to clear after the drain.
+    /// The nonzero words of `hinted` (each once), cleared after the drain.
     words: Vec<usize>,
 }
 
@@ -147,8 +147,10 @@ impl DeviceInner {
             for pg in ev.page..end {
                 let (w, bit) = (pg / 64, 1u64 << (pg % 64));
                 if hinted[w] & bit == 0 {
+                    if hinted[w] == 0 {
+                        words.push(w);
+                    }
                     hinted[w] |= bit;
-                    words.push(w);
                     self.region.access_hint(pg);
                 }
             }

@@ -129,7 +129,7 @@ struct Pending {
     /// The posting device's home CPU, if it has one.
     home: Option<usize>,
     /// The CPU to serve it off (see [`TenantInner::post`]).
-    poster_cpu: Option<usize>,
+    keep_off: Option<usize>,
 }
 
 /// How long a request whose device has a home CPU waits for the worker
@@ -253,7 +253,7 @@ impl TenantInner {
                 responders: vec![responder.clone()],
                 posted: Instant::now(),
                 home,
-                poster_cpu: keep_off,
+                keep_off,
             },
         );
         q.fifo.push_back(key);
@@ -272,7 +272,7 @@ impl TenantInner {
         // An unpinned worker keeps off the poster's CPU.
         let mut placement = cpu.is_none().then(crate::placement::KeepOff::new);
         loop {
-            let (key, region, poster_cpu) = {
+            let (key, region, keep_off) = {
                 let mut q = self.q.lock().expect("fault queue lock");
                 loop {
                     if self.stop.load(SeqCst) {
@@ -294,7 +294,7 @@ impl TenantInner {
                                     self.stolen.fetch_add(1, Relaxed);
                                 }
                             }
-                            break (k, p.region.clone(), p.poster_cpu);
+                            break (k, p.region.clone(), p.keep_off);
                         }
                         Err(Some(when)) => when.saturating_duration_since(now),
                         Err(None) => {
@@ -311,7 +311,7 @@ impl TenantInner {
                 }
             };
             if let Some(p) = placement.as_mut() {
-                if p.keep_off(poster_cpu) {
+                if p.keep_off(keep_off) {
                     self.off_poster.fetch_add(1, Relaxed);
                 }
             }
