@@ -97,7 +97,7 @@ pub fn disk_free(path: &Path) -> Option<u64> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    faultline::sys::mem::free_disk_bytes(dir).ok()
+    faultline_sys::mem::free_disk_bytes(dir).ok()
 }
 
 /// A sibling of `path` to write into and rename over `path` on success,

@@ -1,8 +1,8 @@
 //! `faultline info`: what this kernel and process can do, probed.
 
 use faultline::caps::{capabilities, feature_names, op_unusable};
-use faultline::sys::uffd::{feature, ioctl_bit};
 use faultline::{EngineKind, MemoryKind};
+use faultline_sys::uffd::{feature, ioctl_bit};
 
 /// Prints the capability report.
 pub fn run() -> anyhow::Result<()> {

@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use faultline::sys::mem::{self, Advice, Mapping};
-use faultline::sys::sock;
-use faultline::sys::uffd::{self, feature, register_mode, Uffd};
+use faultline_sys::mem::{self, Advice, Mapping};
+use faultline_sys::sock;
+use faultline_sys::uffd::{self, feature, register_mode, Uffd};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 use crate::serve::handshake::{encode, Variant};
@@ -294,7 +294,7 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
         Backend::Uffd => map_anon(&sizes, args.gap.next_multiple_of(ps), args.huge)?,
         Backend::File | Backend::Shared => map_file(&mapped, &sizes)?,
     };
-    let mut t0 = (Instant::now(), faultline::sys::monotonic_ns());
+    let mut t0 = (Instant::now(), faultline_sys::monotonic_ns());
     let mut _conn = None;
     if args.backend != Backend::File {
         let u = match uffd::dev_userfaultfd(uffd::open_flags(true)) {
@@ -324,7 +324,7 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
             u.register(base, len as u64, mode)?;
         }
         let conn = connect(&args)?;
-        t0 = (Instant::now(), faultline::sys::monotonic_ns());
+        t0 = (Instant::now(), faultline_sys::monotonic_ns());
         if send_handshake(&args, &conn, &u, &layout, ps as u64, file_len as u64)? {
             return Ok(());
         }
@@ -567,7 +567,7 @@ fn touch_and_check(
         })
     });
     let mut handles = Vec::new();
-    let vcpus_ns = faultline::sys::monotonic_ns();
+    let vcpus_ns = faultline_sys::monotonic_ns();
     for t in 0..nthreads {
         let (ws, regions, touched) = (ws.clone(), regions.clone(), touched.clone());
         let paused = paused.clone();
@@ -587,7 +587,7 @@ fn touch_and_check(
                 }
                 let addr = regions[r].0 + (p * PAGE) as u64;
                 if first_ns == u64::MAX {
-                    first_ns = faultline::sys::monotonic_ns();
+                    first_ns = faultline_sys::monotonic_ns();
                 }
                 let s = Instant::now();
                 // SAFETY: `addr` lies in a live mapping of this process.
@@ -595,7 +595,7 @@ fn touch_and_check(
                 lat.push(s.elapsed().as_nanos() as u64);
                 touched.fetch_add(1, Relaxed);
             }
-            let (end, end_ns) = (Instant::now(), faultline::sys::monotonic_ns());
+            let (end, end_ns) = (Instant::now(), faultline_sys::monotonic_ns());
             let after = thread_switches();
             (
                 lat,

@@ -5,8 +5,8 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use faultline::store::StoreError;
-use faultline::sys::Errno;
 use faultline::PageStore;
+use faultline_sys::Errno;
 
 /// Fills `len` bytes at `offset` into `buf`: 0 or an errno.
 pub type FillFn =

@@ -9,8 +9,8 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use faultline::store::StoreError;
-use faultline::sys::Errno;
 use faultline::Error;
+use faultline_sys::Errno;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());

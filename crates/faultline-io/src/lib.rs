@@ -43,7 +43,6 @@ pub mod log;
 mod placement;
 pub mod queue;
 mod shared;
-mod sys;
 pub mod tenant;
 
 pub use device::{DeviceConfig, DeviceStats, IoDevice, Ordering, PinMode};

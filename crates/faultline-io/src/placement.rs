@@ -5,7 +5,7 @@
 //! idle previous CPU: the submitter, woken by its next I/O, then waits
 //! behind the page's fill and copy or a drain (B2's trace: 20-50 µs each).
 
-use faultline::sys::thread::{allowed_cpus, set_affinity};
+use faultline_sys::thread::{allowed_cpus, set_affinity};
 
 /// A background thread's CPU placement that keeps off one CPU: the one a
 /// latency-critical thread (a queue's submitter) runs on. The thread may

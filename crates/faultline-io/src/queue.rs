@@ -38,12 +38,15 @@ use std::fs::File;
 use std::io;
 use std::net::{TcpStream, UdpSocket};
 use std::ops::Range;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use faultline_sys::mem;
+use faultline_sys::poll::{self, events, PollFd};
+use faultline_sys::sock;
 use io_uring::{opcode, types, IoUring};
 
 use crate::log::AccessEvent;
@@ -76,11 +79,11 @@ pub enum Target {
 }
 
 impl Target {
-    fn fd(&self) -> i32 {
+    fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Target::File(f) => f.as_raw_fd(),
-            Target::Udp(s) => s.as_raw_fd(),
-            Target::Tcp(s) => s.as_raw_fd(),
+            Target::File(f) => f.as_fd(),
+            Target::Udp(s) => s.as_fd(),
+            Target::Tcp(s) => s.as_fd(),
         }
     }
 }
@@ -171,7 +174,7 @@ const WAIT_SLOT: i16 = -1;
 fn depends(later: &Pending, earlier: &Pending) -> bool {
     let (a, b) = (&later.io, &earlier.io);
     let overlap = |x: u64, xl: usize, y: u64, yl: usize| x < y + yl as u64 && y < x + xl as u64;
-    if a.target.fd() == b.target.fd() {
+    if a.target.fd().as_raw_fd() == b.target.fd().as_raw_fd() {
         match (a.op, b.op) {
             (Op::ReadAt(_), Op::ReadAt(_)) => {}
             (Op::ReadAt(x) | Op::WriteAt(x), Op::ReadAt(y) | Op::WriteAt(y)) => {
@@ -462,7 +465,7 @@ impl IoQueue {
         let region = &self.dev.region;
         let mut requested = false;
         let keep_off = (self.dev.ordering == Ordering::Unordered)
-            .then(faultline::sys::thread::current_cpu)
+            .then(faultline_sys::thread::current_cpu)
             .flatten();
         for pg in pages {
             if region.io_ready(pg..pg + 1, write).is_err() {
@@ -509,8 +512,8 @@ impl IoQueue {
                 match (&p.io.op, &p.io.target) {
                     (Op::ReadAt(off), Target::File(f)) => f.read_at(rd(), *off),
                     (Op::WriteAt(off), Target::File(f)) => f.write_at(wr(), *off),
-                    (Op::Recv, t) => crate::sys::recv_nowait(t.fd(), rd()),
-                    (Op::Send, t) => crate::sys::send_nowait(t.fd(), wr()),
+                    (Op::Recv, t) => sock::recv_nowait(t.fd(), rd()),
+                    (Op::Send, t) => sock::send_nowait(t.fd(), wr()),
                     _ => unreachable!("checked at submit"),
                 }
             };
@@ -518,9 +521,9 @@ impl IoQueue {
             match &res {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     p.wait = if p.io.op == Op::Recv {
-                        crate::sys::READABLE
+                        events::IN
                     } else {
-                        crate::sys::WRITABLE
+                        events::OUT
                     };
                     return Some(p);
                 }
@@ -548,7 +551,7 @@ impl IoQueue {
         let region_base = self.dev.region.as_ptr();
         let u = self.uring.as_mut().expect("uring backend");
         let slot = u.free.pop().expect("a free slot");
-        let fd = types::Fd(p.io.target.fd());
+        let fd = types::Fd(p.io.target.fd().as_raw_fd());
         let sqe = match p.io.op {
             Op::ReadAt(off) if fixed => {
                 let _ = region_base;
@@ -793,7 +796,7 @@ impl IoQueue {
             // Where this queue's thread sleeps: the device's drain keeps
             // off that CPU.
             self.dev.queue_cpu.store(
-                faultline::sys::thread::current_cpu().unwrap_or(crate::shared::NO_CPU),
+                faultline_sys::thread::current_cpu().unwrap_or(crate::shared::NO_CPU),
                 Relaxed,
             );
             if self.uring.is_some() {
@@ -808,19 +811,20 @@ impl IoQueue {
     /// socket a waiting I/O needs (in an ordered queue only the head's:
     /// the others cannot go before it) to become ready.
     fn wait_syscall(&mut self, d: Duration) {
-        let mut fds = vec![(self.responder.wake.raw(), crate::sys::READABLE)];
+        let entry = |fd: i32, events: i16| PollFd {
+            fd,
+            events,
+            revents: 0,
+        };
+        let mut fds = vec![entry(self.responder.wake.raw(), events::IN)];
         let waiting = self.parked.iter().filter(|p| p.wait > 0);
+        let socket = |p: &Pending| entry(p.io.target.fd().as_raw_fd(), p.wait);
         match self.dev.ordering {
-            Ordering::Ordered => fds.extend(
-                self.parked
-                    .front()
-                    .filter(|p| p.wait > 0)
-                    .map(|p| (p.io.target.fd(), p.wait)),
-            ),
-            Ordering::Unordered => fds.extend(waiting.map(|p| (p.io.target.fd(), p.wait))),
+            Ordering::Ordered => fds.extend(self.parked.front().filter(|p| p.wait > 0).map(socket)),
+            Ordering::Unordered => fds.extend(waiting.map(socket)),
         }
-        let mut rev = Vec::with_capacity(fds.len());
-        if crate::sys::poll(&fds, d, &mut rev).is_ok() && rev[1..].iter().any(|&r| r != 0) {
+        let ms = d.as_millis().clamp(1, i32::MAX as u128) as i32;
+        if poll::poll(&mut fds, ms).is_ok() && fds[1..].iter().any(|f| f.revents != 0) {
             self.kick = true;
         }
         self.responder.wake.drain();
@@ -877,12 +881,15 @@ impl IoQueue {
         let u = self.uring.as_ref().expect("uring backend");
         // SAFETY: the region stays mapped while the device (held by this
         // queue) holds it, and the ring is dropped with the queue.
-        unsafe { crate::sys::register_buffer(&u.ring, region.as_ptr(), region.len()) }.map_err(
-            |e| Error::Io {
-                op: "IORING_REGISTER_BUFFERS",
-                source: e,
-            },
-        )?;
+        unsafe {
+            u.ring
+                .submitter()
+                .register_buffers(&[mem::iovec(region.as_ptr(), region.len())])
+        }
+        .map_err(|e| Error::Io {
+            op: "IORING_REGISTER_BUFFERS",
+            source: e,
+        })?;
         self.fixed = true;
         Ok(())
     }

@@ -45,8 +45,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use faultline::sys::thread::{pin_to_cpu, EventFd};
 use faultline::Region;
+use faultline_sys::thread::{pin_to_cpu, EventFd};
 
 use crate::{Error, Result};
 
@@ -371,7 +371,7 @@ impl Tenant {
             (WorkerMode::Serialized, true) => vec![None],
             (WorkerMode::Serialized, false) => vec![Some(cfg.cpus[0])],
             (WorkerMode::Affined, true) => {
-                let n = faultline::sys::thread::online_cpus().max(1);
+                let n = faultline_sys::thread::online_cpus().max(1);
                 vec![None; n]
             }
             (WorkerMode::Affined, false) => cfg.cpus.iter().map(|&c| Some(c)).collect(),

@@ -1087,7 +1087,7 @@ impl PageStore for CpuStore {
         self.data.len()
     }
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let cpu = faultline::sys::thread::current_cpu().map_or(-1, |c| c as i32);
+        let cpu = faultline_sys::thread::current_cpu().map_or(-1, |c| c as i32);
         self.cpus.lock().unwrap().push(cpu);
         self.data.fill(offset, buf)
     }
@@ -1099,7 +1099,7 @@ impl PageStore for CpuStore {
 /// The first CPU the calling thread may use, if it may use a second one
 /// (for anything to keep off the first).
 fn two_cpus() -> Option<usize> {
-    let cpus = faultline::sys::thread::allowed_cpus().unwrap();
+    let cpus = faultline_sys::thread::allowed_cpus().unwrap();
     if cpus.len() < 2 {
         eprintln!("skipped: needs 2 allowed CPUs, has {cpus:?}");
         return None;
@@ -1127,7 +1127,7 @@ fn fault_workers_keep_off_the_posting_cpu() {
     let dev = device(region.clone(), &t, Ordering::Unordered);
     let mut q = dev.queue(Backend::Uring { depth: 64 }).unwrap();
     // The submitter on one CPU (the workers started before, with all).
-    faultline::sys::thread::pin_to_cpu(mine).unwrap();
+    faultline_sys::thread::pin_to_cpu(mine).unwrap();
     for p in 0..pages {
         q.read_at(&f, 0, p * PS + 8, 64, p as u64).unwrap();
     }
@@ -1173,7 +1173,7 @@ fn log_drainer_keeps_off_the_queue_cpu() {
     let f = Arc::new(File::open(&tmp.0).unwrap());
     let mut q = dev.queue(Backend::Uring { depth: 8 }).unwrap();
     // The queue's thread on one CPU (the drainer started before, with all).
-    faultline::sys::thread::pin_to_cpu(mine).unwrap();
+    faultline_sys::thread::pin_to_cpu(mine).unwrap();
     // A completion nobody has yet makes the queue wait (for 1 ms).
     assert!(q.complete(Duration::from_millis(1)).is_none());
     q.read_at(&f, 0, 0, 64, 0).unwrap();
@@ -1313,7 +1313,7 @@ fn ordered_queue_requests_are_not_kept_off_the_poster_cpu() {
     let t = tenant();
     let dev = device(region.clone(), &t, Ordering::Ordered);
     let mut q = dev.queue(Backend::Uring { depth: 16 }).unwrap();
-    faultline::sys::thread::pin_to_cpu(mine).unwrap();
+    faultline_sys::thread::pin_to_cpu(mine).unwrap();
     for p in 0..pages {
         q.read_at(&f, 0, p * PS + 8, 64, p as u64).unwrap();
     }

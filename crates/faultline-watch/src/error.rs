@@ -1,7 +1,7 @@
 //! Why a watch request failed: [`WatchError`], one variant per step, and
 //! failed system calls keep their errno.
 
-use faultline::sys::Errno;
+use faultline_sys::Errno;
 
 /// Why a watch request failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! Exact write watchpoints through the x86 debug registers, process-wide.
 //!
 //! A slot is one `perf_event_open(PERF_TYPE_BREAKPOINT)` write breakpoint
-//! per thread (see `faultline::sys::perf`), opened on every thread listed in
+//! per thread (see `faultline_sys::perf`), opened on every thread listed in
 //! `/proc/self/task`. Every write by user code to the watched range raises
 //! a synchronous `SIGTRAP` in the writing thread, after the write (the
 //! saved RIP is the next instruction), with `si_code = TRAP_PERF` and
@@ -53,8 +53,8 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::{Mutex, MutexGuard};
 
-use faultline::sys::perf::{self, PerfError};
-use faultline::sys::Errno;
+use faultline_sys::perf::{self, PerfError};
+use faultline_sys::Errno;
 
 /// Attempts of `arm` before it settles for an arming during which threads
 /// kept appearing.

@@ -104,7 +104,7 @@
 //! | [`maps`] | `/proc/self/maps` |
 //! | `hit`, `error` | [`Hit`], [`Stats`], [`WatchError`] |
 //!
-//! Everything that talks to the kernel goes through `faultline::sys`
+//! Everything that talks to the kernel goes through `faultline-sys`
 //! (mappings, userfaultfd, perf breakpoints, signal contexts).
 
 pub mod emulate;

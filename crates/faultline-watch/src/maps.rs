@@ -2,7 +2,7 @@
 
 use std::io;
 
-use faultline::sys::mem::Prot;
+use faultline_sys::mem::Prot;
 
 /// One line of `/proc/self/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]

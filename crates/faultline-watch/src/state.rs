@@ -16,9 +16,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Mutex;
 
-use faultline::sys::mem::Prot;
-use faultline::sys::uffd::Uffd;
-use faultline::sys::Errno;
+use faultline_sys::mem::Prot;
+use faultline_sys::uffd::Uffd;
+use faultline_sys::Errno;
 
 use crate::hit::Callback;
 use crate::hw::HwSlots;
@@ -116,7 +116,7 @@ impl Inner {
             Tier::Mprotect => {
                 let prot = e.prot();
                 let prot = if on { prot.without(Prot::WRITE) } else { prot };
-                faultline::sys::mem::mprotect(e.page, PAGE as usize, prot)
+                faultline_sys::mem::mprotect(e.page, PAGE as usize, prot)
                     .map_err(|errno| ("mprotect", errno))
             }
             Tier::Off => Ok(()),

@@ -32,8 +32,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::
 use std::sync::Mutex;
 
 use faultline::interval::Grace;
-use faultline::sys::mem::{Mapping, Prot};
-use faultline::sys::thread::sched_yield;
+use faultline_sys::mem::{Mapping, Prot};
+use faultline_sys::thread::sched_yield;
 
 /// The calling thread's key: its TCB address (`fs:0`), unique among live
 /// threads.

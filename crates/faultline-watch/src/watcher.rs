@@ -21,9 +21,9 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
-use faultline::sys::mem::{Advice, Mapping, Prot};
-use faultline::sys::uffd::{feature, register_mode};
-use faultline::sys::Errno;
+use faultline_sys::mem::{Advice, Mapping, Prot};
+use faultline_sys::uffd::{feature, register_mode};
+use faultline_sys::Errno;
 
 use crate::error::{sys_err, WatchError};
 use crate::handler;
@@ -270,15 +270,15 @@ impl Watcher {
         }
         let len = len.div_ceil(PAGE as usize) * PAGE as usize;
         let map = |op| {
-            move |e: faultline::sys::mem::MemError| WatchError::Sys {
+            move |e: faultline_sys::mem::MemError| WatchError::Sys {
                 op,
                 addr: 0,
                 source: e.source,
             }
         };
         let fd =
-            faultline::sys::mem::memfd("faultline-watch", false).map_err(map("memfd_create"))?;
-        faultline::sys::mem::ftruncate(&fd, len as u64).map_err(map("ftruncate"))?;
+            faultline_sys::mem::memfd("faultline-watch", false).map_err(map("memfd_create"))?;
+        faultline_sys::mem::ftruncate(&fd, len as u64).map_err(map("ftruncate"))?;
         let main = Mapping::shared(&fd, len, 0).map_err(map("mmap"))?;
         let alias = Mapping::shared(&fd, len, 0).map_err(map("mmap alias"))?;
         let _ = main.advise(0, len, Advice::NoHugePage);

@@ -17,11 +17,11 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use faultline::sys::perf::{self, PERF_TYPE_BREAKPOINT};
-use faultline::sys::signal::{
+use faultline_sys::perf::{self, PERF_TYPE_BREAKPOINT};
+use faultline_sys::signal::{
     install_sigaction, restore_sigaction, SigAction, SigInfo, SignalContext, SIGTRAP,
 };
-use faultline::sys::thread::gettid;
+use faultline_sys::thread::gettid;
 use faultline_watch::hw::{HwError, HwSlots};
 
 const TAG_BASE: u64 = 0x4857_7000;
@@ -225,11 +225,11 @@ fn one_slot_exact_hits() {
 
     // Cost per hit.
     let n = 2000u64;
-    let t0 = faultline::sys::rdtsc();
+    let t0 = faultline_sys::rdtsc();
     for i in 0..n {
         write(watched, i);
     }
-    let per_hit = (faultline::sys::rdtsc() - t0) / n;
+    let per_hit = (faultline_sys::rdtsc() - t0) / n;
     assert_eq!(hits(0), h + 1 + n);
     eprintln!("hardware watchpoint: {per_hit} cycles per hit");
 

@@ -512,7 +512,7 @@ fn chains_to_the_applications_own_handler() {
         w.watch(base as u64 + 10, 1).unwrap();
         wr(base.wrapping_add(10), 1u8);
         // The application's own protected page: not ours, chained.
-        let own = faultline::sys::mem::Mapping::anon(4096).unwrap();
+        let own = faultline_sys::mem::Mapping::anon(4096).unwrap();
         own.protect(libc::PROT_READ).unwrap();
         wr(own.as_ptr(), 4u8);
         assert_eq!(APP_SEGV.load(SeqCst), 1);
@@ -546,7 +546,7 @@ fn continued_interpretation_is_exact_and_saves_faults() {
     let log = Log::new(64);
     let w = watcher(&log, false, false);
     let m = w.alloc(4 * 4096).unwrap();
-    let plain = faultline::sys::mem::Mapping::anon(4 * 4096).unwrap();
+    let plain = faultline_sys::mem::Mapping::anon(4 * 4096).unwrap();
     let want = fill_and_mix(plain.as_ptr(), 4 * 4096);
     let watched = [5usize, 4096 + 17, 3 * 4096 + 4095];
     for &o in &watched {

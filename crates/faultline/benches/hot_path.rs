@@ -7,8 +7,8 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use faultline::interval::SnapshotTable;
 use faultline::residency::{PageState, Residency};
-use faultline::sys::mem::Mapping;
-use faultline::sys::uffd::{mode, register_mode};
+use faultline_sys::mem::Mapping;
+use faultline_sys::uffd::{mode, register_mode};
 
 fn lookup(c: &mut Criterion) {
     for n in [1u64, 16, 256, 4096] {
@@ -55,7 +55,7 @@ fn resolve_ioctl(c: &mut Criterion) {
     };
     let pages = 1 << 16;
     let map = Mapping::anon(pages * 4096).unwrap();
-    map.advise(0, map.len(), faultline::sys::mem::Advice::NoHugePage)
+    map.advise(0, map.len(), faultline_sys::mem::Advice::NoHugePage)
         .unwrap();
     uffd.register(map.addr(), map.len() as u64, register_mode::MISSING)
         .unwrap();
@@ -66,7 +66,7 @@ fn resolve_ioctl(c: &mut Criterion) {
     let fresh = |next: &mut usize| {
         if *next == pages {
             // Drop everything (no fault is pending, no event is enabled).
-            map.advise(0, map.len(), faultline::sys::mem::Advice::DontNeed)
+            map.advise(0, map.len(), faultline_sys::mem::Advice::DontNeed)
                 .unwrap();
             *next = 0;
         }

@@ -2,8 +2,10 @@
 //! setting up or changing a region, each keeping its cause.
 
 use crate::interval::IntervalError;
-use crate::sys::mem::MemError;
-use crate::sys::uffd::UffdError;
+
+/// The kernel interface's errors that this crate's errors carry, named
+/// here so callers can match on them without depending on `faultline-sys`.
+pub use crate::sys::{mem::MemError, uffd::UffdError, Errno};
 
 /// Errors of region and engine setup.
 #[derive(Debug, thiserror::Error)]

@@ -118,7 +118,8 @@ use crate::residency::{PageBits, PageState, Residency};
 use crate::runahead::RunAheadConfig;
 use crate::snapshot::SharedSnapshot;
 use crate::store::{FillRange, PageStore, StoreError};
-use crate::sys::sock::{self, events, PollFd};
+use crate::sys::poll::{self, events, PollFd};
+use crate::sys::sock;
 use crate::sys::thread::EventFd;
 use crate::sys::uffd::{feature, pagefault_flag, Msg, Uffd, UffdMsg};
 
@@ -1563,7 +1564,7 @@ impl Worker {
                     .min()
                     .map_or(IDLE_MS, |d| (d.as_millis() as i32).clamp(1, IDLE_MS))
             };
-            if sock::poll(&mut fds, timeout).is_err() {
+            if poll::poll(&mut fds, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }

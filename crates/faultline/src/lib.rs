@@ -80,9 +80,11 @@ pub mod residency;
 pub mod runahead;
 pub mod snapshot;
 pub mod store;
-#[doc(hidden)]
-pub mod sys;
 pub mod testing;
+
+/// The kernel interface (its own crate, `faultline-sys`); the modules above
+/// reach it as `crate::sys`.
+use faultline_sys as sys;
 
 pub use caps::{capabilities, Capabilities};
 pub use engine::{

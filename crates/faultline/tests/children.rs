@@ -431,9 +431,9 @@ fn signal_engine_chains_foreign_sigbus_and_preserves_errno() {
             .build_dyn(engine_of(EngineKind::Signal))
             .unwrap();
         // errno survives a fault handled in between.
-        faultline::sys::set_errno(1234);
+        faultline_sys::set_errno(1234);
         let v = read(region.as_ptr(), 7 * 4096 + 9);
-        let e = faultline::sys::errno();
+        let e = faultline_sys::errno();
         say(&format!(
             "ERRNO {e} VALUE {v:#x} WANT {:#x}",
             pat(7 * 4096 + 9)

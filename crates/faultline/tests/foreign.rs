@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{pattern, wait_until};
-use faultline::sys::mem::{self, Advice, Mapping};
-use faultline::sys::uffd::{self, feature, register_mode, Uffd};
 use faultline::*;
+use faultline_sys::mem::{self, Advice, Mapping};
+use faultline_sys::uffd::{self, feature, register_mode, Uffd};
 
 fn new_uffd(features: u64) -> Uffd {
     let u = uffd::dev_userfaultfd(uffd::open_flags(true))

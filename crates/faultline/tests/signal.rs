@@ -119,10 +119,10 @@ fn shmem_continue_refaults_from_the_page_cache() {
     assert_eq!(r.stats().store_fills, 1);
     // Zap the mapping: the page cache keeps the data, the next access is a
     // minor fault resolved with CONTINUE alone (no store read).
-    faultline::sys::mem::madvise(
+    faultline_sys::mem::madvise(
         r.addr() + 3 * 4096,
         4096,
-        faultline::sys::mem::Advice::DontNeed,
+        faultline_sys::mem::Advice::DontNeed,
     )
     .unwrap();
     assert_eq!(read(r.as_ptr(), 3 * 4096), 0x77);

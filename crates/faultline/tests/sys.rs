@@ -2,8 +2,8 @@
 //! keeps the kernel's meaning (done, partial, already there, gone). No
 //! thread waits on these faults, so nothing here can block.
 
-use faultline::sys::mem::{self, Mapping};
-use faultline::sys::uffd::{feature, ioctl_bit, mode, register_mode, Msg, Outcome, Uffd, UffdMsg};
+use faultline_sys::mem::{self, Mapping};
+use faultline_sys::uffd::{feature, ioctl_bit, mode, register_mode, Msg, Outcome, Uffd, UffdMsg};
 
 const P: u64 = 4096;
 
@@ -13,7 +13,7 @@ fn uffd(features: u64) -> Uffd {
 
 fn anon(pages: u64, fd: &Uffd, rmode: u64) -> Mapping {
     let m = Mapping::anon((pages * P) as usize).unwrap();
-    m.advise(0, m.len(), faultline::sys::mem::Advice::NoHugePage)
+    m.advise(0, m.len(), faultline_sys::mem::Advice::NoHugePage)
         .unwrap();
     let granted = fd.register(m.addr(), m.len() as u64, rmode).unwrap();
     assert!(granted & (1 << ioctl_bit::COPY) != 0);
@@ -98,7 +98,7 @@ fn move_and_allow_src_holes() {
     let fd = uffd(feature::MOVE);
     let m = anon(4, &fd, register_mode::MISSING);
     let src = Mapping::anon(4 * P as usize).unwrap();
-    src.advise(0, src.len(), faultline::sys::mem::Advice::NoHugePage)
+    src.advise(0, src.len(), faultline_sys::mem::Advice::NoHugePage)
         .unwrap();
     // SAFETY: our own fresh mapping.
     unsafe { src.as_ptr().write_bytes(0x5C, P as usize) };

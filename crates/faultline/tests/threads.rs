@@ -41,7 +41,7 @@ fn fault_around_stops_at_region_edges() {
     let a_data = pattern(10 * ps);
     let (a, b) = (0..20)
         .find_map(|_| {
-            let hole = faultline::sys::mem::Mapping::anon(20 * ps).unwrap();
+            let hole = faultline_sys::mem::Mapping::anon(20 * ps).unwrap();
             let at = hole.addr();
             drop(hole);
             let a = Region::builder(10 * ps)
@@ -125,7 +125,7 @@ fn madv_dontneed_event_makes_pages_absent_and_refetchable() {
         write(r.as_ptr(), pg * 4096, 0xEE);
     }
     assert_eq!(r.resident_pages(), 32);
-    faultline::sys::mem::madvise(r.addr(), len / 2, faultline::sys::mem::Advice::DontNeed).unwrap();
+    faultline_sys::mem::madvise(r.addr(), len / 2, faultline_sys::mem::Advice::DontNeed).unwrap();
     assert!(wait_until(Duration::from_secs(5), || r.resident_pages() == 16));
     // Dropped pages come back from the store, not as zeros.
     assert_eq!(read(r.as_ptr(), 0), data[0]);
@@ -269,7 +269,7 @@ fn bad_input_gets_typed_errors() {
             ..
         })
     ));
-    if faultline::sys::mem::hugetlb_free_pages() == 0 {
+    if faultline_sys::mem::hugetlb_free_pages() == 0 {
         assert!(matches!(
             Region::builder(2 << 20)
                 .kind(MemoryKind::Hugetlb)
@@ -663,10 +663,10 @@ fn remove_storm_racing_windowed_faults() {
                 x ^= x >> 7;
                 x ^= x << 17;
                 let first = (x as usize) % (pages - 4);
-                faultline::sys::mem::madvise(
+                faultline_sys::mem::madvise(
                     (base + first * 4096) as u64,
                     4 * 4096,
-                    faultline::sys::mem::Advice::DontNeed,
+                    faultline_sys::mem::Advice::DontNeed,
                 )
                 .unwrap();
                 // A balloon, not a storm: back to back, the REMOVE events

@@ -15,8 +15,8 @@
 
 use std::sync::OnceLock;
 
-use faultline::sys::thread::online_cpus;
 use faultline::ReadaheadConfig;
+use faultline_sys::thread::online_cpus;
 
 /// Log levels, as UMap names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

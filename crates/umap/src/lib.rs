@@ -43,12 +43,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use faultline::engine::{self, EngineConfig, EngineKind};
 use faultline::policy::PolicyKind;
 use faultline::store::{FileAccess, PageCacheFile, StoreError};
-use faultline::sys::{mem::is_read_write, set_errno, Errno};
 use faultline::{Engine, FileStore, PageStore, Region, SharedBudget};
 use faultline_ffi::callback::{FillFn, WriteFn};
 use faultline_ffi::{
     guard, guard_or, last_error, set_last_error, CError, CallbackStore, Callbacks,
 };
+use faultline_sys::{mem::is_read_write, set_errno, Errno};
 
 use config::{config, log_at, Level, SYSTEM_PAGE};
 

@@ -492,8 +492,8 @@ fn seq_touch(region: &Region, access: Access) -> f64 {
 /// Kernel first touch with transparent huge pages (`MADV_HUGEPAGE`), the
 /// kernel's own way of taking one fault per 2 MiB; ns per 4 KiB page.
 fn kernel_seq_thp(bytes: usize) -> anyhow::Result<f64> {
-    let m = faultline::sys::mem::Mapping::anon_aligned(bytes, 2 << 20)?;
-    m.advise(0, bytes, faultline::sys::mem::Advice::HugePage)?;
+    let m = faultline_sys::mem::Mapping::anon_aligned(bytes, 2 << 20)?;
+    m.advise(0, bytes, faultline_sys::mem::Advice::HugePage)?;
     let t = Instant::now();
     for i in 0..bytes / PAGE {
         // SAFETY: inside the live read-write mapping.
@@ -826,7 +826,7 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
     println!(
         "\n== first-touch throughput: {} pages per thread, {} CPUs ==",
         args.pages,
-        faultline::sys::thread::online_cpus()
+        faultline_sys::thread::online_cpus()
     );
     print_table(
         &[

@@ -24,7 +24,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 
-use faultline::sys::mem::Mapping;
+use faultline_sys::mem::Mapping;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -41,7 +41,7 @@ use super::BenchCtx;
 /// Base page size these benchmarks touch.
 pub const PAGE: usize = 4096;
 
-use faultline::sys::mem::Advice;
+use faultline_sys::mem::Advice;
 
 fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
@@ -58,9 +58,9 @@ fn anon(len: usize) -> anyhow::Result<Mapping> {
 /// `MADV_NOHUGEPAGE` over the whole mapping. EINVAL is accepted only on a
 /// kernel without THP support (then nothing can be mapped huge anyway).
 fn no_huge_pages(m: &Mapping) -> anyhow::Result<()> {
-    match m.advise(0, m.len(), faultline::sys::mem::Advice::NoHugePage) {
+    match m.advise(0, m.len(), faultline_sys::mem::Advice::NoHugePage) {
         Err(e)
-            if e.source.raw_os_error() == Some(libc::EINVAL)
+            if e.source.raw_os_error() == Some(faultline_sys::Errno::EINVAL.0)
                 && !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() =>
         {
             Ok(())
@@ -148,8 +148,8 @@ impl Drop for TempFile {
 /// A memfd of `pages` pages mapped `MAP_SHARED` read-write with THP off.
 fn shmem(pages: usize) -> anyhow::Result<(OwnedFd, Mapping)> {
     let len = pages * PAGE;
-    let fd = faultline::sys::mem::memfd("faultline-bench", false).context("memfd_create")?;
-    faultline::sys::mem::ftruncate(&fd, len as u64).context("ftruncate memfd")?;
+    let fd = faultline_sys::mem::memfd("faultline-bench", false).context("memfd_create")?;
+    faultline_sys::mem::ftruncate(&fd, len as u64).context("ftruncate memfd")?;
     let m = Mapping::shared(&fd, len, 0).context("MAP_SHARED memfd")?;
     no_huge_pages(&m)?;
     Ok((fd, m))
@@ -157,11 +157,8 @@ fn shmem(pages: usize) -> anyhow::Result<(OwnedFd, Mapping)> {
 
 /// Minor faults taken so far by the calling thread.
 pub fn minor_faults() -> u64 {
-    // SAFETY: rusage is plain old data; all-zero is valid.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage; RUSAGE_THREAD cannot fail on Linux.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    ru.ru_minflt as u64
+    // RUSAGE_THREAD cannot fail on Linux.
+    faultline_sys::process::thread_usage().map_or(0, |u| u.minor_faults)
 }
 
 /// Read or write one byte per page.

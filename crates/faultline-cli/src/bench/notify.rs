@@ -25,7 +25,7 @@
 //! (receiver blocked in `poll` then `read`), `spin` (shared-memory flag, receiver
 //! busy-spinning: the seed's "shared memory").
 //!
-//! Every system call goes through `faultline::sys` (`thread` for affinity, futex,
+//! Every system call goes through `faultline-sys` (`thread` for affinity, futex,
 //! eventfd and `poll`, `signal` for handlers, masks, `sigtimedwait` and `tgkill`);
 //! pipes are `std::io::pipe`.
 
@@ -36,8 +36,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use faultline::sys::signal::{self, SigAction, SigInfo, SIGUSR1, SIGUSR2};
-use faultline::sys::thread::{self, EventFd};
+use faultline_sys::signal::{self, SigAction, SigInfo, SIGUSR1, SIGUSR2};
+use faultline_sys::thread::{self, EventFd};
 
 use super::plot;
 use super::report::{fmt_count, print_table, Record};
@@ -266,7 +266,7 @@ impl Shared {
         loop {
             let ms = (self.remaining_ns(deadline)? / 1_000_000).clamp(1, i32::MAX as u64);
             let mut revents = [0i16];
-            if thread::poll_in(&[fd], ms as i32, &mut revents).context("poll")? > 0 {
+            if faultline_sys::poll::poll_in(&[fd], ms as i32, &mut revents).context("poll")? > 0 {
                 return Ok(());
             }
             // Timeout or EINTR: `remaining_ns` fails once the deadline has passed.

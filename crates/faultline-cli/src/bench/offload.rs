@@ -182,13 +182,13 @@ pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
     let mut gains = Vec::new();
     // Back guest memory once so no configuration pays its first use.
     {
-        let m = faultline::sys::mem::Mapping::anon(len)?;
-        m.advise(0, len, faultline::sys::mem::Advice::PopulateWrite)?;
+        let m = faultline_sys::mem::Mapping::anon(len)?;
+        m.advise(0, len, faultline_sys::mem::Advice::PopulateWrite)?;
     }
     for w in Workload::ALL {
         progress.step(&format!("{} kernel", w.key()));
-        let m = faultline::sys::mem::Mapping::anon(len)?;
-        m.advise(0, len, faultline::sys::mem::Advice::NoHugePage)?;
+        let m = faultline_sys::mem::Mapping::anon(len)?;
+        m.advise(0, len, faultline_sys::mem::Advice::NoHugePage)?;
         let f0 = minor_faults();
         let mut tr = run_workload(w, m.as_ptr(), len, args.stride);
         let kfaults = minor_faults() - f0;

@@ -18,8 +18,8 @@ use std::sync::Barrier;
 use std::time::Instant;
 
 use anyhow::Context;
-use faultline::sys::mem::Mapping;
 use faultline::{FileStore, Region, SignalEngine};
+use faultline_sys::mem::Mapping;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 

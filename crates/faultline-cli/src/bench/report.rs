@@ -109,7 +109,7 @@ impl Machine {
     /// Describe this machine.
     pub fn detect(tsc: &Tsc) -> Machine {
         Machine {
-            kernel: faultline::sys::kernel_release(),
+            kernel: faultline_sys::kernel_release(),
             cpu: cpu_model(),
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             tsc_ghz: tsc.ghz(),

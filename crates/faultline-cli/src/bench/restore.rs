@@ -47,9 +47,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use faultline::sys::mem::{self, Mapping};
-use faultline::sys::sock::{self, events, PollFd};
-use faultline::sys::uffd::{Msg, Outcome, Uffd, UffdMsg};
+use faultline_sys::mem::{self, Mapping};
+use faultline_sys::poll::{self, events, PollFd};
+use faultline_sys::sock;
+use faultline_sys::uffd::{Msg, Outcome, Uffd, UffdMsg};
 
 use super::report::{fmt_ratio, print_table, Record};
 use super::stats::Summary;
@@ -1299,7 +1300,7 @@ fn baseline_handler(listener: UnixListener, mem: &Path) -> anyhow::Result<u64> {
                 revents: 0,
             },
         ];
-        sock::poll(&mut fds, 1000)?;
+        poll::poll(&mut fds, 1000)?;
         if fds[1].revents != 0 {
             return Ok(faults);
         }

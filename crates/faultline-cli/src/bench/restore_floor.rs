@@ -29,8 +29,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use faultline::caps::open_uffd;
-use faultline::sys::mem::{Advice, Mapping};
-use faultline::sys::uffd::{feature, mode, register_mode, Outcome};
+use faultline_sys::mem::{Advice, Mapping};
+use faultline_sys::uffd::{feature, mode, register_mode, Outcome};
 
 /// Throughputs measured, bytes per second.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]

@@ -39,7 +39,7 @@ pub fn rdtsc() -> u64 {
 
 /// `CLOCK_MONOTONIC` in nanoseconds.
 pub fn monotonic_ns() -> u64 {
-    faultline::sys::monotonic_ns()
+    faultline_sys::monotonic_ns()
 }
 
 /// A calibrated TSC: converts cycle counts to nanoseconds.

@@ -23,7 +23,7 @@
 
 use std::fs::File;
 use std::net::UdpSocket;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -426,17 +426,17 @@ fn b1(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
     }
     let us = summary_ns(&mut upd, overhead);
     // With the zap: MADV_DONTNEED of a resident page.
-    let m = faultline::sys::mem::Mapping::anon(256 * PS)?;
+    let m = faultline_sys::mem::Mapping::anon(256 * PS)?;
     let mut zap = Vec::with_capacity(20_000);
     for i in 0..20_000 {
         let off = (i % 256) * PS;
         // SAFETY: inside the mapping; touch it resident.
         unsafe { std::ptr::write_volatile(m.as_ptr().add(off), 1u8) };
         let t = rdtscp();
-        let _ = faultline::sys::mem::madvise(
+        let _ = faultline_sys::mem::madvise(
             m.addr() + off as u64,
             PS,
-            faultline::sys::mem::Advice::DontNeed,
+            faultline_sys::mem::Advice::DontNeed,
         );
         zap.push(rdtscp() - t);
     }
@@ -662,21 +662,8 @@ fn b3(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
 
 /// `SO_RCVBUFFORCE` (root), else `SO_RCVBUF` (capped by `rmem_max`).
 fn set_rcvbuf(s: &UdpSocket, bytes: i32) {
-    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
-        // SAFETY: setsockopt with a valid int option on an fd we own.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&bytes as *const i32).cast(),
-                std::mem::size_of::<i32>() as u32,
-            )
-        };
-        if r == 0 {
-            return;
-        }
-    }
+    // Best effort: the default buffer only makes the plain-recv row lose more.
+    let _ = faultline_sys::sock::set_rcvbuf(s.as_fd(), bytes);
 }
 
 /// B2's modes, in the order of the tables: name, injected faults/s
@@ -735,7 +722,7 @@ impl CpuSnap {
     /// Since `before`: steal in ms, and the other processes' CPU time as a
     /// share of one CPU (the machine's busy time minus ours).
     fn since(&self, before: &CpuSnap) -> (f64, f64) {
-        let hz = faultline::sys::thread::clock_ticks_per_sec() as f64;
+        let hz = faultline_sys::thread::clock_ticks_per_sec() as f64;
         let secs = match (self.at, before.at) {
             (Some(a), Some(b)) => a.duration_since(b).as_secs_f64().max(1e-9),
             _ => 1.0,
@@ -759,14 +746,14 @@ impl Fifo {
         if !want {
             return Fifo(false);
         }
-        Fifo(faultline::sys::thread::set_fifo(10).is_ok())
+        Fifo(faultline_sys::thread::set_fifo(10).is_ok())
     }
 }
 
 impl Drop for Fifo {
     fn drop(&mut self) {
         if self.0 {
-            let _ = faultline::sys::thread::set_normal();
+            let _ = faultline_sys::thread::set_normal();
         }
     }
 }

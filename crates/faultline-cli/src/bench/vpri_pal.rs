@@ -117,7 +117,7 @@ struct Run {
 }
 
 fn cpu_now() -> f64 {
-    faultline::sys::usage()
+    faultline_sys::process::usage()
         .map(|u| u.user_seconds + u.system_seconds)
         .unwrap_or(0.0)
 }

@@ -45,7 +45,7 @@ pub(super) fn b4(ctx: &mut BenchCtx, a: &B4) -> anyhow::Result<()> {
         a.rate, a.store_ms, a.secs
     );
     let ks = [1usize, 2, 4, 8, 16];
-    let cpus = faultline::sys::thread::online_cpus().max(1);
+    let cpus = faultline_sys::thread::online_cpus().max(1);
     let file = Arc::new(tempfile_one_page()?);
     let engine = PollEngine::new()?;
     let mut rows = Vec::new();

@@ -135,7 +135,7 @@ impl WatchArgs {
 /// The block under test: watcher-allocated (alias) or anonymous memory.
 enum Block<'w> {
     Alias(WatchedMem<'w>),
-    Anon(faultline::sys::mem::Mapping),
+    Anon(faultline_sys::mem::Mapping),
 }
 
 impl Block<'_> {
@@ -168,8 +168,8 @@ fn block<'w>(w: &'w Watcher, memory: &str, len: usize) -> anyhow::Result<Block<'
     let b = match memory {
         "alias" => Block::Alias(w.alloc(len)?),
         "heap" | "exact" => {
-            let m = faultline::sys::mem::Mapping::anon(len)?;
-            m.advise(0, len, faultline::sys::mem::Advice::NoHugePage)?;
+            let m = faultline_sys::mem::Mapping::anon(len)?;
+            m.advise(0, len, faultline_sys::mem::Advice::NoHugePage)?;
             Block::Anon(m)
         }
         other => anyhow::bail!("unknown --memory {other} (alias, heap, exact)"),

@@ -52,6 +52,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use faultline_sys::process;
 use serde::Serialize;
 
 use super::report::{fmt_count, print_table};
@@ -601,8 +602,7 @@ impl GdbTarget {
             if t.elapsed() > timeout {
                 // The group is gdb's own (process_group(0) above). gdb traces the
                 // program with PTRACE_O_EXITKILL, so it dies with gdb.
-                // SAFETY: kill has no memory-safety preconditions.
-                unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+                let _ = process::kill_group(child.id() as i32, process::SIGKILL);
                 let _ = child.wait();
                 bail!(
                     "{what}: no result after {:.0} s, killed (lower the written bytes or raise the timeout)",

@@ -1060,7 +1060,7 @@ mod tests {
         // A file that is not on tmpfs is refused with a reason.
         let disk = TempGraph::new("pagecache-disk", 8);
         let f = File::open(&disk.path).unwrap();
-        if faultline::sys::mem::is_tmpfs(&f).unwrap() {
+        if faultline_sys::mem::is_tmpfs(&f).unwrap() {
             eprintln!("the temp dir is tmpfs: refusal not checked");
             return;
         }

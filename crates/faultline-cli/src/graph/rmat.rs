@@ -136,10 +136,10 @@ fn huge_vec<T>(len: usize, make: impl FnMut() -> T) -> Vec<T> {
             // and holds no initialised values yet; MADV_HUGEPAGE only
             // changes how the kernel backs the range, never its contents.
             // Failure (THP disabled) is harmless and ignored.
-            let _ = faultline::sys::mem::madvise(
+            let _ = faultline_sys::mem::madvise(
                 aligned as u64,
                 end - aligned,
-                faultline::sys::mem::Advice::HugePage,
+                faultline_sys::mem::Advice::HugePage,
             );
         }
     }

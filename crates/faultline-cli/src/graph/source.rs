@@ -17,8 +17,8 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use anyhow::Context;
-use faultline::sys::mem::Mapping;
 use faultline::{EngineConfig, EngineKind, FileAccess, FileStore, ReadaheadConfig, Region};
+use faultline_sys::mem::Mapping;
 
 use super::csr::CsrLayout;
 
@@ -80,13 +80,13 @@ pub trait GraphSource: Sync {
 
 /// The kernel's page size.
 pub fn kernel_page_size() -> u64 {
-    faultline::sys::BASE_PAGE as u64
+    faultline_sys::BASE_PAGE as u64
 }
 
 /// Process-wide fault and system-time counters from `getrusage`, plus
 /// `read_bytes` from `/proc/self/io` (absent without task I/O accounting).
 pub fn process_stats() -> SourceStats {
-    let u = faultline::sys::usage().unwrap_or_default();
+    let u = faultline_sys::process::usage().unwrap_or_default();
     SourceStats {
         faults: u.minor_faults + u.major_faults,
         major_faults: u.major_faults,
@@ -375,7 +375,7 @@ pub fn drop_file_cache(path: &Path) -> anyhow::Result<CacheDrop> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     file.sync_data()
         .with_context(|| format!("fdatasync {}", path.display()))?;
-    faultline::sys::mem::fadvise_dontneed(&file)
+    faultline_sys::mem::fadvise_dontneed(&file)
         .with_context(|| format!("dropping the page cache of {}", path.display()))?;
     let len = file
         .metadata()

@@ -30,12 +30,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use faultline::store::FileAccess;
-use faultline::sys::sock::{self, events, PollFd};
 use faultline::{
     EngineKind, FileStore, ForeignEngine, ForeignEngineConfig, ForeignOptions, ForeignPeer,
     ForeignUffd, PageStore, PeerBacking, PeerEvent, PrefetchPlan, ReadaheadConfig, SharedError,
     SharedSnapshot, Verify,
 };
+use faultline_sys::poll::{self, events, PollFd};
+use faultline_sys::process;
+use faultline_sys::sock;
 
 /// `faultline serve` arguments.
 #[derive(Args, Debug, Clone)]
@@ -341,11 +343,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             events: events::IN,
             revents: 0,
         }];
-        let _ = sock::poll(&mut fds, 50);
+        let _ = poll::poll(&mut fds, 50);
         loop {
             match listener.accept() {
                 Ok((conn, _)) => {
-                    let accepted_ns = faultline::sys::monotonic_ns();
+                    let accepted_ns = faultline_sys::monotonic_ns();
                     let n = shared.connected.fetch_add(1, SeqCst) + 1;
                     // A peer sends its handshake right after connecting:
                     // when it is there within HANDSHAKE_INLINE, the peer is
@@ -358,7 +360,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         events: events::IN,
                         revents: 0,
                     }];
-                    if sock::poll(&mut fds, HANDSHAKE_INLINE_MS).is_ok_and(|r| r == 1) {
+                    if poll::poll(&mut fds, HANDSHAKE_INLINE_MS).is_ok_and(|r| r == 1) {
                         shared.handle(n, conn, accepted_ns);
                         continue;
                     }
@@ -470,7 +472,7 @@ impl Shared {
     fn handle(&self, n: usize, conn: UnixStream, accepted_ns: u64) {
         let handoff = Handoff {
             accepted_ns,
-            thread_ns: faultline::sys::monotonic_ns(),
+            thread_ns: faultline_sys::monotonic_ns(),
             ..Default::default()
         };
         if !self.accept(n, conn, handoff) {
@@ -480,7 +482,7 @@ impl Shared {
 
     /// Handles connection `n`; returns whether a peer is now being served.
     fn accept(&self, n: usize, conn: UnixStream, mut handoff: Handoff) -> bool {
-        let now = faultline::sys::monotonic_ns;
+        let now = faultline_sys::monotonic_ns;
         let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
         let refuse = |why: String| {
             say(format_args!("peer {n} (pid {pid}): refused: {why}"));
@@ -499,7 +501,7 @@ impl Shared {
             revents: 0,
         }];
         let wait = Duration::from_secs_f64(self.args.handshake_timeout.max(0.0));
-        match sock::poll(&mut fds, wait.as_millis() as i32) {
+        match poll::poll(&mut fds, wait.as_millis() as i32) {
             Ok(1) => {}
             _ => return refuse(format!("no handshake within {:.1}s", wait.as_secs_f64())),
         }
@@ -661,7 +663,7 @@ impl Shared {
 
     fn kill(&self, n: usize, pid: i32) {
         if self.args.kill_peer_on_error && pid > 0 {
-            match sock::kill(pid, sock::SIGKILL) {
+            match process::kill(pid, process::SIGKILL) {
                 Ok(()) => say(format_args!(
                     "peer {n}: killed pid {pid} (--kill-peer-on-error)"
                 )),

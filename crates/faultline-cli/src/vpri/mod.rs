@@ -22,6 +22,7 @@ use faultline::{
     capabilities, EvictionConfig, MemoryStore, PageStore, PollEngine, Region, SignalEngine,
     StoreError,
 };
+use faultline_sys::{mem, Errno};
 
 /// `faultline vpri ...`.
 #[derive(clap::Subcommand)]
@@ -115,7 +116,7 @@ impl Probe {
         let ok = match expect {
             Expect::Blocks(n, k) => ret == n && ms >= lat * f64::from(k) * 0.95,
             Expect::Ok(n) => ret == n,
-            Expect::Efault => ret == -(libc::EFAULT as i64),
+            Expect::Efault => ret == -(Errno::EFAULT.0 as i64),
         };
         self.rows.push(Row {
             mode: self.mode,
@@ -161,26 +162,9 @@ fn uring_rw(
 }
 
 fn vmsplice_from(buf: *mut u8) -> i64 {
-    let mut p = [0i32; 2];
-    // SAFETY: plain syscalls on fds we own; the iovec points at region
-    // memory that stays mapped.
-    unsafe {
-        if libc::pipe(p.as_mut_ptr()) != 0 {
-            return -(libc::EMFILE as i64);
-        }
-        let iov = libc::iovec {
-            iov_base: buf.cast(),
-            iov_len: PS,
-        };
-        let r = libc::vmsplice(p[1], &iov, 1, 0);
-        let e = *libc::__errno_location();
-        libc::close(p[0]);
-        libc::close(p[1]);
-        if r < 0 {
-            -(e as i64)
-        } else {
-            r as i64
-        }
+    match mem::vmsplice_into_pipe(buf, PS) {
+        Ok(n) => n as i64,
+        Err(e) => -(e.0 as i64),
     }
 }
 
@@ -210,7 +194,7 @@ fn one_mode(
     let fb = File::open(&path)?;
     let fd = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_DIRECT)
+        .custom_flags(mem::O_DIRECT)
         .open(&path)
         .context("O_DIRECT open (the probe's temp dir must not be tmpfs)")?;
     let mut ring = io_uring::IoUring::new(8).context("io_uring_setup")?;
@@ -312,7 +296,7 @@ fn one_mode(
     us.set_nonblocking(true)?;
     let mut tmp = [0u8; 2000];
     let after = ret_of(us.recv(&mut tmp));
-    let lost = after == -(libc::EAGAIN as i64);
+    let lost = after == -(Errno::EAGAIN.0 as i64);
     let mut e = blocks(1000, 1);
     if sig && !lost {
         e = Expect::Ok(i64::MIN); // forces a mismatch: expected the datagram to be lost
@@ -491,7 +475,7 @@ fn probe(a: &ProbeArgs) -> anyhow::Result<()> {
     );
     for r in &rows {
         let errno = if r.ret < 0 && r.ret > -4096 {
-            faultline::sys::errno_name(-r.ret as i32)
+            faultline_sys::errno_name(-r.ret as i32)
         } else {
             "-"
         };

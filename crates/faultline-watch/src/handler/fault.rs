@@ -16,8 +16,8 @@
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
 
-use faultline::sys::signal::{SigInfo, SignalContext, BUS_ADRERR, SEGV_ACCERR, SIGBUS, SIGSEGV};
-use faultline::sys::{errno, rdtsc, set_errno};
+use faultline_sys::signal::{SigInfo, SignalContext, BUS_ADRERR, SEGV_ACCERR, SIGBUS, SIGSEGV};
+use faultline_sys::{errno, rdtsc, set_errno};
 
 use super::mem::{checked_read, WatchMem};
 use super::runtime::{abort_with, chain, Runtime, RUNTIME};

@@ -14,9 +14,9 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
-use faultline::sys::mem::{mprotect, process_vm_read, Prot};
-use faultline::sys::rdtsc;
-use faultline::sys::signal::SignalContext;
+use faultline_sys::mem::{mprotect, process_vm_read, Prot};
+use faultline_sys::rdtsc;
+use faultline_sys::signal::SignalContext;
 
 use super::runtime::{abort_with, deliver, Runtime, Slot, RUNTIME};
 use crate::emulate::{MemFault, Memory};
@@ -172,11 +172,11 @@ impl WatchMem<'_> {
             (Tier::Uffd, Some(_)) => {
                 // The caller opened the page (`open_page`): the kernel's
                 // forced write now goes through.
-                faultline::sys::mem::pwrite_all(self.inner.mem_raw(), data, addr)
+                faultline_sys::mem::pwrite_all(self.inner.mem_raw(), data, addr)
                     .map_err(|_| MemFault)
             }
             (Tier::Mprotect, Some(_)) => {
-                faultline::sys::mem::pwrite_all(self.inner.mem_raw(), data, addr)
+                faultline_sys::mem::pwrite_all(self.inner.mem_raw(), data, addr)
                     .map_err(|_| MemFault)
             }
             _ => {
@@ -242,7 +242,7 @@ impl WatchMem<'_> {
         if self.pend_len == 0 {
             return Ok(());
         }
-        let r = faultline::sys::mem::pwrite_all(
+        let r = faultline_sys::mem::pwrite_all(
             self.inner.mem_raw(),
             &self.pend[..self.pend_len],
             self.pend_addr,

@@ -34,7 +34,7 @@ mod mem;
 mod runtime;
 mod step;
 
-use faultline::sys::signal::{Handler, SIGBUS, SIGSEGV, SIGTRAP};
+use faultline_sys::signal::{Handler, SIGBUS, SIGSEGV, SIGTRAP};
 
 use crate::error::WatchError;
 pub(crate) use runtime::{in_handler, runtime_overlaps, Runtime};

@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
 use std::sync::OnceLock;
 
 use faultline::interval::Grace;
-use faultline::sys::mem::{mprotect, Mapping};
-use faultline::sys::signal::{install_sigaction, Handler, SigAction, SignalContext};
-use faultline::sys::thread::{at_fork_in_child, getpid, gettid};
+use faultline_sys::mem::{mprotect, Mapping};
+use faultline_sys::signal::{install_sigaction, Handler, SigAction, SignalContext};
+use faultline_sys::thread::{at_fork_in_child, getpid, gettid};
 
 use crate::emulate;
 use crate::error::WatchError;
@@ -265,9 +265,9 @@ pub(super) fn chain(rt: &Runtime, which: usize, sc: &SignalContext) {
 }
 
 pub(super) fn abort_with(msg: &[u8]) -> ! {
-    faultline::sys::write_stderr(b"faultline watch: ");
-    faultline::sys::write_stderr(msg);
-    faultline::sys::write_stderr(b"\n");
+    faultline_sys::write_stderr(b"faultline watch: ");
+    faultline_sys::write_stderr(msg);
+    faultline_sys::write_stderr(b"\n");
     std::process::abort();
 }
 

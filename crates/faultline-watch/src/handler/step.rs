@@ -16,8 +16,8 @@
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
 
-use faultline::sys::signal::{SigInfo, SignalContext, EFLAGS_TF, TRAP_TRACE};
-use faultline::sys::{errno, set_errno};
+use faultline_sys::signal::{SigInfo, SignalContext, EFLAGS_TF, TRAP_TRACE};
+use faultline_sys::{errno, set_errno};
 
 use super::mem::WatchMem;
 use super::runtime::{abort_with, chain, deliver, Runtime, Slot, RUNTIME};

@@ -8,7 +8,8 @@ use super::{EngineConfig, EngineKind, ThreadCore, Threaded};
 use crate::background::StopFlag;
 use crate::error::Result;
 use crate::fault::report::fail_closed;
-use crate::sys::thread::{online_cpus, pin_to_cpu, poll_failed, poll_in};
+use crate::sys::poll::{self, poll_in};
+use crate::sys::thread::{online_cpus, pin_to_cpu};
 
 /// Handler thread blocking in `poll()` + `read()`. See the module docs.
 pub struct PollEngine {
@@ -44,7 +45,7 @@ impl PollEngine {
                         let _ = write!(w, "poll on the userfaultfd failed: {e}");
                     });
                 }
-                if poll_failed(rev[0]) {
+                if poll::failed(rev[0]) {
                     fail_closed(|w| {
                         use std::fmt::Write;
                         let _ = w.write_str("the userfaultfd reported POLLERR");

@@ -15,8 +15,9 @@ use crate::background::StopFlag;
 use crate::error::{Error, Result};
 use crate::fault::report::fail_closed;
 use crate::fault::table::enter;
+use crate::sys::poll::poll_in;
 use crate::sys::rdtsc;
-use crate::sys::thread::{online_cpus, pin_to_cpu, poll_in, EventFd};
+use crate::sys::thread::{online_cpus, pin_to_cpu, EventFd};
 use crate::sys::uffd::Msg;
 
 struct Inbox {

@@ -186,7 +186,7 @@ pub fn matrix(engines: &[EngineKind], len: usize, threads: usize) {
     let mut ran = 0;
     for kind in usable_kinds() {
         if kind == MemoryKind::Hugetlb
-            && faultline::sys::mem::hugetlb_free_pages() < (len >> 21) as u64
+            && faultline_sys::mem::hugetlb_free_pages() < (len >> 21) as u64
         {
             eprintln!(
                 "SKIP hugetlb: pool has fewer than {} free 2 MiB pages",

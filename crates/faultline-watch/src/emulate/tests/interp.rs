@@ -3,7 +3,7 @@
 //! must match; budgets, idle limits, stops, self-modifying code.
 
 use super::*;
-use faultline::sys::mem::{Mapping, Prot};
+use faultline_sys::mem::{Mapping, Prot};
 
 /// A register file for [`Harness`]: RAX..R15 (RSP unused) and RFLAGS.
 #[repr(C)]

@@ -42,8 +42,6 @@ use std::ffi::c_void;
 use std::io;
 use std::time::Duration;
 
-use super::perf::PerfTrap;
-
 /// `SIGBUS`.
 pub const SIGBUS: i32 = libc::SIGBUS;
 /// `SIGSEGV`.
@@ -64,7 +62,8 @@ pub const SEGV_ACCERR: i32 = 2;
 /// `si_code` of the `SIGTRAP` that follows an instruction run with the trap
 /// flag set.
 pub const TRAP_TRACE: i32 = 2;
-pub use super::perf::TRAP_PERF;
+/// `si_code` of a `SIGTRAP` raised by a perf event with `sigtrap = 1`.
+pub const TRAP_PERF: i32 = 6;
 
 /// The trap flag, bit 8 of `RFLAGS`: single-steps one instruction.
 pub const EFLAGS_TF: u64 = 1 << 8;
@@ -283,7 +282,8 @@ impl SignalContext {
     }
 
     /// The perf fields if this is a perf-event `SIGTRAP` (`si_code ==
-    /// TRAP_PERF`, see [`super::perf`]), else `None`.
+    /// TRAP_PERF`, a `perf_event_open` breakpoint, the `perf` feature), else
+    /// `None`.
     pub fn perf(&self) -> Option<PerfTrap> {
         // SAFETY: `info` is the handler's valid siginfo (`from_raw`).
         unsafe { perf_trap(self.info) }
@@ -313,6 +313,21 @@ impl SignalContext {
         // SAFETY: as in `greg`; the kernel restores gregs on sigreturn.
         unsafe { (*self.uc).uc_mcontext.gregs[i] = v as i64 }
     }
+}
+
+/// The perf fields of a `TRAP_PERF` siginfo (read by
+/// [`SignalContext::perf`](crate::signal::SignalContext::perf)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PerfTrap {
+    /// `si_perf_data`: the event's `sig_data`.
+    pub data: u64,
+    /// `si_addr`: for a breakpoint, its `bp_addr` (the start of the watched
+    /// range, not the byte written).
+    pub addr: u64,
+    /// `si_perf_type`: the event's `type` (`PERF_TYPE_BREAKPOINT`).
+    pub perf_type: u32,
+    /// `si_perf_flags` (`TRAP_PERF_FLAG_ASYNC` = 1 if not synchronous).
+    pub flags: u32,
 }
 
 /// All perf fields of `info` if it is a perf-event `SIGTRAP`, else `None`.
@@ -425,8 +440,8 @@ pub fn reset_to_default(sig: i32) {
 /// Installs an alternate signal stack of `size` bytes for the calling
 /// thread (fresh anonymous memory, outside every region). Returns the
 /// mapping, which must outlive the thread's use of it.
-pub fn install_altstack(size: usize) -> io::Result<super::mem::Mapping> {
-    let m = super::mem::Mapping::anon(size).map_err(|e| e.source)?;
+pub fn install_altstack(size: usize) -> io::Result<crate::mem::Mapping> {
+    let m = crate::mem::Mapping::anon(size).map_err(|e| e.source)?;
     let st = libc::stack_t {
         ss_sp: m.as_ptr().cast(),
         ss_flags: 0,
@@ -512,7 +527,7 @@ pub fn wait_for(sig: i32, timeout: Duration) -> io::Result<bool> {
 pub fn tgkill(tid: i32, sig: i32) -> io::Result<()> {
     // SAFETY: plain syscall with integer arguments; the thread group is our
     // own, so no other process can be signalled.
-    let r = unsafe { libc::syscall(libc::SYS_tgkill, super::thread::getpid(), tid, sig) };
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, crate::thread::getpid(), tid, sig) };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -522,7 +537,8 @@ pub fn tgkill(tid: i32, sig: i32) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::perf::PERF_TYPE_BREAKPOINT;
+    /// `PERF_TYPE_BREAKPOINT` (`crate::perf` is behind the `perf` feature).
+    const PERF_TYPE_BREAKPOINT: u32 = 5;
 
     #[test]
     fn siginfo_offsets() {

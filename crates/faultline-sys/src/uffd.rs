@@ -26,7 +26,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use super::Errno;
+use crate::Errno;
 
 /// `UFFD_API`.
 pub const UFFD_API: u64 = 0xAA;
@@ -401,7 +401,7 @@ fn classify(op: &'static str, ret: i32, field: i64, len: u64) -> Result<Outcome,
         };
         return Ok(Outcome::Done(done));
     }
-    let errno = super::errno();
+    let errno = crate::errno();
     if field > 0 {
         return Ok(Outcome::Partial {
             done: field as usize,
@@ -610,7 +610,7 @@ impl Uffd {
         // `UffdMsg` is plain old data (any bit pattern is valid).
         let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), bytes) };
         if n < 0 {
-            return match super::errno() {
+            return match crate::errno() {
                 libc::EAGAIN | libc::EINTR => Ok(0),
                 e => Err(UffdError::new("read(uffd)", e)),
             };
@@ -629,7 +629,7 @@ impl Uffd {
         if self.ioctl_ret(req, arg) == 0 {
             Ok(())
         } else {
-            Err(UffdError::new(op, super::errno()))
+            Err(UffdError::new(op, crate::errno()))
         }
     }
 }
@@ -653,7 +653,7 @@ pub fn syscall_userfaultfd(flags: i32) -> Result<Uffd, UffdError> {
     // SAFETY: plain syscall with integer flags; returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
     if fd < 0 {
-        return Err(UffdError::new("userfaultfd(2)", super::errno()));
+        return Err(UffdError::new("userfaultfd(2)", crate::errno()));
     }
     // SAFETY: the kernel just returned this fd to us; nobody else owns it.
     Ok(Uffd::from_owned(unsafe {
@@ -677,14 +677,14 @@ pub fn dev_userfaultfd(flags: i32) -> Result<Uffd, UffdError> {
     // SAFETY: valid NUL-terminated path; returns a new fd or -1.
     let dev = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if dev < 0 {
-        return Err(UffdError::new("open(/dev/userfaultfd)", super::errno()));
+        return Err(UffdError::new("open(/dev/userfaultfd)", crate::errno()));
     }
     // SAFETY: `dev` was just opened and is owned here.
     let dev = unsafe { OwnedFd::from_raw_fd(dev) };
     // SAFETY: USERFAULTFD_IOC_NEW takes the flags as its integer argument.
     let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
     if fd < 0 {
-        return Err(UffdError::new("USERFAULTFD_IOC_NEW", super::errno()));
+        return Err(UffdError::new("USERFAULTFD_IOC_NEW", crate::errno()));
     }
     // SAFETY: the ioctl returned a fresh fd that we now own.
     Ok(Uffd::from_owned(unsafe { OwnedFd::from_raw_fd(fd) }))

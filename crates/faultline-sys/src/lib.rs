@@ -1,26 +1,36 @@
-//! The kernel interface shared by the faultline crates: the only code that
-//! calls libc, issues a system call or an ioctl, or touches a signal
-//! context.
+//! The kernel interface of the faultline crates: the only code in the
+//! workspace that calls libc, issues a system call or an ioctl, or touches
+//! a signal context.
 //!
 //! Everything here is a thin, checked wrapper over one system call or
-//! ioctl; policy lives elsewhere. Wrappers used from signal handlers are
-//! async-signal-safe: no allocation, no locks.
+//! ioctl; policy lives in the crates above. Wrappers used from signal
+//! handlers are async-signal-safe: no allocation, no locks. Errors keep
+//! the errno and name the operation that failed ([`Errno`],
+//! [`mem::MemError`], [`uffd::UffdError`], `io::Error` from the raw OS
+//! error).
 //!
-//! `faultline` and `faultline-watch` both build on this module, so it is
-//! public, but it is hidden from the documentation and not covered by
-//! semver: its items change whenever the crates need them to.
+//! Every crate of the workspace that talks to the kernel depends on this
+//! one (`faultline`, `faultline-watch`, `faultline-io`, `faultline-serve`,
+//! `faultline-bench`, the C libraries); the library `faultline` re-exports
+//! the error types its own API carries. The API follows what those crates
+//! need and is not yet stable.
 //!
 //! | module | what |
 //! |---|---|
-//! | [`mem`] | mappings, protection ([`mem::Prot`]), `madvise`, memfd, file I/O, reading our own memory without faulting |
-//! | [`uffd`] | the userfaultfd ABI and one wrapper per ioctl |
-//! | [`perf`] | `perf_event_open` hardware breakpoints |
+//! | [`mem`] | mappings, protection ([`mem::Prot`]), `madvise`, memfd, file I/O, `vmsplice`, `PROCMAP_QUERY`, reading our own memory without faulting |
+//! | [`uffd`] | the userfaultfd ABI (struct sizes asserted at compile time), its creation paths and one wrapper per ioctl |
+//! | `perf` (feature `perf`) | `perf_event_open` hardware breakpoints |
 //! | [`signal`] | handlers, chaining, alternate stacks, masks, [`signal::SignalContext`] |
-//! | [`sock`] | descriptor passing (`SCM_RIGHTS`), `SO_PEERCRED`, `poll` over many fds, `kill` |
-//! | [`thread`] | ids, affinity, futex, eventfd, pipes, `poll`, fork hooks |
+//! | [`poll`] | `poll(2)`: the one wrapper every crate waits with |
+//! | [`process`] | `kill` of a process or a group, `getrusage` of the process or the thread |
+//! | [`sock`] | descriptor passing (`SCM_RIGHTS`), `SO_PEERCRED`, receive buffers, non-blocking send/receive |
+//! | [`thread`] | ids, affinity, scheduling class, futex, eventfd, fork hooks |
 
 pub mod mem;
+#[cfg(feature = "perf")]
 pub mod perf;
+pub mod poll;
+pub mod process;
 pub mod signal;
 pub mod sock;
 pub mod thread;
@@ -157,36 +167,6 @@ pub fn kernel_release() -> String {
     unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
         .to_string_lossy()
         .into_owned()
-}
-
-/// What `getrusage(RUSAGE_SELF)` says of this process.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Usage {
-    /// Minor (no I/O) page faults.
-    pub minor_faults: u64,
-    /// Major page faults (the page was read from disk).
-    pub major_faults: u64,
-    /// System CPU time, in seconds.
-    pub system_seconds: f64,
-    /// User CPU time, in seconds.
-    pub user_seconds: f64,
-}
-
-/// `getrusage(RUSAGE_SELF)` of the whole process.
-pub fn usage() -> std::io::Result<Usage> {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `ru` is valid for writes of one `rusage`; RUSAGE_SELF is valid.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: getrusage succeeded, so it initialised `ru`.
-    let ru = unsafe { ru.assume_init() };
-    Ok(Usage {
-        minor_faults: ru.ru_minflt as u64,
-        major_faults: ru.ru_majflt as u64,
-        system_seconds: ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 * 1e-6,
-        user_seconds: ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 * 1e-6,
-    })
 }
 
 /// Writes `msg` to stderr with one `write(2)`: async-signal-safe.

@@ -7,7 +7,7 @@ use std::ops::BitOr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
-use super::Errno;
+use crate::Errno;
 
 /// Page protection: a set of `PROT_*` bits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -131,7 +131,7 @@ impl Mapping {
     /// Pages of the mapping that are resident (`mincore`; for file
     /// mappings: in the page cache).
     pub fn resident_pages(&self) -> Result<usize, MemError> {
-        let mut vec = vec![0u8; self.len.div_ceil(super::BASE_PAGE)];
+        let mut vec = vec![0u8; self.len.div_ceil(crate::BASE_PAGE)];
         // SAFETY: the range is exactly our mapping; `vec` has one byte per
         // base page.
         if unsafe { libc::mincore(self.ptr.as_ptr().cast(), self.len, vec.as_mut_ptr()) } != 0 {
@@ -143,7 +143,7 @@ impl Mapping {
     /// Per base page of the mapping, whether it is resident (`mincore`;
     /// for file mappings: in the page cache).
     pub fn resident_map(&self) -> Result<Vec<bool>, MemError> {
-        let mut vec = vec![0u8; self.len.div_ceil(super::BASE_PAGE)];
+        let mut vec = vec![0u8; self.len.div_ceil(crate::BASE_PAGE)];
         // SAFETY: as in `resident_pages`.
         if unsafe { libc::mincore(self.ptr.as_ptr().cast(), self.len, vec.as_mut_ptr()) } != 0 {
             return Err(last("mincore"));
@@ -231,7 +231,7 @@ pub fn mprotect(addr: u64, len: usize, prot: Prot) -> Result<(), Errno> {
     // SAFETY: mprotect changes only the protection of the range; callers
     // pass page-aligned ranges of mappings they manage.
     if unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot.bits()) } != 0 {
-        return Err(Errno(super::errno()));
+        return Err(Errno(crate::errno()));
     }
     Ok(())
 }
@@ -253,7 +253,7 @@ pub fn process_vm_read(pid: i32, addr: u64, out: &mut [u8]) -> Result<usize, Err
     // validates the remote range itself.
     let got = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
     if got < 0 {
-        return Err(Errno(super::errno()));
+        return Err(Errno(crate::errno()));
     }
     Ok(got as usize)
 }
@@ -317,7 +317,7 @@ pub fn pread_full(fd: i32, buf: &mut [u8], mut offset: u64) -> Result<usize, i32
             )
         };
         if n < 0 {
-            let e = super::errno();
+            let e = crate::errno();
             if e == libc::EINTR {
                 continue;
             }
@@ -346,7 +346,7 @@ pub fn pwrite_all(fd: i32, buf: &[u8], mut offset: u64) -> Result<(), i32> {
             )
         };
         if n < 0 {
-            let e = super::errno();
+            let e = crate::errno();
             if e == libc::EINTR {
                 continue;
             }
@@ -707,4 +707,43 @@ pub fn procmap_query(maps: &impl AsRawFd, addr: u64) -> Result<Option<VmaInfo>, 
 /// does not know).
 pub fn procmap_query_unsupported(e: &MemError) -> bool {
     matches!(e.source.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL))
+}
+
+/// An `iovec` as the kernel and the `io-uring` crate's buffer registration
+/// take it.
+pub type IoVec = libc::iovec;
+
+/// The `iovec` of `[addr, addr + len)`.
+pub fn iovec(addr: *mut u8, len: usize) -> IoVec {
+    IoVec {
+        iov_base: addr.cast(),
+        iov_len: len,
+    }
+}
+
+/// `O_DIRECT`, for `OpenOptionsExt::custom_flags`.
+pub const O_DIRECT: i32 = libc::O_DIRECT;
+
+/// `vmsplice(2)` of `[addr, addr + len)` into a fresh pipe (closed again):
+/// a kernel-side read of user memory through `get_user_pages`, as a
+/// zero-copy send does. Returns the bytes spliced, or the errno.
+pub fn vmsplice_into_pipe(addr: *mut u8, len: usize) -> Result<usize, Errno> {
+    let mut p = [0i32; 2];
+    // SAFETY: `p` has room for the two descriptors pipe(2) writes.
+    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(Errno(crate::errno()));
+    }
+    // SAFETY: pipe2 succeeded, so both descriptors are open and ours.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+    let iov = iovec(addr, len);
+    // SAFETY: the iovec describes memory the caller names; the kernel
+    // reads it (or fails with EFAULT), it never writes it.
+    let n = unsafe { libc::vmsplice(w.as_raw_fd(), &iov, 1, 0) };
+    let e = crate::errno();
+    drop((r, w));
+    if n < 0 {
+        Err(Errno(e))
+    } else {
+        Ok(n as usize)
+    }
 }

@@ -75,9 +75,6 @@ pub const PERF_EVENT_IOC_DISABLE: u64 = 0x2401;
 /// `PERF_EVENT_IOC_MODIFY_ATTRIBUTES` = `_IOW('$', 11, struct perf_event_attr *)`.
 pub const PERF_EVENT_IOC_MODIFY_ATTRIBUTES: u64 = 0x4008_240b;
 
-/// `si_code` of a `SIGTRAP` raised by a perf event with `sigtrap = 1`.
-pub const TRAP_PERF: i32 = 6;
-
 // Bits of `PerfEventAttr::flags` (the C bitfield word, LSB first on x86_64).
 
 /// `disabled`: off by default.
@@ -248,7 +245,7 @@ impl PerfError {
         self.source.raw_os_error().unwrap_or(0)
     }
     /// Whether the call failed with `e`.
-    pub fn is(&self, e: super::Errno) -> bool {
+    pub fn is(&self, e: crate::Errno) -> bool {
         self.errno() == e.0
     }
 }
@@ -361,20 +358,7 @@ pub fn modify_breakpoint(
     Ok(())
 }
 
-/// The perf fields of a `TRAP_PERF` siginfo (read by
-/// [`SignalContext::perf`](super::signal::SignalContext::perf)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PerfTrap {
-    /// `si_perf_data`: the event's `sig_data`.
-    pub data: u64,
-    /// `si_addr`: for a breakpoint, its `bp_addr` (the start of the watched
-    /// range, not the byte written).
-    pub addr: u64,
-    /// `si_perf_type`: the event's `type` (`PERF_TYPE_BREAKPOINT`).
-    pub perf_type: u32,
-    /// `si_perf_flags` (`TRAP_PERF_FLAG_ASYNC` = 1 if not synchronous).
-    pub flags: u32,
-}
+pub use crate::signal::{PerfTrap, TRAP_PERF};
 
 #[cfg(test)]
 mod tests {
@@ -382,7 +366,7 @@ mod tests {
 
     #[test]
     fn attr_validation_errors() {
-        let me = crate::sys::thread::gettid();
+        let me = crate::thread::gettid();
         #[repr(C, align(64))]
         struct Block([u64; 8]);
         let v = Block([0; 8]);

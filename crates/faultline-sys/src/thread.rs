@@ -1,5 +1,5 @@
-//! Threads and processes: ids, CPU affinity, futexes, eventfd, pipes,
-//! `poll`, fork hooks. Signals are in [`super::signal`].
+//! Threads: ids, CPU affinity, scheduling class, futexes, eventfd, fork
+//! hooks. Signals are in [`crate::signal`], processes in [`crate::process`].
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -176,35 +176,6 @@ impl EventFd {
     }
 }
 
-/// `poll()` on `fds` (all for POLLIN) with a timeout in ms; returns the
-/// revents of each. EINTR counts as a timeout.
-pub fn poll_in(fds: &[i32], timeout_ms: i32, revents: &mut [i16]) -> io::Result<usize> {
-    let mut p = [libc::pollfd {
-        fd: -1,
-        events: 0,
-        revents: 0,
-    }; 4];
-    assert!(fds.len() <= p.len());
-    for (slot, &fd) in p.iter_mut().zip(fds) {
-        slot.fd = fd;
-        slot.events = libc::POLLIN;
-    }
-    // SAFETY: `p` holds `fds.len()` initialised pollfds.
-    let n = unsafe { libc::poll(p.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EINTR) {
-            revents.iter_mut().for_each(|r| *r = 0);
-            return Ok(0);
-        }
-        return Err(e);
-    }
-    for (r, slot) in revents.iter_mut().zip(p.iter()) {
-        *r = slot.revents;
-    }
-    Ok(n as usize)
-}
-
 /// `FUTEX_WAIT` on `word` while it equals `val`, for at most `timeout`.
 /// Returns on wake, timeout, value change or signal.
 pub fn futex_wait(word: &std::sync::atomic::AtomicU32, val: u32, timeout: std::time::Duration) {
@@ -237,10 +208,4 @@ pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
             1,
         );
     }
-}
-
-/// Whether a `revents` value from [`poll_in`] reports an error or a
-/// hang-up (`POLLERR`, `POLLHUP`) rather than readiness.
-pub fn poll_failed(revents: i16) -> bool {
-    revents & (libc::POLLERR | libc::POLLHUP) != 0
 }

@@ -168,70 +168,66 @@ pub fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<PeerCred> {
     })
 }
 
-/// `SIGKILL`.
-pub const SIGKILL: i32 = libc::SIGKILL;
-/// `SIGTERM`.
-pub const SIGTERM: i32 = libc::SIGTERM;
-
-/// `kill(2)`: sends `sig` to process `pid` (which must be positive: never
-/// a process group).
-pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
-    if pid <= 0 {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+/// Sets a socket's receive buffer to `bytes`: `SO_RCVBUFFORCE` (needs
+/// `CAP_NET_ADMIN`; exceeds `net.core.rmem_max`), else `SO_RCVBUF` (capped
+/// by `rmem_max`). Returns the error of the last attempt.
+pub fn set_rcvbuf(fd: BorrowedFd<'_>, bytes: i32) -> io::Result<()> {
+    let mut last = io::Error::from_raw_os_error(libc::EINVAL);
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt with a valid int option on a live fd; the
+        // value pointer and length describe `bytes`.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&bytes as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        last = io::Error::last_os_error();
     }
-    // SAFETY: plain syscall with integer arguments.
-    if unsafe { libc::kill(pid, sig) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Err(last)
 }
 
-/// Poll events.
-pub mod events {
-    /// Data to read.
-    pub const IN: i16 = libc::POLLIN;
-    /// The peer closed its end (or shut down writing).
-    pub const RDHUP: i16 = libc::POLLRDHUP;
-    /// Hang-up.
-    pub const HUP: i16 = libc::POLLHUP;
-    /// Error.
-    pub const ERR: i16 = libc::POLLERR;
-    /// Not an open descriptor.
-    pub const NVAL: i16 = libc::POLLNVAL;
-}
-
-/// One entry of [`poll`]: laid out as the kernel's `struct pollfd`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PollFd {
-    /// The descriptor (negative: ignored).
-    pub fd: i32,
-    /// Events asked for ([`events`]).
-    pub events: i16,
-    /// Events returned.
-    pub revents: i16,
-}
-
-/// `poll(2)` over any number of descriptors; `timeout_ms` < 0 waits
-/// forever. EINTR counts as a timeout (every `revents` is 0).
-pub fn poll(fds: &mut [PollFd], timeout_ms: i32) -> io::Result<usize> {
-    const _: () = assert!(std::mem::size_of::<PollFd>() == std::mem::size_of::<libc::pollfd>());
-    // SAFETY: `PollFd` has the layout of `pollfd` (asserted above); the
-    // kernel writes only `revents` of the `fds.len()` entries.
+/// `recv(fd, buf, MSG_DONTWAIT)`: a receive that never waits for data
+/// (`WouldBlock` when none is queued), whatever the socket's own mode.
+pub fn recv_nowait(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length for the call.
     let n = unsafe {
-        libc::poll(
-            fds.as_mut_ptr().cast(),
-            fds.len() as libc::nfds_t,
-            timeout_ms,
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
         )
     };
     if n < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EINTR) {
-            fds.iter_mut().for_each(|f| f.revents = 0);
-            return Ok(0);
-        }
-        return Err(e);
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
-    Ok(n as usize)
+}
+
+/// `send(fd, buf, MSG_DONTWAIT | MSG_NOSIGNAL)`: a send that never waits
+/// for buffer space (`WouldBlock` when the socket buffer is full) and never
+/// raises `SIGPIPE`.
+pub fn send_nowait(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for reads of its length for the call.
+    let n = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
