@@ -2,7 +2,6 @@
 //! faultline user-space page-fault runtime.
 
 mod bench;
-mod checks;
 mod graph;
 mod info;
 mod peer;
@@ -61,8 +60,8 @@ fn main() {
         Command::Store(cmd) => store::run(cmd),
     };
     if let Err(e) = res {
-        // Each cause once (see `checks::print_error`).
-        checks::print_error(&e);
+        // Each cause once (see `faultline_cli_support::print_error`).
+        faultline_cli_support::print_error(&e);
         std::process::exit(1);
     }
 }

@@ -29,7 +29,7 @@ use faultline_sys::sock;
 use faultline_sys::uffd::{self, feature, register_mode, Uffd};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
-use crate::serve::handshake::{encode, Variant};
+use faultline_serve::handshake::{encode, Variant};
 
 const PAGE: usize = 4096;
 
@@ -390,7 +390,7 @@ fn send_handshake(
         } else {
             faultline::PeerBacking::Anonymous
         };
-        msg = crate::serve::handshake::declare_backing(&msg, &backing);
+        msg = faultline_serve::handshake::declare_backing(&msg, &backing);
     }
     let mut with_fd = true;
     match args.bad {

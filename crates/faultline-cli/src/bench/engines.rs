@@ -141,7 +141,7 @@ const CONFIGS: [Config; 8] = [
 #[derive(clap::Args, Clone, Debug)]
 pub struct LatencyArgs {
     /// Pages touched (one fault each) per configuration.
-    #[arg(short = 'n', long, default_value_t = 100_000, value_parser = crate::checks::at_least_one)]
+    #[arg(short = 'n', long, default_value_t = 100_000, value_parser = faultline_cli_support::at_least_one)]
     pub pages: usize,
     /// Engines to measure (default: all four).
     #[arg(long, value_delimiter = ',')]
@@ -436,16 +436,16 @@ fn headline(records: &[Record]) {
 #[derive(clap::Args, Clone, Debug)]
 pub struct SeqArgs {
     /// MiB touched per pass.
-    #[arg(long, default_value_t = 256, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 256, value_parser = faultline_cli_support::at_least_one)]
     pub mib: usize,
     /// Engines (default: signal, spin, poll, workers).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
     /// Fault-around depths (region pages per fault).
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64], value_parser = crate::checks::at_least_one)]
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64], value_parser = faultline_cli_support::at_least_one)]
     pub depths: Vec<usize>,
     /// Repetitions of every pass; the median is reported.
-    #[arg(long, default_value_t = 3, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::at_least_one)]
     pub reps: usize,
 }
 
@@ -697,10 +697,10 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ScaleArgs {
     /// Pages each thread first-touches.
-    #[arg(long, default_value_t = 16_384, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 16_384, value_parser = faultline_cli_support::at_least_one)]
     pub pages: usize,
     /// Thread counts.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = crate::checks::at_least_one)]
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = faultline_cli_support::at_least_one)]
     pub threads: Vec<usize>,
     /// Engines (default: all four).
     #[arg(long, value_delimiter = ',')]

@@ -477,19 +477,19 @@ pub fn scale_anon(threads: usize, pages_per_thread: usize) -> anyhow::Result<f64
 #[derive(clap::Args, Clone, Debug)]
 pub struct KernelArgs {
     /// Pages (one fault each) per latency measurement.
-    #[arg(short = 'n', long, default_value_t = 100_000, value_parser = crate::checks::at_least_one)]
+    #[arg(short = 'n', long, default_value_t = 100_000, value_parser = faultline_cli_support::at_least_one)]
     pub pages: usize,
     /// MiB per sequential pass (anonymous first touch, warm file scan).
-    #[arg(long, default_value_t = 64, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 64, value_parser = faultline_cli_support::at_least_one)]
     pub seq_mib: usize,
     /// Pages each thread first-touches in the scaling run.
-    #[arg(long, default_value_t = 16_384, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 16_384, value_parser = faultline_cli_support::at_least_one)]
     pub scale_pages: usize,
     /// Thread counts of the scaling run.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = crate::checks::at_least_one)]
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = faultline_cli_support::at_least_one)]
     pub threads: Vec<usize>,
     /// Repetitions of each sequential and scaling pass (the median is reported).
-    #[arg(long, default_value_t = 3, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::at_least_one)]
     pub reps: usize,
 }
 

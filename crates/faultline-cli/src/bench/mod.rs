@@ -226,10 +226,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     // Before any work: a long run must not end in "cannot write".
     if let Some(p) = &args.json {
-        crate::checks::output_file(p, "--json")?;
+        faultline_cli_support::output_file(p, "--json")?;
     }
     if let Some(d) = &args.plot {
-        crate::checks::output_dir(d, "--plot")?;
+        faultline_cli_support::output_dir(d, "--plot")?;
     }
     let mut ctx = BenchCtx::new(args.json, args.plot);
     let m = &ctx.report.machine;

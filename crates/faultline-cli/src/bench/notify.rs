@@ -144,7 +144,7 @@ pub const SEED: [SeedRow; 3] = [
 #[derive(clap::Args, Clone, Debug)]
 pub struct NotifyArgs {
     /// Measured notifications per mechanism.
-    #[arg(short = 'n', long, default_value_t = 10_000, value_parser = crate::checks::at_least_one)]
+    #[arg(short = 'n', long, default_value_t = 10_000, value_parser = faultline_cli_support::at_least_one)]
     pub iters: usize,
     /// Unrecorded notifications before measuring.
     #[arg(long, default_value_t = 100)]
@@ -157,7 +157,7 @@ pub struct NotifyArgs {
     #[arg(long, default_value_t = 20)]
     pub settle_us: u64,
     /// Deadline of every single wait, in milliseconds.
-    #[arg(long, default_value_t = 1000, value_parser = crate::checks::at_least_one_u64)]
+    #[arg(long, default_value_t = 1000, value_parser = faultline_cli_support::at_least_one_u64)]
     pub timeout_ms: u64,
 }
 

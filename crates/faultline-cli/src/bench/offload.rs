@@ -32,7 +32,7 @@ const SEED_TAIL_X: f64 = 51.0;
 #[derive(clap::Args, Clone, Debug)]
 pub struct OffloadArgs {
     /// MiB per workload region.
-    #[arg(long, default_value_t = 128, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 128, value_parser = faultline_cli_support::at_least_one)]
     pub mib: usize,
     /// Engine delivering the faults.
     #[arg(long, default_value = "signal")]
@@ -41,16 +41,16 @@ pub struct OffloadArgs {
     /// 64 by default: with 16, about 2% of sequential accesses still fault
     /// under run-ahead (the thread outruns a populator bound by page
     /// allocation), so p99 lands on a fault; with 64 under 1% do.
-    #[arg(long, default_value_t = 64, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 64, value_parser = faultline_cli_support::at_least_one)]
     pub fault_around: usize,
     /// Run-ahead budget: most pages populated ahead of the last fault.
-    #[arg(long, default_value_t = 2048, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 2048, value_parser = faultline_cli_support::at_least_one)]
     pub budget: usize,
     /// Frame pool capacity in pages.
-    #[arg(long, default_value_t = 8192, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 8192, value_parser = faultline_cli_support::at_least_one)]
     pub pool: usize,
     /// Stride of the strided workload, in pages.
-    #[arg(long, default_value_t = 64, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 64, value_parser = faultline_cli_support::at_least_one)]
     pub stride: usize,
 }
 

@@ -40,7 +40,7 @@ impl Progress {
         self.bar.set_message(label.to_string());
         if self.bar.is_hidden() {
             let (pos, len) = (self.bar.position() + 1, self.bar.length().unwrap_or(0));
-            crate::checks::step(&self.bar.prefix(), &format!("[{pos}/{len}] {label}"));
+            faultline_cli_support::step(&self.bar.prefix(), &format!("[{pos}/{len}] {label}"));
         }
     }
 

@@ -57,7 +57,7 @@ use super::stats::Summary;
 use super::BenchCtx;
 use super::{restore_floor, restore_peers};
 use crate::peer::PeerReport;
-use crate::serve::PeerSummary;
+use faultline_serve::PeerSummary;
 
 /// Options of `faultline bench restore`.
 #[derive(clap::Args, Clone, Debug)]
@@ -363,7 +363,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     write_mem(&mem, a.size)?;
     let all = dir.join("all.txt");
     let offs: Vec<u64> = (0..a.size as u64).step_by(4096).collect();
-    crate::serve::record::write(&all, &offs)?;
+    faultline_serve::record::write(&all, &offs)?;
     if let Some(url) = &a.store {
         eprintln!("restore: uploading the memory file to {url}");
         let f = std::fs::File::open(&mem)?;
@@ -502,7 +502,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         let floor = progress.suspend(|| -> anyhow::Result<_> {
             let mut f = restore_floor::measure(&mem, shared, ws_bytes, 2 << 20)?;
             // The recorded set's own runs: shared-mode prefetch's floor.
-            let plan = faultline::PrefetchPlan::new(&crate::serve::record::read(&rec)?);
+            let plan = faultline::PrefetchPlan::new(&faultline_serve::record::read(&rec)?);
             f.set_bytes = plan.pages() * 4096;
             if let Some(snap) = shared {
                 (f.continue_set_s, f.set_runs) =
@@ -1275,7 +1275,7 @@ fn baseline_handler(listener: UnixListener, mem: &Path) -> anyhow::Result<u64> {
     let (conn, _) = listener.accept()?;
     let mut buf = vec![0u8; 1 << 16];
     let got = sock::recv_with_fds(conn.as_fd(), &mut buf, false)?;
-    let regions = crate::serve::handshake::parse(&buf[..got.bytes])?;
+    let regions = faultline_serve::handshake::parse(&buf[..got.bytes])?;
     let fd = got
         .fds
         .into_iter()

@@ -26,7 +26,7 @@ use super::report::{print_table, Record};
 use super::stats::Summary;
 use super::BenchCtx;
 use crate::peer::PeerReport;
-use crate::serve::PeerSummary;
+use faultline_serve::PeerSummary;
 
 /// What one round measured.
 #[derive(Debug, Clone, Default)]

@@ -80,24 +80,24 @@ const T41: [(&str, Option<u64>, u64); 6] = [
 #[derive(clap::Args, Clone, Debug)]
 pub struct WatchArgs {
     /// Runs per configuration (tables show medians).
-    #[arg(long, default_value_t = 3, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::at_least_one)]
     pub reps: usize,
     /// Memory the block lives in: `alias` (memfd mapped twice, exact),
     /// `heap` (anonymous, uffd write-protect), `exact` (anonymous, mprotect).
     #[arg(long, default_value = "alias")]
     pub memory: String,
     /// Watched writes timed per tier for Table 4.1.
-    #[arg(long, default_value_t = 20_000, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 20_000, value_parser = faultline_cli_support::at_least_one)]
     pub events: usize,
     /// Bytes written under GDB software watchpoints (it single-steps every
     /// instruction: ~60 us each here), per configuration.
-    #[arg(long, default_value_t = 2048, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 2048, value_parser = faultline_cli_support::at_least_one)]
     pub gdb_bytes: usize,
     /// Skip the GDB columns.
     #[arg(long)]
     pub no_gdb: bool,
     /// Watches set and cleared in the scale test.
-    #[arg(long, default_value_t = 100_000, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 100_000, value_parser = faultline_cli_support::at_least_one)]
     pub scale: usize,
     /// Seed of the random watch addresses.
     #[arg(long, default_value_t = 1)]

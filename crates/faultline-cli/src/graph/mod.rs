@@ -54,7 +54,7 @@ pub struct GenArgs {
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=rmat::MAX_SCALE as i64))]
     pub scale: u32,
     /// EDGE_FACTOR * 2^SCALE generated edges (each stored in both directions).
-    #[arg(long, default_value_t = 16, value_parser = crate::checks::at_least_one_u64)]
+    #[arg(long, default_value_t = 16, value_parser = faultline_cli_support::at_least_one_u64)]
     pub edge_factor: u64,
     /// PRNG seed: the same parameters and seed give the same file.
     #[arg(long, default_value_t = 1)]
@@ -66,7 +66,7 @@ pub struct GenArgs {
     #[arg(long)]
     pub no_scramble: bool,
     /// Generator threads (default: available CPUs).
-    #[arg(long, value_parser = crate::checks::at_least_one)]
+    #[arg(long, value_parser = faultline_cli_support::at_least_one)]
     pub threads: Option<usize>,
     /// Largest adjacency buffer held in memory; bigger graphs are built in
     /// vertex chunks, regenerating the edge stream per chunk.
@@ -197,7 +197,7 @@ pub struct BfsArgs {
     #[arg(long, default_value_t = 0)]
     pub source: u64,
     /// BFS worker threads.
-    #[arg(long, default_value_t = 1, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::at_least_one)]
     pub threads: usize,
     /// How the graph is mapped.
     #[arg(long, value_enum, default_value_t = Mode::Mmap)]
@@ -232,7 +232,7 @@ pub struct BfsArgs {
     #[arg(long, default_value = "clock")]
     pub policy: faultline::policy::PolicyKind,
     /// Runs per configuration; the median (by time) is reported.
-    #[arg(long, default_value_t = 1, value_parser = crate::checks::at_least_one)]
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::at_least_one)]
     pub reps: usize,
     /// faultline adaptive read-ahead: windows start at --fault-around (1
     /// if not given) and grow up to this many region pages on sequential
@@ -350,7 +350,7 @@ fn finish_output(w: BufWriter<File>, path: &Path, sync: bool) -> anyhow::Result<
 /// most `--mem-limit`), and disk for the file (at most `8 (n + 1 + 2 m)`
 /// bytes before duplicates are dropped).
 fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
-    crate::checks::output_file(&args.output, "--output")?;
+    faultline_cli_support::output_file(&args.output, "--output")?;
     let v = 1u128 << args.scale;
     let edges = 2 * args.edge_factor as u128 * v;
     let adjacency = (8 * edges).min(args.mem_limit as u128);
@@ -358,7 +358,7 @@ fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
     let disk = 8 * (v + 1 + edges);
     let fmt = |b: u128| format_size(b.min(u64::MAX as u128) as u64);
     let scale = args.scale;
-    if let Some(avail) = crate::checks::mem_available() {
+    if let Some(avail) = faultline_cli_support::mem_available() {
         if mem > avail as u128 {
             bail!(
                 "graph gen --scale {scale}: needs about {} of memory (16 bytes per vertex \
@@ -369,7 +369,7 @@ fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if let Some(free) = crate::checks::disk_free(&args.output) {
+    if let Some(free) = faultline_cli_support::disk_free(&args.output) {
         if disk > free as u128 {
             bail!(
                 "graph gen --scale {scale} --edge-factor {}: the file takes up to {}, \
@@ -402,7 +402,7 @@ fn run_gen(args: GenArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
     // Written under a temporary name and renamed on success: a failed run
     // leaves no empty or partial graph behind.
-    let tmp = crate::checks::TempOutput::new(&args.output);
+    let tmp = faultline_cli_support::TempOutput::new(&args.output);
     let mut out = create_output(&tmp.tmp)?;
     let pb = progress_bar(0);
     let summary = rmat::generate(&params, &opts, &mut out, &pb)
@@ -449,7 +449,7 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         import::read_edge_list(BufReader::with_capacity(1 << 20, f), !args.directed)
             .with_context(|| format!("importing {}", args.input.display()))?
     };
-    let tmp = crate::checks::TempOutput::new(&args.output);
+    let tmp = faultline_cli_support::TempOutput::new(&args.output);
     let mut out = create_output(&tmp.tmp)?;
     csr::write_csr(&mut out, &graph)
         .with_context(|| format!("writing {}", args.output.display()))?;
@@ -587,7 +587,7 @@ fn print_row(r: &RunRecord) {
 pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
     if let Some(p) = &args.json {
-        crate::checks::output_file(p, "--json")?;
+        faultline_cli_support::output_file(p, "--json")?;
     }
     let path = &args.file;
     let engines = selected_engines(&args);
@@ -666,7 +666,7 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
         // and every run is validated.
         let mut runs = Vec::new();
         for rep in 0..args.reps {
-            crate::checks::step(
+            faultline_cli_support::step(
                 "bfs",
                 &format!(
                     "{}{} run {}/{}",

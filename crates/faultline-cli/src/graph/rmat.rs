@@ -288,7 +288,7 @@ fn sort_dedup(lists: &mut [u64], starts: &[u64], out_deg: &mut [u64]) {
 /// a terminal).
 fn note(progress: &ProgressBar, msg: String) {
     if progress.is_hidden() {
-        crate::checks::step("graph gen", &msg);
+        faultline_cli_support::step("graph gen", &msg);
     }
     progress.set_message(msg);
 }

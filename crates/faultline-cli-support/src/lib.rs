@@ -1,5 +1,6 @@
-//! Fail fast: checks that run before any work, and the one place errors
-//! are printed.
+//! What every faultline command (`faultline`, `faultline-serve`, the
+//! benchmarks) shares. Fail fast: checks that run before any work, and
+//! the one place errors are printed.
 //!
 //! * Numeric flags go through [`at_least_one`] (a count of zero is refused
 //!   with a message instead of running once, or a default, silently).

@@ -1,0 +1,75 @@
+//! What serve reports of each peer: the schema of its `--json` and of the
+//! summaries `faultline bench restore` reads back.
+
+/// One peer's summary (stderr and `--json`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Default)]
+pub struct PeerSummary {
+    /// Connection number.
+    pub peer: usize,
+    /// Its pid (SO_PEERCRED).
+    pub pid: i32,
+    /// How it ended.
+    pub outcome: String,
+    /// Regions.
+    pub regions: usize,
+    /// How it was served: "copy" or "shared" (zero copy).
+    #[serde(default)]
+    pub mode: String,
+    /// Features the peer enabled with UFFDIO_API.
+    pub features: Vec<String>,
+    /// Fault messages.
+    pub faults: u64,
+    /// Pages installed (faults, fault-around, prefetch).
+    pub installed: u64,
+    /// Bytes read from the memory file (pages installed from it).
+    pub bytes_read: u64,
+    /// REMOVE events.
+    pub removes: u64,
+    /// Pages they dropped.
+    pub removed_pages: u64,
+    /// Faults deferred after EAGAIN.
+    pub deferred: u64,
+    /// EEXIST outcomes.
+    pub exists: u64,
+    /// Pages installed by prefetch.
+    pub prefetched: u64,
+    /// Bytes of the handler's bookkeeping for this peer (residency map,
+    /// removed bits, record log, prefetch queue).
+    #[serde(default)]
+    pub bookkeeping_bytes: u64,
+    /// Seconds from the handshake to its end.
+    pub seconds: f64,
+    /// When the hand-off reached its milestones.
+    #[serde(default)]
+    pub handoff: Handoff,
+}
+
+/// When serve reached each step of a peer's hand-off, `CLOCK_MONOTONIC`
+/// nanoseconds (the peer's clock too: `bench restore` lays them beside the
+/// peer's own); 0: the step did not happen.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, Default)]
+pub struct Handoff {
+    /// The listener accepted the connection.
+    pub accepted_ns: u64,
+    /// Handling the handshake started (on the listener's thread when it
+    /// arrived within 2 ms of the connection, else on a thread of its own).
+    pub thread_ns: u64,
+    /// `recvmsg` returned the handshake.
+    pub received_ns: u64,
+    /// The handshake was parsed and the userfaultfd adopted.
+    pub adopted_ns: u64,
+    /// The mode check (shared snapshot or anonymous memory) ended.
+    pub checked_ns: u64,
+    /// The peer's regions were set up.
+    pub built_ns: u64,
+    /// Its prefetch was queued.
+    pub queued_ns: u64,
+    /// It was handed to the handler threads.
+    pub serving_ns: u64,
+    /// The first fault message was read.
+    pub first_fault_ns: u64,
+    /// The first prefetch ioctl finished.
+    pub first_prefetch_ns: u64,
+    /// The last prefetch ioctl finished.
+    pub prefetch_done_ns: u64,
+}
