@@ -4,8 +4,9 @@
 //!
 //! * Numeric flags go through [`at_least_one`] (a count of zero is refused
 //!   with a message instead of running once, or a default, silently).
-//! * `--json FILE` and `--plot DIR` are checked (created, writable) before
-//!   a benchmark runs, so a long run never ends in "cannot write".
+//! * Output files are checked before any work and written whole or not at
+//!   all ([`output`]); what a command creates for a while is removed on
+//!   error, on SIGINT/SIGTERM and by later runs ([`cleanup`]).
 //! * Resource limits ([`mem_available`], [`disk_free`]) let a command
 //!   refuse up front with the size it would need.
 //! * [`print_error`] prints an error chain with each cause once (a context
@@ -13,10 +14,21 @@
 //! * [`step`] is progress for stderr that is not a terminal: a line per
 //!   step.
 
+pub mod cleanup;
+pub mod output;
+
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
+
+pub use output::{output_dir, temp_sibling, OutputPath, PendingOutput};
+
+/// Checks `path` as an output file named by `flag` (see [`OutputPath`]):
+/// for callers that write it later through [`OutputPath::check`] again.
+pub fn output_file(path: &Path, flag: &str) -> anyhow::Result<()> {
+    OutputPath::check(path, flag).map(drop)
+}
 
 /// Parses a count that must be at least 1.
 pub fn at_least_one(s: &str) -> Result<usize, String> {
@@ -33,55 +45,6 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
 /// [`at_least_one`] as a `u64`.
 pub fn at_least_one_u64(s: &str) -> Result<u64, String> {
     at_least_one(s).map(|v| v as u64)
-}
-
-/// Checks that `path` can be written: its directory is created if
-/// missing (as writing it later would) and must take a new file; an
-/// existing `path` must be a writable file. The file itself is not
-/// created.
-pub fn output_file(path: &Path, flag: &str) -> anyhow::Result<()> {
-    if path.is_dir() {
-        bail!("{flag} {}: is a directory, not a file", path.display());
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir).with_context(|| {
-        format!(
-            "{flag} {}: cannot create directory {}",
-            path.display(),
-            dir.display()
-        )
-    })?;
-    if path.exists() {
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(path)
-            .with_context(|| format!("{flag} {}: not writable", path.display()))?;
-        return Ok(());
-    }
-    probe(&dir).with_context(|| {
-        format!(
-            "{flag} {}: cannot create files in {}",
-            path.display(),
-            dir.display()
-        )
-    })
-}
-
-/// Creates `dir` if needed and checks that it takes new files.
-pub fn output_dir(dir: &Path, flag: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("{flag} {}: cannot create it", dir.display()))?;
-    probe(dir).with_context(|| format!("{flag} {}: not writable", dir.display()))
-}
-
-/// Creates and removes a probe file in `dir`.
-fn probe(dir: &Path) -> std::io::Result<()> {
-    let p = dir.join(format!(".faultline-probe-{}", std::process::id()));
-    std::fs::File::create(&p)?;
-    std::fs::remove_file(&p)
 }
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes.
@@ -101,16 +64,6 @@ pub fn disk_free(path: &Path) -> Option<u64> {
     faultline_sys::mem::free_disk_bytes(dir).ok()
 }
 
-/// A sibling of `path` to write into and rename over `path` on success,
-/// so a failed or interrupted run leaves no partial file behind.
-pub fn temp_sibling(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "output".into());
-    path.with_file_name(format!(".{name}.partial-{}", std::process::id()))
-}
-
 /// Removes the temporary file on drop unless [`TempOutput::commit`] renamed
 /// it into place.
 pub struct TempOutput {
@@ -121,7 +74,8 @@ pub struct TempOutput {
 }
 
 impl TempOutput {
-    /// A temporary sibling for `dest`.
+    /// A temporary sibling for `dest` (prefer [`OutputPath`], which also
+    /// refuses devices and follows symlinks).
     pub fn new(dest: &Path) -> TempOutput {
         TempOutput {
             tmp: temp_sibling(dest),
@@ -211,18 +165,9 @@ mod tests {
     }
 
     #[test]
-    fn output_checks() {
+    fn temp_outputs_leave_nothing_unless_committed() {
         let d = std::env::temp_dir().join(format!("faultline-checks-{}", std::process::id()));
-        output_dir(&d.join("plots"), "--plot").unwrap();
-        output_file(&d.join("out.json"), "--json").unwrap();
-        assert!(!d.join("out.json").exists(), "checking creates no file");
-        output_file(&d.join("new/out.json"), "--json").unwrap();
-        assert!(d.join("new").is_dir(), "its directory is created");
-        std::fs::write(d.join("afile"), b"x").unwrap();
-        let e = output_file(&d.join("afile/out.json"), "--json").unwrap_err();
-        assert!(e.to_string().contains("cannot create directory"), "{e}");
-        let e = output_file(&d, "--json").unwrap_err();
-        assert!(e.to_string().contains("is a directory"), "{e}");
+        std::fs::create_dir_all(&d).unwrap();
         let t = TempOutput::new(&d.join("g.bin"));
         std::fs::write(&t.tmp, b"x").unwrap();
         let tmp = t.tmp.clone();

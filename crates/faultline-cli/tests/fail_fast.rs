@@ -106,7 +106,7 @@ fn output_paths_are_checked_before_any_work() {
     let cases: [(&[&str], &str); 3] = [
         (
             &["bench", "--json", "afile/out.json", "notify"],
-            "cannot create directory",
+            "afile is not a directory",
         ),
         (&["bench", "--plot", "afile", "notify"], "--plot afile"),
         (&["bench", "--json", ".", "notify"], "is a directory"),

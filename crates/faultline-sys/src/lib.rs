@@ -75,10 +75,14 @@ impl Errno {
     pub const ENOSPC: Errno = Errno(libc::ENOSPC);
     /// `ENOSYS`.
     pub const ENOSYS: Errno = Errno(libc::ENOSYS);
+    /// `ENOTDIR`.
+    pub const ENOTDIR: Errno = Errno(libc::ENOTDIR);
     /// `ENOTTY`.
     pub const ENOTTY: Errno = Errno(libc::ENOTTY);
     /// `EOPNOTSUPP`.
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
+    /// `ELOOP`.
+    pub const ELOOP: Errno = Errno(libc::ELOOP);
     /// `ETIMEDOUT`.
     pub const ETIMEDOUT: Errno = Errno(libc::ETIMEDOUT);
 

@@ -48,6 +48,12 @@ pub const SIGBUS: i32 = libc::SIGBUS;
 pub const SIGSEGV: i32 = libc::SIGSEGV;
 /// `SIGTRAP`.
 pub const SIGTRAP: i32 = libc::SIGTRAP;
+/// `SIGINT` (Ctrl-C).
+pub const SIGINT: i32 = libc::SIGINT;
+/// `SIGTERM`.
+pub const SIGTERM: i32 = libc::SIGTERM;
+/// `SIGHUP`.
+pub const SIGHUP: i32 = libc::SIGHUP;
 /// `SIGUSR1`.
 pub const SIGUSR1: i32 = libc::SIGUSR1;
 /// `SIGUSR2`.
@@ -468,22 +474,35 @@ pub fn remove_altstack() {
     }
 }
 
-/// The signal set holding only `sig`.
-fn sigset_of(sig: i32) -> libc::sigset_t {
+/// The signal set holding `sigs`.
+fn sigset_of_all(sigs: &[i32]) -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; sigemptyset initialises it fully and
-    // sigaddset only fails for an invalid signal number (then the set stays
-    // empty).
+    // sigaddset only fails for an invalid signal number (then that one is
+    // left out).
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, sig);
+        for &sig in sigs {
+            libc::sigaddset(&mut set, sig);
+        }
         set
     }
 }
 
+/// The signal set holding only `sig`.
+fn sigset_of(sig: i32) -> libc::sigset_t {
+    sigset_of_all(&[sig])
+}
+
 /// Blocks (`true`) or unblocks `sig` in the calling thread's signal mask.
 pub fn set_blocked(sig: i32, blocked: bool) -> io::Result<()> {
-    let set = sigset_of(sig);
+    set_blocked_all(&[sig], blocked)
+}
+
+/// Blocks (`true`) or unblocks every signal of `sigs` in the calling
+/// thread's signal mask (threads started afterwards inherit it).
+pub fn set_blocked_all(sigs: &[i32], blocked: bool) -> io::Result<()> {
+    let set = sigset_of_all(sigs);
     let how = if blocked {
         libc::SIG_BLOCK
     } else {
@@ -521,6 +540,46 @@ pub fn wait_for(sig: i32, timeout: Duration) -> io::Result<bool> {
         Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(false),
         _ => Err(e),
     }
+}
+
+/// Waits at most `timeout` for any signal of `sigs` (which every thread
+/// must have blocked, or another thread may take it) and accepts it
+/// (`sigtimedwait`): `Some(sig)` if one arrived, `None` on timeout or
+/// when another signal interrupted the wait.
+pub fn wait_any(sigs: &[i32], timeout: Duration) -> io::Result<Option<i32>> {
+    let set = sigset_of_all(sigs);
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: siginfo_t is plain data the kernel fills; `set`, `info` and
+    // `ts` are valid for the call.
+    let r = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::sigtimedwait(&set, &mut info, &ts)
+    };
+    if r > 0 {
+        return Ok(Some(r));
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+        _ => Err(e),
+    }
+}
+
+/// Ends the process as signal `sig` would by default (so a parent sees
+/// "killed by SIGTERM", exit status 128 + sig in a shell): restores the
+/// default action, unblocks `sig` and raises it; exits with 128 + sig if
+/// the signal did not end the process.
+pub fn die_by(sig: i32) -> ! {
+    reset_to_default(sig);
+    let _ = set_blocked(sig, false);
+    // SAFETY: raise has no memory-safety preconditions.
+    unsafe {
+        libc::raise(sig);
+    }
+    std::process::exit(128 + sig)
 }
 
 /// Sends `sig` to thread `tid` of this process (`tgkill`).
