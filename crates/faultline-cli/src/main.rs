@@ -4,7 +4,6 @@
 mod bench;
 mod graph;
 mod info;
-mod peer;
 mod serve;
 mod store;
 mod vpri;
@@ -41,7 +40,7 @@ enum Command {
     Serve(serve::ServeArgs),
     /// A VMM stand-in speaking Firecracker's hand-off (for tests and benchmarks).
     #[command(hide = true)]
-    Peer(peer::PeerArgs),
+    Peer(faultline_serve::peer::PeerArgs),
     /// Remote page stores (Redis, Redis Cluster): upload a file, download it, describe it.
     #[command(subcommand)]
     Store(store::StoreCmd),
@@ -56,7 +55,7 @@ fn main() {
         Command::Bfs(args) => graph::run_bfs(args),
         Command::Vpri(cmd) => vpri::run(cmd),
         Command::Serve(args) => serve::run(args),
-        Command::Peer(args) => peer::run(args),
+        Command::Peer(args) => faultline_serve::peer::run(args),
         Command::Store(cmd) => store::run(cmd),
     };
     if let Err(e) = res {

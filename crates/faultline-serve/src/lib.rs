@@ -11,8 +11,10 @@
 //! | [`handshake`] | the hand-off message: parse every field variant, encode one (for test peers) |
 //! | [`record`] | the working-set record file: pages in first-touch order |
 //! | [`summary`] | what serve reports of each peer (`--json`, read back by benchmarks) |
+//! | [`peer`] | the test VMM (`faultline-peer`, `faultline peer`) |
 
 pub mod handshake;
+pub mod peer;
 pub mod record;
 pub mod summary;
 
