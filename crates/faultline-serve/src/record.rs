@@ -89,7 +89,7 @@ pub fn write(path: &Path, offsets: &[u64]) -> Result<(), RecordError> {
     })
 }
 
-/// Reads a record written by [`write`].
+/// Reads a record written by [`write()`].
 pub fn read(path: &Path) -> Result<Vec<u64>, RecordError> {
     let text = std::fs::read_to_string(path).map_err(|source| RecordError::Read {
         path: path.into(),
