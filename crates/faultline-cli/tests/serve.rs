@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use faultline_serve::testing::{self, assert_ok, Dir, Proc, WAIT};
+use faultline_serve::testing::{self, assert_ok, Dir, Proc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_faultline");
 const SERVE: &[&str] = &[BIN, "serve"];
