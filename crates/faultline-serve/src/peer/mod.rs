@@ -12,7 +12,6 @@
 //! `--storm` does so repeatedly while the vCPUs fault (the EAGAIN path).
 //! `--backend file` maps the file `MAP_PRIVATE` instead (Firecracker's
 //! `File` backend: the kernel baseline).
-
 //!
 //! | module | what |
 //! |---|---|
