@@ -4,8 +4,6 @@
 mod bench;
 mod graph;
 mod info;
-mod peer;
-mod serve;
 mod store;
 mod vpri;
 
@@ -38,10 +36,12 @@ enum Command {
     #[command(subcommand)]
     Vpri(vpri::VpriCmd),
     /// Serve the page faults of VMs restored from a snapshot (Firecracker's `Uffd` memory backend).
-    Serve(serve::ServeArgs),
+    #[cfg(feature = "serve")]
+    Serve(faultline_serve::cli::ServeArgs),
     /// A VMM stand-in speaking Firecracker's hand-off (for tests and benchmarks).
+    #[cfg(feature = "serve")]
     #[command(hide = true)]
-    Peer(peer::PeerArgs),
+    Peer(faultline_serve::peer::PeerArgs),
     /// Remote page stores (Redis, Redis Cluster): upload a file, download it, describe it.
     #[command(subcommand)]
     Store(store::StoreCmd),
@@ -55,8 +55,10 @@ fn main() {
         Command::Graph(cmd) => graph::run_graph(cmd),
         Command::Bfs(args) => graph::run_bfs(args),
         Command::Vpri(cmd) => vpri::run(cmd),
-        Command::Serve(args) => serve::run(args),
-        Command::Peer(args) => peer::run(args),
+        #[cfg(feature = "serve")]
+        Command::Serve(args) => faultline_serve::cli::run(args),
+        #[cfg(feature = "serve")]
+        Command::Peer(args) => faultline_serve::peer::run(args),
         Command::Store(cmd) => store::run(cmd),
     };
     if let Err(e) = res {

@@ -223,7 +223,8 @@ pub fn encode(variant: Variant, regions: &[(u64, u64, u64, u64)]) -> String {
                 Variant::Extra => {
                     m.insert("page_size".into(), ps.into());
                     m.insert("page_size_kib".into(), ps.into());
-                    m.insert("gpa_start".into(), (offset + 0x1_0000_0000).into());
+                    let gpa = offset.wrapping_add(0x1_0000_0000);
+                    m.insert("gpa_start".into(), gpa.into());
                     m.insert("is_guest_memfd".into(), false.into());
                 }
             }
@@ -330,10 +331,93 @@ mod tests {
         ));
     }
 
+    /// Every variant that can carry `page_size` (all but [`Variant::None`],
+    /// which says 4 KiB by leaving it out).
+    const SIZED: [Variant; 4] = [
+        Variant::PageSize,
+        Variant::KibBytes,
+        Variant::Kib,
+        Variant::Extra,
+    ];
+
+    /// Regions as [`encode`] takes them: any base and offset, a size of at
+    /// least one byte, a served page size.
+    fn regions(page_sizes: &'static [u64]) -> impl Strategy<Value = Vec<(u64, u64, u64, u64)>> {
+        prop::collection::vec(
+            (
+                any::<u64>(),
+                1..=u64::from(u32::MAX) << 8,
+                any::<u64>(),
+                prop::sample::select(page_sizes),
+            ),
+            1..6,
+        )
+    }
+
+    /// The regions [`parse`] gives, as `(base, size, offset, page_size)`.
+    fn parsed(message: &str) -> Result<Vec<(u64, u64, u64, u64)>, HandshakeError> {
+        Ok(parse(message.as_bytes())?
+            .iter()
+            .map(|r| (r.base, r.len as u64, r.store_offset, r.page_size))
+            .collect())
+    }
+
     proptest! {
         #[test]
-        fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-            let _ = parse(&bytes);
+        fn parse_of_encode_is_identity_for_every_sized_variant(
+            set in regions(&[4096, 2 << 20]),
+            variant in prop::sample::select(&SIZED[..]),
+        ) {
+            prop_assert_eq!(parsed(&encode(variant, &set)), Ok(set));
+        }
+
+        #[test]
+        fn parse_of_encode_is_identity_without_a_page_size(set in regions(&[4096])) {
+            prop_assert_eq!(parsed(&encode(Variant::None, &set)), Ok(set));
+        }
+
+        #[test]
+        fn a_declared_backing_survives_the_round_trip(
+            set in regions(&[4096, 2 << 20]),
+            variant in prop::sample::select(&SIZED[..]),
+            shared in any::<bool>(),
+        ) {
+            let backing = if shared { PeerBacking::Shared } else { PeerBacking::Anonymous };
+            let message = declare_backing(&encode(variant, &set), &backing);
+            let hs = parse_handshake(message.as_bytes()).unwrap();
+            prop_assert_eq!(hs.backing, Some(backing));
+            prop_assert_eq!(parsed(&message), Ok(set));
+        }
+
+        #[test]
+        fn arbitrary_json_values_never_panic(
+            fields in prop::collection::vec(
+                (
+                    prop::sample::select(&[
+                        "base_host_virt_addr", "size", "offset", "page_size",
+                        "page_size_kib", "backing", "gpa_start",
+                    ][..]),
+                    prop_oneof![
+                        any::<u64>().prop_map(serde_json::Value::from),
+                        any::<i64>().prop_map(serde_json::Value::from),
+                        any::<f64>().prop_map(serde_json::Value::from),
+                        "[a-z]{0,8}".prop_map(serde_json::Value::from),
+                        Just(serde_json::Value::Null),
+                    ],
+                ),
+                0..8,
+            ),
+            copies in 0usize..4,
+        ) {
+            let region: serde_json::Map<String, serde_json::Value> =
+                fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            let message = serde_json::Value::Array(vec![region.into(); copies]).to_string();
+            let _ = parse_handshake(message.as_bytes());
+        }
+
+        #[test]
+        fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
+            let _ = parse_handshake(&bytes);
         }
 
         #[test]

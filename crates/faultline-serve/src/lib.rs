@@ -8,12 +8,51 @@
 //!
 //! | module | what |
 //! |---|---|
+//! ```text
+//!  faultline-serve (bin) ─┐                       ┌─ faultline-peer (bin)
+//!  faultline serve ───────┴─► cli ─► ServeConfig    └─ faultline peer ─► peer
+//!                                      │ check()
+//!                                      ▼
+//!                                    Server ─► handshake, record, summary
+//!                                      │
+//!                                      ▼
+//!                  faultline (ForeignEngine, ForeignPeer, SharedSnapshot)
+//! ```
+//!
+//! | module | what |
+//! |---|---|
+//! | [`config`] | [`ServeConfig`]: what a server serves and how, checked by [`ServeConfig::check`] |
+//! | [`Server`] | the daemon: start (store, snapshot, engine, socket), then each connection in four steps (receive the hand-off, choose the backing, build the peer, report) |
+//! | [`cli`] | the command line of `faultline-serve` and `faultline serve` (clap, mapped onto [`ServeConfig`]) |
 //! | [`handshake`] | the hand-off message: parse every field variant, encode one (for test peers) |
 //! | [`record`] | the working-set record file: pages in first-touch order |
 //! | [`summary`] | what serve reports of each peer (`--json`, read back by benchmarks) |
+//! | [`peer`] | the test VMM (`faultline-peer`, `faultline peer`) |
+//! | [`testing`] | fixtures for tests that run serve and peers as processes |
+//!
+//! ```no_run
+//! use faultline_serve::{Server, ServeConfig, Source};
+//!
+//! let mut config = ServeConfig::new("/tmp/fc-uffd.sock", Source::Mem("snapshot.mem".into()));
+//! config.peers = Some(1);
+//! let summaries = Server::start(config)?.run()?;
+//! println!("{} faults", summaries[0].faults);
+//! # Ok::<(), faultline_serve::ServeError>(())
+//! ```
+//!
+//! Cargo features: `redis` (off by default) serves `Source::Store`
+//! (Redis and Redis Cluster, through `faultline-redis`); without it such a
+//! config is refused by [`ServeConfig::check`].
 
+pub mod cli;
+pub mod config;
 pub mod handshake;
+pub mod peer;
 pub mod record;
+mod server;
 pub mod summary;
+pub mod testing;
 
+pub use config::{ConfigError, ServeConfig, Source};
+pub use server::{ServeError, Server};
 pub use summary::{Handoff, PeerSummary};

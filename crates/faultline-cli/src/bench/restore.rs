@@ -56,7 +56,7 @@ use super::report::{fmt_ratio, print_table, Record};
 use super::stats::Summary;
 use super::BenchCtx;
 use super::{restore_floor, restore_peers};
-use crate::peer::PeerReport;
+use faultline_serve::peer::PeerReport;
 use faultline_serve::PeerSummary;
 
 /// Options of `faultline bench restore`.

@@ -25,7 +25,7 @@ use anyhow::{bail, Context};
 use super::report::{print_table, Record};
 use super::stats::Summary;
 use super::BenchCtx;
-use crate::peer::PeerReport;
+use faultline_serve::peer::PeerReport;
 use faultline_serve::PeerSummary;
 
 /// What one round measured.

@@ -1,0 +1,145 @@
+//! The command line of `faultline-serve` (and of `faultline serve`, which
+//! forwards to it): flags mapped onto a [`ServeConfig`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::config::{ServeConfig, Source, Verify};
+use crate::server::Server;
+
+/// `faultline serve` arguments.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// UNIX socket to bind (give its path to Firecracker as `backend_path`).
+    /// A stale socket file is replaced.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The snapshot's memory file (the regions' bytes, back to back).
+    #[arg(long, required_unless_present = "store")]
+    pub mem: Option<PathBuf>,
+    /// Read the snapshot's bytes from a remote store instead of --mem:
+    /// `redis://HOST:PORT#NAME`, `redis+unix:///PATH#NAME` or
+    /// `redis-cluster://HOST:PORT,...#NAME`, uploaded with `faultline
+    /// store put MEMFILE URL`. The handler threads read it in batches;
+    /// a page the store fails to give is never zeros (the peer's fault is
+    /// not resolved and the peer is dropped, see --kill-peer-on-error).
+    #[arg(long, conflicts_with = "mem")]
+    pub store: Option<String>,
+    /// Exit with an error when no peer is connected for this many seconds
+    /// (at start, and whenever every peer has gone). Default 30.
+    #[arg(long, default_value = "30", value_parser = seconds)]
+    pub timeout: Duration,
+    /// Exit once this many peers have connected and all of them have gone.
+    /// Default: serve until killed (or the timeout).
+    #[arg(long, value_parser = faultline_cli_support::at_least_one)]
+    pub peers: Option<usize>,
+    /// Handler threads (each peer is served by one of them). Default 1.
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::at_least_one)]
+    pub threads: usize,
+    /// Fault-around: the read-ahead window grows up to this many pages
+    /// (0: one page per fault). Default 16.
+    #[arg(long, default_value_t = 16)]
+    pub fault_around: usize,
+    /// Write the order in which the first peer's restore touched its pages
+    /// to FILE when it hangs up (one page per fault: fault-around is off
+    /// for that peer).
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+    /// Install the pages listed in FILE (written by --record) eagerly on
+    /// every restore; faults are served first, and pages outside the set on
+    /// demand.
+    #[arg(long)]
+    pub prefetch: Option<PathBuf>,
+    /// Prefetch helper threads beside the handler threads (each installs
+    /// queued prefetch runs of any peer, under that peer's copy gate; 0:
+    /// the handler threads alone). Default: the number of CPUs (more
+    /// copiers than CPUs still helped: `bench restore` 10% warm, 2 CPUs,
+    /// 1/2/3 helpers: ~52/~40/~36 ms).
+    #[arg(long)]
+    pub prefetch_helpers: Option<usize>,
+    /// Kill a peer (SIGKILL, pid from SO_PEERCRED) when serving it fails or
+    /// its handshake is refused: its vCPUs would otherwise hang.
+    #[arg(long)]
+    pub kill_peer_on_error: bool,
+    /// Seconds a connected peer has to send its handshake. Default 5.
+    #[arg(long, default_value = "5", value_parser = seconds)]
+    pub handshake_timeout: Duration,
+    /// Shared (zero-copy) mode: keep a copy of the snapshot's bytes in
+    /// PATH, a file on tmpfs (e.g. /dev/shm/NAME): written at start when
+    /// absent (mode 0444; the time it takes is printed: the one-time
+    /// population of the shared page cache), reused when present (same
+    /// size, and content equal to the memory file's as --verify checks). A peer that maps
+    /// PATH `MAP_PRIVATE` at its regions' offsets and registers them
+    /// MISSING|MINOR (`UFFD_FEATURE_MINOR_SHMEM`) is served with
+    /// `UFFDIO_CONTINUE` (no copy); serve checks the mapping in the peer's
+    /// memory map (PROCMAP_QUERY on /proc/PID/maps) and registers the
+    /// regions MISSING|MINOR itself through the peer's userfaultfd (a no-op
+    /// for a peer that did). Peers with anonymous memory are served by copy as
+    /// before, by the same process. PATH is never removed by serve.
+    #[arg(long)]
+    pub shared: Option<PathBuf>,
+    /// How an existing --shared file's content is checked against the
+    /// memory file before it is reused: `sample` (64 pages spread over it)
+    /// or `full` (every byte; about as long as writing it). Default sample.
+    #[arg(long, value_enum, default_value_t = VerifyArg::Sample)]
+    pub verify: VerifyArg,
+    /// Write every peer's statistics to FILE (JSON) on exit.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// `--verify`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VerifyArg {
+    /// 64 sampled pages.
+    Sample,
+    /// Every byte.
+    Full,
+}
+
+/// Parses a number of seconds (fractions allowed; not negative, not
+/// infinite).
+fn seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number of seconds: {e}"))?;
+    Duration::try_from_secs_f64(v).map_err(|e| format!("{s:?}: {e}"))
+}
+
+impl ServeArgs {
+    /// The configuration these flags say.
+    pub fn config(&self) -> anyhow::Result<ServeConfig> {
+        let source = match (&self.store, &self.mem) {
+            (Some(url), _) => Source::Store(url.clone()),
+            (None, Some(mem)) => Source::Mem(mem.clone()),
+            (None, None) => anyhow::bail!("--mem or --store is required"),
+        };
+        Ok(ServeConfig {
+            timeout: self.timeout,
+            peers: self.peers,
+            threads: self.threads,
+            fault_around: self.fault_around,
+            record: self.record.clone(),
+            prefetch: self.prefetch.clone(),
+            prefetch_helpers: self.prefetch_helpers,
+            kill_peer_on_error: self.kill_peer_on_error,
+            handshake_timeout: self.handshake_timeout,
+            shared: self.shared.clone(),
+            verify: match self.verify {
+                VerifyArg::Sample => Verify::Sample,
+                VerifyArg::Full => Verify::Full,
+            },
+            json: self.json.clone(),
+            ..ServeConfig::new(self.socket.clone(), source)
+        })
+    }
+}
+
+/// Runs `faultline-serve ARGS` (`faultline serve ARGS`).
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    Server::start(args.config()?)?.run()?;
+    Ok(())
+}

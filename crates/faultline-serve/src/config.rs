@@ -1,0 +1,127 @@
+//! What a [`Server`](crate::Server) serves and how: a plain struct, no
+//! command line in it (`faultline-serve`'s flags map onto it in
+//! [`cli`](crate::cli)).
+//!
+//! ```
+//! use faultline_serve::{ServeConfig, Source};
+//!
+//! let mut config = ServeConfig::new("/tmp/fc-uffd.sock", Source::Mem("snapshot.mem".into()));
+//! config.peers = Some(1);
+//! config.check().unwrap();
+//! config.threads = 0;
+//! assert!(config.check().is_err());
+//! ```
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use faultline::Verify;
+
+/// Where the snapshot's bytes come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The snapshot's memory file (the regions' bytes, back to back).
+    Mem(PathBuf),
+    /// A remote page store: `redis://HOST:PORT#NAME`,
+    /// `redis+unix:///PATH#NAME` or `redis-cluster://HOST:PORT,...#NAME`
+    /// (needs the `redis` cargo feature).
+    Store(String),
+}
+
+/// How the server runs. [`ServeConfig::new`] gives the defaults of
+/// `faultline-serve`'s flags; see its `--help` for each field.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The UNIX socket to bind (a stale socket file there is replaced).
+    pub socket: PathBuf,
+    /// The snapshot's bytes.
+    pub source: Source,
+    /// Stop with [`ServeError::Timeout`](crate::ServeError::Timeout) when no
+    /// peer is connected for this long (at start, and whenever every peer
+    /// has gone). Default 30 s.
+    pub timeout: Duration,
+    /// Stop once this many peers have connected and all have gone (`None`:
+    /// serve until the timeout).
+    pub peers: Option<usize>,
+    /// Handler threads. Default 1.
+    pub threads: usize,
+    /// Fault-around: the read-ahead window grows up to this many pages
+    /// (0 or 1: one page per fault). Default 16.
+    pub fault_around: usize,
+    /// Record the first peer's touch order to this file when it hangs up.
+    pub record: Option<PathBuf>,
+    /// Install the pages of this record eagerly on every restore.
+    pub prefetch: Option<PathBuf>,
+    /// Prefetch helper threads (`None`: one per CPU).
+    pub prefetch_helpers: Option<usize>,
+    /// Kill a peer (SIGKILL) whose handshake is refused or whose serving
+    /// fails.
+    pub kill_peer_on_error: bool,
+    /// How long a connected peer has to send its handshake. Default 5 s.
+    pub handshake_timeout: Duration,
+    /// Shared (zero-copy) mode: the snapshot's copy on tmpfs or hugetlbfs.
+    pub shared: Option<PathBuf>,
+    /// How an existing `shared` file is checked before it is reused.
+    pub verify: Verify,
+    /// Write every peer's summary here (JSON) on exit.
+    pub json: Option<PathBuf>,
+}
+
+/// Why a [`ServeConfig`] cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// No handler thread.
+    #[error("the number of handler threads must be at least 1")]
+    Threads,
+    /// A peer count of 0 (the server would stop before serving).
+    #[error("the number of peers to serve must be at least 1")]
+    Peers,
+    /// A remote store in a build without the `redis` feature.
+    #[error(
+        "the store {url} needs Redis support: this build of faultline-serve lacks its \
+         `redis` cargo feature (build with `--features redis`, or use the `faultline` \
+         command, which has it)"
+    )]
+    StoreNeedsFeature {
+        /// The store asked for.
+        url: String,
+    },
+}
+
+impl ServeConfig {
+    /// Serve `source` on `socket`, every other field at its default.
+    pub fn new(socket: impl Into<PathBuf>, source: Source) -> ServeConfig {
+        ServeConfig {
+            socket: socket.into(),
+            source,
+            timeout: Duration::from_secs(30),
+            peers: None,
+            threads: 1,
+            fault_around: 16,
+            record: None,
+            prefetch: None,
+            prefetch_helpers: None,
+            kill_peer_on_error: false,
+            handshake_timeout: Duration::from_secs(5),
+            shared: None,
+            verify: Verify::Sample,
+            json: None,
+        }
+    }
+
+    /// Checks what can be checked before anything is opened.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.threads == 0 {
+            return Err(ConfigError::Threads);
+        }
+        if self.peers == Some(0) {
+            return Err(ConfigError::Peers);
+        }
+        if let Source::Store(url) = &self.source {
+            if !cfg!(feature = "redis") {
+                return Err(ConfigError::StoreNeedsFeature { url: url.clone() });
+            }
+        }
+        Ok(())
+    }
+}

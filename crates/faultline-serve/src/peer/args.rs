@@ -1,0 +1,134 @@
+//! What `faultline-peer` (and the hidden `faultline peer`) is asked to do.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::handshake::Variant;
+
+/// Bad input the peer can send (tests of the handler's refusals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Bad {
+    /// Malformed JSON.
+    Json,
+    /// No descriptor attached.
+    NoFd,
+    /// Two regions overlapping in the address space.
+    Overlap,
+    /// A region past the end of the memory file.
+    PastEnd,
+    /// A page size the handler refuses (64 KiB).
+    PageSize,
+    /// A valid handshake sent twice (the peer then runs normally).
+    Twice,
+}
+
+/// Where the peer's memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// A userfaultfd handed to the handler (Firecracker's `Uffd` backend).
+    Uffd,
+    /// The memory file (or --map-file) mapped `MAP_PRIVATE` (Firecracker's
+    /// `File` backend).
+    File,
+    /// Shared (zero-copy) mode: the snapshot's tmpfs copy (--map-file, made
+    /// by `faultline serve --shared`) mapped `MAP_PRIVATE`, registered
+    /// MISSING|MINOR with `UFFD_FEATURE_MINOR_SHMEM` (with --huge: a copy
+    /// on hugetlbfs, `MINOR_HUGETLBFS`), handed over like `uffd`.
+    Shared,
+}
+
+/// `faultline peer` arguments.
+#[derive(Args, Debug, Clone)]
+pub struct PeerArgs {
+    /// The handler's socket (required with the uffd backend).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// The memory file (to compare every byte with).
+    #[arg(long)]
+    pub mem: PathBuf,
+    /// Region sizes in bytes, comma separated; laid out back to back in
+    /// the file. Default: the file split in two halves (rounded to pages).
+    #[arg(long, value_delimiter = ',')]
+    pub regions: Vec<usize>,
+    /// Bytes of unmapped gap between regions in the address space.
+    #[arg(long, default_value_t = 2 << 20)]
+    pub gap: usize,
+    /// 2 MiB hugetlb pages (MAP_HUGETLB) instead of 4 KiB anonymous memory.
+    #[arg(long)]
+    pub huge: bool,
+    /// Handshake field variant.
+    #[arg(long, value_enum, default_value_t = Variant::PageSize)]
+    pub variant: Variant,
+    /// vCPU threads.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Working set, percent of memory.
+    #[arg(long, default_value_t = 20.0)]
+    pub working_set: f64,
+    /// Seed of the working set.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// After the working set, read every page of every region and compare
+    /// it with the file (else only the working set is compared).
+    #[arg(long)]
+    pub verify_all: bool,
+    /// After the working set, MADV_DONTNEED the first half of the last
+    /// region and expect zeros there.
+    #[arg(long)]
+    pub balloon: bool,
+    /// While the vCPUs run, MADV_DONTNEED the last quarter of the last
+    /// region this many times (reading it between drops); then expect
+    /// zeros there.
+    #[arg(long, default_value_t = 0)]
+    pub storm: usize,
+    /// Send this bad input instead of a valid handshake.
+    #[arg(long, value_enum)]
+    pub bad: Option<Bad>,
+    /// Stop (sleep --pause-ms) after touching this percentage of the
+    /// working set (tests kill the peer or the handler there).
+    #[arg(long)]
+    pub pause_at: Option<f64>,
+    /// How long --pause-at sleeps, ms. Default 60000.
+    #[arg(long, default_value_t = 60_000)]
+    pub pause_ms: u64,
+    /// Memory backend.
+    #[arg(long, value_enum, default_value_t = Backend::Uffd)]
+    pub backend: Backend,
+    /// The file the `file` and `shared` backends map (default: --mem).
+    #[arg(long)]
+    pub map_file: Option<PathBuf>,
+    /// After the checks, write to every working-set page (its first byte
+    /// inverted) and read the writes back (they must stay private).
+    #[arg(long)]
+    pub scribble: bool,
+    /// Declare the regions' backing in the handshake (`"backing"`:
+    /// `anonymous`, or `shared` with --backend shared), for a handler that
+    /// cannot read this process's memory map (another pid namespace).
+    #[arg(long)]
+    pub declare_backing: bool,
+    /// Shared backend: register the regions MISSING only (no MINOR), as a
+    /// VMM unaware of shared mode would; the handler registers MINOR.
+    #[arg(long)]
+    pub missing_only: bool,
+    /// Stay alive this many ms after finishing (others run meanwhile).
+    #[arg(long, default_value_t = 0)]
+    pub hold_ms: u64,
+    /// Write timings to FILE (JSON).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Seconds to wait for the socket to appear. Default 10.
+    #[arg(long, default_value_t = 10.0)]
+    pub connect_timeout: f64,
+}
+
+impl PeerArgs {
+    /// The page size of the peer's memory: 2 MiB with `--huge`, else 4 KiB.
+    pub fn page_size(&self) -> usize {
+        if self.huge {
+            2 << 20
+        } else {
+            super::layout::PAGE
+        }
+    }
+}

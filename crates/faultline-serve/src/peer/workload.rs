@@ -1,0 +1,438 @@
+//! The peer's restore: vCPU threads touch a seeded working set, then every
+//! byte they (or `--verify-all`) read is compared with the memory file.
+//!
+//! 1. [`working_set`] draws the pages (70% in clusters, the rest
+//!    scattered) from the seed, the same set for the same seed and layout.
+//! 2. [`touch`] runs the vCPU threads, page `i` on thread `i % threads`,
+//!    timing each first touch; a storm thread (`--storm`) drops a range and
+//!    reads it back meanwhile.
+//! 3. [`verify`] drops the balloon range (`--balloon`), then compares each
+//!    page with the file: a dropped page must read zeros.
+//! 4. [`scribble`] (`--scribble`) writes every working-set page and reads
+//!    the writes back.
+
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use faultline_sys::mem::{self, Advice};
+
+use super::args::PeerArgs;
+use super::layout::{Layout, PAGE};
+use super::procfs;
+use super::report::{say, PeerReport};
+
+/// xorshift64* (Vigna): the working set's few random numbers, reproducible
+/// from the seed whatever the dependencies' versions.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        // Any state but 0; the first outputs of nearby seeds are alike,
+        // so a few are dropped.
+        let mut r = Rng(match seed ^ 0x9e37_79b9_7f4a_7c15 {
+            0 => 1,
+            s => s,
+        });
+        for _ in 0..8 {
+            r.next_u64();
+        }
+        r
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number in `range` (its length times 64 random bits, the high word).
+    fn in_range(&mut self, range: std::ops::Range<usize>) -> usize {
+        let len = (range.end - range.start) as u128;
+        range.start + ((u128::from(self.next_u64()) * len) >> 64) as usize
+    }
+}
+
+/// The seeded working set: 4 KiB pages (as (region, page)) in touch order,
+/// 70% in clusters of 8-64 pages, the rest scattered.
+pub fn working_set(layout: &Layout, pct: f64, seed: u64) -> Vec<(usize, usize)> {
+    let counts: Vec<usize> = layout.regions.iter().map(|r| r.1 / PAGE).collect();
+    let total: usize = counts.iter().sum();
+    let target = ((total as f64 * pct / 100.0) as usize).min(total);
+    let mut taken = vec![false; total];
+    let mut order = Vec::with_capacity(target);
+    let mut rng = Rng::new(seed);
+    let mut n = 0;
+    let mut tries = 0;
+    while n < target && tries < 100 * total + 1000 {
+        tries += 1;
+        let len = if n < target * 7 / 10 {
+            rng.in_range(8..65)
+        } else {
+            1
+        };
+        let start = rng.in_range(0..total);
+        for (g, t) in taken.iter_mut().enumerate().take(start + len).skip(start) {
+            if n < target && !*t {
+                *t = true;
+                order.push(g);
+                n += 1;
+            }
+        }
+    }
+    order
+        .into_iter()
+        .map(|mut g| {
+            let mut r = 0;
+            while g >= counts[r] {
+                g -= counts[r];
+                r += 1;
+            }
+            (r, g)
+        })
+        .collect()
+}
+
+/// An address range `(start, bytes)` of the peer's memory.
+type Range = (u64, usize);
+
+/// The range `--storm` drops over and over: the last quarter of the last
+/// region, in whole pages of `ps` bytes.
+pub fn storm_range(layout: &Layout, ps: usize) -> Range {
+    let last = *layout.regions.last().expect("a region");
+    let len = (last.1 / 4).next_multiple_of(ps).min(last.1);
+    (last.0 + (last.1 - len) as u64, len)
+}
+
+/// What the vCPU threads measured.
+pub struct Touched {
+    /// First-touch latencies, ns, sorted.
+    pub latencies: Vec<u64>,
+    /// When the last thread finished.
+    pub end: Instant,
+    /// `CLOCK_MONOTONIC` ns when the threads were about to start.
+    pub vcpus_ns: u64,
+    /// ... when the first touch began.
+    pub first_touch_ns: u64,
+    /// ... when the last touch ended.
+    pub last_touch_ns: u64,
+    /// Voluntary context switches of the threads, summed.
+    pub slept: u64,
+    /// Nonvoluntary ones.
+    pub preempted: u64,
+}
+
+/// Touches `ws` from `args.threads` vCPU threads (pausing once at
+/// `--pause-at`), while a storm thread drops `storm` `args.storm` times.
+pub fn touch(
+    args: &PeerArgs,
+    layout: &Layout,
+    ws: &Arc<Vec<(usize, usize)>>,
+    storm: Range,
+) -> Touched {
+    let regions = Arc::new(layout.regions.clone());
+    let nthreads = args.threads.max(1);
+    let touched = Arc::new(AtomicUsize::new(0));
+    let pause_after = args
+        .pause_at
+        .map(|p| (ws.len() as f64 * p / 100.0) as usize);
+    let pause = Duration::from_millis(args.pause_ms);
+    let paused = Arc::new(AtomicBool::new(false));
+    let vcpus_done = Arc::new(AtomicBool::new(false));
+    let stormer = (args.storm > 0).then(|| {
+        let (n, done) = (args.storm, vcpus_done.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while i < n || !done.load(Relaxed) {
+                let _ = mem::madvise(storm.0, storm.1, Advice::DontNeed);
+                // Read a few pages back (faults racing the next drop).
+                for k in (0..storm.1).step_by(storm.1 / 4 + 1) {
+                    // SAFETY: inside our own registered mapping.
+                    unsafe { std::ptr::read_volatile((storm.0 + k as u64) as *const u8) };
+                }
+                i += 1;
+                if i > 100 * n {
+                    break;
+                }
+            }
+        })
+    });
+    let mut handles = Vec::new();
+    let vcpus_ns = faultline_sys::monotonic_ns();
+    for t in 0..nthreads {
+        let (ws, regions, touched) = (ws.clone(), regions.clone(), touched.clone());
+        let paused = paused.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut lat = Vec::with_capacity(ws.len() / nthreads + 1);
+            let mut first_ns = u64::MAX;
+            let switches = procfs::thread_switches();
+            for (i, &(r, p)) in ws.iter().enumerate() {
+                if i % nthreads != t {
+                    continue;
+                }
+                if let Some(limit) = pause_after {
+                    if touched.load(Relaxed) >= limit && !paused.swap(true, Relaxed) {
+                        say(format_args!("paused after {limit} pages"));
+                        std::thread::sleep(pause);
+                    }
+                }
+                let addr = regions[r].0 + (p * PAGE) as u64;
+                if first_ns == u64::MAX {
+                    first_ns = faultline_sys::monotonic_ns();
+                }
+                let s = Instant::now();
+                // SAFETY: `addr` lies in a live mapping of this process.
+                unsafe { std::ptr::read_volatile(addr as *const u8) };
+                lat.push(s.elapsed().as_nanos() as u64);
+                touched.fetch_add(1, Relaxed);
+            }
+            let (end, end_ns) = (Instant::now(), faultline_sys::monotonic_ns());
+            let after = procfs::thread_switches();
+            (
+                lat,
+                end,
+                first_ns,
+                end_ns,
+                (after.0 - switches.0, after.1 - switches.1),
+            )
+        }));
+    }
+    let mut out = Touched {
+        latencies: Vec::new(),
+        end: Instant::now(),
+        vcpus_ns,
+        first_touch_ns: u64::MAX,
+        last_touch_ns: 0,
+        slept: 0,
+        preempted: 0,
+    };
+    let mut end = None;
+    for h in handles {
+        let (l, e, first, last, (slept, preempted)) = h.join().expect("vCPU thread");
+        out.slept += slept;
+        out.preempted += preempted;
+        out.latencies.extend(l);
+        end = end.max(Some(e));
+        out.first_touch_ns = out.first_touch_ns.min(first);
+        out.last_touch_ns = out.last_touch_ns.max(last);
+    }
+    out.end = end.unwrap_or(out.end);
+    vcpus_done.store(true, Relaxed);
+    if let Some(s) = stormer {
+        s.join().expect("storm thread");
+    }
+    out.latencies.sort_unstable();
+    out
+}
+
+/// The ranges the peer dropped, which must read zeros.
+pub struct Dropped {
+    /// `--balloon`'s range (dropped once, after the touches).
+    pub balloon: Option<Range>,
+    /// `--storm`'s range (dropped while the vCPUs ran).
+    pub storm: Option<Range>,
+}
+
+impl Dropped {
+    fn reads_zeros(&self, addr: u64) -> bool {
+        let inside = |(a, l): Range| addr >= a && addr < a + l as u64;
+        self.balloon.is_some_and(inside) || self.storm.is_some_and(inside)
+    }
+}
+
+/// Drops the balloon range (`--balloon`: the first half of the last
+/// region), then compares the working set (or, with `--verify-all`,
+/// `--balloon` or `--storm`, every page) with `file`: the bytes compared.
+pub fn verify(
+    args: &PeerArgs,
+    file: &std::fs::File,
+    layout: &Layout,
+    ws: &[(usize, usize)],
+    storm: Range,
+) -> anyhow::Result<u64> {
+    let last = *layout.regions.last().expect("a region");
+    let balloon = args.balloon.then(|| {
+        let len = (last.1 / 2).next_multiple_of(args.page_size()).min(last.1);
+        (last.0, len)
+    });
+    if let Some((a, l)) = balloon {
+        mem::madvise(a, l, Advice::DontNeed)?;
+    }
+    let dropped = Dropped {
+        balloon,
+        storm: (args.storm > 0).then_some(storm),
+    };
+    let regions = &layout.regions;
+    let mut verified = 0u64;
+    let mut want = vec![0u8; PAGE];
+    let mut check = |r: usize, p: usize| -> anyhow::Result<()> {
+        let (base, _, off) = regions[r];
+        let addr = base + (p * PAGE) as u64;
+        let zero = dropped.reads_zeros(addr);
+        if zero {
+            want.fill(0);
+        } else {
+            file.read_exact_at(&mut want, off + (p * PAGE) as u64)?;
+        }
+        // SAFETY: a whole page inside a live mapping of this process.
+        let got = unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE) };
+        if got != &want[..] {
+            let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+            bail!(
+                "byte mismatch at {:#x} (region {r}, file offset {:#x}): got {:#04x}, want {:#04x}{}",
+                addr + i as u64,
+                off + (p * PAGE + i) as u64,
+                got[i],
+                want[i],
+                if zero { " (a dropped range must read zeros)" } else { "" }
+            );
+        }
+        verified += PAGE as u64;
+        Ok(())
+    };
+    if args.verify_all || args.balloon || args.storm > 0 {
+        for (r, &(_, len, _)) in regions.iter().enumerate() {
+            for p in 0..len / PAGE {
+                check(r, p)?;
+            }
+        }
+    } else {
+        for &(r, p) in ws {
+            check(r, p)?;
+        }
+    }
+    Ok(verified)
+}
+
+/// Inverts the first byte of every working-set page, then reads the
+/// writes back (they must stick, and stay private to this process).
+pub fn scribble(layout: &Layout, ws: &[(usize, usize)]) -> anyhow::Result<()> {
+    let regions = &layout.regions;
+    let mut wrote = Vec::with_capacity(ws.len());
+    for &(r, p) in ws {
+        let addr = regions[r].0 + (p * PAGE) as u64;
+        // SAFETY: a byte inside a live, writable mapping of this process.
+        unsafe {
+            let b = !std::ptr::read_volatile(addr as *const u8);
+            std::ptr::write_volatile(addr as *mut u8, b);
+            wrote.push(b);
+        }
+    }
+    for (&(r, p), &b) in ws.iter().zip(&wrote) {
+        let addr = regions[r].0 + (p * PAGE) as u64;
+        // SAFETY: as above.
+        let got = unsafe { std::ptr::read_volatile(addr as *const u8) };
+        if got != b {
+            bail!("the write at {addr:#x} did not stick: read {got:#04x}, wrote {b:#04x}");
+        }
+    }
+    say(format_args!("scribbled on {} pages", ws.len()));
+    Ok(())
+}
+
+/// Runs the restore (steps 1-4 of the module docs) on `layout`, timed
+/// from `t0` (`sent_ns` in `CLOCK_MONOTONIC` ns).
+pub fn touch_and_check(
+    args: &PeerArgs,
+    file: &std::fs::File,
+    layout: &Layout,
+    (t0, sent_ns): (Instant, u64),
+) -> anyhow::Result<PeerReport> {
+    let ws = Arc::new(working_set(layout, args.working_set, args.seed));
+    let minflt0 = procfs::minor_faults();
+    let storm = storm_range(layout, args.page_size());
+    let t = touch(args, layout, &ws, storm);
+    let seconds = t.end.max(t0).duration_since(t0).as_secs_f64();
+    let minor_faults = procfs::minor_faults() - minflt0;
+    let (rss_anon_kib, rss_shmem_kib, rss_file_kib, hugetlb_kib) = procfs::rss_kib();
+    let lat = &t.latencies;
+    let pick = |q: f64| {
+        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    let verified_bytes = verify(args, file, layout, &ws, storm)?;
+    if args.scribble {
+        scribble(layout, &ws)?;
+    }
+    Ok(PeerReport {
+        seconds,
+        pages: ws.len(),
+        median_ns: pick(0.5),
+        p99_ns: pick(0.99),
+        verified_bytes,
+        rss_anon_kib,
+        rss_shmem_kib,
+        rss_file_kib,
+        hugetlb_kib,
+        minor_faults,
+        sent_ns,
+        vcpus_ns: t.vcpus_ns,
+        first_touch_ns: t.first_touch_ns,
+        last_touch_ns: t.last_touch_ns,
+        vcpu_preempted: t.preempted,
+        vcpu_slept: t.slept,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(pages: &[usize]) -> Layout {
+        let mut off = 0;
+        let regions = pages
+            .iter()
+            .map(|&n| {
+                let r = (0x1000_0000 + off, n * PAGE, off);
+                off += (n * PAGE) as u64;
+                r
+            })
+            .collect();
+        Layout {
+            maps: Vec::new(),
+            regions,
+        }
+    }
+
+    #[test]
+    fn a_working_set_is_the_seeds_own_and_covers_its_share_once() {
+        let l = layout(&[3000, 1096]);
+        let a = working_set(&l, 20.0, 1);
+        assert_eq!(a.len(), 4096 / 5, "20% of 4096 pages");
+        assert_eq!(a, working_set(&l, 20.0, 1), "same seed, same set");
+        assert_ne!(a, working_set(&l, 20.0, 2), "another seed, another set");
+        let mut seen = std::collections::HashSet::new();
+        for &(r, p) in &a {
+            assert!(p < [3000, 1096][r], "page {p} outside region {r}");
+            assert!(seen.insert((r, p)), "({r}, {p}) drawn twice");
+        }
+        assert!(a.iter().any(|&(r, _)| r == 1), "both regions are drawn");
+        // Clusters: most pages follow their predecessor.
+        let runs = a
+            .windows(2)
+            .filter(|w| w[1] == (w[0].0, w[0].1 + 1))
+            .count();
+        assert!(runs > a.len() / 2, "{runs} of {} pages follow", a.len());
+        assert_eq!(working_set(&l, 100.0, 9).len(), 4096);
+    }
+
+    #[test]
+    fn the_rng_stays_in_range() {
+        let mut r = Rng::new(0);
+        for _ in 0..10_000 {
+            let v = r.in_range(8..65);
+            assert!((8..65).contains(&v));
+        }
+        let mut hits = [0u32; 4];
+        for _ in 0..4000 {
+            hits[r.in_range(0..4)] += 1;
+        }
+        assert!(hits.iter().all(|&h| h > 800), "{hits:?}");
+    }
+}

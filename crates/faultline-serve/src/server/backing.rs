@@ -1,0 +1,99 @@
+//! Step 2 of a connection: choose how the peer is served.
+//!
+//! ```text
+//!  serve --shared?  its memory map (PROCMAP_QUERY)   its handshake says   served by
+//!  no               -                                nothing, anonymous   copy
+//!  no               -                                shared               refused
+//!  yes              the snapshot, MAP_PRIVATE        nothing, shared      shared (CONTINUE)
+//!  yes              anonymous memory                 nothing, anonymous   copy
+//!  yes              one thing                        the other            refused
+//!  yes              out of reach (pid namespace)     shared / anonymous   as it says
+//!  yes              out of reach                     nothing              refused
+//!  yes              another file, ...                -                    refused
+//! ```
+
+use std::sync::Arc;
+
+use faultline::{ForeignRegionSpec, PeerBacking, SharedError as SnapshotError, SharedSnapshot};
+
+/// How a peer is served.
+pub struct Chosen {
+    /// Its backing.
+    pub backing: PeerBacking,
+    /// The snapshot its faults are served from without a copy (shared
+    /// mode), or `None` (copy mode).
+    pub snapshot: Option<Arc<SharedSnapshot>>,
+    /// Why its memory map could not be checked, when its declaration was
+    /// trusted instead.
+    pub unchecked: Option<String>,
+}
+
+impl Chosen {
+    /// `"shared"` or `"copy"`.
+    pub fn mode(&self) -> &'static str {
+        if self.snapshot.is_some() {
+            "shared"
+        } else {
+            "copy"
+        }
+    }
+}
+
+/// Why a peer's backing is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BackingError {
+    /// Its declaration and its memory map disagree.
+    #[error("shared mode: its handshake declares {said:?} memory, its memory map shows {seen:?}")]
+    Mismatch {
+        /// What its handshake declares.
+        said: PeerBacking,
+        /// What its memory map shows.
+        seen: PeerBacking,
+    },
+    /// Its memory map is not what shared mode serves, or cannot be read
+    /// and it declared nothing.
+    #[error("shared mode: {0}")]
+    Check(#[source] SnapshotError),
+    /// It declares a shared backing and the server has no snapshot.
+    #[error("its handshake declares a shared backing, and serve has no --shared snapshot")]
+    NoSnapshot,
+}
+
+/// Chooses the backing of peer `pid` with `specs`, which declared
+/// `declared`, against the server's `snapshot` (see the module docs).
+pub fn choose(
+    snapshot: Option<&Arc<SharedSnapshot>>,
+    pid: i32,
+    specs: &[ForeignRegionSpec],
+    declared: Option<PeerBacking>,
+) -> Result<Chosen, BackingError> {
+    let Some(snap) = snapshot else {
+        return match declared {
+            Some(PeerBacking::Shared) => Err(BackingError::NoSnapshot),
+            _ => Ok(Chosen {
+                backing: PeerBacking::Anonymous,
+                snapshot: None,
+                unchecked: None,
+            }),
+        };
+    };
+    let regions: Vec<(u64, usize, u64)> = specs
+        .iter()
+        .map(|s| (s.base, s.len, s.store_offset))
+        .collect();
+    let (backing, unchecked) = match (snap.check_peer(pid, &regions), declared) {
+        (Ok(seen), Some(said)) if seen != said => {
+            return Err(BackingError::Mismatch { said, seen })
+        }
+        (Ok(seen), _) => (seen, None),
+        (Err(SnapshotError::Io { source, path, .. }), Some(said)) => {
+            (said, Some(format!("{}: {source}", path.display())))
+        }
+        (Err(e), _) => return Err(BackingError::Check(e)),
+    };
+    Ok(Chosen {
+        snapshot: (backing == PeerBacking::Shared).then(|| snap.clone()),
+        backing,
+        unchecked,
+    })
+}

@@ -1,0 +1,96 @@
+//! Why a [`Server`](super::Server) could not start, or stopped.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use faultline::{ForeignError, SharedError as SnapshotError};
+
+use crate::config::ConfigError;
+use crate::record::RecordError;
+
+/// Why a server could not start, or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration cannot run.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Opening the memory file failed.
+    #[error("opening the memory file {}", path.display())]
+    OpenMem {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Opening the remote store failed.
+    #[cfg(feature = "redis")]
+    #[error("opening the store {url}")]
+    OpenStore {
+        /// The store.
+        url: String,
+        /// The error.
+        #[source]
+        source: faultline_redis::RedisStoreError,
+    },
+    /// Reading the recorded set to prefetch failed.
+    #[error(transparent)]
+    Prefetch(#[from] RecordError),
+    /// An existing shared snapshot could not be reused.
+    #[error("reusing the shared snapshot {}", path.display())]
+    ReuseSnapshot {
+        /// The snapshot file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: SnapshotError,
+    },
+    /// Writing the shared snapshot failed.
+    #[error("writing the shared snapshot {}", path.display())]
+    WriteSnapshot {
+        /// The snapshot file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: SnapshotError,
+    },
+    /// Starting the handler threads failed.
+    #[error("starting the handler threads")]
+    Engine(#[source] ForeignError),
+    /// The socket path holds something that is not a socket.
+    #[error("{}: exists and is not a socket (only a stale socket is replaced)", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Binding or setting up the listening socket failed.
+    #[error("binding {}", path.display())]
+    Bind {
+        /// The socket.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread could not be started.
+    #[error("spawning {what}")]
+    Spawn {
+        /// Which thread.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No peer was connected for the configured timeout.
+    #[error("no peer connected for {:.1}s (timeout); exiting", .0.as_secs_f64())]
+    Timeout(Duration),
+    /// Writing the peers' summaries failed.
+    #[error("writing {}", path.display())]
+    WriteJson {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}

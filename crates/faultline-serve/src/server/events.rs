@@ -1,0 +1,117 @@
+//! What the engine reports of the peers being served (hang-up, failure,
+//! a second message, prefetch done, a store error), and a peer's end: its
+//! summary, and its record when it recorded.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+
+use faultline::{ForeignPeer, PeerEvent};
+
+use super::log::say;
+use super::state::{Served, State};
+use crate::record;
+use crate::summary::{Handoff, PeerSummary};
+
+/// Handles one engine event.
+pub fn on_event(state: &State, ev: PeerEvent) {
+    match ev {
+        PeerEvent::HungUp { peer } => finish(state, &peer, "hung up".into()),
+        PeerEvent::Failed { peer, error } => {
+            let Served { n, pid, .. } = state.lookup(peer.id());
+            say(format_args!(
+                "peer {n} (pid {pid}): serving failed: {error}"
+            ));
+            state.kill(n, pid);
+            finish(state, &peer, format!("failed: {error}"));
+        }
+        PeerEvent::Message { peer, bytes, fds } => {
+            let Served { n, pid, .. } = state.lookup(peer.id());
+            say(format_args!(
+                "peer {n} (pid {pid}): sent a second message ({bytes} bytes, {fds} descriptor(s)); ignored: the hand-off is one message"
+            ));
+        }
+        PeerEvent::PrefetchDone { peer, at } => {
+            let Served {
+                n, pid, received, ..
+            } = state.lookup(peer.id());
+            let s = peer.stats();
+            say(format_args!(
+                "peer {n} (pid {pid}): prefetch done: {} pages in {} ioctls, {:.1} ms after its handshake was read",
+                s.prefetched,
+                s.prefetch_ioctls,
+                at.saturating_duration_since(received).as_secs_f64() * 1e3
+            ));
+        }
+        PeerEvent::StoreError { peer, error } => {
+            let Served { n, pid, .. } = state.lookup(peer.id());
+            say(format_args!("peer {n} (pid {pid}): {error}"));
+        }
+    }
+}
+
+/// Ends peer `peer` with `outcome`: its summary, its record, its removal
+/// from the engine.
+fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
+    let Served {
+        n,
+        pid,
+        received,
+        handoff,
+        ..
+    } = state.lookup(peer.id());
+    let s = peer.stats();
+    let times = peer.times();
+    let summary = PeerSummary {
+        peer: n,
+        pid,
+        outcome: outcome.clone(),
+        regions: peer.regions(),
+        mode: if peer.is_shared() { "shared" } else { "copy" }.into(),
+        features: peer
+            .uffd()
+            .feature_names()
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        faults: s.faults,
+        installed: s.regions.installed,
+        bytes_read: s.bytes_read,
+        removes: s.removes,
+        removed_pages: s.removed_pages,
+        deferred: s.deferred,
+        exists: s.regions.exists,
+        prefetched: s.prefetched,
+        bookkeeping_bytes: peer.bookkeeping_bytes() as u64,
+        seconds: received.elapsed().as_secs_f64(),
+        handoff: Handoff {
+            first_fault_ns: times.first_fault_ns.unwrap_or(0),
+            first_prefetch_ns: times.first_prefetch_ns.unwrap_or(0),
+            prefetch_done_ns: times.prefetch_done_ns.unwrap_or(0),
+            ..handoff
+        },
+    };
+    say(format_args!(
+        "peer {n} (pid {pid}): {outcome}; {} faults, {} pages installed, {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched",
+        s.faults,
+        s.regions.installed,
+        s.removes,
+        s.removed_pages,
+        s.deferred,
+        s.regions.exists,
+        s.prefetched
+    ));
+    if let (true, Some(path)) = (state.records(peer.id()), &state.config.record) {
+        let offs = peer.take_record();
+        match record::write(path, &offs) {
+            Ok(()) => say(format_args!(
+                "peer {n}: recorded {} pages to {}",
+                offs.len(),
+                path.display()
+            )),
+            Err(e) => say(format_args!("peer {n}: writing the record failed: {e}")),
+        }
+    }
+    state.engine.remove(peer.id());
+    state.summaries.lock().expect("summaries").push(summary);
+    state.finished.fetch_add(1, SeqCst);
+}

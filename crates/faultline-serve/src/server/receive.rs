@@ -1,0 +1,112 @@
+//! Step 1 of a connection: receive the hand-off.
+//!
+//! 1. Wait (at most the handshake timeout) for the peer's one message.
+//! 2. `recvmsg` it: up to 64 KiB of JSON and exactly one descriptor
+//!    attached with `SCM_RIGHTS`.
+//! 3. Parse the JSON ([`handshake`](crate::handshake)) and adopt the
+//!    descriptor as a userfaultfd whose `UFFDIO_API` its sender did.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use faultline::{ForeignError, ForeignRegionSpec, ForeignUffd, PeerBacking};
+use faultline_sys::poll::{self, events, PollFd};
+use faultline_sys::sock;
+
+use crate::handshake::{self, HandshakeError};
+use crate::summary::Handoff;
+
+/// The largest handshake read (Firecracker's is a few hundred bytes per
+/// region).
+const MAX_HANDSHAKE: usize = 1 << 16;
+
+/// A hand-off received.
+pub struct Received {
+    /// The peer's regions.
+    pub specs: Vec<ForeignRegionSpec>,
+    /// The backing its handshake declares, if any.
+    pub declared: Option<PeerBacking>,
+    /// Its userfaultfd.
+    pub uffd: ForeignUffd,
+    /// When its handshake was read.
+    pub at: Instant,
+}
+
+/// Why a hand-off could not be received (each a refusal of the peer).
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    /// Nothing arrived in time.
+    #[error("no handshake within {:.1}s", .0.as_secs_f64())]
+    Silent(Duration),
+    /// `recvmsg` failed.
+    #[error("recvmsg failed: {0}")]
+    Recv(#[source] std::io::Error),
+    /// The peer closed the connection without a message.
+    #[error("it hung up without a handshake")]
+    HungUp,
+    /// The message did not fit.
+    #[error("the handshake is longer than 64 KiB")]
+    TooLong,
+    /// More descriptors than the ancillary buffer holds.
+    #[error("it attached more descriptors than one (some were lost)")]
+    DescriptorsLost,
+    /// Not exactly one descriptor.
+    #[error("expected exactly one descriptor (the userfaultfd) attached with SCM_RIGHTS, got {0}")]
+    Descriptors(usize),
+    /// The JSON is not a handshake.
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+    /// The descriptor is not a userfaultfd ready to serve.
+    #[error(transparent)]
+    Adopt(ForeignError),
+}
+
+/// Receives the hand-off on `conn`, waiting at most `wait`; stamps
+/// `handoff.received_ns` and `handoff.adopted_ns`.
+pub fn receive(
+    conn: &UnixStream,
+    wait: Duration,
+    handoff: &mut Handoff,
+) -> Result<Received, ReceiveError> {
+    let ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+    if !readable_within(conn, ms) {
+        return Err(ReceiveError::Silent(wait));
+    }
+    let mut buf = vec![0u8; MAX_HANDSHAKE];
+    let got = sock::recv_with_fds(conn.as_fd(), &mut buf, true).map_err(ReceiveError::Recv)?;
+    let at = Instant::now();
+    handoff.received_ns = faultline_sys::monotonic_ns();
+    if got.bytes == 0 && got.fds.is_empty() {
+        return Err(ReceiveError::HungUp);
+    }
+    if got.data_truncated {
+        return Err(ReceiveError::TooLong);
+    }
+    if got.control_truncated {
+        return Err(ReceiveError::DescriptorsLost);
+    }
+    let fd: OwnedFd = match <[OwnedFd; 1]>::try_from(got.fds) {
+        Ok([fd]) => fd,
+        Err(fds) => return Err(ReceiveError::Descriptors(fds.len())),
+    };
+    let hs = handshake::parse_handshake(&buf[..got.bytes])?;
+    let uffd = ForeignUffd::adopt(fd).map_err(ReceiveError::Adopt)?;
+    handoff.adopted_ns = faultline_sys::monotonic_ns();
+    Ok(Received {
+        specs: hs.regions,
+        declared: hs.backing,
+        uffd,
+        at,
+    })
+}
+
+/// Whether `conn` has something to read (or hung up) within `ms`.
+pub fn readable_within(conn: &UnixStream, ms: i32) -> bool {
+    let mut fds = [PollFd {
+        fd: conn.as_raw_fd(),
+        events: events::IN,
+        revents: 0,
+    }];
+    poll::poll(&mut fds, ms).is_ok_and(|r| r == 1)
+}

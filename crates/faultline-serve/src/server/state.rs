@@ -1,0 +1,131 @@
+//! What every thread of a server shares: the store, the engine, the
+//! recorded set, and who is being served.
+//!
+//! Locks (each held for a few instructions, never two at once, never
+//! while calling the engine or the kernel): `recorder`, `served`,
+//! `summaries`.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, Once};
+use std::time::Instant;
+
+use faultline::{ForeignEngine, PageStore, PrefetchPlan, SharedSnapshot};
+use faultline_sys::process;
+
+use super::log::say;
+use crate::config::ServeConfig;
+use crate::summary::{Handoff, PeerSummary};
+
+/// Whose restore `--record` records: the first peer whose handshake is
+/// accepted, and only that one. A handshake claims the slot before it
+/// sets its peer up, so two peers that connect at once cannot both record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorder {
+    /// No peer has claimed it yet.
+    Free,
+    /// A handshake claimed it and is setting its peer up.
+    Claimed,
+    /// This peer records.
+    Peer(u64),
+}
+
+/// A peer being served: its engine id, connection number, pid, when its
+/// handshake was read, its hand-off so far.
+#[derive(Clone, Copy)]
+pub struct Served {
+    /// Its id in the engine.
+    pub id: u64,
+    /// Its connection number (from 1).
+    pub n: usize,
+    /// Its pid (`SO_PEERCRED`; 0 when unknown).
+    pub pid: i32,
+    /// When its handshake was read.
+    pub received: Instant,
+    /// Its hand-off's milestones so far.
+    pub handoff: Handoff,
+}
+
+/// The server's shared state.
+pub struct State {
+    /// How it runs.
+    pub config: ServeConfig,
+    /// The snapshot's bytes.
+    pub store: Arc<dyn PageStore>,
+    /// Their length (0 when the store does not say).
+    pub store_len: u64,
+    /// The shared (zero-copy) snapshot, with `--shared`.
+    pub snapshot: Option<Arc<SharedSnapshot>>,
+    /// The recorded set was read and mapped (or is being).
+    pub prepared: Once,
+    /// The handler threads.
+    pub engine: ForeignEngine,
+    /// The recorded set's offsets, with `--prefetch`.
+    pub prefetch: Option<Vec<u64>>,
+    /// The recorded set made into runs once, queued for every peer.
+    pub plan: Option<PrefetchPlan>,
+    /// Connections accepted.
+    pub connected: AtomicUsize,
+    /// Connections done with (refused, hung up, failed).
+    pub finished: AtomicUsize,
+    /// Whose restore is recorded.
+    pub recorder: Mutex<Recorder>,
+    /// The peers being served.
+    pub served: Mutex<Vec<Served>>,
+    /// The summaries of the peers done with.
+    pub summaries: Mutex<Vec<PeerSummary>>,
+}
+
+impl State {
+    /// Claims the record for a peer being set up: whether it records.
+    pub fn claim_record(&self) -> bool {
+        self.config.record.is_some() && {
+            let mut r = self.recorder.lock().expect("recorder");
+            let free = *r == Recorder::Free;
+            if free {
+                *r = Recorder::Claimed;
+            }
+            free
+        }
+    }
+
+    /// Sets the recorder (to `Free` when a claim came to nothing, to the
+    /// peer once it is served).
+    pub fn set_recorder(&self, r: Recorder) {
+        *self.recorder.lock().expect("recorder") = r;
+    }
+
+    /// Whether peer `id` records.
+    pub fn records(&self, id: u64) -> bool {
+        *self.recorder.lock().expect("recorder") == Recorder::Peer(id)
+    }
+
+    /// Peer `id` as it was when its serving started (connection 0, pid 0
+    /// if unknown).
+    pub fn lookup(&self, id: u64) -> Served {
+        self.served
+            .lock()
+            .expect("served")
+            .iter()
+            .find(|p| p.id == id)
+            .copied()
+            .unwrap_or(Served {
+                id,
+                n: 0,
+                pid: 0,
+                received: Instant::now(),
+                handoff: Handoff::default(),
+            })
+    }
+
+    /// Kills peer `n` (pid `pid`) when `kill_peer_on_error` says so.
+    pub fn kill(&self, n: usize, pid: i32) {
+        if self.config.kill_peer_on_error && pid > 0 {
+            match process::kill(pid, process::SIGKILL) {
+                Ok(()) => say(format_args!(
+                    "peer {n}: killed pid {pid} (--kill-peer-on-error)"
+                )),
+                Err(e) => say(format_args!("peer {n}: killing pid {pid} failed: {e}")),
+            }
+        }
+    }
+}

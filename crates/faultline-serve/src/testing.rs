@@ -1,0 +1,207 @@
+//! Fixtures for tests that run serve and its peers as real processes
+//! (`faultline-serve`'s own tests, the `faultline` front door's): a temp
+//! dir with a memory file of seeded bytes, children stopped by their pid
+//! on drop, and waits that end at a deadline.
+//!
+//! A command is given as its program and leading arguments, so the same
+//! test runs `faultline-serve ARGS` or `faultline serve ARGS`:
+//!
+//! ```no_run
+//! use faultline_serve::testing::{self, Dir, WAIT};
+//!
+//! let dir = Dir::new("example", 8 << 20);
+//! let mut s = testing::serve(&dir, &["faultline-serve"], &["--peers", "1"]);
+//! let mut p = testing::peer(&dir, &["faultline-peer"], "p", &["--verify-all"]);
+//! testing::assert_ok(&mut p, &dir);
+//! testing::assert_ok(&mut s, &dir);
+//! ```
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long any wait of a test may last.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// A temp dir with a memory file (`mem`) of seeded bytes, removed on drop.
+pub struct Dir(PathBuf);
+
+impl Dir {
+    /// `faultline-serve-NAME-PID` in the temp dir, with `mem_bytes` of
+    /// xorshift bytes in `mem`.
+    pub fn new(name: &str, mem_bytes: usize) -> Dir {
+        let d = std::env::temp_dir().join(format!("faultline-serve-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("creating the test dir");
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ mem_bytes as u64;
+        let mut buf = Vec::with_capacity(mem_bytes + 8);
+        while buf.len() < mem_bytes {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf.extend_from_slice(&x.to_le_bytes());
+        }
+        let mut f = std::fs::File::create(d.join("mem")).expect("creating the memory file");
+        f.write_all(&buf[..mem_bytes])
+            .expect("writing the memory file");
+        Dir(d)
+    }
+
+    /// `f` in the dir.
+    pub fn path(&self, f: &str) -> PathBuf {
+        self.0.join(f)
+    }
+
+    /// The socket serve binds.
+    pub fn sock(&self) -> PathBuf {
+        self.path("sock")
+    }
+
+    /// The text of `f` (empty if absent).
+    pub fn text(&self, f: &str) -> String {
+        std::fs::read_to_string(self.path(f)).unwrap_or_default()
+    }
+
+    /// Waits until `f` contains `needle`.
+    pub fn wait_for(&self, f: &str, needle: &str) {
+        let deadline = Instant::now() + WAIT;
+        while !self.text(f).contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "{f} never said {needle:?}:\n{}",
+                self.text(f)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Writes `all.txt`, a working-set record of every page of the first
+    /// `mem_bytes` of the memory file.
+    pub fn record_all(&self, mem_bytes: usize) -> PathBuf {
+        let path = self.path("all.txt");
+        let offsets: Vec<u64> = (0..mem_bytes as u64).step_by(4096).collect();
+        crate::record::write(&path, &offsets).expect("writing the record");
+        path
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process, killed (by its pid) and reaped on drop.
+pub struct Proc {
+    /// The child.
+    pub child: Child,
+    /// Its name in messages (its stderr is `NAME.err` of the dir).
+    pub name: String,
+}
+
+impl Proc {
+    /// Runs `cmd` (program, then leading arguments) with `args`, its stderr
+    /// to `stderr`.
+    pub fn start(name: &str, cmd: &[&str], args: &[&str], stderr: &std::path::Path) -> Proc {
+        let child = Command::new(cmd[0])
+            .args(&cmd[1..])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(stderr).expect("creating the stderr file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", cmd[0]));
+        Proc {
+            child,
+            name: name.into(),
+        }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for it to exit; fails the test after `timeout`.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("waitpid") {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {timeout:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("waitpid").is_none()
+    }
+
+    /// Kills it (SIGKILL to its pid) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits for `p` to exit and fails the test, with its stderr and serve's,
+/// unless it succeeded.
+pub fn assert_ok(p: &mut Proc, dir: &Dir) {
+    let s = p.wait(WAIT);
+    assert!(
+        s.success(),
+        "{} failed ({s}):\n{}\nserve:\n{}",
+        p.name,
+        dir.text(&format!("{}.err", p.name)),
+        dir.text("serve.err")
+    );
+}
+
+/// `--socket SOCK --mem MEM EXTRA...` of `dir`.
+pub fn command(dir: &Dir, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec!["--socket".into()];
+    args.push(dir.sock().to_str().expect("a UTF-8 path").into());
+    args.push("--mem".into());
+    args.push(dir.path("mem").to_str().expect("a UTF-8 path").into());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Starts `cmd` of `dir` as `name` (`command` arguments).
+pub fn start(dir: &Dir, name: &str, cmd: &[&str], extra: &[&str]) -> Proc {
+    let args = command(dir, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Proc::start(name, cmd, &args, &dir.path(&format!("{name}.err")))
+}
+
+/// Starts serve (`cmd`) on `dir` with `--timeout 20 EXTRA` as `serve`;
+/// returns once its socket is bound.
+pub fn serve(dir: &Dir, cmd: &[&str], extra: &[&str]) -> Proc {
+    let mut args = vec!["--timeout", "20"];
+    args.extend_from_slice(extra);
+    let p = start(dir, "serve", cmd, &args);
+    let deadline = Instant::now() + WAIT;
+    while !dir.sock().exists() {
+        assert!(Instant::now() < deadline, "serve never bound its socket");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    p
+}
+
+/// Starts a peer (`cmd`) of `dir` as `name` with `extra`.
+pub fn peer(dir: &Dir, cmd: &[&str], name: &str, extra: &[&str]) -> Proc {
+    start(dir, name, cmd, extra)
+}
