@@ -11,9 +11,12 @@
 //! | [`handshake`] | the hand-off message: parse every field variant, encode one (for test peers) |
 //! | [`record`] | the working-set record file: pages in first-touch order |
 //! | [`summary`] | what serve reports of each peer (`--json`, read back by benchmarks) |
+//! | [`peer_report`] | what the test peer reports of itself (its `--json`, read back by benchmarks) |
 
 pub mod handshake;
+pub mod peer_report;
 pub mod record;
 pub mod summary;
 
+pub use peer_report::PeerReport;
 pub use summary::{Handoff, PeerSummary};

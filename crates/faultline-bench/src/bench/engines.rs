@@ -27,10 +27,12 @@ use faultline::{
 };
 
 use super::kernel::{self, Access, KernelPath, PAGE};
-use super::report::{fmt_count, fmt_ns, fmt_ratio, print_latency_table, print_table, Record};
-use super::stats::{cycles_to_ns_vec, Summary};
-use super::tsc::{rdtsc, tsc};
-use super::BenchCtx;
+use crate::harness::report::{
+    fmt_count, fmt_ns, fmt_ratio, print_latency_table, print_table, Record,
+};
+use crate::harness::stats::{cycles_to_ns_vec, Summary};
+use crate::harness::tsc::{rdtsc, tsc};
+use crate::harness::BenchCtx;
 
 /// Seed 000's phase averages in cycles (Figure 6.1).
 const THESIS_STOCK: (f64, f64, f64) = (11_846.0, 11_538.0, 6_781.0);
@@ -391,9 +393,11 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
     println!("(figure: ZEROPAGE read per engine; stock* and UINTR* are seed 000's gem5 numbers)");
     headline(&records);
     ctx.figure("latency_hist", |d, n| {
-        super::plot::latency_histograms(d, n, &hist)
+        crate::harness::plot::latency_histograms(d, n, &hist)
     })?;
-    ctx.figure("phases", |d, n| super::plot::phase_bars(d, n, &phase_bars))?;
+    ctx.figure("phases", |d, n| {
+        crate::harness::plot::phase_bars(d, n, &phase_bars)
+    })?;
     for r in records {
         ctx.report.push(r);
     }
@@ -680,7 +684,7 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
         &rows,
     );
     ctx.figure("seq", |d, n| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             d,
             n,
             "sequential first touch",
@@ -839,7 +843,7 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
         &rows,
     );
     ctx.figure("scale", |d, n| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             d,
             n,
             "first-touch throughput",

@@ -32,11 +32,11 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use super::plot;
-use super::report::{fmt_count, fmt_ns, print_latency_table, print_table, Record};
-use super::stats::{cycles_to_ns_vec, Summary};
-use super::tsc::{rdtsc, tsc};
-use super::BenchCtx;
+use crate::harness::plot;
+use crate::harness::report::{fmt_count, fmt_ns, print_latency_table, print_table, Record};
+use crate::harness::stats::{cycles_to_ns_vec, Summary};
+use crate::harness::tsc::{rdtsc, tsc};
+use crate::harness::BenchCtx;
 
 /// Base page size these benchmarks touch.
 pub const PAGE: usize = 4096;

@@ -1,65 +1,47 @@
 //! `faultline bench`: fault latency and throughput benchmarks, side by side with
-//! the kernel's own fault paths.
+//! the kernel's own fault paths. The dispatcher: nothing in the crate imports it.
 //!
 //! How the pieces fit:
-//! 1. [`run`] builds a [`BenchCtx`] (calibrated TSC, an empty [`report::Report`],
-//!    the `--plot` directory) and runs the selected sub-benches in order; with no
+//! 1. [`run`] builds a `BenchCtx` (calibrated TSC, an empty report, the
+//!    `--plot` directory) and runs the selected sub-benches in order; with no
 //!    sub-command it runs [`BenchCmd::default_selection`].
 //! 2. Each sub-bench (`kernel`, `notify`, ...) measures, prints its tables to stdout,
-//!    writes its figures into `ctx.plot_dir`, and pushes [`report::Record`]s onto
+//!    draws its figures with `BenchCtx::figure`, and pushes its records onto
 //!    `ctx.report`.
-//! 3. [`BenchCtx::finish`] fills in `ratio_to_kernel` and writes `--json`.
+//! 3. `BenchCtx::finish` fills in `ratio_to_kernel` and writes `--json`.
+//!
+//! ```text
+//!   bench/mod.rs (BenchArgs, BenchCmd, run)
+//!        │ one arm per sub-bench
+//!        ▼
+//!   kernel notify engines offload watch random store restore/ vpri/
+//!        │            (engines, offload ─► kernel; store ─► graph; vpri ─► sim)
+//!        ▼
+//!   harness (BenchCtx, report, plot, stats, tsc, progress)
+//! ```
 //!
 //! Adding a sub-bench: a module with an `Args` struct and
 //! `run(&mut BenchCtx, &Args)`, a [`BenchCmd`] variant, and one arm in
-//! [`BenchCmd::run`].
-//!
-//! Building blocks: [`tsc`] (clock), [`stats`] (summaries), [`report`] (records,
-//! JSON, tables), [`progress`] (stderr progress), [`plot`] (SVG + PNG figures),
-//! [`kernel`] (kernel fault-path baselines), [`notify`] (cross-thread
-//! notification latency).
+//! `BenchCmd::run`.
 
-// The building blocks are also the API of the engine benches (latency, seq,
-// scale) still to be added: until then parts of them are unused in this binary.
-pub mod engines;
-#[allow(dead_code)]
-pub mod kernel;
-pub mod notify;
-pub mod offload;
-#[allow(dead_code)]
-pub mod plot;
-#[allow(dead_code)]
-pub mod progress;
-pub mod random;
-#[allow(dead_code)]
-pub mod report;
-pub mod restore;
-mod restore_floor;
-mod restore_peers;
-#[allow(dead_code)]
-pub mod stats;
-pub mod store;
-#[allow(dead_code)]
-pub mod tsc;
-pub mod vpri;
-mod vpri_day;
-mod vpri_pal;
-mod vpri_psi;
-mod vpri_scale;
-mod vpri_sim;
-pub mod watch;
-#[allow(dead_code)]
-pub mod watch_ext;
+mod engines;
+mod kernel;
+mod notify;
+mod offload;
+mod random;
+mod restore;
+mod store;
+mod vpri;
+mod watch;
+mod watch_ext;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 
-pub use kernel::KernelArgs;
-pub use notify::NotifyArgs;
-
-/// Benches whose records get a `ratio_to_kernel` (fault latency benches).
-pub const RATIO_BENCHES: [&str; 2] = ["kernel", "latency"];
+use crate::harness::BenchCtx;
+use kernel::KernelArgs;
+use notify::NotifyArgs;
 
 /// Arguments of `faultline bench`.
 #[derive(clap::Args)]
@@ -116,7 +98,7 @@ pub enum BenchCmd {
 
 impl BenchCmd {
     /// What `faultline bench` without a sub-command runs, with small defaults.
-    pub fn default_selection() -> Vec<BenchCmd> {
+    fn default_selection() -> Vec<BenchCmd> {
         vec![
             BenchCmd::Latency(engines::LatencyArgs::quick()),
             BenchCmd::Seq(engines::SeqArgs::quick()),
@@ -128,7 +110,7 @@ impl BenchCmd {
     }
 
     /// Run this sub-bench into `ctx`.
-    pub fn run(&self, ctx: &mut BenchCtx) -> anyhow::Result<()> {
+    fn run(&self, ctx: &mut BenchCtx) -> anyhow::Result<()> {
         match self {
             BenchCmd::Notify(a) => notify::run(ctx, a).context("bench notify"),
             BenchCmd::Kernel(a) => kernel::run(ctx, a).context("bench kernel"),
@@ -142,79 +124,6 @@ impl BenchCmd {
             BenchCmd::Restore(a) => restore::run(ctx, a).context("bench restore"),
             BenchCmd::Vpri(a) => vpri::run(ctx, a).context("bench vpri"),
         }
-    }
-}
-
-/// State shared by the sub-benches of one `faultline bench` run.
-pub struct BenchCtx {
-    /// Every record measured so far.
-    pub report: report::Report,
-    /// Where figures go (`--plot`), if anywhere.
-    pub plot_dir: Option<PathBuf>,
-    /// Where the JSON goes (`--json`), if anywhere.
-    pub json: Option<PathBuf>,
-    /// Figures written so far (stems, without `.svg`/`.png`).
-    pub plots: Vec<PathBuf>,
-}
-
-impl BenchCtx {
-    /// A context for one run; calibrates the TSC if not done yet.
-    pub fn new(json: Option<PathBuf>, plot_dir: Option<PathBuf>) -> BenchCtx {
-        BenchCtx {
-            report: report::Report::new(tsc::tsc()),
-            plot_dir,
-            json,
-            plots: Vec::new(),
-        }
-    }
-
-    /// A progress display for a sub-bench of `steps` steps (hidden off a TTY).
-    pub fn progress(&self, steps: u64, name: &str) -> progress::Progress {
-        progress::Progress::new(steps, name)
-    }
-
-    /// With `--plot`, draws figure `name` with `draw(dir, name)` and
-    /// remembers it; without, does nothing.
-    pub fn figure(
-        &mut self,
-        name: &str,
-        draw: impl FnOnce(&Path, &str) -> anyhow::Result<()>,
-    ) -> anyhow::Result<()> {
-        if let Some(dir) = self.plot_dir.clone() {
-            draw(&dir, name)?;
-            self.note_plot(&dir, name);
-        }
-        Ok(())
-    }
-
-    /// Remember that figure `dir/name.{svg,png}` was written.
-    pub fn note_plot(&mut self, dir: &Path, name: &str) {
-        self.plots.push(dir.join(name));
-    }
-
-    /// Fill in ratios to the kernel, write the JSON file, list the outputs.
-    pub fn finish(mut self) -> anyhow::Result<report::Report> {
-        self.report.apply_kernel_ratios(&RATIO_BENCHES);
-        if let Some(path) = &self.json {
-            self.report.write_json(path)?;
-            println!(
-                "\nwrote {} ({} records)",
-                path.display(),
-                self.report.records.len()
-            );
-        }
-        if !self.plots.is_empty() {
-            println!("figures (.svg and .png):");
-            for p in &self.plots {
-                println!("  {}", p.display());
-            }
-            if !plot::font_available() {
-                println!(
-                    "  (no font found: figures have no text; set FAULTLINE_PLOT_FONT to a .ttf)"
-                );
-            }
-        }
-        Ok(self.report)
     }
 }
 

@@ -39,11 +39,11 @@ use anyhow::{anyhow, bail, Context};
 use faultline_sys::signal::{self, SigAction, SigInfo, SIGUSR1, SIGUSR2};
 use faultline_sys::thread::{self, EventFd};
 
-use super::plot;
-use super::report::{fmt_count, print_table, Record};
-use super::stats::{cycles_to_ns_vec, Summary};
-use super::tsc::{rdtsc, tsc, Tsc};
-use super::BenchCtx;
+use crate::harness::plot;
+use crate::harness::report::{fmt_count, print_table, Record};
+use crate::harness::stats::{cycles_to_ns_vec, Summary};
+use crate::harness::tsc::{rdtsc, tsc, Tsc};
+use crate::harness::BenchCtx;
 
 /// A notification mechanism.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -19,10 +19,10 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::kernel::{minor_faults, PAGE};
-use super::report::{fmt_count, fmt_ns, fmt_ratio, print_table, Record};
-use super::stats::Summary;
-use super::tsc::{rdtsc, tsc};
-use super::BenchCtx;
+use crate::harness::report::{fmt_count, fmt_ns, fmt_ratio, print_table, Record};
+use crate::harness::stats::Summary;
+use crate::harness::tsc::{rdtsc, tsc};
+use crate::harness::BenchCtx;
 
 /// Seed 004's reported gains, for the table.
 const SEED_MEAN_X: f64 = 33.0;

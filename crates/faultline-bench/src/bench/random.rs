@@ -23,10 +23,10 @@ use faultline_sys::mem::Mapping;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-use super::report::{fmt_ns, fmt_ratio, print_table, Record};
-use super::stats::Summary;
-use super::tsc::{rdtsc, tsc};
-use super::BenchCtx;
+use crate::harness::report::{fmt_ns, fmt_ratio, print_table, Record};
+use crate::harness::stats::Summary;
+use crate::harness::tsc::{rdtsc, tsc};
+use crate::harness::BenchCtx;
 
 const PAGE: usize = 4096;
 
@@ -269,7 +269,7 @@ pub fn run(ctx: &mut BenchCtx, args: &RandomArgs) -> anyhow::Result<()> {
         &rows,
     );
     ctx.figure("random", |dir, name| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             dir,
             name,
             "Shuffled page reads (pfbenchmark shape)",

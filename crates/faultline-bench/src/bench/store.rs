@@ -38,13 +38,13 @@ use faultline::{engine, Engine, EngineConfig, EngineKind, FileStore, PageStore, 
 use faultline_redis::server::RedisServer;
 use faultline_redis::{FillTiming, RedisConfig, RedisStore};
 
-use super::report::Record;
-use super::stats::Summary;
-use super::BenchCtx;
 use crate::graph::bfs::bfs_parallel;
 use crate::graph::csr::read_layout;
 use crate::graph::rmat::{generate, GenOptions, RmatParams};
 use crate::graph::source::{FaultlineOptions, FaultlineSource, GraphSource};
+use crate::harness::report::Record;
+use crate::harness::stats::Summary;
+use crate::harness::BenchCtx;
 
 /// Arguments of `faultline bench store`.
 #[derive(clap::Args, Clone, Debug)]
@@ -490,7 +490,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     });
     progress.finish();
     ctx.figure("store-seq", |dir, name| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             dir,
             name,
             "Sequential first touch, fault-around 64: Redis vs file store",
@@ -505,7 +505,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
         vec![(1.0, t1), (2.0, t2)],
     )];
     ctx.figure("store-throughput", |dir, name| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             dir,
             name,
             "First-touch throughput from Redis vs handler threads",

@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use faultline_watch::{WatchedMem, Watcher};
 
-use super::report::{fmt_ratio, print_table, Record};
-use super::stats::Summary;
-use super::tsc::{rdtsc, tsc};
 use super::watch_ext;
-use super::BenchCtx;
+use crate::harness::report::{fmt_ratio, print_table, Record};
+use crate::harness::stats::Summary;
+use crate::harness::tsc::{rdtsc, tsc};
+use crate::harness::BenchCtx;
 
 const PAGE: usize = 4096;
 
@@ -448,7 +448,7 @@ fn tables_43_45(ctx: &mut BenchCtx, a: &WatchArgs) -> anyhow::Result<()> {
         ("no lookup".to_string(), pts(|r| r.no_lookup)),
     ];
     ctx.figure("watch_slowdown_vs_pages", |dir, name| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             dir,
             name,
             "Slowdown vs pages spanned (Fig. 4.2)",
@@ -862,7 +862,7 @@ fn table_46(ctx: &mut BenchCtx, a: &WatchArgs) -> anyhow::Result<()> {
         ("GDB software".to_string(), series_gdb),
     ];
     ctx.figure("watch_vs_gdb", |dir, name| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             dir,
             name,
             "Slowdown vs watched addresses (Fig. 4.3)",

@@ -55,7 +55,7 @@ use anyhow::{bail, Context};
 use faultline_sys::process;
 use serde::Serialize;
 
-use super::report::{fmt_count, print_table};
+use crate::harness::report::{fmt_count, print_table};
 
 /// Source of the SIGSEGV + trap-flag watchpoint (Table 4.1).
 pub const SIGWATCH_C: &str = include_str!("../../../../tools/watchbench/sigwatch.c");
@@ -187,7 +187,7 @@ fn get_u64(kv: &BTreeMap<String, String>, key: &str, what: &str) -> anyhow::Resu
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_unstable_by(f64::total_cmp);
-    super::stats::percentile_sorted(v, 50.0)
+    crate::harness::stats::percentile_sorted(v, 50.0)
 }
 
 // ---------------------------------------------------------------------------
@@ -882,7 +882,7 @@ mod tests {
         }
         let b = sigsegv_breakdown(5000).unwrap();
         println!("{}", serde_json::to_string_pretty(&b).unwrap());
-        print_sig_table(&b, super::super::tsc::tsc().ghz());
+        print_sig_table(&b, crate::harness::tsc::tsc().ghz());
         assert_eq!(b.writes, 5000);
         assert_eq!(b.hits + b.false_positives, 5000);
         assert!(b.fault_to_handler.median > 0.0 && b.total.median >= b.exit_to_trap.median);

@@ -227,7 +227,7 @@ impl FaultlineSource {
             .context("graph file too large to map")?;
         // Calibrate the TSC now (about 60 ms, once per process) so that the
         // first `stats()` call does not land inside a timed run.
-        let _ = crate::bench::tsc::tsc();
+        let _ = crate::harness::tsc::tsc();
         let engine = faultline::engine::create(opts.engine, EngineConfig::default())
             .with_context(|| format!("creating the faultline {} engine", opts.engine.name()))?;
         let mut builder = Region::builder(region_len).page_size(ps as usize);
@@ -326,7 +326,7 @@ impl GraphSource for FaultlineSource {
             faults: s.faults,
             major_faults: process_stats().major_faults,
             bytes_read: Some((s.store_fills + s.zero_copy_fills) * ps),
-            handler_seconds: crate::bench::tsc::tsc().cycles_to_ns(s.handler_cycles) * 1e-9,
+            handler_seconds: crate::harness::tsc::tsc().cycles_to_ns(s.handler_cycles) * 1e-9,
         }
     }
 

@@ -6,7 +6,7 @@
 //! larger fleet of the same mix (4 NIC : 10 block) for whole simulated
 //! days, with no pinning and with ADP (the paper's fixed 180 s threshold,
 //! and the one derived from the reclaimer). The host's reclaim is, by
-//! default, the paper's production mechanism ([`super::vpri_psi`]): a
+//! default, the paper's production mechanism ([`super::psi`]): a
 //! server overcommitted by 12.5% (the middle of the paper's "10-15%"; our
 //! choice, once) whose reclaim is balanced across VMs by their pressure,
 //! each VM's ratio within 0-50%. `--b9-reclaim drift` is round 3's model:
@@ -15,13 +15,13 @@
 //! seconds (more than 5 I/O faults in a second) and the peak rate. Only
 //! the shape compares: our VMs are modelled, and tiny.
 
-use super::report::print_table;
-use super::vpri_psi::PsiCfg;
-use super::vpri_sim::{fleet, line, round, Class, DayRate, Reclaim, RoundCfg, DAY_S};
-use super::BenchCtx;
+use super::psi::PsiCfg;
+use super::{fleet, line, round, Class, DayRate, Reclaim, RoundCfg, DAY_S};
+use crate::harness::report::print_table;
+use crate::harness::BenchCtx;
 
 /// B9's settings.
-pub(super) struct B9 {
+pub(crate) struct B9 {
     /// VMs (the B5 mix repeated: 4 NIC per 14).
     pub vms: usize,
     /// Simulated days.
@@ -33,11 +33,11 @@ pub(super) struct B9 {
 
 /// B9's overcommit under the PSI model: the middle of the paper's
 /// production 10-15% (§3.4, §7.4).
-pub(super) const PSI_R: f64 = 0.125;
+pub(crate) const PSI_R: f64 = 0.125;
 
 /// Average and nearest-rank quantiles of per-device-day counts.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Dist {
+pub(crate) struct Dist {
     pub avg: f64,
     pub p50: u64,
     pub p99: u64,
@@ -54,7 +54,7 @@ fn quantile(v: &[u64], q: f64) -> u64 {
 }
 
 /// The distribution of `v` (sorted in place).
-pub(super) fn dist(v: &mut [u64]) -> Dist {
+pub(crate) fn dist(v: &mut [u64]) -> Dist {
     v.sort_unstable();
     Dist {
         avg: v.iter().sum::<u64>() as f64 / v.len().max(1) as f64,
@@ -66,7 +66,7 @@ pub(super) fn dist(v: &mut [u64]) -> Dist {
 
 /// Fig 7's statistics of a class's device-days.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct DayStats {
+pub(crate) struct DayStats {
     /// I/O faults per device per day.
     pub per_day: Dist,
     /// Device-days with at least one burst second, %.
@@ -78,7 +78,7 @@ pub(super) struct DayStats {
 }
 
 /// Folds device-days into Fig 7's statistics.
-pub(super) fn day_stats(days: &[DayRate]) -> DayStats {
+pub(crate) fn day_stats(days: &[DayRate]) -> DayStats {
     let mut counts: Vec<u64> = days.iter().map(|d| d.iopfs).collect();
     let per_day = dist(&mut counts);
     let mut peaks: Vec<u64> = days
@@ -95,7 +95,7 @@ pub(super) fn day_stats(days: &[DayRate]) -> DayStats {
 }
 
 /// Entry point of B9.
-pub(super) fn b9(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
+pub(crate) fn b9(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
     let vms = cfg.vms.max(1);
     let days = cfg.days.max(1);
     let (reclaim, how) = if cfg.psi {
@@ -120,7 +120,7 @@ pub(super) fn b9(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
     let mut stats = Vec::new();
     let mut pinned = Vec::new();
     let kinds = ["none", "adp", "adp-derived"];
-    let mut progress = super::progress::Progress::new(kinds.len() as u64, "B9");
+    let mut progress = crate::harness::progress::Progress::new(kinds.len() as u64, "B9");
     for kind in kinds {
         progress.step(kind);
         let out = round(
@@ -272,7 +272,7 @@ pub(super) fn b9(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
         })
         .collect();
     ctx.figure("vpri_b9_cdf", |d, nm| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             d,
             nm,
             "B9 (Fig 7): CDF of I/O faults per device per simulated day",
@@ -287,7 +287,7 @@ pub(super) fn b9(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::vpri_sim::FaultRate;
+    use super::super::FaultRate;
     use super::*;
 
     #[test]

@@ -25,7 +25,7 @@
 //! lives, see [`block`], whose rates were fitted to those statistics and
 //! nothing else), the guest CPU (16 touches a second, 80% in a hot 20%),
 //! and CLOCK as each VM's reclaimer. How each VM's budget is set is a
-//! [`B5Model`]: by default the paper's own mechanism ([`super::vpri_psi`]:
+//! [`B5Model`]: by default the paper's own mechanism ([`psi`]:
 //! the server's memory fixed at (1 - r), each VM's reclaim ratio moved
 //! within 0-50% by its pressure, Senpai's rule, as §3.4 and §7.3 say);
 //! for comparison every VM at r all hour (`static`, round 4's default) or
@@ -64,6 +64,9 @@
 //! block = page-cache-like lives (allocation, the device's write, Poisson
 //! re-reads, hot or cold, until the life ends; see [`block`]).
 
+pub mod day;
+pub mod psi;
+
 use std::collections::HashMap;
 
 use faultline::policy::{Clock, EvictionPolicy};
@@ -71,10 +74,10 @@ use faultline_io::adp::{Adp, AdpConfig, LruPin, PinAll, PinCause, PinNothing, Pi
 use faultline_io::{AccessEvent, AccessLog};
 use rand::{Rng, SeedableRng};
 
-use super::report::{print_table, Record};
-use super::stats::Summary;
-use super::vpri_psi::{PsiCfg, PsiHost, Target, Window};
-use super::BenchCtx;
+use crate::harness::report::{print_table, Record};
+use crate::harness::stats::Summary;
+use crate::harness::BenchCtx;
+use psi::{PsiCfg, PsiHost, Target, Window};
 
 const STEP_S: u64 = 1;
 const HOUR_STEPS: u64 = 3600;
@@ -84,7 +87,7 @@ const NS: u64 = 1_000_000_000;
 const DERIVE_Q: f64 = 0.1;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Class {
+pub(crate) enum Class {
     Nic,
     Block,
 }
@@ -97,7 +100,7 @@ pub(super) enum Class {
 /// untouched unit with probability 1 - F/F_MAX (F: the footprint so far),
 /// else a unit whose life has ended, so the footprint grows as F_MAX (1 -
 /// e^(-t/tau)): F_30MIN at 30 min, F_MAX in the long run.
-pub(super) mod block {
+pub(crate) mod block {
     /// Footprint after 30 min (Fig 10: ~28%).
     pub const F_30MIN: f64 = 0.28;
     /// Long-run footprint (§4.2: block footprints grow to 53% over weeks).
@@ -118,7 +121,7 @@ pub(super) mod block {
 /// buffer moves to a new unit at 14% of the VM per 14 days, i.e. 0.2-1.7
 /// moves an hour on B5's VMs (round 3's model moved one every 2 minutes,
 /// 30 an hour, which would cover a VM in a day).
-pub(super) mod nic {
+pub(crate) mod nic {
     /// Ring share of the VM (Fig 11: 2-5%).
     pub const RING: f64 = 0.03;
     /// Long-run footprint (§4.2).
@@ -134,7 +137,7 @@ pub(super) mod nic {
 /// A min-heap entry: (next access, ms; unit).
 type Due = std::cmp::Reverse<(u64, usize)>;
 
-pub(super) struct Trace {
+pub(crate) struct Trace {
     class: Class,
     units: usize,
     rng: rand::rngs::SmallRng,
@@ -156,7 +159,7 @@ pub(super) struct Trace {
 }
 
 impl Trace {
-    pub(super) fn new(class: Class, units: usize, seed: u64) -> Trace {
+    pub(crate) fn new(class: Class, units: usize, seed: u64) -> Trace {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
         let ring_len = ((units as f64 * nic::RING) as usize).max(2);
         let base = rng.gen_range(0..units - ring_len);
@@ -187,7 +190,7 @@ impl Trace {
 
     /// The device accesses of one step (and the guest CPU touches that
     /// go with them, in `cpu`).
-    pub(super) fn step(&mut self, out: &mut Vec<usize>, cpu: &mut Vec<usize>) {
+    pub(crate) fn step(&mut self, out: &mut Vec<usize>, cpu: &mut Vec<usize>) {
         out.clear();
         cpu.clear();
         match self.class {
@@ -281,7 +284,7 @@ impl Trace {
 /// simulated seconds. Without it (B5) every device access reaches the
 /// pin policy and the reclaimer at once.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct LogModel {
+pub(crate) struct LogModel {
     /// Ring slots.
     pub slots: usize,
     /// The consumer drains (and ticks the pin policy) every this many
@@ -291,7 +294,7 @@ pub(super) struct LogModel {
 
 /// The host's reclaim ratio per VM.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Reclaim {
+pub(crate) enum Reclaim {
     /// The same r for every VM, all the time (B5).
     Fixed(f64),
     /// Each VM's r drawn as `hi * U^skew` (U uniform in [0, 1)) at the
@@ -301,14 +304,14 @@ pub(super) enum Reclaim {
     /// overcommit of 10-15%: hi 0.5, skew 3, mean 12.5%).
     Drift { hi: f64, skew: f64, every_s: u64 },
     /// The server's memory fixed at (1 - r) of the VMs', each VM's ratio
-    /// moved within 0-50% by its pressure ([`super::vpri_psi`]).
+    /// moved within 0-50% by its pressure ([`psi`]).
     Psi(PsiCfg),
 }
 
 /// One simulated run: a policy, the reclaim ratio, how long, and whether
 /// the device accesses go through a lossy log.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct RoundCfg<'a> {
+pub(crate) struct RoundCfg<'a> {
     pub kind: &'a str,
     pub reclaim: Reclaim,
     pub steps: u64,
@@ -331,7 +334,7 @@ impl<'a> RoundCfg<'a> {
 
 /// One device's I/O faults in one simulated day (B9, Fig 7).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct DayRate {
+pub(crate) struct DayRate {
     /// I/O faults that day.
     pub iopfs: u64,
     /// Seconds with more than [`BURST_PER_S`] I/O faults.
@@ -342,15 +345,15 @@ pub(super) struct DayRate {
 
 /// A device's I/O faults per second, folded into days.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(super) struct FaultRate {
+pub(crate) struct FaultRate {
     /// One entry per simulated day begun (the last may be partial).
     pub days: Vec<DayRate>,
 }
 
 /// A burst second (Fig 7): more than this many I/O faults.
-pub(super) const BURST_PER_S: u64 = 5;
+pub(crate) const BURST_PER_S: u64 = 5;
 /// Seconds per simulated day.
-pub(super) const DAY_S: u64 = 86_400;
+pub(crate) const DAY_S: u64 = 86_400;
 
 impl FaultRate {
     /// Adds second `t`'s `n` I/O faults.
@@ -376,7 +379,7 @@ impl FaultRate {
 /// ([`PinUse::Demotion`]); a pin still waiting for an access when the
 /// round ends is [`PinUse::Open`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) enum PinUse {
+pub(crate) enum PinUse {
     Protected,
     Unused,
     Demotion,
@@ -400,7 +403,7 @@ enum PinState {
 
 /// Pinned unit-seconds by cause and use, and the events behind them.
 #[derive(Clone, Debug, Default)]
-pub(super) struct PinLedger {
+pub(crate) struct PinLedger {
     pub secs: HashMap<(PinCause, PinUse), f64>,
     pub pins: HashMap<PinCause, u64>,
     /// Device accesses that found their unit pinned and idle (the pin
@@ -593,7 +596,7 @@ fn policy_for(kind: &str, units: usize) -> Box<dyn PinPolicy> {
     }
 }
 
-pub(super) struct ClassResult {
+pub(crate) struct ClassResult {
     pub iopfs: u64,
     pub pinned_pct: f64,
     /// Units fetched back by pins.
@@ -617,7 +620,7 @@ pub(super) struct ClassResult {
 }
 
 /// One VM's outcome.
-pub(super) struct VmOut {
+pub(crate) struct VmOut {
     pub class: Class,
     pub rate: FaultRate,
     pub pinned_pct: f64,
@@ -628,7 +631,7 @@ pub(super) struct VmOut {
 
 /// Per class results, one NIC domain's (minute, active %, pinned %), and
 /// every VM's.
-pub(super) struct RoundOut {
+pub(crate) struct RoundOut {
     pub classes: HashMap<&'static str, ClassResult>,
     /// With [`Reclaim::Psi`]: the server's memory and the most the VMs held
     /// at the end of any second (units).
@@ -639,7 +642,7 @@ pub(super) struct RoundOut {
 
 /// The VMs of B5 (the first 14: 4 NIC + 10 block of U[8, 64] "GB") and,
 /// for larger fleets (B9), more of the same mix.
-pub(super) fn fleet(n: usize) -> Vec<(Class, usize)> {
+pub(crate) fn fleet(n: usize) -> Vec<(Class, usize)> {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(42);
     (0..n)
         .map(|i| {
@@ -652,7 +655,7 @@ pub(super) fn fleet(n: usize) -> Vec<(Class, usize)> {
 }
 
 /// Simulates every VM of `sizes` under `cfg`. Deterministic (seeded).
-pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
+pub(crate) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
     let ratio = |rng: &mut rand::rngs::SmallRng| match cfg.reclaim {
         Reclaim::Fixed(r) => r,
         Reclaim::Drift { hi, skew, .. } => hi * rng.gen::<f64>().powf(skew),
@@ -836,9 +839,7 @@ pub(super) fn round(cfg: &RoundCfg, sizes: &[(Class, usize)]) -> RoundOut {
                 pinned_pct: v.iter().map(|v| v.pinned_sum / steps * 100.0).sum::<f64>() / n,
                 psi_pct: v
                     .iter()
-                    .map(|v| {
-                        v.stalls as f64 * super::vpri_psi::STALL_PER_FAULT_US / 1e6 / steps * 100.0
-                    })
+                    .map(|v| v.stalls as f64 * psi::STALL_PER_FAULT_US / 1e6 / steps * 100.0)
                     .sum::<f64>()
                     / n,
                 ratio_pct: {
@@ -927,7 +928,7 @@ pub enum B5Model {
     /// the paper gives none).
     Redraw(u64),
     /// The paper's mechanism: a server of (1 - r) memory whose reclaim is
-    /// balanced across VMs by their pressure ([`super::vpri_psi`]).
+    /// balanced across VMs by their pressure ([`psi`]).
     Psi(Window, Target),
 }
 
@@ -1023,7 +1024,7 @@ pub fn run(
     }
     let mut models = vec![model];
     models.extend(compare.iter().filter(|&&m| m != model));
-    let mut progress = super::progress::Progress::new(
+    let mut progress = crate::harness::progress::Progress::new(
         (models.len() * B5_RS.len() * (B5_KINDS.len() + 1)) as u64,
         "B5",
     );
@@ -1042,7 +1043,7 @@ fn b5_model(
     sizes: &[(Class, usize)],
     model: B5Model,
     detail: bool,
-    progress: &mut super::progress::Progress,
+    progress: &mut crate::harness::progress::Progress,
 ) -> anyhow::Result<ModelOut> {
     let name = model.name();
     let mut rows = Vec::new();
@@ -1301,7 +1302,7 @@ fn b5_model(
         out.name
     );
     ctx.figure("vpri_b5_reclaim_ratios", |d, nm| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             d,
             nm,
             &title,
@@ -1325,7 +1326,15 @@ fn b5_model(
             vec![("pinned".to_string(), ina)]
         };
         ctx.figure(&name, |d, nm| {
-            super::plot::line_chart(d, nm, &title, "minute", "% of VM memory", &series, false)
+            crate::harness::plot::line_chart(
+                d,
+                nm,
+                &title,
+                "minute",
+                "% of VM memory",
+                &series,
+                false,
+            )
         })?;
     }
     Ok(out)
@@ -1655,7 +1664,7 @@ fn b7_run(ctx: &mut BenchCtx, sizes: &[(Class, usize)]) {
 }
 
 /// Prints `label measured=... paper=...` and records it.
-pub(super) fn line(ctx: &mut BenchCtx, label: &str, measured: f64, unit: &str, paper: &str) {
+pub(crate) fn line(ctx: &mut BenchCtx, label: &str, measured: f64, unit: &str, paper: &str) {
     println!("{label:<44} measured={measured:>10.2} {unit:<4} paper={paper}");
     record(ctx, label, measured, unit, paper);
 }

@@ -50,11 +50,11 @@
 //! same limits.
 
 /// Stall per fault, µs (§7.2).
-pub(super) const STALL_PER_FAULT_US: f64 = 5_000.0;
+pub(crate) const STALL_PER_FAULT_US: f64 = 5_000.0;
 /// Senpai's interval, s (oomd `interval_`).
-pub(super) const INTERVAL_S: u64 = 6;
+pub(crate) const INTERVAL_S: u64 = 6;
 /// Senpai's absolute target, µs of stall per interval (oomd `pressure_ms_`).
-pub(super) const SENPAI_PRESSURE_US: f64 = 10_000.0;
+pub(crate) const SENPAI_PRESSURE_US: f64 = 10_000.0;
 const MAX_PROBE: f64 = 0.01;
 const MAX_BACKOFF: f64 = 1.0;
 const COEFF_PROBE: f64 = 10.0;
@@ -64,7 +64,7 @@ const PSI_FREQ_S: u64 = 2;
 
 /// Which pressure the controller reads.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Window {
+pub(crate) enum Window {
     /// Senpai's: the stall accumulated over its 6 s interval (PSI `total`).
     Senpai,
     /// The kernel's avgW (W = 10, 60 or 300 s), read every interval.
@@ -73,7 +73,7 @@ pub(super) enum Window {
 
 /// What pressure the controller steers each VM towards.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Target {
+pub(crate) enum Target {
     /// The server's mean pressure in the same window (default).
     ServerMean,
     /// Senpai's absolute target (10 ms of stall per 6 s); free host memory
@@ -83,7 +83,7 @@ pub(super) enum Target {
 
 /// The host model's settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct PsiCfg {
+pub(crate) struct PsiCfg {
     /// Server overcommit: H = (1 - r) x the VMs' memory.
     pub r: f64,
     pub window: Window,
@@ -116,7 +116,7 @@ impl PsiCfg {
 /// The server: each VM's limit, fitted to the server's memory, moved by
 /// each VM's pressure.
 #[derive(Clone, Debug)]
-pub(super) struct PsiHost {
+pub(crate) struct PsiHost {
     cfg: PsiCfg,
     units: Vec<f64>,
     floor: Vec<f64>,

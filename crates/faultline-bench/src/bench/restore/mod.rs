@@ -40,6 +40,9 @@
 //! medians over `--reps`. Cold runs drop the file's page cache before each
 //! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root).
 
+mod floor;
+mod peers;
+
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -52,11 +55,11 @@ use faultline_sys::poll::{self, events, PollFd};
 use faultline_sys::sock;
 use faultline_sys::uffd::{Msg, Outcome, Uffd, UffdMsg};
 
-use super::report::{fmt_ratio, print_table, Record};
-use super::stats::Summary;
-use super::BenchCtx;
-use super::{restore_floor, restore_peers};
-use crate::peer::PeerReport;
+use crate::harness::report::{fmt_ratio, print_table, Record};
+use crate::harness::stats::Summary;
+use crate::harness::BenchCtx;
+
+use faultline_serve::PeerReport;
 use faultline_serve::PeerSummary;
 
 /// Options of `faultline bench restore`.
@@ -500,18 +503,16 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         record(a, dir, &mem, ws, &rec)?;
         let hshared = (!hsnap.as_os_str().is_empty()).then_some(hsnap.as_path());
         let floor = progress.suspend(|| -> anyhow::Result<_> {
-            let mut f = restore_floor::measure(&mem, shared, ws_bytes, 2 << 20)?;
+            let mut f = floor::measure(&mem, shared, ws_bytes, 2 << 20)?;
             // The recorded set's own runs: shared-mode prefetch's floor.
             let plan = faultline::PrefetchPlan::new(&faultline_serve::record::read(&rec)?);
             f.set_bytes = plan.pages() * 4096;
             if let Some(snap) = shared {
-                (f.continue_set_s, f.set_runs) =
-                    restore_floor::continue_set(snap, &plan, 1, false)?;
-                f.continue_set_2t_s = restore_floor::continue_set(snap, &plan, 2, false)?.0;
+                (f.continue_set_s, f.set_runs) = floor::continue_set(snap, &plan, 1, false)?;
+                f.continue_set_2t_s = floor::continue_set(snap, &plan, 2, false)?.0;
             }
             if let Some(h) = hshared {
-                (f.continue_huge_set_s, f.huge_set_pages) =
-                    restore_floor::continue_set(h, &plan, 1, true)?;
+                (f.continue_huge_set_s, f.huge_set_pages) = floor::continue_set(h, &plan, 1, true)?;
             }
             Ok(f)
         })?;
@@ -772,12 +773,12 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         a.reps
     );
     ctx.figure("restore_ms", |dir, name| {
-        super::plot::group_bars(dir, name, &title, "ms (log scale)", &names, &series)
+        crate::harness::plot::group_bars(dir, name, &title, "ms (log scale)", &names, &series)
     })
 }
 
 /// The copy floor per working set: what moving its bytes costs at best.
-fn print_floors(ctx: &mut BenchCtx, floors: &[(f64, restore_floor::Floor)]) {
+fn print_floors(ctx: &mut BenchCtx, floors: &[(f64, floor::Floor)]) {
     let ms = |bytes: usize, bps: f64| format!("{:.1}", bytes as f64 / bps * 1e3);
     let gbs = |bps: f64| format!("{:.2}", bps / 1e9);
     let mut rows = Vec::new();
@@ -940,7 +941,7 @@ fn run_peers(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path, mem: &Path) -> any
                 None
             };
             warm(mem)?;
-            rounds.push(restore_peers::round(
+            rounds.push(peers::round(
                 &exe()?,
                 dir,
                 mem,
@@ -954,7 +955,7 @@ fn run_peers(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path, mem: &Path) -> any
         }
     }
     progress.finish();
-    restore_peers::report(ctx, ws, &rounds)
+    peers::report(ctx, ws, &rounds)
 }
 
 fn is_root() -> bool {

@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::report::{print_table, Record};
-use super::stats::Summary;
-use super::BenchCtx;
-use crate::peer::PeerReport;
+use crate::harness::report::{print_table, Record};
+use crate::harness::stats::Summary;
+use crate::harness::BenchCtx;
+use faultline_serve::PeerReport;
 use faultline_serve::PeerSummary;
 
 /// What one round measured.
@@ -354,7 +354,7 @@ pub fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Res
         ),
     ] {
         ctx.figure(name, |dir, name| {
-            super::plot::line_chart(
+            crate::harness::plot::line_chart(
                 dir,
                 name,
                 &format!(

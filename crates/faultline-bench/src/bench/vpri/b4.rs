@@ -22,14 +22,14 @@ use faultline::{MemoryStore, PollEngine, Region};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Tenant, TenantConfig, WorkerMode};
 use rand::{Rng, SeedableRng};
 
-use super::report::print_table;
-use super::vpri_sim::line;
-use super::BenchCtx;
+use crate::harness::report::print_table;
+use crate::harness::BenchCtx;
+use crate::sim::line;
 
 const PS: usize = 4096;
 
 /// B4's settings (from `bench vpri`'s arguments).
-pub(super) struct B4 {
+pub(crate) struct B4 {
     /// Injected I/O faults per second per device.
     pub rate: f64,
     /// Seconds per point.
@@ -39,7 +39,7 @@ pub(super) struct B4 {
 }
 
 /// Runs B4.
-pub(super) fn b4(ctx: &mut BenchCtx, a: &B4) -> anyhow::Result<()> {
+pub(crate) fn b4(ctx: &mut BenchCtx, a: &B4) -> anyhow::Result<()> {
     println!(
         "\n== B4: fault-worker scaling (Fig 15): K devices x {} I/O faults/s, {} ms store, {} s per point ==",
         a.rate, a.store_ms, a.secs
@@ -50,7 +50,7 @@ pub(super) fn b4(ctx: &mut BenchCtx, a: &B4) -> anyhow::Result<()> {
     let engine = PollEngine::new()?;
     let mut rows = Vec::new();
     let mut means: Vec<Vec<f64>> = Vec::new();
-    let mut progress = super::progress::Progress::new((2 * ks.len()) as u64, "B4");
+    let mut progress = crate::harness::progress::Progress::new((2 * ks.len()) as u64, "B4");
     for mode in [WorkerMode::Serialized, WorkerMode::Affined] {
         let mut m = Vec::new();
         for &k in &ks {

@@ -33,9 +33,9 @@ use faultline::{MemoryStore, PollEngine, Region};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, PinMode, Target, Tenant};
 use rand::{Rng, SeedableRng};
 
-use super::report::print_table;
-use super::vpri_sim::{fleet, line, round, LogModel, RoundCfg};
-use super::BenchCtx;
+use crate::harness::report::print_table;
+use crate::harness::BenchCtx;
+use crate::sim::{fleet, line, round, LogModel, RoundCfg};
 
 const PS: usize = 4096;
 const QD: usize = 32;
@@ -43,7 +43,7 @@ const QD: usize = 32;
 const HOT: usize = 1024;
 
 /// B8's settings.
-pub(super) struct B8 {
+pub(crate) struct B8 {
     /// Seconds per point per round.
     pub secs: f64,
     /// Rounds (each point's IOPS is the median over them).
@@ -291,7 +291,7 @@ fn nic_run(
 }
 
 /// Entry point of B8.
-pub(super) fn b8(ctx: &mut BenchCtx, cfg: &B8) -> anyhow::Result<()> {
+pub(crate) fn b8(ctx: &mut BenchCtx, cfg: &B8) -> anyhow::Result<()> {
     println!(
         "\n== B8: access-log (IO-PAL) cost: B2 and B3 I/O at max rate, log off / rings 64..64Ki, consumer every 10 ms or 500 ms (slow), {} s x {} rounds per point ==",
         cfg.secs, cfg.reps
@@ -311,7 +311,8 @@ pub(super) fn b8(ctx: &mut BenchCtx, cfg: &B8) -> anyhow::Result<()> {
     let pals = pals();
     let reps = cfg.reps.max(1);
     let mut runs: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); pals.len()]; 2];
-    let mut progress = super::progress::Progress::new((2 * reps * pals.len()) as u64, "B8");
+    let mut progress =
+        crate::harness::progress::Progress::new((2 * reps * pals.len()) as u64, "B8");
     for rep in 0..reps {
         // A different order each round, so drift hits every point alike.
         for k in 0..pals.len() {
@@ -431,7 +432,7 @@ pub(super) fn b8(ctx: &mut BenchCtx, cfg: &B8) -> anyhow::Result<()> {
         &rows,
     );
     ctx.figure("vpri_b8_dropped", |d, nm| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             d,
             nm,
             "B8: access-log events dropped vs ring size",
@@ -442,7 +443,7 @@ pub(super) fn b8(ctx: &mut BenchCtx, cfg: &B8) -> anyhow::Result<()> {
         )
     })?;
     ctx.figure("vpri_b8_iops_delta", |d, nm| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             d,
             nm,
             "B8: IOPS with the access log, % of log off (same run)",
@@ -535,7 +536,7 @@ fn adp_vs_drops(ctx: &mut BenchCtx) -> anyhow::Result<()> {
         s.1.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
     ctx.figure("vpri_b8_adp_vs_drops", |d, nm| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             d,
             nm,
             "B8: ADP's I/O-fault reduction vs access-log drop rate (simulated)",

@@ -14,12 +14,15 @@
 //! * **B3** (Figs 4-5, NIC): UDP over loopback into a ring of 2 KiB
 //!   buffers over a budget region the evictor keeps cycling, signal
 //!   engine: plain `recv` (EFAULT loses the datagram) vs the API.
-//! * **B5** (Fig 16) and **B7** (Figs 9-11): see [`super::vpri_sim`].
+//! * **B5** (Fig 16) and **B7** (Figs 9-11): see [`crate::sim`].
 //! * **B8** (§5.3, the access log's cost and ADP on a lossy log): see
-//!   [`super::vpri_pal`]; **B9** (Figs 7, 18, production-like): see
-//!   [`super::vpri_day`]. Both run only when asked for (`--only b8,b9`).
+//!   [`b8`]; **B9** (Figs 7, 18, production-like): see
+//!   [`crate::sim::day`]. Both run only when asked for (`--only b8,b9`).
 //!
 //! Time constants are the paper's times the scale factor `S` (printed).
+
+mod b4;
+mod b8;
 
 use std::fs::File;
 use std::net::UdpSocket;
@@ -37,11 +40,11 @@ use faultline::{EvictionConfig, FileStore, MemoryStore, PollEngine, Region, Sign
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Target, Tenant, TenantConfig};
 use rand::{Rng, SeedableRng};
 
-use super::report::print_table;
-use super::stats::Summary;
-use super::tsc::tsc;
-use super::vpri_sim::line;
-use super::BenchCtx;
+use crate::harness::report::print_table;
+use crate::harness::stats::Summary;
+use crate::harness::tsc::tsc;
+use crate::harness::BenchCtx;
+use crate::sim::line;
 
 const PS: usize = 4096;
 
@@ -165,9 +168,9 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         b3(ctx, a).context("B3")?;
     }
     if parts.contains(&"b4") {
-        super::vpri_scale::b4(
+        b4::b4(
             ctx,
-            &super::vpri_scale::B4 {
+            &b4::B4 {
                 rate: a.b4_rate,
                 secs: a.b4_secs,
                 store_ms: a.b2_store_ms,
@@ -179,14 +182,14 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         b2(ctx, a).context("B2")?;
     }
     if parts.contains(&"b5") || parts.contains(&"b7") {
-        let model = |m: &str| super::vpri_sim::B5Model::parse(m.trim(), a.b5_reclaim_every);
+        let model = |m: &str| crate::sim::B5Model::parse(m.trim(), a.b5_reclaim_every);
         let compare = a
             .b5_compare
             .split(',')
             .filter(|m| !m.trim().is_empty() && m.trim() != "none")
             .map(model)
             .collect::<anyhow::Result<Vec<_>>>()?;
-        super::vpri_sim::run(
+        crate::sim::run(
             ctx,
             model(&a.b5_reclaim)?,
             &compare,
@@ -196,9 +199,9 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         .context("B5/B7")?;
     }
     if parts.contains(&"b8") {
-        super::vpri_pal::b8(
+        b8::b8(
             ctx,
-            &super::vpri_pal::B8 {
+            &b8::B8 {
                 secs: a.b8_secs,
                 reps: a.b8_reps,
             },
@@ -206,9 +209,9 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         .context("B8")?;
     }
     if parts.contains(&"b9") {
-        super::vpri_day::b9(
+        crate::sim::day::b9(
             ctx,
-            &super::vpri_day::B9 {
+            &crate::sim::day::B9 {
                 vms: a.b9_vms,
                 days: a.b9_days,
                 psi: match a.b9_reclaim.as_str() {
@@ -617,7 +620,7 @@ fn b3(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         let name = format!("vpri_b3_{}", if mi == 0 { "plain" } else { "api" });
         let title = format!("B3 UDP receive PPS, {mode} (10 ms bins)");
         ctx.figure(&name, |d, nm| {
-            super::plot::line_chart(
+            crate::harness::plot::line_chart(
                 d,
                 nm,
                 &title,
@@ -809,7 +812,7 @@ fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         .iter()
         .map(|(mode, _, _)| (mode.to_string(), Vec::new()))
         .collect();
-    let mut progress = super::progress::Progress::new((reps * modes.len()) as u64, "B2");
+    let mut progress = crate::harness::progress::Progress::new((reps * modes.len()) as u64, "B2");
     for round in 0..reps {
         let mut order: Vec<usize> = (0..modes.len()).collect();
         rand::seq::SliceRandom::shuffle(&mut order[..], &mut order_rng);
@@ -963,7 +966,7 @@ fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
                 ..Summary::default()
             };
             ctx.report.push(
-                super::report::Record::new("vpri", &label, "-", "-", &s)
+                crate::harness::report::Record::new("vpri", &label, "-", "-", &s)
                     .with("label", label.as_str())
                     .with("measured", p999_ns / base)
                     .with("unit", "x")
@@ -1024,7 +1027,7 @@ fn b2(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         "(the parked I/Os alone, nothing else delayed)",
     );
     ctx.figure("vpri_b2_p99", |d, nm| {
-        super::plot::line_chart(
+        crate::harness::plot::line_chart(
             d,
             nm,
             "B2: p99 latency of the I/Os arriving in each 100 ms (a mode's rounds end to end)",
