@@ -43,10 +43,6 @@ pub const PAGE: usize = 4096;
 
 use faultline_sys::mem::Advice;
 
-fn errno() -> std::io::Error {
-    std::io::Error::last_os_error()
-}
-
 /// Private anonymous read-write memory with THP off.
 fn anon(len: usize) -> anyhow::Result<Mapping> {
     let m =
@@ -345,37 +341,6 @@ fn populate_ahead_run(n: usize) -> anyhow::Result<PathRun> {
     })
 }
 
-/// Cycles of each first write to `n` pages of private anonymous memory.
-pub fn anon_write(n: usize) -> anyhow::Result<Vec<u64>> {
-    Ok(KernelPath::AnonWrite.measure(n)?.cycles)
-}
-
-/// Cycles of each first read of `n` pages of private anonymous memory (zero page).
-pub fn anon_read(n: usize) -> anyhow::Result<Vec<u64>> {
-    Ok(KernelPath::AnonRead.measure(n)?.cycles)
-}
-
-/// Cycles of each first write to `n` pages of a `MAP_SHARED` memfd.
-pub fn shmem_write(n: usize) -> anyhow::Result<Vec<u64>> {
-    Ok(KernelPath::ShmemWrite.measure(n)?.cycles)
-}
-
-/// Cycles of each first read of `n` pages of a `MAP_SHARED` memfd.
-pub fn shmem_read(n: usize) -> anyhow::Result<Vec<u64>> {
-    Ok(KernelPath::ShmemRead.measure(n)?.cycles)
-}
-
-/// Cycles of each first read of `n` pages of a warm file mapped `MAP_PRIVATE`.
-pub fn file_warm_read(n: usize) -> anyhow::Result<Vec<u64>> {
-    Ok(KernelPath::FileWarm.measure(n)?.cycles)
-}
-
-/// Cycles of each write to `n` anonymous pages, each populated one access ahead
-/// with `MADV_POPULATE_WRITE`; `wall_ns_per_page` includes the `madvise`.
-pub fn populate_ahead(n: usize) -> anyhow::Result<PathRun> {
-    KernelPath::PopulateAhead.measure(n)
-}
-
 /// Result of a sequential pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SeqRun {
@@ -434,16 +399,6 @@ pub fn seq_scan_file_warm_run(bytes: usize) -> anyhow::Result<SeqRun> {
     Ok(seq_pass(&m, pages, Access::Read))
 }
 
-/// Wall ns per page of [`seq_first_touch_anon_run`].
-pub fn seq_first_touch_anon(bytes: usize) -> anyhow::Result<f64> {
-    Ok(seq_first_touch_anon_run(bytes)?.ns_per_page)
-}
-
-/// Wall ns per page of [`seq_scan_file_warm_run`].
-pub fn seq_scan_file_warm(bytes: usize) -> anyhow::Result<f64> {
-    Ok(seq_scan_file_warm_run(bytes)?.ns_per_page)
-}
-
 /// `threads` threads each first-write their own `pages_per_thread` slice of one
 /// anonymous mapping (THP off); returns total faults per second of wall time.
 pub fn scale_anon(threads: usize, pages_per_thread: usize) -> anyhow::Result<f64> {
@@ -491,19 +446,6 @@ pub struct KernelArgs {
     /// Repetitions of each sequential and scaling pass (the median is reported).
     #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::at_least_one)]
     pub reps: usize,
-}
-
-impl KernelArgs {
-    /// Small defaults for the all-benches run.
-    pub fn quick() -> KernelArgs {
-        KernelArgs {
-            pages: 20_000,
-            seq_mib: 32,
-            scale_pages: 8_192,
-            threads: vec![1, 2, 4, 8],
-            reps: 3,
-        }
-    }
 }
 
 /// `faultline bench kernel`: latency of every kernel path, sequential per-page
@@ -700,8 +642,8 @@ mod tests {
         let s = seq_first_touch_anon_run(64 * PAGE).unwrap();
         assert_eq!(s.pages, 64);
         assert!(s.ns_per_page > 0.0);
-        assert!(seq_scan_file_warm(64 * PAGE).unwrap() > 0.0);
+        assert!(seq_scan_file_warm_run(64 * PAGE).unwrap().ns_per_page > 0.0);
         assert!(scale_anon(2, 64).unwrap() > 0.0);
-        assert!(seq_first_touch_anon(100).is_err());
+        assert!(seq_first_touch_anon_run(100).is_err());
     }
 }

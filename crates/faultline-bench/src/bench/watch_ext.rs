@@ -55,8 +55,6 @@ use anyhow::{bail, Context};
 use faultline_sys::process;
 use serde::Serialize;
 
-use crate::harness::report::{fmt_count, print_table};
-
 /// Source of the SIGSEGV + trap-flag watchpoint (Table 4.1).
 pub const SIGWATCH_C: &str = include_str!("../../../../tools/watchbench/sigwatch.c");
 /// Source of the `-O0` microbenchmark run under GDB (Table 4.6).
@@ -73,25 +71,6 @@ pub const SIG_WATCHED: usize = 16;
 pub const MAX_WATCH: usize = 1024;
 /// Native runs per baseline (the median is used).
 pub const NATIVE_RUNS: usize = 11;
-/// Debug registers usable for data watchpoints on x86_64.
-pub const HW_WATCH_SLOTS: usize = 4;
-
-/// The thesis's Table 4.1 "Signal Handling" column, cycles, rows (1)..(6).
-pub const THESIS_SIGNAL_CYCLES: [f64; 6] = [8800.0, 210.0, 3500.0, 5200.0, 3600.0, 3600.0];
-/// The thesis's Table 4.1 ULPF column, cycles (`None` = "-").
-pub const THESIS_ULPF_CYCLES: [Option<f64>; 6] =
-    [Some(130.0), Some(200.0), None, Some(85.0), None, None];
-
-/// Row labels of Table 4.1.
-pub const SIG_ROW_LABELS: [&str; 6] = [
-    "(1) fault to entering handler",
-    "(2) handler lookup",
-    "(3) allowing the write (mprotect RW)",
-    "(4) exiting handler",
-    "(5) re-execute write (+ #DB, SIGTRAP)",
-    "(6) restore R/O permissions",
-];
-
 /// Ok if both `cc` and `gdb` can be run, else why not.
 pub fn available() -> Result<(), String> {
     cc_available()?;
@@ -269,18 +248,6 @@ pub struct SigBreakdown {
 }
 
 impl SigBreakdown {
-    /// Rows (1)..(6) of Table 4.1 in order.
-    pub fn rows(&self) -> [RowCycles; 6] {
-        [
-            self.fault_to_handler,
-            self.lookup,
-            self.allow_write,
-            self.exit_handler,
-            self.reexecute_write,
-            self.restore_ro,
-        ]
-    }
-
     fn parse(text: &str) -> anyhow::Result<SigBreakdown> {
         let kv = parse_kv(text);
         let r = |k: &str| RowCycles::read(&kv, k);
@@ -361,56 +328,6 @@ pub fn sigsegv_breakdown(writes: usize) -> anyhow::Result<SigBreakdown> {
     SigBreakdown::parse(&String::from_utf8_lossy(&out.stdout)).context("parsing sigwatch output")
 }
 
-/// Print Table 4.1: the thesis's columns next to the measured medians and p99s.
-pub fn print_sig_table(b: &SigBreakdown, ghz: f64) {
-    let mut rows: Vec<Vec<String>> = b
-        .rows()
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            vec![
-                SIG_ROW_LABELS[i].to_string(),
-                THESIS_ULPF_CYCLES[i].map_or("-".into(), |c| format!("{c:.0}")),
-                format!("{:.0}", THESIS_SIGNAL_CYCLES[i]),
-                format!("{:.0}", r.median),
-                format!("{:.0}", r.p99),
-                format!("{:.2}", r.median / ghz / 1000.0),
-            ]
-        })
-        .collect();
-    for (label, r) in [
-        ("    (4)+(5) measured together", b.exit_to_trap),
-        ("    SIGTRAP handler -> loop", b.trap_return),
-        ("total per watched write", b.total),
-    ] {
-        rows.push(vec![
-            label.into(),
-            String::new(),
-            String::new(),
-            format!("{:.0}", r.median),
-            format!("{:.0}", r.p99),
-            format!("{:.2}", r.median / ghz / 1000.0),
-        ]);
-    }
-    println!(
-        "\nWatchpoint via mprotect + SIGSEGV + trap flag (seed 002 Table 4.1), {} writes, {} watched bytes, {} hits",
-        fmt_count(b.writes as u64),
-        b.watched,
-        fmt_count(b.hits)
-    );
-    print_table(
-        &[
-            "step",
-            "thesis ULPF",
-            "thesis signal",
-            "median cyc",
-            "p99 cyc",
-            "median us",
-        ],
-        &rows,
-    );
-}
-
 // ---------------------------------------------------------------------------
 // Table 4.6: GDB watchpoints
 // ---------------------------------------------------------------------------
@@ -453,7 +370,7 @@ pub fn random_offsets(n: usize, block_len: usize, seed: u64) -> Vec<usize> {
 /// GDB watchpoint kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum WatchKind {
-    /// Debug registers (GDB's default; at most [`HW_WATCH_SLOTS`]).
+    /// Debug registers (GDB's default; at most four on x86_64).
     Hardware,
     /// `set can-use-hw-watchpoints 0`: single-step and compare after each step.
     Software,
@@ -666,13 +583,6 @@ fn hits_in(text: &str) -> u64 {
         .sum()
 }
 
-/// Median native cycles of `gdbtarget` (`-O0`) writing the first `bytes` bytes
-/// of a `pages`-page block once ([`NATIVE_RUNS`] runs): the baseline of
-/// [`gdb_table`], for callers timing their own watcher on the same writes.
-pub fn native_o0_cycles(pages: usize, bytes: usize) -> anyhow::Result<f64> {
-    GdbTarget::build()?.native_median(pages, bytes, NATIVE_RUNS)
-}
-
 /// One row of Table 4.6.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GdbRow {
@@ -684,7 +594,7 @@ pub struct GdbRow {
     /// `random_offsets(watchpoints, pages * 4096, seed)`.
     pub hw_cycles: Option<f64>,
     /// `hw_cycles / native_cycles`; `None` if GDB could not insert that many
-    /// hardware watchpoints (more than [`HW_WATCH_SLOTS`]).
+    /// hardware watchpoints (more than the four debug registers of x86_64).
     pub hw_slowdown: Option<f64>,
     /// Bytes written by the software-watchpoint run and its native baseline.
     pub sw_bytes: usize,
@@ -767,41 +677,6 @@ pub fn gdb_table(
     Ok(rows)
 }
 
-/// Print Table 4.6 as measured (`-` where GDB could not watch).
-pub fn print_gdb_table(rows: &[GdbRow]) {
-    let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.watchpoints.to_string(),
-                f(r.hw_slowdown),
-                f(r.sw_slowdown),
-                r.hw_hits.map_or("-".into(), |h| h.to_string()),
-                r.sw_hits.map_or("-".into(), |h| h.to_string()),
-            ]
-        })
-        .collect();
-    if let Some(r) = rows.first() {
-        println!(
-            "\nGDB watchpoints on the -O0 microbenchmark (seed 002 Table 4.6): native {} cycles for the whole block, {} cycles for the first {} bytes (software runs)",
-            fmt_count(r.native_cycles as u64),
-            fmt_count(r.sw_native_cycles as u64),
-            fmt_count(r.sw_bytes as u64)
-        );
-    }
-    print_table(
-        &[
-            "addresses",
-            "GDB HW slowdown",
-            "GDB SW slowdown",
-            "HW stops",
-            "SW stops",
-        ],
-        &table,
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -882,7 +757,6 @@ mod tests {
         }
         let b = sigsegv_breakdown(5000).unwrap();
         println!("{}", serde_json::to_string_pretty(&b).unwrap());
-        print_sig_table(&b, crate::harness::tsc::tsc().ghz());
         assert_eq!(b.writes, 5000);
         assert_eq!(b.hits + b.false_positives, 5000);
         assert!(b.fault_to_handler.median > 0.0 && b.total.median >= b.exit_to_trap.median);
@@ -922,7 +796,6 @@ mod tests {
         let t = Instant::now();
         let rows = gdb_table(&[1, 4, 8], 8, 2048, 1, Duration::from_secs(120)).unwrap();
         println!("{}", serde_json::to_string_pretty(&rows).unwrap());
-        print_gdb_table(&rows);
         println!("gdb_table took {:.1} s", t.elapsed().as_secs_f64());
         assert!(rows[0].hw_slowdown.is_some() && rows[1].hw_slowdown.is_some());
         assert!(rows[2].hw_slowdown.is_none());

@@ -277,10 +277,8 @@ fn scan_index<R: Read>(reader: &mut R, words: u64, path: &Path) -> Result<Vec<u6
 }
 
 /// Infers and checks the layout of the CSR file at `path`, reading only its
-/// index.
-// Not used by `bfs` (it loads the whole file for validation anyway); kept
-// for sources and tools that map a file without loading it.
-#[allow(dead_code)]
+/// index (for `bench store`, which maps the file without loading it; `bfs`
+/// loads the whole file to validate it anyway).
 pub fn read_layout(path: &Path) -> Result<CsrLayout, CsrError> {
     let (file, len) = open(path)?;
     let mut reader = BufReader::with_capacity(READ_BUF, file);

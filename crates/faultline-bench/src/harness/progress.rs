@@ -44,11 +44,6 @@ impl Progress {
         }
     }
 
-    /// Whether the bar is actually drawn.
-    pub fn is_visible(&self) -> bool {
-        !self.bar.is_hidden()
-    }
-
     /// Run `f` with the bar cleared (for printing while it is shown).
     pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
         self.bar.suspend(f)

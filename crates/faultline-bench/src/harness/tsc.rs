@@ -73,7 +73,8 @@ impl Tsc {
         }
     }
 
-    /// A TSC built from a known frequency (tests, or replaying saved data).
+    /// A TSC built from a known frequency (tests).
+    #[cfg(test)]
     pub fn from_ghz(ghz: f64) -> Tsc {
         Tsc {
             cycles_per_ns: ghz,
