@@ -1,6 +1,6 @@
 //! The floor under any copying restore handler on this machine: how fast
 //! the working set's bytes can be moved at all, measured in the same run
-//! as `bench restore` (see `restore.rs`).
+//! as `bench restore` (see the `restore` module).
 //!
 //! * `memcpy`: the working set's bytes copied from a mapping of the
 //!   memory file into anonymous memory already faulted in (the pure
@@ -29,8 +29,13 @@ use std::path::Path;
 use std::time::Instant;
 
 use faultline::caps::open_uffd;
+use faultline::PrefetchPlan;
 use faultline_sys::mem::{Advice, Mapping};
 use faultline_sys::uffd::{feature, mode, register_mode, Outcome};
+
+use crate::harness::report::{print_table, Record};
+use crate::harness::stats::Summary;
+use crate::harness::BenchCtx;
 
 /// Throughputs measured, bytes per second.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
@@ -79,9 +84,9 @@ pub struct Floor {
 /// MISSING|MINOR, dealt to `threads` threads; seconds. With `huge`, the
 /// file is on hugetlbfs and each huge page the runs touch is one 2 MiB
 /// ioctl.
-pub fn continue_set(
+fn continue_set(
     snap: &Path,
-    plan: &faultline::PrefetchPlan,
+    plan: &PrefetchPlan,
     threads: usize,
     huge: bool,
 ) -> anyhow::Result<(f64, usize)> {
@@ -133,9 +138,34 @@ pub fn continue_set(
     Ok((secs, ranges.len()))
 }
 
+/// The floors of one working set of `ws_bytes` of `mem` (warm, in 2 MiB
+/// runs), and of its recorded set `rec` (its runs, as shared-mode
+/// prefetch installs them) on the shared tmpfs copy `shared` and the
+/// hugetlbfs copy `hshared` when they exist.
+pub fn of_set(
+    mem: &Path,
+    shared: Option<&Path>,
+    hshared: Option<&Path>,
+    ws_bytes: usize,
+    rec: &Path,
+) -> anyhow::Result<Floor> {
+    let mut f = measure(mem, shared, ws_bytes, 2 << 20)?;
+    // The recorded set's own runs: shared-mode prefetch's floor.
+    let plan = PrefetchPlan::new(&faultline_serve::record::read(rec)?);
+    f.set_bytes = plan.pages() * 4096;
+    if let Some(snap) = shared {
+        (f.continue_set_s, f.set_runs) = continue_set(snap, &plan, 1, false)?;
+        f.continue_set_2t_s = continue_set(snap, &plan, 2, false)?.0;
+    }
+    if let Some(h) = hshared {
+        (f.continue_huge_set_s, f.huge_set_pages) = continue_set(h, &plan, 1, true)?;
+    }
+    Ok(f)
+}
+
 /// Measures the floor for `bytes` of `mem` (warm), in runs of `run_bytes`;
 /// with `snap` (the shared tmpfs copy), the CONTINUE floor too.
-pub fn measure(
+fn measure(
     mem: &Path,
     snap: Option<&Path>,
     bytes: usize,
@@ -245,4 +275,88 @@ fn timed_runs(
         Ok(())
     })?;
     Ok(t.elapsed().as_secs_f64())
+}
+
+/// Prints and records the floors per working set: what moving its bytes
+/// costs at best.
+pub fn print(ctx: &mut BenchCtx, floors: &[(f64, Floor)]) {
+    let ms = |bytes: usize, bps: f64| format!("{:.1}", bytes as f64 / bps * 1e3);
+    let gbs = |bps: f64| format!("{:.2}", bps / 1e9);
+    let mut rows = Vec::new();
+    for (ws, f) in floors {
+        let cases = [
+            ("memcpy", f.memcpy_bps),
+            ("MADV_POPULATE_READ of the source", f.populate_bps),
+            ("UFFDIO_COPY, source populated", f.copy_populated_bps),
+            ("UFFDIO_COPY, source not populated", f.copy_unpopulated_bps),
+            ("UFFDIO_COPY, populated, 2 threads", f.copy_populated_2t_bps),
+            ("UFFDIO_COPY, populated, 4 KiB per ioctl", f.copy_page_bps),
+            ("UFFDIO_CONTINUE (shared tmpfs copy)", f.continue_bps),
+            ("UFFDIO_CONTINUE, 2 threads", f.continue_2t_bps),
+            ("UFFDIO_CONTINUE, 4 KiB per ioctl", f.continue_page_bps),
+        ];
+        let set = [
+            (
+                format!(
+                    "UFFDIO_CONTINUE of the recorded set's {} runs (tmpfs)",
+                    f.set_runs
+                ),
+                f.continue_set_s,
+                f.set_bytes,
+            ),
+            (
+                format!("the same, 2 threads ({} runs)", f.set_runs),
+                f.continue_set_2t_s,
+                f.set_bytes,
+            ),
+            (
+                format!(
+                    "UFFDIO_CONTINUE of the {} huge pages the set touches (hugetlbfs)",
+                    f.huge_set_pages
+                ),
+                f.continue_huge_set_s,
+                f.huge_set_pages << 21,
+            ),
+        ];
+        for (what, secs, bytes) in set.into_iter().filter(|c| c.1 > 0.0) {
+            let bps = bytes as f64 / secs;
+            let s = Summary::from_ns(&mut [secs * 1e9]);
+            ctx.report.push(
+                Record::new("restore-floor", &what, "CONTINUE", "read", &s)
+                    .with("working_set_pct", *ws)
+                    .with("bytes", bytes as u64)
+                    .with("ms", secs * 1e3)
+                    .with("bytes_per_second", bps),
+            );
+            rows.push(vec![
+                format!("{ws}%"),
+                what,
+                format!("{}", bytes >> 20),
+                gbs(bps),
+                format!("{:.2}", secs * 1e3),
+            ]);
+        }
+        for (what, bps) in cases.into_iter().filter(|c| c.1 > 0.0) {
+            let s = Summary::from_ns(&mut [f.bytes as f64 / bps * 1e9]);
+            ctx.report.push(
+                Record::new("restore-floor", what, "COPY", "read", &s)
+                    .with("working_set_pct", *ws)
+                    .with("bytes", f.bytes as u64)
+                    .with("run_bytes", f.run_bytes as u64)
+                    .with("bytes_per_second", bps),
+            );
+            rows.push(vec![
+                format!("{ws}%"),
+                what.to_string(),
+                format!("{}", f.bytes >> 20),
+                gbs(bps),
+                ms(f.bytes, bps),
+            ]);
+        }
+    }
+    print_table(
+        &["ws", "floor (warm, one process)", "MiB", "GB/s", "ms"],
+        &rows,
+    );
+    println!("(the working set's bytes moved in 2 MiB runs: the least any copying handler spends; CONTINUE: mapped from the shared page cache, no copy)");
 }

@@ -1,6 +1,6 @@
 //! `faultline bench restore --peers 1,2,4,8`: N peers restored at once
 //! from one memory file by one `faultline serve`, and the handler's
-//! resident memory for each N (see `restore.rs`).
+//! resident memory for each N (see the `restore` module).
 //!
 //! Each round starts `serve --peers N --prefetch RECORD`, waits until it
 //! has prepared the recorded set (its own mapping of the file populated),
@@ -21,16 +21,106 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use faultline_serve::{PeerReport, PeerSummary};
 
+use super::args::RestoreArgs;
+use super::launch::{exe, Launcher};
+use super::memory::{warm, HugeMount, Snapshot};
 use crate::harness::report::{print_table, Record};
 use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
-use faultline_serve::PeerReport;
-use faultline_serve::PeerSummary;
+
+/// `--peers`: one round per N and mode, then the table and figures.
+pub fn run(ctx: &mut BenchCtx, a: &RestoreArgs, l: &Launcher<'_>) -> anyhow::Result<()> {
+    let (dir, mem) = (l.dir, l.mem);
+    let ws = *a.working_set.first().context("--working-set is empty")?;
+    let rec = dir.join(format!("ws{ws}.txt"));
+    warm(mem)?;
+    l.record(ws, &rec)?;
+    // Shared mode too when asked for (prefetch-shared among --configs, as
+    // by default): the clones map one tmpfs copy.
+    let snap = a
+        .configs
+        .iter()
+        .any(|c| c == "prefetch-shared")
+        .then(Snapshot::in_dev_shm);
+    if let Some(snap) = &snap {
+        let store = faultline::FileStore::open_with(mem, 0, faultline::store::FileAccess::Mmap)?;
+        faultline::SharedSnapshot::create(&snap.0, &store, |_, _| {})
+            .context("writing the shared tmpfs copy")?;
+    }
+    // And on hugetlbfs when asked for (prefetch-shared-huge among
+    // --configs): a pool for the copy, a mount; each round then reserves
+    // its peers' private mappings (a hugetlbfs MAP_PRIVATE mapping
+    // reserves its size in the pool).
+    let huge_pages = a.size as u64 / (2 << 20);
+    // (Dropped in reverse: the mount, then the pool.)
+    let mut _pool = None;
+    let mut hmount = None;
+    if a.configs.iter().any(|c| c == "prefetch-shared-huge") {
+        let made = faultline::testing::HugePool::get(huge_pages + 8)
+            .map_err(|why| anyhow::anyhow!(why))
+            .and_then(|pool| {
+                let m = HugeMount::new(dir.join("hugetlbfs"))?;
+                let store =
+                    faultline::FileStore::open_with(mem, 0, faultline::store::FileAccess::Mmap)?;
+                faultline::SharedSnapshot::create(&m.snap(), &store, |_, _| {})?;
+                Ok((pool, m))
+            });
+        match made {
+            Ok((pool, m)) => {
+                _pool = Some(pool);
+                hmount = Some(m);
+            }
+            Err(why) => println!("restore --peers: hugetlbfs rounds skipped: {why:#}"),
+        }
+    }
+    let hsnap = hmount.as_ref().map(|m| m.snap());
+    println!(
+        "\nrestore --peers: {} MiB memory file, {ws}% working set, {} vCPU threads per peer, warm",
+        a.size >> 20,
+        a.vcpus
+    );
+    let modes: Vec<(Option<&Path>, bool)> = std::iter::once((None, false))
+        .chain(snap.as_ref().map(|s| (Some(s.0.as_path()), false)))
+        .chain(hsnap.as_deref().map(|h| (Some(h), true)))
+        .collect();
+    let mut progress = ctx.progress((a.peers.len() * modes.len()) as u64, "restore peers");
+    let mut rounds = Vec::new();
+    for &(shared, huge) in &modes {
+        for &n in &a.peers {
+            let mode = match (shared, huge) {
+                (None, _) => "copy",
+                (Some(_), false) => "shared",
+                (Some(_), true) => "shared-huge",
+            };
+            progress.step(&format!("{n} peers, {mode}"));
+            // The peers' private mappings of the hugetlbfs copy, reserved
+            // in the pool for this round.
+            let _round_pool = if huge {
+                match faultline::testing::HugePool::get(n.max(1) as u64 * huge_pages + 8) {
+                    Ok(p) => Some(p),
+                    Err(why) => {
+                        progress.suspend(|| {
+                            println!("restore --peers: {n} peers on hugetlbfs skipped: {why}")
+                        });
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            warm(mem)?;
+            rounds.push(round(l, &rec, shared, huge, n.max(1), ws)?);
+        }
+    }
+    progress.finish();
+    report(ctx, ws, &rounds)
+}
 
 /// What one round measured.
 #[derive(Debug, Clone, Default)]
-pub struct PeersRound {
+struct PeersRound {
     /// Peers restored at once.
     pub peers: usize,
     /// Shared (zero-copy) mode, else copy mode.
@@ -75,18 +165,16 @@ fn kill(c: &mut Child) {
 }
 
 /// Runs one round of `n` peers.
-#[allow(clippy::too_many_arguments)]
-pub fn round(
-    exe: &Path,
-    dir: &Path,
-    mem: &Path,
+fn round(
+    l: &Launcher<'_>,
     rec: &Path,
     shared: Option<&Path>,
     huge: bool,
     n: usize,
     ws: f64,
-    vcpus: usize,
 ) -> anyhow::Result<PeersRound> {
+    let (dir, mem, vcpus) = (l.dir, l.mem, l.vcpus);
+    let exe = &exe()?;
     let sock = dir.join("peers.sock");
     let json = dir.join("peers-serve.json");
     let err = dir.join("peers-serve.err");
@@ -224,7 +312,7 @@ pub fn round(
 }
 
 /// Prints the rounds, records them, draws them.
-pub fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Result<()> {
+fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Result<()> {
     let mib = |kib: u64| kib as f64 / 1024.0;
     let mut rows = Vec::new();
     for r in rounds {
