@@ -22,7 +22,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`bench`] | `faultline bench`: the dispatcher over every sub-bench |
+//! | [`bench`](mod@bench) | `faultline bench`: the dispatcher over every sub-bench |
 //! | [`graph`] | `faultline graph gen/import`, `faultline bfs`: CSR graph files and the BFS benchmark |
 //! | [`probe`] | `faultline vpri probe`: what the kernel does when a system call touches a missing page |
 //! | `harness` | what the benches share: context, report, plot, stats, TSC, progress |

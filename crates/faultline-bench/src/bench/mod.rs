@@ -4,7 +4,7 @@
 //! How the pieces fit:
 //! 1. [`run`] builds a `BenchCtx` (calibrated TSC, an empty report, the
 //!    `--plot` directory) and runs the selected sub-benches in order; with no
-//!    sub-command it runs [`BenchCmd::default_selection`].
+//!    sub-command it runs `BenchCmd::default_selection`.
 //! 2. Each sub-bench (`kernel`, `notify`, ...) measures, prints its tables to stdout,
 //!    draws its figures with `BenchCtx::figure`, and pushes its records onto
 //!    `ctx.report`.

@@ -15,12 +15,14 @@
 //! | [`stats`] | summaries of latency samples (nearest-rank percentiles) |
 //! | [`report`] | JSON records, the machine description, text tables |
 //! | [`plot`] | figures as SVG and PNG |
+//! | [`paper`] | a figure measured next to the paper's, printed and recorded |
 //! | [`progress`] | a step counter on stderr |
 //!
 //! Nothing here knows a particular bench: the benches import the harness,
 //! never the other way round.
 
 pub mod context;
+pub mod paper;
 pub mod plot;
 pub mod progress;
 pub mod report;

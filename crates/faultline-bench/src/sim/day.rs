@@ -16,7 +16,10 @@
 //! the shape compares: our VMs are modelled, and tiny.
 
 use super::psi::PsiCfg;
-use super::{fleet, line, round, Class, DayRate, Reclaim, RoundCfg, DAY_S};
+use super::rate::{DayRate, DAY_S};
+use super::round::{fleet, round, Reclaim, RoundCfg};
+use super::trace::Class;
+use crate::harness::paper::line;
 use crate::harness::report::print_table;
 use crate::harness::BenchCtx;
 
@@ -287,8 +290,8 @@ pub(crate) fn b9(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::FaultRate;
     use super::*;
+    use crate::sim::rate::FaultRate;
 
     #[test]
     fn quantiles_are_nearest_rank() {

@@ -3,7 +3,7 @@
 //! of each VM varies from 0% to 50%, balanced by the pressure stall
 //! information (PSI) algorithm in Linux across VMs on the same server"
 //! (§3.4; §7.3: "dynamically adjusted from 0% to 50%"). The algorithm the
-//! paper cites for it is TMO [50], whose agent is Senpai; its published
+//! paper cites for it is TMO \[50\], whose agent is Senpai; its published
 //! implementation is oomd's `senpai` plugin (`src/oomd/plugins/Senpai.{h,cpp}`
 //! in facebookincubator/oomd), whose defaults are used below.
 //!

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! [`steps`] takes one run's stamps from both reports, [`median_finite`]
-//! the medians over the reps, [`row`] and [`print`] the table, [`record`]
+//! the medians over the reps, [`row`] and [`print()`] the table, [`record`]
 //! the JSON fields (`handoff_KEY_ms`).
 
 use faultline_serve::{PeerReport, PeerSummary};

@@ -22,9 +22,9 @@ use faultline::{MemoryStore, PollEngine, Region};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Tenant, TenantConfig, WorkerMode};
 use rand::{Rng, SeedableRng};
 
+use crate::harness::paper::line;
 use crate::harness::report::print_table;
 use crate::harness::BenchCtx;
-use crate::sim::line;
 
 const PS: usize = 4096;
 

@@ -33,9 +33,10 @@ use faultline::{MemoryStore, PollEngine, Region};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, PinMode, Target, Tenant};
 use rand::{Rng, SeedableRng};
 
+use crate::harness::paper::line;
 use crate::harness::report::print_table;
 use crate::harness::BenchCtx;
-use crate::sim::{fleet, line, round, LogModel, RoundCfg};
+use crate::sim::round::{fleet, round, LogModel, RoundCfg};
 
 const PS: usize = 4096;
 const QD: usize = 32;

@@ -40,11 +40,11 @@ use faultline::{EvictionConfig, FileStore, MemoryStore, PollEngine, Region, Sign
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Target, Tenant, TenantConfig};
 use rand::{Rng, SeedableRng};
 
+use crate::harness::paper::line;
 use crate::harness::report::print_table;
 use crate::harness::stats::Summary;
 use crate::harness::tsc::tsc;
 use crate::harness::BenchCtx;
-use crate::sim::line;
 
 const PS: usize = 4096;
 
@@ -182,14 +182,14 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         b2(ctx, a).context("B2")?;
     }
     if parts.contains(&"b5") || parts.contains(&"b7") {
-        let model = |m: &str| crate::sim::B5Model::parse(m.trim(), a.b5_reclaim_every);
+        let model = |m: &str| crate::sim::b5::B5Model::parse(m.trim(), a.b5_reclaim_every);
         let compare = a
             .b5_compare
             .split(',')
             .filter(|m| !m.trim().is_empty() && m.trim() != "none")
             .map(model)
             .collect::<anyhow::Result<Vec<_>>>()?;
-        crate::sim::run(
+        crate::sim::b5::run(
             ctx,
             model(&a.b5_reclaim)?,
             &compare,
