@@ -98,7 +98,7 @@ pub(crate) fn day_stats(days: &[DayRate]) -> DayStats {
 }
 
 /// Entry point of B9.
-pub(crate) fn b9(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
+pub(crate) fn run(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
     let vms = cfg.vms.max(1);
     let days = cfg.days.max(1);
     let (reclaim, how) = if cfg.psi {

@@ -22,11 +22,10 @@ use faultline::{MemoryStore, PollEngine, Region};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Tenant, TenantConfig, WorkerMode};
 use rand::{Rng, SeedableRng};
 
+use super::PS;
 use crate::harness::paper::line;
 use crate::harness::report::print_table;
 use crate::harness::BenchCtx;
-
-const PS: usize = 4096;
 
 /// B4's settings (from `bench vpri`'s arguments).
 pub(crate) struct B4 {
@@ -39,7 +38,7 @@ pub(crate) struct B4 {
 }
 
 /// Runs B4.
-pub(crate) fn b4(ctx: &mut BenchCtx, a: &B4) -> anyhow::Result<()> {
+pub(crate) fn run(ctx: &mut BenchCtx, a: &B4) -> anyhow::Result<()> {
     println!(
         "\n== B4: fault-worker scaling (Fig 15): K devices x {} I/O faults/s, {} ms store, {} s per point ==",
         a.rate, a.store_ms, a.secs

@@ -33,12 +33,12 @@ use faultline::{MemoryStore, PollEngine, Region};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, PinMode, Target, Tenant};
 use rand::{Rng, SeedableRng};
 
+use super::PS;
 use crate::harness::paper::line;
 use crate::harness::report::print_table;
 use crate::harness::BenchCtx;
 use crate::sim::round::{fleet, round, LogModel, RoundCfg};
 
-const PS: usize = 4096;
 const QD: usize = 32;
 /// Resident buffer pages the block workload reads into.
 const HOT: usize = 1024;
@@ -292,7 +292,7 @@ fn nic_run(
 }
 
 /// Entry point of B8.
-pub(crate) fn b8(ctx: &mut BenchCtx, cfg: &B8) -> anyhow::Result<()> {
+pub(crate) fn run(ctx: &mut BenchCtx, cfg: &B8) -> anyhow::Result<()> {
     println!(
         "\n== B8: access-log (IO-PAL) cost: B2 and B3 I/O at max rate, log off / rings 64..64Ki, consumer every 10 ms or 500 ms (slow), {} s x {} rounds per point ==",
         cfg.secs, cfg.reps
