@@ -33,7 +33,6 @@ mod restore;
 mod store;
 mod vpri;
 mod watch;
-mod watch_ext;
 
 use std::path::PathBuf;
 

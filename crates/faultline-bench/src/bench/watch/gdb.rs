@@ -1,336 +1,45 @@
-//! External watchpoint baselines: the two ways of watching memory the seed 002
-//! thesis compares its user-level page faults with, measured on this machine.
+//! The external watchpoint baseline of Table 4.6 (seed 002): GDB's
+//! hardware and software watchpoints, measured on this machine.
 //!
-//! 1. [`sigsegv_breakdown`] (Table 4.1, "Signal Handling" column): a write
-//!    watchpoint built the usual way, one page `mprotect`ed read-only, a SIGSEGV
-//!    handler that looks the address up and unprotects, the trap flag to get
-//!    control back after the store, and a SIGTRAP handler that re-protects. Each
-//!    step is timed with the TSC inside the C program
-//!    (`tools/watchbench/sigwatch.c`, `-O2`):
+//! [`gdb_table`] (Table 4.6): GDB hardware and software watchpoints on the
+//! microbenchmark compiled `-O0 -g` (`tools/watchbench/gdbtarget.c`): a block
+//! of `pages` 4 KiB pages written byte by byte, N random watched bytes. GDB runs
+//! in batch mode with a generated script (appendix 7.1 of the seed): break in
+//! `ready()`, `watch -l *(char*)watch_addrs[i]` for each i, each watchpoint
+//! with a `commands` block (`silent`, `continue`), `continue` to the end,
+//! then `info watchpoints` for GDB's hit counts. The program times its own
+//! write loop with the TSC; slowdown =
+//! cycles under GDB / median native cycles of the same writes. x86 has four
+//! debug registers: a fifth hardware watchpoint fails when GDB inserts it at
+//! `continue` ("Could not insert hardware watchpoint"), reported as `None`
+//! (a "-" in the thesis table). Software watchpoints single-step every
+//! instruction (~100-150 us per step here), so their runs write only the first
+//! `sw_bytes` bytes of the block, against a native run of the same bytes.
 //!
-//!    ```text
-//!    loop      t0 | *p = v  ......................................... | t8
-//!                      | #PF                                ^ #DB     ^ sigreturn
-//!    SIGSEGV handler   t1 lookup t2 mprotect RW t3 TF=1 t4  |         |
-//!    SIGTRAP handler                                        t5 mprotect R t6 TF=0 t7
-//!    rows: (1) t1-t0  (2) t2-t1  (3) t3-t2  (4)+(5) t5-t4  (6) t6-t5  return t8-t7
-//!    ```
-//!
-//!    (4) "exiting the handler" and (5) "re-executing the write" are one interval
-//!    in that run (the store is the only instruction between the two kernel
-//!    exits). A second run without the trap flag, whose handler only unprotects,
-//!    times (4) alone as handler end -> store completed; (5) is reported as the
-//!    difference of the two medians (p99s), i.e. the store plus the single-step
-//!    `#DB` and the SIGTRAP delivery.
-//! 2. [`gdb_table`] (Table 4.6): GDB hardware and software watchpoints on the
-//!    microbenchmark compiled `-O0 -g` (`tools/watchbench/gdbtarget.c`): a block
-//!    of `pages` 4 KiB pages written byte by byte, N random watched bytes. GDB runs
-//!    in batch mode with a generated script (appendix 7.1 of the seed): break in
-//!    `ready()`, `watch -l *(char*)watch_addrs[i]` for each i, each watchpoint
-//!    with a `commands` block (`silent`, `continue`), `continue` to the end,
-//!    then `info watchpoints` for GDB's hit counts. The program times its own
-//!    write loop with the TSC; slowdown =
-//!    cycles under GDB / median native cycles of the same writes. x86 has four
-//!    debug registers: a fifth hardware watchpoint fails when GDB inserts it at
-//!    `continue` ("Could not insert hardware watchpoint"), reported as `None`
-//!    (a "-" in the thesis table). Software watchpoints single-step every
-//!    instruction (~100-150 us per step here), so their runs write only the first
-//!    `sw_bytes` bytes of the block, against a native run of the same bytes.
-//!
-//! The C sources are embedded in the binary, written to a temporary directory
-//! and compiled with `cc` at run time; GDB must be on `PATH` for the table.
-//! [`available`] says whether both are there, so callers can skip the columns.
+//! The program is compiled at run time ([`cprog`]); GDB must be on `PATH`
+//! for the table ([`cprog::available`] says whether both are there).
 //!
 //! Watched addresses come from [`random_offsets`], the same xorshift64
 //! selection as `gdbtarget.c`, so a caller can watch the same bytes with its own
 //! watcher.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use faultline_sys::process;
 use serde::Serialize;
 
-/// Source of the SIGSEGV + trap-flag watchpoint (Table 4.1).
-pub const SIGWATCH_C: &str = include_str!("../../../../tools/watchbench/sigwatch.c");
-/// Source of the `-O0` microbenchmark run under GDB (Table 4.6).
-pub const GDBTARGET_C: &str = include_str!("../../../../tools/watchbench/gdbtarget.c");
-/// `tools/watchbench/floor.c`: the cheapest possible signal-based write
-/// catch (the handler only steps over the store).
-pub const FLOOR_C: &str = include_str!("../../../../tools/watchbench/floor.c");
+use super::block::PAGE;
+use super::cprog::{self, compile, get_u64, median, parse_kv, TempDir};
 
-/// Page size of the workloads.
-pub const PAGE: usize = 4096;
-/// Watched byte addresses in the page of [`sigsegv_breakdown`].
-pub const SIG_WATCHED: usize = 16;
+/// Source of the `-O0` microbenchmark run under GDB (Table 4.6).
+pub const GDBTARGET_C: &str = include_str!("../../../../../tools/watchbench/gdbtarget.c");
 /// Most watched addresses `gdbtarget.c` accepts (`MAX_WATCH`).
 pub const MAX_WATCH: usize = 1024;
 /// Native runs per baseline (the median is used).
 pub const NATIVE_RUNS: usize = 11;
-/// Ok if both `cc` and `gdb` can be run, else why not.
-pub fn available() -> Result<(), String> {
-    cc_available()?;
-    tool_runs("gdb", "the GDB watchpoint baselines need it (install gdb)")
-}
-
-/// Ok if `cc` can be run (all [`sigsegv_breakdown`] needs), else why not.
-pub fn cc_available() -> Result<(), String> {
-    tool_runs(
-        "cc",
-        "the external baselines compile C at run time (install gcc)",
-    )
-}
-
-fn tool_runs(tool: &str, why: &str) -> Result<(), String> {
-    match Command::new(tool)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-    {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(format!("`{tool} --version` failed ({}): {why}", o.status)),
-        Err(e) => Err(format!("cannot run `{tool}` ({e}): {why}")),
-    }
-}
-
-/// A temporary directory, removed with its contents on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> anyhow::Result<TempDir> {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "faultline-watchbench-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir(&p).with_context(|| format!("creating {}", p.display()))?;
-        Ok(TempDir(p))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            eprintln!("faultline bench: removing {}: {e}", self.0.display());
-        }
-    }
-}
-
-/// Write `src` to `dir/name.c` and compile it with `cc flags` into `dir/name`.
-fn compile(dir: &Path, name: &str, src: &str, flags: &[&str]) -> anyhow::Result<PathBuf> {
-    let c = dir.join(format!("{name}.c"));
-    let exe = dir.join(name);
-    std::fs::write(&c, src).with_context(|| format!("writing {}", c.display()))?;
-    let out = Command::new("cc")
-        .args(flags)
-        .arg("-o")
-        .arg(&exe)
-        .arg(&c)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| {
-            format!("running `cc` to build {name}.c: the external baselines compile C at run time (install gcc)")
-        })?;
-    if !out.status.success() {
-        bail!(
-            "cc {} {name}.c failed ({}):\n{}",
-            flags.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim_end()
-        );
-    }
-    Ok(exe)
-}
-
-/// Parse `key=value` lines; other lines are ignored.
-fn parse_kv(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.trim().split_once('='))
-        .filter(|(k, _)| !k.is_empty() && !k.contains(char::is_whitespace))
-        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
-        .collect()
-}
-
-fn get_u64(kv: &BTreeMap<String, String>, key: &str, what: &str) -> anyhow::Result<u64> {
-    let v = kv
-        .get(key)
-        .with_context(|| format!("{what}: no `{key}=` line in its output"))?;
-    v.parse()
-        .with_context(|| format!("{what}: `{key}={v}` is not a number"))
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_unstable_by(f64::total_cmp);
-    crate::harness::stats::percentile_sorted(v, 50.0)
-}
-
-// ---------------------------------------------------------------------------
-// Table 4.1: SIGSEGV + mprotect + trap flag
-// ---------------------------------------------------------------------------
-
-/// Median and 99th percentile of one row, TSC cycles (nearest rank; each
-/// includes one `lfence; rdtsc; lfence` pair, ~20-50 cycles).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct RowCycles {
-    /// 50th percentile.
-    pub median: f64,
-    /// 99th percentile.
-    pub p99: f64,
-}
-
-impl RowCycles {
-    fn read(kv: &BTreeMap<String, String>, key: &str) -> anyhow::Result<RowCycles> {
-        Ok(RowCycles {
-            median: get_u64(kv, &format!("{key}.median"), "sigwatch")? as f64,
-            p99: get_u64(kv, &format!("{key}.p99"), "sigwatch")? as f64,
-        })
-    }
-}
-
-/// The run without the trap flag: its handler only unprotects, the loop
-/// re-protects after the store.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct PlainRun {
-    /// Store -> first line of the SIGSEGV handler.
-    pub fault_to_handler: RowCycles,
-    /// Binary search of the fault address.
-    pub lookup: RowCycles,
-    /// `mprotect(PROT_READ | PROT_WRITE)` in the handler.
-    pub allow_write: RowCycles,
-    /// Last line of the handler -> store completed (sigreturn + the store).
-    pub exit: RowCycles,
-    /// `mprotect(PROT_READ)` in the loop, outside any handler.
-    pub reprotect: RowCycles,
-    /// Store -> store completed (without the re-protect).
-    pub total: RowCycles,
-}
-
-/// Table 4.1, signal column, measured here: one event = one write to the
-/// watched page. Cycles are TSC cycles.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct SigBreakdown {
-    /// Timed writes per run (plus 1000 untimed warm-up writes).
-    pub writes: usize,
-    /// Watched byte addresses in the page.
-    pub watched: usize,
-    /// Timed writes that hit a watched byte.
-    pub hits: u64,
-    /// Timed writes to the page that hit no watched byte.
-    pub false_positives: u64,
-    /// (1) store -> first line of the SIGSEGV handler (#PF, kernel, signal frame).
-    pub fault_to_handler: RowCycles,
-    /// (2) binary search of `si_addr` in the sorted watched addresses.
-    pub lookup: RowCycles,
-    /// (3) `mprotect(PROT_READ | PROT_WRITE)`.
-    pub allow_write: RowCycles,
-    /// (4) last line of the handler -> store completed, from the run without TF
-    /// ([`PlainRun::exit`]).
-    pub exit_handler: RowCycles,
-    /// (5) `exit_to_trap - exit_handler` (medians and p99s subtracted): the
-    /// store, the single-step `#DB` and the SIGTRAP delivery.
-    pub reexecute_write: RowCycles,
-    /// (4)+(5) as measured with TF: last line of the SIGSEGV handler -> first
-    /// line of the SIGTRAP handler.
-    pub exit_to_trap: RowCycles,
-    /// (6) `mprotect(PROT_READ)` in the SIGTRAP handler.
-    pub restore_ro: RowCycles,
-    /// Last line of the SIGTRAP handler -> back in the loop after the store.
-    pub trap_return: RowCycles,
-    /// Store -> store completed, the whole watched write (the loop's own pair).
-    pub total: RowCycles,
-    /// The calibration run without the trap flag.
-    pub plain: PlainRun,
-}
-
-impl SigBreakdown {
-    fn parse(text: &str) -> anyhow::Result<SigBreakdown> {
-        let kv = parse_kv(text);
-        let r = |k: &str| RowCycles::read(&kv, k);
-        let exit_to_trap = r("tf.exit_to_trap")?;
-        let plain = PlainRun {
-            fault_to_handler: r("plain.entry")?,
-            lookup: r("plain.lookup")?,
-            allow_write: r("plain.allow")?,
-            exit: r("plain.exit")?,
-            reprotect: r("plain.reprotect")?,
-            total: r("plain.total")?,
-        };
-        Ok(SigBreakdown {
-            writes: get_u64(&kv, "writes", "sigwatch")? as usize,
-            watched: get_u64(&kv, "watched", "sigwatch")? as usize,
-            hits: get_u64(&kv, "tf.hits", "sigwatch")?,
-            false_positives: get_u64(&kv, "tf.false_positives", "sigwatch")?,
-            fault_to_handler: r("tf.entry")?,
-            lookup: r("tf.lookup")?,
-            allow_write: r("tf.allow")?,
-            exit_handler: plain.exit,
-            reexecute_write: RowCycles {
-                median: exit_to_trap.median - plain.exit.median,
-                p99: exit_to_trap.p99 - plain.exit.p99,
-            },
-            exit_to_trap,
-            restore_ro: r("tf.restore")?,
-            trap_return: r("tf.trap_return")?,
-            total: r("tf.total")?,
-            plain,
-        })
-    }
-}
-
-/// The signal-delivery floor on this machine: median TSC cycles of a write
-/// to a protected page whose handler only steps over the store, with
-/// (mprotect + SIGSEGV, uffd-wp + SIGBUS). Nothing that catches writes with
-/// page protection and signals can be cheaper.
-pub fn signal_floor(writes: usize) -> anyhow::Result<(f64, f64)> {
-    let dir = TempDir::new()?;
-    let exe = compile(&dir.0, "floor", FLOOR_C, &["-O2"])?;
-    let out = Command::new(&exe)
-        .arg(writes.max(1).to_string())
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {}", exe.display()))?;
-    if !out.status.success() {
-        bail!("floor failed ({})", out.status);
-    }
-    let kv = parse_kv(&String::from_utf8_lossy(&out.stdout));
-    Ok((
-        get_u64(&kv, "segv.total", "floor")? as f64,
-        get_u64(&kv, "uffd.total", "floor")? as f64,
-    ))
-}
-
-/// Compile `sigwatch.c` (`cc -O2`) and time `writes` watched writes with the
-/// trap flag and `writes` without (see the module docs).
-pub fn sigsegv_breakdown(writes: usize) -> anyhow::Result<SigBreakdown> {
-    if writes == 0 {
-        bail!("sigsegv_breakdown: need at least one write");
-    }
-    let dir = TempDir::new()?;
-    let exe = compile(&dir.0, "sigwatch", SIGWATCH_C, &["-O2"])?;
-    let out = Command::new(&exe)
-        .arg(writes.to_string())
-        .arg(SIG_WATCHED.to_string())
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {}", exe.display()))?;
-    if !out.status.success() {
-        bail!(
-            "sigwatch {writes} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim_end()
-        );
-    }
-    SigBreakdown::parse(&String::from_utf8_lossy(&out.stdout)).context("parsing sigwatch output")
-}
-
-// ---------------------------------------------------------------------------
-// Table 4.6: GDB watchpoints
-// ---------------------------------------------------------------------------
 
 /// `n` distinct offsets in `0..block_len`, the selection `gdbtarget.c` makes:
 ///
@@ -622,7 +331,8 @@ pub struct GdbRow {
 /// on the `-O0` microbenchmark over `pages` pages (software runs capped to the
 /// first `sw_bytes` bytes; 0 skips them), addresses from
 /// [`random_offsets`] with `seed`. Each GDB run is killed after `timeout`.
-/// Fails with the reason if `cc` or `gdb` is missing (see [`available`]).
+/// Fails with the reason if `cc` or `gdb` is missing (see
+/// [`cprog::available`]).
 pub fn gdb_table(
     counts: &[usize],
     pages: usize,
@@ -630,7 +340,7 @@ pub fn gdb_table(
     seed: u64,
     timeout: Duration,
 ) -> anyhow::Result<Vec<GdbRow>> {
-    available().map_err(|e| anyhow::anyhow!("GDB watchpoint baseline unavailable: {e}"))?;
+    cprog::available().map_err(|e| anyhow::anyhow!("GDB watchpoint baseline unavailable: {e}"))?;
     let len = pages * PAGE;
     if pages == 0 || sw_bytes > len {
         bail!("gdb_table: need pages >= 1 and sw_bytes <= pages * 4096 (pages {pages}, sw_bytes {sw_bytes})");
@@ -720,7 +430,7 @@ mod tests {
     /// The C program picks the offsets the Rust function does.
     #[test]
     fn c_selection_matches_rust() {
-        if let Err(e) = available() {
+        if let Err(e) = cprog::available() {
             eprintln!("skipped: {e}");
             return;
         }
@@ -749,23 +459,10 @@ mod tests {
         assert_eq!(got, random_offsets(12, 5000, 7), "gdb output:\n{text}");
     }
 
-    #[test]
-    fn sigsegv_breakdown_runs() {
-        if let Err(e) = cc_available() {
-            eprintln!("skipped: {e}");
-            return;
-        }
-        let b = sigsegv_breakdown(5000).unwrap();
-        println!("{}", serde_json::to_string_pretty(&b).unwrap());
-        assert_eq!(b.writes, 5000);
-        assert_eq!(b.hits + b.false_positives, 5000);
-        assert!(b.fault_to_handler.median > 0.0 && b.total.median >= b.exit_to_trap.median);
-    }
-
     /// A run past its timeout is killed and reported, gdb and program gone.
     #[test]
     fn gdb_timeout_kills() {
-        if let Err(e) = available() {
+        if let Err(e) = cprog::available() {
             eprintln!("skipped: {e}");
             return;
         }
@@ -789,7 +486,7 @@ mod tests {
     #[test]
     #[ignore]
     fn gdb_table_runs() {
-        if let Err(e) = available() {
+        if let Err(e) = cprog::available() {
             eprintln!("skipped: {e}");
             return;
         }
