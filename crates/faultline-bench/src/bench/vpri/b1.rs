@@ -11,9 +11,9 @@
 //!    `MADV_DONTNEED` zap of a resident page (our "PCIe").
 
 use faultline::residency::{PageState, Residency};
+use faultline_sys::BASE_PAGE as PS;
 use rand::{Rng, SeedableRng};
 
-use super::PS;
 use crate::harness::paper::line;
 use crate::harness::report::print_table;
 use crate::harness::stats::Summary;

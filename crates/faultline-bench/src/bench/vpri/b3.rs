@@ -19,8 +19,8 @@ use faultline::policy::PolicyKind;
 use faultline::store::FileAccess;
 use faultline::{EvictionConfig, FileStore, Region, SignalEngine};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Target, Tenant, TenantConfig};
+use faultline_sys::BASE_PAGE as PS;
 
-use super::PS;
 use crate::harness::paper::line;
 use crate::harness::plot;
 use crate::harness::report::print_table;

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use faultline::testing::{Action, Fault, FaultyStore};
 use faultline::{MemoryStore, PollEngine, Region};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Tenant, TenantConfig, WorkerMode};
+use faultline_sys::BASE_PAGE as PS;
 use rand::{Rng, SeedableRng};
 
-use super::PS;
 use crate::harness::paper::line;
 use crate::harness::report::print_table;
 use crate::harness::BenchCtx;

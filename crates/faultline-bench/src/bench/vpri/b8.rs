@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 
 use faultline::{MemoryStore, PollEngine, Region};
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, PinMode, Target, Tenant};
+use faultline_sys::BASE_PAGE as PS;
 use rand::{Rng, SeedableRng};
 
-use super::PS;
 use crate::harness::paper::line;
 use crate::harness::report::print_table;
 use crate::harness::BenchCtx;

@@ -28,9 +28,6 @@ use anyhow::Context;
 use crate::harness::paper::line;
 use crate::harness::BenchCtx;
 
-/// The pages every part works in.
-const PS: usize = 4096;
-
 /// Arguments of `faultline bench vpri`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct VpriArgs {

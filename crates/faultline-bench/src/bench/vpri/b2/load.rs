@@ -20,9 +20,8 @@ use std::time::{Duration, Instant};
 
 use faultline::Region;
 use faultline_io::{Backend, DeviceConfig, IoDevice, Ordering, Tenant, TenantConfig};
+use faultline_sys::BASE_PAGE as PS;
 use rand::{Rng, SeedableRng};
-
-use super::super::PS;
 
 /// One mode's load.
 pub(super) struct Load {

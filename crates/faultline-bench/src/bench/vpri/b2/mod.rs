@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use faultline::testing::{Action, Fault, FaultyStore};
 use faultline::{MemoryStore, PollEngine, Region};
 use faultline_io::Ordering;
+use faultline_sys::BASE_PAGE as PS;
 use rand::{Rng, SeedableRng};
 
-use super::PS;
 use crate::harness::paper::line;
 use crate::harness::plot;
 use crate::harness::progress::Progress;
