@@ -6,8 +6,9 @@
 //! (`UFFD_FEATURE_SIGBUS`: the kernel gets EFAULT). Exits non-zero, naming
 //! the rows, if the kernel behaves otherwise.
 //!
-//! This is a kernel-baseline probe: it calls `libc` directly (`vmsplice`,
-//! O_DIRECT flags), as the CLI's kernel benchmarks do.
+//! This is a kernel-baseline probe: it makes the system calls itself
+//! (`vmsplice` and `O_DIRECT` through `faultline-sys`'s typed wrappers,
+//! io_uring reads), as the kernel benchmarks do.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
