@@ -7,17 +7,20 @@
 //! `faultline graph`, `faultline bfs` and `faultline vpri` parse their
 //! arguments with the types here and call the matching `run`.
 //!
-//! The layout, from the top down (each module imports only those below it):
+//! The layout, from the top down: each module imports only modules below
+//! it, and nothing imports the three commands at the top.
 //!
 //! ```text
-//!   bench (dispatcher: BenchArgs, BenchCmd, run)    graph (GraphCmd, BfsArgs)   probe (VpriCmd)
-//!     │                                                │
-//!     ├─ kernel notify engines offload random watch    │
-//!     ├─ store ─────────────────────────────────────►  graph's formats and BFS (csr, rmat, bfs, source)
-//!     ├─ restore/ (baseline, floor, peers, timeline)   │
-//!     └─ vpri/ (B1-B4, B8) ──► sim (B5, B7, B9)        │
-//!                               │                      │
-//!   harness (BenchCtx, report, plot, stats, tsc, progress) ◄┘
+//!  bench/mod.rs: BenchArgs, run          graph: GraphCmd, BfsArgs      probe: VpriCmd
+//!   │                                      │ gen_cmd, bfs_cmd
+//!   ├─ kernel ◄─ engines, offload          │
+//!   ├─ notify  random  watch/              │
+//!   ├─ store ──────────────────────────────┼──► graph's formats and search:
+//!   ├─ restore/ (launch, runs, floor, peers, timeline, ...)   csr, rmat, bfs, source
+//!   └─ vpri/ (B1, B2, B3, B4, B8) ─► sim/ (trace, round, psi, B5, B7, B9)
+//!   │                                 │                    │
+//!   ▼                                 ▼                    ▼
+//!  harness/: BenchCtx, report, paper, plot, stats, tsc, progress
 //! ```
 //!
 //! | module | what |
@@ -25,7 +28,7 @@
 //! | [`bench`](mod@bench) | `faultline bench`: the dispatcher over every sub-bench |
 //! | [`graph`] | `faultline graph gen/import`, `faultline bfs`: CSR graph files and the BFS benchmark |
 //! | [`probe`] | `faultline vpri probe`: what the kernel does when a system call touches a missing page |
-//! | `harness` | what the benches share: context, report, plot, stats, TSC, progress |
+//! | `harness` | what the benches share: context, report, the paper's figures beside ours, plot, stats, TSC, progress |
 //! | `sim` | seed 003's fleet simulated in the paper's own time (B5, B7, B9, B8's simulated half) |
 //!
 //! `faultline bench restore` runs `faultline serve` and `faultline peer` as

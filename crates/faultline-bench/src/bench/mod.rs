@@ -14,10 +14,10 @@
 //!   bench/mod.rs (BenchArgs, BenchCmd, run)
 //!        │ one arm per sub-bench
 //!        ▼
-//!   kernel notify engines offload watch random store restore/ vpri/
-//!        │            (engines, offload ─► kernel; store ─► graph; vpri ─► sim)
+//!   kernel notify engines offload watch/ random store restore/ vpri/
+//!        │      (engines, offload ─► kernel; store ─► graph; vpri/ ─► sim)
 //!        ▼
-//!   harness (BenchCtx, report, plot, stats, tsc, progress)
+//!   harness (BenchCtx, report, paper, plot, stats, tsc, progress)
 //! ```
 //!
 //! Adding a sub-bench: a module with an `Args` struct and
