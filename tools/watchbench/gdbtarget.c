@@ -12,7 +12,7 @@
  *          (1..PAGES*4096; caps the single-stepped software-watchpoint runs)
  *
  * Address selection (the same as `random_offsets` in
- * crates/faultline-cli/src/bench/watch_ext.rs: same seed, same offsets):
+ * crates/faultline-bench/src/bench/watch/gdb.rs: same seed, same offsets):
  *   x = SEED ^ 0x9E3779B97F4A7C15; if x == 0 then x = 0x9E3779B97F4A7C15
  *   repeat: x ^= x << 13; x ^= x >> 7; x ^= x << 17   (xorshift64, u64 wrapping)
  *           o = x % BYTES; keep o if not already kept

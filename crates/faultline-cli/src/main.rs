@@ -1,11 +1,8 @@
 //! `faultline`: capability report, benchmarks and demo workloads for the
 //! faultline user-space page-fault runtime.
 
-mod bench;
-mod graph;
 mod info;
 mod store;
-mod vpri;
 
 use clap::{Parser, Subcommand};
 
@@ -25,16 +22,20 @@ enum Command {
     /// Print the kernel's userfaultfd capabilities and what each memory kind supports.
     Info,
     /// Fault latency and throughput benchmarks, side by side with the kernel's own fault path.
-    Bench(bench::BenchArgs),
+    #[cfg(feature = "bench")]
+    Bench(faultline_bench::bench::BenchArgs),
     /// Graph files: generate (R-MAT) or import (edge list) a binary CSR graph.
+    #[cfg(feature = "bench")]
     #[command(subcommand)]
-    Graph(graph::GraphCmd),
+    Graph(faultline_bench::graph::GraphCmd),
     /// Breadth-first search over a CSR graph file mapped through the kernel or faultline.
-    Bfs(graph::BfsArgs),
+    #[cfg(feature = "bench")]
+    Bfs(faultline_bench::graph::BfsArgs),
     /// I/O page faults (seed 003, VPRI): `probe` measures what the kernel does
     /// when a system call touches a missing page of a region.
+    #[cfg(feature = "bench")]
     #[command(subcommand)]
-    Vpri(vpri::VpriCmd),
+    Vpri(faultline_bench::probe::VpriCmd),
     /// Serve the page faults of VMs restored from a snapshot (Firecracker's `Uffd` memory backend).
     #[cfg(feature = "serve")]
     Serve(faultline_serve::cli::ServeArgs),
@@ -51,10 +52,14 @@ fn main() {
     let cli = Cli::parse();
     let res = match cli.command {
         Command::Info => info::run(),
-        Command::Bench(args) => bench::run(args),
-        Command::Graph(cmd) => graph::run_graph(cmd),
-        Command::Bfs(args) => graph::run_bfs(args),
-        Command::Vpri(cmd) => vpri::run(cmd),
+        #[cfg(feature = "bench")]
+        Command::Bench(args) => faultline_bench::bench::run(args),
+        #[cfg(feature = "bench")]
+        Command::Graph(cmd) => faultline_bench::graph::run_graph(cmd),
+        #[cfg(feature = "bench")]
+        Command::Bfs(args) => faultline_bench::graph::run_bfs(args),
+        #[cfg(feature = "bench")]
+        Command::Vpri(cmd) => faultline_bench::probe::run(cmd),
         #[cfg(feature = "serve")]
         Command::Serve(args) => faultline_serve::cli::run(args),
         #[cfg(feature = "serve")]

@@ -57,6 +57,8 @@ fn a_snapshot_in_redis_is_served_byte_for_byte() {
 
 /// Runs `bench restore` on a 16 MiB file (10% working set, warm, one
 /// rep) with `configs` and `extra` arguments; its JSON and its pid.
+/// (`bench` is the lab's, behind faultline-cli's `bench` feature.)
+#[cfg(feature = "bench")]
 fn bench_restore(dir: &Dir, configs: &str, extra: &[&str]) -> (serde_json::Value, u32) {
     let json = dir.path("restore.json");
     let size = (16 * MIB).to_string();
@@ -91,6 +93,7 @@ fn bench_restore(dir: &Dir, configs: &str, extra: &[&str]) -> (serde_json::Value
 /// server, faultline's configurations are served from it (every byte
 /// checked by the peer), and the records say which store served them.
 #[test]
+#[cfg(feature = "bench")]
 fn bench_restore_serves_from_redis() {
     let dir = Dir::new("bench-redis", MIB);
     let server = faultline_redis::server::RedisServer::start().unwrap();
@@ -120,6 +123,7 @@ fn bench_restore_serves_from_redis() {
 /// timed), the kernel maps it, serve maps its pages into the peer with
 /// CONTINUE (no byte read, no private copy); the copy is removed after.
 #[test]
+#[cfg(feature = "bench")]
 fn bench_restore_shared_rows_read_nothing_and_clean_up() {
     let dir = Dir::new("bench-shared", MIB);
     let (out, pid) = bench_restore(&dir, "kernel-tmpfs,prefetch-shared", &[]);
@@ -150,6 +154,7 @@ fn bench_restore_shared_rows_read_nothing_and_clean_up() {
 /// hugetlbfs (every byte of every peer's set checked by the peer); the
 /// pool and the mount are given back.
 #[test]
+#[cfg(feature = "bench")]
 fn bench_restore_on_hugetlbfs_rows_floor_and_peer_rounds() {
     let nr = || std::fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap();
     let before = nr();

@@ -1,0 +1,153 @@
+//! `faultline bench`: fault latency and throughput benchmarks, side by side with
+//! the kernel's own fault paths. The dispatcher: nothing in the crate imports it.
+//!
+//! How the pieces fit:
+//! 1. [`run`] builds a `BenchCtx` (calibrated TSC, an empty report, the
+//!    `--plot` directory) and runs the selected sub-benches in order; with no
+//!    sub-command it runs `BenchCmd::default_selection`.
+//! 2. Each sub-bench (`kernel`, `notify`, ...) measures, prints its tables to stdout,
+//!    draws its figures with `BenchCtx::figure`, and pushes its records onto
+//!    `ctx.report`.
+//! 3. `BenchCtx::finish` fills in `ratio_to_kernel` and writes `--json`.
+//!
+//! ```text
+//!   bench/mod.rs (BenchArgs, BenchCmd, run)
+//!        │ one arm per sub-bench
+//!        ▼
+//!   kernel notify engines offload watch/ random store restore/ vpri/
+//!        │      (engines, offload ─► kernel; store ─► graph; vpri/ ─► sim)
+//!        ▼
+//!   harness (BenchCtx, report, paper, plot, stats, tsc, progress)
+//! ```
+//!
+//! Adding a sub-bench: a module with an `Args` struct and
+//! `run(&mut BenchCtx, &Args)`, a [`BenchCmd`] variant, and one arm in
+//! `BenchCmd::run`.
+
+mod engines;
+mod kernel;
+mod notify;
+mod offload;
+mod random;
+mod restore;
+mod store;
+mod vpri;
+mod watch;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use crate::harness::BenchCtx;
+use kernel::KernelArgs;
+use notify::NotifyArgs;
+
+/// Arguments of `faultline bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Which bench to run (all of them if omitted).
+    #[command(subcommand)]
+    pub cmd: Option<BenchCmd>,
+    /// Write every record as JSON to this file.
+    #[arg(long, global = true)]
+    pub json: Option<PathBuf>,
+    /// Write figures (SVG and PNG) into this directory.
+    #[arg(long, global = true)]
+    pub plot: Option<PathBuf>,
+}
+
+/// The sub-benches.
+#[derive(clap::Subcommand, Clone, Debug)]
+pub enum BenchCmd {
+    /// Cross-thread notification latency (signal, futex, eventfd, pipe, spin),
+    /// next to the seed's Table 2.1.
+    Notify(NotifyArgs),
+    /// The kernel's own fault paths: per-fault latency, sequential per-page cost,
+    /// first-touch scaling over threads.
+    Kernel(KernelArgs),
+    /// Per-fault latency of every engine x resolve op, with the phase
+    /// breakdown (trigger / resolve / return), next to the kernel's paths.
+    Latency(engines::LatencyArgs),
+    /// Sequential first touch with fault-around 1..64 pages per fault,
+    /// against the kernel's first touch and a warm mmap file scan.
+    Seq(engines::SeqArgs),
+    /// Faults per second with 1, 2, 4, 8 faulting threads per engine.
+    Scale(engines::ScaleArgs),
+    /// Frame pool and run-ahead population (seed 004) on four workloads.
+    Offload(offload::OffloadArgs),
+    /// Watchpoints (seed 002 chapter 4): Tables 4.1, 4.3-4.6 next to
+    /// seed 002's numbers, a C mprotect+SIGSEGV baseline and GDB.
+    Watch(watch::WatchArgs),
+    /// N threads reading a file in shuffled page order (UMap's
+    /// pfbenchmark) through mmap, a faultline region and libumap.
+    Random(random::RandomArgs),
+    /// A Redis-backed region vs the local file store: sequential first
+    /// touch, BFS, throughput over handler threads (starts its own
+    /// redis-server unless given --url). Not in the default selection.
+    Store(store::StoreArgs),
+    /// VM snapshot restore through Firecracker's hand-off: the kernel's
+    /// MAP_PRIVATE file mapping, a one-page baseline handler, faultline on
+    /// demand, with a recorded working set prefetched, and eager copy.
+    Restore(restore::RestoreArgs),
+    /// I/O page faults (seed 003, VPRI): Table 2 (B1), Fig 6 (B2), UDP
+    /// receive (B3), Fig 16/17 (B5), Figs 9-11 (B7), next to the paper.
+    /// Not in the default selection.
+    Vpri(vpri::VpriArgs),
+}
+
+impl BenchCmd {
+    /// What `faultline bench` without a sub-command runs, with small defaults.
+    fn default_selection() -> Vec<BenchCmd> {
+        vec![
+            BenchCmd::Latency(engines::LatencyArgs::quick()),
+            BenchCmd::Seq(engines::SeqArgs::quick()),
+            BenchCmd::Scale(engines::ScaleArgs::quick()),
+            BenchCmd::Offload(offload::OffloadArgs::quick()),
+            BenchCmd::Watch(watch::WatchArgs::quick()),
+            BenchCmd::Notify(NotifyArgs::quick()),
+        ]
+    }
+
+    /// Run this sub-bench into `ctx`.
+    fn run(&self, ctx: &mut BenchCtx) -> anyhow::Result<()> {
+        match self {
+            BenchCmd::Notify(a) => notify::run(ctx, a).context("bench notify"),
+            BenchCmd::Kernel(a) => kernel::run(ctx, a).context("bench kernel"),
+            BenchCmd::Latency(a) => engines::run_latency(ctx, a).context("bench latency"),
+            BenchCmd::Seq(a) => engines::run_seq(ctx, a).context("bench seq"),
+            BenchCmd::Scale(a) => engines::run_scale(ctx, a).context("bench scale"),
+            BenchCmd::Offload(a) => offload::run(ctx, a).context("bench offload"),
+            BenchCmd::Watch(a) => watch::run(ctx, a).context("bench watch"),
+            BenchCmd::Random(a) => random::run(ctx, a).context("bench random"),
+            BenchCmd::Store(a) => store::run(ctx, a).context("bench store"),
+            BenchCmd::Restore(a) => restore::run(ctx, a).context("bench restore"),
+            BenchCmd::Vpri(a) => vpri::run(ctx, a).context("bench vpri"),
+        }
+    }
+}
+
+/// Entry point of `faultline bench`.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let cmds = match args.cmd {
+        Some(c) => vec![c],
+        None => BenchCmd::default_selection(),
+    };
+    // Before any work: a long run must not end in "cannot write".
+    if let Some(p) = &args.json {
+        faultline_cli_support::output_file(p, "--json")?;
+    }
+    if let Some(d) = &args.plot {
+        faultline_cli_support::output_dir(d, "--plot")?;
+    }
+    let mut ctx = BenchCtx::new(args.json, args.plot);
+    let m = &ctx.report.machine;
+    println!(
+        "machine: {} | kernel {} | {} CPUs | TSC {:.3} GHz | {}",
+        m.cpu, m.kernel, m.nproc, m.tsc_ghz, m.date
+    );
+    for c in &cmds {
+        c.run(&mut ctx)?;
+    }
+    ctx.finish()?;
+    Ok(())
+}

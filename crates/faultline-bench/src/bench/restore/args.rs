@@ -1,0 +1,87 @@
+//! The options of `faultline bench restore` and its configurations' names.
+
+use std::path::PathBuf;
+
+/// Options of `faultline bench restore`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RestoreArgs {
+    /// Bytes of the memory file (created in --dir). Default 1 GiB.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub size: usize,
+    /// Working sets, percent of memory.
+    #[arg(long, default_value = "10,30", value_delimiter = ',')]
+    pub working_set: Vec<f64>,
+    /// vCPU threads of the peer.
+    #[arg(long, default_value_t = 2)]
+    pub vcpus: usize,
+    /// Repetitions per configuration (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Directory for the memory file, sockets and records. Default: a
+    /// temporary directory in /tmp, removed afterwards.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Configurations to run (the ratios need kernel, baseline and
+    /// on-demand). Default: all but on-demand-huge and prefetch-huge
+    /// (they reserve 2 MiB pages for the peer: ask for them).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kernel,baseline,on-demand,prefetch,eager,kernel-tmpfs,on-demand-shared,prefetch-shared"
+    )]
+    pub configs: Vec<String>,
+    /// Page-cache states to run. Default: warm,cold.
+    #[arg(long, value_delimiter = ',', default_value = "warm,cold")]
+    pub cache: Vec<String>,
+    /// Instead of the configurations: N peers restored at once by one
+    /// `faultline serve` (prefetch of the recorded set, warm), for each N
+    /// given (e.g. 1,2,4,8), reporting the handler's RssAnon/RssFile.
+    /// Uses the first --working-set.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<usize>,
+    /// Serve faultline's configurations (on-demand, prefetch, eager) from
+    /// this Redis store (`redis://HOST:PORT/NAME`, `unix:///PATH?name=NAME`
+    /// or `redis+unix://...`): the memory file is uploaded there first,
+    /// replacing a store of that name. The kernel and the baseline handler
+    /// still read the file, and the peer checks bytes against it. "cold"
+    /// then only drops the file's cache (Redis keeps its data in memory).
+    #[arg(long)]
+    pub store: Option<String>,
+    /// `faultline serve --prefetch-helpers N` for every served
+    /// configuration. Default: serve's default.
+    #[arg(long)]
+    pub prefetch_helpers: Option<usize>,
+    /// Do not evict the CPU caches before each run (by default a buffer
+    /// twice the last-level cache is read first, so no configuration's
+    /// vCPUs find their lines cached by an earlier run or by the memory
+    /// file's warm-up).
+    #[arg(long)]
+    pub keep_caches: bool,
+}
+
+/// Every configuration `--configs` accepts.
+pub const CONFIGS: [&str; 13] = [
+    "kernel",
+    "baseline",
+    "on-demand",
+    "prefetch",
+    "eager",
+    "kernel-tmpfs",
+    "on-demand-shared",
+    "prefetch-shared",
+    "on-demand-huge",
+    "prefetch-huge",
+    "kernel-hugetlbfs",
+    "on-demand-shared-huge",
+    "prefetch-shared-huge",
+];
+
+/// Configurations that use the shared copy on hugetlbfs.
+pub fn uses_huge_snapshot(cfg: &str) -> bool {
+    cfg == "kernel-hugetlbfs" || cfg.ends_with("-shared-huge")
+}
+
+/// Configurations that use the shared tmpfs copy.
+pub fn uses_snapshot(cfg: &str) -> bool {
+    cfg == "kernel-tmpfs" || cfg.ends_with("-shared")
+}

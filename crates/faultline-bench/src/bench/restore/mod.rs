@@ -1,0 +1,300 @@
+//! `faultline bench restore`: VM snapshot restore through Firecracker's
+//! hand-off, every configuration in one run, `faultline peer` as the VMM.
+//!
+//! Configurations (each a fresh peer process; the handler a fresh
+//! `faultline serve` process unless noted):
+//! * `kernel`: the peer maps the memory file `MAP_PRIVATE` (Firecracker's
+//!   `File` backend), no handler;
+//! * `baseline`: a handler written like Firecracker's example (one thread
+//!   in this process, one page per fault, `UFFDIO_COPY` from a mapping of
+//!   the file);
+//! * `on-demand`: `faultline serve` (poll engine, fault-around up to 16);
+//! * `prefetch`: `faultline serve --prefetch` of the set a `--record` run
+//!   of the same working set wrote (recorded once, warm, before);
+//! * `eager`: `faultline serve --prefetch` of every page of the file
+//!   (installed from the handshake on, faults first);
+//! * `kernel-tmpfs`: the peer maps the shared tmpfs copy of the file
+//!   `MAP_PRIVATE` (the kernel on the same page cache as the shared modes);
+//! * `on-demand-shared`, `prefetch-shared`: `faultline serve --shared` and a
+//!   peer that maps the shared tmpfs copy `MAP_PRIVATE`, registered
+//!   MISSING|MINOR: faults and prefetch are `UFFDIO_CONTINUE` (zero copy);
+//! * `on-demand-huge`, `prefetch-huge` (only when asked for with
+//!   `--configs`): the peer's memory is 2 MiB hugetlb pages (`--huge`),
+//!   copied 2 MiB per fault or prefetch run; a pool of 2 MiB pages is
+//!   reserved for the run (`vm.nr_hugepages` grown as root and given back);
+//! * `kernel-hugetlbfs`, `on-demand-shared-huge`, `prefetch-shared-huge`
+//!   (only when asked for): the shared copy on a hugetlbfs mount the bench
+//!   makes (2 MiB pages, root), mapped by the kernel, or served with
+//!   `UFFDIO_CONTINUE` of 2 MiB pages; its population (warm) is reported.
+//!
+//! The shared tmpfs copy is written once per run, before the
+//! configurations run; how long that takes (the one-time population of the
+//! shared page cache) is measured separately, from a warm and from a cold
+//! memory file, and reported beside the table. Cold runs drop the memory
+//! file's page cache; the tmpfs copy stays in memory (it *is* the shared
+//! cache; dropping it means populating it again, the cost reported).
+//!
+//! Reported: seconds from the handshake to the last working-set page
+//! touched (the peer measures it), first-touch latency seen by the vCPU
+//! threads (median, p99), demand faults and bytes read by the handler;
+//! medians over `--reps`. Cold runs drop the file's page cache before each
+//! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root).
+//!
+//! How a run goes, and where each step lives:
+//!
+//! ```text
+//!   run ─► write the memory file (memory), upload it (--store)
+//!       ├─ --peers: peers::run (N peers at once per round) ──────────────┐
+//!       ├─ memory::Copies::prepare: hugetlb pool, hugetlbfs and tmpfs copies
+//!       └─ per working set: record it (launch), its floors (floor),       │
+//!            per cache state: every configuration --reps times,          │
+//!            interleaved (runs::one: launch + baseline), medians          │
+//!            └─► results::Results::add (records, rows, timeline)         │
+//!   results::Results::print: tables, timeline, floors, figure ◄──────────┘
+//! ```
+//!
+//! | module | what |
+//! |---|---|
+//! | `args` | the options and the configurations' names |
+//! | `memory` | the memory file, its shared copies, cache states |
+//! | `launch` | the `faultline peer` and `faultline serve` processes of a run |
+//! | `baseline` | the one-page-per-fault handler Firecracker's example is |
+//! | `runs` | one run of a configuration, medians over the reps |
+//! | `timeline` | the hand-off's steps, stamped by the peer and by serve |
+//! | `floor` | what moving the working set's bytes costs at best |
+//! | `peers` | `--peers`: N peers at once, the handler's resident memory |
+//! | `results` | records, tables and the figure |
+
+mod args;
+mod baseline;
+mod floor;
+mod launch;
+mod memory;
+mod peers;
+mod results;
+mod runs;
+mod timeline;
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+
+pub use args::RestoreArgs;
+use args::CONFIGS;
+use floor::Floor;
+use launch::Launcher;
+use memory::{drop_cache, is_root, warm, write_mem, Copies, Evictor};
+use results::Results;
+use runs::{Inputs, Run};
+
+use crate::harness::progress::Progress;
+use crate::harness::BenchCtx;
+
+/// Runs the bench.
+pub fn run(ctx: &mut BenchCtx, a: &RestoreArgs) -> anyhow::Result<()> {
+    if a.size < 8 << 20 || !a.size.is_multiple_of(4 << 20) {
+        bail!("--size must be a multiple of 4 MiB, at least 8 MiB");
+    }
+    let tmp = a.dir.is_none();
+    let dir = a.dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("faultline-restore-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&dir)?;
+    let result = run_in(ctx, a, &dir);
+    if tmp {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+/// The bench in `dir`: its files, then `--peers` or the configurations.
+fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()> {
+    check_names(a)?;
+    let mem = dir.join("mem");
+    let all = dir.join("all.txt");
+    write_files(a, &mem, &all)?;
+    let l = Launcher {
+        dir,
+        mem: &mem,
+        vcpus: a.vcpus,
+        store: a.store.as_deref(),
+        prefetch_helpers: a.prefetch_helpers,
+    };
+    if !a.peers.is_empty() {
+        return peers::run(ctx, a, &l);
+    }
+    let copies = Copies::prepare(a, dir, &mem)?;
+    let a = &RestoreArgs {
+        configs: copies.configs.clone(),
+        ..a.clone()
+    };
+    let root = is_root();
+    print_setup(a, root);
+    let steps = (a.working_set.len() * a.cache.len() * a.configs.len() * a.reps) as u64;
+    let mut progress = ctx.progress(steps, "restore");
+    let session = Session {
+        a,
+        l,
+        copies: &copies,
+        all: &all,
+        root,
+        evictor: if a.keep_caches {
+            Evictor::none()?
+        } else {
+            Evictor::new()?
+        },
+    };
+    let mut results = Results::default();
+    let mut floors = Vec::new();
+    for &ws in &a.working_set {
+        let (floor, per_cache) = session.working_set(ws, &mut progress)?;
+        floors.push((ws, floor));
+        for (cache, medians) in a.cache.iter().zip(per_cache) {
+            results.add(ctx, a, (ws, cache), &medians, &floor);
+        }
+    }
+    progress.finish();
+    results.print(ctx, a, &copies.populated, &floors)
+}
+
+/// Refuses unknown configurations and cache states before any work.
+fn check_names(a: &RestoreArgs) -> anyhow::Result<()> {
+    for c in &a.configs {
+        if !CONFIGS.contains(&c.as_str()) {
+            bail!(
+                "unknown configuration {c:?} (known: {})",
+                CONFIGS.join(", ")
+            );
+        }
+    }
+    for c in &a.cache {
+        if c != "warm" && c != "cold" {
+            bail!("unknown cache state {c:?} (warm, cold)");
+        }
+    }
+    Ok(())
+}
+
+/// Writes the memory file `mem` and the list of all its pages `all`
+/// (eager's prefetch), and uploads the memory file to `--store`.
+fn write_files(a: &RestoreArgs, mem: &Path, all: &Path) -> anyhow::Result<()> {
+    eprintln!("restore: writing a {} MiB memory file", a.size >> 20);
+    write_mem(mem, a.size)?;
+    let offs: Vec<u64> = (0..a.size as u64).step_by(4096).collect();
+    faultline_serve::record::write(all, &offs)?;
+    if let Some(url) = &a.store {
+        eprintln!("restore: uploading the memory file to {url}");
+        let f = std::fs::File::open(mem)?;
+        let t = Instant::now();
+        faultline_redis::RedisStore::put(
+            url,
+            faultline_redis::RedisConfig::default(),
+            std::io::BufReader::new(f),
+            a.size as u64,
+            |_| {},
+        )
+        .with_context(|| format!("uploading the memory file to {url}"))?;
+        eprintln!("restore: uploaded in {:.2} s", t.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// The line that says how the runs are made.
+fn print_setup(a: &RestoreArgs, root: bool) {
+    println!(
+        "\nrestore: {} MiB memory file, {} vCPU threads, {} reps (medians, interleaved); cold cache: posix_fadvise(DONTNEED){}; CPU caches {}",
+        a.size >> 20,
+        a.vcpus,
+        a.reps,
+        if root { " + drop_caches" } else { " (not root: drop_caches skipped)" },
+        if a.keep_caches {
+            "kept between runs (--keep-caches)"
+        } else {
+            "evicted before each run"
+        }
+    );
+    if let Some(url) = &a.store {
+        println!("restore: faultline's configurations are served from {url} (kernel and baseline read the file)");
+    }
+}
+
+/// Each configuration's medians, in `--configs` order.
+type Medians = Vec<(String, Run)>;
+
+/// What every run of one `bench restore` shares.
+struct Session<'a> {
+    a: &'a RestoreArgs,
+    l: Launcher<'a>,
+    copies: &'a Copies,
+    /// Every page of the memory file (eager's prefetch list).
+    all: &'a Path,
+    root: bool,
+    evictor: Evictor,
+}
+
+impl Session<'_> {
+    /// Records working set `ws` (percent of the memory), measures its
+    /// floors, then its medians per cache state (in `--cache` order).
+    fn working_set(
+        &self,
+        ws: f64,
+        progress: &mut Progress,
+    ) -> anyhow::Result<(Floor, Vec<Medians>)> {
+        let (a, mem) = (self.a, self.l.mem);
+        let rec = self.l.dir.join(format!("ws{ws}.txt"));
+        warm(mem)?;
+        let ws_bytes = ((a.size as f64 * ws / 100.0) as usize).max(2 << 20);
+        let snap = self.copies.snap.0.as_path();
+        let shared = snap.exists().then_some(snap);
+        self.l.record(ws, &rec)?;
+        let hsnap = self.copies.hsnap.as_path();
+        let hshared = (!hsnap.as_os_str().is_empty()).then_some(hsnap);
+        let floor = progress.suspend(|| floor::of_set(mem, shared, hshared, ws_bytes, &rec))?;
+        let inputs = Inputs {
+            rec: &rec,
+            all: self.all,
+            snap,
+            hsnap,
+        };
+        let mut per_cache = Vec::new();
+        for cache in &a.cache {
+            per_cache.push(self.medians(ws, cache, &inputs, progress)?);
+        }
+        Ok((floor, per_cache))
+    }
+
+    /// Every configuration `--reps` times in cache state `cache`, reps
+    /// interleaved (every configuration once, then again), so a slow spell
+    /// of the machine hits all of them alike; the medians.
+    fn medians(
+        &self,
+        ws: f64,
+        cache: &str,
+        inputs: &Inputs<'_>,
+        progress: &mut Progress,
+    ) -> anyhow::Result<Medians> {
+        let (a, mem) = (self.a, self.l.mem);
+        let cold = cache == "cold";
+        let mut all_runs: Vec<Vec<Run>> = a.configs.iter().map(|_| Vec::new()).collect();
+        for rep in 0..a.reps.max(1) {
+            for (cfg, runs) in a.configs.iter().zip(&mut all_runs) {
+                progress.step(&format!("ws {ws}% {cache} {cfg} {rep}"));
+                if cold {
+                    drop_cache(mem, self.root)?;
+                } else {
+                    warm(mem)?;
+                }
+                if !a.keep_caches {
+                    self.evictor.evict();
+                }
+                runs.push(runs::one(&self.l, ws, cfg, inputs)?);
+            }
+        }
+        Ok(a.configs
+            .iter()
+            .zip(all_runs)
+            .map(|(cfg, runs)| (cfg.to_string(), Run::median(&runs)))
+            .collect())
+    }
+}

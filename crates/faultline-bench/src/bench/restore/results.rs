@@ -1,0 +1,262 @@
+//! What `bench restore` reports of its configurations: one record and one
+//! table row per (working set, cache state, configuration), the hand-off
+//! timeline, the one-time population of the shared copies, the floors,
+//! and a figure of every configuration's time beside the floors.
+//!
+//! [`Results::add`] takes one (working set, cache state)'s medians as they
+//! are measured (the records go onto the report in that order);
+//! [`Results::print`] prints everything once the runs are done.
+
+use crate::harness::plot;
+use crate::harness::report::{fmt_ratio, print_table, Record};
+use crate::harness::stats::Summary;
+use crate::harness::BenchCtx;
+
+use super::args::{uses_huge_snapshot, uses_snapshot, RestoreArgs};
+use super::floor::{self, Floor};
+use super::runs::Run;
+use super::timeline;
+
+/// The tables and the figure, filled in as the medians come.
+#[derive(Default)]
+pub struct Results {
+    /// The main table.
+    rows: Vec<Vec<String>>,
+    /// The hand-off timeline.
+    handoff: Vec<Vec<String>>,
+    /// Per (working set, cache): prefetch's preparation of the record, ms.
+    prepared: Vec<(String, f64)>,
+    /// Per (working set, cache): each configuration's median ms and the
+    /// floors (the figure's bar groups).
+    groups: Vec<(String, Vec<(String, f64)>)>,
+}
+
+impl Results {
+    /// Records and tabulates the medians of working set `ws` (percent) in
+    /// cache state `cache`, with the working set's `floor`.
+    pub fn add(
+        &mut self,
+        ctx: &mut BenchCtx,
+        a: &RestoreArgs,
+        (ws, cache): (f64, &str),
+        medians: &[(String, Run)],
+        floor: &Floor,
+    ) {
+        let cold = cache == "cold";
+        let mut bars: Vec<(String, f64)> = medians
+            .iter()
+            .map(|(c, m)| (c.clone(), m.seconds * 1e3))
+            .collect();
+        if !cold {
+            bars.push((
+                "floor: UFFDIO_COPY of the set, 1 thread".into(),
+                floor.bytes as f64 / floor.copy_populated_bps * 1e3,
+            ));
+            if floor.continue_set_s > 0.0 {
+                bars.push((
+                    "floor: UFFDIO_CONTINUE of the recorded set's runs, 1 thread".into(),
+                    floor.continue_set_s * 1e3,
+                ));
+            }
+            if floor.continue_huge_set_s > 0.0 {
+                bars.push((
+                    "floor: UFFDIO_CONTINUE of its 2 MiB pages (hugetlbfs)".into(),
+                    floor.continue_huge_set_s * 1e3,
+                ));
+            }
+        }
+        self.groups.push((format!("{ws}% {cache}"), bars));
+        if let Some(m) = medians.iter().find(|m| m.0 == "prefetch") {
+            self.prepared
+                .push((format!("{ws}% {cache} prefetch"), m.1.prepare_ms));
+        }
+        let get = |n: &str| medians.iter().find(|m| m.0 == n).map(|m| &m.1);
+        let ratio = |x: Option<&Run>, m: &Run| x.map(|x| x.seconds / m.seconds);
+        let show = |r: Option<f64>| r.map_or("-".to_string(), fmt_ratio);
+        let (base, kern, dem) = (get("baseline"), get("kernel"), get("on-demand"));
+        let ktmp = get("kernel-tmpfs");
+        for (cfg, m) in medians {
+            let s = Summary::from_ns(&mut [m.median_ns]);
+            let op = if cfg.contains("-shared") {
+                "CONTINUE"
+            } else if cfg.starts_with("kernel") {
+                "kernel"
+            } else {
+                "COPY"
+            };
+            let mut rec = Record::new("restore", cfg, op, "read", &s)
+                .with("working_set_pct", ws)
+                .with("cache", cache)
+                .with(
+                    "store",
+                    match (cfg.as_str(), &a.store) {
+                        (c, _) if uses_snapshot(c) => "tmpfs copy",
+                        (c, _) if uses_huge_snapshot(c) => "hugetlbfs copy",
+                        ("kernel" | "baseline", _) | (_, None) => "file",
+                        (_, Some(url)) => url.as_str(),
+                    },
+                )
+                .with("reps", a.reps as u64)
+                .with("seconds", m.seconds)
+                .with("vcpu_median_ns", m.median_ns)
+                .with("vcpu_p99_ns", m.p99_ns)
+                .with("demand_faults", m.faults)
+                .with("bytes_read", m.bytes_read);
+            if !uses_huge_snapshot(cfg) {
+                rec = rec.with("peer_anon_kib", m.peer_anon_kib);
+            }
+            if m.prepare_ms.is_finite() {
+                rec = rec.with("prepare_ms", m.prepare_ms);
+            }
+            rec = timeline::record(rec, &m.steps)
+                .with("vcpu_preempted", m.preempted)
+                .with("vcpu_slept", m.slept);
+            self.handoff.push(timeline::row(
+                [format!("{ws}%"), cache.to_string(), cfg.clone()],
+                &m.steps,
+                m.preempted,
+                m.slept,
+            ));
+            if let Some(r) = ratio(base, m) {
+                rec = rec.with("speedup_vs_baseline", r);
+            }
+            if let Some(r) = ratio(kern, m) {
+                rec = rec.with("speedup_vs_kernel", r);
+            }
+            if let Some(r) = ratio(dem, m) {
+                rec = rec.with("speedup_vs_on_demand", r);
+            }
+            if let Some(r) = ratio(ktmp, m) {
+                rec = rec.with("speedup_vs_kernel_tmpfs", r);
+            }
+            ctx.report.push(rec);
+            self.rows.push(vec![
+                format!("{ws}%"),
+                cache.to_string(),
+                cfg.clone(),
+                format!("{:.1}", m.seconds * 1e3),
+                format!("{:.1}", m.median_ns / 1e3),
+                format!("{:.1}", m.p99_ns / 1e3),
+                m.faults.to_string(),
+                format!("{}", m.bytes_read >> 20),
+                // A hugetlbfs page-cache page mapped by one process
+                // counts as Private_Hugetlb: no private figure there.
+                if uses_huge_snapshot(cfg) {
+                    "-".to_string()
+                } else {
+                    format!("{}", m.peer_anon_kib >> 10)
+                },
+                show(ratio(base, m)),
+                show(ratio(kern, m)),
+                show(ratio(ktmp, m)),
+                show(ratio(dem, m)),
+            ]);
+        }
+        if let (Some(pre), Some(dem)) = (get("prefetch"), dem) {
+            self.rows.push(vec![
+                format!("{ws}%"),
+                cache.to_string(),
+                "REAP (paper)".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!(
+                    "ours: -{:.0}% (REAP -97%)",
+                    100.0 * (1.0 - pre.faults as f64 / dem.faults.max(1) as f64)
+                ),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!("ours {} (REAP 3.70x)", fmt_ratio(dem.seconds / pre.seconds)),
+            ]);
+        }
+    }
+
+    /// Prints the tables, records the shared copies' population
+    /// (`populated`: written from what, ms) and the `floors`, draws the
+    /// figure.
+    pub fn print(
+        &self,
+        ctx: &mut BenchCtx,
+        a: &RestoreArgs,
+        populated: &[(&str, f64)],
+        floors: &[(f64, Floor)],
+    ) -> anyhow::Result<()> {
+        print_table(
+            &[
+                "ws",
+                "cache",
+                "config",
+                "ms",
+                "vCPU med us",
+                "p99 us",
+                "faults",
+                "MiB read",
+                "peer anon MiB",
+                "vs baseline",
+                "vs kernel",
+                "vs kernel-tmpfs",
+                "vs on-demand",
+            ],
+            &self.rows,
+        );
+        println!(
+            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
+        );
+        timeline::print(&self.handoff);
+        for (label, ms) in &self.prepared {
+            println!(
+                "{label}: serve read and mapped the recorded set in {ms:.1} ms from its own start (the peer starts with it; not a pause before the handshake)"
+            );
+        }
+        if !populated.is_empty() {
+            println!(
+                "shared tmpfs copy ({} MiB), the one-time population of the shared page cache (not in the restore times above; cold rows drop the memory file's cache, the tmpfs copy stays):",
+                a.size >> 20
+            );
+            for (cache, ms) in populated {
+                println!("  written from a {cache}: {ms:.1} ms");
+                let s = Summary::from_ns(&mut [ms * 1e6]);
+                ctx.report.push(
+                    Record::new("restore-populate", "shared tmpfs copy", "write", "read", &s)
+                        .with("cache", *cache)
+                        .with("bytes", a.size as u64)
+                        .with("ms", *ms),
+                );
+            }
+        }
+        floor::print(ctx, floors);
+        self.figure(ctx, a)
+    }
+
+    /// The figure: per (working set, cache) a group of bars, one per
+    /// configuration and floor, ms on a log scale.
+    fn figure(&self, ctx: &mut BenchCtx, a: &RestoreArgs) -> anyhow::Result<()> {
+        let groups = &self.groups;
+        let names: Vec<String> = groups.iter().map(|g| g.0.clone()).collect();
+        let mut series: Vec<(String, Vec<f64>)> = Vec::new();
+        for (_, bars) in groups {
+            for (cfg, _) in bars {
+                if !series.iter().any(|s| &s.0 == cfg) {
+                    series.push((cfg.clone(), Vec::new()));
+                }
+            }
+        }
+        for (name, values) in &mut series {
+            *values = groups
+                .iter()
+                .map(|(_, bars)| bars.iter().find(|b| &b.0 == name).map_or(0.0, |b| b.1))
+                .collect();
+        }
+        let title = format!(
+            "restore: handshake to last working-set page, {} MiB, median of {}",
+            a.size >> 20,
+            a.reps
+        );
+        ctx.figure("restore_ms", |dir, name| {
+            plot::group_bars(dir, name, &title, "ms (log scale)", &names, &series)
+        })
+    }
+}

@@ -1,0 +1,149 @@
+//! One run of a configuration, and the medians over its reps.
+//!
+//! | configuration | the peer's memory | the handler |
+//! |---|---|---|
+//! | `kernel`, `kernel-tmpfs`, `kernel-hugetlbfs` | `MAP_PRIVATE` of the file, the tmpfs or the hugetlbfs copy | none (the kernel's faults) |
+//! | `baseline` | anonymous, handed over | [`baseline::handler`] in this process |
+//! | `on-demand*` | anonymous, hugetlb, or the shared copy | `faultline serve` |
+//! | `prefetch*`, `eager` | the same | `faultline serve --prefetch` of the recorded set (`eager`: every page) |
+
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use faultline_serve::peer::PeerReport;
+
+use super::baseline;
+use super::launch::{Backing, Launcher, Mode};
+use super::timeline::{median_finite, steps, STEPS};
+
+/// What one run measured (or the medians of several).
+pub struct Run {
+    /// Handshake to the last working-set page touched, s.
+    pub seconds: f64,
+    /// The vCPUs' median first-touch latency, ns.
+    pub median_ns: f64,
+    /// Their 99th percentile, ns.
+    pub p99_ns: f64,
+    /// Demand faults the handler read (kernel rows: the peer's minor faults).
+    pub faults: u64,
+    /// Bytes the handler read.
+    pub bytes_read: u64,
+    /// serve's reading and mapping of the recorded set (prefetch), ms.
+    pub prepare_ms: f64,
+    /// The peer's private memory after the working set (anonymous and
+    /// hugetlb), KiB.
+    pub peer_anon_kib: u64,
+    /// The hand-off's steps ([`STEPS`]), ms from the peer's handshake send
+    /// (NaN: not taken by this configuration).
+    pub steps: Vec<f64>,
+    /// The vCPU threads' preemptions while touching.
+    pub preempted: u64,
+    /// ... and their sleeps.
+    pub slept: u64,
+}
+
+impl Run {
+    /// Each figure's median over `runs` (at least one).
+    pub fn median(runs: &[Run]) -> Run {
+        let med = |f: &dyn Fn(&Run) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        Run {
+            seconds: med(&|r| r.seconds),
+            median_ns: med(&|r| r.median_ns),
+            p99_ns: med(&|r| r.p99_ns),
+            faults: med(&|r| r.faults as f64) as u64,
+            bytes_read: med(&|r| r.bytes_read as f64) as u64,
+            prepare_ms: med(&|r| r.prepare_ms),
+            peer_anon_kib: med(&|r| r.peer_anon_kib as f64) as u64,
+            preempted: med(&|r| r.preempted as f64) as u64,
+            slept: med(&|r| r.slept as f64) as u64,
+            steps: (0..STEPS.len())
+                .map(|k| median_finite(runs.iter().map(|r| r.steps[k]).collect()))
+                .collect(),
+        }
+    }
+}
+
+/// The files a run reads besides the memory file.
+pub struct Inputs<'a> {
+    /// The recorded working set (prefetch).
+    pub rec: &'a Path,
+    /// Every page of the memory file (eager).
+    pub all: &'a Path,
+    /// The shared tmpfs copy.
+    pub snap: &'a Path,
+    /// The shared copy on hugetlbfs.
+    pub hsnap: &'a Path,
+}
+
+/// Runs configuration `cfg` once on working set `ws`.
+pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow::Result<Run> {
+    let Inputs {
+        rec,
+        all,
+        snap,
+        hsnap,
+    } = *inputs;
+    let from = |p: PeerReport, faults: u64, bytes: u64| Run {
+        steps: steps(&p, None),
+        preempted: p.vcpu_preempted,
+        slept: p.vcpu_slept,
+        seconds: p.seconds,
+        median_ns: p.median_ns as f64,
+        p99_ns: p.p99_ns as f64,
+        faults,
+        bytes_read: bytes,
+        prepare_ms: f64::NAN,
+        peer_anon_kib: p.rss_anon_kib + p.hugetlb_kib,
+    };
+    Ok(match cfg {
+        "kernel" | "kernel-tmpfs" | "kernel-hugetlbfs" => {
+            let backing = match cfg {
+                "kernel" => Backing::File(l.mem),
+                "kernel-tmpfs" => Backing::File(snap),
+                _ => Backing::FileHuge(hsnap),
+            };
+            let p = l.peer(ws, backing)?;
+            // The faults the kernel took (each may map several pages).
+            let (faults, n) = (p.minor_faults, p.pages as u64);
+            from(p, faults, n * 4096)
+        }
+        "baseline" => {
+            let sock = l.dir.join("base.sock");
+            let _ = std::fs::remove_file(&sock);
+            let listener = UnixListener::bind(&sock)?;
+            let m = l.mem.to_path_buf();
+            let h = std::thread::spawn(move || baseline::handler(listener, &m));
+            let p = l.peer(ws, Backing::Uffd(&sock));
+            let faults = h
+                .join()
+                .map_err(|_| anyhow::anyhow!("baseline handler panicked"))??;
+            from(p?, faults, faults * 4096)
+        }
+        "on-demand" | "on-demand-shared" | "on-demand-huge" | "on-demand-shared-huge" => {
+            let (p, s, _) = l.served(ws, &[], Mode::of(cfg, snap, hsnap))?;
+            Run {
+                steps: steps(&p, Some(&s)),
+                ..from(p, s.faults, s.bytes_read)
+            }
+        }
+        "prefetch" | "eager" | "prefetch-shared" | "prefetch-huge" | "prefetch-shared-huge" => {
+            let list = if cfg == "eager" { all } else { rec };
+            let (p, s, prepare_ms) = l.served(
+                ws,
+                &["--prefetch", list.to_str().context("path")?],
+                Mode::of(cfg, snap, hsnap),
+            )?;
+            Run {
+                prepare_ms,
+                steps: steps(&p, Some(&s)),
+                ..from(p, s.faults, s.bytes_read)
+            }
+        }
+        other => bail!("unknown configuration {other}"),
+    })
+}

@@ -1,0 +1,241 @@
+//! `faultline graph gen` and `faultline graph import`: a binary CSR graph
+//! file ([`csr`]) from an R-MAT generator ([`rmat`]) or a text edge list
+//! ([`import`]).
+//!
+//! 1. `gen` checks first that the memory (degrees and offsets, one
+//!    adjacency chunk) and the disk the file needs are there, and says
+//!    what it needs against what there is otherwise.
+//! 2. The file is written under a temporary name, synced (unless
+//!    `--no-sync`) and renamed on success: a failed run leaves no partial
+//!    graph behind.
+
+use std::fs::File;
+use std::io::{BufReader, IsTerminal};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::output::{create_output, finish_output};
+use super::units::{format_size, parse_size};
+use super::{csr, import, rmat};
+
+/// `faultline graph ...` subcommands.
+#[derive(clap::Subcommand)]
+pub enum GraphCmd {
+    /// Generate an R-MAT graph (a=0.57, b=0.19, c=0.19) as a binary CSR file.
+    Gen(GenArgs),
+    /// Convert a text edge list (`src dst` per line) to a binary CSR file.
+    Import(ImportArgs),
+}
+
+/// Arguments of `faultline graph gen`.
+#[derive(clap::Args)]
+pub struct GenArgs {
+    /// 2^SCALE vertices.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=rmat::MAX_SCALE as i64))]
+    pub scale: u32,
+    /// EDGE_FACTOR * 2^SCALE generated edges (each stored in both directions).
+    #[arg(long, default_value_t = 16, value_parser = faultline_cli_support::at_least_one_u64)]
+    pub edge_factor: u64,
+    /// PRNG seed: the same parameters and seed give the same file.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Output file.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Keep R-MAT's vertex numbering (hubs at low ids) instead of scrambling it.
+    #[arg(long)]
+    pub no_scramble: bool,
+    /// Generator threads (default: available CPUs).
+    #[arg(long, value_parser = faultline_cli_support::at_least_one)]
+    pub threads: Option<usize>,
+    /// Largest adjacency buffer held in memory; bigger graphs are built in
+    /// vertex chunks, regenerating the edge stream per chunk.
+    #[arg(long, default_value = "4G", value_parser = parse_mem_limit)]
+    pub mem_limit: u64,
+    /// Skip the final fsync (the reported speed then excludes the disk).
+    #[arg(long)]
+    pub no_sync: bool,
+}
+
+/// Arguments of `faultline graph import`.
+#[derive(clap::Args)]
+pub struct ImportArgs {
+    /// Edge list: `src dst` per line, `#` or `%` comments; `-` for stdin.
+    pub input: PathBuf,
+    /// Output file.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Store each edge only as given (default: both directions).
+    #[arg(long)]
+    pub directed: bool,
+}
+
+/// `--mem-limit`: at least 1 MiB (smaller limits would cut the graph into
+/// absurdly many chunks, each a full pass over the edge stream).
+fn parse_mem_limit(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v < 1 << 20 {
+        return Err(format!("memory limit {s:?} is below the minimum of 1M"));
+    }
+    Ok(v)
+}
+
+/// A progress bar on stderr, hidden when stderr is not a terminal.
+fn progress_bar(len: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:40} {percent:>3}% {msg} (eta {eta})",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    pb.set_style(style);
+    pb.enable_steady_tick(Duration::from_millis(200));
+    pb
+}
+
+/// MiB per second.
+fn mb_per_s(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
+}
+
+/// Runs `faultline graph ...`.
+pub fn run_graph(cmd: GraphCmd) -> anyhow::Result<()> {
+    match cmd {
+        GraphCmd::Gen(args) => run_gen(args),
+        GraphCmd::Import(args) => run_import(args),
+    }
+}
+
+/// What `graph gen` needs, checked before any work: memory for the degree
+/// and offset arrays (16 bytes per vertex) plus one adjacency chunk (at
+/// most `--mem-limit`), and disk for the file (at most `8 (n + 1 + 2 m)`
+/// bytes before duplicates are dropped).
+fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
+    faultline_cli_support::output_file(&args.output, "--output")?;
+    let v = 1u128 << args.scale;
+    let edges = 2 * args.edge_factor as u128 * v;
+    let adjacency = (8 * edges).min(args.mem_limit as u128);
+    let mem = 16 * v + adjacency;
+    let disk = 8 * (v + 1 + edges);
+    let fmt = |b: u128| format_size(b.min(u64::MAX as u128) as u64);
+    let scale = args.scale;
+    if let Some(avail) = faultline_cli_support::mem_available() {
+        if mem > avail as u128 {
+            bail!(
+                "graph gen --scale {scale}: needs about {} of memory (16 bytes per vertex \
+                 for degrees and offsets, plus an adjacency chunk of up to --mem-limit), \
+                 {} available",
+                fmt(mem),
+                format_size(avail)
+            );
+        }
+    }
+    if let Some(free) = faultline_cli_support::disk_free(&args.output) {
+        if disk > free as u128 {
+            bail!(
+                "graph gen --scale {scale} --edge-factor {}: the file takes up to {}, \
+                 {} free for {}",
+                args.edge_factor,
+                fmt(disk),
+                format_size(free),
+                args.output.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `faultline graph gen`.
+fn run_gen(args: GenArgs) -> anyhow::Result<()> {
+    let params = rmat::RmatParams {
+        scale: args.scale,
+        edge_factor: args.edge_factor,
+        seed: args.seed,
+        scramble: !args.no_scramble,
+    };
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let opts = rmat::GenOptions {
+        threads,
+        mem_limit: args.mem_limit,
+    };
+    check_gen_resources(&args)?;
+    let t0 = Instant::now();
+    // Written under a temporary name and renamed on success: a failed run
+    // leaves no empty or partial graph behind.
+    let tmp = faultline_cli_support::TempOutput::new(&args.output);
+    let mut out = create_output(&tmp.tmp)?;
+    let pb = progress_bar(0);
+    let summary = rmat::generate(&params, &opts, &mut out, &pb)
+        .with_context(|| format!("generating into {}", args.output.display()))?;
+    pb.set_message("syncing");
+    finish_output(out, &tmp.tmp, !args.no_sync)?;
+    tmp.commit()?;
+    pb.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "{}: R-MAT scale {} edge factor {} seed {}: {} vertices, {} stored edges \
+         ({} self-loops and {} duplicate directed edges dropped), {} chunk(s)",
+        args.output.display(),
+        args.scale,
+        args.edge_factor,
+        args.seed,
+        summary.vertices,
+        summary.edges,
+        summary.self_loops,
+        summary.duplicates,
+        summary.chunks,
+    );
+    println!(
+        "{} written in {secs:.2} s ({:.0} MB/s{}, {threads} threads)",
+        format_size(summary.bytes),
+        mb_per_s(summary.bytes, secs),
+        if args.no_sync {
+            ", not synced"
+        } else {
+            ", synced"
+        },
+    );
+    Ok(())
+}
+
+/// `faultline graph import`.
+fn run_import(args: ImportArgs) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let graph = if args.input.as_os_str() == "-" {
+        import::read_edge_list(std::io::stdin().lock(), !args.directed)
+            .context("importing edge list from stdin")?
+    } else {
+        let f =
+            File::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?;
+        import::read_edge_list(BufReader::with_capacity(1 << 20, f), !args.directed)
+            .with_context(|| format!("importing {}", args.input.display()))?
+    };
+    let tmp = faultline_cli_support::TempOutput::new(&args.output);
+    let mut out = create_output(&tmp.tmp)?;
+    csr::write_csr(&mut out, &graph)
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    finish_output(out, &tmp.tmp, true)?;
+    tmp.commit()?;
+    let layout = graph.layout();
+    println!(
+        "{}: {} vertices, {} stored edges ({}), {} in {:.2} s",
+        args.output.display(),
+        layout.vertices,
+        layout.edges,
+        if args.directed {
+            "directed"
+        } else {
+            "both directions"
+        },
+        format_size(layout.file_bytes()),
+        t0.elapsed().as_secs_f64(),
+    );
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! The context of one `faultline bench` run, handed to every sub-bench.
+//!
+//! 1. [`BenchCtx::new`] calibrates the TSC and starts an empty
+//!    [`Report`] (with the machine's description).
+//! 2. A sub-bench measures, prints its tables, draws its figures with
+//!    [`BenchCtx::figure`] (only under `--plot`) and pushes its
+//!    [`Record`](super::report::Record)s onto [`BenchCtx::report`].
+//! 3. [`BenchCtx::finish`] fills in `ratio_to_kernel`, writes `--json` and
+//!    lists the figures written.
+
+use std::path::{Path, PathBuf};
+
+use super::plot;
+use super::progress::Progress;
+use super::report::Report;
+use super::tsc;
+
+/// Benches whose records get a `ratio_to_kernel` (fault latency benches).
+pub const RATIO_BENCHES: [&str; 2] = ["kernel", "latency"];
+
+/// State shared by the sub-benches of one `faultline bench` run.
+pub struct BenchCtx {
+    /// Every record measured so far.
+    pub report: Report,
+    /// Where figures go (`--plot`), if anywhere.
+    pub plot_dir: Option<PathBuf>,
+    /// Where the JSON goes (`--json`), if anywhere.
+    pub json: Option<PathBuf>,
+    /// Figures written so far (stems, without `.svg`/`.png`).
+    pub plots: Vec<PathBuf>,
+}
+
+impl BenchCtx {
+    /// A context for one run; calibrates the TSC if not done yet.
+    pub fn new(json: Option<PathBuf>, plot_dir: Option<PathBuf>) -> BenchCtx {
+        BenchCtx {
+            report: Report::new(tsc::tsc()),
+            plot_dir,
+            json,
+            plots: Vec::new(),
+        }
+    }
+
+    /// A progress display for a sub-bench of `steps` steps (hidden off a TTY).
+    pub fn progress(&self, steps: u64, name: &str) -> Progress {
+        Progress::new(steps, name)
+    }
+
+    /// With `--plot`, draws figure `name` with `draw(dir, name)` and
+    /// remembers it; without, does nothing.
+    pub fn figure(
+        &mut self,
+        name: &str,
+        draw: impl FnOnce(&Path, &str) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        if let Some(dir) = self.plot_dir.clone() {
+            draw(&dir, name)?;
+            self.note_plot(&dir, name);
+        }
+        Ok(())
+    }
+
+    /// Remember that figure `dir/name.{svg,png}` was written.
+    pub fn note_plot(&mut self, dir: &Path, name: &str) {
+        self.plots.push(dir.join(name));
+    }
+
+    /// Fill in ratios to the kernel, write the JSON file, list the outputs.
+    pub fn finish(mut self) -> anyhow::Result<Report> {
+        self.report.apply_kernel_ratios(&RATIO_BENCHES);
+        if let Some(path) = &self.json {
+            self.report.write_json(path)?;
+            println!(
+                "\nwrote {} ({} records)",
+                path.display(),
+                self.report.records.len()
+            );
+        }
+        if !self.plots.is_empty() {
+            println!("figures (.svg and .png):");
+            for p in &self.plots {
+                println!("  {}", p.display());
+            }
+            if !plot::font_available() {
+                println!(
+                    "  (no font found: figures have no text; set FAULTLINE_PLOT_FONT to a .ttf)"
+                );
+            }
+        }
+        Ok(self.report)
+    }
+}

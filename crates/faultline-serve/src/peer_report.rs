@@ -1,0 +1,63 @@
+//! What the test peer (`faultline peer`) reports of itself: the schema of
+//! its `--json`, which `faultline bench restore` reads back beside serve's
+//! [`PeerSummary`](crate::PeerSummary) of the same peer.
+
+/// What the peer measured.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Default)]
+pub struct PeerReport {
+    /// Seconds from the handshake (or mapping, for the file backend) to
+    /// the last working-set page touched.
+    pub seconds: f64,
+    /// Working-set pages touched.
+    pub pages: usize,
+    /// Median first-touch latency, ns.
+    pub median_ns: u64,
+    /// 99th percentile first-touch latency, ns.
+    pub p99_ns: u64,
+    /// Bytes compared with the file.
+    pub verified_bytes: u64,
+    /// The peer's private anonymous memory after the working set (KiB,
+    /// `RssAnon`): copy mode's copies, shared mode's written pages.
+    #[serde(default)]
+    pub rss_anon_kib: u64,
+    /// Its mapped shared-memory pages (KiB, `RssShmem`): shared mode's
+    /// mapped page-cache pages, shared with every other peer.
+    #[serde(default)]
+    pub rss_shmem_kib: u64,
+    /// Its mapped file pages (KiB, `RssFile`): the kernel baseline's.
+    #[serde(default)]
+    pub rss_file_kib: u64,
+    /// Its private hugetlb pages (KiB, `Private_Hugetlb` of smaps_rollup;
+    /// not in `RssAnon`).
+    #[serde(default)]
+    pub hugetlb_kib: u64,
+    /// Page faults the kernel counted for this process while the vCPUs
+    /// touched the working set (`minflt` of /proc/self/stat): for the file
+    /// backend, how many faults the kernel took (fault-around and large
+    /// folios map several pages per fault).
+    #[serde(default)]
+    pub minor_faults: u64,
+    /// `CLOCK_MONOTONIC` ns (serve's clock too) of the start of `seconds`:
+    /// just before the handshake was sent (file backend: after mapping).
+    #[serde(default)]
+    pub sent_ns: u64,
+    /// ... when the working set was drawn and the vCPU threads about to
+    /// start.
+    #[serde(default)]
+    pub vcpus_ns: u64,
+    /// ... when the first vCPU touch began.
+    #[serde(default)]
+    pub first_touch_ns: u64,
+    /// ... when the last working-set touch ended.
+    #[serde(default)]
+    pub last_touch_ns: u64,
+    /// Times the vCPU threads were preempted while touching (their
+    /// `nonvoluntary_ctxt_switches`, summed): other threads wanted their
+    /// CPUs.
+    #[serde(default)]
+    pub vcpu_preempted: u64,
+    /// Times they slept (`voluntary_ctxt_switches`): waits for a fault to
+    /// be resolved.
+    #[serde(default)]
+    pub vcpu_slept: u64,
+}
