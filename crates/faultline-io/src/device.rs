@@ -14,7 +14,7 @@ use crate::queue::{Backend, IoQueue};
 pub use crate::shared::Ordering;
 use crate::shared::{Counters, DeviceInner, Reclaims};
 use crate::tenant::Tenant;
-use crate::Result;
+use crate::error::Result;
 
 /// Which units of the device's memory are pinned.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -218,7 +218,7 @@ impl IoDevice {
                             std::thread::park_timeout(period);
                         }
                     })
-                    .map_err(|e| crate::Error::Io {
+                    .map_err(|e| crate::error::Error::Io {
                         op: "spawn access-log drainer",
                         source: e,
                     })?,

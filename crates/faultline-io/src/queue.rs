@@ -52,7 +52,7 @@ use io_uring::{opcode, types, IoUring};
 use crate::log::AccessEvent;
 use crate::shared::{DeviceInner, Ordering};
 use crate::tenant::{Responder, Response};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// How a queue issues its I/Os.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
