@@ -118,10 +118,10 @@ use crate::residency::{PageBits, PageState, Residency};
 use crate::runahead::RunAheadConfig;
 use crate::snapshot::SharedSnapshot;
 use crate::store::{FillRange, PageStore, StoreError};
-use crate::sys::poll::{self, events, PollFd};
-use crate::sys::sock;
-use crate::sys::thread::EventFd;
-use crate::sys::uffd::{feature, pagefault_flag, Msg, Uffd, UffdMsg};
+use faultline_sys::poll::{self, events, PollFd};
+use faultline_sys::sock;
+use faultline_sys::thread::EventFd;
+use faultline_sys::uffd::{feature, pagefault_flag, Msg, Uffd, UffdMsg};
 
 /// Why a foreign region, peer or engine could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -155,7 +155,7 @@ pub enum ForeignError {
         index: usize,
         /// Why.
         #[source]
-        source: crate::Error,
+        source: crate::error::Error,
     },
     /// Two regions overlap in the peer's address space.
     #[error("regions {a} and {b} overlap in the peer's address space")]
@@ -196,7 +196,7 @@ pub enum ForeignError {
         index: usize,
         /// The error.
         #[source]
-        source: crate::sys::uffd::UffdError,
+        source: faultline_sys::uffd::UffdError,
     },
     /// A thread could not be started.
     #[error("spawning {what}: {source}")]
@@ -310,7 +310,7 @@ struct PeerCounters {
 }
 
 /// When serving a peer reached its milestones, in `CLOCK_MONOTONIC`
-/// nanoseconds ([`crate::sys::monotonic_ns`], comparable with the peer's
+/// nanoseconds ([`faultline_sys::monotonic_ns`], comparable with the peer's
 /// own clock readings); `None`: not (yet). What `faultline bench restore`
 /// breaks a restore's hand-off down with.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -647,7 +647,7 @@ impl ForeignPeer {
                 bytes => return Err(ForeignError::PageSize { index: i, bytes }),
             };
             if !s.base.is_multiple_of(size.bytes() as u64) {
-                return Err(geometry(crate::Error::Unaligned {
+                return Err(geometry(crate::error::Error::Unaligned {
                     addr: s.base,
                     align: size.bytes(),
                 }));
@@ -1016,7 +1016,7 @@ impl Drop for ForeignPeer {
 /// (which it may have registered) is refused instead. The kernel must
 /// allow CONTINUE on the range.
 fn register_minor(uffd: &ForeignUffd, specs: &[ForeignRegionSpec]) -> Result<(), ForeignError> {
-    use crate::sys::uffd::{ioctl_bit, register_mode};
+    use faultline_sys::uffd::{ioctl_bit, register_mode};
     const WP: u64 = feature::PAGEFAULT_FLAG_WP
         | feature::WP_HUGETLBFS_SHMEM
         | feature::WP_UNPOPULATED
@@ -1440,7 +1440,9 @@ fn prefetch_chunk(
         q.runs.is_empty() && q.taken == 0
     };
     if done && p.prefetch_pending.swap(false, Relaxed) {
-        p.clock.prefetch_done.get_or_init(crate::sys::monotonic_ns);
+        p.clock
+            .prefetch_done
+            .get_or_init(faultline_sys::monotonic_ns);
         let _ = tx.send(PeerEvent::PrefetchDone {
             peer: p.clone(),
             at: Instant::now(),
@@ -1475,7 +1477,9 @@ fn install_run(
                 }
                 p.stats.prefetched.fetch_add((page - start) as u64, Relaxed);
                 p.stats.prefetch_ioctls.fetch_add(1, Relaxed);
-                p.clock.first_prefetch.get_or_init(crate::sys::monotonic_ns);
+                p.clock
+                    .first_prefetch
+                    .get_or_init(faultline_sys::monotonic_ns);
             }
             Resolution::Retry => return (page, true),
             _ => page += 1,
@@ -1687,8 +1691,8 @@ impl Worker {
     }
 
     fn on_fault(&mut self, p: &Arc<ForeignPeer>, addr: u64, flags: u64) -> Verdict {
-        let t0 = crate::sys::rdtsc();
-        p.clock.first_fault.get_or_init(crate::sys::monotonic_ns);
+        let t0 = faultline_sys::rdtsc();
+        p.clock.first_fault.get_or_init(faultline_sys::monotonic_ns);
         p.stats.faults.fetch_add(1, Relaxed);
         let Some(reg) = p.find(addr) else {
             p.stats.outside.fetch_add(1, Relaxed);
@@ -1741,7 +1745,7 @@ impl Worker {
             wp: flags & pagefault_flag::WP != 0,
         };
         let res = resolve(r, page, access, &Origin::Fault, &mut self.scratch);
-        r.add_cycles(crate::sys::rdtsc().wrapping_sub(t0));
+        r.add_cycles(faultline_sys::rdtsc().wrapping_sub(t0));
         match res {
             Resolution::Resolved | Resolution::Gone => Verdict::Ok,
             Resolution::Busy | Resolution::Poisoned => {
@@ -1890,8 +1894,8 @@ pub fn prepare_store(store: &dyn PageStore, offsets: &[u64], page_bytes: u64) ->
 mod tests {
     use super::*;
     use crate::store::MemoryStore;
-    use crate::sys::mem::{Advice, Mapping};
-    use crate::sys::uffd::{self, register_mode};
+    use faultline_sys::mem::{Advice, Mapping};
+    use faultline_sys::uffd::{self, register_mode};
 
     #[test]
     fn prefetch_queues_contiguous_runs_in_first_touch_order_without_bridging() {

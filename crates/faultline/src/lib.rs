@@ -82,10 +82,6 @@ pub mod snapshot;
 pub mod store;
 pub mod testing;
 
-/// The kernel interface (its own crate, `faultline-sys`); the modules above
-/// reach it as `crate::sys`.
-use faultline_sys as sys;
-
 pub use caps::{capabilities, Capabilities};
 pub use engine::{
     Delivery, Engine, EngineConfig, EngineKind, EngineStats, PollEngine, SignalEngine, SpinEngine,

@@ -62,8 +62,8 @@ use crate::pool::{FramePool, FramePoolConfig, FramePoolStats};
 use crate::residency::{PageBits, PageState, Residency};
 use crate::runahead::{RunAheadConfig, RunAheadStats};
 use crate::store::{PageStore, Tail, ZeroStore};
-use crate::sys::mem::{self, Advice, Mapping};
-use crate::sys::uffd::{feature, ioctl_bit, register_mode};
+use faultline_sys::mem::{self, Advice, Mapping};
+use faultline_sys::uffd::{feature, ioctl_bit, register_mode};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 

@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use crate::residency::PageBits;
 use crate::store::{PageStore, StoreError};
-use crate::sys::mem::{self, Mapping, MemError};
+use faultline_sys::mem::{self, Mapping, MemError};
 
 /// Why a shared snapshot could not be made, opened or used by a peer.
 #[derive(Debug, thiserror::Error)]

@@ -41,8 +41,8 @@ use crate::error::{Error, Result};
 use crate::fault::report::fail_closed;
 pub use crate::fault::Delivery;
 use crate::page::MemoryKind;
-use crate::sys::thread::EventFd;
-use crate::sys::uffd::{feature, Uffd};
+use faultline_sys::thread::EventFd;
+use faultline_sys::uffd::{feature, Uffd};
 
 /// The four engines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -129,7 +129,7 @@ impl Default for EngineConfig {
         EngineConfig {
             scratch_bytes: 4 << 20,
             batch: 64,
-            workers: crate::sys::thread::online_cpus(),
+            workers: faultline_sys::thread::online_cpus(),
             pin: true,
             stall_timeout: None,
             altstack_bytes: None,

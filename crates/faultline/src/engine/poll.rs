@@ -8,8 +8,8 @@ use super::{EngineConfig, EngineKind, ThreadCore, Threaded};
 use crate::background::StopFlag;
 use crate::error::Result;
 use crate::fault::report::fail_closed;
-use crate::sys::poll::{self, poll_in};
-use crate::sys::thread::{online_cpus, pin_to_cpu};
+use faultline_sys::poll::{self, poll_in};
+use faultline_sys::thread::{online_cpus, pin_to_cpu};
 
 /// Handler thread blocking in `poll()` + `read()`. See the module docs.
 pub struct PollEngine {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{EngineConfig, EngineKind, ThreadCore, Threaded};
 use crate::background::StopFlag;
 use crate::error::Result;
-use crate::sys::thread::{online_cpus, pin_to_cpu};
+use faultline_sys::thread::{online_cpus, pin_to_cpu};
 
 /// Busy-polling handler thread. See the module docs.
 pub struct SpinEngine {

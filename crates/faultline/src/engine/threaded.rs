@@ -15,8 +15,8 @@ use crate::fault::resolve::{resolve, Access, Origin, Resolution};
 use crate::fault::table::enter;
 use crate::page::PageSize;
 use crate::residency::PageState;
-use crate::sys::rdtsc;
-use crate::sys::uffd::{pagefault_flag, Msg, Uffd, UffdMsg};
+use faultline_sys::rdtsc;
+use faultline_sys::uffd::{pagefault_flag, Msg, Uffd, UffdMsg};
 
 /// First and maximum delay before retrying a deferred fault.
 const BACKOFF_MIN: Duration = Duration::from_micros(50);

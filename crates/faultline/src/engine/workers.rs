@@ -15,10 +15,10 @@ use crate::background::StopFlag;
 use crate::error::{Error, Result};
 use crate::fault::report::fail_closed;
 use crate::fault::table::enter;
-use crate::sys::poll::poll_in;
-use crate::sys::rdtsc;
-use crate::sys::thread::{online_cpus, pin_to_cpu, EventFd};
-use crate::sys::uffd::Msg;
+use faultline_sys::poll::poll_in;
+use faultline_sys::rdtsc;
+use faultline_sys::thread::{online_cpus, pin_to_cpu, EventFd};
+use faultline_sys::uffd::Msg;
 
 struct Inbox {
     queue: Mutex<VecDeque<(u64, u64, u64)>>,

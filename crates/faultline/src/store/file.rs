@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::{PageCacheFile, PageStore, StoreError};
 use crate::page::PageSize;
-use crate::sys::mem::{is_tmpfs, pread_full, pwrite_all, willneed, Advice, Mapping};
-use crate::sys::Errno;
+use faultline_sys::mem::{is_tmpfs, pread_full, pwrite_all, willneed, Advice, Mapping};
+use faultline_sys::Errno;
 
 /// How a [`FileStore`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
