@@ -98,7 +98,6 @@
 //! set are served on demand.
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -107,6 +106,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::background::Background;
+use crate::engine::handler::{poll_timeout, settle, Action, Attempt, Handler, Serve, BACKOFF_MIN};
 use crate::engine::EngineKind;
 use crate::evict::EvictionConfig;
 use crate::fault::readahead::Streams;
@@ -121,7 +121,7 @@ use crate::store::{FillRange, PageStore, StoreError};
 use faultline_sys::poll::{self, events, PollFd};
 use faultline_sys::sock;
 use faultline_sys::thread::EventFd;
-use faultline_sys::uffd::{feature, pagefault_flag, Msg, Uffd, UffdMsg};
+use faultline_sys::uffd::{feature, pagefault_flag, Msg, Uffd, UffdError};
 
 /// Why a foreign region, peer or engine could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -1488,221 +1488,54 @@ fn install_run(
     (page, false)
 }
 
-/// A fault put aside after EAGAIN.
-struct Deferred {
-    peer: Arc<ForeignPeer>,
-    addr: u64,
-    flags: u64,
-    due: Instant,
-    delay: Duration,
-}
-
-const BACKOFF_MIN: Duration = Duration::from_micros(50);
-const BACKOFF_MAX: Duration = Duration::from_millis(20);
 const IDLE_MS: i32 = 200;
 
-struct Worker {
-    slot: Arc<Slot>,
+/// A peer worker's faults: each belongs to a peer (its regions, counters
+/// and record), is resolved with the worker's scratch buffer, and what
+/// cannot be served drops the peer (the stop is the message it is
+/// reported with).
+struct Peers {
     tx: Sender<PeerEvent>,
-    peers: Vec<Arc<ForeignPeer>>,
-    deferred: VecDeque<Deferred>,
     scratch: Vec<u8>,
-    msgs: Vec<UffdMsg>,
-    chunk: usize,
-    next_prefetch: usize,
 }
 
-/// What serving a peer's message led to.
-enum Verdict {
-    Ok,
-    Drop(String),
-}
+impl Serve for Peers {
+    type Owner = Arc<ForeignPeer>;
+    type Stop = String;
 
-impl Worker {
-    fn new(slot: Arc<Slot>, tx: Sender<PeerEvent>, cfg: &ForeignEngineConfig) -> Worker {
-        Worker {
-            slot,
-            tx,
-            peers: Vec::new(),
-            deferred: VecDeque::new(),
-            scratch: vec![0u8; cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes())],
-            msgs: vec![UffdMsg::ZERO; cfg.batch.max(1)],
-            chunk: cfg.prefetch_chunk_bytes.max(PageSize::BASE.bytes()),
-            next_prefetch: 0,
-        }
+    fn uffd<'a>(&'a self, p: &'a Arc<ForeignPeer>) -> &'a Uffd {
+        &p.uffd.uffd
     }
 
-    fn run(mut self, stop: &crate::background::StopFlag) {
-        let mut fds: Vec<PollFd> = Vec::new();
-        while !stop.is_set() {
-            if self.slot.changed.swap(false, Relaxed) {
-                self.peers = self.slot.peers.lock().expect("peers").clone();
-                let live: Vec<u64> = self.peers.iter().map(|p| p.id).collect();
-                self.deferred.retain(|d| live.contains(&d.peer.id));
-            }
-            fds.clear();
-            fds.push(PollFd {
-                fd: self.slot.wake.raw(),
-                events: events::IN,
-                revents: 0,
-            });
-            for p in &self.peers {
-                fds.push(PollFd {
-                    fd: p.uffd.raw_fd(),
-                    events: events::IN,
-                    revents: 0,
-                });
-                fds.push(PollFd {
-                    fd: p.hangup.as_ref().map_or(-1, |f| f.as_raw_fd()),
-                    events: events::IN | events::RDHUP,
-                    revents: 0,
-                });
-            }
-            let prefetching = self.peers.iter().any(|p| p.prefetch_pending());
-            let timeout = if prefetching {
-                0
-            } else {
-                self.deferred
-                    .iter()
-                    .map(|d| d.due.saturating_duration_since(Instant::now()))
-                    .min()
-                    .map_or(IDLE_MS, |d| (d.as_millis() as i32).clamp(1, IDLE_MS))
-            };
-            if poll::poll(&mut fds, timeout).is_err() {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            if fds[0].revents != 0 {
-                self.slot.wake.drain();
-            }
-            let mut dropped: Vec<(u64, PeerEvent)> = Vec::new();
-            for (i, p) in self.peers.clone().iter().enumerate() {
-                let (u, h) = (fds[1 + 2 * i].revents, fds[2 + 2 * i].revents);
-                if u & events::IN != 0 {
-                    let verdict = self.serve(p);
-                    if let Verdict::Drop(error) = verdict {
-                        dropped.push((
-                            p.id,
-                            PeerEvent::Failed {
-                                peer: p.clone(),
-                                error,
-                            },
-                        ));
-                        continue;
-                    }
-                } else if u & (events::ERR | events::NVAL) != 0 {
-                    dropped.push((
-                        p.id,
-                        PeerEvent::Failed {
-                            peer: p.clone(),
-                            error: format!("its userfaultfd reports poll events {u:#x}"),
-                        },
-                    ));
-                    continue;
-                }
-                if h != 0 {
-                    if let Some(ev) = self.on_hangup_fd(p, h) {
-                        dropped.push((p.id, ev));
-                    }
-                }
-            }
-            for (id, ev) in dropped {
-                self.forget(id);
-                let _ = self.tx.send(ev);
-            }
-            self.retry_deferred();
-            // Faults first: the ones read this round are resolved; then one
-            // bounded prefetch step, and back to poll (timeout 0).
-            if prefetching {
-                self.prefetch_step();
+    fn event(&mut self, p: &Arc<ForeignPeer>, m: Msg) {
+        match m {
+            Msg::Remove { start, end } => on_remove(p, start, end),
+            _ => {
+                p.stats.other_events.fetch_add(1, Relaxed);
             }
         }
     }
 
-    /// Stops serving peer `id` (it was dropped).
-    fn forget(&mut self, id: u64) {
-        self.peers.retain(|p| p.id != id);
-        self.deferred.retain(|d| d.peer.id != id);
-        self.slot
-            .peers
-            .lock()
-            .expect("peers")
-            .retain(|p| p.id != id);
-    }
-
-    /// Something on the peer's hang-up descriptor: a message (reported,
-    /// dropped; the peer is still served) or a hang-up.
-    fn on_hangup_fd(&mut self, p: &Arc<ForeignPeer>, revents: i16) -> Option<PeerEvent> {
-        let fd = p.hangup.as_ref()?;
-        if revents & events::IN != 0 {
-            let mut buf = [0u8; 4096];
-            match sock::recv_with_fds(fd.as_fd(), &mut buf, true) {
-                Ok(got) if got.bytes > 0 || !got.fds.is_empty() => {
-                    let _ = self.tx.send(PeerEvent::Message {
-                        peer: p.clone(),
-                        bytes: got.bytes,
-                        fds: got.fds.len(),
-                    });
-                    return None;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
-                _ => {}
-            }
+    fn fault(
+        &mut self,
+        p: &Arc<ForeignPeer>,
+        addr: u64,
+        flags: u64,
+        t0: u64,
+        attempt: Attempt,
+    ) -> Action<String> {
+        if attempt != Attempt::Retry {
+            p.clock.first_fault.get_or_init(faultline_sys::monotonic_ns);
+            p.stats.faults.fetch_add(1, Relaxed);
         }
-        (revents & (events::HUP | events::RDHUP | events::ERR | events::IN) != 0)
-            .then(|| PeerEvent::HungUp { peer: p.clone() })
-    }
-
-    /// Reads and handles the peer's pending messages (events first within
-    /// a batch).
-    fn serve(&mut self, p: &Arc<ForeignPeer>) -> Verdict {
-        loop {
-            // No helper copy in flight while events are read and recorded
-            // (see `ForeignPeer::copy_gate`).
-            let gate = p.copy_gate.write().expect("copy gate");
-            let n = match p.uffd.uffd.read_msgs(&mut self.msgs) {
-                Ok(n) => n,
-                Err(e) => return Verdict::Drop(format!("reading its userfaultfd: {e}")),
-            };
-            // Events before faults: the thread that caused an event is
-            // released once it is read; a fault of the same batch resolved
-            // first could re-install a page the event then drops.
-            for m in self.msgs[..n].iter().map(UffdMsg::decode) {
-                match m {
-                    Msg::Remove { start, end } => on_remove(p, start, end),
-                    Msg::PageFault { .. } => {}
-                    _ => {
-                        p.stats.other_events.fetch_add(1, Relaxed);
-                    }
-                }
-            }
-            drop(gate);
-            for i in 0..n {
-                if let Msg::PageFault { addr, flags, .. } = self.msgs[i].decode() {
-                    if let Verdict::Drop(e) = self.on_fault(p, addr, flags) {
-                        return Verdict::Drop(e);
-                    }
-                }
-            }
-            if n < self.msgs.len() {
-                return Verdict::Ok;
-            }
-        }
-    }
-
-    fn on_fault(&mut self, p: &Arc<ForeignPeer>, addr: u64, flags: u64) -> Verdict {
-        let t0 = faultline_sys::rdtsc();
-        p.clock.first_fault.get_or_init(faultline_sys::monotonic_ns);
-        p.stats.faults.fetch_add(1, Relaxed);
         let Some(reg) = p.find(addr) else {
             p.stats.outside.fetch_add(1, Relaxed);
-            return Verdict::Drop(format!(
+            return Action::Stop(format!(
                 "a fault at {addr:#x} lies outside every region it declared"
             ));
         };
         let r = &reg.state;
         let page = r.pages.index(addr);
-        let (page_addr, ps) = (r.pages.addr(page), r.pages.size().bytes() as u64);
         if let (Some(seen), Some(log)) = (&reg.seen, &p.record) {
             if !seen.get(page) {
                 seen.set(page);
@@ -1746,69 +1579,194 @@ impl Worker {
         };
         let res = resolve(r, page, access, &Origin::Fault, &mut self.scratch);
         r.add_cycles(faultline_sys::rdtsc().wrapping_sub(t0));
-        match res {
-            Resolution::Resolved | Resolution::Gone => Verdict::Ok,
-            Resolution::Busy | Resolution::Poisoned => {
-                let _ = r.uffd.wake(page_addr, ps);
-                if matches!(res, Resolution::Busy) {
-                    r.stats.busy.fetch_add(1, Relaxed);
-                }
-                Verdict::Ok
-            }
-            Resolution::Retry => {
-                p.stats.deferred.fetch_add(1, Relaxed);
-                self.deferred.push_back(Deferred {
-                    peer: p.clone(),
-                    addr,
-                    flags,
-                    due: Instant::now() + BACKOFF_MIN,
-                    delay: BACKOFF_MIN,
-                });
-                Verdict::Ok
-            }
-            Resolution::StoreFailed(e) => {
-                let mut msg = String::new();
-                let _ = write!(
-                    msg,
-                    "store error at peer page {page_addr:#x} (store offset {:#x}): {e}; the page is poisoned and the faulting thread gets SIGBUS",
+        settle(
+            r,
+            page,
+            res,
+            |e| {
+                let error = format!(
+                    "store error at peer page {:#x} (store offset {:#x}): {e}; the page is poisoned and the faulting thread gets SIGBUS",
+                    r.pages.addr(page),
                     reg.store_offset + r.pages.offset(page)
                 );
                 let _ = self.tx.send(PeerEvent::StoreError {
                     peer: p.clone(),
-                    error: msg,
+                    error,
                 });
-                let _ = r.uffd.wake(page_addr, ps);
-                Verdict::Ok
+            },
+            |e| format!("resolving the fault at {addr:#x} failed: {e}"),
+        )
+    }
+
+    fn deferred(&self, p: &Arc<ForeignPeer>) {
+        p.stats.deferred.fetch_add(1, Relaxed);
+    }
+
+    fn read_failed(&mut self, _: &Arc<ForeignPeer>, e: UffdError) -> String {
+        format!("reading its userfaultfd: {e}")
+    }
+}
+
+/// One handler thread of a [`ForeignEngine`]: polls its peers'
+/// userfaultfds and hang-up descriptors, runs the handler loop over each
+/// peer with messages, and one bounded prefetch step per round.
+struct Worker {
+    slot: Arc<Slot>,
+    peers: Vec<Arc<ForeignPeer>>,
+    handler: Handler<Peers>,
+    chunk: usize,
+    next_prefetch: usize,
+}
+
+impl Worker {
+    fn new(slot: Arc<Slot>, tx: Sender<PeerEvent>, cfg: &ForeignEngineConfig) -> Worker {
+        let peers = Peers {
+            tx,
+            scratch: vec![0u8; cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes())],
+        };
+        Worker {
+            slot,
+            peers: Vec::new(),
+            handler: Handler::new(peers, cfg.batch),
+            chunk: cfg.prefetch_chunk_bytes.max(PageSize::BASE.bytes()),
+            next_prefetch: 0,
+        }
+    }
+
+    fn run(mut self, stop: &crate::background::StopFlag) {
+        let mut fds: Vec<PollFd> = Vec::new();
+        while !stop.is_set() {
+            if self.slot.changed.swap(false, Relaxed) {
+                self.peers = self.slot.peers.lock().expect("peers").clone();
+                let live: Vec<u64> = self.peers.iter().map(|p| p.id).collect();
+                self.handler.forget(|p| live.contains(&p.id));
             }
-            Resolution::Failed(e) => {
-                Verdict::Drop(format!("resolving the fault at {addr:#x} failed: {e}"))
+            fds.clear();
+            fds.push(PollFd {
+                fd: self.slot.wake.raw(),
+                events: events::IN,
+                revents: 0,
+            });
+            for p in &self.peers {
+                fds.push(PollFd {
+                    fd: p.uffd.raw_fd(),
+                    events: events::IN,
+                    revents: 0,
+                });
+                fds.push(PollFd {
+                    fd: p.hangup.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                    events: events::IN | events::RDHUP,
+                    revents: 0,
+                });
+            }
+            let prefetching = self.peers.iter().any(|p| p.prefetch_pending());
+            let timeout = if prefetching {
+                0
+            } else {
+                poll_timeout(self.handler.next_due(), IDLE_MS)
+            };
+            if poll::poll(&mut fds, timeout).is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            if fds[0].revents != 0 {
+                self.slot.wake.drain();
+            }
+            let mut dropped: Vec<(u64, PeerEvent)> = Vec::new();
+            for (i, p) in self.peers.clone().iter().enumerate() {
+                let (u, h) = (fds[1 + 2 * i].revents, fds[2 + 2 * i].revents);
+                if u & events::IN != 0 {
+                    if let Err(error) = self.serve(p) {
+                        dropped.push((
+                            p.id,
+                            PeerEvent::Failed {
+                                peer: p.clone(),
+                                error,
+                            },
+                        ));
+                        continue;
+                    }
+                } else if u & (events::ERR | events::NVAL) != 0 {
+                    dropped.push((
+                        p.id,
+                        PeerEvent::Failed {
+                            peer: p.clone(),
+                            error: format!("its userfaultfd reports poll events {u:#x}"),
+                        },
+                    ));
+                    continue;
+                }
+                if h != 0 {
+                    if let Some(ev) = self.on_hangup_fd(p, h) {
+                        dropped.push((p.id, ev));
+                    }
+                }
+            }
+            for (id, ev) in dropped {
+                self.forget(id);
+                let _ = self.handler.serve.tx.send(ev);
+            }
+            if let Err((peer, error)) = self.handler.retry_deferred() {
+                self.forget(peer.id);
+                let _ = self
+                    .handler
+                    .serve
+                    .tx
+                    .send(PeerEvent::Failed { peer, error });
+            }
+            // Faults first: the ones read this round are resolved; then one
+            // bounded prefetch step, and back to poll (timeout 0).
+            if prefetching {
+                self.prefetch_step();
             }
         }
     }
 
-    fn retry_deferred(&mut self) {
-        let now = Instant::now();
-        for _ in 0..self.deferred.len() {
-            let d = self.deferred.pop_front().expect("len checked");
-            if d.due > now {
-                self.deferred.push_back(d);
-                continue;
+    /// Stops serving peer `id` (it was dropped).
+    fn forget(&mut self, id: u64) {
+        self.peers.retain(|p| p.id != id);
+        self.handler.forget(|p| p.id != id);
+        self.slot
+            .peers
+            .lock()
+            .expect("peers")
+            .retain(|p| p.id != id);
+    }
+
+    /// Something on the peer's hang-up descriptor: a message (reported,
+    /// dropped; the peer is still served) or a hang-up.
+    fn on_hangup_fd(&mut self, p: &Arc<ForeignPeer>, revents: i16) -> Option<PeerEvent> {
+        let fd = p.hangup.as_ref()?;
+        if revents & events::IN != 0 {
+            let mut buf = [0u8; 4096];
+            match sock::recv_with_fds(fd.as_fd(), &mut buf, true) {
+                Ok(got) if got.bytes > 0 || !got.fds.is_empty() => {
+                    let _ = self.handler.serve.tx.send(PeerEvent::Message {
+                        peer: p.clone(),
+                        bytes: got.bytes,
+                        fds: got.fds.len(),
+                    });
+                    return None;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+                _ => {}
             }
-            let before = self.deferred.len();
-            let peer = d.peer.clone();
-            if let Verdict::Drop(error) = self.on_fault(&peer, d.addr, d.flags) {
-                self.forget(peer.id);
-                let _ = self.tx.send(PeerEvent::Failed { peer, error });
-                return;
-            }
-            // Deferred again: grow its backoff (bounded). `on_fault`
-            // counted it as a new fault message; it is not one.
-            peer.stats.faults.fetch_sub(1, Relaxed);
-            if self.deferred.len() > before {
-                let mut again = self.deferred.pop_back().expect("just pushed");
-                again.delay = (d.delay * 2).min(BACKOFF_MAX);
-                again.due = Instant::now() + again.delay;
-                self.deferred.push_back(again);
+        }
+        (revents & (events::HUP | events::RDHUP | events::ERR | events::IN) != 0)
+            .then(|| PeerEvent::HungUp { peer: p.clone() })
+    }
+
+    /// Reads and handles the peer's pending messages, a batch at a time
+    /// (events first within a batch, under the peer's copy gate: see
+    /// `ForeignPeer::copy_gate`); the error says why the peer must be
+    /// dropped.
+    fn serve(&mut self, p: &Arc<ForeignPeer>) -> Result<(), String> {
+        loop {
+            let n = self
+                .handler
+                .read(p, || p.copy_gate.write().expect("copy gate"))?;
+            if n < self.handler.batch() {
+                return Ok(());
             }
         }
     }
@@ -1822,7 +1780,8 @@ impl Worker {
             let p = self.peers[i].clone();
             if p.prefetch_pending() {
                 self.next_prefetch = i + 1;
-                prefetch_chunk(&p, self.chunk, &mut self.scratch, &self.tx);
+                let peers = &mut self.handler.serve;
+                prefetch_chunk(&p, self.chunk, &mut peers.scratch, &peers.tx);
                 return;
             }
         }

@@ -150,6 +150,32 @@ impl PageSize {
         self.shift
     }
 
+    /// `x` (an address or a byte offset) rounded down to a page boundary.
+    #[inline]
+    pub const fn align_down(self, x: u64) -> u64 {
+        x & !((1u64 << self.shift) - 1)
+    }
+
+    /// Whether `x` (an address or a byte offset) is on a page boundary.
+    #[inline]
+    pub const fn is_aligned(self, x: u64) -> bool {
+        x & ((1u64 << self.shift) - 1) == 0
+    }
+
+    /// The index of the page holding byte `x` of a range that starts on a
+    /// page boundary (`x >> shift`).
+    #[inline]
+    pub const fn index_of(self, x: u64) -> u64 {
+        x >> self.shift
+    }
+
+    /// The byte offset of page `index` of a range that starts on a page
+    /// boundary (`index << shift`).
+    #[inline]
+    pub const fn offset_of(self, index: u64) -> u64 {
+        index << self.shift
+    }
+
     /// How many base (4 KiB) pages one page spans.
     #[inline]
     pub const fn base_pages(self) -> usize {

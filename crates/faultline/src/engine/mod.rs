@@ -21,6 +21,7 @@
 //! ([`EngineConfig::stall_timeout`]) aborts, with a message, when one
 //! resolution takes longer than the timeout (a stalled store).
 
+pub(crate) mod handler;
 mod poll;
 mod signal;
 mod spin;
@@ -261,18 +262,22 @@ impl ThreadCore {
         })
     }
 
-    /// A handler for one thread, with its watchdog slot.
-    pub fn handler(&self, slots: &mut Vec<Arc<threaded::BusySlot>>) -> threaded::Handler {
+    /// What one handler thread serves, with its watchdog slot.
+    pub fn local(&self, slots: &mut Vec<Arc<threaded::BusySlot>>) -> threaded::Local {
         let slot = Arc::new(threaded::BusySlot::default());
         slots.push(slot.clone());
-        threaded::Handler::new(
+        threaded::Local::new(
             self.uffd.clone(),
             self.counters.clone(),
             slot,
             self.epoch,
             self.config.scratch_bytes,
-            self.config.batch,
         )
+    }
+
+    /// A handler for one thread (see [`ThreadCore::local`]).
+    pub fn handler(&self, slots: &mut Vec<Arc<threaded::BusySlot>>) -> threaded::LocalHandler {
+        handler::Handler::new(self.local(slots), self.config.batch)
     }
 
     /// Starts `bodies` as handler threads and the watchdog over `slots`.

@@ -32,13 +32,13 @@ impl SpinEngine {
             }
             let mut idle = 0u32;
             while !stop.is_set() {
-                if h.read_batch(|h, m| h.on_msg(m)) > 0 {
+                if let Ok(1..) = h.read(&(), || ()) {
                     idle = 0;
                     continue;
                 }
                 idle = idle.wrapping_add(1);
                 if idle.is_multiple_of(1024) {
-                    h.retry_deferred();
+                    let Ok(_) = h.retry_deferred();
                 }
                 std::hint::spin_loop();
             }
