@@ -9,12 +9,12 @@ use std::time::Duration;
 use faultline::Region;
 
 use crate::adp::{Adp, AdpConfig, LruPin, PinAll, PinNothing, PinPolicy};
+use crate::error::Result;
 use crate::log::AccessLog;
 use crate::queue::{Backend, IoQueue};
 pub use crate::shared::Ordering;
 use crate::shared::{Counters, DeviceInner, Reclaims};
 use crate::tenant::Tenant;
-use crate::error::Result;
 
 /// Which units of the device's memory are pinned.
 #[derive(Debug, Clone, Copy, PartialEq)]
