@@ -78,7 +78,6 @@ pub mod pool;
 pub mod region;
 pub mod residency;
 pub mod runahead;
-pub mod snapshot;
 pub mod store;
 pub mod testing;
 
@@ -93,7 +92,8 @@ pub use fault::report::StackWriter;
 pub use fault::RegionStats;
 pub use foreign::{
     prepare_store, ForeignEngine, ForeignEngineConfig, ForeignError, ForeignOptions, ForeignPeer,
-    ForeignRegionSpec, ForeignUffd, PeerEvent, PeerStats, PeerTimes, PrefetchPlan,
+    ForeignRegionSpec, ForeignUffd, PeerBacking, PeerEvent, PeerStats, PeerTimes, PrefetchPlan,
+    SharedSnapshot, SnapshotError, Verify,
 };
 pub use page::{MemoryKind, PageSize, ResolveOp};
 pub use policy::ReadaheadConfig;
@@ -101,7 +101,6 @@ pub use pool::{FramePoolConfig, FramePoolStats};
 pub use region::{Region, RegionBuilder};
 pub use residency::PageState;
 pub use runahead::{RunAheadConfig, RunAheadStats};
-pub use snapshot::{PeerBacking, SharedError, SharedSnapshot, Verify};
 pub use store::{
     FileAccess, FileStore, FillRange, MemoryStore, PageStore, StoreError, WriteRange, ZeroStore,
 };

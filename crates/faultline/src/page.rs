@@ -156,6 +156,12 @@ impl PageSize {
         x & !((1u64 << self.shift) - 1)
     }
 
+    /// `x` (an address or a byte offset) rounded up to a page boundary.
+    #[inline]
+    pub const fn align_up(self, x: u64) -> u64 {
+        x.next_multiple_of(1u64 << self.shift)
+    }
+
     /// Whether `x` (an address or a byte offset) is on a page boundary.
     #[inline]
     pub const fn is_aligned(self, x: u64) -> bool {
@@ -174,6 +180,12 @@ impl PageSize {
     #[inline]
     pub const fn offset_of(self, index: u64) -> u64 {
         index << self.shift
+    }
+
+    /// How many whole pages `bytes` bytes hold.
+    #[inline]
+    pub const fn pages_in(self, bytes: usize) -> usize {
+        bytes >> self.shift
     }
 
     /// How many base (4 KiB) pages one page spans.
@@ -333,6 +345,12 @@ mod tests {
         assert!(PageSize::for_kind(4 << 20, MemoryKind::Hugetlb).is_ok());
         assert_eq!(PageSize::new(64 << 10).unwrap().to_string(), "64K");
         assert_eq!(PageSize::HUGE_2M.base_pages(), 512);
+        let p = PageSize::BASE;
+        assert_eq!((p.align_down(0x1fff), p.align_up(0x1001)), (0x1000, 0x2000));
+        assert_eq!((p.align_down(0x2000), p.align_up(0x2000)), (0x2000, 0x2000));
+        assert!(p.is_aligned(0x3000) && !p.is_aligned(0x3001));
+        assert_eq!((p.index_of(0x2fff), p.offset_of(3)), (2, 0x3000));
+        assert_eq!(PageSize::HUGE_2M.pages_in((5 << 20) + 1), 2);
     }
 
     #[test]

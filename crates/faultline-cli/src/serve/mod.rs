@@ -31,8 +31,8 @@ use clap::Args;
 use faultline::store::FileAccess;
 use faultline::{
     EngineKind, FileStore, ForeignEngine, ForeignEngineConfig, ForeignOptions, ForeignPeer,
-    ForeignUffd, PageStore, PeerBacking, PeerEvent, PrefetchPlan, ReadaheadConfig, SharedError,
-    SharedSnapshot, Verify,
+    ForeignUffd, PageStore, PeerBacking, PeerEvent, PrefetchPlan, ReadaheadConfig, SharedSnapshot,
+    SnapshotError, Verify,
 };
 use faultline_sys::poll::{self, events, PollFd};
 use faultline_sys::process;
@@ -486,7 +486,7 @@ impl Shared {
                         ))
                     }
                     (Ok(seen), _) => seen,
-                    (Err(SharedError::Io { source, path, .. }), Some(said)) => {
+                    (Err(SnapshotError::ReadPeerMap { source, path }), Some(said)) => {
                         say(format_args!(
                             "peer {n} (pid {pid}): note: its memory map is out of reach ({}: {source}); serving it as its handshake declares: {said:?} memory",
                             path.display()
