@@ -24,7 +24,7 @@ use crate::fault::table::enter;
 use crate::page::PageSize;
 use crate::residency::PageState;
 use faultline_sys::rdtsc;
-use faultline_sys::uffd::{pagefault_flag, Msg, Uffd, UffdError};
+use faultline_sys::uffd::{Msg, Uffd, UffdError};
 
 /// Which fault a handler thread is busy with, for the watchdog.
 #[derive(Debug, Default)]
@@ -109,10 +109,7 @@ impl Serve for Local {
         self.slot
             .since
             .store(self.epoch.elapsed().as_nanos() as u64 + 1, SeqCst);
-        let access = Access {
-            write: flags & pagefault_flag::WRITE != 0,
-            wp: flags & pagefault_flag::WP != 0,
-        };
+        let access = Access::of_message(flags);
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             resolve(&r, page, access, &Origin::Fault, &mut self.scratch)
         }));

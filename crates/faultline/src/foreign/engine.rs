@@ -51,7 +51,7 @@ use faultline_sys::poll::{self, events, PollFd};
 use faultline_sys::rdtsc;
 use faultline_sys::sock;
 use faultline_sys::thread::EventFd;
-use faultline_sys::uffd::{pagefault_flag, Msg, Uffd, UffdError};
+use faultline_sys::uffd::{Msg, Uffd, UffdError};
 
 /// One handler thread's share of the peers.
 struct Slot {
@@ -257,10 +257,7 @@ impl Serve for Peers {
         };
         let r = &reg.state;
         r.fault_seen(page, t0);
-        let access = Access {
-            write: flags & pagefault_flag::WRITE != 0,
-            wp: flags & pagefault_flag::WP != 0,
-        };
+        let access = Access::of_message(flags);
         let res = resolve(r, page, access, &Origin::Fault, &mut self.scratch);
         r.add_cycles(rdtsc().wrapping_sub(t0));
         settle(
