@@ -9,12 +9,12 @@ use std::time::Duration;
 use faultline::Region;
 
 use crate::adp::{Adp, AdpConfig, LruPin, PinAll, PinNothing, PinPolicy};
+use crate::error::Result;
 use crate::log::AccessLog;
 use crate::queue::{Backend, IoQueue};
 pub use crate::shared::Ordering;
 use crate::shared::{Counters, DeviceInner, Reclaims};
 use crate::tenant::Tenant;
-use crate::Result;
 
 /// Which units of the device's memory are pinned.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -218,7 +218,7 @@ impl IoDevice {
                             std::thread::park_timeout(period);
                         }
                     })
-                    .map_err(|e| crate::Error::Io {
+                    .map_err(|e| crate::error::Error::Io {
                         op: "spawn access-log drainer",
                         source: e,
                     })?,

@@ -39,6 +39,7 @@
 
 pub mod adp;
 pub mod device;
+mod error;
 pub mod log;
 mod placement;
 pub mod queue;
@@ -46,44 +47,7 @@ mod shared;
 pub mod tenant;
 
 pub use device::{DeviceConfig, DeviceStats, IoDevice, Ordering, PinMode};
+pub use error::{Error, Result};
 pub use log::{AccessEvent, AccessLog};
 pub use queue::{Backend, Completion, Io, IoQueue, Op, Target, PREFETCH_AHEAD};
 pub use tenant::{Tenant, TenantConfig, TenantStats, WorkerMode};
-
-/// Errors of the I/O API.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The buffer leaves the region.
-    #[error("buffer [{offset}, +{len}) is outside the region of {region_len} bytes")]
-    OutOfRange {
-        /// Region offset.
-        offset: usize,
-        /// Length.
-        len: usize,
-        /// Region length.
-        region_len: usize,
-    },
-    /// Not supported here, and why.
-    #[error("{what} is not supported: {reason}")]
-    Unsupported {
-        /// What was asked for.
-        what: &'static str,
-        /// Why not.
-        reason: String,
-    },
-    /// A system call failed.
-    #[error("{op}: {source}")]
-    Io {
-        /// The step that failed.
-        op: &'static str,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Resolving pages failed.
-    #[error("resolving region pages: {0}")]
-    Resolve(#[source] faultline::Error),
-}
-
-/// Result of the I/O API.
-pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -49,10 +49,10 @@ use faultline_sys::poll::{self, events, PollFd};
 use faultline_sys::sock;
 use io_uring::{opcode, types, IoUring};
 
+use crate::error::{Error, Result};
 use crate::log::AccessEvent;
 use crate::shared::{DeviceInner, Ordering};
 use crate::tenant::{Responder, Response};
-use crate::{Error, Result};
 
 /// How a queue issues its I/Os.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

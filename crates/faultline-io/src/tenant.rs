@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use faultline::Region;
 use faultline_sys::thread::{pin_to_cpu, EventFd};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// How a tenant serves its fault queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

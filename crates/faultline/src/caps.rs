@@ -15,9 +15,9 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 use crate::page::MemoryKind;
-use crate::sys::mem::{self, Mapping};
-use crate::sys::uffd::{self, feature, ioctl_bit, register_mode, Uffd, UffdError};
-use crate::sys::Errno;
+use faultline_sys::mem::{self, Mapping};
+use faultline_sys::uffd::{self, feature, ioctl_bit, register_mode, Uffd, UffdError};
+use faultline_sys::Errno;
 
 /// A way to create a userfaultfd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +162,7 @@ fn why(e: &UffdError) -> String {
 }
 
 fn probe() -> Capabilities {
-    let kernel = crate::sys::kernel_release();
+    let kernel = faultline_sys::kernel_release();
     let mut creation = Vec::new();
     let mut path = None;
     let mut features = 0;

@@ -1,11 +1,17 @@
-//! The crate's error type: one variant per thing that can go wrong when
-//! setting up or changing a region, each keeping its cause.
+//! The crate's error types: [`Error`], one variant per thing that can go
+//! wrong when setting up or changing a region, each keeping its cause; and
+//! [`StoreError`], a page store's failure, which `Error` and the fault path
+//! carry (it lives here, below `store/`, so the crate's error needs nothing
+//! above it).
+
+use std::borrow::Cow;
+use std::sync::Arc;
 
 use crate::interval::IntervalError;
 
 /// The kernel interface's errors that this crate's errors carry, named
 /// here so callers can match on them without depending on `faultline-sys`.
-pub use crate::sys::{mem::MemError, uffd::UffdError, Errno};
+pub use faultline_sys::{mem::MemError, uffd::UffdError, Errno};
 
 /// Errors of region and engine setup.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +73,61 @@ pub enum Error {
     },
     /// A store call made on the caller's thread (populate, write-back) failed.
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] StoreError),
+}
+
+/// A store failure. Constructing one never allocates (except
+/// `Failed` with an owned reason, which signal-safe stores must not use),
+/// so signal-safe stores can report errors from the SIGBUS handler.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// A system call failed.
+    #[error("{op} of {what} at offset {offset:#x} failed: {errno}")]
+    Io {
+        /// What was read (a file path, a device name).
+        what: Arc<str>,
+        /// The call that failed (`pread`, `pwrite`).
+        op: &'static str,
+        /// Byte offset in the store.
+        offset: u64,
+        /// The errno.
+        errno: Errno,
+    },
+    /// The store cannot take writes.
+    #[error("store {what} is read-only (write-back at offset {offset:#x})")]
+    ReadOnly { what: Arc<str>, offset: u64 },
+    /// A remote store's request for one key failed (after its retries).
+    #[error("{what}: key {key} (offset {offset:#x}): {cause}")]
+    Remote {
+        /// The store ("redis unix:///run/redis.sock").
+        what: Arc<str>,
+        /// The key that was asked for.
+        key: Arc<str>,
+        /// Byte offset in the store.
+        offset: u64,
+        /// Why ("connection refused after 12 tries over 2s", "missing").
+        cause: Cow<'static, str>,
+    },
+    /// Anything else, with a reason.
+    #[error("store failed at offset {offset:#x}: {reason}")]
+    Failed {
+        /// Byte offset in the store.
+        offset: u64,
+        /// Why.
+        reason: Cow<'static, str>,
+    },
+}
+
+impl StoreError {
+    /// The store offset the error concerns.
+    pub fn offset(&self) -> u64 {
+        match self {
+            StoreError::Io { offset, .. }
+            | StoreError::ReadOnly { offset, .. }
+            | StoreError::Remote { offset, .. }
+            | StoreError::Failed { offset, .. } => *offset,
+        }
+    }
 }
 
 /// Result alias.

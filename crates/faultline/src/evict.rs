@@ -83,7 +83,7 @@ use crate::fault::RegionState;
 use crate::policy::PolicyKind;
 use crate::residency::PageState;
 use crate::store::StoreError;
-use crate::sys::Errno;
+use faultline_sys::Errno;
 
 use crate::fault::feeds::PageRing;
 pub use crate::fault::feeds::{EvictionStats, SharedBudget};

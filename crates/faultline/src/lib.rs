@@ -36,22 +36,39 @@
 //! The modules follow the path of a fault, top to bottom:
 //!
 //! ```text
-//!   region     the user's handle and its builder
-//!   engine     how a fault reaches the runtime (signal, poll, spin, workers)
+//!   region     the user's handle (handle.rs), its builder (builder.rs), the
+//!              hooks for I/O into its memory (io.rs)
+//!   foreign    another process's memory, served through the userfaultfd it
+//!              hands over (the VM snapshot hand-off): engine (handler threads),
+//!              prefetch (queued runs installed ahead), peer (its regions and
+//!              bookkeeping), plan (a record made into runs), store (a region's
+//!              view of the store), uffd (the adopted descriptor), config,
+//!              snapshot (the shared zero-copy snapshot), error
+//!   engine     how a fault reaches the runtime: signal (SIGBUS on the faulting
+//!              thread), and poll, spin, workers (threaded.rs) over the one
+//!              handler loop (handler.rs), which the foreign engine runs too
 //!   fault      the shared fault path: region table, resolve, feeds, reports
 //!   store      where pages come from (zeros, memory, files)
-//!   sys        the only code that talks to the kernel
+//!   error      the crate's errors: Error, and StoreError, which it carries
 //! ```
+//!
+//! Below every module: the kernel interface is the `faultline-sys` crate,
+//! the only code that calls libc (its errors that this crate's API carries
+//! are re-exported in [`error`]).
 //!
 //! Beside the path: [`policy`] holds pure paging decisions (read-ahead,
 //! eviction, run-ahead prediction); [`pool`], [`runahead`] and [`evict`]
 //! are the work done off the fault path (frames prepared ahead, pages
-//! installed ahead of a stream, pages evicted under a budget);
+//! installed ahead of a stream, pages evicted under a budget), on
+//! `background` threads (one stop flag, a waker, join);
 //! [`page`], [`residency`] and [`interval`] are the vocabulary and the
 //! lock-free structures the fault path reads; [`caps`] probes what the
-//! kernel offers. `DESIGN.md` has the threading model, the lock order and
-//! how to add an engine, a store or a policy. Watchpoints built on the
-//! same kernel interface live in the `faultline-watch` crate.
+//! kernel offers; [`testing`] is test support for users' own programs
+//! (failing stores, child-process tests with deadlines, huge page pools).
+//! `DESIGN.md` has the threading model, the lock order and how to add an
+//! engine, a store or a policy. Watchpoints built on the same kernel
+//! interface live in the `faultline-watch` crate, I/O into region memory in
+//! `faultline-io`.
 //!
 //! "Seed 000" and the other seed numbers name the research this crate
 //! builds on; `DESIGN.md` lists them.
@@ -78,13 +95,8 @@ pub mod pool;
 pub mod region;
 pub mod residency;
 pub mod runahead;
-pub mod snapshot;
 pub mod store;
 pub mod testing;
-
-/// The kernel interface (its own crate, `faultline-sys`); the modules above
-/// reach it as `crate::sys`.
-use faultline_sys as sys;
 
 pub use caps::{capabilities, Capabilities};
 pub use engine::{
@@ -95,9 +107,13 @@ pub use error::{Error, Result};
 pub use evict::{EvictionConfig, EvictionStats, ReclaimWatch, SharedBudget};
 pub use fault::report::StackWriter;
 pub use fault::RegionStats;
+/// The shared zero-copy snapshot, where it was before the foreign path
+/// got its own folder ([`foreign::snapshot`]).
+pub use foreign::snapshot;
 pub use foreign::{
     prepare_store, ForeignEngine, ForeignEngineConfig, ForeignError, ForeignOptions, ForeignPeer,
-    ForeignRegionSpec, ForeignUffd, PeerEvent, PeerStats, PeerTimes, PrefetchPlan,
+    ForeignRegionSpec, ForeignUffd, PeerBacking, PeerEvent, PeerStats, PeerTimes, PrefetchPlan,
+    SharedSnapshot, SnapshotError, Verify,
 };
 pub use page::{MemoryKind, PageSize, ResolveOp};
 pub use policy::ReadaheadConfig;
@@ -105,7 +121,6 @@ pub use pool::{FramePoolConfig, FramePoolStats};
 pub use region::{Region, RegionBuilder};
 pub use residency::PageState;
 pub use runahead::{RunAheadConfig, RunAheadStats};
-pub use snapshot::{PeerBacking, SharedError, SharedSnapshot, Verify};
 pub use store::{
     FileAccess, FileStore, FillRange, MemoryStore, PageStore, StoreError, WriteRange, ZeroStore,
 };

@@ -150,6 +150,44 @@ impl PageSize {
         self.shift
     }
 
+    /// `x` (an address or a byte offset) rounded down to a page boundary.
+    #[inline]
+    pub const fn align_down(self, x: u64) -> u64 {
+        x & !((1u64 << self.shift) - 1)
+    }
+
+    /// `x` (an address or a byte offset) rounded up to a page boundary.
+    #[inline]
+    pub const fn align_up(self, x: u64) -> u64 {
+        x.next_multiple_of(1u64 << self.shift)
+    }
+
+    /// Whether `x` (an address or a byte offset) is on a page boundary.
+    #[inline]
+    pub const fn is_aligned(self, x: u64) -> bool {
+        x & ((1u64 << self.shift) - 1) == 0
+    }
+
+    /// The index of the page holding byte `x` of a range that starts on a
+    /// page boundary (`x >> shift`).
+    #[inline]
+    pub const fn index_of(self, x: u64) -> u64 {
+        x >> self.shift
+    }
+
+    /// The byte offset of page `index` of a range that starts on a page
+    /// boundary (`index << shift`).
+    #[inline]
+    pub const fn offset_of(self, index: u64) -> u64 {
+        index << self.shift
+    }
+
+    /// How many whole pages `bytes` bytes hold.
+    #[inline]
+    pub const fn pages_in(self, bytes: usize) -> usize {
+        bytes >> self.shift
+    }
+
     /// How many base (4 KiB) pages one page spans.
     #[inline]
     pub const fn base_pages(self) -> usize {
@@ -307,6 +345,12 @@ mod tests {
         assert!(PageSize::for_kind(4 << 20, MemoryKind::Hugetlb).is_ok());
         assert_eq!(PageSize::new(64 << 10).unwrap().to_string(), "64K");
         assert_eq!(PageSize::HUGE_2M.base_pages(), 512);
+        let p = PageSize::BASE;
+        assert_eq!((p.align_down(0x1fff), p.align_up(0x1001)), (0x1000, 0x2000));
+        assert_eq!((p.align_down(0x2000), p.align_up(0x2000)), (0x2000, 0x2000));
+        assert!(p.is_aligned(0x3000) && !p.is_aligned(0x3001));
+        assert_eq!((p.index_of(0x2fff), p.offset_of(3)), (2, 0x3000));
+        assert_eq!(PageSize::HUGE_2M.pages_in((5 << 20) + 1), 2);
     }
 
     #[test]

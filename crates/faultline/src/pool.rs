@@ -44,7 +44,7 @@ use std::time::Duration;
 use crate::background::Background;
 use crate::error::{Error, Result};
 use crate::page::PageSize;
-use crate::sys::mem::{self, Advice, Mapping};
+use faultline_sys::mem::{self, Advice, Mapping};
 
 /// A huge frame: one 2 MiB transparent huge page.
 const HUGE: usize = PageSize::HUGE_2M.bytes();

@@ -524,7 +524,10 @@ mod tests {
     fn prefetch_io_takes_any_range() {
         let r = Residency::new(100);
         r.prefetch_io(0..0);
-        #[allow(clippy::reversed_empty_ranges)]
+        #[allow(
+            clippy::reversed_empty_ranges,
+            reason = "a reversed range is what this test hands prefetch_io"
+        )]
         r.prefetch_io(5..3);
         r.prefetch_io(99..100);
         r.prefetch_io(90..130);

@@ -511,7 +511,7 @@ impl<S: PageStore> PageStore for FaultyStore<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryStore;
+    use crate::store::MemoryStore;
 
     fn store(rule: Fault) -> FaultyStore<MemoryStore> {
         FaultyStore::builder(MemoryStore::new(vec![1; 16 * 4096]))

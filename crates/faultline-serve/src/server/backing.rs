@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use faultline::{ForeignRegionSpec, PeerBacking, SharedError as SnapshotError, SharedSnapshot};
+use faultline::{ForeignRegionSpec, PeerBacking, SharedSnapshot, SnapshotError};
 
 /// How a peer is served.
 pub struct Chosen {
@@ -86,7 +86,7 @@ pub fn choose(
             return Err(BackingError::Mismatch { said, seen })
         }
         (Ok(seen), _) => (seen, None),
-        (Err(SnapshotError::Io { source, path, .. }), Some(said)) => {
+        (Err(SnapshotError::ReadPeerMap { source, path }), Some(said)) => {
             (said, Some(format!("{}: {source}", path.display())))
         }
         (Err(e), _) => return Err(BackingError::Check(e)),

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use faultline::{ForeignError, SharedError as SnapshotError};
+use faultline::{ForeignError, SnapshotError};
 
 use crate::config::ConfigError;
 use crate::record::RecordError;

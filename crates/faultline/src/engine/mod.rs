@@ -21,6 +21,7 @@
 //! ([`EngineConfig::stall_timeout`]) aborts, with a message, when one
 //! resolution takes longer than the timeout (a stalled store).
 
+pub(crate) mod handler;
 mod poll;
 mod signal;
 mod spin;
@@ -41,8 +42,8 @@ use crate::error::{Error, Result};
 use crate::fault::report::fail_closed;
 pub use crate::fault::Delivery;
 use crate::page::MemoryKind;
-use crate::sys::thread::EventFd;
-use crate::sys::uffd::{feature, Uffd};
+use faultline_sys::thread::EventFd;
+use faultline_sys::uffd::{feature, Uffd};
 
 /// The four engines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -129,7 +130,7 @@ impl Default for EngineConfig {
         EngineConfig {
             scratch_bytes: 4 << 20,
             batch: 64,
-            workers: crate::sys::thread::online_cpus(),
+            workers: faultline_sys::thread::online_cpus(),
             pin: true,
             stall_timeout: None,
             altstack_bytes: None,
@@ -261,18 +262,22 @@ impl ThreadCore {
         })
     }
 
-    /// A handler for one thread, with its watchdog slot.
-    pub fn handler(&self, slots: &mut Vec<Arc<threaded::BusySlot>>) -> threaded::Handler {
+    /// What one handler thread serves, with its watchdog slot.
+    pub fn local(&self, slots: &mut Vec<Arc<threaded::BusySlot>>) -> threaded::Local {
         let slot = Arc::new(threaded::BusySlot::default());
         slots.push(slot.clone());
-        threaded::Handler::new(
+        threaded::Local::new(
             self.uffd.clone(),
             self.counters.clone(),
             slot,
             self.epoch,
             self.config.scratch_bytes,
-            self.config.batch,
         )
+    }
+
+    /// A handler for one thread (see [`ThreadCore::local`]).
+    pub fn handler(&self, slots: &mut Vec<Arc<threaded::BusySlot>>) -> threaded::LocalHandler {
+        handler::Handler::new(self.local(slots), self.config.batch)
     }
 
     /// Starts `bodies` as handler threads and the watchdog over `slots`.

@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
+use super::handler::poll_timeout;
 use super::{EngineConfig, EngineKind, ThreadCore, Threaded};
 use crate::background::StopFlag;
 use crate::error::Result;
 use crate::fault::report::fail_closed;
-use crate::sys::poll::{self, poll_in};
-use crate::sys::thread::{online_cpus, pin_to_cpu};
+use faultline_sys::poll::{self, poll_in};
+use faultline_sys::thread::{online_cpus, pin_to_cpu};
 
 /// Handler thread blocking in `poll()` + `read()`. See the module docs.
 pub struct PollEngine {
@@ -38,7 +39,8 @@ impl PollEngine {
             }
             let mut rev = [0i16; 2];
             while !stop.is_set() {
-                let timeout = h.timeout_ms(1000);
+                let Ok(next_due) = h.retry_deferred();
+                let timeout = poll_timeout(next_due, 1000);
                 if let Err(e) = poll_in(&[fd, wake.raw()], timeout, &mut rev) {
                     fail_closed(|w| {
                         use std::fmt::Write;
@@ -51,7 +53,7 @@ impl PollEngine {
                         let _ = w.write_str("the userfaultfd reported POLLERR");
                     });
                 }
-                while h.read_batch(|h, m| h.on_msg(m)) > 0 {}
+                while let Ok(1..) = h.read(&(), || ()) {}
             }
         };
         core.start("poll", vec![Box::new(body)], slots)?;

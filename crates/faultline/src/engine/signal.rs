@@ -45,12 +45,12 @@ use crate::fault::resolve::{resolve, Access, Origin, Resolution};
 use crate::fault::table::enter;
 use crate::page::PageSize;
 use crate::residency::PageState;
-use crate::sys::mem::Mapping;
-use crate::sys::signal::{
+use faultline_sys::mem::Mapping;
+use faultline_sys::signal::{
     install_sigaction, SigAction, SigInfo, SignalContext, BUS_ADRERR, SIGBUS,
 };
-use crate::sys::uffd::{feature, Uffd};
-use crate::sys::{errno, rdtsc, set_errno};
+use faultline_sys::uffd::{feature, Uffd};
+use faultline_sys::{errno, rdtsc, set_errno};
 
 const SCRATCH_SLOTS: usize = 64;
 /// How long a fault that finds another thread installing its page spins
@@ -147,12 +147,12 @@ impl SignalEngine {
         struct AltStack(#[allow(dead_code, reason = "keeps the stack mapped")] Mapping);
         impl Drop for AltStack {
             fn drop(&mut self) {
-                crate::sys::signal::remove_altstack();
+                faultline_sys::signal::remove_altstack();
             }
         }
         ALTSTACK.with(|a| {
             if a.borrow().is_none() {
-                let m = crate::sys::signal::install_altstack(bytes).map_err(|e| Error::Io {
+                let m = faultline_sys::signal::install_altstack(bytes).map_err(|e| Error::Io {
                     op: "sigaltstack",
                     source: e,
                 })?;
@@ -317,5 +317,5 @@ extern "C" fn on_sigbus(sig: i32, info: *mut SigInfo, ctx: *mut std::ffi::c_void
 fn chain(sig: i32, info: *mut SigInfo, ctx: *mut std::ffi::c_void) {
     // SAFETY: PREVIOUS is set once from a Box and never freed; the rest is
     // what the kernel passed us.
-    unsafe { crate::sys::signal::chain_to(PREVIOUS.load(SeqCst), sig, info, ctx) }
+    unsafe { faultline_sys::signal::chain_to(PREVIOUS.load(SeqCst), sig, info, ctx) }
 }

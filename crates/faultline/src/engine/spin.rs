@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{EngineConfig, EngineKind, ThreadCore, Threaded};
 use crate::background::StopFlag;
 use crate::error::Result;
-use crate::sys::thread::{online_cpus, pin_to_cpu};
+use faultline_sys::thread::{online_cpus, pin_to_cpu};
 
 /// Busy-polling handler thread. See the module docs.
 pub struct SpinEngine {
@@ -32,13 +32,13 @@ impl SpinEngine {
             }
             let mut idle = 0u32;
             while !stop.is_set() {
-                if h.read_batch(|h, m| h.on_msg(m)) > 0 {
+                if let Ok(1..) = h.read(&(), || ()) {
                     idle = 0;
                     continue;
                 }
                 idle = idle.wrapping_add(1);
                 if idle.is_multiple_of(1024) {
-                    h.retry_deferred();
+                    let Ok(_) = h.retry_deferred();
                 }
                 std::hint::spin_loop();
             }

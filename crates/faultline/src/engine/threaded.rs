@@ -1,35 +1,30 @@
-//! What the thread engines (poll, spin, workers) share: reading message
-//! batches, handling one fault, deferring on EAGAIN with bounded backoff,
-//! the stall watchdog.
+//! What the thread engines (poll, spin, workers) share: their [`Serve`]
+//! of the one handler loop (`handler.rs`), which looks a fault up in the
+//! region table and resolves it under the stall watchdog's eye, and the
+//! watchdog itself.
+//!
+//! A handler thread runs [`Handler::read`] over the engine's userfaultfd
+//! (events first, then faults), retries its deferred faults between polls
+//! ([`Handler::retry_deferred`]), and never stops serving: what it cannot
+//! handle (a read or an ioctl failing in a way the runtime does not
+//! understand, a panicking store) fails closed with a message.
 
-use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::handler::{settle, Action, Attempt, Handler, Serve};
 use super::Counters;
 use crate::background::Background;
 use crate::fault::report::{fail_closed, report};
-use crate::fault::resolve::{resolve, Access, Origin, Resolution};
+use crate::fault::resolve::{resolve, Access, Origin};
 use crate::fault::table::enter;
 use crate::page::PageSize;
 use crate::residency::PageState;
-use crate::sys::rdtsc;
-use crate::sys::uffd::{pagefault_flag, Msg, Uffd, UffdMsg};
-
-/// First and maximum delay before retrying a deferred fault.
-const BACKOFF_MIN: Duration = Duration::from_micros(50);
-const BACKOFF_MAX: Duration = Duration::from_millis(20);
-
-/// A fault put aside after EAGAIN.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Deferred {
-    pub addr: u64,
-    pub flags: u64,
-    due: Instant,
-    delay: Duration,
-}
+use faultline_sys::rdtsc;
+use faultline_sys::uffd::{Msg, Uffd, UffdError};
 
 /// Which fault a handler thread is busy with, for the watchdog.
 #[derive(Debug, Default)]
@@ -40,100 +35,81 @@ pub(crate) struct BusySlot {
     addr: AtomicU64,
 }
 
-/// One handler thread's state.
-pub(crate) struct Handler {
+/// A thread engine's faults: found in the region table (no owner to
+/// keep), resolved with the thread's scratch buffer.
+pub(crate) struct Local {
     pub uffd: Arc<Uffd>,
     pub counters: Arc<Counters>,
     pub slot: Arc<BusySlot>,
     pub epoch: Instant,
     scratch: Vec<u8>,
-    msgs: Vec<UffdMsg>,
-    deferred: VecDeque<Deferred>,
 }
 
-impl Handler {
+/// A thread engine's handler.
+pub(crate) type LocalHandler = Handler<Local>;
+
+impl Local {
     pub fn new(
         uffd: Arc<Uffd>,
         counters: Arc<Counters>,
         slot: Arc<BusySlot>,
         epoch: Instant,
         scratch_bytes: usize,
-        batch: usize,
     ) -> Self {
-        Handler {
+        Local {
             uffd,
             counters,
             slot,
             epoch,
             scratch: vec![0u8; scratch_bytes],
-            msgs: vec![UffdMsg::ZERO; batch.max(1)],
-            deferred: VecDeque::new(),
+        }
+    }
+}
+
+impl Serve for Local {
+    type Owner = ();
+    type Stop = Infallible;
+
+    fn uffd<'a>(&'a self, _: &'a ()) -> &'a Uffd {
+        &self.uffd
+    }
+
+    fn batch_read(&self, _: usize) {
+        self.counters.reads.fetch_add(1, Relaxed);
+    }
+
+    fn event(&mut self, _: &(), m: Msg) {
+        self.counters.events.fetch_add(1, Relaxed);
+        if let Msg::Remove { start, end } = m {
+            on_remove(start, end);
         }
     }
 
-    /// Reads one batch; calls `each` for every decoded message. Returns
-    /// the number read (0: nothing pending).
-    pub fn read_batch(&mut self, mut each: impl FnMut(&mut Self, Msg)) -> usize {
-        let n = match self.uffd.read_msgs(&mut self.msgs) {
-            Ok(n) => n,
-            Err(e) => fail_closed(|w| {
-                let _ = write!(w, "reading the userfaultfd failed: {e}");
-            }),
-        };
-        if n > 0 {
-            self.counters.reads.fetch_add(1, Relaxed);
+    fn fault(
+        &mut self,
+        _: &(),
+        addr: u64,
+        flags: u64,
+        t0: u64,
+        attempt: Attempt,
+    ) -> Action<Infallible> {
+        if attempt != Attempt::Retry {
+            self.counters.faults.fetch_add(1, Relaxed);
         }
-        // Events first. The kernel returns a batch's faults before its
-        // events, but the thread that caused an event (madvise, the
-        // evictor's zap) is released as soon as the event is *read*: had we
-        // resolved the batch's faults first, one of them could re-install a
-        // page that the event then marks absent after the fact.
-        for faults in [false, true] {
-            for i in 0..n {
-                let m = self.msgs[i].decode();
-                if matches!(m, Msg::PageFault { .. }) == faults {
-                    each(self, m);
-                }
-            }
-        }
-        n
-    }
-
-    /// Handles a message that belongs to this handler.
-    pub fn on_msg(&mut self, m: Msg) {
-        match m {
-            Msg::PageFault { addr, flags, .. } => self.on_fault(addr, flags, rdtsc()),
-            Msg::Remove { start, end } => {
-                self.counters.events.fetch_add(1, Relaxed);
-                on_remove(start, end);
-            }
-            _ => {
-                self.counters.events.fetch_add(1, Relaxed);
-            }
-        }
-    }
-
-    /// Resolves one fault; defers it on EAGAIN.
-    pub fn on_fault(&mut self, addr: u64, flags: u64, t0: u64) {
-        self.counters.faults.fetch_add(1, Relaxed);
         let Some(r) = enter(addr) else {
             // Not (or no longer) ours: the region is being torn down. Wake
             // the thread; it retries into its poison marker.
-            let base = PageSize::BASE.bytes() as u64;
-            let _ = self.uffd.wake(addr & !(base - 1), base);
-            return;
+            let base = PageSize::BASE;
+            let _ = self.uffd.wake(base.align_down(addr), base.bytes() as u64);
+            return Action::Done;
         };
         let page = r.pages.index(addr);
-        let (page_addr, ps) = (r.pages.addr(page), r.pages.size().bytes() as u64);
         r.fault_seen(page, t0);
         self.slot.addr.store(addr, Relaxed);
         self.slot
             .since
             .store(self.epoch.elapsed().as_nanos() as u64 + 1, SeqCst);
-        let access = Access {
-            write: flags & pagefault_flag::WRITE != 0,
-            wp: flags & pagefault_flag::WP != 0,
-        };
+        let access = Access::of_message(flags);
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             resolve(&r, page, access, &Origin::Fault, &mut self.scratch)
         }));
@@ -148,26 +124,11 @@ impl Handler {
                 r.describe_page(page, w);
             }),
         };
-        match res {
-            Resolution::Resolved | Resolution::Gone => {}
-            Resolution::Busy | Resolution::Poisoned => {
-                // Another resolver owns it, or it is poisoned: let the thread
-                // retry (it re-faults or gets SIGBUS).
-                let _ = self.uffd.wake(page_addr, ps);
-                if matches!(res, Resolution::Busy) {
-                    r.stats.busy.fetch_add(1, Relaxed);
-                }
-            }
-            Resolution::Retry => {
-                self.counters.deferred.fetch_add(1, Relaxed);
-                self.deferred.push_back(Deferred {
-                    addr,
-                    flags,
-                    due: Instant::now() + BACKOFF_MIN,
-                    delay: BACKOFF_MIN,
-                });
-            }
-            Resolution::StoreFailed(e) => {
+        settle(
+            &r,
+            page,
+            res,
+            |e| {
                 report(|w| {
                     let _ = w.write_str("store error at ");
                     r.describe_page(page, w);
@@ -175,50 +136,25 @@ impl Handler {
                         w,
                         ": {e}; the page is poisoned and the faulting thread gets SIGBUS"
                     );
-                });
-                // Only now let the thread run into the poison marker.
-                let _ = self.uffd.wake(page_addr, ps);
-            }
-            Resolution::Failed(e) => fail_closed(|w| {
-                let _ = write!(w, "resolving a fault failed ({e}) at ");
-                r.describe_page(page, w);
-            }),
-        }
+                })
+            },
+            |e| {
+                fail_closed(|w| {
+                    let _ = write!(w, "resolving a fault failed ({e}) at ");
+                    r.describe_page(page, w);
+                })
+            },
+        )
     }
 
-    /// Retries due deferred faults; returns how long until the next one
-    /// is due (None when none are left).
-    pub fn retry_deferred(&mut self) -> Option<Duration> {
-        let now = Instant::now();
-        let n = self.deferred.len();
-        for _ in 0..n {
-            let d = self.deferred.pop_front().expect("len checked");
-            if d.due > now {
-                self.deferred.push_back(d);
-                continue;
-            }
-            let before = self.deferred.len();
-            self.on_fault(d.addr, d.flags, rdtsc());
-            // Re-deferred: grow its backoff (bounded).
-            if self.deferred.len() > before {
-                let mut again = self.deferred.pop_back().expect("just pushed");
-                again.delay = (d.delay * 2).min(BACKOFF_MAX);
-                again.due = Instant::now() + again.delay;
-                self.deferred.push_back(again);
-            }
-        }
-        self.deferred
-            .iter()
-            .map(|d| d.due.saturating_duration_since(now))
-            .min()
+    fn deferred(&self, _: &()) {
+        self.counters.deferred.fetch_add(1, Relaxed);
     }
 
-    /// Poll timeout in ms given the deferred queue.
-    pub fn timeout_ms(&mut self, idle_ms: i32) -> i32 {
-        match self.retry_deferred() {
-            Some(d) => (d.as_millis() as i32).max(1).min(idle_ms),
-            None => idle_ms,
-        }
+    fn read_failed(&mut self, _: &(), e: UffdError) -> Infallible {
+        fail_closed(|w| {
+            let _ = write!(w, "reading the userfaultfd failed: {e}");
+        })
     }
 }
 

@@ -7,22 +7,83 @@
 //! hands it over through that worker's inbox and eventfd.
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
+use super::handler::{poll_timeout, Action, Attempt, Handler, Serve};
+use super::threaded::Local;
 use super::{EngineConfig, EngineKind, HandlerBody, ThreadCore, Threaded};
 use crate::background::StopFlag;
 use crate::error::{Error, Result};
 use crate::fault::report::fail_closed;
 use crate::fault::table::enter;
-use crate::sys::poll::poll_in;
-use crate::sys::rdtsc;
-use crate::sys::thread::{online_cpus, pin_to_cpu, EventFd};
-use crate::sys::uffd::Msg;
+use faultline_sys::poll::poll_in;
+use faultline_sys::thread::{online_cpus, pin_to_cpu, EventFd};
+use faultline_sys::uffd::{Msg, Uffd, UffdError};
 
+/// Faults handed to a worker by the others: (address, flags, TSC read).
 struct Inbox {
     queue: Mutex<VecDeque<(u64, u64, u64)>>,
     bell: EventFd,
+}
+
+/// One worker's faults: its own are resolved as every thread engine's
+/// ([`Local`]); a fault of another worker's window, read here, goes to
+/// that worker's inbox.
+struct Sharded {
+    local: Local,
+    me: usize,
+    inboxes: Arc<Vec<Arc<Inbox>>>,
+}
+
+impl Serve for Sharded {
+    type Owner = ();
+    type Stop = Infallible;
+
+    fn uffd<'a>(&'a self, owner: &'a ()) -> &'a Uffd {
+        self.local.uffd(owner)
+    }
+
+    fn batch_read(&self, n: usize) {
+        self.local.batch_read(n)
+    }
+
+    fn event(&mut self, owner: &(), m: Msg) {
+        self.local.event(owner, m)
+    }
+
+    fn fault(
+        &mut self,
+        owner: &(),
+        addr: u64,
+        flags: u64,
+        t0: u64,
+        attempt: Attempt,
+    ) -> Action<Infallible> {
+        if attempt == Attempt::Read {
+            let to = shard_of(addr, self.inboxes.len());
+            if to != self.me {
+                self.local.counters.forwarded.fetch_add(1, Relaxed);
+                let ib = &self.inboxes[to];
+                ib.queue
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_back((addr, flags, t0));
+                ib.bell.notify();
+                return Action::Done;
+            }
+        }
+        self.local.fault(owner, addr, flags, t0, attempt)
+    }
+
+    fn deferred(&self, owner: &()) {
+        self.local.deferred(owner)
+    }
+
+    fn read_failed(&mut self, owner: &(), e: UffdError) -> Infallible {
+        self.local.read_failed(owner, e)
+    }
 }
 
 /// Pinned, sharded worker threads. See the module docs.
@@ -70,19 +131,24 @@ impl WorkersEngine {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&*core.uffd);
         let ncpu = online_cpus();
         for me in 0..n {
-            let mut h = core.handler(&mut slots);
-            let (wake, inboxes) = (core.wake.clone(), inboxes.clone());
-            let counters = core.counters.clone();
+            let sharded = Sharded {
+                local: core.local(&mut slots),
+                me,
+                inboxes: inboxes.clone(),
+            };
+            let mut h = Handler::new(sharded, core.config.batch);
+            let wake = core.wake.clone();
             let pin = core.config.pin;
             bodies.push(Box::new(move |stop: &StopFlag| {
                 if pin {
                     let _ = pin_to_cpu(me % ncpu);
                 }
-                let mine = inboxes[me].clone();
+                let mine = h.serve.inboxes[me].clone();
                 let mut rev = [0i16; 3];
-                let mut local = VecDeque::new();
+                let mut handed = VecDeque::new();
                 while !stop.is_set() {
-                    let timeout = h.timeout_ms(1000);
+                    let Ok(next_due) = h.retry_deferred();
+                    let timeout = poll_timeout(next_due, 1000);
                     if let Err(e) = poll_in(&[fd, mine.bell.raw(), wake.raw()], timeout, &mut rev) {
                         fail_closed(|w| {
                             use std::fmt::Write;
@@ -90,31 +156,13 @@ impl WorkersEngine {
                         });
                     }
                     mine.bell.drain();
-                    while h.read_batch(|h, m| match m {
-                        Msg::PageFault { addr, flags, .. } => {
-                            let t0 = rdtsc();
-                            let owner = shard_of(addr, n);
-                            if owner == me {
-                                h.on_fault(addr, flags, t0);
-                            } else {
-                                counters.forwarded.fetch_add(1, Relaxed);
-                                let ib = &inboxes[owner];
-                                ib.queue
-                                    .lock()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .push_back((addr, flags, t0));
-                                ib.bell.notify();
-                            }
-                        }
-                        other => h.on_msg(other),
-                    }) > 0
-                    {}
+                    while let Ok(1..) = h.read(&(), || ()) {}
                     std::mem::swap(
-                        &mut local,
+                        &mut handed,
                         &mut *mine.queue.lock().unwrap_or_else(|p| p.into_inner()),
                     );
-                    while let Some((addr, flags, t0)) = local.pop_front() {
-                        h.on_fault(addr, flags, t0);
+                    while let Some((addr, flags, t0)) = handed.pop_front() {
+                        let Ok(()) = h.fault(&(), addr, flags, t0, Attempt::Handed);
                     }
                 }
             }));

@@ -19,8 +19,8 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use crate::residency::{PageBits, PageState};
-use crate::sys::mem::{self, Advice};
-use crate::sys::thread::{futex_wait, futex_wake};
+use faultline_sys::mem::{self, Advice};
+use faultline_sys::thread::{futex_wait, futex_wake};
 
 /// Eviction counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

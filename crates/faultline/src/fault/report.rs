@@ -50,7 +50,7 @@ pub(crate) fn report(f: impl FnOnce(&mut StackWriter)) {
     let _ = w.write_str("faultline: ");
     f(&mut w);
     let _ = w.write_str("\n");
-    crate::sys::write_stderr(w.as_bytes());
+    faultline_sys::write_stderr(w.as_bytes());
 }
 
 /// Prints a message and aborts: the fail-closed exit. A handler that

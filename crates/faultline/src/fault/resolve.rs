@@ -38,9 +38,9 @@ use crate::error::{Error, Result};
 use crate::page::{MemoryKind, ResolveOp};
 use crate::residency::PageState;
 use crate::store::StoreError;
-use crate::sys::mem::Advice;
-use crate::sys::uffd::{mode, Outcome, UffdError};
-use crate::sys::{self, rdtsc, Errno};
+use faultline_sys::mem::Advice;
+use faultline_sys::uffd::{mode, pagefault_flag, Outcome, UffdError};
+use faultline_sys::{self as sys, rdtsc, Errno};
 
 /// Who asks for a page, which decides the window installed with it.
 #[derive(Debug, Clone)]
@@ -69,6 +69,14 @@ impl Access {
         write: true,
         wp: false,
     };
+
+    /// The access of a userfaultfd fault message with these `flags`.
+    pub fn of_message(flags: u64) -> Access {
+        Access {
+            write: flags & pagefault_flag::WRITE != 0,
+            wp: flags & pagefault_flag::WP != 0,
+        }
+    }
 }
 
 /// What became of a fault.

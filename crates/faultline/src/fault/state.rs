@@ -29,8 +29,8 @@ use crate::page::{MemoryKind, Pages, ResolveOp};
 use crate::pool::FramePool;
 use crate::residency::{PageBits, PageState, Residency};
 use crate::store::PageStore;
-use crate::sys::mem::Mapping;
-use crate::sys::uffd::Uffd;
+use faultline_sys::mem::Mapping;
+use faultline_sys::uffd::Uffd;
 
 /// Counters of one region (all relaxed atomics).
 #[derive(Debug, Default)]

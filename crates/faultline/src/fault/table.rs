@@ -27,7 +27,7 @@ use super::RegionState;
 use crate::error::{Error, Result};
 use crate::interval::SnapshotTable;
 use crate::residency::PageState;
-use crate::sys::uffd::{mode, Outcome};
+use faultline_sys::uffd::{mode, Outcome};
 
 /// Address interval -> `*const RegionState`.
 static TABLE: SnapshotTable<usize> = SnapshotTable::new();
@@ -120,7 +120,7 @@ pub(crate) fn retire(state: Box<RegionState>, drain_timeout: Duration) {
             "faultline: region #{} dropped with a resolution still in flight after {:?}; leaking its state",
             state.id, drain_timeout
         );
-        crate::sys::write_stderr(w.as_bytes());
+        faultline_sys::write_stderr(w.as_bytes());
         std::mem::forget(state);
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::error::Result;
-use crate::sys::mem::Mapping;
+use faultline_sys::mem::Mapping;
 
 /// Bytes of zeros available.
 pub(crate) const BYTES: usize = 4 << 20;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::{PageCacheFile, PageStore, StoreError};
 use crate::page::PageSize;
-use crate::sys::mem::{is_tmpfs, pread_full, pwrite_all, willneed, Advice, Mapping};
-use crate::sys::Errno;
+use faultline_sys::mem::{is_tmpfs, pread_full, pwrite_all, willneed, Advice, Mapping};
+use faultline_sys::Errno;
 
 /// How a [`FileStore`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -60,18 +60,16 @@ impl FileStore {
         let len = size.saturating_sub(base);
         let fd: OwnedFd = file.into();
         let map = match access {
-            FileAccess::Mmap if len > 0 && base.is_multiple_of(PageSize::BASE.bytes() as u64) => {
-                Some(
-                    Mapping::file_readonly(&fd, len as usize, base).map_err(|e| {
-                        std::io::Error::new(e.source.kind(), format!("{}: {}", path.display(), e))
-                    })?,
-                )
-            }
+            FileAccess::Mmap if len > 0 && PageSize::BASE.is_aligned(base) => Some(
+                Mapping::file_readonly(&fd, len as usize, base).map_err(|e| {
+                    std::io::Error::new(e.source.kind(), format!("{}: {}", path.display(), e))
+                })?,
+            ),
             _ => None,
         };
         let what: Arc<str> = format!("file {}", path.display()).into();
         let tmpfs = access == FileAccess::Mmap
-            && base.is_multiple_of(PageSize::BASE.bytes() as u64)
+            && PageSize::BASE.is_aligned(base)
             && is_tmpfs(&fd).unwrap_or(false);
         Ok(FileStore {
             fd,
@@ -138,7 +136,7 @@ impl PageStore for FileStore {
     }
     fn will_need(&self, offset: u64, len: usize) {
         let Some(m) = self.map.as_ref() else { return };
-        let start = offset.min(self.len) & !(PageSize::BASE.bytes() as u64 - 1);
+        let start = PageSize::BASE.align_down(offset.min(self.len));
         let end = offset.saturating_add(len as u64).min(self.len);
         if end > start {
             let _ = willneed(m.addr() + start, (end - start) as usize);
@@ -147,7 +145,7 @@ impl PageStore for FileStore {
 
     fn populate(&self, offset: u64, len: usize) {
         let Some(m) = self.map.as_ref() else { return };
-        let start = offset.min(self.len) & !(PageSize::BASE.bytes() as u64 - 1);
+        let start = PageSize::BASE.align_down(offset.min(self.len));
         let end = offset.saturating_add(len as u64).min(self.len);
         if end > start {
             let _ = m.advise(start as usize, (end - start) as usize, Advice::PopulateRead);

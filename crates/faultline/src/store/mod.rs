@@ -31,65 +31,9 @@ pub use file::{FileAccess, FileStore};
 pub use memory::MemoryStore;
 pub use zero::ZeroStore;
 
-use std::borrow::Cow;
 use std::os::fd::BorrowedFd;
-use std::sync::Arc;
 
-use crate::sys::Errno;
-
-/// A store failure. Constructing one never allocates (except
-/// `Failed` with an owned reason, which signal-safe stores must not use),
-/// so signal-safe stores can report errors from the SIGBUS handler.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    /// A system call failed.
-    #[error("{op} of {what} at offset {offset:#x} failed: {errno}")]
-    Io {
-        /// What was read (a file path, a device name).
-        what: Arc<str>,
-        /// The call that failed (`pread`, `pwrite`).
-        op: &'static str,
-        /// Byte offset in the store.
-        offset: u64,
-        /// The errno.
-        errno: Errno,
-    },
-    /// The store cannot take writes.
-    #[error("store {what} is read-only (write-back at offset {offset:#x})")]
-    ReadOnly { what: Arc<str>, offset: u64 },
-    /// A remote store's request for one key failed (after its retries).
-    #[error("{what}: key {key} (offset {offset:#x}): {cause}")]
-    Remote {
-        /// The store ("redis unix:///run/redis.sock").
-        what: Arc<str>,
-        /// The key that was asked for.
-        key: Arc<str>,
-        /// Byte offset in the store.
-        offset: u64,
-        /// Why ("connection refused after 12 tries over 2s", "missing").
-        cause: Cow<'static, str>,
-    },
-    /// Anything else, with a reason.
-    #[error("store failed at offset {offset:#x}: {reason}")]
-    Failed {
-        /// Byte offset in the store.
-        offset: u64,
-        /// Why.
-        reason: Cow<'static, str>,
-    },
-}
-
-impl StoreError {
-    /// The store offset the error concerns.
-    pub fn offset(&self) -> u64 {
-        match self {
-            StoreError::Io { offset, .. }
-            | StoreError::ReadOnly { offset, .. }
-            | StoreError::Remote { offset, .. }
-            | StoreError::Failed { offset, .. } => *offset,
-        }
-    }
-}
+pub use crate::error::StoreError;
 
 /// How a store treats a region longer than its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

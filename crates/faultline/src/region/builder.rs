@@ -1,69 +1,42 @@
-//! Regions: the user's handle on a mapping whose page faults faultline
-//! resolves, and the builder that makes one.
+//! The region builder: from a request to a published region.
 //!
-//! Building a region
+//! [`RegionBuilder::build`]:
 //!
 //! 1. validates the request (page size, length, store, what the engine
 //!    and the kernel support) and picks what is not given: the memory
-//!    kind, the resolve op and the read-ahead;
-//! 2. maps the memory (private anonymous, a memfd, or the store's own
-//!    tmpfs file) and registers it with the engine's userfaultfd;
+//!    kind, the resolve op and the read-ahead (`validate`, a `Plan`);
+//! 2. maps the memory (private anonymous, a memfd with its unregistered
+//!    alias view, or the store's own tmpfs file: `map_memory`) and
+//!    registers it with the engine's userfaultfd, checking that REGISTER
+//!    granted the resolve op's ioctl;
 //! 3. builds the fault path's `RegionState` and publishes it in the
 //!    region table, after which faults in the range reach the runtime;
 //! 4. starts the region's background threads (run-ahead populator,
-//!    evictor).
-//!
-//! Dropping it stops the background threads, writes dirty pages back,
-//! then retires the state from the table (remaining faults fail closed:
-//! SIGBUS, never a zero page; see `fault/table.rs`) and unmaps.
-//!
-//! # Defaults
-//!
-//! With no tuning, a region resolves faults the fast way:
-//!
-//! * **Read-ahead is adaptive.** A fault installs the aligned
-//!   fault-around window of its page, and a thread that keeps faulting
-//!   where its last window ended doubles its window, up to a maximum
-//!   ([`crate::policy::ReadaheadConfig`]). The initial window follows what
-//!   an extra page costs: 1 page for a zero store (random writers allocate
-//!   nothing they do not touch), 16 for a store with data (the kernel's
-//!   fault-around), 64 when pages are mapped from the page cache without a
-//!   copy. [`RegionBuilder::fault_around`] fixes the window,
-//!   [`RegionBuilder::readahead`] sets the policy,
-//!   `fault_around(1)` turns it off.
-//! * **Data already in memory is not copied.** When the store's data is a
-//!   file on tmpfs ([`PageStore::page_cache`], e.g. a [`crate::FileStore`]
-//!   over a file in `/dev/shm`), the region maps that file privately and
-//!   installs its page-cache pages with `UFFDIO_CONTINUE`: no allocation,
-//!   no copy, and writes stay private (copy on write), exactly as with the
-//!   kernel's `mmap(MAP_PRIVATE)`. [`RegionBuilder::zero_copy`] turns this
-//!   off.
+//!    evictor) last: if one cannot start, dropping the half-built region
+//!    tears everything down.
 
-use std::fmt::Write;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::background::Background;
+use super::handle::Region;
 use crate::caps::{capabilities, op_unusable};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::evict::{EvictionConfig, EvictionStats, SharedBudget};
+use crate::evict::{EvictionConfig, SharedBudget};
 use crate::fault::feeds::{BudgetFeed, RunAheadFeed};
 use crate::fault::readahead::Streams;
-use crate::fault::report::report;
-use crate::fault::resolve::{populate, populate_where, Access};
 use crate::fault::state::Counters;
-use crate::fault::{table, RegionState, RegionStats};
+use crate::fault::{table, RegionState};
 use crate::page::{MemoryKind, PageSize, Pages, ResolveOp};
 use crate::policy::{PolicyKind, ReadaheadConfig};
-use crate::pool::{FramePool, FramePoolConfig, FramePoolStats};
-use crate::residency::{PageBits, PageState, Residency};
-use crate::runahead::{RunAheadConfig, RunAheadStats};
+use crate::pool::{FramePool, FramePoolConfig};
+use crate::residency::{PageBits, Residency};
+use crate::runahead::RunAheadConfig;
 use crate::store::{PageStore, Tail, ZeroStore};
-use crate::sys::mem::{self, Advice, Mapping};
-use crate::sys::uffd::{feature, ioctl_bit, register_mode};
+use faultline_sys::mem::{self, Advice, Mapping};
+use faultline_sys::uffd::{feature, ioctl_bit, register_mode};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -77,7 +50,7 @@ enum ZeroCopy {
     File(std::fs::File),
 }
 
-/// Builds a [`Region`]. See the [module docs](self) for the defaults.
+/// Builds a [`Region`]. See [the region docs](super) for the defaults.
 #[must_use]
 pub struct RegionBuilder {
     len: usize,
@@ -104,6 +77,13 @@ struct Plan {
     readahead: ReadaheadConfig,
     /// Map this tmpfs file privately and CONTINUE its page cache.
     page_cache: Option<(OwnedFd, u64)>,
+}
+
+impl Region {
+    /// A builder for a region of `len` bytes.
+    pub fn builder(len: usize) -> RegionBuilder {
+        RegionBuilder::new(len)
+    }
 }
 
 impl RegionBuilder {
@@ -635,422 +615,5 @@ fn map_memory(
             let _ = ps;
             Ok((m, Some(fd), Some(alias)))
         }
-    }
-}
-
-/// A mapping whose page faults faultline resolves. See the module docs.
-pub struct Region {
-    state: Option<Box<RegionState>>,
-    map: Option<Mapping>,
-    _memfd: Option<OwnedFd>,
-    engine: Arc<dyn Engine>,
-    populator: Option<Background>,
-    evictor: Option<Background>,
-    drain_timeout: Duration,
-}
-
-impl std::fmt::Debug for Region {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = self.state();
-        f.debug_struct("Region")
-            .field("id", &s.id)
-            .field("base", &format_args!("{:#x}", s.pages.base()))
-            .field("len", &s.pages.len())
-            .field("page_size", &s.pages.size())
-            .field("kind", &s.kind)
-            .field("op", &s.op)
-            .field("readahead", &s.readahead.config())
-            .field("engine", &self.engine.kind())
-            .finish()
-    }
-}
-
-impl Region {
-    /// A builder for a region of `len` bytes.
-    pub fn builder(len: usize) -> RegionBuilder {
-        RegionBuilder::new(len)
-    }
-
-    fn state(&self) -> &RegionState {
-        self.state.as_ref().expect("live region")
-    }
-
-    /// Start of the mapping.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.state().pages.base() as *mut u8
-    }
-    /// Start address.
-    pub fn addr(&self) -> u64 {
-        self.state().pages.base()
-    }
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.state().pages.len()
-    }
-    /// Whether the region is empty (never).
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-    /// Region page size in bytes.
-    pub fn page_size(&self) -> usize {
-        self.state().pages.size().bytes()
-    }
-    /// Number of region pages.
-    pub fn pages(&self) -> usize {
-        self.state().pages.count()
-    }
-    /// Memory kind.
-    pub fn kind(&self) -> MemoryKind {
-        self.state().kind
-    }
-    /// The resolve op in use (never `Auto`).
-    pub fn resolve_op(&self) -> ResolveOp {
-        self.state().op
-    }
-    /// The read-ahead policy in use.
-    pub fn readahead(&self) -> ReadaheadConfig {
-        self.state().readahead.config()
-    }
-    /// Whether the region maps page-cache pages of a tmpfs file without
-    /// copying them (see [`RegionBuilder::zero_copy`]).
-    pub fn is_zero_copy(&self) -> bool {
-        let s = self.state();
-        s.op == ResolveOp::Continue && s.alias.is_none()
-    }
-    /// The engine.
-    pub fn engine(&self) -> &Arc<dyn Engine> {
-        &self.engine
-    }
-    /// The store.
-    pub fn store(&self) -> &Arc<dyn PageStore> {
-        &self.state().store
-    }
-    /// Process-unique id, as printed in messages.
-    pub fn id(&self) -> u64 {
-        self.state().id
-    }
-
-    /// State of region page `page`.
-    pub fn page_state(&self, page: usize) -> PageState {
-        self.state().residency.get(page)
-    }
-
-    /// Whether every page overlapping the byte range `[offset, offset+len)`
-    /// is mapped (VPRI's presence check before a device-style access).
-    pub fn is_resident(&self, offset: usize, len: usize) -> bool {
-        let s = self.state();
-        s.pages
-            .covering(offset, len)
-            .is_some_and(|r| s.residency.is_resident(r))
-    }
-
-    /// Number of resident pages.
-    pub fn resident_pages(&self) -> usize {
-        self.state().resident_pages()
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> RegionStats {
-        self.state().stats.snapshot()
-    }
-
-    /// Counters of eviction, for regions with a budget.
-    pub fn eviction_stats(&self) -> Option<EvictionStats> {
-        self.state().budget.as_ref().map(|e| e.stats())
-    }
-
-    /// Writes every dirty page back to the store (they stay resident,
-    /// clean and write-protected). Regions without a budget do not track
-    /// dirtiness: `Ok(0)`. Returns the pages written; on a store error the
-    /// remaining pages are still attempted and the first error returned.
-    pub fn flush(&self) -> Result<usize> {
-        const CLAIM_WAIT: Duration = Duration::from_secs(10);
-        let s = self.state();
-        if s.budget.is_none() {
-            return Ok(0);
-        }
-        // Claimed dirty pages go back in batches: one store call (one round
-        // trip for a remote store) per batch.
-        const BATCH: usize = 64;
-        let mut written = 0;
-        let mut first_err = None;
-        let mut batch = Vec::with_capacity(BATCH);
-        let mut flush_batch = |batch: &mut Vec<usize>| {
-            let mut out = vec![Ok(()); batch.len()];
-            crate::evict::write_back_batch(s, batch, &mut out);
-            for (&p, res) in batch.iter().zip(out) {
-                match res {
-                    Ok(()) => written += 1,
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                    }
-                }
-                s.residency.release(p..p + 1);
-            }
-            batch.clear();
-        };
-        for p in 0..s.pages.count() {
-            if s.residency.get(p) != PageState::Writable {
-                continue;
-            }
-            // Wait for a fault or the evictor to let go of the page, and
-            // for I/O in flight on it (write-protecting it would fault a
-            // device write).
-            let deadline = Instant::now() + CLAIM_WAIT;
-            while !claim_idle(&s.residency, p) {
-                if Instant::now() > deadline {
-                    // Write back (and let go of) the pages already claimed.
-                    flush_batch(&mut batch);
-                    return Err(Error::Io {
-                        op: "flush: claiming a page",
-                        source: std::io::Error::from(std::io::ErrorKind::TimedOut),
-                    });
-                }
-                std::thread::yield_now();
-            }
-            if s.residency.get(p) == PageState::Writable {
-                batch.push(p);
-                if batch.len() == BATCH {
-                    flush_batch(&mut batch);
-                }
-            } else {
-                s.residency.release(p..p + 1);
-            }
-        }
-        flush_batch(&mut batch);
-        match first_err {
-            Some(e) => Err(Error::Store(e)),
-            None => Ok(written),
-        }
-    }
-
-    /// Counters of run-ahead population, if enabled.
-    pub fn run_ahead_stats(&self) -> Option<RunAheadStats> {
-        self.state().runahead.as_ref().map(|f| f.stats())
-    }
-
-    /// Whether run-ahead population installed region page `page` (before
-    /// any fault on it).
-    pub fn populated_ahead(&self, page: usize) -> bool {
-        self.state()
-            .runahead
-            .as_ref()
-            .is_some_and(|f| f.ahead.get(page))
-    }
-
-    /// Counters of the frame pool ([`ResolveOp::Move`] regions).
-    pub fn frame_pool_stats(&self) -> Option<FramePoolStats> {
-        self.state().pool.as_ref().map(|p| p.stats())
-    }
-
-    /// TSC stamps of the most recent fault: when its handler started and
-    /// when its resolve ioctl returned (for phase breakdowns).
-    pub fn last_fault_tsc(&self) -> (u64, u64) {
-        let s = self.state();
-        (s.timing_start.load(SeqCst), s.timing_resolved.load(SeqCst))
-    }
-
-    /// Installs every absent page of `[offset, offset+len)` from the
-    /// calling thread, without faulting.
-    ///
-    /// With the `signal` engine, a system call that touches an unpopulated
-    /// page of the region (`read(2)` into it, `O_DIRECT`, `io_uring`,
-    /// `process_vm_readv`) fails with EFAULT instead of raising SIGBUS:
-    /// populate the range before handing it to the kernel.
-    pub fn populate(&self, offset: usize, len: usize) -> Result<()> {
-        const POPULATE_WAIT: Duration = Duration::from_secs(30);
-        let s = self.state();
-        if len == 0 {
-            return Err(Error::ZeroLength);
-        }
-        let ps = s.pages.size().bytes();
-        if !offset.is_multiple_of(ps) {
-            return Err(Error::Unaligned {
-                addr: s.pages.base() + offset as u64,
-                align: ps,
-            });
-        }
-        let Some(range) = s.pages.covering(offset, len) else {
-            return Err(Error::OutOfRange {
-                start: s.pages.base() + offset as u64,
-                end: s.pages.base() + (offset + len) as u64,
-                region_start: s.pages.base(),
-                region_end: s.pages.end(),
-            });
-        };
-        let scratch_pages = range.len().min(s.readahead.config().max).max(1);
-        let mut scratch = vec![0u8; (scratch_pages * ps).min(self.engine.scratch_bytes().max(ps))];
-        populate(s, range, &mut scratch, POPULATE_WAIT)
-    }
-}
-
-/// Claims `page` if no I/O holds it (releasing the claim otherwise).
-fn claim_idle(r: &Residency, page: usize) -> bool {
-    if !r.try_claim(page) {
-        return false;
-    }
-    if r.io_inflight(page) {
-        r.release(page..page + 1);
-        return false;
-    }
-    true
-}
-
-/// Hooks for I/O into region memory (the `faultline-io` crate builds VPRI's
-/// device queues on them): the presence check, per-page I/O references the
-/// evictor honours, resolution from a worker thread, and access hints for
-/// the eviction policy. Ranges are region page indices.
-impl Region {
-    /// The region pages overlapping the byte range `[offset, offset+len)`,
-    /// or `None` if it is empty or leaves the region.
-    pub fn page_range(&self, offset: usize, len: usize) -> Option<std::ops::Range<usize>> {
-        self.state().pages.covering(offset, len)
-    }
-
-    /// Whether the region tracks clean pages (a budget region: pages are
-    /// installed write-protected, so a kernel write into a clean page
-    /// faults).
-    pub fn tracks_dirty(&self) -> bool {
-        self.state().budget.is_some()
-    }
-
-    /// The pre-I/O presence check (VPRI's PA-BITMAP lookup): whether the
-    /// kernel can read (`write == false`) or write every page of `pages`
-    /// without a fault. Returns the first page that is not ready. See
-    /// [`Residency::io_ready`].
-    #[inline]
-    pub fn io_ready(
-        &self,
-        pages: std::ops::Range<usize>,
-        write: bool,
-    ) -> std::result::Result<(), usize> {
-        let s = self.state();
-        assert!(pages.end <= s.pages.count(), "page range past the region");
-        s.residency.io_ready(pages, write, s.budget.is_some())
-    }
-
-    /// Takes an I/O reference on every page of `pages`: the evictor will
-    /// not evict them until [`io_release`](Self::io_release). Take it
-    /// *before* checking [`io_ready`](Self::io_ready). A reference held
-    /// for long is a pin.
-    pub fn io_acquire(&self, pages: std::ops::Range<usize>) {
-        let s = self.state();
-        assert!(pages.end <= s.pages.count(), "page range past the region");
-        s.residency.io_acquire(pages);
-    }
-
-    /// Starts loading the presence-check words of `pages` into the cache
-    /// without waiting (see [`Residency::prefetch_io`]): call it for a
-    /// batch of I/Os before checking them one by one. Pages past the
-    /// region are ignored.
-    ///
-    /// [`Residency::prefetch_io`]: crate::residency::Residency::prefetch_io
-    pub fn io_prefetch(&self, pages: std::ops::Range<usize>) {
-        self.state().residency.prefetch_io(pages);
-    }
-
-    /// Drops the references [`io_acquire`](Self::io_acquire) took.
-    pub fn io_release(&self, pages: std::ops::Range<usize>) {
-        let s = self.state();
-        assert!(pages.end <= s.pages.count(), "page range past the region");
-        s.residency.io_release(pages);
-    }
-
-    /// Pins `pages`: the evictor leaves them resident until
-    /// [`unpin`](Self::unpin) (pins nest; a pin does not install a page).
-    pub fn pin(&self, pages: std::ops::Range<usize>) {
-        let s = self.state();
-        assert!(pages.end <= s.pages.count(), "page range past the region");
-        s.residency.pin(pages);
-    }
-
-    /// Drops one pin [`pin`](Self::pin) took on every page of `pages`.
-    pub fn unpin(&self, pages: std::ops::Range<usize>) {
-        let s = self.state();
-        assert!(pages.end <= s.pages.count(), "page range past the region");
-        s.residency.unpin(pages);
-    }
-
-    /// Whether `page` is pinned.
-    pub fn is_pinned(&self, page: usize) -> bool {
-        self.state().residency.is_pinned(page)
-    }
-
-    /// Resolves the pages of `pages` that an I/O in direction `write`
-    /// cannot touch yet, through the same resolve path as every fault,
-    /// from the calling thread: absent pages are installed, and for a
-    /// write, clean pages of a budget region are made writable (dirty).
-    /// Waits up to `timeout` for pages other resolvers hold.
-    pub fn resolve_pages(
-        &self,
-        pages: std::ops::Range<usize>,
-        write: bool,
-        timeout: Duration,
-    ) -> Result<()> {
-        let s = self.state();
-        if pages.is_empty() || pages.end > s.pages.count() {
-            return Err(Error::OutOfRange {
-                start: s.pages.addr(pages.start.min(s.pages.count())),
-                end: s.pages.base() + s.pages.bytes(pages.end) as u64,
-                region_start: s.pages.base(),
-                region_end: s.pages.end(),
-            });
-        }
-        let ps = s.pages.size().bytes();
-        let scratch_pages = pages.len().min(s.readahead.config().max).max(1);
-        let mut scratch = vec![0u8; (scratch_pages * ps).min(self.engine.scratch_bytes().max(ps))];
-        let dirty = write && s.budget.is_some();
-        let access = Access { write, wp: false };
-        populate_where(s, pages, access, &mut scratch, timeout, |st| {
-            st == PageState::Absent || (dirty && st == PageState::ReadOnly)
-        })
-    }
-
-    /// Tells the region's eviction policy that `page` was accessed (by an
-    /// I/O the CPU-side fault path never sees). Lossy, never waits; a
-    /// no-op without a budget.
-    pub fn access_hint(&self, page: usize) {
-        if let Some(b) = self.state().budget.as_ref() {
-            b.hint(page);
-        }
-    }
-
-    /// Records the pages the evictor takes from now on, in a lossy ring
-    /// of `slots` pages (see [`crate::evict::ReclaimWatch`]); `None`
-    /// without a budget (nothing is ever evicted).
-    pub fn watch_reclaims(&self, slots: usize) -> Option<crate::evict::ReclaimWatch> {
-        let b = self.state().budget.as_ref()?;
-        Some(crate::evict::ReclaimWatch::new(b.watch_reclaims(slots)))
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // The populator reads the region's state: stop it first.
-        if let (Some(p), Some(s)) = (self.populator.as_mut(), self.state.as_ref()) {
-            p.stop(|| {
-                s.runahead
-                    .as_ref()
-                    .expect("run-ahead regions have a feed")
-                    .wake_all()
-            });
-        }
-        // Stop evicting, then write every dirty page back.
-        if let Some(e) = self.evictor.as_mut() {
-            e.stop(|| ());
-            if let Err(err) = self.flush() {
-                report(|w| {
-                    let _ = write!(
-                        w,
-                        "region #{}: dropped with dirty pages that could not be written back: {err}",
-                        self.id()
-                    );
-                });
-            }
-        }
-        let state = self.state.take().expect("live region");
-        table::retire(state, self.drain_timeout);
-        self.engine.region_removed();
-        drop(self.map.take());
     }
 }

@@ -29,7 +29,8 @@
 //! [`SharedSnapshot::check_peer`] looks the peer's vmas up (`PROCMAP_QUERY`
 //! on `/proc/<pid>/maps`) and requires each region to be a private mapping
 //! of *this* file (device and inode) at the region's store offset; the
-//! MINOR registration is made sure of by [`crate::ForeignPeer::new`]
+//! MINOR registration is made sure of by
+//! [`ForeignPeer::new`](super::ForeignPeer::new)
 //! (`UFFDIO_REGISTER` through the peer's userfaultfd). That the file holds
 //! the store's bytes is trusted: [`SharedSnapshot::create`] writes it (a
 //! new file, mode 0444: only its owner or root can change it, and peers'
@@ -43,26 +44,86 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::page::PageSize;
 use crate::residency::PageBits;
 use crate::store::{PageStore, StoreError};
-use crate::sys::mem::{self, Mapping, MemError};
+use faultline_sys::mem::{self, Mapping, MemError};
 
-/// Why a shared snapshot could not be made, opened or used by a peer.
+/// Why a shared snapshot could not be made, opened or used by a peer: one
+/// variant per step (or check) that failed, keeping its cause.
 #[derive(Debug, thiserror::Error)]
-pub enum SharedError {
-    /// Creating, writing or opening the file failed.
-    #[error("{what} {path}: {source}")]
-    Io {
-        /// The step.
-        what: &'static str,
+pub enum SnapshotError {
+    /// Creating the file (it must not exist).
+    #[error("creating {path}: {source}")]
+    Create {
         /// The file.
         path: PathBuf,
         /// The error.
         #[source]
         source: io::Error,
     },
-    /// Mapping or inspecting the file failed.
-    #[error("{path}: {source}")]
+    /// Sizing the new file to the store's length.
+    #[error("sizing {path} to {len} bytes: {source}")]
+    Size {
+        /// The file.
+        path: PathBuf,
+        /// The length asked for.
+        len: u64,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing the store's bytes into the new file.
+    #[error("writing {path} at {offset:#x}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Where.
+        offset: u64,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Opening an existing file.
+    #[error("opening {path}: {source}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading the file's metadata.
+    #[error("inspecting {path}: {source}")]
+    Inspect {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading the file back to compare it with the store.
+    #[error("reading {path} at {offset:#x}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Where.
+        offset: u64,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Asking which file system holds the file (`fstatfs`).
+    #[error("finding the file system of {path}: {source}")]
+    FileSystem {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: MemError,
+    },
+    /// Mapping the file (to fill a hugetlbfs file, or to find its holes).
+    #[error("mapping {path}: {source}")]
     Map {
         /// The file.
         path: PathBuf,
@@ -70,24 +131,24 @@ pub enum SharedError {
         #[source]
         source: MemError,
     },
-    /// Reading the store failed.
+    /// Reading the store.
     #[error("reading the store at {offset:#x}: {source}")]
-    Store {
+    ReadStore {
         /// Where.
         offset: u64,
         /// The error.
         #[source]
         source: StoreError,
     },
-    /// The store's length is unknown.
+    /// The store does not report its length.
     #[error("the store does not report its length")]
-    UnknownLength,
+    StoreLength,
     /// The file is not on tmpfs/shmem or hugetlbfs (CONTINUE needs their
     /// page cache).
     #[error(
         "{0} is not on tmpfs or hugetlbfs (UFFDIO_CONTINUE needs their page cache: use /dev/shm)"
     )]
-    NotTmpfs(PathBuf),
+    NotInMemory(PathBuf),
     /// A hugetlbfs snapshot whose length is not a multiple of 2 MiB.
     #[error("{path}: {len} bytes is not a multiple of the 2 MiB pages of hugetlbfs")]
     HugeLength {
@@ -96,7 +157,8 @@ pub enum SharedError {
         /// The store's length.
         len: u64,
     },
-    /// An existing file does not hold the store's bytes.
+    /// Comparing an existing file with the store: it does not hold the
+    /// store's bytes.
     #[error("{path} exists but does not hold the store's bytes: {why}")]
     Mismatch {
         /// The file.
@@ -104,10 +166,21 @@ pub enum SharedError {
         /// What differs.
         why: String,
     },
-    /// A peer's regions are not private mappings of this file, or are not
-    /// registered for minor faults.
+    /// Reading the peer's memory map (`/proc/<pid>/maps`: opening it,
+    /// `PROCMAP_QUERY`, or its text): out of reach (another user, another
+    /// pid namespace, a process that is gone).
+    #[error("reading the peer's memory map {path}: {source}")]
+    ReadPeerMap {
+        /// The maps file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Checking the peer's regions: one is not a private mapping of this
+    /// file at its store offset (or the regions mix kinds).
     #[error("region {index}: {why}")]
-    Peer {
+    CheckPeer {
         /// Region index (as the peer listed it).
         index: usize,
         /// What is wrong.
@@ -145,7 +218,7 @@ pub struct SharedSnapshot {
     dev: (u32, u32),
     inode: u64,
     /// Its page size: 4 KiB on tmpfs, 2 MiB on hugetlbfs.
-    page_bytes: u64,
+    page: PageSize,
     /// Pages the page cache lacks (holes), from `mincore` of a read-only
     /// view when the file was opened; `None`: every page is allocated
     /// (`st_blocks` covers the length), no `mincore` needed.
@@ -173,8 +246,11 @@ pub struct Populated {
     pub elapsed: Duration,
 }
 
+/// Bytes copied (or compared) at a time.
 const CHUNK: usize = 2 << 20;
-const HUGE: u64 = 2 << 20;
+
+/// The unit of `st_blocks`.
+const ST_BLOCK: u64 = 512;
 
 impl SharedSnapshot {
     /// Writes every byte of `store` to a new file at `path` (which must be
@@ -186,34 +262,36 @@ impl SharedSnapshot {
         path: &Path,
         store: &dyn PageStore,
         mut progress: impl FnMut(u64, u64),
-    ) -> Result<(SharedSnapshot, Populated), SharedError> {
+    ) -> Result<(SharedSnapshot, Populated), SnapshotError> {
         let t = Instant::now();
-        let len = store.len().ok_or(SharedError::UnknownLength)?;
-        let io = |what, source| SharedError::Io {
-            what,
-            path: path.to_owned(),
-            source,
-        };
+        let len = store.len().ok_or(SnapshotError::StoreLength)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .mode(0o444)
             .open(path)
-            .map_err(|e| io("creating", e))?;
+            .map_err(|source| SnapshotError::Create {
+                path: path.to_owned(),
+                source,
+            })?;
         let made = (|| {
-            let map_err = |source| SharedError::Map {
+            let map_err = |source| SnapshotError::Map {
                 path: path.to_owned(),
                 source,
             };
             let huge = in_memory_fs(&file, path)?;
-            if huge && !len.is_multiple_of(HUGE) {
-                return Err(SharedError::HugeLength {
+            if huge && !PageSize::HUGE_2M.is_aligned(len) {
+                return Err(SnapshotError::HugeLength {
                     path: path.to_owned(),
                     len,
                 });
             }
-            file.set_len(len).map_err(|e| io("sizing", e))?;
+            file.set_len(len).map_err(|source| SnapshotError::Size {
+                path: path.to_owned(),
+                len,
+                source,
+            })?;
             // hugetlbfs has no write(2): its pages are filled through a
             // shared mapping (its pages are reserved when it is made).
             let dst = if huge {
@@ -232,7 +310,13 @@ impl SharedSnapshot {
                     Some(m) => unsafe {
                         std::ptr::copy_nonoverlapping(src.as_ptr(), m.as_ptr().add(off as usize), n)
                     },
-                    None => file.write_all_at(src, off).map_err(|e| io("writing", e))?,
+                    None => file
+                        .write_all_at(src, off)
+                        .map_err(|source| SnapshotError::Write {
+                            path: path.to_owned(),
+                            offset: off,
+                            source,
+                        })?,
                 }
                 off += n as u64;
                 progress(off, len);
@@ -257,7 +341,7 @@ impl SharedSnapshot {
     /// Reuses the file at `path` (made by [`SharedSnapshot::create`]): it
     /// must be on tmpfs, as long as `store`, and 64 pages spread over it
     /// must equal the store's ([`Verify::Sample`]).
-    pub fn open(path: &Path, store: &dyn PageStore) -> Result<SharedSnapshot, SharedError> {
+    pub fn open(path: &Path, store: &dyn PageStore) -> Result<SharedSnapshot, SnapshotError> {
         Self::open_verified(path, store, Verify::Sample)
     }
 
@@ -268,10 +352,10 @@ impl SharedSnapshot {
         path: &Path,
         store: &dyn PageStore,
         verify: Verify,
-    ) -> Result<SharedSnapshot, SharedError> {
+    ) -> Result<SharedSnapshot, SnapshotError> {
         let snap = Self::map(path)?;
-        let len = store.len().ok_or(SharedError::UnknownLength)?;
-        let mismatch = |why: String| SharedError::Mismatch {
+        let len = store.len().ok_or(SnapshotError::StoreLength)?;
+        let mismatch = |why: String| SnapshotError::Mismatch {
             path: path.to_owned(),
             why,
         };
@@ -285,17 +369,20 @@ impl SharedSnapshot {
             snap.compare_all(store)?;
             return Ok(snap);
         }
-        let pages = len / 4096;
-        let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
+        // Base pages spread evenly over the file, the first and the last
+        // among them.
+        let page = PageSize::BASE;
+        let pages = page.index_of(len);
+        let (mut a, mut b) = (vec![0u8; page.bytes()], vec![0u8; page.bytes()]);
         let samples = 64u64.min(pages);
         for k in 0..samples {
-            let off = (pages - 1) * k / (samples - 1).max(1) * 4096;
+            let off = page.offset_of((pages - 1) * k / (samples - 1).max(1));
             let want = store_bytes(store, off, &mut a)?;
             snap._file
                 .read_exact_at(&mut b, off)
-                .map_err(|source| SharedError::Io {
-                    what: "reading",
+                .map_err(|source| SnapshotError::Read {
                     path: path.to_owned(),
+                    offset: off,
                     source,
                 })?;
             if want != b {
@@ -306,7 +393,7 @@ impl SharedSnapshot {
     }
 
     /// Compares every byte with the store, 2 MiB at a time.
-    fn compare_all(&self, store: &dyn PageStore) -> Result<(), SharedError> {
+    fn compare_all(&self, store: &dyn PageStore) -> Result<(), SnapshotError> {
         let (mut a, mut b) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
         let mut off = 0u64;
         while off < self.len {
@@ -314,18 +401,18 @@ impl SharedSnapshot {
             let want = store_bytes(store, off, &mut a[..n])?;
             self._file
                 .read_exact_at(&mut b[..n], off)
-                .map_err(|source| SharedError::Io {
-                    what: "reading",
+                .map_err(|source| SnapshotError::Read {
                     path: self.path.clone(),
+                    offset: off,
                     source,
                 })?;
             if want != &b[..n] {
                 let i = want.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(0);
-                return Err(SharedError::Mismatch {
+                return Err(SnapshotError::Mismatch {
                     path: self.path.clone(),
                     why: format!(
                         "the page at {:#x} differs (byte {:#x})",
-                        (off + i as u64) / 4096 * 4096,
+                        self.page.align_down(off + i as u64),
                         off + i as u64
                     ),
                 });
@@ -335,15 +422,16 @@ impl SharedSnapshot {
         Ok(())
     }
 
-    fn map(path: &Path) -> Result<SharedSnapshot, SharedError> {
-        let io = |what, source| SharedError::Io {
-            what,
+    fn map(path: &Path) -> Result<SharedSnapshot, SnapshotError> {
+        let file = File::open(path).map_err(|source| SnapshotError::Open {
             path: path.to_owned(),
             source,
-        };
-        let file = File::open(path).map_err(|e| io("opening", e))?;
-        let meta = file.metadata().map_err(|e| io("inspecting", e))?;
-        let map_err = |source| SharedError::Map {
+        })?;
+        let meta = file.metadata().map_err(|source| SnapshotError::Inspect {
+            path: path.to_owned(),
+            source,
+        })?;
+        let map_err = |source| SnapshotError::Map {
             path: path.to_owned(),
             source,
         };
@@ -353,7 +441,12 @@ impl SharedSnapshot {
         // has no holes and needs no page-by-page look. A hugetlbfs file is
         // taken as full (`create` fills every page; a hole would fault
         // MISSING and be copied from the store).
-        let holes = if huge || meta.blocks() * 512 >= len.next_multiple_of(4096) {
+        let page = if huge {
+            PageSize::HUGE_2M
+        } else {
+            PageSize::BASE
+        };
+        let holes = if huge || meta.blocks() * ST_BLOCK >= page.align_up(len) {
             None
         } else {
             let map = Mapping::file_readonly(&file, len.max(1) as usize, 0).map_err(map_err)?;
@@ -370,7 +463,7 @@ impl SharedSnapshot {
             len,
             dev: dev_numbers(meta.dev()),
             inode: meta.ino(),
-            page_bytes: if huge { HUGE } else { 4096 },
+            page,
             holes,
             _file: file,
         })
@@ -386,10 +479,15 @@ impl SharedSnapshot {
         self.len
     }
 
-    /// Its page size: 4096 (tmpfs) or 2 MiB (hugetlbfs); the peer's
+    /// Its page size: 4 KiB (tmpfs) or 2 MiB (hugetlbfs); the peer's
     /// regions must use it.
+    pub fn page_size(&self) -> PageSize {
+        self.page
+    }
+
+    /// [`SharedSnapshot::page_size`] in bytes.
     pub fn page_bytes(&self) -> u64 {
-        self.page_bytes
+        self.page.bytes() as u64
     }
 
     /// Whether it is empty.
@@ -397,12 +495,13 @@ impl SharedSnapshot {
         self.len == 0
     }
 
-    /// One bit per page (of [`SharedSnapshot::page_bytes`]) of `pages`
+    /// One bit per page (of [`SharedSnapshot::page_size`]) of `pages`
     /// pages from `offset`: whether the page cache holds it (pages past
     /// the end: no).
     pub(crate) fn cached_bits(&self, offset: u64, pages: usize) -> PageBits {
-        let first = (offset / self.page_bytes) as usize;
-        let have = ((self.len.div_ceil(self.page_bytes) as usize).saturating_sub(first)).min(pages);
+        let first = self.page.index_of(offset) as usize;
+        let in_file = self.page.index_of(self.page.align_up(self.len)) as usize;
+        let have = in_file.saturating_sub(first).min(pages);
         match &self.holes {
             None if have == pages => PageBits::full(pages),
             _ => {
@@ -427,16 +526,15 @@ impl SharedSnapshot {
     /// read from that file's text on older kernels; either needs the right
     /// to read the peer's memory map (same user, or root) and its pid in
     /// our pid namespace. That the regions are registered for minor faults
-    /// is not visible there: [`crate::ForeignPeer::new`] makes sure of it
-    /// in shared mode.
+    /// is not visible there: [`ForeignPeer::new`](super::ForeignPeer::new)
+    /// makes sure of it in shared mode.
     pub fn check_peer(
         &self,
         pid: i32,
         regions: &[(u64, usize, u64)],
-    ) -> Result<PeerBacking, SharedError> {
+    ) -> Result<PeerBacking, SnapshotError> {
         let path = PathBuf::from(format!("/proc/{pid}/maps"));
-        let io = |source| SharedError::Io {
-            what: "reading the peer's memory map",
+        let io = |source| SnapshotError::ReadPeerMap {
             path: path.clone(),
             source,
         };
@@ -444,7 +542,7 @@ impl SharedSnapshot {
         let mut text: Option<Vec<Vma>> = None;
         let mut kinds = Vec::new();
         for (index, &(base, len, store_offset)) in regions.iter().enumerate() {
-            let bad = |why: String| SharedError::Peer { index, why };
+            let bad = |why: String| SnapshotError::CheckPeer { index, why };
             let (start, end) = (base, base + len as u64);
             let covering = match &text {
                 None => match query_vmas(&maps, start, end) {
@@ -503,7 +601,7 @@ impl SharedSnapshot {
         match (kinds.iter().all(|&a| a), kinds.iter().all(|&a| !a)) {
             (true, _) => Ok(PeerBacking::Anonymous),
             (_, true) => Ok(PeerBacking::Shared),
-            _ => Err(SharedError::Peer {
+            _ => Err(SnapshotError::CheckPeer {
                 index: kinds.iter().position(|&a| !a).unwrap_or(0),
                 why: "some regions map the snapshot and others are anonymous; use one kind".into(),
             }),
@@ -543,38 +641,40 @@ fn overlapping(all: &[Vma], start: u64, end: u64) -> Vec<Vma> {
         .collect()
 }
 
-/// `st_dev` as the (major, minor) that `/proc/<pid>/maps` prints.
-/// Whether `file` (at `path`) is on hugetlbfs (`true`) or tmpfs
-/// (`false`); anything else is refused.
 /// The store's bytes at `off..off + buf.len()`: its zero-copy view when it
 /// has one, else read into `buf`.
 fn store_bytes<'a>(
     store: &'a dyn PageStore,
     off: u64,
     buf: &'a mut [u8],
-) -> Result<&'a [u8], SharedError> {
+) -> Result<&'a [u8], SnapshotError> {
     if let Some(v) = store.view(off, buf.len()) {
         return Ok(v);
     }
-    store.fill(off, buf).map_err(|source| SharedError::Store {
-        offset: off,
-        source,
-    })?;
+    store
+        .fill(off, buf)
+        .map_err(|source| SnapshotError::ReadStore {
+            offset: off,
+            source,
+        })?;
     Ok(buf)
 }
 
-fn in_memory_fs(file: &File, path: &Path) -> Result<bool, SharedError> {
-    let map_err = |source| SharedError::Map {
+/// Whether `file` (at `path`) is on hugetlbfs (`true`) or tmpfs
+/// (`false`); anything else is refused.
+fn in_memory_fs(file: &File, path: &Path) -> Result<bool, SnapshotError> {
+    let fs_err = |source| SnapshotError::FileSystem {
         path: path.to_owned(),
         source,
     };
-    let huge = mem::is_hugetlbfs(file).map_err(map_err)?;
-    if !huge && !mem::is_tmpfs(file).map_err(map_err)? {
-        return Err(SharedError::NotTmpfs(path.to_owned()));
+    let huge = mem::is_hugetlbfs(file).map_err(fs_err)?;
+    if !huge && !mem::is_tmpfs(file).map_err(fs_err)? {
+        return Err(SnapshotError::NotInMemory(path.to_owned()));
     }
     Ok(huge)
 }
 
+/// `st_dev` as the (major, minor) that `/proc/<pid>/maps` prints.
 fn dev_numbers(dev: u64) -> (u32, u32) {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);

@@ -1,0 +1,155 @@
+//! What a peer's service is made of: its regions ([`ForeignRegionSpec`]:
+//! where in the peer, how large, which page size, where in the store), how
+//! they are served ([`ForeignOptions`]: read-ahead, run-ahead, record,
+//! shared mode; eviction and the local page-cache mode are refused), and
+//! the engine's settings ([`ForeignEngineConfig`]: handler threads,
+//! scratch, batch, prefetch chunk and helpers).
+//!
+//! The checks that need nothing but the specs live here too: a region's
+//! page size and alignment ([`ForeignRegionSpec::pages`]), and the layout
+//! of all of them ([`check_layout`]: no overlap in the peer, none past the
+//! store's end).
+
+use std::sync::Arc;
+
+use super::error::ForeignError;
+use super::snapshot::SharedSnapshot;
+use crate::error::Error;
+use crate::evict::EvictionConfig;
+use crate::page::{MemoryKind, PageSize, Pages};
+use crate::policy::ReadaheadConfig;
+use crate::runahead::RunAheadConfig;
+
+/// One range of the peer's memory and where its bytes are in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForeignRegionSpec {
+    /// Start in the peer's address space.
+    pub base: u64,
+    /// Bytes.
+    pub len: usize,
+    /// Page size (4 KiB: anonymous memory; 2 MiB: hugetlb).
+    pub page_size: u64,
+    /// Where the region's bytes start in the store.
+    pub store_offset: u64,
+}
+
+impl ForeignRegionSpec {
+    /// The region's pages in the peer's address space, and the memory
+    /// behind them: the two page sizes a peer's memory comes in, 4 KiB
+    /// (anonymous memory) and 2 MiB (hugetlb). `index` names the region in
+    /// errors.
+    pub(super) fn pages(&self, index: usize) -> Result<(Pages, MemoryKind), ForeignError> {
+        let size = usize::try_from(self.page_size)
+            .ok()
+            .and_then(|bytes| PageSize::new(bytes).ok());
+        let (size, kind) = match size {
+            Some(PageSize::BASE) => (PageSize::BASE, MemoryKind::PrivateAnon),
+            Some(PageSize::HUGE_2M) => (PageSize::HUGE_2M, MemoryKind::Hugetlb),
+            _ => {
+                return Err(ForeignError::PageSize {
+                    index,
+                    bytes: self.page_size,
+                })
+            }
+        };
+        let geometry = |source| ForeignError::Geometry { index, source };
+        if !size.is_aligned(self.base) {
+            return Err(geometry(Error::Unaligned {
+                addr: self.base,
+                align: size.bytes(),
+            }));
+        }
+        let pages = Pages::new(self.base, self.len, size).map_err(geometry)?;
+        Ok((pages, kind))
+    }
+}
+
+/// How a peer's regions are served.
+#[derive(Debug, Clone, Default)]
+pub struct ForeignOptions {
+    /// Fault-around / read-ahead (default: the runtime's default).
+    pub readahead: ReadaheadConfig,
+    /// A run-ahead populator per region (default: none).
+    pub run_ahead: Option<RunAheadConfig>,
+    /// A resident budget: refused (see [the foreign path's docs](super)).
+    pub budget: Option<EvictionConfig>,
+    /// The page-cache zero-copy mode of local regions: refused (see [the
+    /// foreign path's docs](super); [`ForeignOptions::shared`] is its
+    /// foreign form).
+    pub zero_copy: bool,
+    /// Shared (zero-copy) mode: the peer maps its regions `MAP_PRIVATE`
+    /// from this snapshot at their store offsets, registered MISSING and
+    /// MINOR (`UFFD_FEATURE_MINOR_SHMEM`; `MINOR_HUGETLBFS` for a snapshot
+    /// on hugetlbfs, whose regions have 2 MiB pages); check that with
+    /// [`SharedSnapshot::check_peer`] first. Minor faults and prefetch are
+    /// answered with `UFFDIO_CONTINUE` (no store read, no copy); pages the
+    /// peer removed read zeros (a private page, `UFFDIO_COPY`) and pages
+    /// the page cache lacks are copied from the store. Default: none (copy
+    /// mode).
+    pub shared: Option<Arc<SharedSnapshot>>,
+    /// Record the order in which pages first fault.
+    pub record: bool,
+}
+
+/// Checks the regions against each other and against the store: no
+/// overlaps in the store (each region's bytes are its own) and none past
+/// its end.
+pub(super) fn check_layout(
+    specs: &[ForeignRegionSpec],
+    store_len: Option<u64>,
+) -> Result<(), ForeignError> {
+    for (i, s) in specs.iter().enumerate() {
+        let end = s.store_offset.saturating_add(s.len as u64);
+        if let Some(store_len) = store_len.filter(|&l| end > l) {
+            return Err(ForeignError::PastEnd {
+                index: i,
+                offset: s.store_offset,
+                end,
+                store_len,
+            });
+        }
+        for (j, t) in specs.iter().enumerate().skip(i + 1) {
+            let (a, b) = (s.base, s.base.saturating_add(s.len as u64));
+            let (c, d) = (t.base, t.base.saturating_add(t.len as u64));
+            if a < d && c < b {
+                return Err(ForeignError::Overlap { a: i, b: j });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Settings of a [`ForeignEngine`](super::ForeignEngine).
+#[derive(Debug, Clone)]
+pub struct ForeignEngineConfig {
+    /// Handler threads (each serves its share of the peers). Default 1.
+    pub threads: usize,
+    /// Scratch buffer per thread (bounds one ioctl's run for stores
+    /// without a zero-copy view). Default 4 MiB.
+    pub scratch_bytes: usize,
+    /// Messages read per `read(2)`. Default 64.
+    pub batch: usize,
+    /// Bytes one prefetch step installs before the thread looks for
+    /// faults again. Default 2 MiB.
+    pub prefetch_chunk_bytes: usize,
+    /// Prefetch helper threads (shared by all peers) that install queued
+    /// prefetch runs beside the handler threads, in pieces of
+    /// [`PREFETCH_HELPER_PIECE`] bytes. Default 1.
+    pub prefetch_helpers: usize,
+}
+
+/// Bytes a prefetch helper installs per hold of a peer's copy gate (the
+/// longest its handler thread waits to read the peer's userfaultfd).
+pub const PREFETCH_HELPER_PIECE: usize = 256 << 10;
+
+impl Default for ForeignEngineConfig {
+    fn default() -> Self {
+        ForeignEngineConfig {
+            threads: 1,
+            scratch_bytes: 4 << 20,
+            batch: 64,
+            prefetch_chunk_bytes: 2 << 20,
+            prefetch_helpers: 1,
+        }
+    }
+}

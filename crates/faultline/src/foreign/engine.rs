@@ -1,0 +1,470 @@
+//! The foreign engine: handler threads serving the faults of any number
+//! of peers, and the prefetch helpers they share.
+//!
+//! ```text
+//!   ForeignEngine::add(peer) ─► the least loaded Slot (a handler thread's peers)
+//!
+//!   handler thread (Worker), one per slot:
+//!     poll(2) over: the slot's wake eventfd, per peer its uffd + hang-up fd
+//!       uffd readable   ─► the one handler loop (engine/handler.rs) over
+//!                          that peer: read under its copy gate, events
+//!                          first (REMOVE), then faults ─► fault::resolve
+//!       hang-up         ─► PeerEvent::HungUp, the peer is dropped
+//!       a failure       ─► PeerEvent::Failed, the peer is dropped
+//!     retry the deferred faults that are due
+//!     one prefetch chunk of one peer (prefetch.rs), then poll again
+//!
+//!   prefetch helpers (threads shared by all slots): prefetch.rs
+//! ```
+//!
+//! 1. **One reader per userfaultfd.** Each peer is served by exactly one
+//!    handler thread, which reads its events, its faults and runs its
+//!    prefetch: the copy of a fault read before a REMOVE finishes before
+//!    the REMOVE is read (and the peer's `madvise` released), so a removed
+//!    range never gets the store's bytes installed after the fact.
+//! 2. **What differs from a thread engine** is its [`Serve`], `Peers`: a
+//!    fault's owner is its peer (looked up in the peer's own regions, not
+//!    the region table), a store error is sent as
+//!    [`PeerEvent::StoreError`], and what cannot be served drops the peer
+//!    ([`PeerEvent::Failed`]) while the others are served on.
+//! 3. **Peers come and go at run time**: [`ForeignEngine::add`] and
+//!    [`ForeignEngine::remove`] change a slot's list and wake its thread,
+//!    which takes a copy of the list and forgets the deferred faults of
+//!    peers it no longer serves.
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::config::ForeignEngineConfig;
+use super::error::ForeignError;
+use super::peer::{ForeignPeer, PeerEvent};
+use super::prefetch::{self, prefetch_chunk, Work};
+use crate::background::{Background, StopFlag};
+use crate::engine::handler::{poll_timeout, settle, Action, Attempt, Handler, Serve};
+use crate::engine::EngineKind;
+use crate::fault::resolve::{resolve, Access, Origin};
+use crate::page::PageSize;
+use faultline_sys::poll::{self, events, PollFd};
+use faultline_sys::rdtsc;
+use faultline_sys::sock;
+use faultline_sys::thread::EventFd;
+use faultline_sys::uffd::{Msg, Uffd, UffdError};
+
+/// One handler thread's share of the peers.
+struct Slot {
+    /// Its peers; the thread keeps a copy, refreshed when `changed`.
+    peers: Mutex<Vec<Arc<ForeignPeer>>>,
+    changed: AtomicBool,
+    /// Wakes the thread from `poll(2)` (a peer added or removed, stop).
+    wake: EventFd,
+}
+
+/// The peers of every slot with prefetch pending.
+fn prefetching(slots: &[Arc<Slot>]) -> Vec<Arc<ForeignPeer>> {
+    slots
+        .iter()
+        .flat_map(|s| {
+            s.peers
+                .lock()
+                .expect("peers")
+                .iter()
+                .filter(|p| p.prefetch_pending())
+                .cloned()
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Handler threads serving the faults of any number of peers. See [the
+/// foreign path's docs](super).
+pub struct ForeignEngine {
+    slots: Vec<Arc<Slot>>,
+    threads: Vec<Background>,
+    helpers: Vec<Background>,
+    work: Arc<Work>,
+}
+
+impl std::fmt::Debug for ForeignEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForeignEngine")
+            .field("threads", &self.threads.len())
+            .finish()
+    }
+}
+
+impl ForeignEngine {
+    /// Starts the handler threads. `kind` is the engine the caller would
+    /// use for its own memory: the thread engines all serve peers the same
+    /// way (poll-style threads); `signal` is refused.
+    pub fn new(
+        kind: EngineKind,
+        cfg: ForeignEngineConfig,
+    ) -> Result<(ForeignEngine, Receiver<PeerEvent>), ForeignError> {
+        if kind.delivery().on_faulting_thread {
+            return Err(ForeignError::Refused {
+                what: "the signal engine",
+                why: "the faults happen on the peer's threads, which never run our SIGBUS handler",
+            });
+        }
+        let (tx, rx) = channel();
+        let mut slots = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..cfg.threads.max(1) {
+            let slot = Arc::new(Slot {
+                peers: Mutex::new(Vec::new()),
+                changed: AtomicBool::new(false),
+                wake: EventFd::new().map_err(|source| ForeignError::Spawn {
+                    what: "an eventfd",
+                    source,
+                })?,
+            });
+            let (s, tx, cfg) = (slot.clone(), tx.clone(), cfg.clone());
+            threads.push(
+                Background::spawn(format!("faultline-peer-{i}"), move |stop| {
+                    Worker::new(s, tx, &cfg).run(stop)
+                })
+                .map_err(|source| ForeignError::Spawn {
+                    what: "a handler thread",
+                    source,
+                })?,
+            );
+            slots.push(slot);
+        }
+        let work = Arc::new(Work::default());
+        let mut helpers = Vec::new();
+        for i in 0..cfg.prefetch_helpers {
+            let (slots, work, tx) = (slots.clone(), work.clone(), tx.clone());
+            let scratch = cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes());
+            helpers.push(
+                Background::spawn(format!("faultline-prefetch-{i}"), move |stop| {
+                    prefetch::helper(|| prefetching(&slots), &work, &tx, scratch, stop)
+                })
+                .map_err(|source| ForeignError::Spawn {
+                    what: "a prefetch helper thread",
+                    source,
+                })?,
+            );
+        }
+        Ok((
+            ForeignEngine {
+                slots,
+                threads,
+                helpers,
+                work,
+            },
+            rx,
+        ))
+    }
+
+    /// Starts serving `peer` (on the least loaded thread).
+    pub fn add(&self, peer: ForeignPeer) -> Arc<ForeignPeer> {
+        let peer = Arc::new(peer);
+        let slot = self
+            .slots
+            .iter()
+            .min_by_key(|s| s.peers.lock().expect("peers").len())
+            .expect("at least one thread");
+        slot.peers.lock().expect("peers").push(peer.clone());
+        slot.changed.store(true, Relaxed);
+        slot.wake.notify();
+        if peer.prefetch_pending() {
+            self.work.notify();
+        }
+        peer
+    }
+
+    /// Stops serving peer `id`; returns it (the caller decides when its
+    /// descriptors close by dropping it).
+    pub fn remove(&self, id: u64) -> Option<Arc<ForeignPeer>> {
+        for s in &self.slots {
+            let mut peers = s.peers.lock().expect("peers");
+            if let Some(i) = peers.iter().position(|p| p.id == id) {
+                let p = peers.remove(i);
+                s.changed.store(true, Relaxed);
+                s.wake.notify();
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// The peers being served.
+    pub fn peers(&self) -> Vec<Arc<ForeignPeer>> {
+        self.slots
+            .iter()
+            .flat_map(|s| s.peers.lock().expect("peers").clone())
+            .collect()
+    }
+}
+
+impl Drop for ForeignEngine {
+    fn drop(&mut self) {
+        for h in &mut self.helpers {
+            h.stop(|| self.work.notify());
+        }
+        for (t, s) in self.threads.iter_mut().zip(&self.slots) {
+            t.stop(|| s.wake.notify());
+        }
+    }
+}
+
+/// The longest a handler thread sleeps in `poll(2)`.
+const IDLE_MS: i32 = 200;
+
+/// Bytes read (and dropped) of a message on a peer's hang-up descriptor.
+const HANGUP_MSG_BYTES: usize = 4096;
+
+/// A peer worker's faults: each belongs to a peer (its regions, counters
+/// and record), is resolved with the worker's scratch buffer, and what
+/// cannot be served drops the peer (the stop is the message it is
+/// reported with).
+struct Peers {
+    tx: Sender<PeerEvent>,
+    scratch: Vec<u8>,
+}
+
+impl Serve for Peers {
+    type Owner = Arc<ForeignPeer>;
+    type Stop = String;
+
+    fn uffd<'a>(&'a self, p: &'a Arc<ForeignPeer>) -> &'a Uffd {
+        &p.uffd.uffd
+    }
+
+    fn event(&mut self, p: &Arc<ForeignPeer>, m: Msg) {
+        match m {
+            Msg::Remove { start, end } => p.on_remove(start, end),
+            _ => {
+                p.stats.other_events.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    fn fault(
+        &mut self,
+        p: &Arc<ForeignPeer>,
+        addr: u64,
+        flags: u64,
+        t0: u64,
+        attempt: Attempt,
+    ) -> Action<String> {
+        let (reg, page) = match p.on_fault(addr, flags, attempt != Attempt::Retry) {
+            Ok(found) => found,
+            Err(why) => return Action::Stop(why),
+        };
+        let r = &reg.state;
+        r.fault_seen(page, t0);
+        let access = Access::of_message(flags);
+        let res = resolve(r, page, access, &Origin::Fault, &mut self.scratch);
+        r.add_cycles(rdtsc().wrapping_sub(t0));
+        settle(
+            r,
+            page,
+            res,
+            |e| {
+                let error = format!(
+                    "store error at peer page {:#x} (store offset {:#x}): {e}; the page is poisoned and the faulting thread gets SIGBUS",
+                    r.pages.addr(page),
+                    reg.store_offset + r.pages.offset(page)
+                );
+                let _ = self.tx.send(PeerEvent::StoreError {
+                    peer: p.clone(),
+                    error,
+                });
+            },
+            |e| format!("resolving the fault at {addr:#x} failed: {e}"),
+        )
+    }
+
+    fn deferred(&self, p: &Arc<ForeignPeer>) {
+        p.stats.deferred.fetch_add(1, Relaxed);
+    }
+
+    fn read_failed(&mut self, _: &Arc<ForeignPeer>, e: UffdError) -> String {
+        format!("reading its userfaultfd: {e}")
+    }
+}
+
+/// One handler thread of a [`ForeignEngine`]: polls its peers'
+/// userfaultfds and hang-up descriptors, runs the handler loop over each
+/// peer with messages, and one bounded prefetch step per round.
+struct Worker {
+    slot: Arc<Slot>,
+    peers: Vec<Arc<ForeignPeer>>,
+    handler: Handler<Peers>,
+    chunk: usize,
+    next_prefetch: usize,
+}
+
+impl Worker {
+    fn new(slot: Arc<Slot>, tx: Sender<PeerEvent>, cfg: &ForeignEngineConfig) -> Worker {
+        let peers = Peers {
+            tx,
+            scratch: vec![0u8; cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes())],
+        };
+        Worker {
+            slot,
+            peers: Vec::new(),
+            handler: Handler::new(peers, cfg.batch),
+            chunk: cfg.prefetch_chunk_bytes.max(PageSize::BASE.bytes()),
+            next_prefetch: 0,
+        }
+    }
+
+    fn run(mut self, stop: &StopFlag) {
+        let mut fds: Vec<PollFd> = Vec::new();
+        while !stop.is_set() {
+            if self.slot.changed.swap(false, Relaxed) {
+                self.peers = self.slot.peers.lock().expect("peers").clone();
+                let live: Vec<u64> = self.peers.iter().map(|p| p.id).collect();
+                self.handler.forget(|p| live.contains(&p.id));
+            }
+            fds.clear();
+            fds.push(PollFd {
+                fd: self.slot.wake.raw(),
+                events: events::IN,
+                revents: 0,
+            });
+            for p in &self.peers {
+                fds.push(PollFd {
+                    fd: p.uffd.raw_fd(),
+                    events: events::IN,
+                    revents: 0,
+                });
+                fds.push(PollFd {
+                    fd: p.hangup.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                    events: events::IN | events::RDHUP,
+                    revents: 0,
+                });
+            }
+            let prefetching = self.peers.iter().any(|p| p.prefetch_pending());
+            let timeout = if prefetching {
+                0
+            } else {
+                poll_timeout(self.handler.next_due(), IDLE_MS)
+            };
+            if poll::poll(&mut fds, timeout).is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            if fds[0].revents != 0 {
+                self.slot.wake.drain();
+            }
+            let mut dropped: Vec<(u64, PeerEvent)> = Vec::new();
+            for (i, p) in self.peers.clone().iter().enumerate() {
+                let (u, h) = (fds[1 + 2 * i].revents, fds[2 + 2 * i].revents);
+                if u & events::IN != 0 {
+                    if let Err(error) = self.serve(p) {
+                        dropped.push((
+                            p.id,
+                            PeerEvent::Failed {
+                                peer: p.clone(),
+                                error,
+                            },
+                        ));
+                        continue;
+                    }
+                } else if u & (events::ERR | events::NVAL) != 0 {
+                    dropped.push((
+                        p.id,
+                        PeerEvent::Failed {
+                            peer: p.clone(),
+                            error: format!("its userfaultfd reports poll events {u:#x}"),
+                        },
+                    ));
+                    continue;
+                }
+                if h != 0 {
+                    if let Some(ev) = self.on_hangup_fd(p, h) {
+                        dropped.push((p.id, ev));
+                    }
+                }
+            }
+            for (id, ev) in dropped {
+                self.forget(id);
+                let _ = self.handler.serve.tx.send(ev);
+            }
+            if let Err((peer, error)) = self.handler.retry_deferred() {
+                self.forget(peer.id);
+                let _ = self
+                    .handler
+                    .serve
+                    .tx
+                    .send(PeerEvent::Failed { peer, error });
+            }
+            // Faults first: the ones read this round are resolved; then one
+            // bounded prefetch step, and back to poll (timeout 0).
+            if prefetching {
+                self.prefetch_step();
+            }
+        }
+    }
+
+    /// Stops serving peer `id` (it was dropped).
+    fn forget(&mut self, id: u64) {
+        self.peers.retain(|p| p.id != id);
+        self.handler.forget(|p| p.id != id);
+        self.slot
+            .peers
+            .lock()
+            .expect("peers")
+            .retain(|p| p.id != id);
+    }
+
+    /// Something on the peer's hang-up descriptor: a message (reported,
+    /// dropped; the peer is still served) or a hang-up.
+    fn on_hangup_fd(&mut self, p: &Arc<ForeignPeer>, revents: i16) -> Option<PeerEvent> {
+        let fd = p.hangup.as_ref()?;
+        if revents & events::IN != 0 {
+            let mut buf = [0u8; HANGUP_MSG_BYTES];
+            match sock::recv_with_fds(fd.as_fd(), &mut buf, true) {
+                Ok(got) if got.bytes > 0 || !got.fds.is_empty() => {
+                    let _ = self.handler.serve.tx.send(PeerEvent::Message {
+                        peer: p.clone(),
+                        bytes: got.bytes,
+                        fds: got.fds.len(),
+                    });
+                    return None;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+                _ => {}
+            }
+        }
+        (revents & (events::HUP | events::RDHUP | events::ERR | events::IN) != 0)
+            .then(|| PeerEvent::HungUp { peer: p.clone() })
+    }
+
+    /// Reads and handles the peer's pending messages, a batch at a time
+    /// (events first within a batch, under the peer's copy gate: see
+    /// `ForeignPeer::copy_gate`); the error says why the peer must be
+    /// dropped.
+    fn serve(&mut self, p: &Arc<ForeignPeer>) -> Result<(), String> {
+        loop {
+            let n = self
+                .handler
+                .read(p, || p.copy_gate.write().expect("copy gate"))?;
+            if n < self.handler.batch() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Installs up to one chunk of one peer's prefetch queue (its handler
+    /// thread: no copy gate needed, it is the one reading the events).
+    fn prefetch_step(&mut self) {
+        let n = self.peers.len();
+        for k in 0..n {
+            let i = (self.next_prefetch + k) % n;
+            let p = self.peers[i].clone();
+            if p.prefetch_pending() {
+                self.next_prefetch = i + 1;
+                let peers = &mut self.handler.serve;
+                prefetch_chunk(&p, self.chunk, &mut peers.scratch, &peers.tx);
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! Why a foreign region, peer or engine could not be set up: one enum for
+//! the whole peer path, each variant named after the step or the check
+//! that failed, keeping its cause. (The shared snapshot has its own,
+//! [`SnapshotError`](super::snapshot::SnapshotError).)
+
+use faultline_sys::uffd::UffdError;
+
+/// Why a foreign region, peer or engine could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ForeignError {
+    /// Reading the received descriptor's fdinfo failed.
+    #[error("inspecting the received descriptor: {0}")]
+    Inspect(#[source] std::io::Error),
+    /// The descriptor is not a userfaultfd whose `UFFDIO_API` is done.
+    #[error("the received descriptor is not a userfaultfd whose handshake (UFFDIO_API) is done")]
+    NotUserfaultfd,
+    /// A feature that cannot work on another process's memory.
+    #[error("{what} cannot serve another process's memory: {why}")]
+    Refused {
+        /// The feature.
+        what: &'static str,
+        /// Why.
+        why: &'static str,
+    },
+    /// A page size other than 4 KiB and 2 MiB.
+    #[error("region {index}: page size {bytes} is not served (4096 or 2097152 bytes)")]
+    PageSize {
+        /// Region index.
+        index: usize,
+        /// The size asked for.
+        bytes: u64,
+    },
+    /// A region's geometry is invalid.
+    #[error("region {index}: {source}")]
+    Geometry {
+        /// Region index.
+        index: usize,
+        /// Why.
+        #[source]
+        source: crate::error::Error,
+    },
+    /// Two regions overlap in the peer's address space.
+    #[error("regions {a} and {b} overlap in the peer's address space")]
+    Overlap {
+        /// First region.
+        a: usize,
+        /// Second region.
+        b: usize,
+    },
+    /// A region runs past the end of the store.
+    #[error("region {index} (store bytes {offset:#x}..{end:#x}) runs past the end of the store ({store_len:#x} bytes)")]
+    PastEnd {
+        /// Region index.
+        index: usize,
+        /// Its store offset.
+        offset: u64,
+        /// One past its last store byte.
+        end: u64,
+        /// The store's length.
+        store_len: u64,
+    },
+    /// The shared snapshot is not the store's size.
+    #[error("the shared snapshot {path} holds {snapshot} bytes, the store {store}")]
+    SharedLength {
+        /// The snapshot file.
+        path: std::path::PathBuf,
+        /// Its length.
+        snapshot: u64,
+        /// The store's length.
+        store: u64,
+    },
+    /// Registering a region for minor faults (shared mode) failed.
+    #[error(
+        "region {index}: registering it MISSING|MINOR through the peer's userfaultfd: {source}"
+    )]
+    Register {
+        /// Region index.
+        index: usize,
+        /// The error.
+        #[source]
+        source: UffdError,
+    },
+    /// A thread could not be started.
+    #[error("spawning {what}: {source}")]
+    Spawn {
+        /// Which thread.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}

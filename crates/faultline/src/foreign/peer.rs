@@ -1,0 +1,626 @@
+//! The peer: one process whose memory this process serves, through the
+//! userfaultfd it handed over, from a store at each region's offset.
+//!
+//! ```text
+//!   ForeignPeer
+//!     ├── uffd: ForeignUffd (the peer's descriptor, its features)
+//!     ├── regions: sorted by peer address ──► ForeignRegion
+//!     │     ├── state: RegionState (base = the PEER's address), served by
+//!     │     │          the one resolve path through a RegionStore
+//!     │     ├── removed (zeros), seen (record), suspect (stale pages)
+//!     │     └── store_offset
+//!     ├── hang-up descriptor, record log, prefetch queue, copy gate
+//!     └── counters (PeerStats) and milestones (PeerTimes)
+//! ```
+//!
+//! 1. **Lookup.** The resolve ioctls act on the mm the userfaultfd was
+//!    created in, whoever calls them, so each region gets a `RegionState`
+//!    whose base is the peer's address. Those states are not in the
+//!    process-wide region table (keyed by our own addresses; a peer's may
+//!    overlap ours and other peers'): [`ForeignPeer::find`] looks a fault
+//!    up in the peer's own sorted vector.
+//! 2. **Before a fault is resolved** ([`ForeignPeer::on_fault`]): the
+//!    record logs its page once, in first-touch order; a page the map
+//!    calls present that faults a second time is stale (the peer dropped
+//!    it) and is forgotten; in shared mode a MISSING fault says the page
+//!    cache lacks the page, which is then copied.
+//! 3. **A REMOVE** ([`ForeignPeer::on_remove`]): its whole pages are
+//!    absent and read zeros from now on (the region store masks them; in
+//!    shared mode their page-cache bit is cleared, so a minor fault gets a
+//!    private page of zeros).
+//! 4. **What it costs.** [`ForeignPeer::bookkeeping_bytes`]: a few bits a
+//!    page, the record log and the prefetch queue.
+
+use std::ops::Range;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Instant;
+
+use super::config::{check_layout, ForeignOptions, ForeignRegionSpec};
+use super::error::ForeignError;
+use super::plan::PrefetchQueue;
+use super::store::{RegionStore, Removed};
+use super::uffd::ForeignUffd;
+use crate::background::Background;
+use crate::fault::feeds::RunAheadFeed;
+use crate::fault::readahead::Streams;
+use crate::fault::{Delivery, RegionState, RegionStats};
+use crate::page::{MemoryKind, PageSize, ResolveOp};
+use crate::residency::{PageBits, PageState, Residency};
+use crate::store::PageStore;
+use faultline_sys::uffd::{feature, pagefault_flag};
+
+/// Counters of one peer (relaxed atomics).
+#[derive(Debug, Default)]
+pub(super) struct PeerCounters {
+    pub faults: AtomicU64,
+    pub removes: AtomicU64,
+    pub removed_pages: AtomicU64,
+    pub other_events: AtomicU64,
+    pub deferred: AtomicU64,
+    pub prefetched: AtomicU64,
+    pub prefetch_ioctls: AtomicU64,
+    pub outside: AtomicU64,
+}
+
+/// When serving a peer reached its milestones, in `CLOCK_MONOTONIC`
+/// nanoseconds ([`faultline_sys::monotonic_ns`], comparable with the peer's
+/// own clock readings); `None`: not (yet). What `faultline bench restore`
+/// breaks a restore's hand-off down with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerTimes {
+    /// The first fault message read.
+    pub first_fault_ns: Option<u64>,
+    /// The first prefetch ioctl finished.
+    pub first_prefetch_ns: Option<u64>,
+    /// The prefetch queue ran dry (the last prefetch ioctl finished).
+    pub prefetch_done_ns: Option<u64>,
+}
+
+/// When serving a peer reached its milestones (see [`PeerTimes`]).
+#[derive(Debug, Default)]
+pub(super) struct PeerClock {
+    pub first_fault: OnceLock<u64>,
+    pub first_prefetch: OnceLock<u64>,
+    pub prefetch_done: OnceLock<u64>,
+}
+
+/// A snapshot of a peer's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerStats {
+    /// Fault messages read.
+    pub faults: u64,
+    /// REMOVE events read.
+    pub removes: u64,
+    /// Whole pages those events dropped.
+    pub removed_pages: u64,
+    /// Other events (unexpected for a Firecracker peer).
+    pub other_events: u64,
+    /// Faults deferred after EAGAIN.
+    pub deferred: u64,
+    /// Pages installed by prefetch.
+    pub prefetched: u64,
+    /// Prefetch ioctls.
+    pub prefetch_ioctls: u64,
+    /// Pages installed by run-ahead populators
+    /// ([`ForeignOptions::run_ahead`]).
+    pub run_ahead_pages: u64,
+    /// Faults outside every region of the peer.
+    pub outside: u64,
+    /// Bytes read from the store (pages filled or viewed, at each
+    /// region's page size).
+    pub bytes_read: u64,
+    /// The regions' counters, summed.
+    pub regions: RegionStats,
+}
+
+/// One region of a peer: its fault-path state and what the peer's
+/// handler keeps beside it.
+pub(super) struct ForeignRegion {
+    pub state: Box<RegionState>,
+    /// Pages the peer removed (they read zeros).
+    pub removed: Arc<Removed>,
+    /// Pages that have faulted (record mode).
+    pub seen: Option<PageBits>,
+    /// Pages that faulted once while the map called them present (see
+    /// [`ForeignPeer::on_fault`]); only the peer's handler thread touches
+    /// them.
+    pub suspect: PageBits,
+    /// Where the region's bytes start in the store.
+    pub store_offset: u64,
+}
+
+/// Scratch bytes of a run-ahead populator of a peer region.
+const RUN_AHEAD_SCRATCH: usize = 4 << 20;
+
+static NEXT_PEER: AtomicU64 = AtomicU64::new(1);
+static NEXT_REGION: AtomicU64 = AtomicU64::new(1 << 40);
+
+impl ForeignRegion {
+    /// Region `index` of a peer (`spec`), served from `store` through
+    /// `uffd` as `opts` says.
+    fn new(
+        index: usize,
+        spec: &ForeignRegionSpec,
+        uffd: &ForeignUffd,
+        store: &Arc<dyn PageStore>,
+        opts: &ForeignOptions,
+    ) -> Result<ForeignRegion, ForeignError> {
+        let (pages, kind) = spec.pages(index)?;
+        let size = pages.size();
+        let removed = Arc::new(Removed::new(pages.count()));
+        let rstore: Arc<dyn PageStore> = Arc::new(RegionStore::new(
+            store.clone(),
+            spec.store_offset,
+            pages,
+            removed.clone(),
+        ));
+        // Shared mode: which pages the snapshot's page cache holds
+        // (CONTINUE); the others (holes, and later removed pages) are
+        // copied, at most 2 MiB per ioctl (the handler threads' scratch
+        // holds that much).
+        let (kind, op, cached, max_run_pages) = match &opts.shared {
+            Some(snap) => (
+                if size == PageSize::BASE {
+                    MemoryKind::Shmem
+                } else {
+                    MemoryKind::Hugetlb
+                },
+                ResolveOp::Continue,
+                Some(snap.cached_bits(spec.store_offset, pages.count())),
+                (PageSize::HUGE_2M.bytes() / size.bytes()).max(1),
+            ),
+            None => (kind, ResolveOp::Copy, None, usize::MAX),
+        };
+        let state = Box::new(RegionState {
+            id: NEXT_REGION.fetch_add(1, Relaxed),
+            pages,
+            kind,
+            op,
+            zeropage_reads: false,
+            readahead: Streams::new(opts.readahead),
+            max_run_pages,
+            store: rstore,
+            residency: Residency::new(pages.count()),
+            cached,
+            alias: None,
+            pool: None,
+            uffd: uffd.uffd.clone(),
+            // We read the events when the peer enabled them; without them
+            // the fault path treats a fault on a recorded page as a dropped
+            // page (never `mincore`, which would look at our own address
+            // space).
+            delivery: Delivery::PEER_HANDLER,
+            inflight: AtomicUsize::new(0),
+            stats: Default::default(),
+            budget: None,
+            runahead: opts.run_ahead.map(|_| RunAheadFeed::new(pages.count())),
+            timing_start: AtomicU64::new(0),
+            timing_resolved: AtomicU64::new(0),
+        });
+        Ok(ForeignRegion {
+            state,
+            removed,
+            seen: opts.record.then(|| PageBits::new(pages.count())),
+            suspect: PageBits::new(pages.count()),
+            store_offset: spec.store_offset,
+        })
+    }
+}
+
+/// A peer: its userfaultfd, its regions and what it asked for. Built with
+/// [`ForeignPeer::new`], served once added to a
+/// [`ForeignEngine`](super::ForeignEngine). See the module docs.
+pub struct ForeignPeer {
+    pub(super) id: u64,
+    label: String,
+    pub(super) uffd: ForeignUffd,
+    /// Run-ahead populators; stopped before the regions are freed.
+    populators: Mutex<Vec<Background>>,
+    pub(super) regions: Vec<ForeignRegion>,
+    pub(super) hangup: Option<OwnedFd>,
+    record: Option<Mutex<Vec<u64>>>,
+    /// Queued prefetch runs, and how many were taken out and are being
+    /// installed.
+    pub(super) prefetch: Mutex<PrefetchQueue>,
+    pub(super) prefetch_pending: AtomicBool,
+    /// Prefetch helpers installing this peer's runs now.
+    pub(super) helpers: AtomicUsize,
+    /// Held shared by prefetch helpers (and run-ahead populators) around
+    /// each install, exclusively by the peer's handler thread around each
+    /// read of its userfaultfd and the REMOVE bookkeeping that follows: a
+    /// REMOVE is never read while a helper's copy is in flight, so none
+    /// can put the store's bytes into a range after the peer dropped it.
+    pub(super) copy_gate: Arc<RwLock<()>>,
+    pub(super) store: Arc<dyn PageStore>,
+    pub(super) stats: PeerCounters,
+    pub(super) clock: PeerClock,
+}
+
+impl std::fmt::Debug for ForeignPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForeignPeer")
+            .field("id", &self.id)
+            .field("label", &self.label)
+            .field("regions", &self.regions.len())
+            .finish()
+    }
+}
+
+impl ForeignPeer {
+    /// A peer whose `specs` (in the peer's address space) are backed by
+    /// `store` at each spec's store offset. `label` names it in messages.
+    pub fn new(
+        label: impl Into<String>,
+        uffd: ForeignUffd,
+        specs: &[ForeignRegionSpec],
+        store: Arc<dyn PageStore>,
+        opts: &ForeignOptions,
+    ) -> Result<ForeignPeer, ForeignError> {
+        if opts.budget.is_some() {
+            return Err(ForeignError::Refused {
+                what: "a resident budget (eviction)",
+                why: "evicting drops pages with MADV_DONTNEED, which only the peer can do to its own memory",
+            });
+        }
+        if opts.zero_copy {
+            return Err(ForeignError::Refused {
+                what: "the page-cache zero-copy mode",
+                why: "it maps the store's file into the region, and nothing can be mapped into another process (the peer maps a shared snapshot itself: ForeignOptions::shared)",
+            });
+        }
+        check_layout(specs, store.len())?;
+        if let Some(snap) = &opts.shared {
+            let minor = if snap.page_size() == PageSize::BASE {
+                feature::MINOR_SHMEM
+            } else {
+                feature::MINOR_HUGETLBFS
+            };
+            if uffd.features() & minor == 0 {
+                return Err(ForeignError::Refused {
+                    what: "shared (zero-copy) mode",
+                    why: "the peer's userfaultfd lacks UFFD_FEATURE_MINOR_SHMEM (tmpfs snapshot) or UFFD_FEATURE_MINOR_HUGETLBFS (hugetlbfs snapshot): its minor faults never reach us",
+                });
+            }
+            if specs.iter().any(|s| s.page_size != snap.page_bytes()) {
+                return Err(ForeignError::Refused {
+                    what: "shared (zero-copy) mode",
+                    why: "the regions' page size must be the shared snapshot's (4 KiB on tmpfs, 2 MiB on hugetlbfs)",
+                });
+            }
+            if store.len().is_some_and(|l| l != snap.len()) {
+                return Err(ForeignError::SharedLength {
+                    path: snap.path().to_owned(),
+                    snapshot: snap.len(),
+                    store: store.len().unwrap_or(0),
+                });
+            }
+            uffd.register_minor(specs)?;
+        }
+        let mut order: Vec<usize> = (0..specs.len()).collect();
+        order.sort_by_key(|&i| specs[i].base);
+        let regions = order
+            .into_iter()
+            .map(|i| ForeignRegion::new(i, &specs[i], &uffd, &store, opts))
+            .collect::<Result<Vec<_>, _>>()?;
+        let peer = ForeignPeer {
+            id: NEXT_PEER.fetch_add(1, Relaxed),
+            label: label.into(),
+            uffd,
+            populators: Mutex::new(Vec::new()),
+            regions,
+            hangup: None,
+            record: opts.record.then(|| Mutex::new(Vec::new())),
+            prefetch: Mutex::new(PrefetchQueue::default()),
+            prefetch_pending: AtomicBool::new(false),
+            helpers: AtomicUsize::new(0),
+            copy_gate: Arc::new(RwLock::new(())),
+            store,
+            stats: PeerCounters::default(),
+            clock: PeerClock::default(),
+        };
+        if let Some(cfg) = opts.run_ahead {
+            let mut pop = peer.populators.lock().expect("populators");
+            for r in &peer.regions {
+                pop.push(
+                    crate::runahead::start(
+                        &r.state,
+                        cfg,
+                        RUN_AHEAD_SCRATCH,
+                        Some(peer.copy_gate.clone()),
+                    )
+                    .map_err(|source| ForeignError::Spawn {
+                        what: "a run-ahead thread",
+                        source,
+                    })?,
+                );
+            }
+        }
+        Ok(peer)
+    }
+
+    /// Watches `fd` (the connection the peer handed its userfaultfd over):
+    /// when it reports a hang-up the peer is dropped and reported gone.
+    pub fn with_hangup(mut self, fd: OwnedFd) -> ForeignPeer {
+        self.hangup = Some(fd);
+        self
+    }
+
+    /// The peer's id (unique in this process).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The label given at creation.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Whether the peer is served in shared (zero-copy) mode.
+    pub fn is_shared(&self) -> bool {
+        self.regions.iter().any(|r| r.state.cached.is_some())
+    }
+
+    /// The peer's userfaultfd.
+    pub fn uffd(&self) -> &ForeignUffd {
+        &self.uffd
+    }
+
+    /// Number of regions.
+    pub fn regions(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Bytes of this peer's own bookkeeping: per region the residency map
+    /// (3 bits a page), the removed, suspect, the record's seen and shared
+    /// mode's page-cache bits (1 bit a page each), plus the record log and
+    /// the prefetch queue. What one
+    /// more peer costs the handler, beside the store it shares.
+    pub fn bookkeeping_bytes(&self) -> usize {
+        let bits: usize = self
+            .regions
+            .iter()
+            .map(|r| {
+                let n = r.state.pages.count();
+                let bitmaps =
+                    3 + usize::from(r.seen.is_some()) + usize::from(r.state.cached.is_some());
+                let words = n.div_ceil(32) + n.div_ceil(64) * bitmaps;
+                words * 8
+            })
+            .sum();
+        let log = self
+            .record
+            .as_ref()
+            .map_or(0, |m| m.lock().expect("record log").capacity() * 8);
+        let queue = self
+            .prefetch
+            .lock()
+            .expect("prefetch queue")
+            .runs
+            .capacity()
+            * std::mem::size_of::<(usize, Range<usize>)>();
+        bits + log + queue
+    }
+
+    /// Pages of all regions the residency map records as installed.
+    pub fn resident_pages(&self) -> usize {
+        self.regions.iter().map(|r| r.state.resident_pages()).sum()
+    }
+
+    /// What the map records for the page holding the peer address `addr`
+    /// (`None`: outside every region).
+    pub fn page_state(&self, addr: u64) -> Option<PageState> {
+        let r = self.find(addr)?;
+        Some(r.state.residency.get(r.state.pages.index(addr)))
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PeerStats {
+        let c = &self.stats;
+        let mut regions = RegionStats::default();
+        let mut bytes_read = 0;
+        let mut run_ahead_pages = 0;
+        for r in &self.regions {
+            if let Some(feed) = &r.state.runahead {
+                run_ahead_pages += feed.stats().pages_populated;
+            }
+            let s = r.state.stats.snapshot();
+            bytes_read += (s.store_fills + s.zero_copy_fills) * r.state.pages.size().bytes() as u64;
+            regions.faults += s.faults;
+            regions.installed += s.installed;
+            regions.ioctls += s.ioctls;
+            regions.store_fills += s.store_fills;
+            regions.zero_copy_fills += s.zero_copy_fills;
+            regions.exists += s.exists;
+            regions.retries += s.retries;
+            regions.gone += s.gone;
+            regions.busy += s.busy;
+            regions.poisoned += s.poisoned;
+            regions.handler_cycles += s.handler_cycles;
+        }
+        PeerStats {
+            faults: c.faults.load(Relaxed),
+            removes: c.removes.load(Relaxed),
+            removed_pages: c.removed_pages.load(Relaxed),
+            other_events: c.other_events.load(Relaxed),
+            deferred: c.deferred.load(Relaxed),
+            prefetched: c.prefetched.load(Relaxed),
+            prefetch_ioctls: c.prefetch_ioctls.load(Relaxed),
+            run_ahead_pages,
+            outside: c.outside.load(Relaxed),
+            bytes_read,
+            regions,
+        }
+    }
+
+    /// When its first fault, first and last prefetch install happened.
+    pub fn times(&self) -> PeerTimes {
+        let c = &self.clock;
+        PeerTimes {
+            first_fault_ns: c.first_fault.get().copied(),
+            first_prefetch_ns: c.first_prefetch.get().copied(),
+            prefetch_done_ns: c.prefetch_done.get().copied(),
+        }
+    }
+
+    /// The store offsets of the pages that faulted, in the order they
+    /// first did (record mode; empty otherwise). Takes the log.
+    pub fn take_record(&self) -> Vec<u64> {
+        self.record
+            .as_ref()
+            .map(|m| std::mem::take(&mut *m.lock().expect("record log")))
+            .unwrap_or_default()
+    }
+
+    /// The region holding the peer address `addr`.
+    fn find(&self, addr: u64) -> Option<&ForeignRegion> {
+        let i = self
+            .regions
+            .partition_point(|r| r.state.pages.base() <= addr)
+            .checked_sub(1)?;
+        let r = &self.regions[i];
+        r.state.pages.contains(addr).then_some(r)
+    }
+
+    /// The bookkeeping of a fault at `addr` (message flags `flags`) before
+    /// it is resolved (see the module docs): its region and page, or why
+    /// the peer must be dropped. `first`: a fault message just read (not a
+    /// deferred fault tried again).
+    pub(super) fn on_fault(
+        &self,
+        addr: u64,
+        flags: u64,
+        first: bool,
+    ) -> Result<(&ForeignRegion, usize), String> {
+        if first {
+            self.clock
+                .first_fault
+                .get_or_init(faultline_sys::monotonic_ns);
+            self.stats.faults.fetch_add(1, Relaxed);
+        }
+        let Some(reg) = self.find(addr) else {
+            self.stats.outside.fetch_add(1, Relaxed);
+            return Err(format!(
+                "a fault at {addr:#x} lies outside every region it declared"
+            ));
+        };
+        let r = &reg.state;
+        let page = r.pages.index(addr);
+        if let (Some(seen), Some(log)) = (&reg.seen, &self.record) {
+            if !seen.get(page) {
+                seen.set(page);
+                log.lock()
+                    .expect("record log")
+                    .push(reg.store_offset + r.pages.offset(page));
+            }
+        }
+        if r.residency.get(page) != PageState::Absent {
+            // A fault on a page we installed. Without REMOVE events the
+            // peer dropped it behind our back. With them it is usually a
+            // message that raced with the install (resolve wakes, done);
+            // but a REMOVE is read *before* the kernel zaps its range (the
+            // balloon's madvise waits for the event to be read, then
+            // zaps), so a page installed in between is recorded present
+            // and then dropped, and its thread faults on it again and
+            // again. So the second fault of a page the map calls present
+            // means stale (a raced message is read once). Forget it (under
+            // its claim, so a resolver finishing it is not overwritten):
+            // resolve re-installs it, or finds it there (EEXIST).
+            let stale = !self.uffd.reports_removes() || reg.suspect.get(page);
+            if !stale {
+                reg.suspect.set(page);
+            } else if r.residency.try_claim(page) {
+                reg.suspect.clear(page);
+                r.residency.set(page, PageState::Absent);
+                r.residency.release(page..page + 1);
+            }
+        }
+        if let Some(cached) = &r.cached {
+            if flags & pagefault_flag::MINOR == 0 {
+                // Shared mode: a MISSING fault says the page cache lacks
+                // this page (a hole in the snapshot): copy it.
+                cached.clear(page);
+            }
+        }
+        Ok((reg, page))
+    }
+
+    /// The peer dropped `[start, end)` (`MADV_DONTNEED`, a REMOVE event):
+    /// its whole pages are absent, and read as zeros from now on.
+    pub(super) fn on_remove(&self, start: u64, end: u64) {
+        self.stats.removes.fetch_add(1, Relaxed);
+        for r in &self.regions {
+            let pages = r.state.pages.within(start, end);
+            if pages.is_empty() {
+                continue;
+            }
+            r.removed.remove(pages.clone());
+            if let Some(cached) = &r.state.cached {
+                // Shared mode: its next (minor) fault must get zeros, a
+                // private page, not the snapshot's page again.
+                pages.clone().for_each(|pg| cached.clear(pg));
+            }
+            r.state
+                .residency
+                .set_range(pages.clone(), PageState::Absent);
+            self.stats
+                .removed_pages
+                .fetch_add(pages.len() as u64, Relaxed);
+        }
+    }
+}
+
+impl Drop for ForeignPeer {
+    fn drop(&mut self) {
+        // The populators borrow the region states: stop them first.
+        for mut b in self.populators.lock().expect("populators").drain(..) {
+            b.stop(|| ());
+        }
+    }
+}
+
+/// What happened to a peer (on the receiver [`ForeignEngine::new`](super::ForeignEngine::new)
+/// returns).
+#[derive(Debug)]
+pub enum PeerEvent {
+    /// Its hang-up descriptor reported a hang-up: it exited or was killed.
+    /// It is no longer served.
+    HungUp {
+        /// The peer.
+        peer: Arc<ForeignPeer>,
+    },
+    /// Something arrived on its hang-up descriptor (a second message).
+    /// Bytes and descriptors were read and dropped; the peer is still
+    /// served.
+    Message {
+        /// The peer.
+        peer: Arc<ForeignPeer>,
+        /// Bytes received.
+        bytes: usize,
+        /// Descriptors received (closed).
+        fds: usize,
+    },
+    /// Serving it failed; it is no longer served (its faulting threads
+    /// stay blocked: kill it).
+    Failed {
+        /// The peer.
+        peer: Arc<ForeignPeer>,
+        /// What failed.
+        error: String,
+    },
+    /// Its prefetch queue is empty.
+    PrefetchDone {
+        /// The peer.
+        peer: Arc<ForeignPeer>,
+        /// When the last run was installed.
+        at: Instant,
+    },
+    /// A store error poisoned a page (the faulting thread gets SIGBUS).
+    StoreError {
+        /// The peer.
+        peer: Arc<ForeignPeer>,
+        /// The error.
+        error: String,
+    },
+}
