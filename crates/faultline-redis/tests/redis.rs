@@ -314,6 +314,13 @@ fn server_killed_mid_run_poisons_the_page_and_flush_reports_lost_writes_then_res
     let url = server.store_url("kill");
     let data = pattern(256 * PS, 6);
     put(&url, &data, quick());
+    let key = format!(
+        "key {}",
+        RedisStore::open(&url)
+            .unwrap()
+            .chunk_key((100 * PS / faultline_redis::DEFAULT_CHUNK) as u64)
+    );
+    assert!(key.starts_with("key fl:{kill:0}:g1:"), "{key}");
 
     // A fault after the server died: SIGBUS with the region, offset, key
     // and cause; never a zero page.
@@ -334,10 +341,6 @@ fn server_killed_mid_run_poisons_the_page_and_flush_reports_lost_writes_then_res
     assert!(
         stderr.contains("offset 0x64000"),
         "names the offset: {stderr}"
-    );
-    let key = format!(
-        "key fl:{{kill:0}}:{}",
-        100 * PS / faultline_redis::DEFAULT_CHUNK
     );
     assert!(stderr.contains(&key), "names the key: {stderr}");
     assert!(
@@ -579,8 +582,9 @@ fn tcp_and_unix_url_forms_read_and_write_back() {
         assert_eq!(page[7], !data[100 * PS + 7], "{url}: the write-back");
         assert_eq!(page[..7], data[100 * PS..100 * PS + 7]);
     }
-    // Nothing reached the other server: each URL named its own.
+    // Nothing reached the other server: each URL named its own (its
+    // chunks, the metadata and the generation records).
     let mut c = tcp.connection().unwrap();
     let n: u64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
-    assert_eq!(n, 1 + (data.len() / faultline_redis::DEFAULT_CHUNK) as u64);
+    assert_eq!(n, 2 + (data.len() / faultline_redis::DEFAULT_CHUNK) as u64);
 }
