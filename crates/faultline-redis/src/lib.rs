@@ -30,7 +30,9 @@
 //! guarded `SETRANGE`s (parts: a script that writes only into an
 //! existing key), so any page size works with any chunk size and a
 //! write-back never recreates a removed chunk; a `flush` batch
-//! (`PageStore::write_back_batch`, up to 64 pages) is one pipeline.
+//! (`PageStore::write_back_batch`, up to 64 pages) is one pipeline, its
+//! adjacent pages of one chunk one command (16 dirty 4 KiB pages of a
+//! 64 KiB chunk: one `SET XX`).
 //!
 //! # Replacing a store
 //!
@@ -658,25 +660,39 @@ impl PageStore for RedisStore {
         let Some(first) = pieces.first() else {
             return;
         };
-        // One pipeline: a whole chunk is a SET XX, part of one a SETRANGE
-        // in a script; neither creates a missing key (a replaced
-        // generation's: see the crate docs).
-        let cmds: Vec<Cmd> = pieces
+        // Pieces that follow each other in one chunk (adjacent pages of a
+        // flush) go as one write. One pipeline: a whole chunk is a SET XX,
+        // part of one a SETRANGE in a script; neither creates a missing
+        // key (a replaced generation's: see the crate docs).
+        let mut writes: Vec<(Piece, std::borrow::Cow<'_, [u8]>, std::ops::Range<usize>)> =
+            Vec::new();
+        for (k, p) in pieces.iter().enumerate() {
+            let data = &ranges[p.range].data[p.at..p.at + p.len];
+            match writes.last_mut() {
+                Some((w, bytes, of)) if w.chunk == p.chunk && w.from + w.len as u64 == p.from => {
+                    bytes.to_mut().extend_from_slice(data);
+                    w.len += p.len;
+                    w.whole = w.from == 0 && w.len as u64 == self.chunk_len(w.chunk);
+                    of.end = k + 1;
+                }
+                _ => writes.push((*p, data.into(), k..k + 1)),
+            }
+        }
+        let cmds: Vec<Cmd> = writes
             .iter()
-            .map(|p| {
-                let data = &ranges[p.range].data[p.at..p.at + p.len];
-                let key = self.chunk_key(p.chunk);
-                if p.whole {
+            .map(|(w, data, _)| {
+                let key = self.chunk_key(w.chunk);
+                if w.whole {
                     let mut cmd = redis::cmd("SET");
-                    cmd.arg(key).arg(data).arg("XX");
+                    cmd.arg(key).arg(&data[..]).arg("XX");
                     cmd
                 } else {
                     let mut cmd = redis::cmd("EVAL");
                     cmd.arg(generation::SETRANGE_IF_EXISTS)
                         .arg(1)
                         .arg(key)
-                        .arg(p.from)
-                        .arg(data);
+                        .arg(w.from)
+                        .arg(&data[..]);
                     cmd
                 }
             })
@@ -688,8 +704,13 @@ impl PageStore for RedisStore {
         self.writes_finished.fetch_add(1, Ordering::SeqCst);
         match res {
             Ok(replies) => {
-                for (p, v) in pieces.iter().zip(replies) {
-                    if v == Value::Nil && out[p.range].is_ok() {
+                let missing = writes
+                    .iter()
+                    .zip(replies)
+                    .filter(|(_, v)| *v == Value::Nil)
+                    .flat_map(|((_, _, of), _)| pieces[of.clone()].iter());
+                for p in missing {
+                    if out[p.range].is_ok() {
                         let cause = format!(
                             "the key is missing, inside the store's length {:#x}: nothing was written{}",
                             self.info.len,

@@ -588,3 +588,58 @@ fn tcp_and_unix_url_forms_read_and_write_back() {
     let n: u64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
     assert_eq!(n, 2 + (data.len() / faultline_redis::DEFAULT_CHUNK) as u64);
 }
+
+#[test]
+fn a_flush_writes_adjacent_pages_of_a_chunk_as_one_command() {
+    let _d = deadline(60);
+    let server = RedisServer::start().unwrap();
+    let url = server.store_url("coalesce");
+    let data = pattern(64 * PS, 12);
+    put(&url, &data, quick());
+    let r = Region::builder(64 * PS)
+        .store(RedisStore::open_with(&url, quick()).unwrap())
+        .budget(EvictionConfig {
+            budget_pages: 64,
+            policy: PolicyKind::Clock,
+        })
+        .build_dyn(thread_engine(EngineKind::Poll))
+        .unwrap();
+    let mut c = server.connection().unwrap();
+    // Calls of `cmd` since the last reset.
+    let calls = |c: &mut redis::Connection, cmd: &str| -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .map_or(0, |l| l.split(',').next().unwrap().parse().unwrap())
+    };
+    let p = r.as_ptr();
+    let mut expect = data.clone();
+    // Every page dirty: 4 whole chunks of 16 pages, 4 SET XX.
+    for pg in 0..64 {
+        // SAFETY: inside the region.
+        unsafe { *p.add(pg * PS + 1) = !data[pg * PS + 1] };
+        expect[pg * PS + 1] = !data[pg * PS + 1];
+    }
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query::<()>(&mut c)
+        .unwrap();
+    assert_eq!(r.flush().unwrap(), 64);
+    assert_eq!((calls(&mut c, "set"), calls(&mut c, "eval")), (4, 0));
+    // Pages 3, 4, 5 and 40: two partial writes.
+    for pg in [3, 4, 5, 40] {
+        // SAFETY: inside the region.
+        unsafe { *p.add(pg * PS + 2) = 0xC3 };
+        expect[pg * PS + 2] = 0xC3;
+    }
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query::<()>(&mut c)
+        .unwrap();
+    assert_eq!(r.flush().unwrap(), 4);
+    assert_eq!((calls(&mut c, "set"), calls(&mut c, "eval")), (0, 2));
+    drop(r);
+    let mut got = vec![0u8; 64 * PS];
+    faultline::PageStore::fill(&RedisStore::open(&url).unwrap(), 0, &mut got).unwrap();
+    assert!(got == expect, "every write arrived");
+}
