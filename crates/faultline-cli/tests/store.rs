@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use faultline::testing::child::deadline;
-use faultline_redis::server::{sleep_nodes, Keys, RedisCluster, RedisServer};
+use faultline::testing::child::{deadline, wait_until};
+use faultline_redis::server::{pattern, sleep_nodes, Keys, RedisCluster, RedisServer};
 
 const QUICK: Duration = Duration::from_secs(60);
 
@@ -45,14 +45,10 @@ fn spawn(dir: &Path, args: &[&str]) -> Child {
 
 /// Waits for `child` (killing it after `timeout`) and collects its output.
 fn finish(mut child: Child, timeout: Duration, what: &str) -> Out {
-    let end = Instant::now() + timeout;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running after {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    if !wait_until(timeout, || child.try_wait().unwrap().is_some()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{what}: still running after {timeout:?}");
     }
     let out = child.wait_with_output().unwrap();
     Out {
@@ -114,18 +110,6 @@ impl Drop for Dir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 /// Slows every master down (a `DEBUG SLEEP` of 20 ms after another)

@@ -8,7 +8,7 @@
 //! Both answer the questions tests ask of the data ([`Keys`]): how many
 //! keys, which ones, how much memory; remove or overwrite a key; slow
 //! every node down (`DEBUG SLEEP`), without the test naming the `redis`
-//! crate.
+//! crate. [`pattern`] makes the test data.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -434,12 +434,23 @@ pub trait Keys {
     /// `redis://` URLs of the masters.
     fn node_urls(&self) -> Vec<String>;
 
-    /// Where a key lives: a connection that routes it.
+    /// A connection that sends a key's command to the key's node.
+    fn routing_connection(&self) -> redis::RedisResult<Box<dyn redis::ConnectionLike>>;
+
+    /// Runs `f` on a connection that routes `key` to its node.
     fn with_key<T>(
         &self,
         key: &str,
         f: impl FnOnce(&mut dyn redis::ConnectionLike) -> redis::RedisResult<T>,
-    ) -> Result<T, ServerError>;
+    ) -> Result<T, ServerError> {
+        let fail = |e: redis::RedisError| ServerError::Command {
+            command: format!("a command on {key}"),
+            node: self.node_urls().join(","),
+            cause: e.to_string(),
+        };
+        let mut c = self.routing_connection().map_err(fail)?;
+        f(c.as_mut()).map_err(fail)
+    }
 
     /// `DBSIZE`, summed.
     fn dbsize(&self) -> Result<u64, ServerError> {
@@ -565,18 +576,8 @@ impl Keys for RedisServer {
         vec![self.url()]
     }
 
-    fn with_key<T>(
-        &self,
-        key: &str,
-        f: impl FnOnce(&mut dyn redis::ConnectionLike) -> redis::RedisResult<T>,
-    ) -> Result<T, ServerError> {
-        let fail = |e: redis::RedisError| ServerError::Command {
-            command: format!("a command on {key}"),
-            node: self.url(),
-            cause: e.to_string(),
-        };
-        let mut c = self.connection().map_err(fail)?;
-        f(&mut c).map_err(fail)
+    fn routing_connection(&self) -> redis::RedisResult<Box<dyn redis::ConnectionLike>> {
+        Ok(Box::new(self.connection()?))
     }
 }
 
@@ -588,19 +589,23 @@ impl Keys for RedisCluster {
             .collect()
     }
 
-    fn with_key<T>(
-        &self,
-        key: &str,
-        f: impl FnOnce(&mut dyn redis::ConnectionLike) -> redis::RedisResult<T>,
-    ) -> Result<T, ServerError> {
-        let fail = |e: redis::RedisError| ServerError::Command {
-            command: format!("a command on {key}"),
-            node: "the cluster".into(),
-            cause: e.to_string(),
-        };
-        let mut c = redis::cluster::ClusterClient::new(self.node_urls())
-            .and_then(|c| c.get_connection())
-            .map_err(fail)?;
-        f(&mut c).map_err(fail)
+    fn routing_connection(&self) -> redis::RedisResult<Box<dyn redis::ConnectionLike>> {
+        let c = redis::cluster::ClusterClient::new(self.node_urls())?.get_connection()?;
+        Ok(Box::new(c))
     }
+}
+
+/// Test data: `len` bytes that differ on every page and at every offset
+/// (xorshift from `seed`), so a page read from the wrong place or the
+/// wrong generation never matches.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
 }

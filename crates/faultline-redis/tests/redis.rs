@@ -12,23 +12,10 @@ use faultline::testing::child::deadline;
 use faultline::{
     engine, Engine, EngineConfig, EngineKind, Error, EvictionConfig, Region, StoreError,
 };
-use faultline_redis::server::{RedisCluster, RedisServer};
+use faultline_redis::server::{pattern, RedisCluster, RedisServer};
 use faultline_redis::{RedisConfig, RedisStore};
 
 const PS: usize = 4096;
-
-/// Bytes that differ on every page and every offset.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 /// Failures within seconds for tests (a loaded CI machine still gets 1 s
 /// per request and 3 s of retries before a page is poisoned).
@@ -612,6 +599,12 @@ fn a_flush_writes_adjacent_pages_of_a_chunk_as_one_command() {
             .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
             .map_or(0, |l| l.split(',').next().unwrap().parse().unwrap())
     };
+    let reset = |c: &mut redis::Connection| {
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query::<()>(c)
+            .unwrap()
+    };
     let p = r.as_ptr();
     let mut expect = data.clone();
     // Every page dirty: 4 whole chunks of 16 pages, 4 SET XX.
@@ -620,10 +613,7 @@ fn a_flush_writes_adjacent_pages_of_a_chunk_as_one_command() {
         unsafe { *p.add(pg * PS + 1) = !data[pg * PS + 1] };
         expect[pg * PS + 1] = !data[pg * PS + 1];
     }
-    redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query::<()>(&mut c)
-        .unwrap();
+    reset(&mut c);
     assert_eq!(r.flush().unwrap(), 64);
     assert_eq!((calls(&mut c, "set"), calls(&mut c, "eval")), (4, 0));
     // Pages 3, 4, 5 and 40: two partial writes.
@@ -632,10 +622,7 @@ fn a_flush_writes_adjacent_pages_of_a_chunk_as_one_command() {
         unsafe { *p.add(pg * PS + 2) = 0xC3 };
         expect[pg * PS + 2] = 0xC3;
     }
-    redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query::<()>(&mut c)
-        .unwrap();
+    reset(&mut c);
     assert_eq!(r.flush().unwrap(), 4);
     assert_eq!((calls(&mut c, "set"), calls(&mut c, "eval")), (0, 2));
     drop(r);

@@ -13,23 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use faultline::testing::child::deadline;
+use faultline::testing::child::{deadline, wait_until};
 use faultline::PageStore;
-use faultline_redis::server::{Keys, RedisCluster, RedisServer};
+use faultline_redis::server::{pattern, Keys, RedisCluster, RedisServer};
 use faultline_redis::{RedisConfig, RedisStore, RedisStoreError};
-
-/// Bytes that differ on every page and every offset.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 fn quick(chunk: usize) -> RedisConfig {
     RedisConfig {
@@ -73,6 +60,20 @@ fn store_keys(k: &impl Keys, name: &str) -> Vec<String> {
     k.keys(&format!("fl:{{{name}*")).unwrap()
 }
 
+/// Runs `scenario` against a server on a unix socket (90 s at most).
+fn on_a_server(name: &str, scenario: fn(&RedisServer, &str, &str)) {
+    let _d = deadline(90);
+    let s = RedisServer::start().unwrap();
+    scenario(&s, &s.store_url(name), name);
+}
+
+/// Runs `scenario` against a 3-master cluster on loopback (120 s at most).
+fn on_a_cluster(name: &str, scenario: fn(&RedisCluster, &str, &str)) {
+    let _d = deadline(120);
+    let c = RedisCluster::start(3).unwrap();
+    scenario(&c, &c.store_url(name), name);
+}
+
 /// put A; put B from a source that fails half way; A is what `info` and
 /// `get` give, and B left no key.
 fn a_failed_upload_leaves_the_old_store(k: &impl Keys, url: &str, name: &str) {
@@ -111,20 +112,6 @@ fn a_failed_upload_leaves_the_old_store(k: &impl Keys, url: &str, name: &str) {
     let mut buf = vec![0u8; 1 << 20];
     reader.fill(1 << 20, &mut buf).unwrap();
     assert!(buf == a[1 << 20..2 << 20]);
-}
-
-#[test]
-fn a_failed_upload_leaves_the_old_store_on_a_server() {
-    let _d = deadline(60);
-    let s = RedisServer::start().unwrap();
-    a_failed_upload_leaves_the_old_store(&s, &s.store_url("fail"), "fail");
-}
-
-#[test]
-fn a_failed_upload_leaves_the_old_store_on_a_cluster() {
-    let _d = deadline(90);
-    let c = RedisCluster::start(3).unwrap();
-    a_failed_upload_leaves_the_old_store(&c, &c.store_url("fail"), "fail");
 }
 
 /// put A (16 MiB); put B (800 KiB) over it: the old generation's keys
@@ -183,25 +170,11 @@ fn a_replacement_switches_and_frees_the_old_generation(k: &impl Keys, url: &str,
     assert_eq!(store_keys(k, name), keys, "no write-back recreated a key");
 }
 
-#[test]
-fn a_replacement_switches_and_frees_the_old_generation_on_a_server() {
-    let _d = deadline(60);
-    let s = RedisServer::start().unwrap();
-    a_replacement_switches_and_frees_the_old_generation(&s, &s.store_url("swap"), "swap");
-}
-
-#[test]
-fn a_replacement_switches_and_frees_the_old_generation_on_a_cluster() {
-    let _d = deadline(90);
-    let c = RedisCluster::start(3).unwrap();
-    a_replacement_switches_and_frees_the_old_generation(&c, &c.store_url("swap"), "swap");
-}
-
 /// Readers of A, some opened before the replacement and some during it,
 /// read windows while B (same length, other bytes) is put over A: every
 /// window that succeeds is A's bytes, every one that fails says the
 /// generation was replaced; readers opened after read B.
-fn readers_never_mix_generations(url: &str) {
+fn readers_never_mix_generations(_k: &impl Keys, url: &str, _name: &str) {
     let len = 8 << 20;
     let a = Arc::new(pattern(len, 5));
     let b = pattern(len, 6);
@@ -252,16 +225,14 @@ fn readers_never_mix_generations(url: &str) {
         })
         .collect();
     // Some reads of A first.
-    let t0 = std::time::Instant::now();
-    while good.load(Ordering::Relaxed) < 20 && t0.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(Duration::from_secs(20), || {
+        good.load(Ordering::Relaxed) >= 20
+    });
     RedisStore::put(url, cfg.clone(), &b[..], len as u64, |_| {}).unwrap();
     // Each reader still on generation 1 meets the removal.
-    let t0 = std::time::Instant::now();
-    while failed.load(Ordering::Relaxed) < 2 && t0.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(Duration::from_secs(20), || {
+        failed.load(Ordering::Relaxed) >= 2
+    });
     stop.store(true, Ordering::Relaxed);
     for r in readers {
         r.join().unwrap();
@@ -273,20 +244,6 @@ fn readers_never_mix_generations(url: &str) {
         "each reader saw the replacement"
     );
     assert!(get_all(url) == b);
-}
-
-#[test]
-fn readers_never_mix_generations_on_a_server() {
-    let _d = deadline(90);
-    let s = RedisServer::start().unwrap();
-    readers_never_mix_generations(&s.store_url("mix"));
-}
-
-#[test]
-fn readers_never_mix_generations_on_a_cluster() {
-    let _d = deadline(120);
-    let c = RedisCluster::start(3).unwrap();
-    readers_never_mix_generations(&c.store_url("mix"));
 }
 
 /// A store as the code before generations wrote it (no `gen`, keys
@@ -353,20 +310,6 @@ fn a_store_from_before_generations(k: &impl Keys, url: &str, name: &str) {
 }
 
 #[test]
-fn a_store_from_before_generations_on_a_server() {
-    let _d = deadline(60);
-    let s = RedisServer::start().unwrap();
-    a_store_from_before_generations(&s, &s.store_url("old"), "old");
-}
-
-#[test]
-fn a_store_from_before_generations_on_a_cluster() {
-    let _d = deadline(90);
-    let c = RedisCluster::start(3).unwrap();
-    a_store_from_before_generations(&c, &c.store_url("old"), "old");
-}
-
-#[test]
 fn sizes_out_of_range_are_refused_before_any_work() {
     let _d = deadline(30);
     let s = RedisServer::start().unwrap();
@@ -426,4 +369,44 @@ fn a_server_out_of_memory_mid_upload_keeps_the_old_store() {
     assert_eq!(store_keys(&s, "oom"), keys_a);
     assert_eq!(RedisStore::open(&url).unwrap().info(), info_a);
     assert!(get_all(&url) == a);
+}
+
+#[test]
+fn a_failed_upload_leaves_the_old_store_on_a_server() {
+    on_a_server("fail", a_failed_upload_leaves_the_old_store);
+}
+
+#[test]
+fn a_failed_upload_leaves_the_old_store_on_a_cluster() {
+    on_a_cluster("fail", a_failed_upload_leaves_the_old_store);
+}
+
+#[test]
+fn a_replacement_switches_and_frees_the_old_generation_on_a_server() {
+    on_a_server("swap", a_replacement_switches_and_frees_the_old_generation);
+}
+
+#[test]
+fn a_replacement_switches_and_frees_the_old_generation_on_a_cluster() {
+    on_a_cluster("swap", a_replacement_switches_and_frees_the_old_generation);
+}
+
+#[test]
+fn readers_never_mix_generations_on_a_server() {
+    on_a_server("mix", readers_never_mix_generations);
+}
+
+#[test]
+fn readers_never_mix_generations_on_a_cluster() {
+    on_a_cluster("mix", readers_never_mix_generations);
+}
+
+#[test]
+fn a_store_from_before_generations_on_a_server() {
+    on_a_server("old", a_store_from_before_generations);
+}
+
+#[test]
+fn a_store_from_before_generations_on_a_cluster() {
+    on_a_cluster("old", a_store_from_before_generations);
 }
