@@ -43,12 +43,17 @@
 //! leaves its `put` record: the next `put` of that name and `gc` take it
 //! over (`CLAIM`, which drops the record and returns what it covers)
 //! once its process has ended (on this host: its pid and start time are
-//! gone) or its lease ran out (another host), then unlink its chunks.
+//! gone; a process that runs keeps its upload, however slow) or its
+//! lease ran out (another host), then unlink its chunks.
 //! `CLAIM` never takes the generation the metadata names, nor an upload
 //! that may still run; a claimed upload finds out at its next `RENEW`
 //! or at its `COMMIT` and stops. A process killed between a `CLAIM` and
 //! the end of the unlinking leaves keys nothing records: `gc`'s walk
 //! (below) finds them.
+//!
+//! Two `put`s of one name at once each upload their own generation and
+//! switch in one step: the last to switch is the store, and it removes
+//! the other.
 //!
 //! `gc` also walks the keys (`SCAN` on every master) and removes the
 //! chunks of generations nothing names: keys left by a process killed
@@ -355,8 +360,9 @@ fn claim_and_remove(client: &Client, id: u64, owner: &str) -> Result<Option<u64>
 }
 
 /// Removes the generations the records name as removable (`old`, and
-/// uploads whose process ended or whose lease ran out); lists the
-/// uploads that may still run.
+/// uploads whose process ended or, on another host, whose lease ran
+/// out); lists the uploads that may still run (an upload whose process
+/// runs on this host is one, whatever its lease).
 fn sweep_records(client: &Client, report: &mut GcReport) -> Result<(), RedisStoreError> {
     let key = gens_key(&client.name);
     let mut all = redis::cmd("HGETALL");
@@ -374,11 +380,17 @@ fn sweep_records(client: &Client, report: &mut GcReport) -> Result<(), RedisStor
                 "replaced (its removal had not finished)".into(),
             ),
             Record::Put { owner, .. } => match owner::liveness(owner) {
+                // Alive on this host: kept whatever its lease says (a
+                // slow upload is not taken from a running process).
+                owner::Liveness::Running => {
+                    report.uploading.push((id, owner::describe(owner)));
+                    continue;
+                }
                 owner::Liveness::Ended => (
                     owner.clone(),
                     format!("an upload by {} that ended", owner::describe(owner)),
                 ),
-                _ => (
+                owner::Liveness::Elsewhere => (
                     String::new(),
                     format!(
                         "an upload by {} whose lease ran out",
@@ -632,6 +644,9 @@ pub(crate) fn gc(client: &Client) -> Result<GcReport, RedisStoreError> {
         Ok(())
     })?;
     for (id, mut keys) in stray {
+        if report.uploading.iter().any(|(u, _)| *u == id) {
+            continue;
+        }
         keys.sort();
         keys.dedup();
         let reason = if current.is_some_and(|i| i.generation == id) {

@@ -4,7 +4,11 @@
 //! boot, all from `/proc`). On the same host and boot, a pid whose start
 //! time differs (or that is gone, or a zombie) is a process that ended:
 //! its upload is dead now, not when its lease runs out. An upload on
-//! another host is judged by its lease alone.
+//! another host is judged by its lease alone. (Containers that share a
+//! kernel and a host name but not a pid namespace would misjudge each
+//! other's uploads as ended: the worst that does is stop such an upload
+//! with [`RedisStoreError::Lost`](crate::RedisStoreError::Lost), the
+//! store unchanged; give them distinct host names.)
 
 use std::sync::OnceLock;
 

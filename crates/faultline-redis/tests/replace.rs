@@ -309,6 +309,83 @@ fn a_store_from_before_generations(k: &impl Keys, url: &str, name: &str) {
     assert!(err.contains("generation 0 of the store"), "{err}");
 }
 
+/// A source that hands out `data` and stops half way until `go` says so.
+struct Paused<'a> {
+    data: &'a [u8],
+    at: usize,
+    reached: std::sync::mpsc::Sender<()>,
+    go: std::sync::mpsc::Receiver<()>,
+}
+
+impl Read for Paused<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.at == self.data.len() / 2 {
+            let _ = self.reached.send(());
+            self.go
+                .recv_timeout(Duration::from_secs(30))
+                .map_err(std::io::Error::other)?;
+        }
+        let end = if self.at < self.data.len() / 2 {
+            self.data.len() / 2
+        } else {
+            self.data.len()
+        };
+        let n = buf.len().min(end - self.at);
+        buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// `gc` and another `put` during an upload: the upload's keys stay, it
+/// is listed as in progress, and it completes.
+#[test]
+fn gc_and_a_put_keep_an_upload_in_progress() {
+    let _d = deadline(60);
+    let s = RedisServer::start().unwrap();
+    let url = s.store_url("busy");
+    let a = pattern(1 << 20, 12);
+    let b = pattern(8 << 20, 13);
+    let cfg = quick(64 * 1024);
+    RedisStore::put(&url, cfg.clone(), &a[..], a.len() as u64, |_| {}).unwrap();
+    let (reached_tx, reached) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let (url2, cfg2, b2) = (url.clone(), cfg.clone(), b.clone());
+    let upload = std::thread::spawn(move || {
+        let src = Paused {
+            data: &b2,
+            at: 0,
+            reached: reached_tx,
+            go: go_rx,
+        };
+        RedisStore::replace(&url2, cfg2, src, b2.len() as u64, |_| {})
+    });
+    reached.recv_timeout(Duration::from_secs(30)).unwrap();
+    let before = store_keys(&s, "busy");
+    assert!(before.iter().filter(|k| k.contains(":g2:")).count() >= 64);
+    let r = RedisStore::gc(&url, cfg.clone()).unwrap();
+    assert!(r.removed.is_empty(), "{r:?}");
+    assert_eq!(r.uploading.len(), 1, "{r:?}");
+    assert_eq!(r.uploading[0].0, 2);
+    assert!(
+        r.uploading[0]
+            .1
+            .starts_with(&format!("pid {} on host ", std::process::id())),
+        "{r:?}"
+    );
+    // Another put of the name keeps it too (and replaces generation 1).
+    let c = pattern(100 << 10, 14);
+    let rc = RedisStore::replace(&url, cfg.clone(), &c[..], c.len() as u64, |_| {}).unwrap();
+    assert_eq!((rc.info.generation, rc.previous), (3, Some(1)), "{rc:?}");
+    let g2 = |keys: &[String]| keys.iter().filter(|k| k.contains(":g2:")).count();
+    assert_eq!(g2(&store_keys(&s, "busy")), g2(&before));
+    go.send(()).unwrap();
+    let rb = upload.join().unwrap().unwrap();
+    assert_eq!((rb.info.generation, rb.previous), (2, Some(3)), "{rb:?}");
+    assert!(get_all(&url) == b);
+    assert_eq!(store_keys(&s, "busy").len(), 128 + 2);
+}
+
 #[test]
 fn sizes_out_of_range_are_refused_before_any_work() {
     let _d = deadline(30);
