@@ -203,7 +203,6 @@ fn interrupted_put(k: &impl Keys, url: &str, name: &str, sig: i32, next_put: boo
     std::fs::write(d.path("b"), pattern(16 << 20, 2)).unwrap();
     ok(&d.0, &["store", "put", &d.s("a"), url, "--chunk", "4096"]);
     let info_a = ok(&d.0, &["store", "info", url]).stdout;
-    assert!(info_a.contains("generation 1,"), "{info_a}");
     let keys_a = store_keys(k, name);
 
     let out = signal_at(
@@ -219,6 +218,10 @@ fn interrupted_put(k: &impl Keys, url: &str, name: &str, sig: i32, next_put: boo
         "ends as the signal would: {}",
         out.stderr
     );
+    // The old store, byte for byte.
+    assert_eq!(ok(&d.0, &["store", "info", url]).stdout, info_a);
+    ok(&d.0, &["store", "get", url, &d.s("got")]);
+    assert!(std::fs::read(d.path("got")).unwrap() == a, "get gives A");
     if sig != faultline_sys::process::SIGKILL {
         assert!(
             out.stderr.contains("interrupted by SIGTERM")
@@ -229,10 +232,7 @@ fn interrupted_put(k: &impl Keys, url: &str, name: &str, sig: i32, next_put: boo
         );
         assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
     }
-    // The old store, byte for byte.
-    assert_eq!(ok(&d.0, &["store", "info", url]).stdout, info_a);
-    ok(&d.0, &["store", "get", url, &d.s("got")]);
-    assert!(std::fs::read(d.path("got")).unwrap() == a, "get gives A");
+    assert!(info_a.contains("generation 1,"), "{info_a}");
     assert_eq!(keys_a.len(), 512 + 2, "A's chunks, metadata, records");
 
     if sig != faultline_sys::process::SIGKILL {
@@ -329,12 +329,12 @@ fn a_get_that_fails_or_is_stopped_leaves_the_destination() {
     s.del(&chunk(40)).unwrap();
     let o = faultline(&d.0, &["store", "get", &url, &d.s("dst")]);
     assert_eq!(o.code, Some(1), "{}", o.stderr);
+    assert_eq!(std::fs::read(d.path("dst")).unwrap(), old);
     assert!(
         o.stderr.contains("missing") && o.stderr.contains("is unchanged"),
         "{}",
         o.stderr
     );
-    assert_eq!(std::fs::read(d.path("dst")).unwrap(), old);
     assert!(d.hidden().is_empty(), "{:?}", d.hidden());
 
     // A corrupted chunk (same length, other bytes).
@@ -342,8 +342,8 @@ fn a_get_that_fails_or_is_stopped_leaves_the_destination() {
     s.set(&chunk(7), &[0x55u8; 64 * 1024]).unwrap();
     let o = faultline(&d.0, &["store", "get", &url, &d.s("dst")]);
     assert_eq!(o.code, Some(1), "{}", o.stderr);
-    assert!(o.stderr.contains("checksum mismatch"), "{}", o.stderr);
     assert_eq!(std::fs::read(d.path("dst")).unwrap(), old);
+    assert!(o.stderr.contains("checksum mismatch"), "{}", o.stderr);
     assert!(d.hidden().is_empty(), "{:?}", d.hidden());
 
     // Stopped half way (SIGTERM, then SIGINT): 32 steps of 1 MiB.
