@@ -1,15 +1,22 @@
 //! A faultline page store on Redis, Redis Cluster or Valkey.
 //!
 //! [`RedisStore`] implements [`faultline::PageStore`] over a Redis server:
-//! the store's bytes are fixed-size chunks (default 64 KiB) under keys
+//! the store's bytes are fixed-size chunks (default 64 KiB) of one
+//! *generation*, under keys
 //!
 //! ```text
-//! fl:{NAME:G}:C      chunk C (bytes C*chunk .. (C+1)*chunk), G = C / group_chunks
-//! fl:{NAME}:meta     a hash: len, chunk, group, checksum (written last by `put`)
+//! fl:{NAME:G}:gID:C   chunk C of generation ID (bytes C*chunk ..
+//!                     (C+1)*chunk), G = C / group_chunks
+//! fl:{NAME}:meta      a hash: len, chunk, group, checksum, gen (the
+//!                     generation readers open; switched last by `put`)
+//! fl:{NAME}:gens      a hash: uploads in progress, generations to remove
 //! ```
 //!
-//! The hash tag `{NAME:G}` keeps a group of chunks (default 1 MiB) on
-//! one cluster shard, so a read-ahead window is one request to one node.
+//! (`layout.rs` has the details; a store written before generations has
+//! chunk keys `fl:{NAME:G}:C` and no `gen`: it opens, reads and is
+//! replaced the same way, as generation 0.) The hash tag `{NAME:G}` keeps
+//! a group of chunks (default 1 MiB) on one cluster shard, so a
+//! read-ahead window is one request to one node.
 //! The store is [`batched`](faultline::PageStore::batched): a window, with
 //! all its holes, is one round trip: one pipeline with a `GET` per whole
 //! chunk and a `GETRANGE` per part of one (a chunk may be larger than a
@@ -19,10 +26,37 @@
 //! written there); on a cluster the `redis` crate's cluster pipeline
 //! sends one pipeline per node. Every reply must have exactly the length
 //! asked for: a missing or short key inside the store's length is an
-//! error. Write-back is one pipeline of `SET`s (whole chunks) and
-//! `SETRANGE`s (parts), so any page size works with any chunk size; a
-//! `flush` batch (`PageStore::write_back_batch`, up to 64 pages) is one
-//! pipeline.
+//! error. Write-back is one pipeline of `SET ... XX`s (whole chunks) and
+//! guarded `SETRANGE`s (parts: a script that writes only into an
+//! existing key), so any page size works with any chunk size and a
+//! write-back never recreates a removed chunk; a `flush` batch
+//! (`PageStore::write_back_batch`, up to 64 pages) is one pipeline, its
+//! adjacent pages of one chunk one command (16 dirty 4 KiB pages of a
+//! 64 KiB chunk: one `SET XX`).
+//!
+//! # Replacing a store
+//!
+//! [`RedisStore::put`] over an existing name never touches the generation
+//! readers use: it uploads a new generation under new keys, switches the
+//! metadata to it in one step (one script on the metadata's slot, atomic
+//! on a cluster too), then removes the old generation's chunks. An upload
+//! that fails or is interrupted leaves the old store as it was and
+//! removes its own chunks; one that is killed leaves them recorded, and
+//! [`RedisStore::gc`] (`faultline store gc URL`) or the next `put` of the
+//! name removes them once its process has ended. `generation.rs` has
+//! the steps.
+//!
+//! A [`RedisStore`] reads the generation it opened, and only that one:
+//! no read returns bytes of another generation. When a `put` replaces
+//! it, its chunks are removed right after the switch (no grace period:
+//! a replaced store frees its memory at once), and a reader that still
+//! has pages to fetch gets an error for them, never zeros or the new
+//! store's bytes: the faulting page is poisoned with a message saying
+//! that generation N was replaced by generation M and the store must be
+//! opened again (a write-back fails the same way and stays dirty). A
+//! long-running server (`faultline serve --store`) therefore serves a
+//! snapshot until it is replaced; restart it, or put the new snapshot
+//! under a new name, to switch.
 //!
 //! A sequential stream is read ahead on a single server
 //! ([`RedisConfig::read_ahead`]): a fill that continues the previous one
@@ -32,7 +66,8 @@
 //! read again).
 //!
 //! Chunk size: `faultline bench store --chunk 4096,16384,65536` measures
-//! them side by side; 64 KiB is the default (see the workspace README).
+//! them side by side; 64 KiB is the default (see the workspace README);
+//! `put` takes [`MIN_CHUNK`] to [`MAX_CHUNK`].
 //!
 //! URLs (the store's `NAME` after `#`, default `faultline`):
 //!
@@ -59,97 +94,30 @@
 //! socket in a temporary directory, or a 3-master cluster on loopback) for
 //! tests and benchmarks.
 
+mod config;
+mod conn;
+mod error;
+mod generation;
+mod layout;
+mod owner;
 mod resp;
 pub mod server;
 
-use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use faultline::{FillRange, PageStore, StoreError, WriteRange};
-use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Value};
+use redis::{Cmd, RedisError, RedisResult, Value};
+
+pub use config::{RedisConfig, DEFAULT_CHUNK, MAX_CHUNK, MAX_GROUP, MIN_CHUNK};
+pub use error::RedisStoreError;
+pub use generation::{GcReport, Removed, Replaced};
+pub use layout::{checksum, StoreInfo, FNV_START};
+
+use conn::{Ahead, Client, Conn};
 use resp::{Bulk, RawConn};
-
-/// Settings of a [`RedisStore`].
-#[derive(Debug, Clone)]
-pub struct RedisConfig {
-    /// Bytes per chunk (key) for [`RedisStore::put`]; opening a store
-    /// takes the chunk size from its metadata. Default [`DEFAULT_CHUNK`].
-    pub chunk_bytes: usize,
-    /// Chunks per hash tag (on one cluster shard). Default 16 (1 MiB of
-    /// 64 KiB chunks; [`RedisConfig::with_chunk`] keeps 1 MiB).
-    pub group_chunks: u64,
-    /// Connecting. Default 1 s.
-    pub connect_timeout: Duration,
-    /// One request's reply. Default 1 s.
-    pub command_timeout: Duration,
-    /// Retries with backoff end this long after the first try. Default 5 s.
-    pub deadline: Duration,
-    /// Stream read-ahead on a single server (default on): when a
-    /// one-range fill starts where the previous one on the same
-    /// connection (thread) ended, the request for the next range of the
-    /// same length goes out in the same write, so the server prepares it
-    /// while this one is installed; the next fill, if it is that range,
-    /// only reads replies already on their way. A fill elsewhere first
-    /// reads and drops them. A write-back started after (or running
-    /// when) the range was sent makes it stale: it is dropped and read
-    /// again, so a fill never returns bytes older than a finished
-    /// write-back of this store.
-    pub read_ahead: bool,
-}
-
-impl Default for RedisConfig {
-    fn default() -> Self {
-        RedisConfig {
-            chunk_bytes: DEFAULT_CHUNK,
-            group_chunks: (GROUP_BYTES / DEFAULT_CHUNK) as u64,
-            connect_timeout: Duration::from_secs(1),
-            command_timeout: Duration::from_secs(1),
-            deadline: Duration::from_secs(5),
-            read_ahead: true,
-        }
-    }
-}
-
-/// The default bytes per key: 64 KiB. Fewer, larger keys cost the
-/// server less per window (one command per key); a page or a window
-/// smaller than a key reads only its part (`GETRANGE`). Compare with
-/// `faultline bench store --chunk 4096,16384,65536`: sequential first
-/// touch, fault-around 64, measured at 1.84x (4 KiB), 1.61x (16 KiB),
-/// 1.58x (32 KiB) and 1.48x (64 KiB) the file store in one run.
-pub const DEFAULT_CHUNK: usize = 64 * 1024;
-
-/// Bytes of a hash-tag group by default (one cluster shard).
-const GROUP_BYTES: usize = 1 << 20;
-
-impl RedisConfig {
-    /// The defaults with `chunk_bytes` per key and 1 MiB per hash-tag
-    /// group (at least one chunk).
-    pub fn with_chunk(chunk_bytes: usize) -> RedisConfig {
-        RedisConfig {
-            chunk_bytes,
-            group_chunks: (GROUP_BYTES / chunk_bytes.max(1)).max(1) as u64,
-            ..RedisConfig::default()
-        }
-    }
-}
-
-/// What a store's metadata key says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoreInfo {
-    /// Bytes of data.
-    pub len: u64,
-    /// Bytes per chunk.
-    pub chunk_bytes: usize,
-    /// Chunks per hash tag.
-    pub group_chunks: u64,
-    /// FNV-1a 64 of the data ([`checksum`]).
-    pub checksum: u64,
-}
 
 /// Where a single-server store's fill time went, summed over its
 /// `fill_batch` calls ([`RedisStore::timing`]): writing the requests,
@@ -175,105 +143,6 @@ pub struct FillTiming {
     pub ahead_dropped: u64,
 }
 
-/// Failures outside the fault path (opening, `put`, `get`).
-#[derive(Debug, thiserror::Error)]
-pub enum RedisStoreError {
-    /// The URL is not one of the forms in the crate docs.
-    #[error("bad store URL {url}: {reason}")]
-    Url { url: String, reason: String },
-    /// Connecting or a request failed (after retries).
-    #[error("{what}: {op} failed: {cause}")]
-    Request {
-        what: String,
-        op: String,
-        cause: String,
-    },
-    /// No metadata key: nothing was put under this name.
-    #[error("{what}: no store named {name:?} (key {key} is missing; write one with `faultline store put`)")]
-    NoStore {
-        what: String,
-        name: String,
-        key: String,
-    },
-    /// The metadata key does not parse.
-    #[error("{what}: bad metadata in {key}: {reason}")]
-    BadMeta {
-        what: String,
-        key: String,
-        reason: String,
-    },
-    /// `get` read other bytes than `put` wrote.
-    #[error("{what}: checksum mismatch: stored {stored:016x}, read {read:016x}")]
-    Checksum {
-        what: String,
-        stored: u64,
-        read: u64,
-    },
-    /// Reading the source or writing the destination.
-    #[error("{op}: {source}")]
-    Io {
-        op: &'static str,
-        source: std::io::Error,
-    },
-}
-
-/// FNV-1a 64 of `data`, continuing from `h` (start with [`FNV_START`]).
-pub fn checksum(mut h: u64, data: &[u8]) -> u64 {
-    for &b in data {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}
-
-/// The FNV-1a 64 offset basis.
-pub const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// Where the store lives.
-enum Target {
-    Single(redis::Client),
-    Cluster(ClusterClient),
-}
-
-enum Conn {
-    Single(Box<Single>),
-    Cluster(Box<ClusterConnection>),
-}
-
-/// A single-server connection and its stream read-ahead (see
-/// [`RedisConfig::read_ahead`]).
-struct Single {
-    raw: RawConn,
-    /// Where the last one-range fill ended: a fill starting there
-    /// continues a stream.
-    last_end: Option<u64>,
-    /// Fills sent ahead whose replies are still unread, oldest first (at
-    /// most one).
-    ahead: VecDeque<Ahead>,
-}
-
-/// A fill sent ahead of its fault.
-struct Ahead {
-    offset: u64,
-    len: usize,
-    /// Replies it owes (one per piece).
-    replies: usize,
-    /// [`RedisStore`]'s write-backs started when it was sent.
-    writes: u64,
-}
-
-impl Single {
-    /// Reads and drops every reply still owed to fills sent ahead.
-    fn drain(&mut self) -> RedisResult<()> {
-        while let Some(a) = self.ahead.pop_front() {
-            for _ in 0..a.replies {
-                self.raw.skip_reply()?;
-            }
-        }
-        Ok(())
-    }
-}
-
 /// One chunk's part of a fill: `len` bytes at `from` in chunk `chunk`,
 /// for `ranges[range].buf[at..at + len]`.
 #[derive(Debug, Clone, Copy)]
@@ -293,76 +162,26 @@ type PieceReply = Result<Bulk, String>;
 
 /// A page store on Redis. See the crate docs.
 pub struct RedisStore {
-    what: Arc<str>,
-    name: String,
-    target: Target,
-    cfg: RedisConfig,
+    client: Client,
     info: StoreInfo,
-    conns: Mutex<HashMap<ThreadId, Conn>>,
     /// [`FillTiming`]'s fields, in order.
     timing: [AtomicU64; 7],
     /// Write-backs started and finished (ordered with the read-ahead:
     /// see [`RedisConfig::read_ahead`]).
     writes_started: AtomicU64,
     writes_finished: AtomicU64,
+    /// Set once a failed read found the generation replaced: the note
+    /// its errors carry.
+    replaced: OnceLock<String>,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("what", &self.what)
+            .field("what", &self.client.what)
             .field("info", &self.info)
             .finish()
     }
-}
-
-/// Splits `URL#NAME` and builds the client.
-fn parse(url: &str, cfg: &RedisConfig) -> Result<(Target, String, String), RedisStoreError> {
-    let bad = |reason: String| RedisStoreError::Url {
-        url: url.to_string(),
-        reason,
-    };
-    let (base, name) = match url.split_once('#') {
-        Some((b, n)) if !n.is_empty() => (b, n.to_string()),
-        Some(_) => return Err(bad("empty store name after '#'".into())),
-        None => (url, "faultline".to_string()),
-    };
-    if name.contains(['{', '}']) {
-        return Err(bad("the store name may not contain '{' or '}'".into()));
-    }
-    let target = if let Some(nodes) = base.strip_prefix("redis-cluster://") {
-        let nodes: Vec<String> = nodes
-            .split(',')
-            .filter(|n| !n.is_empty())
-            .map(|n| format!("redis://{n}"))
-            .collect();
-        if nodes.is_empty() {
-            return Err(bad("no cluster nodes".into()));
-        }
-        let client = ClusterClient::builder(nodes)
-            .connection_timeout(cfg.connect_timeout)
-            .response_timeout(cfg.command_timeout)
-            .retries(3)
-            .build()
-            .map_err(|e| bad(e.to_string()))?;
-        Target::Cluster(client)
-    } else if ["redis://", "redis+unix://", "unix://"]
-        .iter()
-        .any(|p| base.starts_with(p))
-    {
-        Target::Single(redis::Client::open(base).map_err(|e| bad(e.to_string()))?)
-    } else {
-        return Err(bad(
-            "expected redis://HOST:PORT, redis+unix:///PATH, unix:///PATH or redis-cluster://HOST:PORT,...".into(),
-        ));
-    };
-    Ok((target, name, format!("redis {base}#")))
-}
-
-/// A failed request: the key it was about and why.
-struct Failure {
-    key: String,
-    cause: String,
 }
 
 impl RedisStore {
@@ -371,30 +190,26 @@ impl RedisStore {
         Self::open_with(url, RedisConfig::default())
     }
 
-    /// Opens the store at `url`, reading its metadata key.
+    /// Opens the store at `url`, reading its metadata key: the store
+    /// reads that generation from then on (see the crate docs).
     pub fn open_with(url: &str, cfg: RedisConfig) -> Result<RedisStore, RedisStoreError> {
-        let (target, name, what) = parse(url, &cfg)?;
-        let mut store = RedisStore {
-            what: format!("{what}{name}").into(),
-            name,
-            target,
-            cfg,
-            info: StoreInfo {
-                len: 0,
-                chunk_bytes: 0,
-                group_chunks: 1,
-                checksum: 0,
-            },
-            conns: Mutex::new(HashMap::new()),
+        let client = Client::open(url, cfg)?;
+        let info = generation::read_meta(&client)?.ok_or_else(|| RedisStoreError::NoStore {
+            what: client.what.to_string(),
+            name: client.name.clone(),
+            key: layout::meta_key(&client.name),
+        })?;
+        Ok(RedisStore {
+            client,
+            info,
             timing: Default::default(),
             writes_started: AtomicU64::new(0),
             writes_finished: AtomicU64::new(0),
-        };
-        store.info = store.read_meta()?;
-        Ok(store)
+            replaced: OnceLock::new(),
+        })
     }
 
-    /// What the metadata key says.
+    /// What the metadata key said when the store was opened.
     pub fn info(&self) -> StoreInfo {
         self.info
     }
@@ -418,12 +233,10 @@ impl RedisStore {
     /// `used_cpu_user`; a cluster answers for one node), for benchmarks
     /// that report the server's CPU share.
     pub fn server_cpu_seconds(&self) -> Result<f64, RedisStoreError> {
-        let key = self.meta_key();
+        let key = layout::meta_key(&self.client.name);
         let mut cmd = redis::cmd("INFO");
         cmd.arg("cpu");
-        let info: String = self
-            .with_conn(&key, |c| c.query(&cmd))
-            .map_err(|f| self.request_error("INFO cpu", f))?;
+        let info: String = self.client.query("INFO cpu", &key, &cmd)?;
         Ok(info
             .lines()
             .filter_map(|l| {
@@ -436,175 +249,79 @@ impl RedisStore {
 
     /// The store's name (after `#` in the URL).
     pub fn name(&self) -> &str {
-        &self.name
+        &self.client.name
     }
 
-    fn meta_key(&self) -> String {
-        format!("fl:{{{}}}:meta", self.name)
-    }
-
-    /// The key of chunk `c`.
+    /// The key of chunk `c` (of the generation this store reads).
     pub fn chunk_key(&self, c: u64) -> String {
-        chunk_key(&self.name, self.info.group_chunks, c)
+        layout::chunk_key(
+            &self.client.name,
+            self.info.group_chunks,
+            self.info.generation,
+            c,
+        )
     }
 
-    fn request_error(&self, op: &str, f: Failure) -> RedisStoreError {
-        RedisStoreError::Request {
-            what: self.what.to_string(),
-            op: format!("{op} ({})", f.key),
-            cause: f.cause,
-        }
-    }
-
-    fn read_meta(&self) -> Result<StoreInfo, RedisStoreError> {
-        let key = self.meta_key();
-        let mut cmd = redis::cmd("HGETALL");
-        cmd.arg(&key);
-        let map: HashMap<String, String> = self
-            .with_conn(&key, |c| c.query(&cmd))
-            .map_err(|f| self.request_error("reading metadata", f))?;
-        if map.is_empty() {
-            return Err(RedisStoreError::NoStore {
-                what: self.what.to_string(),
-                name: self.name.clone(),
-                key,
-            });
-        }
-        let field = |k: &str| -> Result<u64, RedisStoreError> {
-            map.get(k)
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or_else(|| RedisStoreError::BadMeta {
-                    what: self.what.to_string(),
-                    key: key.clone(),
-                    reason: format!("field {k} missing or not a number"),
-                })
-        };
-        let checksum = map
-            .get("checksum")
-            .and_then(|v| u64::from_str_radix(v, 16).ok())
-            .ok_or_else(|| RedisStoreError::BadMeta {
-                what: self.what.to_string(),
-                key: key.clone(),
-                reason: "field checksum missing or not hex".into(),
-            })?;
-        let info = StoreInfo {
-            len: field("len")?,
-            chunk_bytes: field("chunk")? as usize,
-            group_chunks: field("group")?,
-            checksum,
-        };
-        if info.chunk_bytes == 0 || info.group_chunks == 0 {
-            return Err(RedisStoreError::BadMeta {
-                what: self.what.to_string(),
-                key,
-                reason: "zero chunk or group size".into(),
-            });
-        }
-        Ok(info)
-    }
-
-    /// Uploads `len` bytes from `src` as the store at `url` (replacing one
-    /// of the same name): the chunks in pipelines of 64, then the metadata
-    /// key with the checksum. `progress` is called with the bytes written
-    /// so far.
+    /// Uploads `len` bytes from `src` as the store at `url`, replacing one
+    /// of the same name in one step (see [`RedisStore::replace`]).
     pub fn put(
         url: &str,
         cfg: RedisConfig,
-        mut src: impl Read,
+        src: impl Read,
         len: u64,
-        mut progress: impl FnMut(u64),
+        progress: impl FnMut(u64),
     ) -> Result<StoreInfo, RedisStoreError> {
-        const BATCH: usize = 64;
-        let (target, name, what) = parse(url, &cfg)?;
-        if cfg.chunk_bytes == 0 || cfg.group_chunks == 0 {
-            return Err(RedisStoreError::Url {
-                url: url.into(),
-                reason: "chunk and group sizes must be positive".into(),
-            });
-        }
-        let mut store = RedisStore {
-            what: format!("{what}{name}").into(),
-            name,
-            target,
-            info: StoreInfo {
-                len,
-                chunk_bytes: cfg.chunk_bytes,
-                group_chunks: cfg.group_chunks,
-                checksum: 0,
-            },
-            cfg,
-            conns: Mutex::new(HashMap::new()),
-            timing: Default::default(),
-            writes_started: AtomicU64::new(0),
-            writes_finished: AtomicU64::new(0),
-        };
-        let meta = store.meta_key();
-        let mut del = redis::cmd("DEL");
-        del.arg(&meta);
-        store
-            .with_conn(&meta, |c| c.query::<()>(&del))
-            .map_err(|f| store.request_error("removing the old metadata", f))?;
-        let chunk = store.info.chunk_bytes;
-        let mut buf = vec![0u8; chunk * BATCH];
-        let mut h = FNV_START;
-        let mut done = 0u64;
-        while done < len {
-            let n = ((len - done) as usize).min(buf.len());
-            src.read_exact(&mut buf[..n])
-                .map_err(|source| RedisStoreError::Io {
-                    op: "reading the source",
-                    source,
-                })?;
-            h = checksum(h, &buf[..n]);
-            let first = done / chunk as u64;
-            let cmds: Vec<Cmd> = buf[..n]
-                .chunks(chunk)
-                .enumerate()
-                .map(|(i, data)| {
-                    let mut c = redis::cmd("SET");
-                    c.arg(store.chunk_key(first + i as u64)).arg(data);
-                    c
-                })
-                .collect();
-            let key = store.chunk_key(first);
-            store
-                .with_conn(&key, |c| c.pipeline(&cmds))
-                .map_err(|f| store.request_error("writing chunks", f))?;
-            done += n as u64;
-            progress(done);
-        }
-        store.info.checksum = h;
-        let mut hset = redis::cmd("HSET");
-        hset.arg(&meta)
-            .arg("len")
-            .arg(len)
-            .arg("chunk")
-            .arg(chunk)
-            .arg("group")
-            .arg(store.info.group_chunks)
-            .arg("checksum")
-            .arg(format!("{h:016x}"));
-        store
-            .with_conn(&meta, |c| c.query::<()>(&hset))
-            .map_err(|f| store.request_error("writing metadata", f))?;
-        Ok(store.info)
+        Self::replace(url, cfg, src, len, progress).map(|r| r.info)
+    }
+
+    /// Uploads `len` bytes from `src` as a new generation of the store at
+    /// `url` (4 MiB of chunks per pipeline), then switches the metadata
+    /// to it and removes the generation it replaced (crate docs,
+    /// "Replacing a store"). `cfg`'s chunk and tag sizes are checked
+    /// first ([`RedisConfig::check_put`]). `progress` is called with the
+    /// bytes written so far. Any error before the switch (a request, or
+    /// `src` failing: a reader that fails when the user interrupts stops
+    /// the upload the same way) leaves the store as it was and is
+    /// [`RedisStoreError::Abandoned`], saying whether the partial
+    /// generation was removed.
+    pub fn replace(
+        url: &str,
+        cfg: RedisConfig,
+        src: impl Read,
+        len: u64,
+        progress: impl FnMut(u64),
+    ) -> Result<Replaced, RedisStoreError> {
+        let client = Client::open(url, cfg)?;
+        generation::put(&client, src, len, progress)
+    }
+
+    /// Removes what no metadata names under the store's name at `url`:
+    /// generations replaced but not yet removed, uploads whose process
+    /// ended (or whose lease ran out), and any chunk key that is neither
+    /// of the current generation (inside its length) nor of an upload in
+    /// progress (`SCAN` on every master). Says what it removed and kept.
+    pub fn gc(url: &str, cfg: RedisConfig) -> Result<GcReport, RedisStoreError> {
+        let client = Client::open(url, cfg)?;
+        generation::gc(&client)
     }
 
     /// Downloads the store into `dst`, checking the checksum; returns it.
+    /// `dst` gets bytes before they are checked: write to a temporary
+    /// file and keep it only on success (`faultline store get` does).
     pub fn get(
         &self,
         mut dst: impl Write,
         mut progress: impl FnMut(u64),
     ) -> Result<u64, RedisStoreError> {
         const STEP: usize = 1 << 20;
-        let mut buf = vec![0u8; STEP];
+        let mut buf = vec![0u8; STEP.min(self.info.len as usize)];
         let mut h = FNV_START;
         let mut done = 0u64;
         while done < self.info.len {
             let n = ((self.info.len - done) as usize).min(STEP);
             self.fill(done, &mut buf[..n])
                 .map_err(|e| RedisStoreError::Request {
-                    what: self.what.to_string(),
+                    what: self.client.what.to_string(),
                     op: "reading chunks".into(),
                     cause: e.to_string(),
                 })?;
@@ -619,7 +336,7 @@ impl RedisStore {
         }
         if h != self.info.checksum {
             return Err(RedisStoreError::Checksum {
-                what: self.what.to_string(),
+                what: self.client.what.to_string(),
                 stored: self.info.checksum,
                 read: h,
             });
@@ -627,59 +344,27 @@ impl RedisStore {
         Ok(h)
     }
 
-    /// Runs `f` on this thread's connection, reconnecting and retrying
-    /// with backoff until the deadline. `key` names the request in errors.
-    fn with_conn<T>(
-        &self,
-        key: &str,
-        mut f: impl FnMut(&mut Conn) -> RedisResult<T>,
-    ) -> Result<T, Failure> {
-        let start = Instant::now();
-        let me = std::thread::current().id();
-        let mut backoff = Duration::from_millis(10);
-        let mut tries = 0u32;
-        loop {
-            tries += 1;
-            let taken = self.conns.lock().expect("conns").remove(&me);
-            let res = match taken {
-                Some(c) => Ok(c),
-                None => self.connect(),
-            }
-            .and_then(|mut c| f(&mut c).map(|v| (v, c)));
-            let err = match res {
-                Ok((v, c)) => {
-                    self.conns.lock().expect("conns").insert(me, c);
-                    return Ok(v);
-                }
-                Err(e) => e,
-            };
-            // The connection is dropped: after a timeout it may still owe
-            // a reply.
-            let elapsed = start.elapsed();
-            if !retryable(&err) || elapsed + backoff > self.cfg.deadline {
-                return Err(Failure {
-                    key: key.to_string(),
-                    cause: format!("{err} ({tries} tries over {:.1} s)", elapsed.as_secs_f64()),
-                });
-            }
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_millis(500));
+    /// Why a chunk of this store's generation may be missing: a note for
+    /// errors if the metadata names another generation now (a `put`
+    /// replaced it) or nothing, `""` otherwise. Asked only when a key was
+    /// missing or short.
+    fn replaced_note(&self) -> String {
+        if let Some(n) = self.replaced.get() {
+            return n.clone();
         }
-    }
-
-    fn connect(&self) -> RedisResult<Conn> {
-        match &self.target {
-            Target::Single(client) => Ok(Conn::Single(Box::new(Single {
-                raw: RawConn::connect(
-                    client.get_connection_info(),
-                    self.cfg.connect_timeout,
-                    self.cfg.command_timeout,
-                )?,
-                last_end: None,
-                ahead: VecDeque::new(),
-            }))),
-            Target::Cluster(client) => Ok(Conn::Cluster(Box::new(client.get_connection()?))),
-        }
+        let note = match generation::read_meta(&self.client) {
+            Ok(Some(now)) if now.generation == self.info.generation => return String::new(),
+            Ok(Some(now)) => format!(
+                "; generation {} of the store, which this reader opened, was replaced by generation {} and its chunks are being removed: open the store again to read the new one",
+                self.info.generation, now.generation
+            ),
+            Ok(None) => format!(
+                "; generation {} of the store, which this reader opened, was removed with its metadata",
+                self.info.generation
+            ),
+            Err(_) => return String::new(),
+        };
+        self.replaced.get_or_init(|| note).clone()
     }
 
     /// Chunks covering `[offset, offset + len)` inside the store's length.
@@ -723,7 +408,7 @@ impl RedisStore {
         cause: impl Into<std::borrow::Cow<'static, str>>,
     ) -> StoreError {
         StoreError::Remote {
-            what: self.what.clone(),
+            what: self.client.what.clone(),
             key: self.chunk_key(chunk).into(),
             offset,
             cause: cause.into(),
@@ -760,7 +445,13 @@ impl RedisStore {
                 let mut key = String::new();
                 let mut pack = |raw: &mut RawConn, p: &Piece| {
                     key.clear();
-                    write_chunk_key(&mut key, &self.name, self.info.group_chunks, p.chunk);
+                    layout::write_chunk_key(
+                        &mut key,
+                        &self.client.name,
+                        self.info.group_chunks,
+                        self.info.generation,
+                        p.chunk,
+                    );
                     if p.whole {
                         raw.pack(&[b"GET", key.as_bytes()]);
                     } else {
@@ -777,7 +468,7 @@ impl RedisStore {
                 // write-back runs (its SET may land after these GETs).
                 if let Some((o, l)) = one.filter(|&(o, _)| hit || sc.last_end == Some(o)) {
                     let next = o + l as u64;
-                    if self.cfg.read_ahead
+                    if self.client.cfg.read_ahead
                         && next < self.info.len
                         && started == self.writes_finished.load(Ordering::SeqCst)
                     {
@@ -809,7 +500,7 @@ impl RedisStore {
                     match rc.read_bulk_into(dst) {
                         Ok(b) => replies.push(Ok(b)),
                         Err(e) if e.is_io_error() || e.is_timeout() => return Err(e),
-                        Err(e) if retryable(&e) => {
+                        Err(e) if conn::retryable(&e) => {
                             retry.get_or_insert(e);
                             replies.push(Ok(Bulk::Nil));
                         }
@@ -866,86 +557,9 @@ impl RedisStore {
     }
 }
 
-fn chunk_key(name: &str, group: u64, c: u64) -> String {
-    let mut k = String::new();
-    write_chunk_key(&mut k, name, group, c);
-    k
-}
-
-fn write_chunk_key(k: &mut String, name: &str, group: u64, c: u64) {
-    use std::fmt::Write as _;
-    let _ = write!(k, "fl:{{{name}:{}}}:{c}", c / group);
-}
-
-/// Errors worth a reconnect and a retry: the server is down, slow,
-/// loading, or the cluster is re-sharding.
-fn retryable(e: &RedisError) -> bool {
-    use redis::ErrorKind::*;
-    e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_cluster_error()
-        || matches!(
-            e.kind(),
-            BusyLoadingError
-                | TryAgain
-                | ClusterDown
-                | MasterDown
-                | IoError
-                | ClusterConnectionNotFound
-        )
-}
-
-impl Conn {
-    /// One request and its reply.
-    fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
-        match self {
-            Conn::Single(sc) => {
-                sc.drain()?;
-                let c = &mut sc.raw;
-                c.wbuf.clear();
-                cmd.write_packed_command(&mut c.wbuf);
-                c.send()?;
-                T::from_owned_redis_value(c.read_value()?.extract_error()?)
-            }
-            Conn::Cluster(c) => cmd.query(c.as_mut()),
-        }
-    }
-
-    /// Requests whose replies are only checked for errors (writes), in
-    /// one pipeline.
-    fn pipeline(&mut self, cmds: &[Cmd]) -> RedisResult<()> {
-        match self {
-            Conn::Single(sc) => {
-                sc.drain()?;
-                let c = &mut sc.raw;
-                c.wbuf.clear();
-                cmds.iter()
-                    .for_each(|cmd| cmd.write_packed_command(&mut c.wbuf));
-                c.send()?;
-                let mut first = None;
-                for _ in cmds {
-                    if let Err(e) = c.read_value()?.extract_error() {
-                        first.get_or_insert(e);
-                    }
-                }
-                first.map_or(Ok(()), Err)
-            }
-            Conn::Cluster(c) => {
-                let mut p = redis::cluster::cluster_pipe();
-                cmds.iter().for_each(|cmd| {
-                    p.add_command(cmd.clone());
-                });
-                p.query::<Vec<Value>>(c.as_mut()).map(|_| ())
-            }
-        }
-    }
-}
-
 impl PageStore for RedisStore {
     fn describe(&self) -> &str {
-        &self.what
+        &self.client.what
     }
 
     fn len(&self) -> Option<u64> {
@@ -976,7 +590,7 @@ impl PageStore for RedisStore {
         let Some(first) = pieces.first() else {
             return;
         };
-        let res = self.with_conn(&self.chunk_key(first.chunk), |c| {
+        let res = self.client.with_conn(&self.chunk_key(first.chunk), |c| {
             self.read_pieces(c, &pieces, ranges)
         });
         let replies: Vec<PieceReply> = match res {
@@ -987,12 +601,16 @@ impl PageStore for RedisStore {
             let cause = match reply {
                 Ok(Bulk::Filled) => continue,
                 Ok(Bulk::Nil) => format!(
-                    "the key is missing, inside the store's length {:#x}",
-                    self.info.len
+                    "the key is missing, inside the store's length {:#x}{}",
+                    self.info.len,
+                    self.replaced_note()
                 ),
                 Ok(Bulk::Length(n)) => format!(
-                    "read {n} bytes at {:#x} of the key where {} were expected: the key is short or missing, inside the store's length {:#x}",
-                    p.from, p.len, self.info.len
+                    "read {n} bytes at {:#x} of the key where {} were expected: the key is short or missing, inside the store's length {:#x}{}",
+                    p.from,
+                    p.len,
+                    self.info.len,
+                    self.replaced_note()
                 ),
                 Err(e) => e,
             };
@@ -1042,32 +660,78 @@ impl PageStore for RedisStore {
         let Some(first) = pieces.first() else {
             return;
         };
-        // One pipeline: a whole chunk is a SET, part of one a SETRANGE.
-        let cmds: Vec<Cmd> = pieces
-            .iter()
-            .map(|p| {
-                let mut cmd = redis::cmd(if p.whole { "SET" } else { "SETRANGE" });
-                cmd.arg(self.chunk_key(p.chunk));
-                if !p.whole {
-                    cmd.arg(p.from);
+        // Pieces that follow each other in one chunk (adjacent pages of a
+        // flush) go as one write. One pipeline: a whole chunk is a SET XX,
+        // part of one a SETRANGE in a script; neither creates a missing
+        // key (a replaced generation's: see the crate docs).
+        let mut writes: Vec<(Piece, std::borrow::Cow<'_, [u8]>, std::ops::Range<usize>)> =
+            Vec::new();
+        for (k, p) in pieces.iter().enumerate() {
+            let data = &ranges[p.range].data[p.at..p.at + p.len];
+            match writes.last_mut() {
+                Some((w, bytes, of)) if w.chunk == p.chunk && w.from + w.len as u64 == p.from => {
+                    bytes.to_mut().extend_from_slice(data);
+                    w.len += p.len;
+                    w.whole = w.from == 0 && w.len as u64 == self.chunk_len(w.chunk);
+                    of.end = k + 1;
                 }
-                cmd.arg(&ranges[p.range].data[p.at..p.at + p.len]);
-                cmd
+                _ => writes.push((*p, data.into(), k..k + 1)),
+            }
+        }
+        let cmds: Vec<Cmd> = writes
+            .iter()
+            .map(|(w, data, _)| {
+                let key = self.chunk_key(w.chunk);
+                if w.whole {
+                    let mut cmd = redis::cmd("SET");
+                    cmd.arg(key).arg(&data[..]).arg("XX");
+                    cmd
+                } else {
+                    let mut cmd = redis::cmd("EVAL");
+                    cmd.arg(generation::SETRANGE_IF_EXISTS)
+                        .arg(1)
+                        .arg(key)
+                        .arg(w.from)
+                        .arg(&data[..]);
+                    cmd
+                }
             })
             .collect();
         self.writes_started.fetch_add(1, Ordering::SeqCst);
-        let res = self.with_conn(&self.chunk_key(first.chunk), |c| c.pipeline(&cmds));
+        let res = self
+            .client
+            .with_conn(&self.chunk_key(first.chunk), |c| c.pipeline(&cmds));
         self.writes_finished.fetch_add(1, Ordering::SeqCst);
-        if let Err(f) = res {
-            // Which SET failed is not known: every range written here
-            // stays dirty.
-            for p in &pieces {
-                if out[p.range].is_ok() {
-                    out[p.range] = Err(self.remote(
-                        p.chunk,
-                        ranges[p.range].offset + p.at as u64,
-                        f.cause.clone(),
-                    ));
+        match res {
+            Ok(replies) => {
+                let missing = writes
+                    .iter()
+                    .zip(replies)
+                    .filter(|(_, v)| *v == Value::Nil)
+                    .flat_map(|((_, _, of), _)| pieces[of.clone()].iter());
+                for p in missing {
+                    if out[p.range].is_ok() {
+                        let cause = format!(
+                            "the key is missing, inside the store's length {:#x}: nothing was written{}",
+                            self.info.len,
+                            self.replaced_note()
+                        );
+                        out[p.range] =
+                            Err(self.remote(p.chunk, ranges[p.range].offset + p.at as u64, cause));
+                    }
+                }
+            }
+            Err(f) => {
+                // Which write failed is not known: every range written
+                // here stays dirty.
+                for p in &pieces {
+                    if out[p.range].is_ok() {
+                        out[p.range] = Err(self.remote(
+                            p.chunk,
+                            ranges[p.range].offset + p.at as u64,
+                            f.cause.clone(),
+                        ));
+                    }
                 }
             }
         }

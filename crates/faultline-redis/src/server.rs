@@ -4,6 +4,11 @@
 //! pid when dropped (SIGTERM, then SIGKILL after a second) and its
 //! directory removed; nothing is left running. A missing `redis-server`
 //! is an error (`bash scripts/setup.sh` installs it), never a skip.
+//!
+//! Both answer the questions tests ask of the data ([`Keys`]): how many
+//! keys, which ones, how much memory; remove or overwrite a key; slow
+//! every node down (`DEBUG SLEEP`), without the test naming the `redis`
+//! crate. [`pattern`] makes the test data.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -31,6 +36,13 @@ pub enum ServerError {
     /// A setup step failed.
     #[error("{step}: {reason}")]
     Setup { step: String, reason: String },
+    /// A command of the test helpers ([`Keys`]) failed.
+    #[error("{command} on {node}: {cause}")]
+    Command {
+        command: String,
+        node: String,
+        cause: String,
+    },
 }
 
 /// A temporary directory removed on drop.
@@ -414,4 +426,186 @@ impl RedisCluster {
     pub fn pids(&self) -> Vec<u32> {
         self.procs.iter().filter_map(|p| p.pid()).collect()
     }
+}
+
+/// What tests ask of a server's or a cluster's data, summed over its
+/// masters; keys are routed to their node.
+pub trait Keys {
+    /// `redis://` URLs of the masters.
+    fn node_urls(&self) -> Vec<String>;
+
+    /// A connection that sends a key's command to the key's node.
+    fn routing_connection(&self) -> redis::RedisResult<Box<dyn redis::ConnectionLike>>;
+
+    /// Runs `f` on a connection that routes `key` to its node.
+    fn with_key<T>(
+        &self,
+        key: &str,
+        f: impl FnOnce(&mut dyn redis::ConnectionLike) -> redis::RedisResult<T>,
+    ) -> Result<T, ServerError> {
+        let fail = |e: redis::RedisError| ServerError::Command {
+            command: format!("a command on {key}"),
+            node: self.node_urls().join(","),
+            cause: e.to_string(),
+        };
+        let mut c = self.routing_connection().map_err(fail)?;
+        f(c.as_mut()).map_err(fail)
+    }
+
+    /// `DBSIZE`, summed.
+    fn dbsize(&self) -> Result<u64, ServerError> {
+        let mut n = 0;
+        for url in self.node_urls() {
+            n += node_query::<u64>(&url, "DBSIZE", redis::cmd("DBSIZE"))?;
+        }
+        Ok(n)
+    }
+
+    /// Every key matching `pattern` (`SCAN MATCH`), sorted.
+    fn keys(&self, pattern: &str) -> Result<Vec<String>, ServerError> {
+        let mut all = Vec::new();
+        for url in self.node_urls() {
+            let mut cursor = "0".to_string();
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(&cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let (next, keys): (String, Vec<String>) = node_query(&url, "SCAN", cmd)?;
+                all.extend(keys);
+                if next == "0" {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        all.sort();
+        all.dedup();
+        Ok(all)
+    }
+
+    /// `used_memory` of `INFO memory`, summed.
+    fn used_memory(&self) -> Result<u64, ServerError> {
+        let mut n = 0;
+        for url in self.node_urls() {
+            let mut cmd = redis::cmd("INFO");
+            cmd.arg("memory");
+            let info: String = node_query(&url, "INFO memory", cmd)?;
+            n += info
+                .lines()
+                .find_map(|l| l.strip_prefix("used_memory:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| ServerError::Command {
+                    command: "INFO memory".into(),
+                    node: url.clone(),
+                    cause: "no used_memory line".into(),
+                })?;
+        }
+        Ok(n)
+    }
+
+    /// Removes `key`.
+    fn del(&self, key: &str) -> Result<(), ServerError> {
+        self.with_key(key, |c| redis::cmd("DEL").arg(key).query::<()>(c))
+    }
+
+    /// Sets `key` to `value`.
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), ServerError> {
+        self.with_key(key, |c| {
+            redis::cmd("SET").arg(key).arg(value).query::<()>(c)
+        })
+    }
+
+    /// Blocks every master for `seconds` (`DEBUG SLEEP`): see
+    /// [`sleep_nodes`].
+    fn sleep_all(&self, seconds: f64) -> Result<(), ServerError> {
+        sleep_nodes(&self.node_urls(), seconds)
+    }
+}
+
+/// Blocks each node of `urls` ([`Keys::node_urls`]) for `seconds`
+/// (`DEBUG SLEEP`), each from its own connection at once; returns when
+/// all have answered. A test slows a command down with it (one sleep
+/// after another) to catch it in the middle.
+pub fn sleep_nodes(urls: &[String], seconds: f64) -> Result<(), ServerError> {
+    let threads: Vec<_> = urls
+        .iter()
+        .cloned()
+        .map(|url| {
+            std::thread::spawn(move || {
+                let mut cmd = redis::cmd("DEBUG");
+                cmd.arg("SLEEP").arg(seconds);
+                node_query::<()>(&url, "DEBUG SLEEP", cmd)
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().map_err(|_| ServerError::Command {
+            command: "DEBUG SLEEP".into(),
+            node: "a node".into(),
+            cause: "the thread panicked".into(),
+        })??;
+    }
+    Ok(())
+}
+
+/// One command on one node, on a connection of its own (a 30 s read
+/// timeout: `DEBUG SLEEP` is the longest a test asks for).
+fn node_query<T: redis::FromRedisValue>(
+    url: &str,
+    what: &str,
+    cmd: redis::Cmd,
+) -> Result<T, ServerError> {
+    let fail = |e: redis::RedisError| ServerError::Command {
+        command: what.to_string(),
+        node: url.to_string(),
+        cause: e.to_string(),
+    };
+    let mut c = redis::Client::open(url)
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        .map_err(fail)?;
+    c.set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(fail)?;
+    cmd.query(&mut c).map_err(fail)
+}
+
+impl Keys for RedisServer {
+    fn node_urls(&self) -> Vec<String> {
+        vec![self.url()]
+    }
+
+    fn routing_connection(&self) -> redis::RedisResult<Box<dyn redis::ConnectionLike>> {
+        Ok(Box::new(self.connection()?))
+    }
+}
+
+impl Keys for RedisCluster {
+    fn node_urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    fn routing_connection(&self) -> redis::RedisResult<Box<dyn redis::ConnectionLike>> {
+        let c = redis::cluster::ClusterClient::new(self.node_urls())?.get_connection()?;
+        Ok(Box::new(c))
+    }
+}
+
+/// Test data: `len` bytes that differ on every page and at every offset
+/// (xorshift from `seed`), so a page read from the wrong place or the
+/// wrong generation never matches.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
 }

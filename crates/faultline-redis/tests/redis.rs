@@ -12,23 +12,10 @@ use faultline::testing::child::deadline;
 use faultline::{
     engine, Engine, EngineConfig, EngineKind, Error, EvictionConfig, Region, StoreError,
 };
-use faultline_redis::server::{RedisCluster, RedisServer};
+use faultline_redis::server::{pattern, RedisCluster, RedisServer};
 use faultline_redis::{RedisConfig, RedisStore};
 
 const PS: usize = 4096;
-
-/// Bytes that differ on every page and every offset.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 /// Failures within seconds for tests (a loaded CI machine still gets 1 s
 /// per request and 3 s of retries before a page is poisoned).
@@ -314,6 +301,13 @@ fn server_killed_mid_run_poisons_the_page_and_flush_reports_lost_writes_then_res
     let url = server.store_url("kill");
     let data = pattern(256 * PS, 6);
     put(&url, &data, quick());
+    let key = format!(
+        "key {}",
+        RedisStore::open(&url)
+            .unwrap()
+            .chunk_key((100 * PS / faultline_redis::DEFAULT_CHUNK) as u64)
+    );
+    assert!(key.starts_with("key fl:{kill:0}:g1:"), "{key}");
 
     // A fault after the server died: SIGBUS with the region, offset, key
     // and cause; never a zero page.
@@ -334,10 +328,6 @@ fn server_killed_mid_run_poisons_the_page_and_flush_reports_lost_writes_then_res
     assert!(
         stderr.contains("offset 0x64000"),
         "names the offset: {stderr}"
-    );
-    let key = format!(
-        "key fl:{{kill:0}}:{}",
-        100 * PS / faultline_redis::DEFAULT_CHUNK
     );
     assert!(stderr.contains(&key), "names the key: {stderr}");
     assert!(
@@ -579,8 +569,64 @@ fn tcp_and_unix_url_forms_read_and_write_back() {
         assert_eq!(page[7], !data[100 * PS + 7], "{url}: the write-back");
         assert_eq!(page[..7], data[100 * PS..100 * PS + 7]);
     }
-    // Nothing reached the other server: each URL named its own.
+    // Nothing reached the other server: each URL named its own (its
+    // chunks, the metadata and the generation records).
     let mut c = tcp.connection().unwrap();
     let n: u64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
-    assert_eq!(n, 1 + (data.len() / faultline_redis::DEFAULT_CHUNK) as u64);
+    assert_eq!(n, 2 + (data.len() / faultline_redis::DEFAULT_CHUNK) as u64);
+}
+
+#[test]
+fn a_flush_writes_adjacent_pages_of_a_chunk_as_one_command() {
+    let _d = deadline(60);
+    let server = RedisServer::start().unwrap();
+    let url = server.store_url("coalesce");
+    let data = pattern(64 * PS, 12);
+    put(&url, &data, quick());
+    let r = Region::builder(64 * PS)
+        .store(RedisStore::open_with(&url, quick()).unwrap())
+        .budget(EvictionConfig {
+            budget_pages: 64,
+            policy: PolicyKind::Clock,
+        })
+        .build_dyn(thread_engine(EngineKind::Poll))
+        .unwrap();
+    let mut c = server.connection().unwrap();
+    // Calls of `cmd` since the last reset.
+    let calls = |c: &mut redis::Connection, cmd: &str| -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .map_or(0, |l| l.split(',').next().unwrap().parse().unwrap())
+    };
+    let reset = |c: &mut redis::Connection| {
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query::<()>(c)
+            .unwrap()
+    };
+    let p = r.as_ptr();
+    let mut expect = data.clone();
+    // Every page dirty: 4 whole chunks of 16 pages, 4 SET XX.
+    for pg in 0..64 {
+        // SAFETY: inside the region.
+        unsafe { *p.add(pg * PS + 1) = !data[pg * PS + 1] };
+        expect[pg * PS + 1] = !data[pg * PS + 1];
+    }
+    reset(&mut c);
+    assert_eq!(r.flush().unwrap(), 64);
+    assert_eq!((calls(&mut c, "set"), calls(&mut c, "eval")), (4, 0));
+    // Pages 3, 4, 5 and 40: two partial writes.
+    for pg in [3, 4, 5, 40] {
+        // SAFETY: inside the region.
+        unsafe { *p.add(pg * PS + 2) = 0xC3 };
+        expect[pg * PS + 2] = 0xC3;
+    }
+    reset(&mut c);
+    assert_eq!(r.flush().unwrap(), 4);
+    assert_eq!((calls(&mut c, "set"), calls(&mut c, "eval")), (0, 2));
+    drop(r);
+    let mut got = vec![0u8; 64 * PS];
+    faultline::PageStore::fill(&RedisStore::open(&url).unwrap(), 0, &mut got).unwrap();
+    assert!(got == expect, "every write arrived");
 }
