@@ -28,7 +28,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use faultline::policy::PolicyKind;
-use faultline::{EngineKind, EvictionConfig, PageState};
+use faultline::{EngineKind, EvictionConfig, PageState, RunAheadConfig};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -86,9 +86,38 @@ fn lock(life: &Mutex<Life>) -> MutexGuard<'_, Life> {
 /// Every region not yet dropped, for `close_all` at interpreter exit.
 static LIVE: Mutex<Vec<Weak<Mutex<Life>>>> = Mutex::new(Vec::new());
 
-/// A range of memory whose pages come from a store on first touch.
+/// Region(length=None, store=None, *, page_size=4096, budget=None,
+/// policy="clock", fault_around=None, engine=None, mode=None, run_ahead=None)
 ///
-/// See the Python docstring (`python/faultline/_native.pyi`).
+/// Memory whose pages come from `store` on first touch, exported through
+/// the buffer protocol: `numpy.frombuffer(region, dtype)`,
+/// `memoryview(region)` and `region.as_array(dtype, shape)` are views of
+/// the paged memory, not copies.
+///
+/// * `length`: bytes (default: the store's length); rounded up to whole
+///   pages inside, the views are exactly `length` bytes.
+/// * `store`: a `FileStore`, `MemoryStore`, `ZeroStore` (the default),
+///   `RedisStore`, `PythonStore`, or any object with `fill(offset,
+///   buffer)` (made a `PythonStore`: run in a store process).
+/// * `budget`: keep about this much resident (an int of bytes, or
+///   "512MiB", "25%"): dirty pages are written back before they are
+///   dropped; `policy` ("fifo", "clock", "refault") picks victims. Each
+///   page is evicted on its own: use `page_size=65536` for large scans.
+/// * `fault_around`: pages installed per fault (default adaptive: 16,
+///   doubling to 256 along a sequential stream; 1 suits random access).
+/// * `engine`: "signal" (the faulting thread resolves its own fault; the
+///   default for file, memory and zero stores), "poll" (a handler thread;
+///   the default for Redis and Python stores), "spin", "workers".
+/// * `mode`: "r" (read-only views; the default), "r+" (writes go back to
+///   the store on `flush()`, eviction and `close()`), "c" (private writes;
+///   the default for a `ZeroStore`).
+/// * `run_ahead`: a background thread installs up to this many pages
+///   ahead of a sequential stream.
+///
+/// A context manager. `close()` writes dirty pages back and unmaps once
+/// no view is left: a view that outlives it keeps the memory mapped.
+/// Errors: `OSError` (with `errno`) from the system or a store,
+/// `ValueError` for bad arguments, `BufferError` for a refused view.
 #[pyclass(frozen, weakref, module = "faultline")]
 pub struct Region {
     life: Shared,
@@ -296,7 +325,8 @@ impl Region {
 impl Region {
     #[new]
     #[pyo3(signature = (length = None, store = None, *, page_size = 4096, budget = None,
-                        policy = "clock", fault_around = None, engine = None, mode = None))]
+                        policy = "clock", fault_around = None, engine = None, mode = None,
+                        run_ahead = None))]
     #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
         py: Python<'_>,
@@ -308,6 +338,7 @@ impl Region {
         fault_around: Option<usize>,
         engine: Option<&str>,
         mode: Option<&str>,
+        run_ahead: Option<usize>,
     ) -> PyResult<Region> {
         let (store_obj, store) = resolve_store(py, store)?;
         let store = store.get();
@@ -381,6 +412,11 @@ impl Region {
             .page_size(page_size);
         if let Some(n) = fault_around {
             builder = builder.fault_around(n);
+        }
+        match run_ahead {
+            Some(0) => return Err(PyValueError::new_err("run_ahead must be at least 1 page")),
+            Some(n) => builder = builder.run_ahead(RunAheadConfig { budget_pages: n }),
+            None => {}
         }
         if let Some(b) = budget_pages {
             builder = builder.budget(EvictionConfig {
@@ -659,6 +695,11 @@ impl Region {
                 ev.set_item(k, v)?;
             }
             d.set_item("eviction", ev)?;
+        }
+        if let Some(ra) = region.run_ahead_stats() {
+            let d2 = PyDict::new(py);
+            d2.set_item("pages_populated", ra.pages_populated)?;
+            d.set_item("run_ahead", d2)?;
         }
         Ok(d)
     }

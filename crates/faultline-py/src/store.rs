@@ -79,8 +79,19 @@ pub struct FileStore {
 #[pymethods]
 impl FileStore {
     #[new]
-    fn new(path: PathBuf) -> PyResult<PyClassInitializer<Self>> {
-        let store = faultline::FileStore::open(&path).map_err(|e| io_error(e, &path))?;
+    #[pyo3(signature = (path, *, access = "mmap"))]
+    fn new(path: PathBuf, access: &str) -> PyResult<PyClassInitializer<Self>> {
+        let access = match access {
+            "mmap" => faultline::FileAccess::Mmap,
+            "pread" => faultline::FileAccess::Pread,
+            a => {
+                return Err(PyValueError::new_err(format!(
+                "access must be \"mmap\" (copy from a mapping of the file) or \"pread\", not {a:?}"
+            )))
+            }
+        };
+        let store =
+            faultline::FileStore::open_with(&path, 0, access).map_err(|e| io_error(e, &path))?;
         Ok(PyClassInitializer::from(Store::new(Arc::new(store))).add_subclass(FileStore { path }))
     }
 

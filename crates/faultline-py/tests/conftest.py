@@ -5,17 +5,15 @@ interpreter with a timeout."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from faultline.testing import RedisServer
 
 HERE = Path(__file__).resolve().parent
 #: Engines the Python tests run on (spin busy-polls a CPU: used where a
@@ -41,57 +39,9 @@ def f64_file(tmp_path: Path) -> Path:
     return p
 
 
-class RedisServer:
-    """One redis-server on a unix socket in a temporary directory."""
-
-    START_TIMEOUT = 10.0
-
-    def __init__(self) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("redis-server is missing: run `bash scripts/setup.sh`")
-        self.dir = tempfile.mkdtemp(prefix="faultline-py-redis-")
-        self.socket = os.path.join(self.dir, "redis.sock")
-        self.proc = subprocess.Popen(
-            [exe, "--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
-             "--save", "", "--appendonly", "no", "--dir", self.dir, "--loglevel", "warning"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + self.START_TIMEOUT
-        last = "no answer"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with status {self.proc.returncode}")
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.settimeout(1.0)
-                    s.connect(self.socket)
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError as e:
-                last = str(e)
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer within {self.START_TIMEOUT} s: {last}")
-
-    def url(self, name: str) -> str:
-        return f"unix://{self.socket}#{name}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def redis_server():
-    server = RedisServer()
+    server = RedisServer()  # faultline.testing: started here, stopped by its pid
     try:
         yield server
     finally:
