@@ -33,6 +33,22 @@ def test_file_store_reads_back_equal_to_fromfile(f64_file, engine):
         assert st["faults"] > 0
 
 
+def test_file_store_read_with_pread(f64_file):
+    want = np.fromfile(f64_file, np.float64)
+    with faultline.Region(store=faultline.FileStore(f64_file, access="pread")) as r:
+        assert np.array_equal(r.as_array(np.float64), want)
+    with pytest.raises(ValueError, match="access must be"):
+        faultline.FileStore(f64_file, access="aio")
+
+
+def test_run_ahead_installs_pages_ahead_of_a_stream(tmp_path):
+    p = tmp_path / "stream.f64"
+    want = write_f64(p, (64 << 20) // 8)
+    with faultline.Region(store=faultline.FileStore(p), engine="poll", fault_around=16, run_ahead=1024) as r:
+        assert np.array_equal(r.as_array(np.float64), want)
+        assert r.stats()["run_ahead"]["pages_populated"] > 0
+
+
 @pytest.mark.parametrize("page_size", [8192, 65536])
 def test_file_store_with_larger_pages(f64_file, page_size):
     want = np.fromfile(f64_file, np.float64)
@@ -108,6 +124,21 @@ def test_redis_store_reads_back_equal_to_fromfile(f64_file, redis_server, engine
     with faultline.Region(store=again) as r:
         assert r.engine == "poll"  # the default for a store that is not signal-safe
         assert np.array_equal(r.as_array(np.float64), want)
+
+
+def test_writes_reach_a_redis_store(redis_server):
+    data = np.arange(1 << 16, dtype=np.int64)
+    url = redis_server.url("rw")
+    store = faultline.RedisStore.put(url, data, chunk_bytes=16384)
+    assert store.chunk_bytes == 16384
+    with faultline.Region(store=store, mode="r+", engine="workers") as r:
+        a = r.as_array(np.int64)
+        a[::777] = -5
+        del a
+    want = data.copy()
+    want[::777] = -5
+    with faultline.Region(store=faultline.RedisStore(url)) as r:
+        assert np.array_equal(r.as_array(np.int64), want)
 
 
 def test_redis_store_refuses_the_signal_engine_and_missing_names(redis_server, tmp_path):
