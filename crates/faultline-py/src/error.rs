@@ -13,17 +13,23 @@ use faultline::Error;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::PyErr;
 
-/// The Python exception for a faultline error.
+/// The Python exception for a faultline error: `OSError` for a failure
+/// of the system, the kernel's features or a store; `ValueError` for the
+/// rest (a request the library refuses before asking the kernel).
 pub fn region_error(e: Error) -> PyErr {
-    match e {
-        Error::Unaligned { .. }
-        | Error::ZeroLength
-        | Error::LengthNotPageMultiple { .. }
-        | Error::BadPageSize { .. }
-        | Error::OutOfRange { .. }
-        | Error::StoreTooShort { .. }
-        | Error::StoreNotSignalSafe { .. } => PyValueError::new_err(e.to_string()),
-        e => os_error(faultline_ffi::errno_of(&e), e.to_string()),
+    let system = matches!(
+        e,
+        Error::Uffd(_)
+            | Error::Mem(_)
+            | Error::Io { .. }
+            | Error::Store(_)
+            | Error::Unsupported { .. }
+            | Error::Overlap(_)
+    );
+    if system {
+        os_error(faultline_ffi::errno_of(&e), e.to_string())
+    } else {
+        PyValueError::new_err(e.to_string())
     }
 }
 

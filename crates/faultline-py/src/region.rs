@@ -203,6 +203,15 @@ fn parse_budget(b: &Bound<'_, PyAny>, region_bytes: usize, page_size: usize) -> 
     Ok(pages)
 }
 
+/// A dict of named counters.
+fn counters<'py>(py: Python<'py>, pairs: &[(&str, u64)]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in pairs {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
+
 /// Closes a region (see the module docs): returns the write-back's error.
 fn close(py: Python<'_>, life: &Mutex<Life>) -> PyResult<()> {
     let region = {
@@ -659,20 +668,20 @@ impl Region {
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let region = self.live()?;
         let s = region.stats();
-        let d = PyDict::new(py);
-        for (k, v) in [
-            ("faults", s.faults),
-            ("installed", s.installed),
-            ("ioctls", s.ioctls),
-            ("store_fills", s.store_fills),
-            ("zero_copy_fills", s.zero_copy_fills),
-            ("exists", s.exists),
-            ("retries", s.retries),
-            ("busy", s.busy),
-            ("poisoned", s.poisoned),
-        ] {
-            d.set_item(k, v)?;
-        }
+        let d = counters(
+            py,
+            &[
+                ("faults", s.faults),
+                ("installed", s.installed),
+                ("ioctls", s.ioctls),
+                ("store_fills", s.store_fills),
+                ("zero_copy_fills", s.zero_copy_fills),
+                ("exists", s.exists),
+                ("retries", s.retries),
+                ("busy", s.busy),
+                ("poisoned", s.poisoned),
+            ],
+        )?;
         d.set_item("resident_pages", region.resident_pages())?;
         d.set_item("pages", self.pages)?;
         d.set_item("page_size", self.page_size)?;
@@ -683,23 +692,23 @@ impl Region {
         d.set_item("zero_copy", region.is_zero_copy())?;
         d.set_item("budget_pages", self.budget_pages)?;
         if let Some(e) = region.eviction_stats() {
-            let ev = PyDict::new(py);
-            for (k, v) in [
+            let pairs = [
                 ("evicted", e.evicted),
                 ("written_back", e.written_back),
                 ("write_back_errors", e.write_back_errors),
                 ("unwritable", e.unwritable),
                 ("resident", e.resident),
                 ("max_resident", e.max_resident),
-            ] {
-                ev.set_item(k, v)?;
-            }
-            d.set_item("eviction", ev)?;
+            ];
+            d.set_item("eviction", counters(py, &pairs)?)?;
         }
         if let Some(ra) = region.run_ahead_stats() {
-            let d2 = PyDict::new(py);
-            d2.set_item("pages_populated", ra.pages_populated)?;
-            d.set_item("run_ahead", d2)?;
+            let pairs = [
+                ("faults_seen", ra.faults_seen),
+                ("windows_predicted", ra.windows_predicted),
+                ("pages_populated", ra.pages_populated),
+            ];
+            d.set_item("run_ahead", counters(py, &pairs)?)?;
         }
         Ok(d)
     }

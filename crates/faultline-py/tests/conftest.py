@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -64,3 +65,14 @@ def run_script(code: str, timeout: float = 120.0) -> subprocess.CompletedProcess
         out, err = proc.communicate(timeout=10)
         pytest.fail(f"the child did not finish within {timeout} s (a deadlock?)\nstdout:\n{out}\nstderr:\n{err}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_threads(work, n: int = 4, timeout: float = 120.0) -> None:
+    """Runs work(i) on n threads; each join is bounded, and a thread still
+    alive after it fails the test."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), f"a thread outlived {timeout} s"

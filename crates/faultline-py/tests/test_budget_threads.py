@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import faultline
-from conftest import write_f64
+from conftest import run_threads, write_f64
 from stores_for_tests import FileBacked
 
 BUDGET = 512  # pages
@@ -92,12 +92,7 @@ def test_four_threads_read_one_region(tmp_path, engine):
             except BaseException as e:  # reported below
                 errors.append(e)
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in threads)
+        run_threads(work)
         assert not errors, errors
         for t in range(4):
             s, same = results[t]
@@ -117,10 +112,5 @@ def test_four_threads_read_one_python_store_region(tmp_path):
         def work(t: int) -> None:
             out[t] = np.array_equal(a[t::4], want[t::4])
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in threads)
+        run_threads(work)
         assert all(out)

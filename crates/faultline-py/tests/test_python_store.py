@@ -131,13 +131,19 @@ def test_an_unpicklable_store_is_refused():
         faultline.Region(store=Local(16))
 
 
+#: A main script's store class (the store process re-runs the script to
+#: find it).
+ONES = """
+import faultline
+class Ones:
+    def fill(self, offset, buf):
+        buf[:] = b"\\x01" * len(buf)
+"""
+
+
 def test_a_store_class_in_an_unguarded_main_script_is_explained(tmp_path):
     script = tmp_path / "unguarded.py"
-    script.write_text(textwrap.dedent("""
-        import faultline
-        class Ones:
-            def fill(self, offset, buf):
-                buf[:] = b"\\x01" * len(buf)
+    script.write_text(ONES + textwrap.dedent("""
         r = faultline.Region(4096, store=Ones())
         print("sum", sum(memoryview(r)))
     """))
@@ -148,11 +154,7 @@ def test_a_store_class_in_an_unguarded_main_script_is_explained(tmp_path):
 
 def test_a_store_class_in_a_guarded_main_script_works(tmp_path):
     script = tmp_path / "guarded.py"
-    script.write_text(textwrap.dedent("""
-        import faultline
-        class Ones:
-            def fill(self, offset, buf):
-                buf[:] = b"\\x01" * len(buf)
+    script.write_text(ONES + textwrap.dedent("""
         if __name__ == "__main__":
             with faultline.Region(3 * 4096, store=Ones()) as r:
                 print("sum", sum(memoryview(r)))
