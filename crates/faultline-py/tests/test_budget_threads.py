@@ -3,6 +3,7 @@ threads read one region."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -18,14 +19,27 @@ FAULT_AROUND = 16
 
 
 def limit(budget: int, window: int, resolvers: int = 1) -> int:
-    """The most pages resident under a budget: faults wait (signal engine)
-    or are deferred (thread engines) past budget + slack, where slack is
-    max(budget / 4, 4 windows); a resolver that passed that check installs
-    one more window."""
+    """The most pages resident under a budget with a thread engine: past
+    budget + slack (slack: max(budget / 4, 4 windows)) a fault is deferred
+    until the evictor catches up; a resolver that passed that check
+    installs one more window."""
     return budget + max(budget // 4, 4 * window) + resolvers * window
 
 
-@pytest.mark.parametrize("engine", ["signal", "poll"])
+#: The bound each engine is held to. A thread engine defers faults, so
+#: the limit is exact. The signal engine's faulting thread yields in
+#: place for at most 10 ms and then goes on (it must not hang), so on a
+#: loaded machine whose evictor thread did not run in those 10 ms a window
+#: more gets in each time: half the limit again bounds 20 such misses in
+#: a row.
+BOUNDS = {
+    "poll": limit(BUDGET, FAULT_AROUND),
+    "workers": limit(BUDGET, FAULT_AROUND, resolvers=os.cpu_count() or 1),
+    "signal": limit(BUDGET, FAULT_AROUND) * 3 // 2,
+}
+
+
+@pytest.mark.parametrize("engine", ["signal", "poll", "workers"])
 def test_a_budget_holds_while_a_10x_larger_array_is_summed(tmp_path, engine):
     p = tmp_path / "big.f64"
     n = 10 * BUDGET * 4096 // 8
@@ -61,8 +75,10 @@ def test_a_budget_holds_while_a_10x_larger_array_is_summed(tmp_path, engine):
         assert np.isclose(chunked, 2 * want.sum())
         st = r.stats()
         ev = st["eviction"]
-        bound = limit(BUDGET, FAULT_AROUND)
+        bound = BOUNDS[engine]
         assert max(samples) <= bound, (max(samples), bound, ev)
+        # Most of the time it is under the exact limit, whatever the engine.
+        assert np.median(samples) <= limit(BUDGET, FAULT_AROUND), samples
         assert ev["max_resident"] <= bound, (ev, bound)
         assert ev["evicted"] >= 2 * 10 * BUDGET - bound, ev
         assert st["installed"] >= 3 * 10 * BUDGET - bound, "every pass faults the array back in"
