@@ -67,10 +67,14 @@ impl Store {
     }
 }
 
+/// FileStore(path, *, access="mmap")
+///
 /// A file: pages are read from it on first touch and, for a region opened
 /// with `mode="r+"`, written back to it. The file is opened read-write
 /// when permitted, else read-only. A region longer than the file reads
-/// zeros past its end.
+/// zeros past its end. `access="mmap"` copies pages from a mapping of
+/// the file (on tmpfs, e.g. /dev/shm, a region maps the file's page cache
+/// itself and copies nothing); `"pread"` reads them with `pread(2)`.
 #[pyclass(extends = Store, frozen, module = "faultline")]
 pub struct FileStore {
     path: PathBuf,
