@@ -1,0 +1,174 @@
+"""The Region object: views and the mapping's lifetime, residency,
+prefetch, statistics, errors, info()."""
+
+from __future__ import annotations
+
+import errno
+import gc
+
+import numpy as np
+import pytest
+
+import faultline
+from conftest import write_f64
+
+
+def mapped(addr: int) -> bool:
+    """Whether `addr` is inside a mapping of this process."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return True
+    return False
+
+
+def test_a_view_that_outlives_close_keeps_the_mapping(f64_file):
+    want = np.fromfile(f64_file, np.float64)
+    with faultline.Region(store=faultline.FileStore(f64_file)) as r:
+        a = r.as_array(np.float64)
+        addr = r.address
+        assert r.exports == 1
+    # Closed, but the array still reads the region's pages: never a
+    # dangling pointer. Nothing was touched before close, so every page
+    # faults now.
+    assert r.closed and r.mapped and mapped(addr)
+    assert np.array_equal(a, want)
+    with pytest.raises(ValueError, match="closed"):
+        r.stats()
+    with pytest.raises(BufferError, match="closed"):
+        memoryview(r)
+    del a
+    gc.collect()
+    assert r.exports == 0
+    assert not r.mapped, "the last view released unmaps"
+    assert not mapped(addr)
+
+
+def test_close_with_no_views_unmaps_at_once(f64_file):
+    r = faultline.Region(store=faultline.FileStore(f64_file))
+    addr = r.address
+    m = memoryview(r)
+    assert m[0] == np.fromfile(f64_file, np.uint8, count=1)[0]
+    m.release()
+    r.close()
+    assert not r.mapped and not mapped(addr)
+    r.close()  # closing twice is fine
+
+
+def test_views_are_zero_copy(f64_file):
+    with faultline.Region(store=faultline.FileStore(f64_file), mode="c") as r:
+        a = r.as_array(np.float64)
+        b = np.frombuffer(r, np.float64)
+        m = memoryview(r)
+        assert a.ctypes.data == b.ctypes.data == r.address
+        a[3] = 123.0
+        assert b[3] == 123.0
+        assert m[24:32].cast("d")[0] == 123.0
+        m.release()
+
+
+def test_as_array_shape_dtype_offset(f64_file):
+    want = np.fromfile(f64_file, np.float64)
+    with faultline.Region(store=faultline.FileStore(f64_file)) as r:
+        a = r.as_array("f8", shape=(100, 30), offset=8 * 7)
+        assert a.shape == (100, 30)
+        assert np.array_equal(a.ravel(), want[7:7 + 3000])
+        assert r.as_array(np.int32, 5)[0] == want[:1].view(np.int32)[0]
+
+
+def test_resident_prefetch_and_page_states(f64_file):
+    with faultline.Region(store=faultline.FileStore(f64_file), engine="poll", fault_around=1) as r:
+        assert not r.resident().any()
+        assert r.resident_pages == 0
+        r.prefetch(5 * 4096 + 100, 3 * 4096)  # pages 5..8 overlap it
+        res = r.resident()
+        assert list(np.flatnonzero(res)) == [5, 6, 7, 8]
+        assert r.resident(range(5 * 4096, 6 * 4096)).tolist() == [True]
+        assert r.resident(4 * 4096, 8192).tolist() == [False, True]
+        a = r.as_array(np.uint8)
+        _ = a[20 * 4096]
+        assert r.resident()[20]
+        states = r.page_states()
+        # Without a budget nothing tracks writes: installed pages are writable.
+        assert states[5] == 2 and states[20] == 2 and states[0] == 0
+        st = r.stats()
+        assert st["resident_pages"] == 5
+        assert st["installed"] == 5
+        assert st["faults"] == 1
+        with pytest.raises(ValueError, match="outside the region"):
+            r.resident(0, len(r) + 1)
+        with pytest.raises(ValueError, match="outside the region"):
+            r.prefetch(len(r), 1)
+
+
+def test_stats_of_a_budget_region(f64_file):
+    # A fixed window of 16 pages: the slack past the budget is then
+    # max(64 / 4, 4 * 16) pages, well under the array's 769.
+    with faultline.Region(
+        store=faultline.FileStore(f64_file), budget=64 * 4096, policy="fifo", fault_around=16
+    ) as r:
+        r.as_array(np.float64).sum()
+        st = r.stats()
+        assert st["budget_pages"] == 64
+        ev = st["eviction"]
+        assert ev["evicted"] > 0
+        assert ev["max_resident"] >= 64
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(length=0), "positive"),
+        (dict(length=4096, page_size=5000), "power of two"),
+        (dict(length=4096, engine="turbo"), "unknown engine"),
+        (dict(length=4096, mode="w"), "mode must be"),
+        (dict(length=4096, mode="r+"), "discards writes"),
+        (dict(length=4096, budget=100, mode="r"), "less than one"),
+        (dict(length=4096, budget="12 parsecs", mode="r"), "unknown unit"),
+        (dict(length=4096, budget="12", mode="r"), "no unit"),
+        (dict(length=4096, budget=1 << 20), 'mode="c"'),
+        (dict(length=4096, policy="lru", budget=8192, mode="r"), "unknown policy"),
+        (dict(length=4096, fault_around=0), "at least 1"),
+    ],
+)
+def test_bad_arguments_are_value_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        faultline.Region(**kwargs)
+
+
+def test_budget_units(f64_file):
+    size = 3 << 20
+    for budget, pages in [("1MiB", 256), ("10%", int(0.1 * (size + 4096)) // 4096), (8192, 2), ("0.5 MB", 128)]:
+        with faultline.Region(store=faultline.FileStore(f64_file), budget=budget) as r:
+            assert r.budget_pages == pages, budget
+
+
+def test_not_a_store_is_a_type_error():
+    with pytest.raises(TypeError, match="fill"):
+        faultline.Region(4096, store=object())
+
+
+def test_info_names_engines_and_capabilities():
+    i = faultline.info()
+    assert set(i["engines"]) == {"signal", "poll", "spin", "workers"}
+    assert i["engines"]["signal"]["python_stores"] is False
+    assert i["engines"]["poll"]["python_stores"] is True
+    assert i["userfaultfd"] is not None
+    assert "SIGBUS" in i["features"]
+    assert "redis" in i["stores"] and "python" in i["stores"]
+    assert i["default_engine"]["local stores"] == "signal"
+    assert i["version"] == faultline.__version__
+
+
+def test_errno_of_a_kernel_refusal():
+    # A region at a fixed... no such knob here: the errno path is the store's.
+    with pytest.raises(OSError) as e:
+        faultline.FileStore("/proc/self/mem/nope")
+    assert e.value.errno in (errno.ENOTDIR, errno.ENOENT)
+
+
+def test_spin_engine_serves_and_stops(f64_file):
+    want = np.fromfile(f64_file, np.float64)
+    with faultline.Region(store=faultline.FileStore(f64_file), engine="spin") as r:
+        assert np.array_equal(r.as_array(np.float64), want)

@@ -1,0 +1,220 @@
+"""Arrays over each store read back equal to numpy.fromfile; writes reach
+the store."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+import numpy as np
+import pytest
+
+import faultline
+from conftest import ENGINES, THREAD_ENGINES, write_f64
+from stores_for_tests import FileBacked, NoLength
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_file_store_reads_back_equal_to_fromfile(f64_file, engine):
+    want = np.fromfile(f64_file, np.float64)
+    with faultline.Region(store=faultline.FileStore(f64_file), engine=engine) as r:
+        assert len(r) == os.path.getsize(f64_file)
+        assert r.engine == engine
+        a = r.as_array(np.float64)
+        assert a.shape == want.shape
+        assert not a.flags.writeable  # mode "r"
+        # Touch the pages in a scattered order first, then compare all.
+        idx = np.random.default_rng(7).permutation(len(want))[:2000]
+        assert np.array_equal(a[idx], want[idx])
+        assert np.array_equal(a, want)
+        st = r.stats()
+        assert st["resident_pages"] == r.pages
+        assert st["faults"] > 0
+
+
+def test_file_store_read_with_pread(f64_file):
+    want = np.fromfile(f64_file, np.float64)
+    with faultline.Region(store=faultline.FileStore(f64_file, access="pread")) as r:
+        assert np.array_equal(r.as_array(np.float64), want)
+    with pytest.raises(ValueError, match="access must be"):
+        faultline.FileStore(f64_file, access="aio")
+
+
+def test_run_ahead_installs_pages_ahead_of_a_stream(tmp_path):
+    p = tmp_path / "stream.f64"
+    want = write_f64(p, (64 << 20) // 8)
+    with faultline.Region(store=faultline.FileStore(p), engine="poll", fault_around=16, run_ahead=1024) as r:
+        assert np.array_equal(r.as_array(np.float64), want)
+        assert r.stats()["run_ahead"]["pages_populated"] > 0
+
+
+@pytest.mark.parametrize("page_size", [8192, 65536])
+def test_file_store_with_larger_pages(f64_file, page_size):
+    want = np.fromfile(f64_file, np.float64)
+    with faultline.Region(store=faultline.FileStore(f64_file), page_size=page_size) as r:
+        assert r.page_size == page_size
+        assert r.pages == -(-len(r) // page_size)
+        assert np.array_equal(r.as_array(np.float64), want)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_memory_store_reads_back_equal_to_fromfile(f64_file, engine):
+    want = np.fromfile(f64_file, np.float64)
+    store = faultline.MemoryStore(want)  # a NumPy array is bytes-like
+    with faultline.Region(store=store, engine=engine) as r:
+        assert np.array_equal(r.as_array(np.float64), want)
+
+
+def test_memory_store_refuses_a_longer_region():
+    with pytest.raises(ValueError, match="fewer than the region"):
+        faultline.Region(1 << 20, store=faultline.MemoryStore(b"x" * 4096))
+
+
+def test_memory_store_takes_writes_back(tmp_path):
+    data = np.arange(1 << 16, dtype=np.int64)
+    store = faultline.MemoryStore(data)
+    with faultline.Region(store=store, mode="r+") as r:
+        a = r.as_array(np.int64)
+        a[::1000] = -1
+        assert r.flush() > 0
+        del a
+    got = np.frombuffer(store.snapshot(), np.int64)
+    want = data.copy()
+    want[::1000] = -1
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_zero_store_reads_zeros_and_keeps_writes_private(engine):
+    with faultline.Region(1 << 20, engine=engine) as r:  # ZeroStore, mode "c"
+        assert r.mode == "c"
+        a = r.as_array(np.uint32)
+        assert not a.any()
+        a[::7] = 5
+        assert int(a.sum()) == 5 * len(a[::7])
+
+
+@pytest.mark.parametrize("engine", THREAD_ENGINES)
+def test_python_store_reads_back_equal_to_fromfile(f64_file, engine):
+    want = np.fromfile(f64_file, np.float64)
+    with faultline.Region(store=FileBacked(str(f64_file)), engine=engine) as r:
+        assert isinstance(r.store, faultline.PythonStore)
+        assert "python store FileBacked" in r.stats()["store"]
+        assert np.array_equal(r.as_array(np.float64), want)
+
+
+def test_python_store_without_length_needs_one():
+    with pytest.raises(ValueError, match="no length"):
+        faultline.Region(store=NoLength())
+    with faultline.Region(3 * 4096 + 5, store=NoLength()) as r:
+        assert bytes(memoryview(r)) == b"\x07" * (3 * 4096 + 5)
+
+
+@pytest.mark.parametrize("engine", THREAD_ENGINES)
+def test_redis_store_reads_back_equal_to_fromfile(f64_file, redis_server, engine):
+    want = np.fromfile(f64_file, np.float64)
+    store = faultline.RedisStore.put(redis_server.url(f"rb-{engine}"), str(f64_file))
+    assert store.length == os.path.getsize(f64_file)
+    with faultline.Region(store=store, engine=engine) as r:
+        assert r.engine == engine
+        assert np.array_equal(r.as_array(np.float64), want)
+    # Opening by URL finds the same bytes.
+    again = faultline.RedisStore(redis_server.url(f"rb-{engine}"))
+    with faultline.Region(store=again) as r:
+        assert r.engine == "poll"  # the default for a store that is not signal-safe
+        assert np.array_equal(r.as_array(np.float64), want)
+
+
+def test_writes_reach_a_redis_store(redis_server):
+    data = np.arange(1 << 16, dtype=np.int64)
+    url = redis_server.url("rw")
+    store = faultline.RedisStore.put(url, data, chunk_bytes=16384)
+    assert store.chunk_bytes == 16384
+    with faultline.Region(store=store, mode="r+", engine="workers") as r:
+        a = r.as_array(np.int64)
+        a[::777] = -5
+        del a
+    want = data.copy()
+    want[::777] = -5
+    with faultline.Region(store=faultline.RedisStore(url)) as r:
+        assert np.array_equal(r.as_array(np.int64), want)
+
+
+def test_redis_store_refuses_the_signal_engine_and_missing_names(redis_server, tmp_path):
+    store = faultline.RedisStore.put(redis_server.url("small"), b"\x01" * 8192)
+    with pytest.raises(ValueError, match="not signal-safe"):
+        faultline.Region(store=store, engine="signal")
+    with pytest.raises(FileNotFoundError, match="no store named"):
+        faultline.RedisStore(redis_server.url("nothing-here"))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_writes_are_flushed_to_a_file_store(tmp_path, engine):
+    p = tmp_path / "w.f64"
+    want = write_f64(p, 1 << 18)
+    with faultline.Region(store=faultline.FileStore(p), mode="r+", engine=engine) as r:
+        a = r.as_array(np.float64)
+        assert a.flags.writeable
+        a[::513] = 42.0
+        want[::513] = 42.0
+        # Not on disk before the flush (dirty pages are in the region)...
+        assert not np.array_equal(np.fromfile(p, np.float64), want)
+        written = r.flush()
+        assert written == len(range(0, len(want), 513)), "one dirty page per write"
+        assert np.array_equal(np.fromfile(p, np.float64), want)
+        assert r.flush() == 0, "nothing dirty after a flush"
+        # ...and a write after the flush reaches the file at close.
+        a[-1] = -1.0
+        want[-1] = -1.0
+        del a
+    assert np.array_equal(np.fromfile(p, np.float64), want)
+
+
+def test_writes_to_a_python_store_reach_it(tmp_path):
+    p = tmp_path / "pw.f64"
+    want = write_f64(p, 1 << 16)
+    with faultline.Region(store=FileBacked(str(p), writable=True), mode="r+") as r:
+        a = r.as_array(np.float64)
+        a[100:200] = 3.5
+        want[100:200] = 3.5
+        assert r.flush() >= 1
+        del a
+    assert np.array_equal(np.fromfile(p, np.float64), want)
+
+
+def test_a_store_that_refuses_writes_fails_the_flush(tmp_path):
+    p = tmp_path / "ro.f64"
+    write_f64(p, 1 << 12)
+    with faultline.Region(store=FileBacked(str(p), writable=False), mode="r+") as r:
+        a = r.as_array(np.float64)
+        a[0] = 1.0
+        del a
+        with pytest.raises(OSError, match="PermissionError: .* read-only") as e:
+            r.flush()
+        assert e.value.errno == errno.EIO
+        # The dirty page is kept, not dropped: close reports the same.
+        with pytest.raises(OSError, match="PermissionError"):
+            r.close()
+
+
+def test_mode_r_views_are_read_only(f64_file):
+    with faultline.Region(store=faultline.FileStore(f64_file)) as r:
+        m = memoryview(r)
+        assert m.readonly and m.nbytes == len(r)
+        a = r.as_array(np.float64)
+        with pytest.raises(ValueError, match="read-only"):
+            a[0] = 1.0
+        with pytest.raises(TypeError, match="read-only"):
+            m[0:1] = b"x"
+        # Consumers that ask for a writable buffer are refused.
+        with pytest.raises(TypeError, match="not writable"):
+            ctypes.c_char.from_buffer(r)
+        m.release()
+
+
+def test_missing_file_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        faultline.FileStore(tmp_path / "absent.bin")
+    assert e.value.errno == errno.ENOENT
+    assert e.value.filename == str(tmp_path / "absent.bin")
