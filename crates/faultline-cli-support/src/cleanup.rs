@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use faultline_sys::signal::{self, SIGHUP, SIGINT, SIGTERM};
 
-use crate::output::PARTIAL;
+/// What names a temporary output: `.NAME.partial-PID` (see
+/// [`crate::output`]).
+pub const PARTIAL: &str = ".partial-";
 
 /// The signals a command ends on.
 const STOP_SIGNALS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];

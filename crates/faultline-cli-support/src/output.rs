@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
-use crate::cleanup;
+use crate::cleanup::{self, PARTIAL};
 
 /// What writing an [`OutputPath`] does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,9 +52,6 @@ pub struct OutputPath {
     /// Permission bits of the file it replaces.
     mode: Option<u32>,
 }
-
-/// The prefix and suffix of temporary outputs: `.NAME.partial-PID`.
-pub const PARTIAL: &str = ".partial-";
 
 impl OutputPath {
     /// Checks `path` (named by option `flag` in messages) as the module

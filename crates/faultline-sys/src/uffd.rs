@@ -4,7 +4,7 @@
 //! lack `UFFDIO_MOVE`, `UFFDIO_POISON`, `WP_ASYNC`), so the ABI is written out
 //! here from `include/uapi/linux/userfaultfd.h` and every struct layout is
 //! asserted at compile time. Features are probed at run time
-//! ([`crate::caps`]), never assumed.
+//! (`faultline::caps` in the library), never assumed.
 //!
 //! # Return conventions
 //!
