@@ -38,7 +38,10 @@
 //!   otherwise), possibly concurrently.
 
 #![deny(unsafe_op_in_unsafe_fn)]
-#![allow(non_camel_case_types)]
+#![allow(
+    non_camel_case_types,
+    reason = "the C ABI keeps C's type names (fl_region, fl_store, ...), which the header declares"
+)]
 
 pub mod engine;
 pub mod error;

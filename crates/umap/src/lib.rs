@@ -31,7 +31,10 @@
 //! only its own functions.
 
 #![deny(unsafe_op_in_unsafe_fn)]
-#![allow(non_camel_case_types)]
+#![allow(
+    non_camel_case_types,
+    reason = "UMap's C API names its types in C style (umap_..._t)"
+)]
 
 pub mod config;
 

@@ -3,7 +3,10 @@
 //! `scripts/c-install.sh`, the same installer users run), compile C and C++
 //! programs with `pkg-config`, and run them with a deadline.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary that includes this module uses a different part of it"
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
