@@ -560,14 +560,37 @@ impl Mapping {
     }
 }
 
-/// Whether `fd` was opened for reading and writing (`fcntl(F_GETFL)`).
-pub fn is_read_write(fd: &impl AsRawFd) -> Result<bool, MemError> {
+/// How a descriptor was opened: its access mode and `O_DIRECT`
+/// ([`open_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenMode {
+    /// Opened for reading (`O_RDONLY` or `O_RDWR`).
+    pub read: bool,
+    /// Opened for writing (`O_WRONLY` or `O_RDWR`).
+    pub write: bool,
+    /// Opened with `O_DIRECT`: reads and writes must be aligned (offset,
+    /// length and buffer address to the device's logical block size).
+    pub direct: bool,
+}
+
+/// How `fd` was opened (`fcntl(F_GETFL)`).
+pub fn open_mode(fd: &impl AsRawFd) -> Result<OpenMode, MemError> {
     // SAFETY: F_GETFL only reads the descriptor's status flags.
     let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
     if fl < 0 {
         return Err(last("fcntl(F_GETFL)"));
     }
-    Ok(fl & libc::O_ACCMODE == libc::O_RDWR)
+    let acc = fl & libc::O_ACCMODE;
+    Ok(OpenMode {
+        read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
+        write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+        direct: fl & libc::O_DIRECT != 0,
+    })
+}
+
+/// Whether `fd` was opened for reading and writing (`fcntl(F_GETFL)`).
+pub fn is_read_write(fd: &impl AsRawFd) -> Result<bool, MemError> {
+    open_mode(fd).map(|m| m.read && m.write)
 }
 
 /// Bytes an unprivileged writer may still allocate on the file system
@@ -719,6 +742,77 @@ pub fn iovec(addr: *mut u8, len: usize) -> IoVec {
         iov_base: addr.cast(),
         iov_len: len,
     }
+}
+
+/// `PIDFD_SELF_THREAD_GROUP` (Linux 6.14): "this process" for the pidfd
+/// system calls, without opening a pidfd (and still right after `fork`).
+const PIDFD_SELF_PROCESS: i32 = -10001;
+
+/// Most ranges one [`madvise_ranges`] call hands the kernel.
+pub const MADVISE_BATCH: usize = 64;
+
+/// `madvise(advice)` of every `(addr, len)` of `ranges` (at most
+/// [`MADVISE_BATCH`]) with one `process_madvise(2)` on this process: the
+/// kernel walks them in one call and, for `MADV_DONTNEED`, flushes the TLB
+/// once for the batch instead of once per range (Linux 6.16). Where the
+/// kernel refuses it (before 6.13 `process_madvise` took only `COLD`,
+/// `PAGEOUT`, `WILLNEED` and `COLLAPSE`; before 6.14 there was no
+/// `PIDFD_SELF`), falls back to one `madvise(2)` per range. Returns the
+/// first error, naming `madvise`. Async-signal-safe: system calls and
+/// an iovec array on the stack.
+pub fn madvise_ranges(ranges: &[(u64, usize)], advice: Advice) -> Result<(), MemError> {
+    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+    /// 0: not tried yet, 1: works, 2: refused (use madvise).
+    static BATCH: AtomicU8 = AtomicU8::new(0);
+    assert!(
+        ranges.len() <= MADVISE_BATCH,
+        "at most MADVISE_BATCH ranges"
+    );
+    if ranges.is_empty() {
+        return Ok(());
+    }
+    if BATCH.load(Relaxed) != 2 {
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MADVISE_BATCH];
+        let mut total = 0usize;
+        for (v, &(addr, len)) in iov.iter_mut().zip(ranges) {
+            v.iov_base = addr as *mut libc::c_void;
+            v.iov_len = len;
+            total += len;
+        }
+        // SAFETY: `iov` holds `ranges.len()` valid iovecs describing
+        // address ranges of this process; process_madvise only reads the
+        // array, and the advice applies to our own mappings.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                PIDFD_SELF_PROCESS,
+                iov.as_ptr(),
+                ranges.len(),
+                advice.raw(),
+                0,
+            )
+        };
+        if r >= 0 && r as usize == total {
+            BATCH.store(1, Relaxed);
+            return Ok(());
+        }
+        // Refused by a kernel that cannot do it: never ask again. A partial
+        // batch or another error: the per-range calls below say which.
+        let refused = matches!(
+            crate::errno(),
+            libc::EINVAL | libc::ENOSYS | libc::EBADF | libc::EPERM
+        );
+        if r < 0 && refused && BATCH.load(Relaxed) == 0 {
+            BATCH.store(2, Relaxed);
+        }
+    }
+    for &(addr, len) in ranges {
+        madvise(addr, len, advice)?;
+    }
+    Ok(())
 }
 
 /// `O_DIRECT`, for `OpenOptionsExt::custom_flags`.
