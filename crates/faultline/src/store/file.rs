@@ -56,6 +56,20 @@ impl FileStore {
             Ok(f) => (f, true),
             Err(_) => (OpenOptions::new().read(true).open(&path)?, false),
         };
+        Self::from_file(file, path, base, access, writable)
+    }
+
+    /// A store over `file`, already open (readable; written back to only
+    /// when `writable`), named `path` in messages; the store's offset 0 is
+    /// the file's byte `base`.
+    pub fn from_file(
+        file: std::fs::File,
+        path: impl AsRef<Path>,
+        base: u64,
+        access: FileAccess,
+        writable: bool,
+    ) -> std::io::Result<FileStore> {
+        let path = path.as_ref().to_path_buf();
         let size = file.metadata()?.len();
         let len = size.saturating_sub(base);
         let fd: OwnedFd = file.into();
