@@ -593,6 +593,19 @@ pub fn is_read_write(fd: &impl AsRawFd) -> Result<bool, MemError> {
     open_mode(fd).map(|m| m.read && m.write)
 }
 
+/// `posix_fallocate(fd, 0, len)`: allocates the file's blocks (unwritten,
+/// reading as zeros) up to `len` bytes, as UMap's test programs prepare
+/// their files. Returns the error it reports.
+pub fn fallocate(fd: &impl AsRawFd, len: u64) -> std::io::Result<()> {
+    // SAFETY: the descriptor is valid for the call; posix_fallocate only
+    // reserves blocks of the file.
+    let r = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) };
+    if r != 0 {
+        return Err(std::io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
 /// Bytes an unprivileged writer may still allocate on the file system
 /// holding `path` (`statvfs`: `f_bavail * f_frsize`).
 pub fn free_disk_bytes(path: &std::path::Path) -> std::io::Result<u64> {
