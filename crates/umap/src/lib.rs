@@ -13,12 +13,15 @@
 //! 1. `umap(addr, len, prot, flags, fd, offset)` checks the arguments as
 //!    UMap documents them (`UMAP_PRIVATE` required, `UMAP_FIXED` allowed,
 //!    `len` and `offset` multiples of `UMAP_PAGESIZE`, a readable `fd`),
-//!    opens the file as a faultline file store (read-only when `fd` is) and
+//!    opens the file again with the descriptor's access mode (buffered, or
+//!    `O_DIRECT` with [`direct::DirectFileStore`]; see `file_store`) and
 //!    builds a region of UMap's one buffer, a [`SharedBudget`] of
-//!    `UMAP_BUFSIZE * HIGH / 100` pages for all regions together; past it
-//!    each region's evictor evicts its own pages until the total is down to
-//!    `UMAP_BUFSIZE * LOW / 100` (dirty pages are tracked, written back on
-//!    eviction, `umap_flush` and `uunmap`).
+//!    `UMAP_BUFSIZE` pages for all regions together that no fault passes:
+//!    from `UMAP_BUFSIZE * HIGH / 100` pages each region's evictor evicts
+//!    its own pages until the total is down to `UMAP_BUFSIZE * LOW / 100`,
+//!    and a fault that finds the buffer full evicts a batch itself (dirty
+//!    pages are tracked, written back on eviction, `umap_flush` and
+//!    `uunmap`).
 //! 2. Faults are resolved by the signal engine (on the faulting thread)
 //!    unless `UMAP_PAGE_FILLERS` is set or the store is a C++
 //!    `Umap::Store` (not async-signal-safe): then by a workers engine with
