@@ -361,6 +361,62 @@ pub fn pwrite_all(fd: i32, buf: &[u8], mut offset: u64) -> Result<(), i32> {
     Ok(())
 }
 
+/// Most buffers one [`pwritev_all`] call takes.
+pub const PWRITEV_MAX: usize = 64;
+
+/// `pwritev(2)` of `bufs` (at most [`PWRITEV_MAX`]), one after the other
+/// from `offset`, until every byte is written: one system call for a run
+/// of pages that are contiguous in the file but not known to be in memory.
+/// EINTR is retried. Returns the errno. Async-signal-safe (an iovec array
+/// on the stack).
+pub fn pwritev_all(fd: i32, bufs: &[&[u8]], mut offset: u64) -> Result<(), i32> {
+    assert!(bufs.len() <= PWRITEV_MAX, "at most PWRITEV_MAX buffers");
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; PWRITEV_MAX];
+    for (v, b) in iov.iter_mut().zip(bufs) {
+        v.iov_base = b.as_ptr() as *mut libc::c_void;
+        v.iov_len = b.len();
+    }
+    let (mut first, mut n) = (0, bufs.len());
+    while n > 0 {
+        // SAFETY: `iov[first..first + n]` describe readable buffers (the
+        // slices of `bufs`, the first one advanced past what was written).
+        let w = unsafe {
+            libc::pwritev(
+                fd,
+                iov[first..].as_ptr(),
+                n as libc::c_int,
+                offset as libc::off_t,
+            )
+        };
+        if w < 0 {
+            let e = crate::errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        if w == 0 {
+            return Err(libc::EIO);
+        }
+        let mut w = w as usize;
+        offset += w as u64;
+        while n > 0 && w >= iov[first].iov_len {
+            w -= iov[first].iov_len;
+            first += 1;
+            n -= 1;
+        }
+        if n > 0 {
+            // SAFETY: still inside the same buffer (w < its length).
+            iov[first].iov_base = unsafe { iov[first].iov_base.cast::<u8>().add(w) }.cast();
+            iov[first].iov_len -= w;
+        }
+    }
+    Ok(())
+}
+
 /// Free 2 MiB pages in the hugetlb pool (`/proc/meminfo` HugePages_Free).
 pub fn hugetlb_free_pages() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
