@@ -22,7 +22,10 @@
 //! ```
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{Acquire, Release},
+};
 use std::sync::Arc;
 
 use faultline::store::StoreError;
@@ -37,7 +40,7 @@ pub const ALIGN: usize = 4096;
 /// Bytes of one bounce slot.
 const SLOT_BYTES: usize = 64 << 10;
 
-/// Bounce slots (bits of the free mask).
+/// Bounce slots.
 const SLOTS: usize = 8;
 
 /// A file (from byte `base`) read and written with `O_DIRECT`.
@@ -47,8 +50,8 @@ pub struct DirectFileStore {
     base: u64,
     len: u64,
     bounce: Mapping,
-    /// Bit `i` set: slot `i` is free.
-    free: AtomicU64,
+    /// `busy[i]`: bounce slot `i` is in use.
+    busy: [AtomicBool; SLOTS],
 }
 
 impl std::fmt::Debug for DirectFileStore {
@@ -84,7 +87,7 @@ impl DirectFileStore {
             base,
             len: size.saturating_sub(base),
             bounce,
-            free: AtomicU64::new((1u64 << SLOTS) - 1),
+            busy: std::array::from_fn(|_| AtomicBool::new(false)),
         })
     }
 
@@ -92,28 +95,19 @@ impl DirectFileStore {
     /// while all are in use). Async-signal-safe.
     fn with_slot<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let i = loop {
-            let cur = self.free.load(SeqCst);
-            if cur == 0 {
-                std::thread::yield_now();
-                continue;
-            }
-            let i = cur.trailing_zeros() as usize;
-            if self
-                .free
-                .compare_exchange_weak(cur, cur & !(1 << i), SeqCst, SeqCst)
-                .is_ok()
-            {
+            if let Some(i) = self.busy.iter().position(|b| !b.swap(true, Acquire)) {
                 break i;
             }
+            std::thread::yield_now();
         };
         // SAFETY: slot `i` lies inside the bounce mapping, which lives as
-        // long as `self`, and is ours alone until its free bit is set
-        // again below (after `f`, which cannot keep the slice).
+        // long as `self`, and is ours alone until `busy[i]` is cleared
+        // below (after `f`, which cannot keep the slice).
         let slot = unsafe {
             std::slice::from_raw_parts_mut(self.bounce.as_ptr().add(i * SLOT_BYTES), SLOT_BYTES)
         };
         let out = f(slot);
-        self.free.fetch_or(1 << i, SeqCst);
+        self.busy[i].store(false, Release);
         out
     }
 

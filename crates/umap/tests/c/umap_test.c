@@ -347,6 +347,14 @@ static int threads(const char *path) {
     return 0;
 }
 
+/* Checks that the file `fd` holds `len` bytes equal to `want`. */
+static void expect_file(int fd, const unsigned char *want, size_t len) {
+    unsigned char *got = malloc(len);
+    CHECK(pread(fd, got, len, 0) == (ssize_t)len);
+    CHECK(memcmp(got, want, len) == 0);
+    free(got);
+}
+
 /* Deterministic bytes of the direct-I/O file. */
 static unsigned char pattern(size_t i) { return (unsigned char)(i * 131 + i / PAGE * 7 + 1); }
 
@@ -387,19 +395,15 @@ static int direct(const char *path) {
     CHECK(umap_flush() == 0);
     int bfd = open(path, O_RDONLY);
     CHECK(bfd >= 0);
-    unsigned char *got = malloc(len);
-    CHECK(pread(bfd, got, len, 0) == (ssize_t)len);
-    CHECK(memcmp(got, want, len) == 0);
+    expect_file(bfd, want, len);
     for (size_t pg = 0; pg < PAGES; pg += 3) {
         p[pg * PAGE + 4095] = 0x5A;
         want[pg * PAGE + 4095] = 0x5A;
     }
     CHECK(uunmap(p, len) == 0);
-    CHECK(pread(bfd, got, len, 0) == (ssize_t)len);
-    CHECK(memcmp(got, want, len) == 0);
+    expect_file(bfd, want, len);
     close(bfd);
     close(dfd);
-    free(got);
     free(want);
     return 0;
 }
@@ -481,11 +485,8 @@ static int bound(const char *path) {
     CHECK(s.max <= buf);
     CHECK(uunmap(p, len) == 0);
     /* Everything written reached the file. */
-    unsigned char *got = malloc(len);
-    CHECK(pread(fd, got, len, 0) == (ssize_t)len);
-    CHECK(memcmp(got, want, len) == 0);
+    expect_file(fd, want, len);
     close(fd);
-    free(got);
     free(want);
     free(order);
     return 0;
