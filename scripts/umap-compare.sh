@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # UMap's own pfbenchmark, unchanged, against a UMap build and against our
-# libumap, in one run: write then read of 256 MiB, shuffled and
+# libumap, in one run: write then read of 256 MiB (MIB), shuffled and
 # sequential, 4 KiB and 64 KiB pages, UMAP_BUFSIZE at 10% and 50% of the
 # data, and the kernel's mmap (pfbenchmark --usemmap) beside them. Runs
 # alternate UMap / ours / mmap within each repetition; prints the median
@@ -16,7 +16,8 @@
 #   REPS         repetitions per configuration (default 3)
 #
 # Environment: DIR (data file directory, default /tmp: its file system is
-# the one measured), THREADS (default 2), LOCK (a file to flock around the
+# the one measured), MIB (data size, default 256), THREADS (default 2),
+# LOCK (a file to flock around the
 # timed runs, e.g. /work/cpu.lock), OURS (an install prefix of ours to use
 # instead of building one with scripts/c-install.sh).
 set -euo pipefail
@@ -31,6 +32,7 @@ real=$2
 reps=${3:-3}
 dir=${DIR:-/tmp}
 threads=${THREADS:-2}
+mib=${MIB:-256}
 work=$(mktemp -d "${TMPDIR:-/tmp}/umap-compare.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
@@ -64,14 +66,17 @@ trap 'rm -rf "$work" "$file"' EXIT
 pair() {
     local bin=$1 pages=$2 buf=$3 psize=$4 shuffle=$5 extra=${6:-}
     local w r
-    w=$(UMAP_BUFSIZE=$buf UMAP_PAGESIZE=$psize "$bin/pfbenchmark-write" -p "$pages" -t "$threads" \
-        -f "$file" $shuffle $extra | awk -F, '/,write,/ {print $6}')
-    r=$(UMAP_BUFSIZE=$buf UMAP_PAGESIZE=$psize "$bin/pfbenchmark-read" -p "$pages" -t "$threads" \
-        -f "$file" --noinit $shuffle $extra | awk -F, '/,read,/ {print $6}')
-    echo "$w $r"
+    # A run that fails (crashes, checks fail) counts as "fail".
+    w=$(UMAP_BUFSIZE=$buf UMAP_PAGESIZE=$psize timeout 900 "$bin/pfbenchmark-write" -p "$pages" \
+        -t "$threads" -f "$file" $shuffle $extra 2>/dev/null | awk -F, '/,write,/ {print $6}') || true
+    r=$(UMAP_BUFSIZE=$buf UMAP_PAGESIZE=$psize timeout 900 "$bin/pfbenchmark-read" -p "$pages" \
+        -t "$threads" -f "$file" --noinit $shuffle $extra 2>/dev/null | awk -F, '/,read,/ {print $6}') || true
+    echo "${w:-fail} ${r:-fail}"
 }
 
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# The median of the numbers read (failed runs left out), or "fail".
+median() { grep -v fail | sort -n | awk '{a[NR]=$1} END {print NR ? a[int((NR+1)/2)] : "fail"}'; }
+ratio() { if [ "$1" = fail ] || [ "$2" = fail ]; then echo "-"; else echo "scale=2; $1 / $2" | bc -l; fi; }
 
 locked() {
     if [ -n "${LOCK:-}" ]; then flock -x "$LOCK" "$@"; else "$@"; fi
@@ -80,7 +85,7 @@ locked() {
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg); data in $dir ($(stat -f -c %T "$dir")); $threads threads; $reps reps"
 printf '%-6s %-8s %-6s %-6s %10s %10s %10s %8s\n' page order buffer phase umap ours mmap "umap/ours"
 for psize in 4096 65536; do
-    pages=$(( (256 << 20) / psize ))
+    pages=$(( (mib << 20) / psize ))
     for shuffle in --shuffle ""; do
         order=${shuffle:+shuffled}; order=${order:-seq}
         for pct in 10 50; do
@@ -97,8 +102,8 @@ for psize in 4096 65536; do
                 u=$(cut -d' ' -f$k "$work/u" | median)
                 o=$(cut -d' ' -f$k "$work/o" | median)
                 m=$(cut -d' ' -f$k "$work/m" | median)
-                printf '%-6s %-8s %-6s %-6s %10s %10s %10s %8.2f\n' "$((psize >> 10))K" "$order" \
-                    "$pct%" "$phase" "$u" "$o" "$m" "$(echo "$u / $o" | bc -l)"
+                printf '%-6s %-8s %-6s %-6s %10s %10s %10s %8s\n' "$((psize >> 10))K" "$order" \
+                    "$pct%" "$phase" "$u" "$o" "$m" "$(ratio "$u" "$o")"
             done
         done
     done
