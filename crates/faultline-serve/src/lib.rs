@@ -54,5 +54,5 @@ pub mod summary;
 pub mod testing;
 
 pub use config::{ConfigError, ServeConfig, Source};
-pub use server::{ServeError, Server};
+pub use server::{ServeError, Server, StopHandle};
 pub use summary::{Handoff, PeerSummary};

@@ -5,8 +5,15 @@
 //!             (receive.rs)            (backing.rs)          (build.rs)        "serving ..."
 //!                  │ ReceiveError          │ BackingError        │ BuildError
 //!                  └───────────────────────┴─────────────────────┴──► refuse: say why,
-//!                                          kill it (--kill-peer-on-error), its summary
+//!                                          kill it (unless --leave-peer-on-error), its summary
 //! ```
+//!
+//! A refused peer that handed something over is killed before serve closes
+//! its connection (a clone of it is held until then): a VMM that sent its
+//! userfaultfd waits for pages that will never come, and one that watches
+//! the connection must not see it close and go on first. A connection
+//! that hangs up without a handshake is no peer at all (another serve
+//! checking whether the socket is in use does this): it is not counted.
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -35,6 +42,17 @@ pub enum Refusal {
     Build(#[from] BuildError),
 }
 
+impl Refusal {
+    /// Whether the peer handed something over and now waits on serve (a
+    /// peer that was silent or hung up did not: it is not killed).
+    fn waits(&self) -> bool {
+        !matches!(
+            self,
+            Refusal::Receive(ReceiveError::Silent(_) | ReceiveError::HungUp)
+        )
+    }
+}
+
 /// Handles connection `n` (accepted at `accepted_ns`) on this thread; a
 /// connection that serves no peer counts as finished.
 pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
@@ -44,21 +62,36 @@ pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
         ..Default::default()
     };
     let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
-    if let Err(why) = accept(state, n, pid, conn, handoff) {
-        say(format_args!("peer {n} (pid {pid}): refused: {why}"));
-        state.kill(n, pid);
-        state
-            .summaries
-            .lock()
-            .expect("summaries")
-            .push(PeerSummary {
-                peer: n,
-                pid,
-                outcome: format!("refused: {why}"),
-                ..Default::default()
-            });
-        state.finished.fetch_add(1, SeqCst);
+    // Held until a refused peer is killed (see the module docs).
+    let held = conn.try_clone();
+    let Err(why) = accept(state, n, pid, conn, handoff) else {
+        return;
+    };
+    if matches!(why, Refusal::Receive(ReceiveError::HungUp)) {
+        state.ignored.fetch_add(1, SeqCst);
+        say(format_args!(
+            "connection {n} (pid {pid}): hung up without a handshake; not a peer (another serve checking whether this socket is in use does this)"
+        ));
+        return;
     }
+    say(format_args!("peer {n} (pid {pid}): refused: {why}"));
+    let fate = if why.waits() {
+        state.kill(n, pid, "its hand-off was refused")
+    } else {
+        "not killed: it handed nothing over"
+    };
+    drop(held);
+    state
+        .summaries
+        .lock()
+        .expect("summaries")
+        .push(PeerSummary {
+            peer: n,
+            pid,
+            outcome: format!("refused ({fate}): {why}"),
+            ..Default::default()
+        });
+    state.finished.fetch_add(1, SeqCst);
 }
 
 /// Steps 1-4 of connection `n` from peer `pid`.
@@ -83,7 +116,13 @@ fn accept(
         ));
     }
     let chosen = backing::choose(state.snapshot.as_ref(), pid, &specs, declared)?;
-    if let Some(why) = &chosen.unchecked {
+    if let (true, Some(why)) = (chosen.fallback, &chosen.unchecked) {
+        if !state.said_fallback.swap(true, SeqCst) {
+            say(format_args!(
+                "peer {n} (pid {pid}): note: shared mode cannot be used for it: its memory map is out of reach ({why}) and its handshake declares no backing; serving it by copy, as serve without --shared would (said once: later such peers are served by copy too)"
+            ));
+        }
+    } else if let Some(why) = &chosen.unchecked {
         say(format_args!(
             "peer {n} (pid {pid}): note: its memory map is out of reach ({why}); serving it as its handshake declares: {:?} memory",
             chosen.backing
@@ -93,6 +132,9 @@ fn accept(
     let mode = chosen.mode();
     let Chosen { snapshot, .. } = chosen;
     let built = build::build(state, n, conn, uffd, &specs, snapshot, &mut handoff)?;
+    if built.peer.is_shared() {
+        state.shared_peers.fetch_add(1, SeqCst);
+    }
     let served = Served {
         id: built.peer.id(),
         n,

@@ -21,8 +21,8 @@ pub fn on_event(state: &State, ev: PeerEvent) {
             say(format_args!(
                 "peer {n} (pid {pid}): serving failed: {error}"
             ));
-            state.kill(n, pid);
-            finish(state, &peer, format!("failed: {error}"));
+            let fate = state.kill(n, pid, "serve can no longer serve it");
+            finish(state, &peer, format!("failed ({fate}): {error}"));
         }
         PeerEvent::Message { peer, bytes, fds } => {
             let Served { n, pid, .. } = state.lookup(peer.id());
@@ -51,7 +51,7 @@ pub fn on_event(state: &State, ev: PeerEvent) {
 
 /// Ends peer `peer` with `outcome`: its summary, its record, its removal
 /// from the engine.
-fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
+pub fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
     let Served {
         n,
         pid,

@@ -5,7 +5,7 @@
 //! while calling the engine or the kernel): `recorder`, `served`,
 //! `summaries`.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Instant;
 
@@ -67,6 +67,13 @@ pub struct State {
     pub connected: AtomicUsize,
     /// Connections done with (refused, hung up, failed).
     pub finished: AtomicUsize,
+    /// Connections that hung up without a handshake: not peers (another
+    /// serve checking whether the socket is in use connects and hangs up).
+    pub ignored: AtomicUsize,
+    /// Peers served in shared mode.
+    pub shared_peers: AtomicUsize,
+    /// The note that shared mode fell back to copy for a peer was said.
+    pub said_fallback: AtomicBool,
     /// Whose restore is recorded.
     pub recorder: Mutex<Recorder>,
     /// The peers being served.
@@ -117,14 +124,42 @@ impl State {
             })
     }
 
-    /// Kills peer `n` (pid `pid`) when `kill_peer_on_error` says so.
-    pub fn kill(&self, n: usize, pid: i32) {
-        if self.config.kill_peer_on_error && pid > 0 {
-            match process::kill(pid, process::SIGKILL) {
-                Ok(()) => say(format_args!(
-                    "peer {n}: killed pid {pid} (--kill-peer-on-error)"
-                )),
-                Err(e) => say(format_args!("peer {n}: killing pid {pid} failed: {e}")),
+    /// Peers connected (handshakes being read included) and done with.
+    pub fn counts(&self) -> (usize, usize) {
+        let ignored = self.ignored.load(SeqCst);
+        let connected = self.connected.load(SeqCst).saturating_sub(ignored);
+        (connected, self.finished.load(SeqCst))
+    }
+
+    /// Ends peer `n` (pid `pid`), which serve will not serve because
+    /// `why`: kills it (SIGKILL) unless `leave_peer_on_error`, since its
+    /// vCPUs would hang at their next missing page; says so. Gives what
+    /// became of it, for its summary.
+    pub fn kill(&self, n: usize, pid: i32, why: &str) -> &'static str {
+        if self.config.leave_peer_on_error {
+            say(format_args!(
+                "peer {n} (pid {pid}): left running ({why}; --leave-peer-on-error): its vCPUs hang at their next missing page"
+            ));
+            return "left running";
+        }
+        if pid <= 0 {
+            say(format_args!(
+                "peer {n}: cannot be killed ({why}): SO_PEERCRED gave no pid (another pid namespace); its vCPUs hang at their next missing page"
+            ));
+            return "not killed: pid unknown";
+        }
+        match process::kill(pid, process::SIGKILL) {
+            Ok(()) => {
+                say(format_args!(
+                    "peer {n}: killed pid {pid}: {why}, and its vCPUs would hang at their next missing page (--leave-peer-on-error leaves it running)"
+                ));
+                "killed"
+            }
+            Err(e) => {
+                say(format_args!(
+                    "peer {n}: killing pid {pid} ({why}) failed: {e}"
+                ));
+                "killing it failed"
             }
         }
     }
