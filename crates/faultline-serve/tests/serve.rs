@@ -116,6 +116,26 @@ fn leave_peer_on_error_leaves_a_refused_peer_running() {
 }
 
 #[test]
+fn a_peer_serve_can_no_longer_serve_is_killed_by_default() {
+    // Its handshake declares one region of the two it registered: its
+    // first fault in the other is one serve cannot serve.
+    let dir = Dir::new("failed", 4 * MIB);
+    let json = dir.path("serve.json");
+    let mut s = serve(&dir, &["--peers", "1", "--json", json.to_str().unwrap()]);
+    let mut p = peer(&dir, "p", &["--bad", "undeclared", "--verify-all"]);
+    assert_killed(&mut p, &dir, "serve can no longer serve it");
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains("lies outside every region it declared"),
+        "{log}"
+    );
+    let sums = summaries(&dir, "serve.json");
+    let outcome = sums[0]["outcome"].as_str().unwrap();
+    assert!(outcome.starts_with("failed (killed): "), "{outcome}");
+}
+
+#[test]
 fn a_shared_peer_without_a_snapshot_is_killed_by_default() {
     // It declares a shared backing; this serve has no --shared copy.
     let dir = Dir::new("no-snapshot", 4 * MIB);

@@ -21,6 +21,10 @@ pub enum Bad {
     PageSize,
     /// A valid handshake sent twice (the peer then runs normally).
     Twice,
+    /// Only the first region declared (both registered): the peer then
+    /// runs normally, and its first fault in the second region is one the
+    /// handler cannot serve.
+    Undeclared,
 }
 
 /// Where the peer's memory comes from.
