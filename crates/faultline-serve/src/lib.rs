@@ -6,8 +6,6 @@
 //! this crate serves the faults of that memory from a snapshot file or a
 //! page store, through the `faultline` library's foreign regions.
 //!
-//! | module | what |
-//! |---|---|
 //! ```text
 //!  faultline-serve (bin) ─┐                       ┌─ faultline-peer (bin)
 //!  faultline serve ───────┴─► cli ─► ServeConfig    └─ faultline peer ─► peer
@@ -22,7 +20,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`config`] | [`ServeConfig`]: what a server serves and how, checked by [`ServeConfig::check`] |
-//! | [`Server`] | the daemon: start (store, snapshot, engine, socket), then each connection in four steps (receive the hand-off, choose the backing, build the peer, report) |
+//! | [`Server`] | the daemon: start (flags and paths checked, store, snapshot, engine, socket), then each connection in four steps (receive the hand-off, choose the backing, build the peer, report); a refused or failed peer is killed; [`StopHandle`] stops it gracefully (socket removed, peers served for a grace period) |
 //! | [`cli`] | the command line of `faultline-serve` and `faultline serve` (clap, mapped onto [`ServeConfig`]) |
 //! | [`handshake`] | the hand-off message: parse every field variant, encode one (for test peers) |
 //! | [`record`] | the working-set record file: pages in first-touch order |
