@@ -100,6 +100,14 @@ pub struct ServeArgs {
     /// Write every peer's statistics to FILE (JSON) on exit.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Survive a crash: a keeper process (this command run again, started
+    /// by the first serve) holds every peer's userfaultfd, connection and
+    /// REMOVE journal; after `kill -9` of serve, the same command started
+    /// again takes the peers over (wakes their blocked vCPUs, serves on).
+    /// The keeper exits when its peers are gone, or kills them after
+    /// --timeout without a serve (see --leave-peer-on-error).
+    #[arg(long)]
+    pub takeover: bool,
 }
 
 /// `--verify`.
@@ -149,6 +157,7 @@ impl ServeArgs {
                 VerifyArg::Full => Verify::Full,
             },
             json: self.json.clone(),
+            takeover: self.takeover,
             ..ServeConfig::new(self.socket.clone(), source)
         })
     }
@@ -158,6 +167,11 @@ impl ServeArgs {
 /// and SIGHUP stop the server gracefully (see `--grace`); a second one
 /// ends it at once.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    if std::env::var_os(crate::keeper::KEEPER_ENV).is_some() {
+        // Started by a serve with --takeover to keep its peers.
+        crate::keeper::run(&args.socket, args.timeout, args.leave_peer_on_error)?;
+        return Ok(());
+    }
     // First, before any thread starts: the signals go to a thread of their
     // own (faultline_cli_support::cleanup).
     faultline_cli_support::cleanup::install().context("taking SIGINT, SIGTERM and SIGHUP")?;

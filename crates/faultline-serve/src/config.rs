@@ -80,6 +80,11 @@ pub struct ServeConfig {
     pub verify: Verify,
     /// Write every peer's summary here (JSON) on exit.
     pub json: Option<PathBuf>,
+    /// Takeover: deposit every peer with a keeper process (started by the
+    /// first serve: this program run again with the same arguments, see
+    /// [`keeper`](crate::keeper)), and take the peers a dead serve left
+    /// there over at start.
+    pub takeover: bool,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -138,6 +143,7 @@ impl ServeConfig {
             shared: None,
             verify: Verify::Sample,
             json: None,
+            takeover: false,
         }
     }
 

@@ -23,6 +23,7 @@
 //! | [`Server`] | the daemon: start (flags and paths checked, store, snapshot, engine, socket), then each connection in four steps (receive the hand-off, choose the backing, build the peer, report); a refused or failed peer is killed; [`StopHandle`] stops it gracefully (socket removed, peers served for a grace period) |
 //! | [`cli`] | the command line of `faultline-serve` and `faultline serve` (clap, mapped onto [`ServeConfig`]) |
 //! | [`handshake`] | the hand-off message: parse every field variant, encode one (for test peers) |
+//! | [`keeper`] | takeover (`--takeover`): the keeper process holding the peers' userfaultfds and REMOVE journals for the next serve |
 //! | [`record`] | the working-set record file: pages in first-touch order |
 //! | [`summary`] | what serve reports of each peer (`--json`, read back by benchmarks) |
 //! | [`peer`] | the test VMM (`faultline-peer`, `faultline peer`) |
@@ -45,6 +46,7 @@
 pub mod cli;
 pub mod config;
 pub mod handshake;
+pub mod keeper;
 pub mod peer;
 pub mod record;
 mod server;

@@ -1075,3 +1075,129 @@ fn shared_mode_on_hugetlbfs_maps_2m_pages_and_keeps_writes_private() {
     drop(mount);
     drop(pool);
 }
+
+/// The keeper's pid, from serve's stderr (which the keeper shares).
+fn keeper_pid(dir: &Dir) -> i32 {
+    dir.wait_for("serve.err", "keeps the peers of");
+    let log = dir.text("serve.err");
+    let line = log
+        .lines()
+        .find(|l| l.contains("keeps the peers of"))
+        .unwrap();
+    line.split_whitespace()
+        .skip_while(|w| *w != "pid")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {line:?}"))
+}
+
+/// `kill -9` of serve with `--takeover` when `kill_at` appears in the
+/// peer's stderr (plus `delay`), then the same command again: the peer
+/// (`peer_args`) is taken over from the keeper and verifies every byte,
+/// and the keeper exits once the peer is gone. Gives the new serve's log.
+fn kill_and_take_over(
+    name: &str,
+    peer_args: &[&str],
+    kill_at: &str,
+    delay: Duration,
+    stop: fn(&mut Proc),
+) -> String {
+    let dir = Dir::new(name, 16 * MIB);
+    let args = ["--takeover", "--peers", "1"];
+    let mut s = serve(&dir, &args);
+    let keeper = keeper_pid(&dir);
+    let mut p = peer(&dir, "p", peer_args);
+    dir.wait_for("p.err", kill_at);
+    std::thread::sleep(delay);
+    stop(&mut s);
+    dir.wait_for("serve.err", "holding 1 peer(s) for the next serve");
+    let again_args = [&["--timeout", "20"][..], &args].concat();
+    let mut again = testing::start(&dir, "again", SERVE, &again_args);
+    assert_ok(&mut p, &dir);
+    let st = again.wait(WAIT);
+    let log = dir.text("again.err");
+    let keeper_log = dir.text("serve.err");
+    assert!(st.success(), "{st}: {log}\nkeeper:\n{keeper_log}");
+    assert!(log.contains("taken over from the keeper"), "{log}");
+    assert!(log.contains("all 1 peers served"), "{log}");
+    dir.wait_for("serve.err", "no peer and no serve: exiting");
+    let deadline = std::time::Instant::now() + WAIT;
+    while faultline_sys::process::alive(keeper) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the keeper {keeper} is still there"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    log
+}
+
+/// `kill -9` of serve mid-restore (4 vCPUs faulting, REMOVE storms racing
+/// them), and right after a balloon's REMOVE was read: the same command
+/// started again takes the peer over; it verifies every byte, zeros where
+/// it dropped pages (the balloon's only from the dead serve's journal).
+/// `FAULTLINE_TAKEOVER_LOOPS=20` runs it 20 times, killing at varying
+/// points of the restore.
+#[test]
+fn kill_9_of_serve_then_the_same_command_takes_the_peer_over() {
+    let loops: u64 = std::env::var("FAULTLINE_TAKEOVER_LOOPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for round in 0..loops {
+        // One vCPU pauses for 200 ms while the other three fault (faults
+        // read and never answered); the kill comes 0-185 ms into the
+        // pause, so the peer is never done before it.
+        kill_and_take_over(
+            &format!("takeover-{round}"),
+            &[
+                "--threads",
+                "4",
+                "--working-set",
+                "30",
+                "--storm",
+                "20",
+                "--verify-all",
+                "--pause-at",
+                "40",
+                "--pause-ms",
+                "200",
+            ],
+            "paused",
+            Duration::from_millis((round * 37) % 190),
+            Proc::kill,
+        );
+        let log = kill_and_take_over(
+            &format!("takeover-balloon-{round}"),
+            &[
+                "--threads",
+                "4",
+                "--working-set",
+                "30",
+                "--balloon",
+                "--balloon-pause-ms",
+                "300",
+            ],
+            "ballooned",
+            Duration::ZERO,
+            Proc::kill,
+        );
+        assert!(log.contains("1 REMOVE'd range(s) replayed"), "{log}");
+    }
+}
+
+/// With `--takeover`, SIGTERM leaves the peers with the keeper (no grace
+/// period, no kill): the next serve takes them over.
+#[test]
+fn sigterm_with_takeover_leaves_the_peer_to_the_next_serve() {
+    kill_and_take_over(
+        "takeover-term",
+        &["--verify-all", "--pause-at", "30", "--pause-ms", "300"],
+        "paused",
+        Duration::ZERO,
+        |s| {
+            term(s);
+            assert!(s.wait(WAIT).success(), "serve failed after SIGTERM");
+        },
+    );
+}

@@ -84,6 +84,9 @@ pub enum ServeError {
     /// An output path (`--json`, `--record`) cannot be written.
     #[error("{0:#}")]
     CheckOutput(anyhow::Error),
+    /// The keeper (`--takeover`) could not be joined or started.
+    #[error("--takeover: {0}")]
+    Keeper(#[source] crate::keeper::KeeperError),
     /// Binding or setting up the listening socket failed.
     #[error("binding {}", path.display())]
     Bind {

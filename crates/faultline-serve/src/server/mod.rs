@@ -32,7 +32,10 @@
 //!    next missing page), each with its summary; `--json` is written.
 //!
 //! The same end (step 4) meets the peers still served when the server
-//! stops on an error.
+//! stops on an error. With `--takeover` ([`crate::keeper`]) a stop skips
+//! steps 3 and 4: the peers stay with the keeper for the next serve, and
+//! peers the keeper held for a dead serve are taken over when `run`
+//! starts.
 //!
 //! One memory file serves every peer: one read-only shared mapping
 //! (`FileStore`), so many VMs restored from one snapshot share its page
@@ -64,6 +67,7 @@ use faultline_sys::signal::{SIGHUP, SIGINT, SIGTERM};
 pub use error::ServeError;
 
 use crate::config::ServeConfig;
+use crate::keeper::{Keeper, Taken};
 use crate::record;
 use crate::summary::PeerSummary;
 use log::say;
@@ -86,6 +90,9 @@ pub struct Server {
     stop: StopHandle,
     /// Where `--json` goes (checked at start).
     json: Option<OutputPath>,
+    /// Peers a dead serve left with the keeper, taken over when `run`
+    /// starts.
+    taken: Vec<Taken>,
 }
 
 /// Asks a running [`Server`] to stop (see the module docs); cheap to clone,
@@ -125,6 +132,8 @@ enum End {
     Stopped(i32),
     /// A stop was asked, and the grace period ended with peers left.
     Grace(i32),
+    /// A stop was asked, and the peers were left with the keeper.
+    Kept(i32),
 }
 
 impl Server {
@@ -141,6 +150,12 @@ impl Server {
             OutputPath::check(p, "--record").map_err(ServeError::CheckOutput)?;
         }
         Socket::check(&config.socket)?;
+        let (keeper, taken) = if config.takeover {
+            let (k, taken) = Keeper::join_or_start(&config.socket).map_err(ServeError::Keeper)?;
+            (Some(k), taken)
+        } else {
+            (None, Vec::new())
+        };
         let (store, source) = setup::open_store(&config.source)?;
         let store_len = store.len().unwrap_or(0);
         let prefetch = match &config.prefetch {
@@ -201,6 +216,7 @@ impl Server {
             ignored: AtomicUsize::new(0),
             shared_peers: AtomicUsize::new(0),
             said_fallback: AtomicBool::new(false),
+            keeper,
             recorder: Mutex::new(Recorder::Free),
             served: Mutex::new(Vec::new()),
             summaries: Mutex::new(Vec::new()),
@@ -211,6 +227,7 @@ impl Server {
             events,
             stop: StopHandle(Arc::new(AtomicI32::new(-1))),
             json,
+            taken,
         })
     }
 
@@ -231,7 +248,18 @@ impl Server {
             events,
             stop,
             json,
+            taken,
         } = self;
+        if !taken.is_empty() {
+            say(format_args!(
+                "taking {} peer(s) over from the keeper",
+                taken.len()
+            ));
+        }
+        for t in taken {
+            let n = state.connected.fetch_add(1, SeqCst) + 1;
+            accept::adopt(&state, n, t);
+        }
         let result = serve(&state, socket, &events, &stop);
         let why = match &result {
             Ok(End::Grace(sig)) => format!(
@@ -244,6 +272,12 @@ impl Server {
         };
         for peer in state.engine.peers() {
             let served = state.lookup(peer.id());
+            if let Ok(End::Kept(_)) = result {
+                let outcome = "left with the keeper: the next serve takes it over";
+                say(format_args!("peer {}: {outcome}", served.n));
+                events::leave_with_keeper(&state, &peer, outcome.into());
+                continue;
+            }
             let fate = state.kill(served.n, served.pid, &why);
             events::finish(&state, &peer, format!("{fate}: {why}"));
         }
@@ -268,6 +302,10 @@ impl Server {
             )),
             End::Grace(sig) => say(format_args!(
                 "stopped ({}) at the end of its grace period",
+                stop_cause(sig)
+            )),
+            End::Kept(sig) => say(format_args!(
+                "stopped ({}); the peers it served stay with the keeper",
                 stop_cause(sig)
             )),
         }
@@ -327,6 +365,9 @@ fn serve(
         }
         let (c, f) = state.counts();
         if let Some((sig, at)) = stopping {
+            if state.keeper.is_some() && f < c {
+                return Ok(End::Kept(sig));
+            }
             if f >= c {
                 return Ok(End::Stopped(sig));
             }

@@ -14,6 +14,7 @@ use faultline_sys::process;
 
 use super::log::say;
 use crate::config::ServeConfig;
+use crate::keeper::Keeper;
 use crate::summary::{Handoff, PeerSummary};
 
 /// Whose restore `--record` records: the first peer whose handshake is
@@ -43,6 +44,8 @@ pub struct Served {
     pub received: Instant,
     /// Its hand-off's milestones so far.
     pub handoff: Handoff,
+    /// Its id at the keeper (`--takeover`).
+    pub kept: Option<u64>,
 }
 
 /// The server's shared state.
@@ -74,6 +77,8 @@ pub struct State {
     pub shared_peers: AtomicUsize,
     /// The note that shared mode fell back to copy for a peer was said.
     pub said_fallback: AtomicBool,
+    /// The keeper the peers are deposited with (`--takeover`).
+    pub keeper: Option<Keeper>,
     /// Whose restore is recorded.
     pub recorder: Mutex<Recorder>,
     /// The peers being served.
@@ -121,6 +126,7 @@ impl State {
                 pid: 0,
                 received: Instant::now(),
                 handoff: Handoff::default(),
+                kept: None,
             })
     }
 
