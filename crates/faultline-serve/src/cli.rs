@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::Args;
 
 use crate::config::{ServeConfig, Source, Verify};
@@ -13,7 +14,9 @@ use crate::server::Server;
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     /// UNIX socket to bind (give its path to Firecracker as `backend_path`).
-    /// A stale socket file is replaced.
+    /// A stale socket file (no server answers on it) is replaced; a live
+    /// one (another serve's) and anything that is not a socket are
+    /// refused. On exit serve removes the socket it created, and only it.
     #[arg(long)]
     pub socket: PathBuf,
     /// The snapshot's memory file (the regions' bytes, back to back).
@@ -24,7 +27,7 @@ pub struct ServeArgs {
     /// `redis-cluster://HOST:PORT,...#NAME`, uploaded with `faultline
     /// store put MEMFILE URL`. The handler threads read it in batches;
     /// a page the store fails to give is never zeros (the peer's fault is
-    /// not resolved and the peer is dropped, see --kill-peer-on-error).
+    /// not resolved and the peer is killed, see --leave-peer-on-error).
     #[arg(long, conflicts_with = "mem")]
     pub store: Option<String>,
     /// Exit with an error when no peer is connected for this many seconds
@@ -59,10 +62,19 @@ pub struct ServeArgs {
     /// 1/2/3 helpers: ~52/~40/~36 ms).
     #[arg(long)]
     pub prefetch_helpers: Option<usize>,
-    /// Kill a peer (SIGKILL, pid from SO_PEERCRED) when serving it fails or
-    /// its handshake is refused: its vCPUs would otherwise hang.
+    /// Leave running a peer whose hand-off is refused, whose serving
+    /// fails, or that is still served when a stop's --grace ends. By
+    /// default such a peer is killed (SIGKILL, pid from SO_PEERCRED) and
+    /// serve says why: its vCPUs would otherwise hang at their next
+    /// missing page, forever.
     #[arg(long)]
-    pub kill_peer_on_error: bool,
+    pub leave_peer_on_error: bool,
+    /// On SIGTERM or SIGINT serve stops accepting (its socket is removed)
+    /// and serves the peers it has until they hang up, for at most this
+    /// many seconds; then kills those left (see --leave-peer-on-error),
+    /// writes --json and exits. A second signal ends it at once. Default 30.
+    #[arg(long, default_value = "30", value_parser = seconds)]
+    pub grace: Duration,
     /// Seconds a connected peer has to send its handshake. Default 5.
     #[arg(long, default_value = "5", value_parser = seconds)]
     pub handshake_timeout: Duration,
@@ -88,6 +100,14 @@ pub struct ServeArgs {
     /// Write every peer's statistics to FILE (JSON) on exit.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Survive a crash: a keeper process (this command run again, started
+    /// by the first serve) holds every peer's userfaultfd, connection and
+    /// REMOVE journal; after `kill -9` of serve, the same command started
+    /// again takes the peers over (wakes their blocked vCPUs, serves on).
+    /// The keeper exits when its peers are gone, or kills them after
+    /// --timeout without a serve (see --leave-peer-on-error).
+    #[arg(long)]
+    pub takeover: bool,
 }
 
 /// `--verify`.
@@ -100,12 +120,15 @@ pub enum VerifyArg {
 }
 
 /// Parses a number of seconds (fractions allowed; not negative, not
-/// infinite).
+/// infinite, not NaN; whether 0 is allowed is [`ServeConfig::check`]'s).
 fn seconds(s: &str) -> Result<Duration, String> {
     let v: f64 = s
         .trim()
         .parse()
         .map_err(|e| format!("{s:?} is not a number of seconds: {e}"))?;
+    if !v.is_finite() {
+        return Err(format!("{s:?}: must be a finite number of seconds"));
+    }
     Duration::try_from_secs_f64(v).map_err(|e| format!("{s:?}: {e}"))
 }
 
@@ -125,7 +148,8 @@ impl ServeArgs {
             record: self.record.clone(),
             prefetch: self.prefetch.clone(),
             prefetch_helpers: self.prefetch_helpers,
-            kill_peer_on_error: self.kill_peer_on_error,
+            leave_peer_on_error: self.leave_peer_on_error,
+            grace: self.grace,
             handshake_timeout: self.handshake_timeout,
             shared: self.shared.clone(),
             verify: match self.verify {
@@ -133,13 +157,27 @@ impl ServeArgs {
                 VerifyArg::Full => Verify::Full,
             },
             json: self.json.clone(),
+            takeover: self.takeover,
             ..ServeConfig::new(self.socket.clone(), source)
         })
     }
 }
 
-/// Runs `faultline-serve ARGS` (`faultline serve ARGS`).
+/// Runs `faultline-serve ARGS` (`faultline serve ARGS`): SIGINT, SIGTERM
+/// and SIGHUP stop the server gracefully (see `--grace`); a second one
+/// ends it at once.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    Server::start(args.config()?)?.run()?;
+    if std::env::var_os(crate::keeper::KEEPER_ENV).is_some() {
+        // Started by a serve with --takeover to keep its peers.
+        crate::keeper::run(&args.socket, args.timeout, args.leave_peer_on_error)?;
+        return Ok(());
+    }
+    // First, before any thread starts: the signals go to a thread of their
+    // own (faultline_cli_support::cleanup).
+    faultline_cli_support::cleanup::install().context("taking SIGINT, SIGTERM and SIGHUP")?;
+    let server = Server::start(args.config()?)?;
+    let stop = server.stop_handle();
+    faultline_cli_support::cleanup::on_stop(move |sig| stop.stop(sig));
+    server.run()?;
     Ok(())
 }

@@ -17,6 +17,15 @@ use std::time::Duration;
 
 pub use faultline::Verify;
 
+/// The most handler threads (and prefetch helpers) a server starts: each
+/// is a thread with its own stack and poll set; past a few per CPU they
+/// only contend.
+pub const MAX_THREADS: usize = 1024;
+
+/// The largest fault-around window, pages (4 MiB of 4 KiB pages: one
+/// fault installing more stalls the vCPU longer than it saves).
+pub const MAX_FAULT_AROUND: usize = 1024;
+
 /// Where the snapshot's bytes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -54,9 +63,15 @@ pub struct ServeConfig {
     pub prefetch: Option<PathBuf>,
     /// Prefetch helper threads (`None`: one per CPU).
     pub prefetch_helpers: Option<usize>,
-    /// Kill a peer (SIGKILL) whose handshake is refused or whose serving
-    /// fails.
-    pub kill_peer_on_error: bool,
+    /// Leave running a peer whose hand-off is refused or whose serving
+    /// fails (or that is still served when a stop's grace period ends);
+    /// by default it is killed (SIGKILL): its vCPUs would hang at their
+    /// next missing page.
+    pub leave_peer_on_error: bool,
+    /// After SIGTERM/SIGINT ([`StopHandle`](crate::StopHandle)), how long
+    /// the peers still served have to hang up before they are killed (or
+    /// left, with `leave_peer_on_error`). Default 30 s.
+    pub grace: Duration,
     /// How long a connected peer has to send its handshake. Default 5 s.
     pub handshake_timeout: Duration,
     /// Shared (zero-copy) mode: the snapshot's copy on tmpfs or hugetlbfs.
@@ -65,6 +80,11 @@ pub struct ServeConfig {
     pub verify: Verify,
     /// Write every peer's summary here (JSON) on exit.
     pub json: Option<PathBuf>,
+    /// Takeover: deposit every peer with a keeper process (started by the
+    /// first serve: this program run again with the same arguments, see
+    /// [`keeper`](crate::keeper)), and take the peers a dead serve left
+    /// there over at start.
+    pub takeover: bool,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -76,6 +96,22 @@ pub enum ConfigError {
     /// A peer count of 0 (the server would stop before serving).
     #[error("the number of peers to serve must be at least 1")]
     Peers,
+    /// A wait that must be longer than zero is not.
+    #[error("{what} must be more than 0 seconds")]
+    ZeroTime {
+        /// The wait (its flag).
+        what: &'static str,
+    },
+    /// More of something than serve runs.
+    #[error("{what}: {asked} is more than the {max} serve allows")]
+    TooMany {
+        /// What (its flag).
+        what: &'static str,
+        /// The number asked for.
+        asked: usize,
+        /// The largest allowed.
+        max: usize,
+    },
     /// A remote store in a build without the `redis` feature.
     #[error(
         "the store {url} needs Redis support: this build of faultline-serve lacks its \
@@ -101,21 +137,50 @@ impl ServeConfig {
             record: None,
             prefetch: None,
             prefetch_helpers: None,
-            kill_peer_on_error: false,
+            leave_peer_on_error: false,
+            grace: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(5),
             shared: None,
             verify: Verify::Sample,
             json: None,
+            takeover: false,
         }
     }
 
-    /// Checks what can be checked before anything is opened.
+    /// Checks what can be checked before anything is opened: counts of at
+    /// least one and at most [`MAX_THREADS`] (threads) or
+    /// [`MAX_FAULT_AROUND`] (pages), waits longer than zero (a
+    /// [`Duration`] is finite: `inf` and `NaN` never become one).
     pub fn check(&self) -> Result<(), ConfigError> {
         if self.threads == 0 {
             return Err(ConfigError::Threads);
         }
         if self.peers == Some(0) {
             return Err(ConfigError::Peers);
+        }
+        let too_many = |what, asked: usize, max| {
+            if asked > max {
+                Err(ConfigError::TooMany { what, asked, max })
+            } else {
+                Ok(())
+            }
+        };
+        too_many("--threads (handler threads)", self.threads, MAX_THREADS)?;
+        if let Some(h) = self.prefetch_helpers {
+            too_many("--prefetch-helpers", h, MAX_THREADS)?;
+        }
+        too_many(
+            "--fault-around (pages)",
+            self.fault_around,
+            MAX_FAULT_AROUND,
+        )?;
+        for (what, d) in [
+            ("--timeout", self.timeout),
+            ("--handshake-timeout", self.handshake_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroTime { what });
+            }
         }
         if let Source::Store(url) = &self.source {
             if !cfg!(feature = "redis") {

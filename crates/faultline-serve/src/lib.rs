@@ -6,8 +6,6 @@
 //! this crate serves the faults of that memory from a snapshot file or a
 //! page store, through the `faultline` library's foreign regions.
 //!
-//! | module | what |
-//! |---|---|
 //! ```text
 //!  faultline-serve (bin) ─┐                       ┌─ faultline-peer (bin)
 //!  faultline serve ───────┴─► cli ─► ServeConfig    └─ faultline peer ─► peer
@@ -22,9 +20,10 @@
 //! | module | what |
 //! |---|---|
 //! | [`config`] | [`ServeConfig`]: what a server serves and how, checked by [`ServeConfig::check`] |
-//! | [`Server`] | the daemon: start (store, snapshot, engine, socket), then each connection in four steps (receive the hand-off, choose the backing, build the peer, report) |
+//! | [`Server`] | the daemon: start (flags and paths checked, store, snapshot, engine, socket), then each connection in four steps (receive the hand-off, choose the backing, build the peer, report); a refused or failed peer is killed; [`StopHandle`] stops it gracefully (socket removed, peers served for a grace period) |
 //! | [`cli`] | the command line of `faultline-serve` and `faultline serve` (clap, mapped onto [`ServeConfig`]) |
 //! | [`handshake`] | the hand-off message: parse every field variant, encode one (for test peers) |
+//! | [`keeper`] | takeover (`--takeover`): the keeper process holding the peers' userfaultfds and REMOVE journals for the next serve |
 //! | [`record`] | the working-set record file: pages in first-touch order |
 //! | [`summary`] | what serve reports of each peer (`--json`, read back by benchmarks) |
 //! | [`peer`] | the test VMM (`faultline-peer`, `faultline peer`) |
@@ -47,6 +46,7 @@
 pub mod cli;
 pub mod config;
 pub mod handshake;
+pub mod keeper;
 pub mod peer;
 pub mod record;
 mod server;
@@ -54,5 +54,5 @@ pub mod summary;
 pub mod testing;
 
 pub use config::{ConfigError, ServeConfig, Source};
-pub use server::{ServeError, Server};
+pub use server::{ServeError, Server, StopHandle};
 pub use summary::{Handoff, PeerSummary};

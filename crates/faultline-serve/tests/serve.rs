@@ -35,8 +35,22 @@ fn every_handshake_variant_is_served() {
     assert!(log.contains("features [EVENT_REMOVE]"), "{log}");
 }
 
+/// Waits for refused peer `p` and checks that serve killed it (SIGKILL)
+/// and said why.
+fn assert_killed(p: &mut Proc, dir: &Dir, why: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let st = p.wait(WAIT);
+    let log = dir.text("serve.err");
+    assert_eq!(st.signal(), Some(9), "{} {st}:\n{log}", p.name);
+    assert!(
+        log.contains(&format!("killed pid {}: {why}", p.pid())),
+        "{}: no kill message:\n{log}",
+        p.name
+    );
+}
+
 #[test]
-fn bad_input_is_refused_while_a_good_peer_is_served() {
+fn each_refused_hand_off_is_killed_by_default_while_a_good_peer_is_served() {
     let dir = Dir::new("bad", 16 * MIB);
     let mut s = serve(&dir, &["--peers", "7"]);
     // The good peer is mid-restore (paused) while the bad ones arrive.
@@ -54,6 +68,9 @@ fn bad_input_is_refused_while_a_good_peer_is_served() {
         ],
     );
     dir.wait_for("good.err", "paused");
+    // Every refusal of the handshake matrix: the peer (a VMM that handed
+    // its userfaultfd over and now waits for pages) is killed, with the
+    // reason, before its connection closes (it never sees the close).
     let cases = [
         ("json", "malformed handshake"),
         ("no-fd", "expected exactly one descriptor"),
@@ -63,7 +80,12 @@ fn bad_input_is_refused_while_a_good_peer_is_served() {
     ];
     for (bad, _) in cases {
         let mut p = peer(&dir, bad, &["--bad", bad]);
-        assert_ok(&mut p, &dir);
+        assert_killed(&mut p, &dir, "its hand-off was refused");
+        assert!(
+            !dir.text(&format!("{bad}.err"))
+                .contains("closed the connection"),
+            "{bad} saw its connection close before it was killed"
+        );
     }
     let mut twice = peer(&dir, "twice", &["--bad", "twice", "--verify-all"]);
     assert_ok(&mut twice, &dir);
@@ -78,17 +100,53 @@ fn bad_input_is_refused_while_a_good_peer_is_served() {
 }
 
 #[test]
-fn kill_peer_on_error_kills_a_peer_with_a_bad_handshake() {
-    let dir = Dir::new("kill", 4 * MIB);
-    let mut s = serve(&dir, &["--peers", "1", "--kill-peer-on-error"]);
+fn leave_peer_on_error_leaves_a_refused_peer_running() {
+    let dir = Dir::new("leave", 4 * MIB);
+    let mut s = serve(&dir, &["--peers", "1", "--leave-peer-on-error"]);
+    // The refused peer sees its connection close and exits by itself.
     let mut p = peer(&dir, "bad", &["--bad", "json"]);
-    let st = p.wait(WAIT);
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(st.signal(), Some(9), "{st}: {}", dir.text("serve.err"));
+    assert_ok(&mut p, &dir);
     assert_ok(&mut s, &dir);
-    assert!(dir
-        .text("serve.err")
-        .contains(&format!("killed pid {}", p.pid())));
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains("left running (its hand-off was refused"),
+        "{log}"
+    );
+    assert!(!log.contains("killed pid"), "{log}");
+}
+
+#[test]
+fn a_peer_serve_can_no_longer_serve_is_killed_by_default() {
+    // Its handshake declares one region of the two it registered: its
+    // first fault in the other is one serve cannot serve.
+    let dir = Dir::new("failed", 4 * MIB);
+    let json = dir.path("serve.json");
+    let mut s = serve(&dir, &["--peers", "1", "--json", json.to_str().unwrap()]);
+    let mut p = peer(&dir, "p", &["--bad", "undeclared", "--verify-all"]);
+    assert_killed(&mut p, &dir, "serve can no longer serve it");
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains("lies outside every region it declared"),
+        "{log}"
+    );
+    let sums = summaries(&dir, "serve.json");
+    let outcome = sums[0]["outcome"].as_str().unwrap();
+    assert!(outcome.starts_with("failed (killed): "), "{outcome}");
+}
+
+#[test]
+fn a_shared_peer_without_a_snapshot_is_killed_by_default() {
+    // It declares a shared backing; this serve has no --shared copy.
+    let dir = Dir::new("no-snapshot", 4 * MIB);
+    let snap = Shm::new("no-snapshot");
+    std::fs::copy(dir.path("mem"), &snap.0).unwrap();
+    let mut s = serve(&dir, &["--peers", "1"]);
+    let mut p = shared_peer(&dir, "p", &snap, &["--declare-backing"]);
+    assert_killed(&mut p, &dir, "its hand-off was refused");
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(log.contains("serve has no --shared snapshot"), "{log}");
 }
 
 #[test]
@@ -423,17 +481,57 @@ fn a_store_without_the_redis_feature_is_refused_by_name() {
 }
 
 /// What serve refuses before it binds anything: flags clap rejects (the
-/// removed `--engine` among them), counts of zero, and a socket path that
-/// holds a file of someone's (which is left as it was).
+/// removed `--engine` and `--kill-peer-on-error` among them), counts of
+/// zero or past the limits, waits that are zero, infinite or not a number,
+/// output paths it could not write and a record it cannot read, and a
+/// socket path that holds a file of someone's (which is left as it was).
 #[test]
 fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
     let dir = Dir::new("flags", MIB);
+    let no_dir = dir.path("no/such/dir/out.json");
+    let no_dir = no_dir.to_str().unwrap();
+    let a_dir = dir.path("");
+    let a_dir = a_dir.to_str().unwrap();
+    let missing = dir.path("missing.txt");
+    let missing = missing.to_str().unwrap();
     for (i, (extra, why)) in [
         (&["--engine", "poll"][..], "unexpected argument '--engine'"),
+        (&["--kill-peer-on-error"][..], "unexpected argument"),
         (&["--threads", "0"][..], "must be at least 1"),
+        (&["--threads", "100000"][..], "100000 is more than the 1024"),
+        (
+            &["--prefetch-helpers", "5000"][..],
+            "5000 is more than the 1024",
+        ),
+        (
+            &["--fault-around", "1000000"][..],
+            "1000000 is more than the 1024",
+        ),
         (&["--peers", "0"][..], "must be at least 1"),
         (&["--timeout=-1"][..], "--timeout"),
+        (
+            &["--timeout", "inf"][..],
+            "must be a finite number of seconds",
+        ),
+        (
+            &["--timeout", "NaN"][..],
+            "must be a finite number of seconds",
+        ),
+        (
+            &["--timeout", "0"][..],
+            "--timeout must be more than 0 seconds",
+        ),
+        (&["--timeout", "1e30"][..], "--timeout"),
         (&["--handshake-timeout", "inf"][..], "--handshake-timeout"),
+        (
+            &["--handshake-timeout", "0"][..],
+            "--handshake-timeout must be more",
+        ),
+        (&["--grace", "inf"][..], "--grace"),
+        (&["--json", no_dir][..], "does not exist"),
+        (&["--json", a_dir][..], "is a directory"),
+        (&["--record", no_dir][..], "does not exist"),
+        (&["--prefetch", missing][..], "missing.txt"),
     ]
     .into_iter()
     .enumerate()
@@ -451,6 +549,131 @@ fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
     let log = dir.text("taken.err");
     assert!(log.contains("exists and is not a socket"), "{log}");
     assert_eq!(std::fs::read(dir.sock()).unwrap(), b"not a socket");
+}
+
+/// Sends SIGTERM to `p`.
+fn term(p: &Proc) {
+    faultline_sys::process::kill(p.pid() as i32, faultline_sys::process::SIGTERM).unwrap();
+}
+
+#[test]
+fn sigterm_stops_accepting_serves_the_live_peer_to_its_end_and_writes_json() {
+    let dir = Dir::new("sigterm", 8 * MIB);
+    let json = dir.path("serve.json");
+    let mut s = serve(&dir, &["--json", json.to_str().unwrap(), "--grace", "30"]);
+    let mut p = peer(
+        &dir,
+        "p",
+        &[
+            "--verify-all",
+            "--threads",
+            "4",
+            "--pause-at",
+            "30",
+            "--pause-ms",
+            "1000",
+        ],
+    );
+    dir.wait_for("p.err", "paused");
+    term(&s);
+    dir.wait_for("serve.err", "SIGTERM: stopping");
+    // No new peer reaches it...
+    assert!(!dir.sock().exists(), "the socket is still there");
+    assert!(std::os::unix::net::UnixStream::connect(dir.sock()).is_err());
+    // ...and the one it serves gets every byte.
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(log.contains("1 peer(s) still served"), "{log}");
+    assert!(
+        log.contains("stopped (SIGTERM): every peer hung up"),
+        "{log}"
+    );
+    let sums = summaries(&dir, "serve.json");
+    assert_eq!(sums.len(), 1, "{sums:?}");
+    assert_eq!(sums[0]["outcome"], "hung up", "{sums:?}");
+    assert!(sums[0]["faults"].as_u64().unwrap() > 0, "{sums:?}");
+}
+
+#[test]
+fn a_peer_still_served_when_the_grace_period_ends_is_killed_or_left() {
+    let dir = Dir::new("grace", 4 * MIB);
+    let json = dir.path("serve.json");
+    let json = json.to_str().unwrap();
+    let paused = ["--pause-at", "30", "--pause-ms", "30000", "--threads", "2"];
+    let mut s = serve(&dir, &["--json", json, "--grace", "0.3"]);
+    let mut p = peer(&dir, "p", &paused);
+    dir.wait_for("p.err", "paused");
+    term(&s);
+    assert_killed(
+        &mut p,
+        &dir,
+        "serve is stopping (SIGTERM) and its grace period of 0.3s ended",
+    );
+    assert_ok(&mut s, &dir);
+    assert!(dir
+        .text("serve.err")
+        .contains("stopped (SIGTERM) at the end of its grace period"));
+    let sums = summaries(&dir, "serve.json");
+    assert!(
+        sums[0]["outcome"].as_str().unwrap().starts_with("killed: "),
+        "{sums:?}"
+    );
+    // With --leave-peer-on-error it is left (blocked in the kernel, as
+    // without a handler); the test stops it.
+    let mut s = serve(&dir, &["--grace", "0.3", "--leave-peer-on-error"]);
+    let mut p = peer(&dir, "left", &paused);
+    dir.wait_for("left.err", "paused");
+    term(&s);
+    assert_ok(&mut s, &dir);
+    assert!(p.running(), "{}", dir.text("left.err"));
+    assert!(dir
+        .text("serve.err")
+        .contains("left running (serve is stopping"));
+    p.kill();
+}
+
+#[test]
+fn a_live_socket_is_refused_by_pid_and_only_the_own_socket_is_removed() {
+    let dir = Dir::new("owner", 4 * MIB);
+    let mut a = serve(&dir, &["--peers", "1"]);
+    // A second serve on the same path: refused, naming the first's pid;
+    // the first's socket stays and serves on.
+    let mut b = testing::start(&dir, "b", SERVE, &["--timeout", "5"]);
+    assert!(!b.wait(WAIT).success());
+    let log = dir.text("b.err");
+    assert!(log.contains(&format!("in use by pid {}", a.pid())), "{log}");
+    assert!(dir.sock().exists());
+    let mut p = peer(&dir, "p", &["--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut a, &dir);
+    let log = dir.text("serve.err");
+    // b's look at the socket was no peer.
+    assert!(
+        log.contains("hung up without a handshake; not a peer"),
+        "{log}"
+    );
+    assert!(log.contains("all 1 peers served"), "{log}");
+    // Someone removes c's socket and d binds the path: c's stop leaves
+    // d's socket in place, and d serves on.
+    let mut c = testing::start(&dir, "c", SERVE, &["--timeout", "20"]);
+    dir.wait_for("c.err", "listening on");
+    std::fs::remove_file(dir.sock()).unwrap();
+    let mut d = testing::start(&dir, "d", SERVE, &["--timeout", "20", "--peers", "1"]);
+    dir.wait_for("d.err", "listening on");
+    term(&c);
+    assert!(c.wait(WAIT).success(), "{}", dir.text("c.err"));
+    assert!(
+        dir.text("c.err")
+            .contains("no longer the socket this serve bound"),
+        "{}",
+        dir.text("c.err")
+    );
+    assert!(dir.sock().exists(), "c removed d's socket");
+    let mut p = peer(&dir, "q", &["--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert!(d.wait(WAIT).success(), "{}", dir.text("d.err"));
+    assert!(!dir.sock().exists(), "d left its socket behind");
 }
 
 /// A file in /dev/shm (tmpfs), removed on drop.
@@ -646,11 +869,10 @@ fn a_shared_peer_in_another_pid_namespace_is_served_by_its_declared_backing() {
         name: "serve".into(),
     };
     dir.wait_for("serve.err", "listening on");
-    // Undeclared: its backing cannot be checked, so it is refused (its
-    // vCPUs then block in the kernel; the test stops it by pid).
-    let mut a = shared_peer(&dir, "a", &snap, &["--working-set", "10"]);
-    dir.wait_for("serve.err", "refused: shared mode");
-    a.kill();
+    // Undeclared: its backing cannot be checked, so it is served by copy
+    // (as serve without --shared would), every byte checked.
+    let mut a = shared_peer(&dir, "a", &snap, &["--working-set", "10", "--verify-all"]);
+    assert_ok(&mut a, &dir);
     // Declared: served in shared mode as it says, every byte checked (with
     // zeros after its balloon).
     let mut b = shared_peer(
@@ -663,9 +885,13 @@ fn a_shared_peer_in_another_pid_namespace_is_served_by_its_declared_backing() {
     assert_ok(&mut s, &dir);
     let log = dir.text("serve.err");
     assert!(
-        log.contains("(pid 0): refused: shared mode: reading the peer's memory map"),
+        log.contains(
+            "(pid 0): note: shared mode cannot be used for it: its memory map is out of reach"
+        ),
         "{log}"
     );
+    assert!(log.contains("serving it by copy"), "{log}");
+    assert_eq!(log.matches("copy mode, ").count(), 1, "{log}");
     assert!(log.contains("out of reach"), "{log}");
     assert!(log.contains("as its handshake declares: Shared"), "{log}");
     assert_eq!(log.matches("shared mode, ").count(), 1, "{log}");
@@ -732,16 +958,7 @@ fn a_peer_mapping_another_file_is_refused_while_a_shared_peer_is_served() {
     let dir = Dir::new("shared-bad", 16 * MIB);
     let snap = Shm::new("bad");
     let other = Shm::new("other");
-    let mut s = serve(
-        &dir,
-        &[
-            "--peers",
-            "2",
-            "--shared",
-            snap.arg(),
-            "--kill-peer-on-error",
-        ],
-    );
+    let mut s = serve(&dir, &["--peers", "2", "--shared", snap.arg()]);
     let mut good = shared_peer(
         &dir,
         "good",
@@ -752,9 +969,7 @@ fn a_peer_mapping_another_file_is_refused_while_a_shared_peer_is_served() {
     // Same bytes, another file: not the page cache serve vouches for.
     std::fs::copy(&snap.0, &other.0).unwrap();
     let mut bad = shared_peer(&dir, "bad", &other, &[]);
-    let st = bad.wait(WAIT);
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(st.signal(), Some(9), "{st}: {}", dir.text("serve.err"));
+    assert_killed(&mut bad, &dir, "its hand-off was refused");
     assert_ok(&mut good, &dir);
     assert_ok(&mut s, &dir);
     let log = dir.text("serve.err");
@@ -859,4 +1074,130 @@ fn shared_mode_on_hugetlbfs_maps_2m_pages_and_keeps_writes_private() {
     );
     drop(mount);
     drop(pool);
+}
+
+/// The keeper's pid, from serve's stderr (which the keeper shares).
+fn keeper_pid(dir: &Dir) -> i32 {
+    dir.wait_for("serve.err", "keeps the peers of");
+    let log = dir.text("serve.err");
+    let line = log
+        .lines()
+        .find(|l| l.contains("keeps the peers of"))
+        .unwrap();
+    line.split_whitespace()
+        .skip_while(|w| *w != "pid")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {line:?}"))
+}
+
+/// `kill -9` of serve with `--takeover` when `kill_at` appears in the
+/// peer's stderr (plus `delay`), then the same command again: the peer
+/// (`peer_args`) is taken over from the keeper and verifies every byte,
+/// and the keeper exits once the peer is gone. Gives the new serve's log.
+fn kill_and_take_over(
+    name: &str,
+    peer_args: &[&str],
+    kill_at: &str,
+    delay: Duration,
+    stop: fn(&mut Proc),
+) -> String {
+    let dir = Dir::new(name, 16 * MIB);
+    let args = ["--takeover", "--peers", "1"];
+    let mut s = serve(&dir, &args);
+    let keeper = keeper_pid(&dir);
+    let mut p = peer(&dir, "p", peer_args);
+    dir.wait_for("p.err", kill_at);
+    std::thread::sleep(delay);
+    stop(&mut s);
+    dir.wait_for("serve.err", "holding 1 peer(s) for the next serve");
+    let again_args = [&["--timeout", "20"][..], &args].concat();
+    let mut again = testing::start(&dir, "again", SERVE, &again_args);
+    assert_ok(&mut p, &dir);
+    let st = again.wait(WAIT);
+    let log = dir.text("again.err");
+    let keeper_log = dir.text("serve.err");
+    assert!(st.success(), "{st}: {log}\nkeeper:\n{keeper_log}");
+    assert!(log.contains("taken over from the keeper"), "{log}");
+    assert!(log.contains("all 1 peers served"), "{log}");
+    dir.wait_for("serve.err", "no peer and no serve: exiting");
+    let deadline = std::time::Instant::now() + WAIT;
+    while faultline_sys::process::alive(keeper) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the keeper {keeper} is still there"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    log
+}
+
+/// `kill -9` of serve mid-restore (4 vCPUs faulting, REMOVE storms racing
+/// them), and right after a balloon's REMOVE was read: the same command
+/// started again takes the peer over; it verifies every byte, zeros where
+/// it dropped pages (the balloon's only from the dead serve's journal).
+/// `FAULTLINE_TAKEOVER_LOOPS=20` runs it 20 times, killing at varying
+/// points of the restore.
+#[test]
+fn kill_9_of_serve_then_the_same_command_takes_the_peer_over() {
+    let loops: u64 = std::env::var("FAULTLINE_TAKEOVER_LOOPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for round in 0..loops {
+        // One vCPU pauses for 200 ms while the other three fault (faults
+        // read and never answered); the kill comes 0-185 ms into the
+        // pause, so the peer is never done before it.
+        kill_and_take_over(
+            &format!("takeover-{round}"),
+            &[
+                "--threads",
+                "4",
+                "--working-set",
+                "30",
+                "--storm",
+                "20",
+                "--verify-all",
+                "--pause-at",
+                "40",
+                "--pause-ms",
+                "200",
+            ],
+            "paused",
+            Duration::from_millis((round * 37) % 190),
+            Proc::kill,
+        );
+        let log = kill_and_take_over(
+            &format!("takeover-balloon-{round}"),
+            &[
+                "--threads",
+                "4",
+                "--working-set",
+                "30",
+                "--balloon",
+                "--balloon-pause-ms",
+                "300",
+            ],
+            "ballooned",
+            Duration::ZERO,
+            Proc::kill,
+        );
+        assert!(log.contains("1 REMOVE'd range(s) replayed"), "{log}");
+    }
+}
+
+/// With `--takeover`, SIGTERM leaves the peers with the keeper (no grace
+/// period, no kill): the next serve takes them over.
+#[test]
+fn sigterm_with_takeover_leaves_the_peer_to_the_next_serve() {
+    kill_and_take_over(
+        "takeover-term",
+        &["--verify-all", "--pause-at", "30", "--pause-ms", "300"],
+        "paused",
+        Duration::ZERO,
+        |s| {
+            term(s);
+            assert!(s.wait(WAIT).success(), "serve failed after SIGTERM");
+        },
+    );
 }

@@ -21,6 +21,10 @@ pub enum Bad {
     PageSize,
     /// A valid handshake sent twice (the peer then runs normally).
     Twice,
+    /// Only the first region declared (both registered): the peer then
+    /// runs normally, and its first fault in the second region is one the
+    /// handler cannot serve.
+    Undeclared,
 }
 
 /// Where the peer's memory comes from.
@@ -77,6 +81,10 @@ pub struct PeerArgs {
     /// region and expect zeros there.
     #[arg(long)]
     pub balloon: bool,
+    /// After --balloon's drop, say "ballooned" and sleep this many ms
+    /// before reading the range back (tests kill the handler there).
+    #[arg(long, default_value_t = 0)]
+    pub balloon_pause_ms: u64,
     /// While the vCPUs run, MADV_DONTNEED the last quarter of the last
     /// region this many times (reading it between drops); then expect
     /// zeros there.

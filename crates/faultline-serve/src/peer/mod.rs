@@ -169,6 +169,10 @@ fn send_handshake(
     let mut with_fd = true;
     match args.bad {
         None | Some(Bad::Twice) => {}
+        Some(Bad::Undeclared) => {
+            regions.truncate(1);
+            msg = encode(args.variant, &regions);
+        }
         Some(Bad::Json) => msg = r#"[{"base_host_virt_addr": 4096, "size": oops"#.into(),
         Some(Bad::NoFd) => with_fd = false,
         Some(Bad::Overlap) => {
@@ -186,7 +190,7 @@ fn send_handshake(
     let fds = if with_fd { vec![u.as_fd()] } else { vec![] };
     sock::send_with_fds(conn.as_fd(), msg.as_bytes(), &fds).context("sendmsg")?;
     match args.bad {
-        None => Ok(false),
+        None | Some(Bad::Undeclared) => Ok(false),
         Some(Bad::Twice) => {
             std::thread::sleep(Duration::from_millis(50));
             sock::send_with_fds(conn.as_fd(), msg.as_bytes(), &fds).context("sendmsg")?;

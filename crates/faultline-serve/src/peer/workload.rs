@@ -262,6 +262,13 @@ pub fn verify(
     });
     if let Some((a, l)) = balloon {
         mem::madvise(a, l, Advice::DontNeed)?;
+        if args.balloon_pause_ms > 0 {
+            say(format_args!(
+                "ballooned {l} bytes; pausing {} ms",
+                args.balloon_pause_ms
+            ));
+            std::thread::sleep(std::time::Duration::from_millis(args.balloon_pause_ms));
+        }
     }
     let dropped = Dropped {
         balloon,

@@ -5,20 +5,33 @@
 //!             (receive.rs)            (backing.rs)          (build.rs)        "serving ..."
 //!                  │ ReceiveError          │ BackingError        │ BuildError
 //!                  └───────────────────────┴─────────────────────┴──► refuse: say why,
-//!                                          kill it (--kill-peer-on-error), its summary
+//!                                          kill it (unless --leave-peer-on-error), its summary
 //! ```
+//!
+//! A refused peer that handed something over is killed before serve closes
+//! its connection (a clone of it is held until then): a VMM that sent its
+//! userfaultfd waits for pages that will never come, and one that watches
+//! the connection must not see it close and go on first. A connection
+//! that hangs up without a handshake is no peer at all (another serve
+//! checking whether the socket is in use does this): it is not counted.
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::time::Instant;
+
+use faultline::{ForeignPeer, ForeignUffd};
 
 use faultline_sys::sock;
 
 use super::backing::{self, BackingError, Chosen};
-use super::build::{self, BuildError, Built};
+use super::build::{self, BuildError, Built, Origin};
 use super::log::say;
 use super::receive::{self, ReceiveError, Received};
 use super::state::{Served, State};
+use crate::handshake;
+use crate::keeper::{Journal, Taken};
 use crate::summary::{Handoff, PeerSummary};
 
 /// Why a connection serves no peer: the step that refused it.
@@ -35,6 +48,17 @@ pub enum Refusal {
     Build(#[from] BuildError),
 }
 
+impl Refusal {
+    /// Whether the peer handed something over and now waits on serve (a
+    /// peer that was silent or hung up did not: it is not killed).
+    fn waits(&self) -> bool {
+        !matches!(
+            self,
+            Refusal::Receive(ReceiveError::Silent(_) | ReceiveError::HungUp)
+        )
+    }
+}
+
 /// Handles connection `n` (accepted at `accepted_ns`) on this thread; a
 /// connection that serves no peer counts as finished.
 pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
@@ -44,20 +68,76 @@ pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
         ..Default::default()
     };
     let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
-    if let Err(why) = accept(state, n, pid, conn, handoff) {
-        say(format_args!("peer {n} (pid {pid}): refused: {why}"));
-        state.kill(n, pid);
-        state
-            .summaries
-            .lock()
-            .expect("summaries")
-            .push(PeerSummary {
-                peer: n,
-                pid,
-                outcome: format!("refused: {why}"),
-                ..Default::default()
-            });
-        state.finished.fetch_add(1, SeqCst);
+    // Held until a refused peer is killed (see the module docs).
+    let held = conn.try_clone();
+    let Err(why) = accept(state, n, pid, conn, handoff) else {
+        return;
+    };
+    if matches!(why, Refusal::Receive(ReceiveError::HungUp)) {
+        state.ignored.fetch_add(1, SeqCst);
+        say(format_args!(
+            "connection {n} (pid {pid}): hung up without a handshake; not a peer (another serve checking whether this socket is in use does this)"
+        ));
+        return;
+    }
+    refuse(state, n, pid, &why, held.ok());
+}
+
+/// Peer `n` (pid `pid`) is refused because `why`: said, killed (unless it
+/// handed nothing over), its summary; `held` (a clone of its connection)
+/// is closed after the kill.
+fn refuse(state: &State, n: usize, pid: i32, why: &Refusal, held: Option<UnixStream>) {
+    say(format_args!("peer {n} (pid {pid}): refused: {why}"));
+    let fate = if why.waits() {
+        state.kill(n, pid, "its hand-off was refused")
+    } else {
+        "not killed: it handed nothing over"
+    };
+    drop(held);
+    state
+        .summaries
+        .lock()
+        .expect("summaries")
+        .push(PeerSummary {
+            peer: n,
+            pid,
+            outcome: format!("refused ({fate}): {why}"),
+            ..Default::default()
+        });
+    state.finished.fetch_add(1, SeqCst);
+}
+
+/// Takes peer `t` over from the keeper (a serve before this one died) as
+/// connection `n`: built again from its handshake, its journal replayed,
+/// every region woken (see [`crate::keeper`]); refused as a new peer would
+/// be.
+pub fn adopt(state: &State, n: usize, t: Taken) {
+    let pid = t.pid;
+    let conn = UnixStream::from(t.conn);
+    let held = conn.try_clone().ok();
+    let adopted = || -> Result<(), Refusal> {
+        let hs = handshake::parse_handshake(t.handshake.as_bytes()).map_err(ReceiveError::from)?;
+        let uffd = ForeignUffd::adopt(t.uffd).map_err(ReceiveError::Adopt)?;
+        let journal = Journal::open(t.journal).map_err(BuildError::Journal)?;
+        let received = Received {
+            specs: hs.regions,
+            declared: hs.backing,
+            uffd,
+            at: Instant::now(),
+            raw: String::new(),
+        };
+        let regions: Vec<(u64, usize)> = received.specs.iter().map(|s| (s.base, s.len)).collect();
+        let origin = Origin::Adopted { journal, id: t.id };
+        let peer = set_up(state, n, pid, conn, received, Handoff::default(), origin)?;
+        for (base, len) in regions {
+            peer.uffd()
+                .wake(base, len as u64)
+                .map_err(BuildError::Peer)?;
+        }
+        Ok(())
+    };
+    if let Err(why) = adopted() {
+        refuse(state, n, pid, &why, held);
     }
 }
 
@@ -69,12 +149,29 @@ fn accept(
     conn: UnixStream,
     mut handoff: Handoff,
 ) -> Result<(), Refusal> {
+    let mut received = receive::receive(&conn, state.config.handshake_timeout, &mut handoff)?;
+    let raw = std::mem::take(&mut received.raw);
+    let origin = Origin::Handed { raw: &raw, pid };
+    set_up(state, n, pid, conn, received, handoff, origin).map(drop)
+}
+
+/// Steps 2-4 of peer `n` (pid `pid`), received.
+fn set_up(
+    state: &State,
+    n: usize,
+    pid: i32,
+    conn: UnixStream,
+    received: Received,
+    mut handoff: Handoff,
+    origin: Origin<'_>,
+) -> Result<Arc<ForeignPeer>, Refusal> {
     let Received {
         specs,
         declared,
         uffd,
         at,
-    } = receive::receive(&conn, state.config.handshake_timeout, &mut handoff)?;
+        ..
+    } = received;
     let total: u64 = specs.iter().map(|s| s.len as u64).sum();
     if total != state.store_len {
         say(format_args!(
@@ -83,7 +180,13 @@ fn accept(
         ));
     }
     let chosen = backing::choose(state.snapshot.as_ref(), pid, &specs, declared)?;
-    if let Some(why) = &chosen.unchecked {
+    if let (true, Some(why)) = (chosen.fallback, &chosen.unchecked) {
+        if !state.said_fallback.swap(true, SeqCst) {
+            say(format_args!(
+                "peer {n} (pid {pid}): note: shared mode cannot be used for it: its memory map is out of reach ({why}) and its handshake declares no backing; serving it by copy, as serve without --shared would (said once: later such peers are served by copy too)"
+            ));
+        }
+    } else if let Some(why) = &chosen.unchecked {
         say(format_args!(
             "peer {n} (pid {pid}): note: its memory map is out of reach ({why}); serving it as its handshake declares: {:?} memory",
             chosen.backing
@@ -92,21 +195,40 @@ fn accept(
     handoff.checked_ns = faultline_sys::monotonic_ns();
     let mode = chosen.mode();
     let Chosen { snapshot, .. } = chosen;
-    let built = build::build(state, n, conn, uffd, &specs, snapshot, &mut handoff)?;
+    let taken = matches!(origin, Origin::Adopted { .. });
+    let built = build::build(state, n, conn, uffd, &specs, snapshot, &mut handoff, origin)?;
+    if built.peer.is_shared() {
+        state.shared_peers.fetch_add(1, SeqCst);
+    }
     let served = Served {
         id: built.peer.id(),
         n,
         pid,
         received: at,
         handoff,
+        kept: built.kept,
     };
-    report(state, served, &built, mode, specs.len(), total);
-    Ok(())
+    report(state, served, &built, mode, specs.len(), total, taken);
+    Ok(built.peer)
 }
 
 /// Step 4: the peer joins the served list, and the operator is told.
-fn report(state: &State, served: Served, built: &Built, mode: &str, regions: usize, bytes: u64) {
+fn report(
+    state: &State,
+    served: Served,
+    built: &Built,
+    mode: &str,
+    regions: usize,
+    bytes: u64,
+    taken: bool,
+) {
     state.served.lock().expect("served").push(served);
+    if taken {
+        say(format_args!(
+            "peer {} (pid {}): taken over from the keeper: {} REMOVE'd range(s) replayed from its journal; its regions are woken",
+            served.n, served.pid, built.replayed
+        ));
+    }
     let uffd = built.peer.uffd();
     let features: Vec<&str> = uffd.feature_names();
     say(format_args!(

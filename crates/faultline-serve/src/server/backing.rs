@@ -8,9 +8,15 @@
 //!  yes              anonymous memory                 nothing, anonymous   copy
 //!  yes              one thing                        the other            refused
 //!  yes              out of reach (pid namespace)     shared / anonymous   as it says
-//!  yes              out of reach                     nothing              refused
+//!  yes              out of reach                     nothing              copy (said once)
 //!  yes              another file, ...                -                    refused
 //! ```
+//!
+//! A peer whose memory map is out of reach (a jailer, a proxy, another pid
+//! namespace) and that declares nothing is served as serve without
+//! `--shared` serves every peer: by copy (Firecracker's `Uffd` backend is
+//! anonymous memory). Refusing it would leave a VMM that did nothing wrong
+//! without its pages.
 
 use std::sync::Arc;
 
@@ -24,8 +30,11 @@ pub struct Chosen {
     /// mode), or `None` (copy mode).
     pub snapshot: Option<Arc<SharedSnapshot>>,
     /// Why its memory map could not be checked, when its declaration was
-    /// trusted instead.
+    /// trusted instead (or, with `fallback`, copy mode chosen).
     pub unchecked: Option<String>,
+    /// Shared mode could not be used for it (its memory map is out of
+    /// reach and it declared nothing): it is served by copy.
+    pub fallback: bool,
 }
 
 impl Chosen {
@@ -74,6 +83,7 @@ pub fn choose(
                 backing: PeerBacking::Anonymous,
                 snapshot: None,
                 unchecked: None,
+                fallback: false,
             }),
         };
     };
@@ -81,19 +91,22 @@ pub fn choose(
         .iter()
         .map(|s| (s.base, s.len, s.store_offset))
         .collect();
-    let (backing, unchecked) = match (snap.check_peer(pid, &regions), declared) {
+    let (backing, unchecked, fallback) = match (snap.check_peer(pid, &regions), declared) {
         (Ok(seen), Some(said)) if seen != said => {
             return Err(BackingError::Mismatch { said, seen })
         }
-        (Ok(seen), _) => (seen, None),
-        (Err(SnapshotError::ReadPeerMap { source, path }), Some(said)) => {
-            (said, Some(format!("{}: {source}", path.display())))
-        }
+        (Ok(seen), _) => (seen, None, false),
+        (Err(SnapshotError::ReadPeerMap { source, path }), said) => (
+            said.clone().unwrap_or(PeerBacking::Anonymous),
+            Some(format!("{}: {source}", path.display())),
+            said.is_none(),
+        ),
         (Err(e), _) => return Err(BackingError::Check(e)),
     };
     Ok(Chosen {
         snapshot: (backing == PeerBacking::Shared).then(|| snap.clone()),
         backing,
         unchecked,
+        fallback,
     })
 }

@@ -3,12 +3,16 @@
 //! 1. Claim the record (`--record`: the first peer only).
 //! 2. `ForeignPeer::new`: its regions checked against the store, shared
 //!    mode's MINOR registration made sure of.
-//! 3. Its connection becomes its hang-up watch.
+//! 3. `--takeover`: a new peer gets a REMOVE journal and is deposited with
+//!    the keeper (its userfaultfd, connection and journal); a peer taken
+//!    over has its journal's ranges replayed (they read zeros). Either way
+//!    the journal hook is set before the engine reads its userfaultfd.
+//!    Its connection becomes its hang-up watch.
 //! 4. The recorded set is prepared (once, for the first peer served by
 //!    copy) and its plan queued for this peer.
 //! 5. `ForeignEngine::add`: a handler thread serves it from now on.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
@@ -20,7 +24,26 @@ use faultline::{
 use super::log::say;
 use super::setup::prepare;
 use super::state::{Recorder, State};
+use crate::keeper::{Journal, KeeperError};
 use crate::summary::Handoff;
+
+/// Where a peer comes from.
+pub enum Origin<'a> {
+    /// Its hand-off, as it came (deposited with the keeper, if any).
+    Handed {
+        /// The handshake's text.
+        raw: &'a str,
+        /// Its pid.
+        pid: i32,
+    },
+    /// A keeper, which held it for a serve that died.
+    Adopted {
+        /// Its REMOVE journal.
+        journal: Journal,
+        /// Its id at the keeper.
+        id: u64,
+    },
+}
 
 /// A peer being served.
 pub struct Built {
@@ -30,6 +53,10 @@ pub struct Built {
     pub record: bool,
     /// Pages of the recorded set queued for it.
     pub queued: Option<usize>,
+    /// Its id at the keeper.
+    pub kept: Option<u64>,
+    /// REMOVE'd ranges replayed from its journal (a peer taken over).
+    pub replayed: usize,
 }
 
 /// Why a peer could not be built.
@@ -38,11 +65,24 @@ pub enum BuildError {
     /// Its regions or its userfaultfd cannot be served.
     #[error(transparent)]
     Peer(ForeignError),
+    /// Its REMOVE journal could not be made or read.
+    #[error("its REMOVE journal: {0}")]
+    Journal(#[source] faultline_sys::mem::MemError),
+    /// Its journal overflowed: which ranges read zeros is not known.
+    #[error("its REMOVE journal overflowed: which of its ranges must read zeros is not known")]
+    JournalFull,
+    /// Depositing it with the keeper failed.
+    #[error("depositing it with the keeper: {0}")]
+    Deposit(#[source] KeeperError),
 }
 
 /// Builds peer `n` on `uffd` with `specs` (from `snapshot` in shared mode)
 /// and hands it to the engine; stamps `built_ns`, `queued_ns` and
 /// `serving_ns` of `handoff`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the steps' inputs, each used once"
+)]
 pub fn build(
     state: &State,
     n: usize,
@@ -51,8 +91,10 @@ pub fn build(
     specs: &[ForeignRegionSpec],
     snapshot: Option<Arc<SharedSnapshot>>,
     handoff: &mut Handoff,
+    origin: Origin<'_>,
 ) -> Result<Built, BuildError> {
-    let record = state.claim_record();
+    // A peer taken over does not record: its restore began elsewhere.
+    let record = matches!(origin, Origin::Handed { .. }) && state.claim_record();
     let fault_around = state.config.fault_around;
     let opts = ForeignOptions {
         readahead: if record || fault_around <= 1 {
@@ -64,14 +106,15 @@ pub fn build(
         shared: snapshot,
         ..Default::default()
     };
-    let peer = ForeignPeer::new(format!("peer {n}"), uffd, specs, state.store.clone(), &opts)
-        .map_err(|e| {
-            if record {
-                // Leave the record to the next peer.
-                state.set_recorder(Recorder::Free);
-            }
-            BuildError::Peer(e)
-        })?;
+    let built = ForeignPeer::new(format!("peer {n}"), uffd, specs, state.store.clone(), &opts)
+        .map_err(BuildError::Peer)
+        .and_then(|peer| journal(state, n, &conn, peer, origin));
+    let (peer, kept, replayed) = built.inspect_err(|_| {
+        if record {
+            // Leave the record to the next peer.
+            state.set_recorder(Recorder::Free);
+        }
+    })?;
     handoff.built_ns = faultline_sys::monotonic_ns();
     let peer = peer.with_hangup(OwnedFd::from(conn));
     if let (Some(offs), false) = (&state.prefetch, peer.is_shared()) {
@@ -97,5 +140,43 @@ pub fn build(
         peer,
         record,
         queued,
+        kept,
+        replayed,
     })
+}
+
+/// Step 3 (`--takeover`): the peer's journal, new (and the peer deposited)
+/// or replayed; gives the peer, its id at the keeper and the ranges
+/// replayed.
+fn journal(
+    state: &State,
+    n: usize,
+    conn: &UnixStream,
+    peer: ForeignPeer,
+    origin: Origin<'_>,
+) -> Result<(ForeignPeer, Option<u64>, usize), BuildError> {
+    let (journal, id, replayed) = match (origin, &state.keeper) {
+        (Origin::Handed { .. }, None) => return Ok((peer, None, 0)),
+        (Origin::Handed { raw, pid }, Some(keeper)) => {
+            let journal = Journal::create().map_err(BuildError::Journal)?;
+            let fds = [peer.uffd().as_fd(), conn.as_fd(), journal.fd()];
+            let id = keeper
+                .deposit(n, pid, raw, fds)
+                .map_err(BuildError::Deposit)?;
+            (journal, id, 0)
+        }
+        (Origin::Adopted { journal, id }, _) => {
+            let (ranges, full) = journal.entries();
+            if full {
+                return Err(BuildError::JournalFull);
+            }
+            for &(start, end) in &ranges {
+                peer.replay_remove(start, end);
+            }
+            (journal, id, ranges.len())
+        }
+    };
+    let journal = Arc::new(journal);
+    let peer = peer.with_journal(Arc::new(move |start, end| journal.append(start, end)));
+    Ok((peer, Some(id), replayed))
 }

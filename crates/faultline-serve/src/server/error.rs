@@ -63,6 +63,30 @@ pub enum ServeError {
         /// The path.
         path: PathBuf,
     },
+    /// A server answers on the socket path.
+    #[error("{}: in use by {} (a server answers on it); stop it or choose another --socket", path.display(), if *pid > 0 { format!("pid {pid}") } else { "a process in another pid namespace".to_string() })]
+    InUse {
+        /// The path.
+        path: PathBuf,
+        /// The server's pid (`SO_PEERCRED`; 0 when out of this pid
+        /// namespace).
+        pid: i32,
+    },
+    /// Whether a server answers on the socket path could not be told.
+    #[error("{}: checking whether a server answers on this socket", path.display())]
+    Probe {
+        /// The path.
+        path: PathBuf,
+        /// The error of `connect`.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An output path (`--json`, `--record`) cannot be written.
+    #[error("{0:#}")]
+    CheckOutput(anyhow::Error),
+    /// The keeper (`--takeover`) could not be joined or started.
+    #[error("--takeover: {0}")]
+    Keeper(#[source] crate::keeper::KeeperError),
     /// Binding or setting up the listening socket failed.
     #[error("binding {}", path.display())]
     Bind {
@@ -85,12 +109,6 @@ pub enum ServeError {
     #[error("no peer connected for {:.1}s (timeout); exiting", .0.as_secs_f64())]
     Timeout(Duration),
     /// Writing the peers' summaries failed.
-    #[error("writing {}", path.display())]
-    WriteJson {
-        /// The file.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("writing the summaries (--json): {0:#}")]
+    WriteJson(anyhow::Error),
 }

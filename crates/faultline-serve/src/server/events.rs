@@ -21,8 +21,8 @@ pub fn on_event(state: &State, ev: PeerEvent) {
             say(format_args!(
                 "peer {n} (pid {pid}): serving failed: {error}"
             ));
-            state.kill(n, pid);
-            finish(state, &peer, format!("failed: {error}"));
+            let fate = state.kill(n, pid, "serve can no longer serve it");
+            finish(state, &peer, format!("failed ({fate}): {error}"));
         }
         PeerEvent::Message { peer, bytes, fds } => {
             let Served { n, pid, .. } = state.lookup(peer.id());
@@ -50,15 +50,33 @@ pub fn on_event(state: &State, ev: PeerEvent) {
 }
 
 /// Ends peer `peer` with `outcome`: its summary, its record, its removal
-/// from the engine.
-fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
+/// from the engine (and from the keeper's peers).
+pub fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
+    end(state, peer, outcome, true);
+}
+
+/// Ends peer `peer` here and leaves it with the keeper (the next serve
+/// takes it over): as [`finish`], the keeper not told.
+pub fn leave_with_keeper(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
+    end(state, peer, outcome, false);
+}
+
+fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
     let Served {
         n,
         pid,
         received,
         handoff,
+        kept,
         ..
     } = state.lookup(peer.id());
+    if let (true, Some(keeper), Some(id)) = (forget, &state.keeper, kept) {
+        if let Err(e) = keeper.forget(id) {
+            say(format_args!(
+                "peer {n}: telling the keeper it is done failed: {e}"
+            ));
+        }
+    }
     let s = peer.stats();
     let times = peer.times();
     let summary = PeerSummary {

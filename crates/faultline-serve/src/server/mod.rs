@@ -15,9 +15,27 @@
 //!  engine events (hang-up, failure, second message, prefetch done) ─► stderr,
 //!     the record file, the summaries (events.rs)
 //!     ▼
-//!  stop: --peers served, or no peer for --timeout; the socket removed, the
+//!  stop: --peers served, or no peer for --timeout, or a StopHandle
+//!        (SIGTERM/SIGINT/SIGHUP in the binaries): the socket removed, the
 //!        summaries written (--json)
 //! ```
+//!
+//! A stop asked for ([`StopHandle::stop`]) runs in four steps:
+//!
+//! 1. The socket is removed (only the one this server bound, see
+//!    `socket.rs`): no new connection reaches it.
+//! 2. Connections already queued are accepted and served as any other.
+//! 3. The peers being served are served on until they hang up, for at most
+//!    the grace period (`--grace`).
+//! 4. Those still there are killed (SIGKILL, unless
+//!    `--leave-peer-on-error`; without a handler their vCPUs hang at the
+//!    next missing page), each with its summary; `--json` is written.
+//!
+//! The same end (step 4) meets the peers still served when the server
+//! stops on an error. With `--takeover` ([`crate::keeper`]) a stop skips
+//! steps 3 and 4: the peers stay with the keeper for the next serve, and
+//! peers the keeper held for a dead serve are taken over when `run`
+//! starts.
 //!
 //! One memory file serves every peer: one read-only shared mapping
 //! (`FileStore`), so many VMs restored from one snapshot share its page
@@ -32,26 +50,28 @@ mod events;
 mod log;
 mod receive;
 mod setup;
+mod socket;
 mod state;
 
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixListener;
-use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::mpsc::Receiver;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::SeqCst};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, Once};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use faultline::{EngineKind, ForeignEngine, ForeignEngineConfig, PeerEvent, PrefetchPlan};
+use faultline_cli_support::OutputPath;
 use faultline_sys::poll::{self, PollFd};
+use faultline_sys::signal::{SIGHUP, SIGINT, SIGTERM};
 
 pub use error::ServeError;
 
 use crate::config::ServeConfig;
+use crate::keeper::{Keeper, Taken};
 use crate::record;
 use crate::summary::PeerSummary;
 use log::say;
+use socket::Socket;
 use state::{Recorder, State};
 
 /// How long the listener waits for a new connection's handshake before it
@@ -59,21 +79,83 @@ use state::{Recorder, State};
 const HANDSHAKE_INLINE_MS: i32 = 2;
 
 /// How long the listener sleeps in `poll` between looks at the engine's
-/// events and the timeout, ms.
+/// events, the stop flag and the timeout, ms.
 const TICK_MS: i32 = 50;
 
 /// A server, started and listening (see the module docs).
 pub struct Server {
     state: Arc<State>,
-    listener: UnixListener,
+    socket: Socket,
     events: Receiver<PeerEvent>,
+    stop: StopHandle,
+    /// Where `--json` goes (checked at start).
+    json: Option<OutputPath>,
+    /// Peers a dead serve left with the keeper, taken over when `run`
+    /// starts.
+    taken: Vec<Taken>,
+}
+
+/// Asks a running [`Server`] to stop (see the module docs); cheap to clone,
+/// usable from any thread (the binaries call it from their signal thread).
+#[derive(Clone, Debug, Default)]
+pub struct StopHandle(Arc<AtomicI32>);
+
+impl StopHandle {
+    /// Asks the server to stop, because of signal `sig` (0: asked by the
+    /// program itself).
+    pub fn stop(&self, sig: i32) {
+        let _ = self.0.compare_exchange(-1, sig, SeqCst, SeqCst);
+    }
+
+    /// The stop asked for, if any: its signal.
+    fn asked(&self) -> Option<i32> {
+        Some(self.0.load(SeqCst)).filter(|&s| s >= 0)
+    }
+}
+
+/// What asked a stop, in words.
+fn stop_cause(sig: i32) -> String {
+    match sig {
+        SIGTERM => "SIGTERM".into(),
+        SIGINT => "SIGINT".into(),
+        SIGHUP => "SIGHUP".into(),
+        0 => "a stop asked by the program".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+/// How the listener's loop ended without an error.
+enum End {
+    /// `--peers` were served.
+    Served,
+    /// A stop was asked (its signal), and every peer hung up.
+    Stopped(i32),
+    /// A stop was asked, and the grace period ended with peers left.
+    Grace(i32),
+    /// A stop was asked, and the peers were left with the keeper.
+    Kept(i32),
 }
 
 impl Server {
-    /// Checks `config`, opens what it serves and binds its socket; says
-    /// so on stderr.
+    /// Checks `config` (its numbers, its output paths, what is at its
+    /// socket path), opens what it serves and binds its socket; says so on
+    /// stderr.
     pub fn start(config: ServeConfig) -> Result<Server, ServeError> {
         config.check()?;
+        let json = match &config.json {
+            Some(p) => Some(OutputPath::check(p, "--json").map_err(ServeError::CheckOutput)?),
+            None => None,
+        };
+        if let Some(p) = &config.record {
+            OutputPath::check(p, "--record").map_err(ServeError::CheckOutput)?;
+        }
+        Socket::check(&config.socket)?;
+        let (keeper, taken) = if config.takeover {
+            let (k, taken) = Keeper::join_or_start(&config.socket).map_err(ServeError::Keeper)?;
+            (Some(k), taken)
+        } else {
+            (None, Vec::new())
+        };
         let (store, source) = setup::open_store(&config.source)?;
         let store_len = store.len().unwrap_or(0);
         let prefetch = match &config.prefetch {
@@ -102,7 +184,7 @@ impl Server {
             },
         )
         .map_err(ServeError::Engine)?;
-        let listener = bind(&config.socket)?;
+        let socket = Socket::bind(&config.socket)?;
         say(format_args!(
             "listening on {} for peers of {source} ({store_len} bytes); timeout {}s",
             config.socket.display(),
@@ -131,115 +213,208 @@ impl Server {
             prefetch,
             connected: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
+            ignored: AtomicUsize::new(0),
+            shared_peers: AtomicUsize::new(0),
+            said_fallback: AtomicBool::new(false),
+            keeper,
             recorder: Mutex::new(Recorder::Free),
             served: Mutex::new(Vec::new()),
             summaries: Mutex::new(Vec::new()),
         });
         Ok(Server {
             state,
-            listener,
+            socket,
             events,
+            stop: StopHandle(Arc::new(AtomicI32::new(-1))),
+            json,
+            taken,
         })
     }
 
-    /// Serves until the configured peers have come and gone, or no peer
-    /// was connected for the timeout (an error); then removes the socket
-    /// and writes the summaries (`json`). Gives the summaries.
+    /// A handle that stops this server (from another thread).
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// Serves until the configured peers have come and gone, no peer was
+    /// connected for the timeout (an error), or a stop was asked and its
+    /// grace period is over; then ends the peers still served (see the
+    /// module docs), removes the socket and writes the summaries
+    /// (`json`). Gives the summaries.
     pub fn run(self) -> Result<Vec<PeerSummary>, ServeError> {
-        let result = self.serve();
-        let config = &self.state.config;
-        let _ = std::fs::remove_file(&config.socket);
-        let summaries = self.state.summaries.lock().expect("summaries").clone();
-        if let Some(path) = &config.json {
+        let Server {
+            state,
+            socket,
+            events,
+            stop,
+            json,
+            taken,
+        } = self;
+        if !taken.is_empty() {
+            say(format_args!(
+                "taking {} peer(s) over from the keeper",
+                taken.len()
+            ));
+        }
+        for t in taken {
+            let n = state.connected.fetch_add(1, SeqCst) + 1;
+            accept::adopt(&state, n, t);
+        }
+        let result = serve(&state, socket, &events, &stop);
+        let why = match &result {
+            Ok(End::Grace(sig)) => format!(
+                "serve is stopping ({}) and its grace period of {}s ended",
+                stop_cause(*sig),
+                state.config.grace.as_secs_f64()
+            ),
+            Ok(_) => "serve is stopping".into(),
+            Err(e) => format!("serve is stopping on an error ({e})"),
+        };
+        for peer in state.engine.peers() {
+            let served = state.lookup(peer.id());
+            if let Ok(End::Kept(_)) = result {
+                let outcome = "left with the keeper: the next serve takes it over";
+                say(format_args!("peer {}: {outcome}", served.n));
+                events::leave_with_keeper(&state, &peer, outcome.into());
+                continue;
+            }
+            let fate = state.kill(served.n, served.pid, &why);
+            events::finish(&state, &peer, format!("{fate}: {why}"));
+        }
+        if let (Some(snap), 0) = (&state.config.shared, state.shared_peers.load(SeqCst)) {
+            say(format_args!(
+                "note: no peer was served from the shared copy {} (it stays: serve never removes it)",
+                snap.display()
+            ));
+        }
+        let summaries = state.summaries.lock().expect("summaries").clone();
+        if let Some(out) = &json {
             let text = serde_json::to_string_pretty(&summaries).map_err(std::io::Error::from);
-            text.and_then(|t| std::fs::write(path, t))
-                .map_err(|source| ServeError::WriteJson {
-                    path: path.clone(),
-                    source,
-                })?;
+            text.map_err(anyhow::Error::from)
+                .and_then(|t| out.write_bytes(t.as_bytes()))
+                .map_err(ServeError::WriteJson)?;
         }
-        result.map(|()| summaries)
-    }
-
-    /// The listener's loop.
-    fn serve(&self) -> Result<(), ServeError> {
-        let state = &self.state;
-        let timeout = state.config.timeout;
-        let mut idle_since = Some(Instant::now());
-        loop {
-            let mut fds = [PollFd {
-                fd: self.listener.as_raw_fd(),
-                events: poll::events::IN,
-                revents: 0,
-            }];
-            let _ = poll::poll(&mut fds, TICK_MS);
-            self.accept_all()?;
-            while let Ok(ev) = self.events.try_recv() {
-                events::on_event(state, ev);
-            }
-            let (c, f) = (state.connected.load(SeqCst), state.finished.load(SeqCst));
-            if state.config.peers.is_some_and(|n| c >= n && f >= c) {
-                say(format_args!("all {c} peers served; exiting"));
-                return Ok(());
-            }
-            if c > f {
-                idle_since = None;
-            } else if idle_since.get_or_insert_with(Instant::now).elapsed() > timeout {
-                return Err(ServeError::Timeout(timeout));
-            }
+        match result? {
+            End::Served => {}
+            End::Stopped(sig) => say(format_args!(
+                "stopped ({}): every peer hung up",
+                stop_cause(sig)
+            )),
+            End::Grace(sig) => say(format_args!(
+                "stopped ({}) at the end of its grace period",
+                stop_cause(sig)
+            )),
+            End::Kept(sig) => say(format_args!(
+                "stopped ({}); the peers it served stay with the keeper",
+                stop_cause(sig)
+            )),
         }
+        Ok(summaries)
     }
+}
 
-    /// Accepts every pending connection.
-    fn accept_all(&self) -> Result<(), ServeError> {
-        loop {
-            match self.listener.accept() {
-                Ok((conn, _)) => {
-                    let accepted_ns = faultline_sys::monotonic_ns();
-                    let n = self.state.connected.fetch_add(1, SeqCst) + 1;
-                    // A peer sends its handshake right after connecting:
-                    // when it is there within HANDSHAKE_INLINE_MS, the peer
-                    // is set up on this thread (no thread start on the
-                    // restore's critical path); else on a thread of its
-                    // own, so a slow or silent peer never holds the
-                    // listener up.
-                    if receive::readable_within(&conn, HANDSHAKE_INLINE_MS) {
-                        accept::handle(&self.state, n, conn, accepted_ns);
-                        continue;
-                    }
-                    let s = self.state.clone();
-                    std::thread::Builder::new()
-                        .name(format!("faultline-handshake-{n}"))
-                        .spawn(move || accept::handle(&s, n, conn, accepted_ns))
-                        .map_err(|source| ServeError::Spawn {
-                            what: format!("the handshake thread of peer {n}"),
-                            source,
-                        })?;
+/// The listener's loop; the socket is removed (and closed) when it ends or
+/// a stop is asked.
+fn serve(
+    state: &Arc<State>,
+    socket: Socket,
+    events: &Receiver<PeerEvent>,
+    stop: &StopHandle,
+) -> Result<End, ServeError> {
+    let timeout = state.config.timeout;
+    let mut idle_since = Some(Instant::now());
+    let mut socket = Some(socket);
+    let mut stopping: Option<(i32, Instant)> = None;
+    loop {
+        match &socket {
+            Some(sock) => {
+                let mut fds = [PollFd {
+                    fd: sock.listener().as_raw_fd(),
+                    events: poll::events::IN,
+                    revents: 0,
+                }];
+                let _ = poll::poll(&mut fds, TICK_MS);
+                accept_all(state, sock)?;
+            }
+            None => match events.recv_timeout(Duration::from_millis(TICK_MS as u64)) {
+                Ok(ev) => events::on_event(state, ev),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(Duration::from_millis(TICK_MS as u64))
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) => say(format_args!("accept failed: {e}")),
+            },
+        }
+        while let Ok(ev) = events.try_recv() {
+            events::on_event(state, ev);
+        }
+        if let (None, Some(sig)) = (stopping, stop.asked()) {
+            // Steps 1 and 2 of a stop: no new connection, the queued ones
+            // accepted.
+            if let Some(mut sock) = socket.take() {
+                sock.remove();
+                accept_all(state, &sock)?;
             }
+            let (c, f) = state.counts();
+            say(format_args!(
+                "{}: stopping: the socket is removed (no new peers); {} peer(s) still served, for at most {}s until they hang up",
+                stop_cause(sig),
+                c.saturating_sub(f),
+                state.config.grace.as_secs_f64()
+            ));
+            stopping = Some((sig, Instant::now()));
+        }
+        let (c, f) = state.counts();
+        if let Some((sig, at)) = stopping {
+            if state.keeper.is_some() && f < c {
+                return Ok(End::Kept(sig));
+            }
+            if f >= c {
+                return Ok(End::Stopped(sig));
+            }
+            if at.elapsed() >= state.config.grace {
+                return Ok(End::Grace(sig));
+            }
+            continue;
+        }
+        if state.config.peers.is_some_and(|n| c >= n && f >= c) {
+            say(format_args!("all {c} peers served; exiting"));
+            return Ok(End::Served);
+        }
+        if c > f {
+            idle_since = None;
+        } else if idle_since.get_or_insert_with(Instant::now).elapsed() > timeout {
+            return Err(ServeError::Timeout(timeout));
         }
     }
 }
 
-/// Binds `path` (non-blocking), replacing a stale socket there; anything
-/// else at `path` is refused, never removed.
-fn bind(path: &Path) -> Result<UnixListener, ServeError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if !m.file_type().is_socket() => {
-            return Err(ServeError::NotASocket { path: path.into() })
+/// Accepts every pending connection.
+fn accept_all(state: &Arc<State>, sock: &Socket) -> Result<(), ServeError> {
+    loop {
+        match sock.listener().accept() {
+            Ok((conn, _)) => {
+                let accepted_ns = faultline_sys::monotonic_ns();
+                let n = state.connected.fetch_add(1, SeqCst) + 1;
+                // A peer sends its handshake right after connecting: when
+                // it is there within HANDSHAKE_INLINE_MS, the peer is set
+                // up on this thread (no thread start on the restore's
+                // critical path); else on a thread of its own, so a slow
+                // or silent peer never holds the listener up.
+                if receive::readable_within(&conn, HANDSHAKE_INLINE_MS) {
+                    accept::handle(state, n, conn, accepted_ns);
+                    continue;
+                }
+                let s = state.clone();
+                std::thread::Builder::new()
+                    .name(format!("faultline-handshake-{n}"))
+                    .spawn(move || accept::handle(&s, n, conn, accepted_ns))
+                    .map_err(|source| ServeError::Spawn {
+                        what: format!("the handshake thread of peer {n}"),
+                        source,
+                    })?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => say(format_args!("accept failed: {e}")),
         }
-        Ok(_) => {
-            let _ = std::fs::remove_file(path);
-        }
-        Err(_) => {}
     }
-    let bind_err = |source| ServeError::Bind {
-        path: path.into(),
-        source,
-    };
-    let listener = UnixListener::bind(path).map_err(bind_err)?;
-    listener.set_nonblocking(true).map_err(bind_err)?;
-    Ok(listener)
 }

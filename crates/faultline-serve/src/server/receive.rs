@@ -31,6 +31,8 @@ pub struct Received {
     pub uffd: ForeignUffd,
     /// When its handshake was read.
     pub at: Instant,
+    /// The handshake as it came (for the keeper).
+    pub raw: String,
 }
 
 /// Why a hand-off could not be received (each a refusal of the peer).
@@ -98,6 +100,7 @@ pub fn receive(
         declared: hs.backing,
         uffd,
         at,
+        raw: String::from_utf8_lossy(&buf[..got.bytes]).into_owned(),
     })
 }
 

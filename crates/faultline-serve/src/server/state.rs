@@ -5,7 +5,7 @@
 //! while calling the engine or the kernel): `recorder`, `served`,
 //! `summaries`.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Instant;
 
@@ -14,6 +14,7 @@ use faultline_sys::process;
 
 use super::log::say;
 use crate::config::ServeConfig;
+use crate::keeper::Keeper;
 use crate::summary::{Handoff, PeerSummary};
 
 /// Whose restore `--record` records: the first peer whose handshake is
@@ -43,6 +44,8 @@ pub struct Served {
     pub received: Instant,
     /// Its hand-off's milestones so far.
     pub handoff: Handoff,
+    /// Its id at the keeper (`--takeover`).
+    pub kept: Option<u64>,
 }
 
 /// The server's shared state.
@@ -67,6 +70,15 @@ pub struct State {
     pub connected: AtomicUsize,
     /// Connections done with (refused, hung up, failed).
     pub finished: AtomicUsize,
+    /// Connections that hung up without a handshake: not peers (another
+    /// serve checking whether the socket is in use connects and hangs up).
+    pub ignored: AtomicUsize,
+    /// Peers served in shared mode.
+    pub shared_peers: AtomicUsize,
+    /// The note that shared mode fell back to copy for a peer was said.
+    pub said_fallback: AtomicBool,
+    /// The keeper the peers are deposited with (`--takeover`).
+    pub keeper: Option<Keeper>,
     /// Whose restore is recorded.
     pub recorder: Mutex<Recorder>,
     /// The peers being served.
@@ -114,17 +126,46 @@ impl State {
                 pid: 0,
                 received: Instant::now(),
                 handoff: Handoff::default(),
+                kept: None,
             })
     }
 
-    /// Kills peer `n` (pid `pid`) when `kill_peer_on_error` says so.
-    pub fn kill(&self, n: usize, pid: i32) {
-        if self.config.kill_peer_on_error && pid > 0 {
-            match process::kill(pid, process::SIGKILL) {
-                Ok(()) => say(format_args!(
-                    "peer {n}: killed pid {pid} (--kill-peer-on-error)"
-                )),
-                Err(e) => say(format_args!("peer {n}: killing pid {pid} failed: {e}")),
+    /// Peers connected (handshakes being read included) and done with.
+    pub fn counts(&self) -> (usize, usize) {
+        let ignored = self.ignored.load(SeqCst);
+        let connected = self.connected.load(SeqCst).saturating_sub(ignored);
+        (connected, self.finished.load(SeqCst))
+    }
+
+    /// Ends peer `n` (pid `pid`), which serve will not serve because
+    /// `why`: kills it (SIGKILL) unless `leave_peer_on_error`, since its
+    /// vCPUs would hang at their next missing page; says so. Gives what
+    /// became of it, for its summary.
+    pub fn kill(&self, n: usize, pid: i32, why: &str) -> &'static str {
+        if self.config.leave_peer_on_error {
+            say(format_args!(
+                "peer {n} (pid {pid}): left running ({why}; --leave-peer-on-error): its vCPUs hang at their next missing page"
+            ));
+            return "left running";
+        }
+        if pid <= 0 {
+            say(format_args!(
+                "peer {n}: cannot be killed ({why}): SO_PEERCRED gave no pid (another pid namespace); its vCPUs hang at their next missing page"
+            ));
+            return "not killed: pid unknown";
+        }
+        match process::kill(pid, process::SIGKILL) {
+            Ok(()) => {
+                say(format_args!(
+                    "peer {n}: killed pid {pid}: {why}, and its vCPUs would hang at their next missing page (--leave-peer-on-error leaves it running)"
+                ));
+                "killed"
+            }
+            Err(e) => {
+                say(format_args!(
+                    "peer {n}: killing pid {pid} ({why}) failed: {e}"
+                ));
+                "killing it failed"
             }
         }
     }

@@ -80,6 +80,9 @@ pub enum ForeignError {
         #[source]
         source: UffdError,
     },
+    /// Waking the peer's threads blocked on a range failed.
+    #[error("waking the peer's faulting threads (UFFDIO_WAKE): {0}")]
+    Wake(#[source] UffdError),
     /// A thread could not be started.
     #[error("spawning {what}: {source}")]
     Spawn {

@@ -106,7 +106,7 @@ mod uffd;
 pub use config::{ForeignEngineConfig, ForeignOptions, ForeignRegionSpec, PREFETCH_HELPER_PIECE};
 pub use engine::ForeignEngine;
 pub use error::ForeignError;
-pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes};
+pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes, RemoveJournal};
 pub use plan::{prepare_store, PrefetchPlan};
 pub use snapshot::{PeerBacking, Populated, SharedSnapshot, SnapshotError, Verify};
 pub use uffd::ForeignUffd;

@@ -236,7 +236,13 @@ pub struct ForeignPeer {
     pub(super) store: Arc<dyn PageStore>,
     pub(super) stats: PeerCounters,
     pub(super) clock: PeerClock,
+    /// Told of every REMOVE before its bookkeeping ([`ForeignPeer::with_journal`]).
+    journal: Option<RemoveJournal>,
 }
+
+/// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
+/// `[start, end)` (the peer's addresses).
+pub type RemoveJournal = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 impl std::fmt::Debug for ForeignPeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -319,6 +325,7 @@ impl ForeignPeer {
             store,
             stats: PeerCounters::default(),
             clock: PeerClock::default(),
+            journal: None,
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
@@ -345,6 +352,23 @@ impl ForeignPeer {
     pub fn with_hangup(mut self, fd: OwnedFd) -> ForeignPeer {
         self.hangup = Some(fd);
         self
+    }
+
+    /// Calls `journal` with every REMOVE'd range as it is read, before the
+    /// peer's bookkeeping of it and before any later event or fault of the
+    /// peer is acted on: a record of what the kernel no longer remembers
+    /// (which ranges must read zeros), for a handler that takes the peer
+    /// over after this one is gone ([`ForeignPeer::replay_remove`]).
+    pub fn with_journal(mut self, journal: RemoveJournal) -> ForeignPeer {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// Marks `[start, end)` dropped, as a REMOVE event read by an earlier
+    /// handler of this peer did (from its journal): its pages read zeros
+    /// from now on. Call it before the peer is added to an engine.
+    pub fn replay_remove(&self, start: u64, end: u64) {
+        self.on_remove(start, end);
     }
 
     /// The peer's id (unique in this process).
@@ -549,6 +573,9 @@ impl ForeignPeer {
     /// The peer dropped `[start, end)` (`MADV_DONTNEED`, a REMOVE event):
     /// its whole pages are absent, and read as zeros from now on.
     pub(super) fn on_remove(&self, start: u64, end: u64) {
+        if let Some(journal) = &self.journal {
+            journal(start, end);
+        }
         self.stats.removes.fetch_add(1, Relaxed);
         for r in &self.regions {
             let pages = r.state.pages.within(start, end);

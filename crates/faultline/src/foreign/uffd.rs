@@ -31,6 +31,13 @@ pub struct ForeignUffd {
     features: u64,
 }
 
+impl std::os::fd::AsFd for ForeignUffd {
+    /// The userfaultfd (to hand a dup of it on, e.g. to a keeper process).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.uffd.as_fd()
+    }
+}
+
 impl ForeignUffd {
     /// Adopts `fd`, which must be a userfaultfd whose handshake its creator
     /// has done.
@@ -64,6 +71,14 @@ impl ForeignUffd {
             .filter(|(bit, _)| self.features & bit != 0)
             .map(|&(_, name)| name)
             .collect()
+    }
+
+    /// `UFFDIO_WAKE` over `[start, start + len)` of the peer: its threads
+    /// blocked on a fault there run again and fault anew (a handler taking
+    /// the peer over wakes the faults its predecessor read and never
+    /// answered).
+    pub fn wake(&self, start: u64, len: u64) -> Result<(), ForeignError> {
+        self.uffd.wake(start, len).map_err(ForeignError::Wake)
     }
 
     /// The descriptor number (for messages).

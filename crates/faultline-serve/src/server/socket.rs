@@ -1,0 +1,126 @@
+//! The listening socket: what serve binds at `--socket`, and the one path
+//! it removes.
+//!
+//! 1. What is at the path decides: nothing is bound over; a socket where
+//!    a server answers (`connect` succeeds) is refused, "in use by pid N"
+//!    (`SO_PEERCRED` of that connection, which the live server counts as
+//!    no peer); a socket nobody answers (`ECONNREFUSED`: its server is
+//!    gone) is stale and replaced; anything else (a file, a directory, a
+//!    FIFO) is refused and never removed.
+//! 2. Bound, the socket's identity (device, inode) is kept, and the path
+//!    is registered with `faultline_cli_support::cleanup` (a second
+//!    SIGTERM ends the process at once and removes it).
+//! 3. [`Socket::remove`] (at a stop, or on drop) removes the path only if
+//!    it still names that socket: one another serve bound there meanwhile
+//!    (after someone removed ours) is left to its owner.
+
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use faultline_cli_support::cleanup;
+use faultline_sys::sock;
+
+use super::error::ServeError;
+use super::log::say;
+
+/// The socket a server bound, and owns.
+pub struct Socket {
+    listener: UnixListener,
+    path: PathBuf,
+    /// Device and inode of the socket file bound.
+    id: (u64, u64),
+    /// Removes the path if the process ends on a second signal.
+    guard: Option<cleanup::Guard>,
+}
+
+impl Socket {
+    /// Checks what is at `path` (step 1 of the module docs) without
+    /// changing anything: whether a stale socket is there to replace.
+    pub fn check(path: &Path) -> Result<bool, ServeError> {
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if !m.file_type().is_socket() => {
+                Err(ServeError::NotASocket { path: path.into() })
+            }
+            Ok(_) => match UnixStream::connect(path) {
+                Ok(conn) => {
+                    let pid = sock::peer_cred(conn.as_fd()).map_or(0, |c| c.pid);
+                    Err(ServeError::InUse {
+                        path: path.into(),
+                        pid,
+                    })
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(true),
+                Err(source) => Err(ServeError::Probe {
+                    path: path.into(),
+                    source,
+                }),
+            },
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Binds `path` (non-blocking) as the module docs say.
+    pub fn bind(path: &Path) -> Result<Socket, ServeError> {
+        if Socket::check(path)? {
+            say(format_args!(
+                "{}: a stale socket (nothing answers on it): replaced",
+                path.display()
+            ));
+            std::fs::remove_file(path).map_err(|source| ServeError::Bind {
+                path: path.into(),
+                source,
+            })?;
+        }
+        let bind_err = |source| ServeError::Bind {
+            path: path.into(),
+            source,
+        };
+        let listener = UnixListener::bind(path).map_err(bind_err)?;
+        let guard = cleanup::register(path);
+        listener.set_nonblocking(true).map_err(bind_err)?;
+        let m = std::fs::symlink_metadata(path).map_err(bind_err)?;
+        Ok(Socket {
+            listener,
+            path: path.into(),
+            id: (m.dev(), m.ino()),
+            guard: Some(guard),
+        })
+    }
+
+    /// The listener.
+    pub fn listener(&self) -> &UnixListener {
+        &self.listener
+    }
+
+    /// Removes the path if it still names the socket bound (once; later
+    /// calls do nothing). New connections fail from then on.
+    pub fn remove(&mut self) {
+        let Some(guard) = self.guard.take() else {
+            return;
+        };
+        guard.disarm();
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) if (m.dev(), m.ino()) == self.id => {
+                if let Err(e) = std::fs::remove_file(&self.path) {
+                    say(format_args!(
+                        "removing the socket {} failed: {e}",
+                        self.path.display()
+                    ));
+                }
+            }
+            Ok(_) => say(format_args!(
+                "{}: no longer the socket this serve bound (replaced by another); left in place",
+                self.path.display()
+            )),
+            Err(_) => {}
+        }
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
