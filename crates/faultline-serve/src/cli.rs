@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::config::{ServeConfig, Source, Verify};
+use crate::config::{LogFormat, MetricsAddr, ServeConfig, Source, Verify};
 use crate::server::Server;
 
 /// `faultline serve` arguments.
@@ -42,14 +42,18 @@ pub struct ServeArgs {
     /// (0: one page per fault). Default 16.
     #[arg(long, default_value_t = 16)]
     pub fault_around: usize,
-    /// Write the order in which the first peer's restore touched its pages
-    /// to FILE when it hangs up (one page per fault: fault-around is off
-    /// for that peer).
+    /// Write the pages the first peer's restore touched, in the order it
+    /// first did and when, to FILE when it hangs up (one page per fault:
+    /// fault-around is off for a peer that records). With `{peer}` in FILE
+    /// every peer records, each to FILE with `{peer}` replaced by its
+    /// connection number (merge them: `faultline-serve record merge`).
+    /// The record names the memory file it was made for.
     #[arg(long)]
     pub record: Option<PathBuf>,
-    /// Install the pages listed in FILE (written by --record) eagerly on
-    /// every restore; faults are served first, and pages outside the set on
-    /// demand.
+    /// Install the pages listed in FILE (written by --record, or merged)
+    /// eagerly on every restore; faults are served first, and pages
+    /// outside the set on demand. A record made for another memory file
+    /// is refused.
     #[arg(long)]
     pub prefetch: Option<PathBuf>,
     /// Prefetch helper threads beside the handler threads (each installs
@@ -88,6 +92,32 @@ pub struct ServeArgs {
     /// Write every peer's statistics to FILE (JSON) on exit.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Serve live metrics (OpenMetrics text, `GET /metrics`) on ADDR: a
+    /// unix socket path (with a '/'), a TCP port on 127.0.0.1, or a
+    /// loopback HOST:PORT. Per peer: faults by kind, pages installed on
+    /// demand / by fault-around / by prefetch, bytes read, REMOVEs,
+    /// EAGAIN, EEXIST, a fault-service-time histogram, prefetch
+    /// progress; peers connected and hand-offs refused by reason.
+    #[arg(long, value_parser = metrics_addr)]
+    pub metrics: Option<MetricsAddr>,
+    /// How serve's lines on stderr are written: `text` (`faultline serve:
+    /// ...`) or `json` (one object a line: time, source, msg).
+    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
+    pub log_format: LogFormatArg,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormatArg {
+    /// `faultline serve: MESSAGE`.
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+/// Parses `--metrics`.
+fn metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    s.parse().map_err(|e: crate::metrics::EndpointError| e.to_string())
 }
 
 /// `--verify`.
@@ -133,6 +163,11 @@ impl ServeArgs {
                 VerifyArg::Full => Verify::Full,
             },
             json: self.json.clone(),
+            metrics: self.metrics.clone(),
+            log_format: match self.log_format {
+                LogFormatArg::Text => LogFormat::Text,
+                LogFormatArg::Json => LogFormat::Json,
+            },
             ..ServeConfig::new(self.socket.clone(), source)
         })
     }

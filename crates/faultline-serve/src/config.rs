@@ -17,6 +17,19 @@ use std::time::Duration;
 
 pub use faultline::Verify;
 
+pub use crate::metrics::MetricsAddr;
+
+/// How serve's lines on stderr are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// `faultline serve: MESSAGE`.
+    #[default]
+    Text,
+    /// One JSON object a line: `{"time":SECONDS,"source":"faultline serve","msg":MESSAGE}`
+    /// (`time`: seconds since the epoch).
+    Json,
+}
+
 /// Where the snapshot's bytes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -65,6 +78,10 @@ pub struct ServeConfig {
     pub verify: Verify,
     /// Write every peer's summary here (JSON) on exit.
     pub json: Option<PathBuf>,
+    /// Serve live metrics (OpenMetrics text) here.
+    pub metrics: Option<MetricsAddr>,
+    /// How the lines on stderr are written.
+    pub log_format: LogFormat,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -106,6 +123,8 @@ impl ServeConfig {
             shared: None,
             verify: Verify::Sample,
             json: None,
+            metrics: None,
+            log_format: LogFormat::Text,
         }
     }
 

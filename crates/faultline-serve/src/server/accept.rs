@@ -35,6 +35,29 @@ pub enum Refusal {
     Build(#[from] BuildError),
 }
 
+impl Refusal {
+    /// The reason label of the metrics' `faultline_handoffs_refused`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Receive(e) => match e {
+                ReceiveError::Silent(_) => "silent",
+                ReceiveError::Recv(_) => "recvmsg",
+                ReceiveError::HungUp => "hung_up",
+                ReceiveError::TooLong => "too_long",
+                ReceiveError::DescriptorsLost | ReceiveError::Descriptors(_) => "descriptors",
+                ReceiveError::Handshake(_) => "handshake",
+                ReceiveError::Adopt(_) => "userfaultfd",
+            },
+            Refusal::Backing(e) => match e {
+                BackingError::Mismatch { .. } => "backing_mismatch",
+                BackingError::Check(_) => "backing_check",
+                BackingError::NoSnapshot => "no_snapshot",
+            },
+            Refusal::Build(_) => "regions",
+        }
+    }
+}
+
 /// Handles connection `n` (accepted at `accepted_ns`) on this thread; a
 /// connection that serves no peer counts as finished.
 pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
@@ -46,6 +69,7 @@ pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
     let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
     if let Err(why) = accept(state, n, pid, conn, handoff) {
         say(format_args!("peer {n} (pid {pid}): refused: {why}"));
+        state.counters.refused(why.reason());
         state.kill(n, pid);
         state
             .summaries

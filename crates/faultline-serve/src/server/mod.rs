@@ -49,6 +49,7 @@ use faultline_sys::poll::{self, PollFd};
 pub use error::ServeError;
 
 use crate::config::ServeConfig;
+use crate::metrics::{Endpoint, Exposition, ServerCounters};
 use crate::record;
 use crate::summary::PeerSummary;
 use log::say;
@@ -67,6 +68,8 @@ pub struct Server {
     state: Arc<State>,
     listener: UnixListener,
     events: Receiver<PeerEvent>,
+    /// The metrics endpoint (`--metrics`), stopped when the server is.
+    metrics: Option<Endpoint>,
 }
 
 impl Server {
@@ -74,11 +77,28 @@ impl Server {
     /// so on stderr.
     pub fn start(config: ServeConfig) -> Result<Server, ServeError> {
         config.check()?;
+        log::set_format(config.log_format);
         let (store, source) = setup::open_store(&config.source)?;
         let store_len = store.len().unwrap_or(0);
-        let prefetch = match &config.prefetch {
-            Some(p) => Some(record::read(p)?),
-            None => None,
+        // Records name the memory file they were made for: one made for
+        // another is refused.
+        let identity = match config.record.is_some() || config.prefetch.is_some() {
+            true => Some(record::identity(&*store)?),
+            false => None,
+        };
+        let prefetch = match (&config.prefetch, identity) {
+            (Some(p), Some(id)) => {
+                let rec = record::read_record(p)?;
+                rec.check(p, id)?;
+                if rec.identity.is_none() {
+                    say(format_args!(
+                        "{}: a v1 record (it names no memory file): not checked against {source}",
+                        p.display()
+                    ));
+                }
+                Some(rec.offsets())
+            }
+            _ => None,
         };
         let snapshot = match &config.shared {
             Some(path) => Some(Arc::new(setup::shared_snapshot(
@@ -134,11 +154,24 @@ impl Server {
             recorder: Mutex::new(Recorder::Free),
             served: Mutex::new(Vec::new()),
             summaries: Mutex::new(Vec::new()),
+            counters: ServerCounters::default(),
+            identity,
         });
+        let metrics = match &state.config.metrics {
+            Some(addr) => {
+                let s = state.clone();
+                let exposition = Arc::new(Exposition::new(Box::new(move || s.sample())));
+                let e = Endpoint::start(addr, exposition)?;
+                say(format_args!("metrics on {}", e.addr));
+                Some(e)
+            }
+            None => None,
+        };
         Ok(Server {
             state,
             listener,
             events,
+            metrics,
         })
     }
 
@@ -147,6 +180,7 @@ impl Server {
     /// and writes the summaries (`json`). Gives the summaries.
     pub fn run(self) -> Result<Vec<PeerSummary>, ServeError> {
         let result = self.serve();
+        drop(self.metrics);
         let config = &self.state.config;
         let _ = std::fs::remove_file(&config.socket);
         let summaries = self.state.summaries.lock().expect("summaries").clone();

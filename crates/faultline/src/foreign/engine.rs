@@ -251,6 +251,7 @@ impl Serve for Peers {
         t0: u64,
         attempt: Attempt,
     ) -> Action<String> {
+        let started_ns = faultline_sys::monotonic_ns();
         let (reg, page) = match p.on_fault(addr, flags, attempt != Attempt::Retry) {
             Ok(found) => found,
             Err(why) => return Action::Stop(why),
@@ -260,6 +261,7 @@ impl Serve for Peers {
         let access = Access::of_message(flags);
         let res = resolve(r, page, access, &Origin::Fault, &mut self.scratch);
         r.add_cycles(rdtsc().wrapping_sub(t0));
+        p.fault_served(&res, started_ns);
         settle(
             r,
             page,

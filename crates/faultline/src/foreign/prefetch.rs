@@ -145,6 +145,7 @@ impl ForeignPeer {
                 .name("faultline-prefetch-read".into())
                 .spawn(move || hints.into_iter().for_each(|(o, l)| store.will_need(o, l)));
         }
+        self.stats.prefetch_queued.fetch_add(n as u64, Relaxed);
         let mut q = self.prefetch.lock().expect("prefetch queue");
         q.runs.extend(runs);
         self.prefetch_pending
