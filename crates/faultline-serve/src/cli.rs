@@ -63,6 +63,11 @@ pub struct ServeArgs {
     /// 1/2/3 helpers: ~52/~40/~36 ms).
     #[arg(long)]
     pub prefetch_helpers: Option<usize>,
+    /// Run the prefetch helpers under SCHED_IDLE: they copy only on CPUs
+    /// the VMs' vCPUs leave idle (faults are still served first, by the
+    /// handler threads at normal priority).
+    #[arg(long)]
+    pub prefetch_idle: bool,
     /// Kill a peer (SIGKILL, pid from SO_PEERCRED) when serving it fails or
     /// its handshake is refused: its vCPUs would otherwise hang.
     #[arg(long)]
@@ -155,6 +160,7 @@ impl ServeArgs {
             record: self.record.clone(),
             prefetch: self.prefetch.clone(),
             prefetch_helpers: self.prefetch_helpers,
+            prefetch_idle: self.prefetch_idle,
             kill_peer_on_error: self.kill_peer_on_error,
             handshake_timeout: self.handshake_timeout,
             shared: self.shared.clone(),

@@ -67,6 +67,8 @@ pub struct ServeConfig {
     pub prefetch: Option<PathBuf>,
     /// Prefetch helper threads (`None`: one per CPU).
     pub prefetch_helpers: Option<usize>,
+    /// Prefetch helpers run under `SCHED_IDLE`.
+    pub prefetch_idle: bool,
     /// Kill a peer (SIGKILL) whose handshake is refused or whose serving
     /// fails.
     pub kill_peer_on_error: bool,
@@ -118,6 +120,7 @@ impl ServeConfig {
             record: None,
             prefetch: None,
             prefetch_helpers: None,
+            prefetch_idle: false,
             kill_peer_on_error: false,
             handshake_timeout: Duration::from_secs(5),
             shared: None,

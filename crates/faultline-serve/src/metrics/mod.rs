@@ -136,6 +136,12 @@ impl Exposition {
     }
 }
 
+/// A peer's value in a family (`None`: no sample).
+type V<'a> = &'a dyn Fn(&PeerSample) -> Option<f64>;
+
+/// One series of a family per peer: its extra label, its value.
+type Row<'a> = (Option<(&'a str, &'a str)>, V<'a>);
+
 impl Exposition {
     fn peer_labels<'a>(
         snapshot: &'a str,
@@ -161,7 +167,7 @@ impl Exposition {
         name: &str,
         help: &str,
         kind: MetricType,
-        rows: &[(Option<(&str, &str)>, &dyn Fn(&PeerSample) -> Option<f64>)],
+        rows: &[Row<'_>],
     ) -> fmt::Result {
         if s.peers.is_empty() {
             return Ok(());
@@ -187,7 +193,6 @@ impl Collector for Exposition {
         let s = (self.sample)();
         let c = MetricType::Counter;
         let g = MetricType::Gauge;
-        type V<'a> = &'a dyn Fn(&PeerSample) -> Option<f64>;
         let st = |f: fn(&PeerStats) -> u64| move |p: &PeerSample| Some(f(&p.stats) as f64);
         let (read, write, minor, wp) = (
             st(|s| s.fault_kinds.read),

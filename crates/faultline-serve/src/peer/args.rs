@@ -76,6 +76,11 @@ pub struct PeerArgs {
     /// touch order. Default 0 (the seed's set as it is).
     #[arg(long, default_value_t = 0.0)]
     pub jitter: f64,
+    /// Microseconds each vCPU thread computes (spins) after each touch, as
+    /// a booting guest keeps its CPUs busy between faults. Default 0 (touch
+    /// only).
+    #[arg(long, default_value_t = 0)]
+    pub compute_us: u64,
     /// Seed of --jitter's variation.
     #[arg(long, default_value_t = 0)]
     pub run_seed: u64,

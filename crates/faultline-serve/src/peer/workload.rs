@@ -134,6 +134,21 @@ pub fn jittered(layout: &Layout, ws: &[(usize, usize)], pct: f64, run_seed: u64)
     out.into_iter().map(local).collect()
 }
 
+/// Keeps the CPU busy for `d` (`--compute-us`): a vCPU computing
+/// between touches.
+fn compute(d: Duration) {
+    if d.is_zero() {
+        return;
+    }
+    let until = Instant::now() + d;
+    let mut x = 1u64;
+    while Instant::now() < until {
+        for _ in 0..64 {
+            x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+        }
+    }
+}
+
 /// An address range `(start, bytes)` of the peer's memory.
 type Range = (u64, usize);
 
@@ -178,6 +193,7 @@ pub fn touch(
         .pause_at
         .map(|p| (ws.len() as f64 * p / 100.0) as usize);
     let pause = Duration::from_millis(args.pause_ms);
+    let compute_for = Duration::from_micros(args.compute_us);
     let paused = Arc::new(AtomicBool::new(false));
     let vcpus_done = Arc::new(AtomicBool::new(false));
     let stormer = (args.storm > 0).then(|| {
@@ -226,6 +242,7 @@ pub fn touch(
                 unsafe { std::ptr::read_volatile(addr as *const u8) };
                 lat.push(s.elapsed().as_nanos() as u64);
                 touched.fetch_add(1, Relaxed);
+                compute(compute_for);
             }
             let (end, end_ns) = (Instant::now(), faultline_sys::monotonic_ns());
             let after = procfs::thread_switches();

@@ -138,9 +138,10 @@ impl ForeignEngine {
         for i in 0..cfg.prefetch_helpers {
             let (slots, work, tx) = (slots.clone(), work.clone(), tx.clone());
             let scratch = cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes());
+            let idle = cfg.prefetch_idle;
             helpers.push(
                 Background::spawn(format!("faultline-prefetch-{i}"), move |stop| {
-                    prefetch::helper(|| prefetching(&slots), &work, &tx, scratch, stop)
+                    prefetch::helper(|| prefetching(&slots), &work, &tx, (scratch, idle), stop)
                 })
                 .map_err(|source| ForeignError::Spawn {
                     what: "a prefetch helper thread",
