@@ -69,11 +69,12 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 13] = [
+pub const CONFIGS: [&str; 14] = [
     "kernel",
     "baseline",
     "on-demand",
     "prefetch",
+    "prefetch-idle",
     "eager",
     "kernel-tmpfs",
     "on-demand-shared",
