@@ -122,7 +122,8 @@ pub enum LogFormatArg {
 
 /// Parses `--metrics`.
 fn metrics_addr(s: &str) -> Result<MetricsAddr, String> {
-    s.parse().map_err(|e: crate::metrics::EndpointError| e.to_string())
+    s.parse()
+        .map_err(|e: crate::metrics::EndpointError| e.to_string())
 }
 
 /// `--verify`.

@@ -237,7 +237,10 @@ impl Fnv {
 }
 
 /// Writes `text` to `path` atomically (a temporary file, renamed).
-fn write_atomically(path: &Path, body: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>) -> Result<(), RecordError> {
+fn write_atomically(
+    path: &Path,
+    body: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<(), RecordError> {
     let tmp = path.with_extension("tmp");
     let written = (|| {
         let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
@@ -437,7 +440,8 @@ mod tests {
     use faultline::MemoryStore;
 
     fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("faultline-record-{name}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("faultline-record-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         d
     }
@@ -454,8 +458,15 @@ mod tests {
         std::fs::write(&path, "0x1000\n").unwrap();
         assert!(matches!(read(&path), Err(RecordError::Header { .. })));
         std::fs::write(&path, format!("{HEADER_V1}\n0x1000\n\n0xzz\n")).unwrap();
-        assert!(matches!(read(&path), Err(RecordError::Line { line: 4, .. })));
-        std::fs::write(&path, format!("{HEADER_V2}\n# memory-bytes 8192\n0x0 0 1\n")).unwrap();
+        assert!(matches!(
+            read(&path),
+            Err(RecordError::Line { line: 4, .. })
+        ));
+        std::fs::write(
+            &path,
+            format!("{HEADER_V2}\n# memory-bytes 8192\n0x0 0 1\n"),
+        )
+        .unwrap();
         assert!(matches!(
             read(&path),
             Err(RecordError::Field {
@@ -518,10 +529,20 @@ mod tests {
         assert_eq!(got, vec![(0, 5, 3), (1, 10, 3), (2, 20, 3)]);
         assert_eq!(merge(&recs, 1).unwrap().pages.len(), 5, "k = 1: the union");
         assert_eq!(merge(&recs, 3).unwrap().pages.len(), 3);
-        assert!(matches!(merge(&recs, 4), Err(RecordError::Threshold { .. })));
-        assert!(matches!(merge(&recs, 0), Err(RecordError::Threshold { .. })));
+        assert!(matches!(
+            merge(&recs, 4),
+            Err(RecordError::Threshold { .. })
+        ));
+        assert!(matches!(
+            merge(&recs, 0),
+            Err(RecordError::Threshold { .. })
+        ));
         // A merged record merges again, standing for its recordings.
-        let again = merge(&[("m".into(), m.clone()), ("a".into(), recs[0].1.clone())], 4).unwrap();
+        let again = merge(
+            &[("m".into(), m.clone()), ("a".into(), recs[0].1.clone())],
+            4,
+        )
+        .unwrap();
         assert_eq!(again.recordings, 4);
         assert_eq!(again.pages.len(), 3);
         let mut other = recs[2].1.clone();

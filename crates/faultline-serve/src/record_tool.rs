@@ -70,7 +70,8 @@ fn summary(file: PathBuf, r: &Record) -> Summary {
     let mut sorted = r.offsets();
     sorted.sort_unstable();
     sorted.dedup();
-    let runs = sorted.windows(2).filter(|w| w[1] != w[0] + 4096).count() + usize::from(!sorted.is_empty());
+    let runs =
+        sorted.windows(2).filter(|w| w[1] != w[0] + 4096).count() + usize::from(!sorted.is_empty());
     let span = r.pages.iter().map(|p| p.first_touch_ns).max().unwrap_or(0);
     Summary {
         file,

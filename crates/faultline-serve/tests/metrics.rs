@@ -86,7 +86,11 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
     // each page installed on demand and read from the memory file once.
     assert_eq!(faults, pages, "{text}");
     assert_eq!(
-        value(&m, "faultline_peer_pages_installed_total", &with("by", "demand")),
+        value(
+            &m,
+            "faultline_peer_pages_installed_total",
+            &with("by", "demand")
+        ),
         pages
     );
     for by in ["fault_around", "prefetch", "run_ahead"] {
@@ -109,7 +113,11 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
     assert_eq!(value(&m, "faultline_peers_connected", &[]), 1.0);
     assert_eq!(value(&m, "faultline_peers_accepted_total", &[]), 2.0);
     assert_eq!(
-        value(&m, "faultline_handoffs_refused_total", &[("reason", "handshake")]),
+        value(
+            &m,
+            "faultline_handoffs_refused_total",
+            &[("reason", "handshake")]
+        ),
         1.0
     );
     assert_ok(&mut p, &dir);
@@ -117,7 +125,10 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
     // Serve's own summary at the peer's end says the same.
     let sums: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let sum = sums.iter().find(|x| x["peer"] == 2).expect("peer 2's summary");
+    let sum = sums
+        .iter()
+        .find(|x| x["peer"] == 2)
+        .expect("peer 2's summary");
     assert_eq!(sum["faults"].as_f64(), Some(faults));
     assert_eq!(sum["installed"].as_f64(), Some(pages));
     assert_eq!(sum["bytes_read"].as_f64(), Some(pages * 4096.0));

@@ -55,23 +55,41 @@ fn a_set_merged_from_five_restores_covers_a_sixth() {
     }
     assert_ok(&mut s, &dir);
     let recs: Vec<Record> = (1..=6)
-        .map(|n| record::read_record(&dir.path(&format!("rec-{n}.txt"))).expect("every peer's record"))
+        .map(|n| {
+            record::read_record(&dir.path(&format!("rec-{n}.txt"))).expect("every peer's record")
+        })
         .collect();
-    assert!(recs.iter().all(|r| r.identity.is_some() && r.identity == recs[0].identity));
+    assert!(recs
+        .iter()
+        .all(|r| r.identity.is_some() && r.identity == recs[0].identity));
     let merged = dir.path("merged.txt");
     let files: Vec<String> = (1..=5)
-        .map(|n| dir.path(&format!("rec-{n}.txt")).to_str().unwrap().to_string())
+        .map(|n| {
+            dir.path(&format!("rec-{n}.txt"))
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     let mut args = vec!["merge", "-k", "3", "-o", merged.to_str().unwrap()];
     args.extend(files.iter().map(String::as_str));
     let out = tool(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let m = record::read_record(&merged).unwrap();
     assert_eq!(m.recordings, 5);
     assert_eq!(m.identity, recs[0].identity);
     // The pages one restore alone touched are left out: fewer than the union.
     let union: HashSet<u64> = recs[..5].iter().flat_map(Record::offsets).collect();
-    assert!(m.pages.len() < union.len(), "{} of {}", m.pages.len(), union.len());
+    assert!(
+        m.pages.len() < union.len(),
+        "{} of {}",
+        m.pages.len(),
+        union.len()
+    );
     let set: HashSet<u64> = m.offsets().into_iter().collect();
     let sixth = recs[5].offsets();
     let covered = sixth.iter().filter(|o| set.contains(o)).count();
@@ -87,7 +105,11 @@ fn a_set_merged_from_five_restores_covers_a_sixth() {
     assert!(coverage >= 0.95, "coverage {coverage}");
     // inspect says the same.
     let out = tool(&["inspect", "--json", merged.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["pages"].as_u64(), Some(m.pages.len() as u64));
     assert_eq!(v["recordings"].as_u64(), Some(5));

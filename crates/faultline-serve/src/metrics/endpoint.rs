@@ -46,7 +46,9 @@ pub enum MetricsAddr {
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
     /// The address is neither a path, a port nor a loopback `HOST:PORT`.
-    #[error("--metrics {0:?}: give a unix socket path (with a '/'), a port, or a loopback HOST:PORT")]
+    #[error(
+        "--metrics {0:?}: give a unix socket path (with a '/'), a port, or a loopback HOST:PORT"
+    )]
     Parse(String),
     /// The host is not a loopback address.
     #[error("--metrics {addr:?}: {ip} is not a loopback address (metrics are served on this machine only)")]
@@ -132,7 +134,10 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// Binds `addr` and answers scrapes with `exposition`'s text.
-    pub fn start(addr: &MetricsAddr, exposition: Arc<Exposition>) -> Result<Endpoint, EndpointError> {
+    pub fn start(
+        addr: &MetricsAddr,
+        exposition: Arc<Exposition>,
+    ) -> Result<Endpoint, EndpointError> {
         let bind_err = |what: String| move |source| EndpointError::Bind { what, source };
         let (listener, addr) = match addr {
             MetricsAddr::Unix(path) => {
@@ -245,7 +250,11 @@ fn answer(mut c: impl Read + Write, exposition: &Arc<Exposition>) {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             exposition.text(),
         ),
-        ("GET" | "HEAD", _) => ("404 Not Found", "text/plain", "not found: try /metrics\n".into()),
+        ("GET" | "HEAD", _) => (
+            "404 Not Found",
+            "text/plain",
+            "not found: try /metrics\n".into(),
+        ),
         _ => (
             "405 Method Not Allowed",
             "text/plain",

@@ -420,9 +420,15 @@ mod tests {
             Value::Counter(x) | Value::Gauge(x) | Value::Untyped(x) => *x,
             _ => panic!("{v:?}"),
         };
-        assert_eq!(num(get("faultline_peer_faults_total", Some(("kind", "write")))), 4.0);
         assert_eq!(
-            num(get("faultline_peer_pages_installed_total", Some(("by", "fault_around")))),
+            num(get("faultline_peer_faults_total", Some(("kind", "write")))),
+            4.0
+        );
+        assert_eq!(
+            num(get(
+                "faultline_peer_pages_installed_total",
+                Some(("by", "fault_around"))
+            )),
             13.0,
             "30 installed less 7 demand and 10 prefetched"
         );
@@ -430,7 +436,10 @@ mod tests {
         assert_eq!(num(get("faultline_peer_prefetch_done_seconds", None)), 0.25);
         assert_eq!(num(get("faultline_peers_connected", None)), 1.0);
         assert_eq!(
-            num(get("faultline_handoffs_refused_total", Some(("reason", "handshake")))),
+            num(get(
+                "faultline_handoffs_refused_total",
+                Some(("reason", "handshake"))
+            )),
             2.0
         );
         let Value::Histogram(b) = get("faultline_peer_fault_service_seconds", None) else {
@@ -443,7 +452,10 @@ mod tests {
         assert_eq!(b[3].count, 7.0);
         assert!(b.last().unwrap().less_than.is_infinite());
         assert_eq!(b.last().unwrap().count, 7.0);
-        assert_eq!(num(get("faultline_peer_fault_service_seconds_count", None)), 7.0);
+        assert_eq!(
+            num(get("faultline_peer_fault_service_seconds_count", None)),
+            7.0
+        );
         let s = m
             .samples
             .iter()

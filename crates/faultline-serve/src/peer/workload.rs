@@ -101,7 +101,12 @@ pub fn working_set(layout: &Layout, pct: f64, seed: u64) -> Vec<(usize, usize)> 
 /// `ws` varied by `run_seed` as one restore of many varies (`--jitter`):
 /// `pct`% of its pages replaced by pages outside it, each page moved up
 /// to 64 places in the order.
-pub fn jittered(layout: &Layout, ws: &[(usize, usize)], pct: f64, run_seed: u64) -> Vec<(usize, usize)> {
+pub fn jittered(
+    layout: &Layout,
+    ws: &[(usize, usize)],
+    pct: f64,
+    run_seed: u64,
+) -> Vec<(usize, usize)> {
     let counts: Vec<usize> = layout.regions.iter().map(|r| r.1 / PAGE).collect();
     let total: usize = counts.iter().sum();
     let global = |(r, p): (usize, usize)| counts[..r].iter().sum::<usize>() + p;
@@ -489,8 +494,15 @@ mod tests {
         let kept = j.iter().filter(|p| set.contains(p)).count();
         let swapped = a.len() * 5 / 100;
         assert!(kept >= a.len() - swapped, "{kept} of {}", a.len());
-        assert_eq!(j.iter().collect::<std::collections::HashSet<_>>().len(), j.len());
-        assert_ne!(j, jittered(&l, &a, 5.0, 8), "another run, another variation");
+        assert_eq!(
+            j.iter().collect::<std::collections::HashSet<_>>().len(),
+            j.len()
+        );
+        assert_ne!(
+            j,
+            jittered(&l, &a, 5.0, 8),
+            "another run, another variation"
+        );
     }
 
     #[test]

@@ -151,7 +151,9 @@ impl State {
             .peers()
             .iter()
             .map(|p| {
-                let Served { n, pid, handoff, .. } = self.lookup(p.id());
+                let Served {
+                    n, pid, handoff, ..
+                } = self.lookup(p.id());
                 PeerSample {
                     peer: n,
                     pid,

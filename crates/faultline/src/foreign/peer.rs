@@ -488,7 +488,10 @@ impl ForeignPeer {
     /// The store offsets of the pages that faulted, in the order they
     /// first did (record mode; empty otherwise). Takes the log.
     pub fn take_record(&self) -> Vec<u64> {
-        self.take_record_timed().into_iter().map(|(o, _)| o).collect()
+        self.take_record_timed()
+            .into_iter()
+            .map(|(o, _)| o)
+            .collect()
     }
 
     /// [`ForeignPeer::take_record`] with when each page first faulted:

@@ -131,7 +131,11 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
                 ..from(p, s.faults, s.bytes_read)
             }
         }
-        "prefetch" | "prefetch-idle" | "eager" | "prefetch-shared" | "prefetch-huge"
+        "prefetch"
+        | "prefetch-idle"
+        | "eager"
+        | "prefetch-shared"
+        | "prefetch-huge"
         | "prefetch-shared-huge" => {
             let list = if cfg == "eager" { all } else { rec };
             let list = list.to_str().context("path")?;
