@@ -19,7 +19,7 @@
 //!    size and a fingerprint of its bytes ([`Identity`]: FNV-1a over the
 //!    size and 64 pages spread over the file). `--prefetch` refuses a
 //!    record made for another file; `merge` refuses to mix them. A v1 file
-//!    (offsets only, no identity: written by [`write`] for synthetic sets)
+//!    (offsets only, no identity: written by [`write()`] for synthetic sets)
 //!    is read unchecked.
 //! 3. **Merging** ([`merge`]): of n records, the pages touched in at
 //!    least k, ordered by their median first-touch time: one set for the
@@ -298,7 +298,7 @@ pub fn read(path: &Path) -> Result<Vec<u64>, RecordError> {
     Ok(read_record(path)?.offsets())
 }
 
-/// Reads a record written by [`write`] (v1) or [`write_record`] (v2).
+/// Reads a record written by [`write()`] (v1) or [`write_record`] (v2).
 pub fn read_record(path: &Path) -> Result<Record, RecordError> {
     let text = std::fs::read_to_string(path).map_err(|source| RecordError::Read {
         path: path.into(),

@@ -1,5 +1,5 @@
 //! `faultline-serve record inspect|merge`: working-set records from the
-//! shell (see [`record`](crate::record) for the format and the merge).
+//! shell (see [`crate::record`] for the format and the merge).
 //!
 //! ```text
 //!   faultline-serve record inspect rec-1.txt              what it holds
