@@ -67,10 +67,16 @@ pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
         ..Default::default()
     };
     let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
-    if let Err(why) = accept(state, n, pid, conn, handoff) {
+    // A second descriptor of the connection, closed once a refusal was
+    // acted on: a refused peer sees its connection close only after it
+    // was killed (--kill-peer-on-error); it may exit at the close.
+    let held = conn.try_clone().ok();
+    let accepted = accept(state, n, pid, conn, handoff);
+    if let Err(why) = accepted {
         say(format_args!("peer {n} (pid {pid}): refused: {why}"));
-        state.counters.refused(why.reason());
         state.kill(n, pid);
+        drop(held);
+        state.counters.refused(why.reason());
         state
             .summaries
             .lock()
