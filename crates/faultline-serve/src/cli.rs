@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 
-use crate::config::{ServeConfig, Source, Verify};
+use crate::config::{LogFormat, MetricsAddr, ServeConfig, Source, Verify};
 use crate::server::Server;
 
 /// `faultline serve` arguments.
@@ -45,14 +45,18 @@ pub struct ServeArgs {
     /// (0: one page per fault). Default 16.
     #[arg(long, default_value_t = 16)]
     pub fault_around: usize,
-    /// Write the order in which the first peer's restore touched its pages
-    /// to FILE when it hangs up (one page per fault: fault-around is off
-    /// for that peer).
+    /// Write the pages the first peer's restore touched, in the order it
+    /// first did and when, to FILE when it hangs up (one page per fault:
+    /// fault-around is off for a peer that records). With `{peer}` in FILE
+    /// every peer records, each to FILE with `{peer}` replaced by its
+    /// connection number (merge them: `faultline-serve record merge`).
+    /// The record names the memory file it was made for.
     #[arg(long)]
     pub record: Option<PathBuf>,
-    /// Install the pages listed in FILE (written by --record) eagerly on
-    /// every restore; faults are served first, and pages outside the set on
-    /// demand.
+    /// Install the pages listed in FILE (written by --record, or merged)
+    /// eagerly on every restore; faults are served first, and pages
+    /// outside the set on demand. A record made for another memory file
+    /// is refused.
     #[arg(long)]
     pub prefetch: Option<PathBuf>,
     /// Prefetch helper threads beside the handler threads (each installs
@@ -62,6 +66,11 @@ pub struct ServeArgs {
     /// 1/2/3 helpers: ~52/~40/~36 ms).
     #[arg(long)]
     pub prefetch_helpers: Option<usize>,
+    /// Run the prefetch helpers under SCHED_IDLE: they copy only on CPUs
+    /// the VMs' vCPUs leave idle (faults are still served first, by the
+    /// handler threads at normal priority).
+    #[arg(long)]
+    pub prefetch_idle: bool,
     /// Leave running a peer whose hand-off is refused, whose serving
     /// fails, or that is still served when a stop's --grace ends. By
     /// default such a peer is killed (SIGKILL, pid from SO_PEERCRED) and
@@ -108,6 +117,33 @@ pub struct ServeArgs {
     /// --timeout without a serve (see --leave-peer-on-error).
     #[arg(long)]
     pub takeover: bool,
+    /// Serve live metrics (OpenMetrics text, `GET /metrics`) on ADDR: a
+    /// unix socket path (with a '/'), a TCP port on 127.0.0.1, or a
+    /// loopback HOST:PORT. Per peer: faults by kind, pages installed on
+    /// demand / by fault-around / by prefetch, bytes read, REMOVEs,
+    /// EAGAIN, EEXIST, a fault-service-time histogram, prefetch
+    /// progress; peers connected and hand-offs refused by reason.
+    #[arg(long, value_parser = metrics_addr)]
+    pub metrics: Option<MetricsAddr>,
+    /// How serve's lines on stderr are written: `text` (`faultline serve:
+    /// ...`) or `json` (one object a line: time, source, msg).
+    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
+    pub log_format: LogFormatArg,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormatArg {
+    /// `faultline serve: MESSAGE`.
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+/// Parses `--metrics`.
+fn metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    s.parse()
+        .map_err(|e: crate::metrics::EndpointError| e.to_string())
 }
 
 /// `--verify`.
@@ -150,6 +186,7 @@ impl ServeArgs {
             prefetch_helpers: self.prefetch_helpers,
             leave_peer_on_error: self.leave_peer_on_error,
             grace: self.grace,
+            prefetch_idle: self.prefetch_idle,
             handshake_timeout: self.handshake_timeout,
             shared: self.shared.clone(),
             verify: match self.verify {
@@ -158,6 +195,11 @@ impl ServeArgs {
             },
             json: self.json.clone(),
             takeover: self.takeover,
+            metrics: self.metrics.clone(),
+            log_format: match self.log_format {
+                LogFormatArg::Text => LogFormat::Text,
+                LogFormatArg::Json => LogFormat::Json,
+            },
             ..ServeConfig::new(self.socket.clone(), source)
         })
     }

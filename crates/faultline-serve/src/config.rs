@@ -25,6 +25,18 @@ pub const MAX_THREADS: usize = 1024;
 /// The largest fault-around window, pages (4 MiB of 4 KiB pages: one
 /// fault installing more stalls the vCPU longer than it saves).
 pub const MAX_FAULT_AROUND: usize = 1024;
+pub use crate::metrics::MetricsAddr;
+
+/// How serve's lines on stderr are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// `faultline serve: MESSAGE`.
+    #[default]
+    Text,
+    /// One JSON object a line: `{"time":SECONDS,"source":"faultline serve","msg":MESSAGE}`
+    /// (`time`: seconds since the epoch).
+    Json,
+}
 
 /// Where the snapshot's bytes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +84,8 @@ pub struct ServeConfig {
     /// the peers still served have to hang up before they are killed (or
     /// left, with `leave_peer_on_error`). Default 30 s.
     pub grace: Duration,
+    /// Prefetch helpers run under `SCHED_IDLE`.
+    pub prefetch_idle: bool,
     /// How long a connected peer has to send its handshake. Default 5 s.
     pub handshake_timeout: Duration,
     /// Shared (zero-copy) mode: the snapshot's copy on tmpfs or hugetlbfs.
@@ -85,6 +99,10 @@ pub struct ServeConfig {
     /// [`keeper`](crate::keeper)), and take the peers a dead serve left
     /// there over at start.
     pub takeover: bool,
+    /// Serve live metrics (OpenMetrics text) here.
+    pub metrics: Option<MetricsAddr>,
+    /// How the lines on stderr are written.
+    pub log_format: LogFormat,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -139,11 +157,14 @@ impl ServeConfig {
             prefetch_helpers: None,
             leave_peer_on_error: false,
             grace: Duration::from_secs(30),
+            prefetch_idle: false,
             handshake_timeout: Duration::from_secs(5),
             shared: None,
             verify: Verify::Sample,
             json: None,
             takeover: false,
+            metrics: None,
+            log_format: LogFormat::Text,
         }
     }
 

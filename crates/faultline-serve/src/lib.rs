@@ -25,6 +25,9 @@
 //! | [`handshake`] | the hand-off message: parse every field variant, encode one (for test peers) |
 //! | [`keeper`] | takeover (`--takeover`): the keeper process holding the peers' userfaultfds and REMOVE journals for the next serve |
 //! | [`record`] | the working-set record file: pages in first-touch order |
+//! | [`metrics`] | live metrics (`--metrics`): the OpenMetrics exposition of the engine's counters, and its endpoint |
+//! | [`record`] | the working-set record file (versioned, made for one memory file): pages in first-touch order, merged from several restores |
+//! | [`record_tool`] | `faultline-serve record inspect|merge` |
 //! | [`summary`] | what serve reports of each peer (`--json`, read back by benchmarks) |
 //! | [`peer`] | the test VMM (`faultline-peer`, `faultline peer`) |
 //! | [`testing`] | fixtures for tests that run serve and peers as processes |
@@ -47,12 +50,14 @@ pub mod cli;
 pub mod config;
 pub mod handshake;
 pub mod keeper;
+pub mod metrics;
 pub mod peer;
 pub mod record;
+pub mod record_tool;
 mod server;
 pub mod summary;
 pub mod testing;
 
-pub use config::{ConfigError, ServeConfig, Source};
+pub use config::{ConfigError, LogFormat, ServeConfig, Source};
 pub use server::{ServeError, Server, StopHandle};
 pub use summary::{Handoff, PeerSummary};

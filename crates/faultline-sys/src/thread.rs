@@ -100,6 +100,37 @@ pub fn set_fifo(priority: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// `SCHED_IDLE`, as [`policy`] reports it.
+pub const SCHED_IDLE: i32 = libc::SCHED_IDLE;
+
+/// Runs the calling thread under `SCHED_IDLE`, with `SCHED_RESET_ON_FORK`:
+/// it runs when no normal thread wants its CPU (under load the kernel
+/// still gives it a sliver: weight 3 against a nice-0 thread's 1024).
+/// Needs no privilege.
+pub fn set_idle() -> io::Result<()> {
+    let p = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a valid sched_param for the calling thread (0).
+    let r =
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE | libc::SCHED_RESET_ON_FORK, &p) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The scheduling policy of thread `tid` (0: the caller), without the
+/// `SCHED_RESET_ON_FORK` flag (`sched_getscheduler`): `SCHED_OTHER` 0,
+/// `SCHED_FIFO` 1, `SCHED_RR` 2, `SCHED_BATCH` 3, [`SCHED_IDLE`] 5.
+pub fn policy(tid: i32) -> io::Result<i32> {
+    // SAFETY: sched_getscheduler reads the policy of a thread id; no memory
+    // is passed.
+    let r = unsafe { libc::sched_getscheduler(tid) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r & !libc::SCHED_RESET_ON_FORK)
+}
+
 /// Puts the calling thread back under the normal policy (`SCHED_OTHER`).
 pub fn set_normal() -> io::Result<()> {
     let p = libc::sched_param { sched_priority: 0 };
@@ -220,5 +251,24 @@ pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
             libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
             1,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_thread_reports_sched_idle_and_others_keep_theirs() {
+        let before = policy(0).unwrap();
+        let idle = std::thread::spawn(|| {
+            set_idle().unwrap();
+            policy(0).unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(idle, SCHED_IDLE);
+        assert_ne!(before, SCHED_IDLE);
+        assert_eq!(policy(0).unwrap(), before, "only the thread that asked");
     }
 }

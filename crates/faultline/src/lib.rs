@@ -111,9 +111,10 @@ pub use fault::RegionStats;
 /// got its own folder ([`foreign::snapshot`]).
 pub use foreign::snapshot;
 pub use foreign::{
-    prepare_store, ForeignEngine, ForeignEngineConfig, ForeignError, ForeignOptions, ForeignPeer,
-    ForeignRegionSpec, ForeignUffd, PeerBacking, PeerEvent, PeerStats, PeerTimes, PrefetchPlan,
-    SharedSnapshot, SnapshotError, Verify,
+    prepare_store, FaultKinds, ForeignEngine, ForeignEngineConfig, ForeignError, ForeignOptions,
+    ForeignPeer, ForeignRegionSpec, ForeignUffd, PeerBacking, PeerEvent, PeerStats, PeerTimes,
+    PrefetchPlan, ServiceTimes, SharedSnapshot, SnapshotError, Verify, SERVICE_BOUNDS_NS,
+    SERVICE_BUCKETS,
 };
 pub use page::{MemoryKind, PageSize, ResolveOp};
 pub use policy::ReadaheadConfig;

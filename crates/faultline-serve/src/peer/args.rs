@@ -73,6 +73,21 @@ pub struct PeerArgs {
     /// Seed of the working set.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// This restore's own variation of the working set (restores of one
+    /// snapshot touch mostly, not exactly, the same pages): with
+    /// --run-seed, drop this percentage of the seed's pages and touch as
+    /// many others instead, and move each page up to 64 places in the
+    /// touch order. Default 0 (the seed's set as it is).
+    #[arg(long, default_value_t = 0.0)]
+    pub jitter: f64,
+    /// Microseconds each vCPU thread computes (spins) after each touch, as
+    /// a booting guest keeps its CPUs busy between faults. Default 0 (touch
+    /// only).
+    #[arg(long, default_value_t = 0)]
+    pub compute_us: u64,
+    /// Seed of --jitter's variation.
+    #[arg(long, default_value_t = 0)]
+    pub run_seed: u64,
     /// After the working set, read every page of every region and compare
     /// it with the file (else only the working set is compared).
     #[arg(long)]

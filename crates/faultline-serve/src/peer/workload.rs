@@ -98,6 +98,62 @@ pub fn working_set(layout: &Layout, pct: f64, seed: u64) -> Vec<(usize, usize)> 
         .collect()
 }
 
+/// `ws` varied by `run_seed` as one restore of many varies (`--jitter`):
+/// `pct`% of its pages replaced by pages outside it, each page moved up
+/// to 64 places in the order.
+pub fn jittered(
+    layout: &Layout,
+    ws: &[(usize, usize)],
+    pct: f64,
+    run_seed: u64,
+) -> Vec<(usize, usize)> {
+    let counts: Vec<usize> = layout.regions.iter().map(|r| r.1 / PAGE).collect();
+    let total: usize = counts.iter().sum();
+    let global = |(r, p): (usize, usize)| counts[..r].iter().sum::<usize>() + p;
+    let local = |mut g: usize| {
+        let mut r = 0;
+        while g >= counts[r] {
+            g -= counts[r];
+            r += 1;
+        }
+        (r, g)
+    };
+    let mut rng = Rng::new(run_seed ^ 0x6a09_e667_f3bc_c908);
+    let mut in_set = vec![false; total];
+    ws.iter().for_each(|&x| in_set[global(x)] = true);
+    let mut out: Vec<usize> = ws.iter().map(|&x| global(x)).collect();
+    let swaps = ((ws.len() as f64 * pct / 100.0) as usize).min(total - ws.len());
+    for _ in 0..swaps {
+        let i = rng.in_range(0..out.len());
+        let mut g = rng.in_range(0..total);
+        while in_set[g] {
+            g = (g + 1) % total;
+        }
+        in_set[g] = true;
+        out[i] = g;
+    }
+    for i in 0..out.len() {
+        let j = rng.in_range(i..(i + 64).min(out.len()));
+        out.swap(i, j);
+    }
+    out.into_iter().map(local).collect()
+}
+
+/// Keeps the CPU busy for `d` (`--compute-us`): a vCPU computing
+/// between touches.
+fn compute(d: Duration) {
+    if d.is_zero() {
+        return;
+    }
+    let until = Instant::now() + d;
+    let mut x = 1u64;
+    while Instant::now() < until {
+        for _ in 0..64 {
+            x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+        }
+    }
+}
+
 /// An address range `(start, bytes)` of the peer's memory.
 type Range = (u64, usize);
 
@@ -142,6 +198,7 @@ pub fn touch(
         .pause_at
         .map(|p| (ws.len() as f64 * p / 100.0) as usize);
     let pause = Duration::from_millis(args.pause_ms);
+    let compute_for = Duration::from_micros(args.compute_us);
     let paused = Arc::new(AtomicBool::new(false));
     let vcpus_done = Arc::new(AtomicBool::new(false));
     let stormer = (args.storm > 0).then(|| {
@@ -190,6 +247,7 @@ pub fn touch(
                 unsafe { std::ptr::read_volatile(addr as *const u8) };
                 lat.push(s.elapsed().as_nanos() as u64);
                 touched.fetch_add(1, Relaxed);
+                compute(compute_for);
             }
             let (end, end_ns) = (Instant::now(), faultline_sys::monotonic_ns());
             let after = procfs::thread_switches();
@@ -350,7 +408,11 @@ pub fn touch_and_check(
     layout: &Layout,
     (t0, sent_ns): (Instant, u64),
 ) -> anyhow::Result<PeerReport> {
-    let ws = Arc::new(working_set(layout, args.working_set, args.seed));
+    let mut ws = working_set(layout, args.working_set, args.seed);
+    if args.jitter > 0.0 {
+        ws = jittered(layout, &ws, args.jitter, args.run_seed);
+    }
+    let ws = Arc::new(ws);
     let minflt0 = procfs::minor_faults();
     let storm = storm_range(layout, args.page_size());
     let t = touch(args, layout, &ws, storm);
@@ -427,6 +489,27 @@ mod tests {
             .count();
         assert!(runs > a.len() / 2, "{runs} of {} pages follow", a.len());
         assert_eq!(working_set(&l, 100.0, 9).len(), 4096);
+    }
+
+    #[test]
+    fn a_jittered_set_keeps_its_size_and_most_of_its_pages() {
+        let l = layout(&[1024, 3072]);
+        let a = working_set(&l, 20.0, 1);
+        let j = jittered(&l, &a, 5.0, 7);
+        assert_eq!(j.len(), a.len());
+        let set: std::collections::HashSet<_> = a.iter().collect();
+        let kept = j.iter().filter(|p| set.contains(p)).count();
+        let swapped = a.len() * 5 / 100;
+        assert!(kept >= a.len() - swapped, "{kept} of {}", a.len());
+        assert_eq!(
+            j.iter().collect::<std::collections::HashSet<_>>().len(),
+            j.len()
+        );
+        assert_ne!(
+            j,
+            jittered(&l, &a, 5.0, 8),
+            "another run, another variation"
+        );
     }
 
     #[test]

@@ -57,6 +57,27 @@ impl Refusal {
             Refusal::Receive(ReceiveError::Silent(_) | ReceiveError::HungUp)
         )
     }
+
+    /// The reason label of the metrics' `faultline_handoffs_refused`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Receive(e) => match e {
+                ReceiveError::Silent(_) => "silent",
+                ReceiveError::Recv(_) => "recvmsg",
+                ReceiveError::HungUp => "hung_up",
+                ReceiveError::TooLong => "too_long",
+                ReceiveError::DescriptorsLost | ReceiveError::Descriptors(_) => "descriptors",
+                ReceiveError::Handshake(_) => "handshake",
+                ReceiveError::Adopt(_) => "userfaultfd",
+            },
+            Refusal::Backing(e) => match e {
+                BackingError::Mismatch { .. } => "backing_mismatch",
+                BackingError::Check(_) => "backing_check",
+                BackingError::NoSnapshot => "no_snapshot",
+            },
+            Refusal::Build(_) => "regions",
+        }
+    }
 }
 
 /// Handles connection `n` (accepted at `accepted_ns`) on this thread; a
@@ -94,6 +115,7 @@ fn refuse(state: &State, n: usize, pid: i32, why: &Refusal, held: Option<UnixStr
         "not killed: it handed nothing over"
     };
     drop(held);
+    state.counters.refused(why.reason());
     state
         .summaries
         .lock()

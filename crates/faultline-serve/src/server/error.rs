@@ -105,6 +105,9 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    /// The metrics endpoint could not start.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::EndpointError),
     /// No peer was connected for the configured timeout.
     #[error("no peer connected for {:.1}s (timeout); exiting", .0.as_secs_f64())]
     Timeout(Duration),

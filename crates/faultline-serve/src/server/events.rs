@@ -118,12 +118,16 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
         s.regions.exists,
         s.prefetched
     ));
-    if let (true, Some(path)) = (state.records(peer.id()), &state.config.record) {
-        let offs = peer.take_record();
-        match record::write(path, &offs) {
+    if let (true, Some(path), Some(id)) = (
+        state.records(peer.id()),
+        state.record_path(n),
+        state.identity,
+    ) {
+        let rec = record::Record::of_restore(id, &peer.take_record_timed());
+        match record::write_record(&path, &rec) {
             Ok(()) => say(format_args!(
                 "peer {n}: recorded {} pages to {}",
-                offs.len(),
+                rec.pages.len(),
                 path.display()
             )),
             Err(e) => say(format_args!("peer {n}: writing the record failed: {e}")),

@@ -68,6 +68,7 @@ pub use error::ServeError;
 
 use crate::config::ServeConfig;
 use crate::keeper::{Keeper, Taken};
+use crate::metrics::{Endpoint, Exposition, ServerCounters};
 use crate::record;
 use crate::summary::PeerSummary;
 use log::say;
@@ -87,6 +88,8 @@ pub struct Server {
     state: Arc<State>,
     socket: Socket,
     events: Receiver<PeerEvent>,
+    /// The metrics endpoint (`--metrics`), stopped when the server is.
+    metrics: Option<Endpoint>,
     stop: StopHandle,
     /// Where `--json` goes (checked at start).
     json: Option<OutputPath>,
@@ -142,6 +145,7 @@ impl Server {
     /// stderr.
     pub fn start(config: ServeConfig) -> Result<Server, ServeError> {
         config.check()?;
+        log::set_format(config.log_format);
         let json = match &config.json {
             Some(p) => Some(OutputPath::check(p, "--json").map_err(ServeError::CheckOutput)?),
             None => None,
@@ -158,9 +162,25 @@ impl Server {
         };
         let (store, source) = setup::open_store(&config.source)?;
         let store_len = store.len().unwrap_or(0);
-        let prefetch = match &config.prefetch {
-            Some(p) => Some(record::read(p)?),
-            None => None,
+        // Records name the memory file they were made for: one made for
+        // another is refused.
+        let identity = match config.record.is_some() || config.prefetch.is_some() {
+            true => Some(record::identity(&*store)?),
+            false => None,
+        };
+        let prefetch = match (&config.prefetch, identity) {
+            (Some(p), Some(id)) => {
+                let rec = record::read_record(p)?;
+                rec.check(p, id)?;
+                if rec.identity.is_none() {
+                    say(format_args!(
+                        "{}: a v1 record (it names no memory file): not checked against {source}",
+                        p.display()
+                    ));
+                }
+                Some(rec.offsets())
+            }
+            _ => None,
         };
         let snapshot = match &config.shared {
             Some(path) => Some(Arc::new(setup::shared_snapshot(
@@ -180,6 +200,7 @@ impl Server {
                 prefetch_helpers: config
                     .prefetch_helpers
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+                prefetch_idle: config.prefetch_idle,
                 ..Default::default()
             },
         )
@@ -220,7 +241,19 @@ impl Server {
             recorder: Mutex::new(Recorder::Free),
             served: Mutex::new(Vec::new()),
             summaries: Mutex::new(Vec::new()),
+            counters: ServerCounters::default(),
+            identity,
         });
+        let metrics = match &state.config.metrics {
+            Some(addr) => {
+                let s = state.clone();
+                let exposition = Arc::new(Exposition::new(Box::new(move || s.sample())));
+                let e = Endpoint::start(addr, exposition)?;
+                say(format_args!("metrics on {}", e.addr));
+                Some(e)
+            }
+            None => None,
+        };
         Ok(Server {
             state,
             socket,
@@ -228,6 +261,7 @@ impl Server {
             stop: StopHandle(Arc::new(AtomicI32::new(-1))),
             json,
             taken,
+            metrics,
         })
     }
 
@@ -249,6 +283,7 @@ impl Server {
             stop,
             json,
             taken,
+            metrics,
         } = self;
         if !taken.is_empty() {
             say(format_args!(
@@ -261,6 +296,7 @@ impl Server {
             accept::adopt(&state, n, t);
         }
         let result = serve(&state, socket, &events, &stop);
+        drop(metrics);
         let why = match &result {
             Ok(End::Grace(sig)) => format!(
                 "serve is stopping ({}) and its grace period of {}s ended",

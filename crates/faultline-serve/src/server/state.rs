@@ -5,6 +5,7 @@
 //! while calling the engine or the kernel): `recorder`, `served`,
 //! `summaries`.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Instant;
@@ -13,8 +14,10 @@ use faultline::{ForeignEngine, PageStore, PrefetchPlan, SharedSnapshot};
 use faultline_sys::process;
 
 use super::log::say;
-use crate::config::ServeConfig;
+use crate::config::{ServeConfig, Source};
 use crate::keeper::Keeper;
+use crate::metrics::{PeerSample, Sample, ServerCounters};
+use crate::record::Identity;
 use crate::summary::{Handoff, PeerSummary};
 
 /// Whose restore `--record` records: the first peer whose handshake is
@@ -85,11 +88,34 @@ pub struct State {
     pub served: Mutex<Vec<Served>>,
     /// The summaries of the peers done with.
     pub summaries: Mutex<Vec<PeerSummary>>,
+    /// What the server counts itself (the metrics' refusals).
+    pub counters: ServerCounters,
+    /// The memory file records are made for and checked against (with
+    /// `--record` or `--prefetch`).
+    pub identity: Option<Identity>,
 }
 
 impl State {
-    /// Claims the record for a peer being set up: whether it records.
+    /// Whether every peer records (`{peer}` in the record's path).
+    fn record_every(&self) -> bool {
+        self.config
+            .record
+            .as_ref()
+            .is_some_and(|p| p.to_string_lossy().contains("{peer}"))
+    }
+
+    /// Where peer `n`'s record goes (`{peer}` replaced by `n`).
+    pub fn record_path(&self, n: usize) -> Option<PathBuf> {
+        let p = self.config.record.as_ref()?;
+        Some(p.to_string_lossy().replace("{peer}", &n.to_string()).into())
+    }
+
+    /// Claims the record for a peer being set up: whether it records
+    /// (every peer with `{peer}` in the path, else the first).
     pub fn claim_record(&self) -> bool {
+        if self.record_every() {
+            return true;
+        }
         self.config.record.is_some() && {
             let mut r = self.recorder.lock().expect("recorder");
             let free = *r == Recorder::Free;
@@ -108,7 +134,7 @@ impl State {
 
     /// Whether peer `id` records.
     pub fn records(&self, id: u64) -> bool {
-        *self.recorder.lock().expect("recorder") == Recorder::Peer(id)
+        self.record_every() || *self.recorder.lock().expect("recorder") == Recorder::Peer(id)
     }
 
     /// Peer `id` as it was when its serving started (connection 0, pid 0
@@ -128,6 +154,40 @@ impl State {
                 handoff: Handoff::default(),
                 kept: None,
             })
+    }
+
+    /// What a metrics scrape reads now: every peer being served (the
+    /// engine's counters) and the server's own.
+    pub fn sample(&self) -> Sample {
+        let peers = self
+            .engine
+            .peers()
+            .iter()
+            .map(|p| {
+                let Served {
+                    n, pid, handoff, ..
+                } = self.lookup(p.id());
+                PeerSample {
+                    peer: n,
+                    pid,
+                    stats: p.stats(),
+                    prefetch_done_s: p
+                        .times()
+                        .prefetch_done_ns
+                        .map(|t| t.saturating_sub(handoff.received_ns) as f64 / 1e9),
+                }
+            })
+            .collect();
+        Sample {
+            snapshot: match &self.config.source {
+                Source::Mem(p) => p.display().to_string(),
+                Source::Store(url) => url.clone(),
+            },
+            peers,
+            accepted: self.connected.load(SeqCst) as u64,
+            finished: self.finished.load(SeqCst) as u64,
+            refused: self.counters.refusals(),
+        }
     }
 
     /// Peers connected (handshakes being read included) and done with.

@@ -615,7 +615,11 @@ impl BudgetFeed {
     /// wait-free.
     #[inline]
     pub fn installed(&self, page: usize) {
-        let now = self.resident.fetch_add(1, SeqCst) + 1;
+        // Wrapping: a fault that finds this page present but unmapped may
+        // count it dropped (`dropped_one`) before its installer gets here,
+        // so the counter can be one below zero for that moment; modular
+        // arithmetic keeps the sum right once both have run.
+        let now = self.resident.fetch_add(1, SeqCst).wrapping_add(1);
         self.max_resident.fetch_max(now, Relaxed);
         let i = self.tail.fetch_add(1, SeqCst) as usize & (self.log.len() - 1);
         self.log[i].store(page as u64 + 1, SeqCst);

@@ -136,6 +136,10 @@ pub struct ForeignEngineConfig {
     /// prefetch runs beside the handler threads, in pieces of
     /// [`PREFETCH_HELPER_PIECE`] bytes. Default 1.
     pub prefetch_helpers: usize,
+    /// Run the prefetch helpers under `SCHED_IDLE`: they install only on
+    /// CPUs the peers' vCPUs (and everything else) leave idle, so prefetch
+    /// never takes a CPU from a vCPU that computes. Default false.
+    pub prefetch_idle: bool,
 }
 
 /// Bytes a prefetch helper installs per hold of a peer's copy gate (the
@@ -150,6 +154,7 @@ impl Default for ForeignEngineConfig {
             batch: 64,
             prefetch_chunk_bytes: 2 << 20,
             prefetch_helpers: 1,
+            prefetch_idle: false,
         }
     }
 }

@@ -138,9 +138,10 @@ impl ForeignEngine {
         for i in 0..cfg.prefetch_helpers {
             let (slots, work, tx) = (slots.clone(), work.clone(), tx.clone());
             let scratch = cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes());
+            let idle = cfg.prefetch_idle;
             helpers.push(
                 Background::spawn(format!("faultline-prefetch-{i}"), move |stop| {
-                    prefetch::helper(|| prefetching(&slots), &work, &tx, scratch, stop)
+                    prefetch::helper(|| prefetching(&slots), &work, &tx, (scratch, idle), stop)
                 })
                 .map_err(|source| ForeignError::Spawn {
                     what: "a prefetch helper thread",
@@ -251,6 +252,7 @@ impl Serve for Peers {
         t0: u64,
         attempt: Attempt,
     ) -> Action<String> {
+        let started_ns = faultline_sys::monotonic_ns();
         let (reg, page) = match p.on_fault(addr, flags, attempt != Attempt::Retry) {
             Ok(found) => found,
             Err(why) => return Action::Stop(why),
@@ -260,6 +262,7 @@ impl Serve for Peers {
         let access = Access::of_message(flags);
         let res = resolve(r, page, access, &Origin::Fault, &mut self.scratch);
         r.add_cycles(rdtsc().wrapping_sub(t0));
+        p.fault_served(&res, started_ns);
         settle(
             r,
             page,

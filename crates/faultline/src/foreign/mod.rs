@@ -33,6 +33,8 @@
 //!   peer       ForeignPeer: its regions, their lookup, what a fault and a
 //!              REMOVE change before and beside the resolve path; its
 //!              counters (PeerStats) and milestones (PeerTimes)
+//!   service    FaultKinds, ServiceTimes: faults by kind, their service
+//!              times, demand pages (what live metrics read)
 //!   plan       PrefetchPlan (a record made into runs once, for any number
 //!              of peers), the per-peer queue, prepare_store
 //!   store      RegionStore: the store at a region's offset, REMOVE'd pages
@@ -99,6 +101,7 @@ mod error;
 mod peer;
 mod plan;
 mod prefetch;
+mod service;
 pub mod snapshot;
 mod store;
 mod uffd;
@@ -108,5 +111,6 @@ pub use engine::ForeignEngine;
 pub use error::ForeignError;
 pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes, RemoveJournal};
 pub use plan::{prepare_store, PrefetchPlan};
+pub use service::{FaultKinds, ServiceTimes, SERVICE_BOUNDS_NS, SERVICE_BUCKETS};
 pub use snapshot::{PeerBacking, Populated, SharedSnapshot, SnapshotError, Verify};
 pub use uffd::ForeignUffd;

@@ -40,11 +40,13 @@ use std::time::Instant;
 use super::config::{check_layout, ForeignOptions, ForeignRegionSpec};
 use super::error::ForeignError;
 use super::plan::PrefetchQueue;
+use super::service::{FaultKinds, ServiceCounters, ServiceTimes};
 use super::store::{RegionStore, Removed};
 use super::uffd::ForeignUffd;
 use crate::background::Background;
 use crate::fault::feeds::RunAheadFeed;
 use crate::fault::readahead::Streams;
+use crate::fault::resolve::Resolution;
 use crate::fault::{Delivery, RegionState, RegionStats};
 use crate::page::{MemoryKind, PageSize, ResolveOp};
 use crate::residency::{PageBits, PageState, Residency};
@@ -61,7 +63,11 @@ pub(super) struct PeerCounters {
     pub deferred: AtomicU64,
     pub prefetched: AtomicU64,
     pub prefetch_ioctls: AtomicU64,
+    /// Pages queued for prefetch.
+    pub prefetch_queued: AtomicU64,
     pub outside: AtomicU64,
+    /// Faults by kind, their service times, demand pages (service.rs).
+    pub service: ServiceCounters,
 }
 
 /// When serving a peer reached its milestones, in `CLOCK_MONOTONIC`
@@ -103,6 +109,16 @@ pub struct PeerStats {
     pub prefetched: u64,
     /// Prefetch ioctls.
     pub prefetch_ioctls: u64,
+    /// Pages queued for prefetch (prefetch progress: `prefetched` of
+    /// these).
+    pub prefetch_queued: u64,
+    /// Fault messages by kind.
+    pub fault_kinds: FaultKinds,
+    /// Faults whose page was present once resolved: the pages installed
+    /// on demand (see [`ServiceTimes`]'s module).
+    pub demand_pages: u64,
+    /// The faults' service times.
+    pub service: ServiceTimes,
     /// Pages installed by run-ahead populators
     /// ([`ForeignOptions::run_ahead`]).
     pub run_ahead_pages: u64,
@@ -220,7 +236,8 @@ pub struct ForeignPeer {
     populators: Mutex<Vec<Background>>,
     pub(super) regions: Vec<ForeignRegion>,
     pub(super) hangup: Option<OwnedFd>,
-    record: Option<Mutex<Vec<u64>>>,
+    /// (store offset, `CLOCK_MONOTONIC` ns) of each page's first fault.
+    record: Option<Mutex<Vec<(u64, u64)>>>,
     /// Queued prefetch runs, and how many were taken out and are being
     /// installed.
     pub(super) prefetch: Mutex<PrefetchQueue>,
@@ -416,7 +433,7 @@ impl ForeignPeer {
         let log = self
             .record
             .as_ref()
-            .map_or(0, |m| m.lock().expect("record log").capacity() * 8);
+            .map_or(0, |m| m.lock().expect("record log").capacity() * 16);
         let queue = self
             .prefetch
             .lock()
@@ -471,6 +488,10 @@ impl ForeignPeer {
             deferred: c.deferred.load(Relaxed),
             prefetched: c.prefetched.load(Relaxed),
             prefetch_ioctls: c.prefetch_ioctls.load(Relaxed),
+            prefetch_queued: c.prefetch_queued.load(Relaxed),
+            fault_kinds: c.service.kinds(),
+            demand_pages: c.service.demand(),
+            service: c.service.times(),
             run_ahead_pages,
             outside: c.outside.load(Relaxed),
             bytes_read,
@@ -491,6 +512,15 @@ impl ForeignPeer {
     /// The store offsets of the pages that faulted, in the order they
     /// first did (record mode; empty otherwise). Takes the log.
     pub fn take_record(&self) -> Vec<u64> {
+        self.take_record_timed()
+            .into_iter()
+            .map(|(o, _)| o)
+            .collect()
+    }
+
+    /// [`ForeignPeer::take_record`] with when each page first faulted:
+    /// (store offset, `CLOCK_MONOTONIC` ns), in first-touch order.
+    pub fn take_record_timed(&self) -> Vec<(u64, u64)> {
         self.record
             .as_ref()
             .map(|m| std::mem::take(&mut *m.lock().expect("record log")))
@@ -522,6 +552,7 @@ impl ForeignPeer {
                 .first_fault
                 .get_or_init(faultline_sys::monotonic_ns);
             self.stats.faults.fetch_add(1, Relaxed);
+            self.stats.service.message(flags);
         }
         let Some(reg) = self.find(addr) else {
             self.stats.outside.fetch_add(1, Relaxed);
@@ -534,9 +565,10 @@ impl ForeignPeer {
         if let (Some(seen), Some(log)) = (&reg.seen, &self.record) {
             if !seen.get(page) {
                 seen.set(page);
-                log.lock()
-                    .expect("record log")
-                    .push(reg.store_offset + r.pages.offset(page));
+                log.lock().expect("record log").push((
+                    reg.store_offset + r.pages.offset(page),
+                    faultline_sys::monotonic_ns(),
+                ));
             }
         }
         if r.residency.get(page) != PageState::Absent {
@@ -568,6 +600,20 @@ impl ForeignPeer {
             }
         }
         Ok((reg, page))
+    }
+
+    /// A fault of this peer whose handling started at `started_ns`
+    /// (`CLOCK_MONOTONIC`) ended with `res`: its service time, and a
+    /// demand page when its page is there (see `service.rs`). A deferral
+    /// (EAGAIN) is not an end: the retry counts.
+    pub(super) fn fault_served(&self, res: &Resolution, started_ns: u64) {
+        if matches!(res, Resolution::Retry) {
+            return;
+        }
+        let ns = faultline_sys::monotonic_ns().saturating_sub(started_ns);
+        self.stats
+            .service
+            .served(ns, matches!(res, Resolution::Resolved));
     }
 
     /// The peer dropped `[start, end)` (`MADV_DONTNEED`, a REMOVE event):

@@ -29,6 +29,16 @@
 //!    the helper backs off for the handler loop's first backoff.
 //! 5. **Done** when the queue is empty and no run is taken out: once, the
 //!    peer's `PrefetchDone` event and its `prefetch_done` milestone.
+//! 6. **Yielding** ([`ForeignEngineConfig::prefetch_idle`]): helpers run
+//!    under `SCHED_IDLE`, so they copy only on CPUs nothing else wants;
+//!    the handler thread, which serves the faults, keeps its normal
+//!    policy. A helper preempted while it holds a peer's copy gate delays
+//!    that peer's next read of its userfaultfd until it runs again, which
+//!    it does as soon as a CPU idles: the faulting vCPU and the handler
+//!    both wait then, so on a host whose other threads do not fill every
+//!    CPU the wait is the rest of one piece.
+//!
+//! [`ForeignEngineConfig::prefetch_idle`]: super::ForeignEngineConfig::prefetch_idle
 //!
 //! [`ForeignEngineConfig::prefetch_chunk_bytes`]: super::ForeignEngineConfig::prefetch_chunk_bytes
 //! [`prepare_store`]: super::prepare_store
@@ -145,6 +155,7 @@ impl ForeignPeer {
                 .name("faultline-prefetch-read".into())
                 .spawn(move || hints.into_iter().for_each(|(o, l)| store.will_need(o, l)));
         }
+        self.stats.prefetch_queued.fetch_add(n as u64, Relaxed);
         let mut q = self.prefetch.lock().expect("prefetch queue");
         q.runs.extend(runs);
         self.prefetch_pending
@@ -182,14 +193,20 @@ impl Work {
 
 /// A prefetch helper thread's body: installs pieces of the queues of the
 /// peers `pending` lists (those with prefetch pending), each under the
-/// peer's copy gate; sleeps while there are none.
+/// peer's copy gate; sleeps while there are none. `(scratch, idle)`: its
+/// copy buffer's bytes, and whether it runs under `SCHED_IDLE` (see step
+/// 6 of the module docs).
 pub(super) fn helper(
     pending: impl Fn() -> Vec<Arc<ForeignPeer>>,
     work: &Work,
     tx: &Sender<PeerEvent>,
-    scratch: usize,
+    (scratch, idle): (usize, bool),
     stop: &StopFlag,
 ) {
+    if idle {
+        // Unprivileged; a failure leaves the helper a normal thread.
+        let _ = faultline_sys::thread::set_idle();
+    }
     let mut scratch = vec![0u8; scratch];
     while !stop.is_set() {
         let seen = *work.generation.lock().expect("work");
@@ -363,6 +380,53 @@ mod tests {
 
     /// Base pages, in bytes.
     const P: u64 = PageSize::BASE.bytes() as u64;
+
+    /// The policies of this process's threads whose name starts with
+    /// `name` (the kernel keeps 15 bytes of a name).
+    fn policies_of(name: &str) -> Vec<i32> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|e| {
+                let tid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+                let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
+                name.starts_with(comm.trim())
+                    .then(|| faultline_sys::thread::policy(tid).ok())
+                    .flatten()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn idle_prefetch_helpers_run_under_sched_idle() {
+        use super::super::config::ForeignEngineConfig;
+        use super::super::engine::ForeignEngine;
+        use crate::engine::EngineKind;
+        use faultline_sys::thread::SCHED_IDLE;
+        let cfg = ForeignEngineConfig {
+            prefetch_helpers: 2,
+            prefetch_idle: true,
+            ..Default::default()
+        };
+        let (engine, _events) = ForeignEngine::new(EngineKind::Poll, cfg).unwrap();
+        // Each helper sets its policy as it starts.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let idle = policies_of("faultline-prefetch-")
+                .iter()
+                .filter(|&&p| p == SCHED_IDLE)
+                .count();
+            if idle >= 2 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no helper runs under SCHED_IDLE");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The handler thread serves faults at the normal policy.
+        assert!(policies_of("faultline-peer-")
+            .iter()
+            .any(|&p| p != SCHED_IDLE));
+        drop(engine);
+    }
 
     #[test]
     fn prefetch_queues_contiguous_runs_in_first_touch_order_without_bridging() {

@@ -51,6 +51,15 @@ pub struct RestoreArgs {
     /// configuration. Default: serve's default.
     #[arg(long)]
     pub prefetch_helpers: Option<usize>,
+    /// `faultline serve --prefetch-idle` (helpers under SCHED_IDLE) for
+    /// every served configuration.
+    #[arg(long)]
+    pub prefetch_idle: bool,
+    /// The peer's vCPUs compute (spin) this many microseconds after each
+    /// touch, keeping every CPU busy as a booting guest does (`faultline
+    /// peer --compute-us`). Default 0: touch only.
+    #[arg(long, default_value_t = 0)]
+    pub compute_us: u64,
     /// Do not evict the CPU caches before each run (by default a buffer
     /// twice the last-level cache is read first, so no configuration's
     /// vCPUs find their lines cached by an earlier run or by the memory
@@ -60,11 +69,12 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 13] = [
+pub const CONFIGS: [&str; 14] = [
     "kernel",
     "baseline",
     "on-demand",
     "prefetch",
+    "prefetch-idle",
     "eager",
     "kernel-tmpfs",
     "on-demand-shared",

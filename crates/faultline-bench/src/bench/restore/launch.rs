@@ -84,6 +84,10 @@ pub struct Launcher<'a> {
     pub store: Option<&'a str>,
     /// `serve --prefetch-helpers N`.
     pub prefetch_helpers: Option<usize>,
+    /// `serve --prefetch-idle`.
+    pub prefetch_idle: bool,
+    /// `peer --compute-us N`.
+    pub compute_us: u64,
 }
 
 impl Launcher<'_> {
@@ -102,6 +106,8 @@ impl Launcher<'_> {
             &self.vcpus.to_string(),
             "--working-set",
             &ws.to_string(),
+            "--compute-us",
+            &self.compute_us.to_string(),
         ]);
         match backing {
             Backing::Uffd(s) => cmd.arg("--socket").arg(s),
@@ -152,6 +158,9 @@ impl Launcher<'_> {
         cmd.args(extra);
         if let Some(n) = self.prefetch_helpers {
             cmd.args(["--prefetch-helpers", &n.to_string()]);
+        }
+        if self.prefetch_idle {
+            cmd.arg("--prefetch-idle");
         }
         if let Mode::Shared(snap) | Mode::SharedHuge(snap) = mode {
             cmd.arg("--shared").arg(snap);

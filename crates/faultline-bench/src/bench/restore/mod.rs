@@ -120,6 +120,8 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         vcpus: a.vcpus,
         store: a.store.as_deref(),
         prefetch_helpers: a.prefetch_helpers,
+        prefetch_idle: a.prefetch_idle,
+        compute_us: a.compute_us,
     };
     if !a.peers.is_empty() {
         return peers::run(ctx, a, &l);

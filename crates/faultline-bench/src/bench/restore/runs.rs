@@ -5,7 +5,7 @@
 //! | `kernel`, `kernel-tmpfs`, `kernel-hugetlbfs` | `MAP_PRIVATE` of the file, the tmpfs or the hugetlbfs copy | none (the kernel's faults) |
 //! | `baseline` | anonymous, handed over | [`baseline::handler`] in this process |
 //! | `on-demand*` | anonymous, hugetlb, or the shared copy | `faultline serve` |
-//! | `prefetch*`, `eager` | the same | `faultline serve --prefetch` of the recorded set (`eager`: every page) |
+//! | `prefetch*`, `eager` | the same | `faultline serve --prefetch` of the recorded set (`eager`: every page; `prefetch-idle`: with `--prefetch-idle`, helpers under SCHED_IDLE) |
 
 use std::os::unix::net::UnixListener;
 use std::path::Path;
@@ -131,11 +131,22 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
                 ..from(p, s.faults, s.bytes_read)
             }
         }
-        "prefetch" | "eager" | "prefetch-shared" | "prefetch-huge" | "prefetch-shared-huge" => {
+        "prefetch"
+        | "prefetch-idle"
+        | "eager"
+        | "prefetch-shared"
+        | "prefetch-huge"
+        | "prefetch-shared-huge" => {
             let list = if cfg == "eager" { all } else { rec };
+            let list = list.to_str().context("path")?;
+            let idle: &[&str] = if cfg == "prefetch-idle" {
+                &["--prefetch-idle"]
+            } else {
+                &[]
+            };
             let (p, s, prepare_ms) = l.served(
                 ws,
-                &["--prefetch", list.to_str().context("path")?],
+                &[&["--prefetch", list], idle].concat(),
                 Mode::of(cfg, snap, hsnap),
             )?;
             Run {

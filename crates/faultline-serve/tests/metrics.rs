@@ -1,0 +1,145 @@
+//! `--metrics` during a real restore (serve and `faultline-peer` as
+//! processes): the counters a scrape reads equal what the peer reports of
+//! its restore and what serve's summary says at its end; the exposition
+//! parses with a Prometheus text parser; `--log-format json` lines parse.
+
+use faultline_serve::metrics::{scrape, MetricsAddr};
+use faultline_serve::peer::report::PeerReport;
+use faultline_serve::testing::{self, assert_ok, Dir};
+use prometheus_parse::{Scrape, Value};
+
+const SERVE: &[&str] = &[env!("CARGO_BIN_EXE_faultline-serve")];
+const PEER: &[&str] = &[env!("CARGO_BIN_EXE_faultline-peer")];
+const MIB: usize = 1 << 20;
+
+/// The value of `name` with `labels` (a counter's `_total`, a gauge, or
+/// a histogram's count) in `s`.
+fn value(s: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let hit = s
+        .samples
+        .iter()
+        .find(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+        .unwrap_or_else(|| panic!("no {name} {labels:?} in the scrape"));
+    match &hit.value {
+        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => *v,
+        Value::Histogram(b) => b.last().map_or(0.0, |c| c.count),
+        Value::Summary(_) => panic!("{name} is a summary"),
+    }
+}
+
+#[test]
+fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
+    let dir = Dir::new("metrics", 16 * MIB);
+    let msock = dir.path("metrics.sock");
+    let json = dir.path("serve.json");
+    let mut s = testing::serve(
+        &dir,
+        SERVE,
+        &[
+            "--peers",
+            "2",
+            "--fault-around",
+            "0",
+            "--metrics",
+            msock.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+            "--log-format",
+            "json",
+        ],
+    );
+    // A refused hand-off first (malformed JSON).
+    let mut bad = testing::peer(&dir, PEER, "bad", &["--bad", "json"]);
+    assert_ok(&mut bad, &dir);
+    let report_path = dir.path("peer.json");
+    let mut p = testing::peer(
+        &dir,
+        PEER,
+        "peer",
+        &[
+            "--working-set",
+            "20",
+            "--threads",
+            "2",
+            "--hold-ms",
+            "4000",
+            "--json",
+            report_path.to_str().unwrap(),
+        ],
+    );
+    dir.wait_for("peer.err", "holding for");
+    let text = scrape(&MetricsAddr::Unix(msock.clone())).expect("scraping --metrics");
+    assert!(text.ends_with("# EOF\n"), "not OpenMetrics text:\n{text}");
+    let m = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("parsing the scrape");
+    let report: PeerReport =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap()).unwrap();
+    let pid = p.pid().to_string();
+    let me = [("peer", "2"), ("pid", pid.as_str())];
+    let with = |k: &'static str, v: &'static str| [me[0], me[1], (k, v)];
+    let pages = report.pages as f64;
+    assert!(pages > 500.0, "{report:?}");
+    let faults: f64 = ["read", "write", "minor", "wp"]
+        .iter()
+        .map(|k| value(&m, "faultline_peer_faults_total", &with("kind", k)))
+        .sum();
+    // One fault per working-set page (one page per fault: --fault-around 0),
+    // each page installed on demand and read from the memory file once.
+    assert_eq!(faults, pages, "{text}");
+    assert_eq!(
+        value(
+            &m,
+            "faultline_peer_pages_installed_total",
+            &with("by", "demand")
+        ),
+        pages
+    );
+    for by in ["fault_around", "prefetch", "run_ahead"] {
+        assert_eq!(
+            value(&m, "faultline_peer_pages_installed_total", &with("by", by)),
+            0.0,
+            "{by}"
+        );
+    }
+    assert_eq!(
+        value(&m, "faultline_peer_store_read_bytes_total", &me),
+        pages * 4096.0
+    );
+    assert_eq!(
+        value(&m, "faultline_peer_fault_service_seconds", &me),
+        faults,
+        "every fault's service is in the histogram"
+    );
+    assert_eq!(value(&m, "faultline_peer_remove_events_total", &me), 0.0);
+    assert_eq!(value(&m, "faultline_peers_connected", &[]), 1.0);
+    assert_eq!(value(&m, "faultline_peers_accepted_total", &[]), 2.0);
+    assert_eq!(
+        value(
+            &m,
+            "faultline_handoffs_refused_total",
+            &[("reason", "handshake")]
+        ),
+        1.0
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    // Serve's own summary at the peer's end says the same.
+    let sums: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let sum = sums
+        .iter()
+        .find(|x| x["peer"] == 2)
+        .expect("peer 2's summary");
+    assert_eq!(sum["faults"].as_f64(), Some(faults));
+    assert_eq!(sum["installed"].as_f64(), Some(pages));
+    assert_eq!(sum["bytes_read"].as_f64(), Some(pages * 4096.0));
+    // Every line serve printed is a JSON object with a message; the
+    // socket is gone.
+    let log = dir.text("serve.err");
+    for line in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+        assert!(v["msg"].is_string() && v["time"].is_f64(), "{line}");
+    }
+    assert!(log.contains("metrics on unix:"), "{log}");
+    assert!(!msock.exists(), "the metrics socket outlived serve");
+}

@@ -1,0 +1,154 @@
+//! Working sets from many restores: every peer records (`{peer}` in
+//! `--record`), `faultline-serve record merge` keeps the pages of k of n
+//! restores, and the merged set covers a restore it was not made from;
+//! a record made for another memory file is refused.
+
+use std::collections::HashSet;
+use std::process::Command;
+
+use faultline_serve::record::{self, Record};
+use faultline_serve::testing::{self, assert_ok, Dir};
+
+const SERVE: &[&str] = &[env!("CARGO_BIN_EXE_faultline-serve")];
+const PEER: &[&str] = &[env!("CARGO_BIN_EXE_faultline-peer")];
+const MIB: usize = 1 << 20;
+
+/// A restore of the seed-4 working set, varied by `run` (3% of its pages
+/// swapped for others, the order shuffled locally), on `extra`'s vCPUs
+/// (default 2).
+fn restore(dir: &Dir, run: u64, extra: &[&str]) {
+    let run_seed = run.to_string();
+    let mut args = vec![
+        "--working-set",
+        "20",
+        "--seed",
+        "4",
+        "--jitter",
+        "3",
+        "--run-seed",
+        &run_seed,
+    ];
+    args.extend_from_slice(extra);
+    let mut p = testing::peer(dir, PEER, &format!("run{run}"), &args);
+    assert_ok(&mut p, dir);
+}
+
+fn tool(args: &[&str]) -> std::process::Output {
+    Command::new(SERVE[0])
+        .arg("record")
+        .args(args)
+        .output()
+        .expect("running faultline-serve record")
+}
+
+#[test]
+fn a_set_merged_from_five_restores_covers_a_sixth() {
+    let dir = Dir::new("merge", 16 * MIB);
+    let pattern = dir.path("rec-{peer}.txt");
+    let mut s = testing::serve(
+        &dir,
+        SERVE,
+        &["--peers", "6", "--record", pattern.to_str().unwrap()],
+    );
+    for run in 1..=6 {
+        restore(&dir, run, &["--threads", "2"]);
+    }
+    assert_ok(&mut s, &dir);
+    let recs: Vec<Record> = (1..=6)
+        .map(|n| {
+            record::read_record(&dir.path(&format!("rec-{n}.txt"))).expect("every peer's record")
+        })
+        .collect();
+    assert!(recs
+        .iter()
+        .all(|r| r.identity.is_some() && r.identity == recs[0].identity));
+    let merged = dir.path("merged.txt");
+    let files: Vec<String> = (1..=5)
+        .map(|n| {
+            dir.path(&format!("rec-{n}.txt"))
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let mut args = vec!["merge", "-k", "3", "-o", merged.to_str().unwrap()];
+    args.extend(files.iter().map(String::as_str));
+    let out = tool(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = record::read_record(&merged).unwrap();
+    assert_eq!(m.recordings, 5);
+    assert_eq!(m.identity, recs[0].identity);
+    // The pages one restore alone touched are left out: fewer than the union.
+    let union: HashSet<u64> = recs[..5].iter().flat_map(Record::offsets).collect();
+    assert!(
+        m.pages.len() < union.len(),
+        "{} of {}",
+        m.pages.len(),
+        union.len()
+    );
+    let set: HashSet<u64> = m.offsets().into_iter().collect();
+    let sixth = recs[5].offsets();
+    let covered = sixth.iter().filter(|o| set.contains(o)).count();
+    let coverage = covered as f64 / sixth.len() as f64;
+    eprintln!(
+        "merged set: {} pages (union of 5: {}); covers {covered} of the 6th restore's {} pages ({:.1}%): {} pages left to demand faults",
+        m.pages.len(),
+        union.len(),
+        sixth.len(),
+        coverage * 100.0,
+        sixth.len() - covered
+    );
+    assert!(coverage >= 0.95, "coverage {coverage}");
+    // inspect says the same.
+    let out = tool(&["inspect", "--json", merged.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pages"].as_u64(), Some(m.pages.len() as u64));
+    assert_eq!(v["recordings"].as_u64(), Some(5));
+    // Prefetching it, the 6th restore again, its one vCPU paused until
+    // the prefetch is long done: what faults is what the set lacks.
+    let json = dir.path("serve.json");
+    let mut s = testing::serve(
+        &dir,
+        SERVE,
+        &[
+            "--peers",
+            "1",
+            "--prefetch",
+            merged.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    restore(
+        &dir,
+        6,
+        &["--threads", "1", "--pause-at", "0", "--pause-ms", "1000"],
+    );
+    assert_ok(&mut s, &dir);
+    let sums: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let faults = sums[0]["faults"].as_u64().unwrap();
+    let prefetched = sums[0]["prefetched"].as_u64().unwrap();
+    eprintln!(
+        "prefetching the merged set: {faults} demand faults remain for the 6th restore's {} pages ({prefetched} prefetched)",
+        sixth.len()
+    );
+    assert_eq!(prefetched, m.pages.len() as u64, "{:?}", sums[0]);
+    assert_eq!(faults, (sixth.len() - covered) as u64, "{:?}", sums[0]);
+    // A record made for another memory file is refused at start.
+    let other = Dir::new("merge-other", 8 * MIB);
+    let args = testing::command(&other, &["--prefetch", merged.to_str().unwrap()]);
+    let out = Command::new(SERVE[0]).args(&args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("recorded for another memory file"), "{err}");
+}
