@@ -20,8 +20,6 @@
 //! In faultline mode the file is one region backed by a `File` store
 //! ([`FaultlineSource`]).
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -31,7 +29,6 @@ use serde::Serialize;
 
 use super::bfs::{bfs_parallel, bfs_reference, first_mismatch, BfsResult, UNREACHED};
 use super::csr::{self, CsrLayout};
-use super::output::{create_output, finish_output};
 use super::source::{
     drop_file_cache, warm_file, FaultlineOptions, FaultlineSource, GraphSource, MmapSource,
     SourceStats,
@@ -198,7 +195,8 @@ pub struct BfsArgs {
     /// on the handler threads for poll, spin and workers.
     #[arg(long)]
     pub compare: bool,
-    /// Append one JSON record per run to this file (JSON lines; truncated first).
+    /// Write one JSON record per run to this file (JSON lines), replacing
+    /// it when every run is done (a failed run leaves the old file).
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Print per-level statistics of each run.
@@ -353,9 +351,11 @@ fn print_row(r: &RunRecord) {
 /// Runs `faultline bfs`.
 pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
-    if let Some(p) = &args.json {
-        faultline_cli_support::output_file(p, "--json")?;
-    }
+    let json_out = args
+        .json
+        .as_deref()
+        .map(|p| faultline_cli_support::OutputPath::check(p, "--json"))
+        .transpose()?;
     let path = &args.file;
     let engines = selected_engines(&args);
     let budget_bytes = match args.budget {
@@ -367,10 +367,7 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
         None => None,
     };
     let reference = Reference::load(path, args.source)?;
-    let mut json = match &args.json {
-        Some(p) => Some(create_output(p)?),
-        None => None,
-    };
+    let mut json = json_out.as_ref().map(|_| Vec::new());
     let mut mmap_seconds = None;
     print_header();
     for spec in specs(&args, engines) {
@@ -423,8 +420,8 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if let (Some(w), Some(p)) = (json, args.json.as_ref()) {
-        finish_output(w, p, false)?;
+    if let (Some(lines), Some(out)) = (json, json_out) {
+        out.write_bytes(&lines)?;
     }
     println!(
         "handler: mmap = system CPU time of the process; signal = SIGBUS handler time on the \
@@ -603,7 +600,7 @@ fn report(
     args: &BfsArgs,
     record: &RunRecord,
     result: &BfsResult,
-    json: Option<&mut BufWriter<File>>,
+    json: Option<&mut Vec<u8>>,
 ) -> anyhow::Result<()> {
     print_row(record);
     if args.levels {
@@ -614,11 +611,9 @@ fn report(
             );
         }
     }
-    if let (Some(w), Some(p)) = (json, args.json.as_ref()) {
+    if let Some(w) = json {
         serde_json::to_writer(&mut *w, record).context("encoding JSON record")?;
-        writeln!(w)
-            .and_then(|_| w.flush())
-            .with_context(|| format!("writing {}", p.display()))?;
+        w.push(b'\n');
     }
     Ok(())
 }
@@ -650,6 +645,7 @@ fn selected_engines(args: &BfsArgs) -> Vec<Engine> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::time::Duration;
 
     use super::*;

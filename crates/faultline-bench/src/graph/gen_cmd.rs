@@ -5,19 +5,26 @@
 //! 1. `gen` checks first that the memory (degrees and offsets, one
 //!    adjacency chunk) and the disk the file needs are there, and says
 //!    what it needs against what there is otherwise.
-//! 2. The file is written under a temporary name, synced (unless
-//!    `--no-sync`) and renamed on success: a failed run leaves no partial
-//!    graph behind.
+//! 2. `-o` is checked before any work (`OutputPath`: a regular file or a
+//!    new path in an existing directory; a device, FIFO or socket is
+//!    refused, `/dev/null` is written in place, a symlink is followed).
+//! 3. The file is written under a temporary name in its directory
+//!    (`.NAME.partial-PID`, removed on error, SIGINT and SIGTERM, and by a
+//!    later run if this one was killed), synced (unless `--no-sync`) and
+//!    renamed over the output on success: a failed run leaves the old file
+//!    (or nothing), never a partial graph.
 
 use std::fs::File;
 use std::io::{BufReader, IsTerminal};
 use std::path::PathBuf;
+
+use faultline_cli_support::OutputPath;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::output::{create_output, finish_output};
+use super::output::{buffered, flush};
 use super::units::{format_size, parse_size};
 use super::{csr, import, rmat};
 
@@ -115,8 +122,8 @@ pub fn run_graph(cmd: GraphCmd) -> anyhow::Result<()> {
 /// and offset arrays (16 bytes per vertex) plus one adjacency chunk (at
 /// most `--mem-limit`), and disk for the file (at most `8 (n + 1 + 2 m)`
 /// bytes before duplicates are dropped).
-fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
-    faultline_cli_support::output_file(&args.output, "--output")?;
+fn check_gen_resources(args: &GenArgs) -> anyhow::Result<OutputPath> {
+    let out = OutputPath::check(&args.output, "--output")?;
     let v = 1u128 << args.scale;
     let edges = 2 * args.edge_factor as u128 * v;
     let adjacency = (8 * edges).min(args.mem_limit as u128);
@@ -135,7 +142,7 @@ fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if let Some(free) = faultline_cli_support::disk_free(&args.output) {
+    if let Some(free) = faultline_cli_support::disk_free(out.target()).filter(|_| !out.is_null()) {
         if disk > free as u128 {
             bail!(
                 "graph gen --scale {scale} --edge-factor {}: the file takes up to {}, \
@@ -147,7 +154,7 @@ fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(out)
 }
 
 /// `faultline graph gen`.
@@ -165,18 +172,22 @@ fn run_gen(args: GenArgs) -> anyhow::Result<()> {
         threads,
         mem_limit: args.mem_limit,
     };
-    check_gen_resources(&args)?;
+    let output = check_gen_resources(&args)?;
     let t0 = Instant::now();
     // Written under a temporary name and renamed on success: a failed run
-    // leaves no empty or partial graph behind.
-    let tmp = faultline_cli_support::TempOutput::new(&args.output);
-    let mut out = create_output(&tmp.tmp)?;
+    // leaves the old file or nothing, never a partial graph.
+    let mut pending = output.begin()?;
+    let mut out = buffered(&mut pending);
     let pb = progress_bar(0);
     let summary = rmat::generate(&params, &opts, &mut out, &pb)
         .with_context(|| format!("generating into {}", args.output.display()))?;
     pb.set_message("syncing");
-    finish_output(out, &tmp.tmp, !args.no_sync)?;
-    tmp.commit()?;
+    flush(out, &args.output)?;
+    if args.no_sync {
+        pending.commit_unsynced()?;
+    } else {
+        pending.commit()?;
+    }
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     println!(
@@ -207,6 +218,7 @@ fn run_gen(args: GenArgs) -> anyhow::Result<()> {
 
 /// `faultline graph import`.
 fn run_import(args: ImportArgs) -> anyhow::Result<()> {
+    let output = OutputPath::check(&args.output, "--output")?;
     let t0 = Instant::now();
     let graph = if args.input.as_os_str() == "-" {
         import::read_edge_list(std::io::stdin().lock(), !args.directed)
@@ -217,12 +229,12 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         import::read_edge_list(BufReader::with_capacity(1 << 20, f), !args.directed)
             .with_context(|| format!("importing {}", args.input.display()))?
     };
-    let tmp = faultline_cli_support::TempOutput::new(&args.output);
-    let mut out = create_output(&tmp.tmp)?;
+    let mut pending = output.begin()?;
+    let mut out = buffered(&mut pending);
     csr::write_csr(&mut out, &graph)
         .with_context(|| format!("writing {}", args.output.display()))?;
-    finish_output(out, &tmp.tmp, true)?;
-    tmp.commit()?;
+    flush(out, &args.output)?;
+    pending.commit()?;
     let layout = graph.layout();
     println!(
         "{}: {} vertices, {} stored edges ({}), {} in {:.2} s",
