@@ -29,6 +29,14 @@ use std::path::Path;
 
 use anyhow::bail;
 
+/// Most repetitions of a measurement (`--reps`): medians of more say
+/// nothing new, and a typo of a few zeros must not run for days.
+pub const MAX_REPS: usize = 1000;
+
+/// Most pages a fault resolves at once (`--fault-around`, `--depths`):
+/// 512 pages of 4 KiB, a 2 MiB huge page.
+pub const MAX_FAULT_AROUND: usize = 512;
+
 /// Threads kept back from [`thread_headroom`]: the command's own helpers
 /// (progress, signals, engines' handler threads) and some room for the
 /// rest of the machine.
@@ -56,7 +64,9 @@ pub fn parse_u64(s: &str) -> Result<u64, String> {
         return Err("empty: give a whole number".into());
     }
     if t.starts_with('-') {
-        return Err(format!("{s:?} is negative: give a whole number of at least 0"));
+        return Err(format!(
+            "{s:?} is negative: give a whole number of at least 0"
+        ));
     }
     let digits = t.strip_prefix('+').unwrap_or(&t);
     if !digits.bytes().all(|b| b.is_ascii_digit()) || digits.is_empty() {
@@ -96,6 +106,51 @@ fn check(v: u64, lo: u64, hi: u64, why: &str) -> Result<u64, String> {
         return Err(range_error(lo, hi, why));
     }
     Ok(v)
+}
+
+/// `--reps`: 1 to [`MAX_REPS`].
+pub fn reps() -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
+    range(1, MAX_REPS)
+}
+
+/// A size in MiB, from 1 to what `MemAvailable` holds.
+pub fn mib() -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
+    fits_memory(1, 1 << 20, "MiB")
+}
+
+/// A count of 4 KiB pages, from 1 to what `MemAvailable` holds.
+pub fn pages() -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
+    fits_memory(1, 4096, "pages of 4 KiB")
+}
+
+/// Pages per fault: 1 to [`MAX_FAULT_AROUND`].
+pub fn fault_around() -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
+    move |s| {
+        let v = parse_u64(s)?;
+        Ok(check(
+            v,
+            1,
+            MAX_FAULT_AROUND as u64,
+            "pages of 4 KiB per fault: 512 are a 2 MiB huge page",
+        )? as usize)
+    }
+}
+
+/// A power of two from `lo` to `hi` (both powers of two).
+pub fn power_of_two(
+    lo: usize,
+    hi: usize,
+) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
+    move |s| {
+        let v = check(parse_u64(s)?, lo as u64, hi as u64, "a power of two")?;
+        if !v.is_power_of_two() {
+            return Err(format!(
+                "{v} is not a power of two ({})",
+                range_error(lo, hi, "")
+            ));
+        }
+        Ok(v as usize)
+    }
 }
 
 /// A value parser of a count from `lo` to `hi`.

@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use faultline::{FileStore, Region, SignalEngine};
+use faultline_cli_support::cleanup;
 use faultline_sys::mem::Mapping;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -37,17 +38,19 @@ pub struct RandomArgs {
     /// temporary file in /tmp, removed afterwards.
     #[arg(long)]
     pub file: Option<PathBuf>,
-    /// MiB of the temporary file.
-    #[arg(long, default_value_t = 256)]
+    /// MiB of the temporary file (1 to what MemAvailable holds).
+    #[arg(long, default_value_t = 256, value_parser = faultline_cli_support::flags::mib())]
     pub mib: usize,
-    /// Reading threads, comma-separated (each count is a run).
-    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    /// Reading threads, comma-separated (each count is a run; each 1 to
+    /// the threads this machine can still start).
+    #[arg(long, default_value = "1,2", value_delimiter = ',', value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: Vec<usize>,
-    /// Repetitions per mechanism and thread count (medians are reported).
-    #[arg(long, default_value_t = 3)]
+    /// Repetitions per mechanism and thread count (medians are reported;
+    /// 1 to 1000).
+    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::flags::reps())]
     pub reps: usize,
-    /// Shuffle seed.
-    #[arg(long, default_value_t = 1)]
+    /// Shuffle seed (any number to 2^64 - 1).
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::flags::range_u64(0, u64::MAX))]
     pub seed: u64,
 }
 
@@ -182,18 +185,34 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// Runs the benchmark.
 pub fn run(ctx: &mut BenchCtx, args: &RandomArgs) -> anyhow::Result<()> {
-    let (path, temp) = match &args.file {
-        Some(p) => (p.clone(), false),
-        None => (
-            std::env::temp_dir().join(format!("faultline-random-{}.bin", std::process::id())),
-            true,
-        ),
+    let most = args.threads.iter().copied().max().unwrap_or(1);
+    faultline_cli_support::flags::check_threads(
+        most as u64,
+        format_args!("bench random --threads {most}"),
+    )?;
+    // The default file is a temporary: `/tmp/faultline-random-PID.bin`,
+    // removed on return or error, on SIGINT/SIGTERM/SIGHUP, and by a later
+    // run once PID is gone.
+    let (path, _temp) = match &args.file {
+        Some(p) => (p.clone(), None),
+        None => {
+            let tmp = std::env::temp_dir();
+            cleanup::sweep_prefixed(&tmp, "faultline-random-");
+            let guard = cleanup::temp(&tmp, "faultline-random-", ".bin");
+            (guard.path().to_path_buf(), Some(guard))
+        }
     };
     if !path.exists() {
+        let out = faultline_cli_support::OutputPath::check(&path, "--file")?;
+        faultline_cli_support::flags::check_disk(
+            out.target(),
+            (args.mib as u64) << 20,
+            format_args!("bench random --mib {}", args.mib),
+        )?;
         let data: Vec<u8> = (0..args.mib << 20)
             .map(|i| (i / PAGE) as u8 ^ i as u8)
             .collect();
-        std::fs::write(&path, data).with_context(|| format!("writing {}", path.display()))?;
+        out.write_bytes(&data)?;
     }
     let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let len = (file.metadata()?.len() as usize) / PAGE * PAGE;
@@ -280,8 +299,5 @@ pub fn run(ctx: &mut BenchCtx, args: &RandomArgs) -> anyhow::Result<()> {
         )
     })?;
     drop(file);
-    if temp {
-        let _ = std::fs::remove_file(&path);
-    }
     Ok(())
 }

@@ -138,11 +138,12 @@ impl FileAccessArg {
 pub struct BfsArgs {
     /// Binary CSR graph file (`faultline graph gen` / `import`).
     pub file: PathBuf,
-    /// Source vertex.
-    #[arg(long, default_value_t = 0)]
+    /// Source vertex (0 to the graph's vertices less one, checked when the
+    /// graph is read).
+    #[arg(long, default_value_t = 0, value_parser = faultline_cli_support::flags::range_u64(0, u64::MAX))]
     pub source: u64,
-    /// BFS worker threads.
-    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::at_least_one)]
+    /// BFS worker threads (1 to the threads this machine can still start).
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: usize,
     /// How the graph is mapped.
     #[arg(long, value_enum, default_value_t = Mode::Mmap)]
@@ -160,8 +161,9 @@ pub struct BfsArgs {
     /// faulting page). Default: adaptive read-ahead, 16 pages per fault
     /// growing to 256 on sequential streams when pages are copied from the
     /// file, 64 growing to 512 when the file's page cache is mapped.
-    /// Alone, a fixed window; with --readahead, the initial one.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    /// Alone, a fixed window; with --readahead, the initial one (1 to
+    /// 1048576).
+    #[arg(long, value_parser = faultline_cli_support::flags::range_u64(1, 1 << 20))]
     pub fault_around: Option<u64>,
     /// How the faultline region gets the file's pages. Default: auto, the
     /// zero-copy page-cache mapping when the file is on tmpfs (e.g.
@@ -176,14 +178,15 @@ pub struct BfsArgs {
     /// Eviction policy under a budget: fifo, clock, refault.
     #[arg(long, default_value = "clock")]
     pub policy: faultline::policy::PolicyKind,
-    /// Runs per configuration; the median (by time) is reported.
-    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::at_least_one)]
+    /// Runs per configuration; the median (by time) is reported (1 to
+    /// 1000).
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::flags::reps())]
     pub reps: usize,
     /// faultline adaptive read-ahead: windows start at --fault-around (1
     /// if not given) and grow up to this many region pages on sequential
     /// streams; 0 fixes them at --fault-around. Default: adaptive (see
     /// --fault-around).
-    #[arg(long)]
+    #[arg(long, value_parser = faultline_cli_support::flags::range(0, 1 << 20))]
     pub readahead: Option<usize>,
     /// Drop the file's cached pages before each run (cold cache).
     #[arg(long)]
@@ -218,7 +221,8 @@ fn parse_page_size(s: &str) -> Result<u64, String> {
         Ok(v)
     } else {
         Err(format!(
-            "page size {s:?} must be a power of two from 4K to 2M"
+            "{s:?}: {} (a power of two: 4K to 2M)",
+            faultline_cli_support::flags::range_error(4096, 2 << 20, "")
         ))
     }
 }

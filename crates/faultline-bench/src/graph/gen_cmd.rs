@@ -40,14 +40,16 @@ pub enum GraphCmd {
 /// Arguments of `faultline graph gen`.
 #[derive(clap::Args)]
 pub struct GenArgs {
-    /// 2^SCALE vertices.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=rmat::MAX_SCALE as i64))]
+    /// 2^SCALE vertices (1 to 40).
+    #[arg(long, default_value_t = 20, value_parser = faultline_cli_support::flags::range_u32(1, rmat::MAX_SCALE))]
     pub scale: u32,
-    /// EDGE_FACTOR * 2^SCALE generated edges (each stored in both directions).
-    #[arg(long, default_value_t = 16, value_parser = faultline_cli_support::at_least_one_u64)]
+    /// EDGE_FACTOR * 2^SCALE generated edges (each stored in both
+    /// directions; 1 to 1024).
+    #[arg(long, default_value_t = 16, value_parser = faultline_cli_support::flags::range_u64(1, 1024))]
     pub edge_factor: u64,
-    /// PRNG seed: the same parameters and seed give the same file.
-    #[arg(long, default_value_t = 1)]
+    /// PRNG seed: the same parameters and seed give the same file (any
+    /// number to 2^64 - 1).
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::flags::range_u64(0, u64::MAX))]
     pub seed: u64,
     /// Output file.
     #[arg(short, long)]
@@ -55,8 +57,9 @@ pub struct GenArgs {
     /// Keep R-MAT's vertex numbering (hubs at low ids) instead of scrambling it.
     #[arg(long)]
     pub no_scramble: bool,
-    /// Generator threads (default: available CPUs).
-    #[arg(long, value_parser = faultline_cli_support::at_least_one)]
+    /// Generator threads (default: available CPUs; 1 to the threads this
+    /// machine can still start).
+    #[arg(long, value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: Option<usize>,
     /// Largest adjacency buffer held in memory; bigger graphs are built in
     /// vertex chunks, regenerating the edge stream per chunk.
@@ -85,7 +88,10 @@ pub struct ImportArgs {
 fn parse_mem_limit(s: &str) -> Result<u64, String> {
     let v = parse_size(s)?;
     if v < 1 << 20 {
-        return Err(format!("memory limit {s:?} is below the minimum of 1M"));
+        return Err(format!(
+            "{s:?}: {} (bytes, or with a K/M/G/T suffix; at least 1M)",
+            faultline_cli_support::flags::range_error(1u64 << 20, u64::MAX, "")
+        ));
     }
     Ok(v)
 }
