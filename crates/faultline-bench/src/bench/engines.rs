@@ -223,6 +223,18 @@ fn measure(
     })
 }
 
+/// What `bench latency` needs, checked before any bench runs: a region,
+/// its source pages and a MOVE pool of `-n` pages each.
+pub fn check_latency(args: &LatencyArgs) -> anyhow::Result<()> {
+    let n = args.pages;
+    faultline_cli_support::flags::check_memory(
+        (n as u64).saturating_mul(3 * PAGE as u64 + 32),
+        format_args!(
+            "bench latency -n {n}: a region, its source pages and a MOVE pool of {n} pages"
+        ),
+    )
+}
+
 /// `faultline bench latency`.
 pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()> {
     let engines = parse_engines(&args.engines)?;
@@ -233,12 +245,6 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
         );
     }
     let n = args.pages;
-    faultline_cli_support::flags::check_memory(
-        (n as u64).saturating_mul(3 * PAGE as u64 + 32),
-        format_args!(
-            "bench latency -n {n}: a region, its source pages and a MOVE pool of {n} pages"
-        ),
-    )?;
     let configs: Vec<Config> = CONFIGS
         .iter()
         .copied()
@@ -518,12 +524,12 @@ fn kernel_seq_thp(bytes: usize) -> anyhow::Result<f64> {
 /// Pages of the frame pool of the `MOVE-huge` rows (32 MiB).
 const SEQ_POOL_PAGES: usize = 8192;
 
-/// `faultline bench seq`.
-pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
-    let engines = parse_engines(&args.engines)?;
+/// What `bench seq` needs, checked before any bench runs: every window
+/// within the region (a larger one would fault a region rounded up to it:
+/// more memory than --mib says, a table about another size), and memory
+/// for the region and the kernel's mapping.
+pub fn check_seq(args: &SeqArgs) -> anyhow::Result<()> {
     let bytes = args.mib.max(1) << 20;
-    // A window larger than the region would fault a region rounded up to
-    // it (more memory than --mib says, a table about another size).
     if let Some(&d) = args.depths.iter().find(|&&d| d * PAGE > bytes) {
         anyhow::bail!(
             "--depths {d}: a window of {d} pages ({} KiB) is larger than the region (--mib {})",
@@ -537,7 +543,13 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
             "bench seq --mib {}: a region and the kernel's mapping",
             args.mib
         ),
-    )?;
+    )
+}
+
+/// `faultline bench seq`.
+pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
+    let engines = parse_engines(&args.engines)?;
+    let bytes = args.mib.max(1) << 20;
     let mut progress = ctx.progress(
         (3 + engines.len() * (args.depths.len() * 2 + 1)) as u64,
         "seq",
@@ -786,9 +798,9 @@ fn data_store_small() -> Arc<dyn PageStore> {
     Arc::new(ZeroStore)
 }
 
-/// `faultline bench scale`.
-pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
-    let engines = parse_engines(&args.engines)?;
+/// What `bench scale` needs, checked before any bench runs: its most
+/// threads, each with its pages.
+pub fn check_scale(args: &ScaleArgs) -> anyhow::Result<()> {
     let most = args.threads.iter().copied().max().unwrap_or(1);
     faultline_cli_support::flags::check_threads(
         most as u64,
@@ -797,7 +809,12 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
     faultline_cli_support::flags::check_memory(
         (most as u64).saturating_mul(args.pages as u64 * PAGE as u64),
         format_args!("bench scale: {most} threads x {} pages", args.pages),
-    )?;
+    )
+}
+
+/// `faultline bench scale`.
+pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
+    let engines = parse_engines(&args.engines)?;
     let mut progress = ctx.progress(((engines.len() + 1) * args.threads.len()) as u64, "scale");
     let mut rows = Vec::new();
     let mut series = Vec::new();

@@ -453,10 +453,9 @@ pub struct KernelArgs {
     pub reps: usize,
 }
 
-/// `faultline bench kernel`: latency of every kernel path, sequential per-page
-/// cost, and multi-threaded first-touch throughput.
-pub fn run(ctx: &mut BenchCtx, args: &KernelArgs) -> anyhow::Result<()> {
-    let reps = args.reps.max(1);
+/// What `bench kernel` needs, checked before any bench runs: its most
+/// threads, and memory for the largest of its passes.
+pub fn check(args: &KernelArgs) -> anyhow::Result<()> {
     let most = args.threads.iter().copied().max().unwrap_or(1);
     faultline_cli_support::flags::check_threads(
         most as u64,
@@ -472,7 +471,13 @@ pub fn run(ctx: &mut BenchCtx, args: &KernelArgs) -> anyhow::Result<()> {
             "bench kernel: -n {}, --seq-mib {} (and its file), {most} threads x {} pages",
             args.pages, args.seq_mib, args.scale_pages
         ),
-    )?;
+    )
+}
+
+/// `faultline bench kernel`: latency of every kernel path, sequential per-page
+/// cost, and multi-threaded first-touch throughput.
+pub fn run(ctx: &mut BenchCtx, args: &KernelArgs) -> anyhow::Result<()> {
+    let reps = args.reps.max(1);
     let steps = KernelPath::ALL.len() + 2 * reps + args.threads.len() * reps;
     let mut progress = ctx.progress(steps as u64, "kernel");
     let tsc = tsc();

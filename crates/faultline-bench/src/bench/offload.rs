@@ -169,14 +169,13 @@ fn run_workload(w: Workload, base: *mut u8, len: usize, stride: usize) -> Trace 
     }
 }
 
-/// `faultline bench offload`.
-pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
-    let kind = EngineKind::from_name(&args.engine)
-        .with_context(|| format!("unknown engine {:?}", args.engine))?;
+/// What `bench offload` needs, checked before any bench runs: a region
+/// that is a whole number of fault-around windows (it is not rounded up
+/// to one: a window past the region would fault more than --mib says; at
+/// --fault-around 1e9, a 4 TB region and the OOM killer), a stride within
+/// it, and memory for the kernel's row, a faultline region and the pool.
+pub fn check(args: &OffloadArgs) -> anyhow::Result<()> {
     let len = args.mib.max(1) << 20;
-    // The region is not rounded up to the window: a window past the
-    // region would fault more than --mib says (at --fault-around 1e9, a
-    // 4 TB region and the OOM killer).
     let window = PAGE * args.fault_around.max(1);
     if !len.is_multiple_of(window) {
         anyhow::bail!(
@@ -201,7 +200,14 @@ pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
             "bench offload --mib {} --pool {}: two regions and the frame pool",
             args.mib, args.pool
         ),
-    )?;
+    )
+}
+
+/// `faultline bench offload`.
+pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
+    let kind = EngineKind::from_name(&args.engine)
+        .with_context(|| format!("unknown engine {:?}", args.engine))?;
+    let len = args.mib.max(1) << 20;
     let engine = engine::create(kind, EngineConfig::default())?;
     let configs = ["none", "frame-pool", "run-ahead", "both"];
     let mut progress = ctx.progress(

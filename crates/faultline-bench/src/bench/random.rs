@@ -183,13 +183,18 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs the benchmark.
-pub fn run(ctx: &mut BenchCtx, args: &RandomArgs) -> anyhow::Result<()> {
+/// What `bench random` needs, checked before any bench runs: its most
+/// threads.
+pub fn check(args: &RandomArgs) -> anyhow::Result<()> {
     let most = args.threads.iter().copied().max().unwrap_or(1);
     faultline_cli_support::flags::check_threads(
         most as u64,
         format_args!("bench random --threads {most}"),
-    )?;
+    )
+}
+
+/// Runs the benchmark.
+pub fn run(ctx: &mut BenchCtx, args: &RandomArgs) -> anyhow::Result<()> {
     // The default file is a temporary: `/tmp/faultline-random-PID.bin`,
     // removed on return or error, on SIGINT/SIGTERM/SIGHUP, and by a later
     // run once PID is gone.
