@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "faultline",
     version,
-    about = "User-space page-fault runtime: capabilities and benchmarks"
+    about = "User-space page-fault runtime: capabilities, snapshot-restore serving, remote stores and benchmarks"
 )]
 pub struct Cli {
     /// The command.

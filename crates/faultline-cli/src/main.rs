@@ -1,5 +1,9 @@
-//! `faultline`: capability report, benchmarks and demo workloads for the
-//! faultline user-space page-fault runtime (the commands: `faultline_cli`).
+//! `faultline`: the front door of the faultline user-space page-fault
+//! runtime. `info` (what the kernel offers) and `store` (Redis page stores)
+//! live here; `serve`/`peer` forward to the `faultline-serve` crate (cargo
+//! feature `serve`) and `bench`/`graph`/`bfs`/`vpri` to `faultline-bench`
+//! (feature `bench`), both on by default. The command tree and what each
+//! command runs are the library, `faultline_cli`.
 
 use clap::Parser;
 

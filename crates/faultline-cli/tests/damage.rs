@@ -321,6 +321,14 @@ fn bench_random_removes_its_file_and_a_killed_runs() {
             "1",
             "--threads",
             "1",
+            "--mech",
+            "mmap,faultline",
+            "--buffer",
+            "50",
+            "--page-kib",
+            "4",
+            "--order",
+            "seq",
         ],
     );
     assert_eq!(o.code, Some(0), "{}", o.stderr);
@@ -334,9 +342,17 @@ fn bench_random_removes_its_file_and_a_killed_runs() {
             "--mib",
             "64",
             "--reps",
-            "50",
+            "200",
             "--threads",
             "1",
+            "--mech",
+            "mmap",
+            "--buffer",
+            "100",
+            "--page-kib",
+            "4",
+            "--order",
+            "seq",
         ],
     );
     let file = d
