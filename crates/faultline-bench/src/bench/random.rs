@@ -37,9 +37,9 @@ use std::sync::Barrier;
 use std::time::Instant;
 
 use anyhow::Context;
-use faultline_cli_support::cleanup::{self, Guard};
 use faultline::policy::PolicyKind;
 use faultline::{EvictionConfig, FileStore, Region, SignalEngine};
+use faultline_cli_support::cleanup::{self, Guard};
 use faultline_sys::mem::{Mapping, O_DIRECT};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -153,7 +153,10 @@ struct Phases {
 /// The data file, `DIR/faultline-random-PID.bin`: a cleanup temporary,
 /// removed when dropped (an error included), on SIGINT, SIGTERM and
 /// SIGHUP, and by a later run into the same directory once PID is gone.
-struct DataFile(PathBuf, #[allow(dead_code, reason = "removes the file when dropped")] Guard);
+struct DataFile(
+    PathBuf,
+    #[allow(dead_code, reason = "removes the file when dropped")] Guard,
+);
 
 impl DataFile {
     fn new(dir: &Path) -> DataFile {
@@ -427,7 +430,8 @@ pub fn check(args: &RandomArgs) -> anyhow::Result<()> {
     )
 }
 
-/// Runs the benchmark.ctx: &mut BenchCtx, args: &RandomArgs) -> anyhow::Result<()> {
+/// Runs the benchmark.
+pub fn run(ctx: &mut BenchCtx, args: &RandomArgs) -> anyhow::Result<()> {
     if let Some(spec) = &args.umap_child {
         return umap_child(spec);
     }
