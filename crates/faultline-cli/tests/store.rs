@@ -9,16 +9,15 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::FileTypeExt;
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 mod support;
 
-use faultline::testing::child::{deadline, wait_until};
+use faultline::testing::child::deadline;
 use faultline_redis::server::{pattern, sleep_nodes, Keys, RedisCluster, RedisServer};
 use support::{finish, spawn, Dir, Out};
 
