@@ -334,6 +334,14 @@ pub fn check_threads(n: u64, what: impl Display) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The most of the thread counts a flag lists (1 if none), refused past
+/// [`thread_headroom`] as `{command} --threads N` (see [`check_threads`]).
+pub fn most_threads(counts: &[usize], command: &str) -> anyhow::Result<usize> {
+    let most = counts.iter().copied().max().unwrap_or(1);
+    check_threads(most as u64, format_args!("{command} --threads {most}"))?;
+    Ok(most)
+}
+
 /// Refuses `need` bytes on the file system of `path` past its free space.
 pub fn check_disk(path: &Path, need: u64, what: impl Display) -> anyhow::Result<()> {
     if let Some(free) = crate::disk_free(path) {

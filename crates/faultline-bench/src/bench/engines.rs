@@ -533,7 +533,7 @@ pub fn check_seq(args: &SeqArgs) -> anyhow::Result<()> {
     if let Some(&d) = args.depths.iter().find(|&&d| d * PAGE > bytes) {
         anyhow::bail!(
             "--depths {d}: a window of {d} pages ({} KiB) is larger than the region (--mib {})",
-            d * PAGE >> 10,
+            (d * PAGE) >> 10,
             args.mib
         );
     }
@@ -801,11 +801,7 @@ fn data_store_small() -> Arc<dyn PageStore> {
 /// What `bench scale` needs, checked before any bench runs: its most
 /// threads, each with its pages.
 pub fn check_scale(args: &ScaleArgs) -> anyhow::Result<()> {
-    let most = args.threads.iter().copied().max().unwrap_or(1);
-    faultline_cli_support::flags::check_threads(
-        most as u64,
-        format_args!("bench scale --threads {most}"),
-    )?;
+    let most = faultline_cli_support::flags::most_threads(&args.threads, "bench scale")?;
     faultline_cli_support::flags::check_memory(
         (most as u64).saturating_mul(args.pages as u64 * PAGE as u64),
         format_args!("bench scale: {most} threads x {} pages", args.pages),

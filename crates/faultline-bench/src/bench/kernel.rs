@@ -456,11 +456,7 @@ pub struct KernelArgs {
 /// What `bench kernel` needs, checked before any bench runs: its most
 /// threads, and memory for the largest of its passes.
 pub fn check(args: &KernelArgs) -> anyhow::Result<()> {
-    let most = args.threads.iter().copied().max().unwrap_or(1);
-    faultline_cli_support::flags::check_threads(
-        most as u64,
-        format_args!("bench kernel --threads {most}"),
-    )?;
+    let most = faultline_cli_support::flags::most_threads(&args.threads, "bench kernel")?;
     let scale_bytes = (most as u64).saturating_mul(args.scale_pages as u64 * PAGE as u64);
     let need = scale_bytes
         .max((args.seq_mib as u64) << 21)

@@ -423,11 +423,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// What `bench random` needs, checked before any bench runs: its most
 /// threads.
 pub fn check(args: &RandomArgs) -> anyhow::Result<()> {
-    let most = args.threads.iter().copied().max().unwrap_or(1);
-    faultline_cli_support::flags::check_threads(
-        most as u64,
-        format_args!("bench random --threads {most}"),
-    )
+    faultline_cli_support::flags::most_threads(&args.threads, "bench random").map(drop)
 }
 
 /// Runs the benchmark.
