@@ -34,41 +34,35 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 fi
 
 # The C side (libfaultline, libumap, their C/C++ tests and examples): a C and
-# C++ compiler, pkg-config, and what building cargo-c needs (OpenSSL headers).
+# C++ compiler and pkg-config. The tests install both libraries with the
+# project's own scripts/c-install.sh (no tool built from source).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     missing=""
     command -v gcc >/dev/null 2>&1 || missing="$missing gcc"
     command -v g++ >/dev/null 2>&1 || missing="$missing g++"
     command -v pkg-config >/dev/null 2>&1 || missing="$missing pkgconf"
-    [ -e /usr/include/openssl/ssl.h ] || missing="$missing libssl-dev"
     if [ -n "$missing" ]; then
         (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing) >/dev/null 2>&1 \
             || echo "setup: could not install:$missing (the C tests skip without gcc/g++/pkg-config)" >&2
     fi
 fi
 
-# cargo-c (`cargo cinstall -p faultline-capi` and `-p umap`, the libraries'
-# install path).
-# It embeds its own Cargo, which must read this workspace's Cargo.lock v4:
-# Debian's cargo-c 0.9.14 (Cargo 0.66) cannot ("lock file version `4` was
-# found, but this version of Cargo does not understand this lock file"), so
-# a cargo-c >= 0.10 is built from crates.io into ~/.cargo/bin (ahead of
-# /usr/bin on PATH). 0.10.24 is the newest whose rust-version (1.95) this
-# toolchain meets. Measured on the 2-vCPU machine (shared with other
-# builds, load 6-15): 53 min wall, 814 s user + 78 s system CPU, so about
-# 8 minutes on an idle 2-vCPU machine; once, and skipped when a working
-# cargo-c is already there.
-cargo_c_works() {
-    local v
-    v=$(cargo cinstall --version 2>/dev/null | sed -n 's/^cargo-c[^0-9]*\([0-9][0-9]*\)\.\([0-9][0-9]*\)\..*/\1 \2/p' | head -1)
-    [ -n "$v" ] && { set -- $v; [ "$1" -gt 0 ] || [ "$2" -ge 10 ]; }
-}
-if ! cargo_c_works; then
-    echo "setup: building cargo-c 0.10.24 (cargo install --locked; takes several minutes)" >&2
-    cargo install --locked --quiet cargo-c --version 0.10.24 \
-        || { echo "setup: could not build cargo-c" >&2; exit 1; }
-    cargo_c_works || { echo "setup: cargo-c installed but \`cargo cinstall --version\` does not report >= 0.10" >&2; exit 1; }
-fi
+# cargo-c (`cargo cinstall`) is the packaging path for distributors, not
+# needed here: it is never built from source by this script (it embeds its
+# own Cargo, which must read Cargo.lock v4, so Debian's 0.9.14 cannot; a
+# cargo-c >= 0.10 built with `cargo install --locked cargo-c` took 53-72
+# min wall on the busy 2-vCPU machine). Where one is installed, the two
+# `cargo cinstall` tests (faultline-capi's c_abi, umap's umap_c) run; where
+# not, they print `skipping: no cargo-c >= 0.10` and pass.
+cargo_c_version=$(cargo cinstall --version 2>/dev/null | sed -n 's/^cargo-c[^0-9]*\([0-9][0-9.]*\).*/\1/p' | head -1 || true)
+case "$cargo_c_version" in
+    0.[0-9].*|"")
+        echo "setup: no cargo-c >= 0.10 (found: ${cargo_c_version:-none}); the cargo cinstall tests will be skipped (optional: cargo install --locked cargo-c)" >&2
+        ;;
+    *)
+        echo "setup: cargo-c $cargo_c_version found; the cargo cinstall tests will run" >&2
+        ;;
+esac
 
 # The Python package (crates/faultline-py): a project-local virtual
 # environment, .venv/ (git-ignored), with maturin (builds the wheel),

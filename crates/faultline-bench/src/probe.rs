@@ -37,8 +37,8 @@ pub enum VpriCmd {
 #[derive(clap::Args)]
 pub struct ProbeArgs {
     /// Store latency of the normal-mode region, ms (default 20, the
-    /// digest's).
-    #[arg(long, default_value_t = 20)]
+    /// digest's; 0 to 60,000).
+    #[arg(long, default_value_t = 20, value_parser = faultline_cli_support::flags::range_u64(0, 60_000))]
     pub store_ms: u64,
 }
 

@@ -184,6 +184,46 @@ pub fn sweep_pid_named(dir: &Path, prefix: &str, suffix: &str) -> usize {
     })
 }
 
+/// Removes the entries of `dir` named `{prefix}PID` followed by nothing or
+/// by anything but a digit (`faultline-random-PID.bin`,
+/// `faultline-bench-PID-3.dat`: what [`temp`] names) whose PID no longer
+/// runs. Returns how many.
+pub fn sweep_prefixed(dir: &Path, prefix: &str) -> usize {
+    sweep_matching(dir, |name| {
+        let rest = name.strip_prefix(prefix)?;
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    })
+}
+
+/// A temporary of this process: `dir/{prefix}PID{suffix}` for the first
+/// one asked for with that prefix and suffix in `dir`, then
+/// `{prefix}PID-N{suffix}`; registered (the guard removes it when
+/// dropped, a signal removes it, and [`sweep_prefixed`]`(dir, prefix)`
+/// removes it in a later run once this process is gone). The caller
+/// creates the file or directory.
+pub fn temp(dir: &Path, prefix: &str, suffix: &str) -> Guard {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let pid = std::process::id();
+    let mut path = dir.join(format!("{prefix}{pid}{suffix}"));
+    if std::fs::symlink_metadata(&path).is_ok() || in_registry(&path) {
+        let n = SEQ.fetch_add(1, Relaxed) + 1;
+        path = dir.join(format!("{prefix}{pid}-{n}{suffix}"));
+    }
+    register(&path)
+}
+
+fn in_registry(p: &Path) -> bool {
+    registry()
+        .paths
+        .lock()
+        .expect("cleanup registry")
+        .iter()
+        .any(|(_, q)| q == p)
+}
+
 fn sweep_matching(dir: &Path, pid_of: impl Fn(&str) -> Option<i32>) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -237,6 +277,14 @@ mod tests {
         ] {
             std::fs::write(d.join(n), b"x").unwrap();
         }
+        std::fs::write(d.join(format!("faultline-random-{dead}.bin")), b"x").unwrap();
+        std::fs::create_dir(d.join(format!("faultline-bench-{dead}-2"))).unwrap();
+        std::fs::write(d.join(format!("faultline-random-{me}.bin")), b"x").unwrap();
+        std::fs::write(d.join("faultline-random-x.bin"), b"x").unwrap();
+        assert_eq!(sweep_prefixed(&d, "faultline-random-"), 1);
+        assert_eq!(sweep_prefixed(&d, "faultline-bench-"), 1);
+        assert!(d.join(format!("faultline-random-{me}.bin")).exists());
+        assert!(d.join("faultline-random-x.bin").exists());
         assert_eq!(sweep(&d), 1);
         assert_eq!(sweep_pid_named(&d, "faultline-restore-", ".mem"), 1);
         assert!(
@@ -244,6 +292,24 @@ mod tests {
             "ours stays"
         );
         assert!(d.join("g.bin").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn temporaries_get_distinct_names_and_go_with_their_guard() {
+        let d = std::env::temp_dir().join(format!("faultline-temps-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let a = temp(&d, "faultline-t-", ".bin");
+        let b = temp(&d, "faultline-t-", ".bin");
+        assert_ne!(a.path(), b.path());
+        assert_eq!(
+            a.path().file_name().unwrap().to_str().unwrap(),
+            format!("faultline-t-{}.bin", std::process::id())
+        );
+        std::fs::write(a.path(), b"x").unwrap();
+        std::fs::create_dir(b.path()).unwrap();
+        drop((a, b));
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -2,8 +2,9 @@
 //! benchmarks) shares. Fail fast: checks that run before any work, and
 //! the one place errors are printed.
 //!
-//! * Numeric flags go through [`at_least_one`] (a count of zero is refused
-//!   with a message instead of running once, or a default, silently).
+//! * Numeric flags have ranges, checked by their clap value parsers before
+//!   any work, and sizes derived from several flags are checked against
+//!   the machine ([`flags`]).
 //! * Output files are checked before any work and written whole or not at
 //!   all ([`output`]); what a command creates for a while is removed on
 //!   error, on SIGINT/SIGTERM and by later runs ([`cleanup`]).
@@ -15,12 +16,11 @@
 //!   step.
 
 pub mod cleanup;
+pub mod flags;
 pub mod output;
 
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
-
-use anyhow::Context;
+use std::path::Path;
 
 pub use output::{output_dir, temp_sibling, OutputPath, PendingOutput};
 
@@ -30,7 +30,8 @@ pub fn output_file(path: &Path, flag: &str) -> anyhow::Result<()> {
     OutputPath::check(path, flag).map(drop)
 }
 
-/// Parses a count that must be at least 1.
+/// Parses a count that must be at least 1, with no upper bound (prefer
+/// [`flags::range`] or [`flags::threads`]: every flag has a range).
 pub fn at_least_one(s: &str) -> Result<usize, String> {
     let v: usize = s
         .trim()
@@ -62,44 +63,6 @@ pub fn disk_free(path: &Path) -> Option<u64> {
         _ => Path::new("."),
     };
     faultline_sys::mem::free_disk_bytes(dir).ok()
-}
-
-/// Removes the temporary file on drop unless [`TempOutput::commit`] renamed
-/// it into place.
-pub struct TempOutput {
-    /// The file being written.
-    pub tmp: PathBuf,
-    dest: PathBuf,
-    done: bool,
-}
-
-impl TempOutput {
-    /// A temporary sibling for `dest` (prefer [`OutputPath`], which also
-    /// refuses devices and follows symlinks).
-    pub fn new(dest: &Path) -> TempOutput {
-        TempOutput {
-            tmp: temp_sibling(dest),
-            dest: dest.to_path_buf(),
-            done: false,
-        }
-    }
-
-    /// Renames the temporary file to its destination.
-    pub fn commit(mut self) -> anyhow::Result<()> {
-        std::fs::rename(&self.tmp, &self.dest).with_context(|| {
-            format!("renaming {} to {}", self.tmp.display(), self.dest.display())
-        })?;
-        self.done = true;
-        Ok(())
-    }
-}
-
-impl Drop for TempOutput {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
 }
 
 /// Whether stderr is a terminal (progress bars) or not (a line per step).
@@ -162,20 +125,5 @@ mod tests {
         let lines = error_lines(&e);
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert_eq!(lines.iter().filter(|l| l.contains(&text)).count(), 1);
-    }
-
-    #[test]
-    fn temp_outputs_leave_nothing_unless_committed() {
-        let d = std::env::temp_dir().join(format!("faultline-checks-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        let t = TempOutput::new(&d.join("g.bin"));
-        std::fs::write(&t.tmp, b"x").unwrap();
-        let tmp = t.tmp.clone();
-        drop(t);
-        assert!(
-            !tmp.exists() && !d.join("g.bin").exists(),
-            "no partial file left"
-        );
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }

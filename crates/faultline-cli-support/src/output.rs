@@ -200,6 +200,17 @@ impl OutputPath {
     pub fn write_bytes(&self, bytes: &[u8]) -> anyhow::Result<()> {
         self.write(|w| w.write_all(bytes))
     }
+
+    /// Writes the whole output with `fill`, which opens and writes the path
+    /// it is given itself (a library that takes a file name: a plotting
+    /// backend); the path is the temporary, renamed over the output once
+    /// `fill` succeeded (`/dev/null` itself for `/dev/null`).
+    pub fn write_path(&self, fill: impl FnOnce(&Path) -> anyhow::Result<()>) -> anyhow::Result<()> {
+        let p = self.begin()?;
+        let at = p.temp_path().unwrap_or(&self.target).to_path_buf();
+        fill(&at).with_context(|| format!("writing {}", self.shown.display()))?;
+        p.commit()
+    }
 }
 
 /// An output being written: dropped without [`PendingOutput::commit`], its
@@ -223,13 +234,27 @@ impl PendingOutput {
     }
 
     /// Flushes the file to disk and renames it over the destination.
-    pub fn commit(mut self) -> anyhow::Result<()> {
+    pub fn commit(self) -> anyhow::Result<()> {
+        self.finish(true)
+    }
+
+    /// Renames the file over the destination without waiting for the disk
+    /// (a generator timing itself without the disk): a crash soon after
+    /// may leave the destination empty, never partial under its name
+    /// while the process runs.
+    pub fn commit_unsynced(self) -> anyhow::Result<()> {
+        self.finish(false)
+    }
+
+    fn finish(mut self, sync: bool) -> anyhow::Result<()> {
         let file = self.file.take().expect("present until commit");
         let Some((tmp, guard)) = self.tmp.take() else {
             return Ok(());
         };
-        file.sync_all()
-            .with_context(|| format!("writing {}", tmp.display()))?;
+        if sync {
+            file.sync_all()
+                .with_context(|| format!("writing {}", tmp.display()))?;
+        }
         drop(file);
         std::fs::rename(&tmp, &self.out.target).with_context(|| {
             format!(

@@ -50,11 +50,11 @@ pub enum StoreCmd {
         /// with GET and parts of keys with GETRANGE; write-backs of part
         /// of a key use SETRANGE. An upload holds about three copies of
         /// 4 MiB (or of one key, if larger) in memory.
-        #[arg(long, default_value_t = faultline_redis::DEFAULT_CHUNK, value_parser = chunk_size)]
+        #[arg(long, default_value_t = faultline_redis::DEFAULT_CHUNK, value_parser = faultline_cli_support::flags::power_of_two(MIN_CHUNK, MAX_CHUNK))]
         chunk: usize,
         /// Chunks per hash tag (kept on one cluster shard), 1 to 1048576.
         /// Default: 1 MiB worth of chunks.
-        #[arg(long, value_parser = group_size)]
+        #[arg(long, value_parser = faultline_cli_support::flags::range_u64(1, MAX_GROUP))]
         group: Option<u64>,
     },
     /// Download the store at URL into FILE, checking its checksum (FILE
@@ -77,32 +77,6 @@ pub enum StoreCmd {
         /// The store (see `put`).
         url: String,
     },
-}
-
-/// `--chunk`: a power of two in `MIN_CHUNK..=MAX_CHUNK`.
-fn chunk_size(s: &str) -> Result<usize, String> {
-    let v: usize = s
-        .trim()
-        .parse()
-        .map_err(|e| format!("{s:?} is not a byte count: {e}"))?;
-    if !(MIN_CHUNK..=MAX_CHUNK).contains(&v) || !v.is_power_of_two() {
-        return Err(format!(
-            "{v} is not a power of two from {MIN_CHUNK} to {MAX_CHUNK} (512 B to 512 MiB)"
-        ));
-    }
-    Ok(v)
-}
-
-/// `--group`: `1..=MAX_GROUP`.
-fn group_size(s: &str) -> Result<u64, String> {
-    let v: u64 = s
-        .trim()
-        .parse()
-        .map_err(|e| format!("{s:?} is not a count: {e}"))?;
-    if !(1..=MAX_GROUP).contains(&v) {
-        return Err(format!("{v} is outside 1..={MAX_GROUP}"));
-    }
-    Ok(v)
 }
 
 /// The first SIGINT, SIGTERM or SIGHUP received (0: none).

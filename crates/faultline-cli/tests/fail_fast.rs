@@ -1,44 +1,16 @@
 //! The CLI fails fast and talks: the `faultline` binary run as a user
 //! would, with stderr piped (not a terminal), each run under a deadline.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
 
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use support::{finish, spawn, Out};
 
 /// Runs `faultline args...` in `dir`, killing it after `timeout`.
 fn faultline(dir: &Path, args: &[&str], timeout: Duration) -> Out {
-    // FAULTLINE_BIN: run these checks against another build (an older one,
-    // to see them fail).
-    let bin = std::env::var("FAULTLINE_BIN").unwrap_or(env!("CARGO_BIN_EXE_faultline").into());
-    let mut child = Command::new(bin)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let end = Instant::now() + timeout;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("faultline {args:?} still running after {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let out = child.wait_with_output().unwrap();
-    Out {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    finish(spawn(dir, args), timeout, &format!("faultline {args:?}"))
 }
 
 fn tempdir(name: &str) -> PathBuf {
@@ -134,20 +106,23 @@ fn output_paths_are_checked_before_any_work() {
 fn nonsense_values_are_refused_with_a_message() {
     let d = tempdir("values");
     let cases: [(&[&str], &str); 8] = [
-        (&["bench", "latency", "-n", "0"], "at least 1"),
-        (&["bench", "latency", "-n", "50"], "at least 100 pages"),
-        (&["bench", "seq", "--reps", "0"], "at least 1"),
-        (&["bench", "kernel", "--threads", "1,0"], "at least 1"),
+        (&["bench", "latency", "-n", "0"], "must be from 100 to"),
+        (&["bench", "latency", "-n", "50"], "must be from 100 to"),
+        (&["bench", "seq", "--reps", "0"], "must be from 1 to 1000"),
+        (
+            &["bench", "kernel", "--threads", "1,0"],
+            "must be from 1 to",
+        ),
         (
             &["graph", "gen", "--threads", "0", "-o", "g.bin"],
-            "at least 1",
+            "must be from 1 to",
         ),
         (
             &["graph", "gen", "--mem-limit", "10K", "-o", "g.bin"],
-            "minimum of 1M",
+            "must be from 1048576 to",
         ),
         (&["bfs", "g.bin", "--budget", "1"], "give a unit"),
-        (&["bfs", "g.bin", "--reps", "0"], "at least 1"),
+        (&["bfs", "g.bin", "--reps", "0"], "must be from 1 to 1000"),
     ];
     for (args, want) in cases {
         let o = faultline(&d, args, QUICK);

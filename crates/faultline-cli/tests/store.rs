@@ -9,55 +9,19 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::FileTypeExt;
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use faultline::testing::child::{deadline, wait_until};
+mod support;
+
+use faultline::testing::child::deadline;
 use faultline_redis::server::{pattern, sleep_nodes, Keys, RedisCluster, RedisServer};
+use support::{finish, spawn, Dir, Out};
 
 const QUICK: Duration = Duration::from_secs(60);
-
-struct Out {
-    code: Option<i32>,
-    signal: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn bin() -> String {
-    std::env::var("FAULTLINE_BIN").unwrap_or(env!("CARGO_BIN_EXE_faultline").into())
-}
-
-fn spawn(dir: &Path, args: &[&str]) -> Child {
-    Command::new(bin())
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits for `child` (killing it after `timeout`) and collects its output.
-fn finish(mut child: Child, timeout: Duration, what: &str) -> Out {
-    if !wait_until(timeout, || child.try_wait().unwrap().is_some()) {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("{what}: still running after {timeout:?}");
-    }
-    let out = child.wait_with_output().unwrap();
-    Out {
-        code: out.status.code(),
-        signal: out.status.signal(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
 
 fn faultline(dir: &Path, args: &[&str]) -> Out {
     finish(spawn(dir, args), QUICK, &format!("faultline {args:?}"))
@@ -73,43 +37,6 @@ fn ok(dir: &Path, args: &[&str]) -> Out {
         o.stderr
     );
     o
-}
-
-/// A temporary directory removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("faultline-store-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-
-    fn s(&self, name: &str) -> String {
-        self.path(name).display().to_string()
-    }
-
-    /// Names in the directory starting with `.` (temporaries).
-    fn hidden(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(&self.0)
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.starts_with('.'))
-            .collect();
-        v.sort();
-        v
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Slows every master down (a `DEBUG SLEEP` of 20 ms after another)
@@ -424,25 +351,30 @@ fn sizes_out_of_range_are_refused_before_any_work() {
     std::fs::write(d.path("f"), pattern(1 << 20, 5)).unwrap();
     let url = s.store_url("sizes");
     for (flag, v, says) in [
-        (
-            "--chunk",
-            "1099511627776",
-            "not a power of two from 512 to 536870912",
-        ),
+        ("--chunk", "1099511627776", "must be from 512 to 536870912"),
         (
             "--chunk",
             "18446744073709551615",
-            "not a power of two from 512",
+            "must be from 512 to 536870912",
         ),
-        ("--chunk", "18446744073709551616", "not a byte count"),
-        ("--chunk", "1000", "not a power of two"),
-        ("--chunk", "256", "not a power of two from 512"),
-        ("--chunk", "0", "not a power of two"),
-        ("--chunk", "-1", ""),
-        ("--group", "0", "outside 1..=1048576"),
-        ("--group", "1048577", "outside 1..=1048576"),
+        (
+            "--chunk",
+            "18446744073709551616",
+            "past 18446744073709551615",
+        ),
+        ("--chunk", "1000", "1000 is not a power of two"),
+        ("--chunk", "256", "must be from 512"),
+        ("--chunk", "0", "must be from 512"),
+        ("--chunk=-1", "", "is negative"),
+        ("--group", "0", "must be from 1 to 1048576"),
+        ("--group", "1048577", "must be from 1 to 1048576"),
     ] {
-        let o = faultline(&d.0, &["store", "put", &d.s("f"), &url, flag, v]);
+        let f = d.s("f");
+        let mut args = vec!["store", "put", &f, &url, flag];
+        if !v.is_empty() {
+            args.push(v);
+        }
+        let o = faultline(&d.0, &args);
         assert_eq!(o.code, Some(2), "{flag} {v}: {}", o.stderr);
         assert!(o.stderr.contains(says), "{flag} {v}: {}", o.stderr);
         assert!(!o.stderr.contains("panicked"), "{}", o.stderr);

@@ -142,8 +142,10 @@ const CONFIGS: [Config; 8] = [
 /// Options of `faultline bench latency`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct LatencyArgs {
-    /// Pages touched (one fault each) per configuration.
-    #[arg(short = 'n', long, default_value_t = 100_000, value_parser = faultline_cli_support::at_least_one)]
+    /// Pages touched (one fault each) per configuration (100, for the
+    /// percentiles, to what MemAvailable holds: the region, its source
+    /// pages and a MOVE pool take 3 pages each).
+    #[arg(short = 'n', long, default_value_t = 100_000, value_parser = faultline_cli_support::flags::fits_memory(100, 3 * PAGE as u64, "pages of 4 KiB, 3 copies each"))]
     pub pages: usize,
     /// Engines to measure (default: all four).
     #[arg(long, value_delimiter = ',')]
@@ -219,6 +221,18 @@ fn measure(
         phases,
         faults,
     })
+}
+
+/// What `bench latency` needs, checked before any bench runs: a region,
+/// its source pages and a MOVE pool of `-n` pages each.
+pub fn check_latency(args: &LatencyArgs) -> anyhow::Result<()> {
+    let n = args.pages;
+    faultline_cli_support::flags::check_memory(
+        (n as u64).saturating_mul(3 * PAGE as u64 + 32),
+        format_args!(
+            "bench latency -n {n}: a region, its source pages and a MOVE pool of {n} pages"
+        ),
+    )
 }
 
 /// `faultline bench latency`.
@@ -439,17 +453,18 @@ fn headline(records: &[Record]) {
 /// Options of `faultline bench seq`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SeqArgs {
-    /// MiB touched per pass.
-    #[arg(long, default_value_t = 256, value_parser = faultline_cli_support::at_least_one)]
+    /// MiB touched per pass (1 to what MemAvailable holds).
+    #[arg(long, default_value_t = 256, value_parser = faultline_cli_support::flags::mib())]
     pub mib: usize,
     /// Engines (default: signal, spin, poll, workers).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
-    /// Fault-around depths (region pages per fault).
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64], value_parser = faultline_cli_support::at_least_one)]
+    /// Fault-around depths (region pages per fault, each 1 to 512 and at
+    /// most the pages of --mib).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64], value_parser = faultline_cli_support::flags::fault_around())]
     pub depths: Vec<usize>,
-    /// Repetitions of every pass; the median is reported.
-    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::at_least_one)]
+    /// Repetitions of every pass; the median is reported (1 to 1000).
+    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::flags::reps())]
     pub reps: usize,
 }
 
@@ -508,6 +523,28 @@ fn kernel_seq_thp(bytes: usize) -> anyhow::Result<f64> {
 
 /// Pages of the frame pool of the `MOVE-huge` rows (32 MiB).
 const SEQ_POOL_PAGES: usize = 8192;
+
+/// What `bench seq` needs, checked before any bench runs: every window
+/// within the region (a larger one would fault a region rounded up to it:
+/// more memory than --mib says, a table about another size), and memory
+/// for the region and the kernel's mapping.
+pub fn check_seq(args: &SeqArgs) -> anyhow::Result<()> {
+    let bytes = args.mib.max(1) << 20;
+    if let Some(&d) = args.depths.iter().find(|&&d| d * PAGE > bytes) {
+        anyhow::bail!(
+            "--depths {d}: a window of {d} pages ({} KiB) is larger than the region (--mib {})",
+            (d * PAGE) >> 10,
+            args.mib
+        );
+    }
+    faultline_cli_support::flags::check_memory(
+        2 * bytes as u64,
+        format_args!(
+            "bench seq --mib {}: a region and the kernel's mapping",
+            args.mib
+        ),
+    )
+}
 
 /// `faultline bench seq`.
 pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
@@ -700,11 +737,12 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
 /// Options of `faultline bench scale`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ScaleArgs {
-    /// Pages each thread first-touches.
-    #[arg(long, default_value_t = 16_384, value_parser = faultline_cli_support::at_least_one)]
+    /// Pages each thread first-touches (1 to what MemAvailable holds;
+    /// times the most threads, checked before the run).
+    #[arg(long, default_value_t = 16_384, value_parser = faultline_cli_support::flags::pages())]
     pub pages: usize,
-    /// Thread counts.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = faultline_cli_support::at_least_one)]
+    /// Thread counts (each 1 to the threads this machine can still start).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: Vec<usize>,
     /// Engines (default: all four).
     #[arg(long, value_delimiter = ',')]
@@ -758,6 +796,16 @@ fn scale_engine(
 /// A zero store: the scale bench measures fault delivery, not copying.
 fn data_store_small() -> Arc<dyn PageStore> {
     Arc::new(ZeroStore)
+}
+
+/// What `bench scale` needs, checked before any bench runs: its most
+/// threads, each with its pages.
+pub fn check_scale(args: &ScaleArgs) -> anyhow::Result<()> {
+    let most = faultline_cli_support::flags::most_threads(&args.threads, "bench scale")?;
+    faultline_cli_support::flags::check_memory(
+        (most as u64).saturating_mul(args.pages as u64 * PAGE as u64),
+        format_args!("bench scale: {most} threads x {} pages", args.pages),
+    )
 }
 
 /// `faultline bench scale`.

@@ -431,21 +431,43 @@ pub fn scale_anon(threads: usize, pages_per_thread: usize) -> anyhow::Result<f64
 /// Options of `faultline bench kernel`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct KernelArgs {
-    /// Pages (one fault each) per latency measurement.
-    #[arg(short = 'n', long, default_value_t = 100_000, value_parser = faultline_cli_support::at_least_one)]
+    /// Pages (one fault each) per latency measurement (1 to what
+    /// MemAvailable holds).
+    #[arg(short = 'n', long, default_value_t = 100_000, value_parser = faultline_cli_support::flags::pages())]
     pub pages: usize,
-    /// MiB per sequential pass (anonymous first touch, warm file scan).
-    #[arg(long, default_value_t = 64, value_parser = faultline_cli_support::at_least_one)]
+    /// MiB per sequential pass (anonymous first touch, warm file scan;
+    /// 1 to what MemAvailable holds).
+    #[arg(long, default_value_t = 64, value_parser = faultline_cli_support::flags::mib())]
     pub seq_mib: usize,
-    /// Pages each thread first-touches in the scaling run.
-    #[arg(long, default_value_t = 16_384, value_parser = faultline_cli_support::at_least_one)]
+    /// Pages each thread first-touches in the scaling run (1 to what
+    /// MemAvailable holds; times the most threads, checked before the run).
+    #[arg(long, default_value_t = 16_384, value_parser = faultline_cli_support::flags::pages())]
     pub scale_pages: usize,
-    /// Thread counts of the scaling run.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = faultline_cli_support::at_least_one)]
+    /// Thread counts of the scaling run (each 1 to the threads this
+    /// machine can still start).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: Vec<usize>,
-    /// Repetitions of each sequential and scaling pass (the median is reported).
-    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::at_least_one)]
+    /// Repetitions of each sequential and scaling pass (the median is
+    /// reported; 1 to 1000).
+    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::flags::reps())]
     pub reps: usize,
+}
+
+/// What `bench kernel` needs, checked before any bench runs: its most
+/// threads, and memory for the largest of its passes.
+pub fn check(args: &KernelArgs) -> anyhow::Result<()> {
+    let most = faultline_cli_support::flags::most_threads(&args.threads, "bench kernel")?;
+    let scale_bytes = (most as u64).saturating_mul(args.scale_pages as u64 * PAGE as u64);
+    let need = scale_bytes
+        .max((args.seq_mib as u64) << 21)
+        .max(args.pages as u64 * PAGE as u64);
+    faultline_cli_support::flags::check_memory(
+        need,
+        format_args!(
+            "bench kernel: -n {}, --seq-mib {} (and its file), {most} threads x {} pages",
+            args.pages, args.seq_mib, args.scale_pages
+        ),
+    )
 }
 
 /// `faultline bench kernel`: latency of every kernel path, sequential per-page

@@ -2,9 +2,11 @@
 //! the kernel's own fault paths. The dispatcher: nothing in the crate imports it.
 //!
 //! How the pieces fit:
-//! 1. [`run`] builds a `BenchCtx` (calibrated TSC, an empty report, the
-//!    `--plot` directory) and runs the selected sub-benches in order; with no
-//!    sub-command it runs `BenchCmd::default_selection`.
+//! 1. [`run`] checks `--json`, `--plot` and what each sub-bench's flags
+//!    ask for together (`BenchCmd::check`: sizes against the machine),
+//!    then builds a `BenchCtx` (calibrated TSC, an empty report, the
+//!    `--plot` directory) and runs the selected sub-benches in order; with
+//!    no sub-command it runs `BenchCmd::default_selection`.
 //! 2. Each sub-bench (`kernel`, `notify`, ...) measures, prints its tables to stdout,
 //!    draws its figures with `BenchCtx::figure`, and pushes its records onto
 //!    `ctx.report`.
@@ -108,6 +110,20 @@ impl BenchCmd {
         ]
     }
 
+    /// Checks what the sub-bench's flags ask for together (sizes derived
+    /// from several flags against the machine), before any bench runs.
+    fn check(&self) -> anyhow::Result<()> {
+        match self {
+            BenchCmd::Kernel(a) => kernel::check(a).context("bench kernel"),
+            BenchCmd::Latency(a) => engines::check_latency(a).context("bench latency"),
+            BenchCmd::Seq(a) => engines::check_seq(a).context("bench seq"),
+            BenchCmd::Scale(a) => engines::check_scale(a).context("bench scale"),
+            BenchCmd::Offload(a) => offload::check(a).context("bench offload"),
+            BenchCmd::Random(a) => random::check(a).context("bench random"),
+            _ => Ok(()),
+        }
+    }
+
     /// Run this sub-bench into `ctx`.
     fn run(&self, ctx: &mut BenchCtx) -> anyhow::Result<()> {
         match self {
@@ -134,10 +150,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     // Before any work: a long run must not end in "cannot write".
     if let Some(p) = &args.json {
-        faultline_cli_support::output_file(p, "--json")?;
+        faultline_cli_support::OutputPath::check(p, "--json")?;
     }
     if let Some(d) = &args.plot {
         faultline_cli_support::output_dir(d, "--plot")?;
+    }
+    for c in &cmds {
+        c.check()?;
     }
     let mut ctx = BenchCtx::new(args.json, args.plot);
     let m = &ctx.report.machine;

@@ -31,8 +31,9 @@ const SEED_TAIL_X: f64 = 51.0;
 /// Options of `faultline bench offload`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct OffloadArgs {
-    /// MiB per workload region.
-    #[arg(long, default_value_t = 128, value_parser = faultline_cli_support::at_least_one)]
+    /// MiB per workload region (1 to what MemAvailable holds; a whole
+    /// number of fault-around windows, checked before the run).
+    #[arg(long, default_value_t = 128, value_parser = faultline_cli_support::flags::mib())]
     pub mib: usize,
     /// Engine delivering the faults.
     #[arg(long, default_value = "signal")]
@@ -41,16 +42,18 @@ pub struct OffloadArgs {
     /// 64 by default: with 16, about 2% of sequential accesses still fault
     /// under run-ahead (the thread outruns a populator bound by page
     /// allocation), so p99 lands on a fault; with 64 under 1% do.
-    #[arg(long, default_value_t = 64, value_parser = faultline_cli_support::at_least_one)]
+    /// 1 to 512, and --mib a multiple of its window (pages x 4 KiB).
+    #[arg(long, default_value_t = 64, value_parser = faultline_cli_support::flags::fault_around())]
     pub fault_around: usize,
-    /// Run-ahead budget: most pages populated ahead of the last fault.
-    #[arg(long, default_value_t = 2048, value_parser = faultline_cli_support::at_least_one)]
+    /// Run-ahead budget: most pages populated ahead of the last fault
+    /// (1 to what MemAvailable holds).
+    #[arg(long, default_value_t = 2048, value_parser = faultline_cli_support::flags::pages())]
     pub budget: usize,
-    /// Frame pool capacity in pages.
-    #[arg(long, default_value_t = 8192, value_parser = faultline_cli_support::at_least_one)]
+    /// Frame pool capacity in pages (1 to what MemAvailable holds).
+    #[arg(long, default_value_t = 8192, value_parser = faultline_cli_support::flags::pages())]
     pub pool: usize,
-    /// Stride of the strided workload, in pages.
-    #[arg(long, default_value_t = 64, value_parser = faultline_cli_support::at_least_one)]
+    /// Stride of the strided workload, in pages (1 to the region's pages).
+    #[arg(long, default_value_t = 64, value_parser = faultline_cli_support::flags::pages())]
     pub stride: usize,
 }
 
@@ -166,12 +169,46 @@ fn run_workload(w: Workload, base: *mut u8, len: usize, stride: usize) -> Trace 
     }
 }
 
+/// What `bench offload` needs, checked before any bench runs: a region
+/// that is a whole number of fault-around windows (it is not rounded up
+/// to one: a window past the region would fault more than --mib says; at
+/// --fault-around 1e9, a 4 TB region and the OOM killer), a stride within
+/// it, and memory for the kernel's row, a faultline region and the pool.
+pub fn check(args: &OffloadArgs) -> anyhow::Result<()> {
+    let len = args.mib.max(1) << 20;
+    let window = PAGE * args.fault_around.max(1);
+    if !len.is_multiple_of(window) {
+        anyhow::bail!(
+            "--mib {} is not a whole number of fault-around windows (--fault-around {} x 4 KiB = {} KiB)",
+            args.mib,
+            args.fault_around,
+            window >> 10
+        );
+    }
+    if args.stride * PAGE > len {
+        anyhow::bail!(
+            "--stride {} pages is longer than the region (--mib {})",
+            args.stride,
+            args.mib
+        );
+    }
+    // The kernel's row, a faultline region, and the frame pool.
+    let need = (2 * len + args.pool * PAGE) as u64;
+    faultline_cli_support::flags::check_memory(
+        need,
+        format_args!(
+            "bench offload --mib {} --pool {}: two regions and the frame pool",
+            args.mib, args.pool
+        ),
+    )
+}
+
 /// `faultline bench offload`.
 pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
     let kind = EngineKind::from_name(&args.engine)
         .with_context(|| format!("unknown engine {:?}", args.engine))?;
+    let len = args.mib.max(1) << 20;
     let engine = engine::create(kind, EngineConfig::default())?;
-    let len = (args.mib.max(1) << 20).next_multiple_of(PAGE * args.fault_around.max(1));
     let configs = ["none", "frame-pool", "run-ahead", "both"];
     let mut progress = ctx.progress(
         (Workload::ALL.len() * (configs.len() + 1)) as u64,

@@ -39,6 +39,7 @@ use std::time::Instant;
 use anyhow::Context;
 use faultline::policy::PolicyKind;
 use faultline::{EvictionConfig, FileStore, Region, SignalEngine};
+use faultline_cli_support::cleanup::{self, Guard};
 use faultline_sys::mem::{Mapping, O_DIRECT};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -55,17 +56,21 @@ pub struct RandomArgs {
     /// decides the file system). Default: the system's temporary directory.
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// MiB of data (256: pfbenchmark's 65,536 pages of 4 KiB).
-    #[arg(long, default_value_t = 256)]
+    /// MiB of data (256: pfbenchmark's 65,536 pages of 4 KiB; 1 to what
+    /// MemAvailable holds).
+    #[arg(long, default_value_t = 256, value_parser = faultline_cli_support::flags::mib())]
     pub mib: usize,
-    /// Accessing threads, comma-separated (each count is a run).
-    #[arg(long, default_value = "2", value_delimiter = ',')]
+    /// Accessing threads, comma-separated (each count is a run; each 1 to
+    /// the threads this machine can still start).
+    #[arg(long, default_value = "2", value_delimiter = ',', value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: Vec<usize>,
-    /// Buffers in percent of the data, comma-separated (100: no eviction).
-    #[arg(long, default_value = "10,50,100", value_delimiter = ',')]
+    /// Buffers in percent of the data, comma-separated (100: no eviction;
+    /// each 1 to 100).
+    #[arg(long, default_value = "10,50,100", value_delimiter = ',', value_parser = faultline_cli_support::flags::range_u32(1, 100))]
     pub buffer: Vec<u32>,
-    /// Page sizes in KiB, comma-separated (UMAP_PAGESIZE; the region's).
-    #[arg(long, default_value = "4,64", value_delimiter = ',')]
+    /// Page sizes in KiB, comma-separated (UMAP_PAGESIZE; the region's;
+    /// each a power of two from 4 to 2048).
+    #[arg(long, default_value = "4,64", value_delimiter = ',', value_parser = faultline_cli_support::flags::power_of_two(4, 2048))]
     pub page_kib: Vec<usize>,
     /// Access orders, comma-separated: shuffled, seq.
     #[arg(long, default_value = "shuffled,seq", value_delimiter = ',')]
@@ -73,11 +78,12 @@ pub struct RandomArgs {
     /// Mechanisms, comma-separated: mmap, faultline, libumap.
     #[arg(long, default_value = "mmap,faultline,libumap", value_delimiter = ',')]
     pub mech: Vec<Mech>,
-    /// Repetitions of every configuration (medians are reported).
-    #[arg(long, default_value_t = 3)]
+    /// Repetitions of every configuration (medians are reported; 1 to
+    /// 1000).
+    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::flags::reps())]
     pub reps: usize,
-    /// Shuffle seed.
-    #[arg(long, default_value_t = 1)]
+    /// Shuffle seed (any number to 2^64 - 1).
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::flags::range_u64(0, u64::MAX))]
     pub seed: u64,
     /// Internal: run one libumap configuration in this process and print
     /// its result (the parent sets the UMAP_* variables).
@@ -144,12 +150,19 @@ struct Phases {
     read: Summary,
 }
 
-/// The data file, removed when dropped.
-struct DataFile(PathBuf);
+/// The data file, `DIR/faultline-random-PID.bin`: a cleanup temporary,
+/// removed when dropped (an error included), on SIGINT, SIGTERM and
+/// SIGHUP, and by a later run into the same directory once PID is gone.
+struct DataFile(
+    PathBuf,
+    #[allow(dead_code, reason = "removes the file when dropped")] Guard,
+);
 
-impl Drop for DataFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+impl DataFile {
+    fn new(dir: &Path) -> DataFile {
+        cleanup::sweep_prefixed(dir, "faultline-random-");
+        let guard = cleanup::temp(dir, "faultline-random-", ".bin");
+        DataFile(guard.path().to_path_buf(), guard)
     }
 }
 
@@ -407,6 +420,12 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// What `bench random` needs, checked before any bench runs: its most
+/// threads.
+pub fn check(args: &RandomArgs) -> anyhow::Result<()> {
+    faultline_cli_support::flags::most_threads(&args.threads, "bench random").map(drop)
+}
+
 /// Runs the benchmark.
 pub fn run(ctx: &mut BenchCtx, args: &RandomArgs) -> anyhow::Result<()> {
     if let Some(spec) = &args.umap_child {
@@ -414,7 +433,12 @@ pub fn run(ctx: &mut BenchCtx, args: &RandomArgs) -> anyhow::Result<()> {
     }
     let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
-    let data = DataFile(dir.join(format!("faultline-random-{}.bin", std::process::id())));
+    faultline_cli_support::flags::check_disk(
+        &dir,
+        (args.mib as u64) << 20,
+        format_args!("bench random --mib {}: the data file", args.mib),
+    )?;
+    let data = DataFile::new(&dir);
     anyhow::ensure!(
         args.mib > 0 && args.reps > 0,
         "--mib and --reps must be at least 1"

@@ -54,20 +54,21 @@ pub struct StoreArgs {
     /// start a `redis-server` on a unix socket in a temporary directory.
     #[arg(long)]
     pub url: Option<String>,
-    /// MiB touched by the sequential and throughput runs.
-    #[arg(long, default_value_t = 64)]
+    /// MiB touched by the sequential and throughput runs (1 to what
+    /// MemAvailable holds).
+    #[arg(long, default_value_t = 64, value_parser = faultline_cli_support::flags::mib())]
     pub mib: usize,
-    /// Runs per configuration (the median is reported).
-    #[arg(long, default_value_t = 5)]
+    /// Runs per configuration (the median is reported; 1 to 1000).
+    #[arg(long, default_value_t = 5, value_parser = faultline_cli_support::flags::reps())]
     pub reps: usize,
     /// R-MAT scale of the BFS graph (2^scale vertices, edge factor 16); 0
-    /// skips the BFS.
-    #[arg(long, default_value_t = 20)]
+    /// skips the BFS (0 to 40).
+    #[arg(long, default_value_t = 20, value_parser = faultline_cli_support::flags::range_u32(0, crate::graph::rmat::MAX_SCALE))]
     pub scale: u32,
     /// Bytes per Redis key, or a comma-separated list: the sequential run
     /// measures each (the first is the one the target line and the other
-    /// runs use).
-    #[arg(long, value_delimiter = ',', default_value = "65536")]
+    /// runs use). Each a power of two from 512 to 536870912 (512 MiB).
+    #[arg(long, value_delimiter = ',', default_value = "65536", value_parser = faultline_cli_support::flags::power_of_two(faultline_redis::MIN_CHUNK, faultline_redis::MAX_CHUNK))]
     pub chunk: Vec<usize>,
     /// CPUs of the bench's own redis-server (a `taskset` list, e.g. `1`
     /// or `0-1`); `last` (the default) is the last CPU, where the poll

@@ -20,8 +20,6 @@
 //! In faultline mode the file is one region backed by a `File` store
 //! ([`FaultlineSource`]).
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -31,7 +29,6 @@ use serde::Serialize;
 
 use super::bfs::{bfs_parallel, bfs_reference, first_mismatch, BfsResult, UNREACHED};
 use super::csr::{self, CsrLayout};
-use super::output::{create_output, finish_output};
 use super::source::{
     drop_file_cache, warm_file, FaultlineOptions, FaultlineSource, GraphSource, MmapSource,
     SourceStats,
@@ -141,11 +138,12 @@ impl FileAccessArg {
 pub struct BfsArgs {
     /// Binary CSR graph file (`faultline graph gen` / `import`).
     pub file: PathBuf,
-    /// Source vertex.
-    #[arg(long, default_value_t = 0)]
+    /// Source vertex (0 to the graph's vertices less one, checked when the
+    /// graph is read).
+    #[arg(long, default_value_t = 0, value_parser = faultline_cli_support::flags::range_u64(0, u64::MAX))]
     pub source: u64,
-    /// BFS worker threads.
-    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::at_least_one)]
+    /// BFS worker threads (1 to the threads this machine can still start).
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: usize,
     /// How the graph is mapped.
     #[arg(long, value_enum, default_value_t = Mode::Mmap)]
@@ -163,8 +161,9 @@ pub struct BfsArgs {
     /// faulting page). Default: adaptive read-ahead, 16 pages per fault
     /// growing to 256 on sequential streams when pages are copied from the
     /// file, 64 growing to 512 when the file's page cache is mapped.
-    /// Alone, a fixed window; with --readahead, the initial one.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    /// Alone, a fixed window; with --readahead, the initial one (1 to
+    /// 1048576).
+    #[arg(long, value_parser = faultline_cli_support::flags::range_u64(1, 1 << 20))]
     pub fault_around: Option<u64>,
     /// How the faultline region gets the file's pages. Default: auto, the
     /// zero-copy page-cache mapping when the file is on tmpfs (e.g.
@@ -179,14 +178,15 @@ pub struct BfsArgs {
     /// Eviction policy under a budget: fifo, clock, refault.
     #[arg(long, default_value = "clock")]
     pub policy: faultline::policy::PolicyKind,
-    /// Runs per configuration; the median (by time) is reported.
-    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::at_least_one)]
+    /// Runs per configuration; the median (by time) is reported (1 to
+    /// 1000).
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::flags::reps())]
     pub reps: usize,
     /// faultline adaptive read-ahead: windows start at --fault-around (1
     /// if not given) and grow up to this many region pages on sequential
     /// streams; 0 fixes them at --fault-around. Default: adaptive (see
     /// --fault-around).
-    #[arg(long)]
+    #[arg(long, value_parser = faultline_cli_support::flags::range(0, 1 << 20))]
     pub readahead: Option<usize>,
     /// Drop the file's cached pages before each run (cold cache).
     #[arg(long)]
@@ -198,7 +198,8 @@ pub struct BfsArgs {
     /// on the handler threads for poll, spin and workers.
     #[arg(long)]
     pub compare: bool,
-    /// Append one JSON record per run to this file (JSON lines; truncated first).
+    /// Write one JSON record per run to this file (JSON lines), replacing
+    /// it when every run is done (a failed run leaves the old file).
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Print per-level statistics of each run.
@@ -220,7 +221,8 @@ fn parse_page_size(s: &str) -> Result<u64, String> {
         Ok(v)
     } else {
         Err(format!(
-            "page size {s:?} must be a power of two from 4K to 2M"
+            "{s:?}: {} (a power of two: 4K to 2M)",
+            faultline_cli_support::flags::range_error(4096, 2 << 20, "")
         ))
     }
 }
@@ -353,9 +355,11 @@ fn print_row(r: &RunRecord) {
 /// Runs `faultline bfs`.
 pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
-    if let Some(p) = &args.json {
-        faultline_cli_support::output_file(p, "--json")?;
-    }
+    let json_out = args
+        .json
+        .as_deref()
+        .map(|p| faultline_cli_support::OutputPath::check(p, "--json"))
+        .transpose()?;
     let path = &args.file;
     let engines = selected_engines(&args);
     let budget_bytes = match args.budget {
@@ -367,10 +371,7 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
         None => None,
     };
     let reference = Reference::load(path, args.source)?;
-    let mut json = match &args.json {
-        Some(p) => Some(create_output(p)?),
-        None => None,
-    };
+    let mut json = json_out.as_ref().map(|_| Vec::new());
     let mut mmap_seconds = None;
     print_header();
     for spec in specs(&args, engines) {
@@ -423,8 +424,8 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if let (Some(w), Some(p)) = (json, args.json.as_ref()) {
-        finish_output(w, p, false)?;
+    if let (Some(lines), Some(out)) = (json, json_out) {
+        out.write_bytes(&lines)?;
     }
     println!(
         "handler: mmap = system CPU time of the process; signal = SIGBUS handler time on the \
@@ -603,7 +604,7 @@ fn report(
     args: &BfsArgs,
     record: &RunRecord,
     result: &BfsResult,
-    json: Option<&mut BufWriter<File>>,
+    json: Option<&mut Vec<u8>>,
 ) -> anyhow::Result<()> {
     print_row(record);
     if args.levels {
@@ -614,11 +615,9 @@ fn report(
             );
         }
     }
-    if let (Some(w), Some(p)) = (json, args.json.as_ref()) {
+    if let Some(w) = json {
         serde_json::to_writer(&mut *w, record).context("encoding JSON record")?;
-        writeln!(w)
-            .and_then(|_| w.flush())
-            .with_context(|| format!("writing {}", p.display()))?;
+        w.push(b'\n');
     }
     Ok(())
 }
@@ -650,6 +649,7 @@ fn selected_engines(args: &BfsArgs) -> Vec<Engine> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::time::Duration;
 
     use super::*;

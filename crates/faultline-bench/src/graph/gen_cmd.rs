@@ -5,19 +5,26 @@
 //! 1. `gen` checks first that the memory (degrees and offsets, one
 //!    adjacency chunk) and the disk the file needs are there, and says
 //!    what it needs against what there is otherwise.
-//! 2. The file is written under a temporary name, synced (unless
-//!    `--no-sync`) and renamed on success: a failed run leaves no partial
-//!    graph behind.
+//! 2. `-o` is checked before any work (`OutputPath`: a regular file or a
+//!    new path in an existing directory; a device, FIFO or socket is
+//!    refused, `/dev/null` is written in place, a symlink is followed).
+//! 3. The file is written under a temporary name in its directory
+//!    (`.NAME.partial-PID`, removed on error, SIGINT and SIGTERM, and by a
+//!    later run if this one was killed), synced (unless `--no-sync`) and
+//!    renamed over the output on success: a failed run leaves the old file
+//!    (or nothing), never a partial graph.
 
 use std::fs::File;
 use std::io::{BufReader, IsTerminal};
 use std::path::PathBuf;
+
+use faultline_cli_support::OutputPath;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::output::{create_output, finish_output};
+use super::output::{buffered, flush};
 use super::units::{format_size, parse_size};
 use super::{csr, import, rmat};
 
@@ -33,14 +40,16 @@ pub enum GraphCmd {
 /// Arguments of `faultline graph gen`.
 #[derive(clap::Args)]
 pub struct GenArgs {
-    /// 2^SCALE vertices.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=rmat::MAX_SCALE as i64))]
+    /// 2^SCALE vertices (1 to 40).
+    #[arg(long, default_value_t = 20, value_parser = faultline_cli_support::flags::range_u32(1, rmat::MAX_SCALE))]
     pub scale: u32,
-    /// EDGE_FACTOR * 2^SCALE generated edges (each stored in both directions).
-    #[arg(long, default_value_t = 16, value_parser = faultline_cli_support::at_least_one_u64)]
+    /// EDGE_FACTOR * 2^SCALE generated edges (each stored in both
+    /// directions; 1 to 1024).
+    #[arg(long, default_value_t = 16, value_parser = faultline_cli_support::flags::range_u64(1, 1024))]
     pub edge_factor: u64,
-    /// PRNG seed: the same parameters and seed give the same file.
-    #[arg(long, default_value_t = 1)]
+    /// PRNG seed: the same parameters and seed give the same file (any
+    /// number to 2^64 - 1).
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::flags::range_u64(0, u64::MAX))]
     pub seed: u64,
     /// Output file.
     #[arg(short, long)]
@@ -48,8 +57,9 @@ pub struct GenArgs {
     /// Keep R-MAT's vertex numbering (hubs at low ids) instead of scrambling it.
     #[arg(long)]
     pub no_scramble: bool,
-    /// Generator threads (default: available CPUs).
-    #[arg(long, value_parser = faultline_cli_support::at_least_one)]
+    /// Generator threads (default: available CPUs; 1 to the threads this
+    /// machine can still start).
+    #[arg(long, value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: Option<usize>,
     /// Largest adjacency buffer held in memory; bigger graphs are built in
     /// vertex chunks, regenerating the edge stream per chunk.
@@ -78,7 +88,10 @@ pub struct ImportArgs {
 fn parse_mem_limit(s: &str) -> Result<u64, String> {
     let v = parse_size(s)?;
     if v < 1 << 20 {
-        return Err(format!("memory limit {s:?} is below the minimum of 1M"));
+        return Err(format!(
+            "{s:?}: {} (bytes, or with a K/M/G/T suffix; at least 1M)",
+            faultline_cli_support::flags::range_error(1u64 << 20, u64::MAX, "")
+        ));
     }
     Ok(v)
 }
@@ -115,8 +128,8 @@ pub fn run_graph(cmd: GraphCmd) -> anyhow::Result<()> {
 /// and offset arrays (16 bytes per vertex) plus one adjacency chunk (at
 /// most `--mem-limit`), and disk for the file (at most `8 (n + 1 + 2 m)`
 /// bytes before duplicates are dropped).
-fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
-    faultline_cli_support::output_file(&args.output, "--output")?;
+fn check_gen_resources(args: &GenArgs) -> anyhow::Result<OutputPath> {
+    let out = OutputPath::check(&args.output, "--output")?;
     let v = 1u128 << args.scale;
     let edges = 2 * args.edge_factor as u128 * v;
     let adjacency = (8 * edges).min(args.mem_limit as u128);
@@ -135,7 +148,7 @@ fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if let Some(free) = faultline_cli_support::disk_free(&args.output) {
+    if let Some(free) = faultline_cli_support::disk_free(out.target()).filter(|_| !out.is_null()) {
         if disk > free as u128 {
             bail!(
                 "graph gen --scale {scale} --edge-factor {}: the file takes up to {}, \
@@ -147,7 +160,7 @@ fn check_gen_resources(args: &GenArgs) -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(out)
 }
 
 /// `faultline graph gen`.
@@ -165,18 +178,22 @@ fn run_gen(args: GenArgs) -> anyhow::Result<()> {
         threads,
         mem_limit: args.mem_limit,
     };
-    check_gen_resources(&args)?;
+    let output = check_gen_resources(&args)?;
     let t0 = Instant::now();
     // Written under a temporary name and renamed on success: a failed run
-    // leaves no empty or partial graph behind.
-    let tmp = faultline_cli_support::TempOutput::new(&args.output);
-    let mut out = create_output(&tmp.tmp)?;
+    // leaves the old file or nothing, never a partial graph.
+    let mut pending = output.begin()?;
+    let mut out = buffered(&mut pending);
     let pb = progress_bar(0);
     let summary = rmat::generate(&params, &opts, &mut out, &pb)
         .with_context(|| format!("generating into {}", args.output.display()))?;
     pb.set_message("syncing");
-    finish_output(out, &tmp.tmp, !args.no_sync)?;
-    tmp.commit()?;
+    flush(out, &args.output)?;
+    if args.no_sync {
+        pending.commit_unsynced()?;
+    } else {
+        pending.commit()?;
+    }
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     println!(
@@ -207,6 +224,7 @@ fn run_gen(args: GenArgs) -> anyhow::Result<()> {
 
 /// `faultline graph import`.
 fn run_import(args: ImportArgs) -> anyhow::Result<()> {
+    let output = OutputPath::check(&args.output, "--output")?;
     let t0 = Instant::now();
     let graph = if args.input.as_os_str() == "-" {
         import::read_edge_list(std::io::stdin().lock(), !args.directed)
@@ -217,12 +235,12 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         import::read_edge_list(BufReader::with_capacity(1 << 20, f), !args.directed)
             .with_context(|| format!("importing {}", args.input.display()))?
     };
-    let tmp = faultline_cli_support::TempOutput::new(&args.output);
-    let mut out = create_output(&tmp.tmp)?;
+    let mut pending = output.begin()?;
+    let mut out = buffered(&mut pending);
     csr::write_csr(&mut out, &graph)
         .with_context(|| format!("writing {}", args.output.display()))?;
-    finish_output(out, &tmp.tmp, true)?;
-    tmp.commit()?;
+    flush(out, &args.output)?;
+    pending.commit()?;
     let layout = graph.layout();
     println!(
         "{}: {} vertices, {} stored edges ({}), {} in {:.2} s",

@@ -7,12 +7,17 @@
 //!    first figure registers DejaVu Sans from `/usr/share/fonts/truetype/dejavu/`
 //!    (or the TTF named by `FAULTLINE_PLOT_FONT`). Without a font the figures are
 //!    still written, only without any text: a missing font never fails a benchmark.
+//! 3. Both are drawn in memory (an SVG string, an RGB buffer encoded as PNG)
+//!    and written through `faultline_cli_support::OutputPath`: a temporary in
+//!    the `--plot` directory renamed over `NAME.svg`/`NAME.png` once whole (a
+//!    device or FIFO there is refused, a symlink followed).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::{anyhow, Context};
+use faultline_cli_support::OutputPath;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -65,26 +70,36 @@ trait Figure {
 }
 
 fn write_figure<F: Figure>(dir: &Path, name: &str, fig: &F, text: bool) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let svg = dir.join(format!("{name}.svg"));
     let png = dir.join(format!("{name}.png"));
+    let svg_out = OutputPath::check(&svg, "--plot")?;
+    let png_out = OutputPath::check(&png, "--plot")?;
+    let (w, h) = fig.size();
+    let mut svg_text = String::new();
     {
-        let root = SVGBackend::new(&svg, fig.size()).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg_text, (w, h)).into_drawing_area();
         root.fill(&WHITE).map_err(perr)?;
         fig.draw(&root, text)
             .with_context(|| format!("drawing {}", svg.display()))?;
         root.present().map_err(perr)?;
     }
+    svg_out.write_bytes(svg_text.as_bytes())?;
+    let mut rgb = vec![0u8; w as usize * h as usize * 3];
     {
-        let root = BitMapBackend::new(&png, fig.size()).into_drawing_area();
+        let root = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
         root.fill(&WHITE).map_err(perr)?;
         fig.draw(&root, text)
             .with_context(|| format!("drawing {}", png.display()))?;
-        root.present()
-            .map_err(perr)
-            .with_context(|| format!("writing {}", png.display()))?;
+        root.present().map_err(perr)?;
     }
-    Ok(())
+    png_out.write(|out| {
+        let mut enc = png::Encoder::new(out, w, h);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut wr = enc.write_header().map_err(std::io::Error::other)?;
+        wr.write_image_data(&rgb).map_err(std::io::Error::other)?;
+        wr.finish().map_err(std::io::Error::other)
+    })
 }
 
 fn color(i: usize) -> RGBColor {
@@ -702,6 +717,7 @@ mod tests {
         let d =
             std::env::temp_dir().join(format!("faultline-plot-test-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
         d
     }
 

@@ -9,7 +9,6 @@
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -202,21 +201,14 @@ impl Report {
         }
     }
 
-    /// Write the report as pretty JSON to `path`.
+    /// Write the report as pretty JSON to `path` (`--json`: through
+    /// `OutputPath`, a temporary renamed over it once whole; its directory
+    /// must exist).
     pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("creating directory {}", dir.display()))?;
-        }
-        let f =
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        let mut w = std::io::BufWriter::new(f);
-        serde_json::to_writer_pretty(&mut w, self)
-            .with_context(|| format!("writing {}", path.display()))?;
-        w.write_all(b"\n")
-            .and_then(|_| w.flush())
-            .with_context(|| format!("writing {}", path.display()))?;
-        Ok(())
+        faultline_cli_support::OutputPath::check(path, "--json")?.write(|w| {
+            serde_json::to_writer_pretty(&mut *w, self)?;
+            w.write_all(b"\n")
+        })
     }
 }
 

@@ -194,7 +194,7 @@ pub fn pattern_file(dir: &Path, name: &str, pages: usize) -> PathBuf {
 /// Runs `cargo cinstall -p PACKAGE` (dev profile) into a fresh prefix and
 /// returns it, or `None` (saying why) without a cargo-c of at least 0.10
 /// (Debian's 0.9.14 cannot read Cargo.lock v4 and prints no version;
-/// `bash scripts/setup.sh` installs a newer one). Builds in
+/// `scripts/setup.sh` says which there is but builds none). Builds in
 /// `CARGO_TARGET_TMPDIR/cinstall-target`, because this `cargo test` holds
 /// the workspace's target directory; later runs reuse it (about 35 s the
 /// first time, seconds after).
@@ -212,7 +212,10 @@ pub fn cargo_cinstall(package: &str) -> Option<PathBuf> {
         .and_then(|v| v.split('.').next())
         .and_then(|m| m.parse::<u32>().ok());
     if minor.is_none_or(|m| m < 10) {
-        eprintln!("skipping: no cargo-c >= 0.10 (`cargo cinstall --version`: {version:?}; bash scripts/setup.sh installs it)");
+        eprintln!(
+            "skipping: no cargo-c >= 0.10 (`cargo cinstall --version`: {version:?}); \
+             the distributors' path is not checked here (cargo install --locked cargo-c adds it)"
+        );
         return None;
     }
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cinstall-target");

@@ -5,17 +5,19 @@ use std::path::PathBuf;
 /// Options of `faultline bench restore`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct RestoreArgs {
-    /// Bytes of the memory file (created in --dir). Default 1 GiB.
-    #[arg(long, default_value_t = 1 << 30)]
+    /// Bytes of the memory file (created in --dir): a multiple of 4 MiB
+    /// from 8 MiB to what MemAvailable holds. Default 1 GiB.
+    #[arg(long, default_value_t = 1 << 30, value_parser = memory_size)]
     pub size: usize,
-    /// Working sets, percent of memory.
-    #[arg(long, default_value = "10,30", value_delimiter = ',')]
+    /// Working sets, percent of memory (each more than 0, at most 100).
+    #[arg(long, default_value = "10,30", value_delimiter = ',', value_parser = faultline_cli_support::flags::float(0.0, 100.0, true))]
     pub working_set: Vec<f64>,
-    /// vCPU threads of the peer.
-    #[arg(long, default_value_t = 2)]
+    /// vCPU threads of the peer (1 to the threads this machine can still
+    /// start).
+    #[arg(long, default_value_t = 2, value_parser = faultline_cli_support::flags::threads(1))]
     pub vcpus: usize,
-    /// Repetitions per configuration (medians are reported).
-    #[arg(long, default_value_t = 3)]
+    /// Repetitions per configuration (medians are reported; 1 to 1000).
+    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::flags::reps())]
     pub reps: usize,
     /// Directory for the memory file, sockets and records. Default: a
     /// temporary directory in /tmp, removed afterwards.
@@ -37,7 +39,8 @@ pub struct RestoreArgs {
     /// `faultline serve` (prefetch of the recorded set, warm), for each N
     /// given (e.g. 1,2,4,8), reporting the handler's RssAnon/RssFile.
     /// Uses the first --working-set.
-    #[arg(long, value_delimiter = ',')]
+    /// Each 1 to the threads this machine can still start.
+    #[arg(long, value_delimiter = ',', value_parser = faultline_cli_support::flags::threads(1))]
     pub peers: Vec<usize>,
     /// Serve faultline's configurations (on-demand, prefetch, eager) from
     /// this Redis store (`redis://HOST:PORT/NAME`, `unix:///PATH?name=NAME`
@@ -48,8 +51,9 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub store: Option<String>,
     /// `faultline serve --prefetch-helpers N` for every served
-    /// configuration. Default: serve's default.
-    #[arg(long)]
+    /// configuration (0 to the threads this machine can still start).
+    /// Default: serve's default.
+    #[arg(long, value_parser = faultline_cli_support::flags::threads(0))]
     pub prefetch_helpers: Option<usize>,
     /// `faultline serve --prefetch-idle` (helpers under SCHED_IDLE) for
     /// every served configuration.
@@ -94,4 +98,29 @@ pub fn uses_huge_snapshot(cfg: &str) -> bool {
 /// Configurations that use the shared tmpfs copy.
 pub fn uses_snapshot(cfg: &str) -> bool {
     cfg == "kernel-tmpfs" || cfg.ends_with("-shared")
+}
+
+/// `--size`: a multiple of 4 MiB from 8 MiB to what `MemAvailable` holds
+/// (the memory file lives in the page cache or on tmpfs, and every served
+/// configuration maps all of it).
+fn memory_size(s: &str) -> Result<usize, String> {
+    use faultline_cli_support::flags;
+    const STEP: u64 = 4 << 20;
+    let v = flags::parse_u64(s)?;
+    let avail = faultline_cli_support::mem_available().unwrap_or(u64::MAX);
+    let hi = (avail / STEP * STEP).max(8 << 20);
+    if !(8 << 20..=hi).contains(&v) {
+        let why = format!(
+            "bytes, a multiple of {STEP}; MemAvailable is {}",
+            flags::fmt_bytes(avail)
+        );
+        return Err(flags::range_error(8u64 << 20, hi, &why));
+    }
+    if v % STEP != 0 {
+        return Err(format!(
+            "{v} is not a multiple of {STEP} (4 MiB; {})",
+            flags::range_error(8u64 << 20, hi, "")
+        ));
+    }
+    usize::try_from(v).map_err(|_| format!("{v} does not fit this machine's address space"))
 }

@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::Context;
 use faultline::testing::HugePool;
+use faultline_cli_support::cleanup::{self, Guard};
 use faultline_sys::mem::{self, Mapping};
 
 use super::args::{uses_huge_snapshot, uses_snapshot, RestoreArgs};
@@ -126,22 +127,22 @@ impl Copies {
     }
 }
 
-/// The shared tmpfs copy of the memory file, removed on drop.
-pub struct Snapshot(pub PathBuf);
+/// The shared tmpfs copy of the memory file, removed on drop, on SIGINT,
+/// SIGTERM and SIGHUP (registered with `faultline_cli_support::cleanup`),
+/// and by a later run once this process is gone.
+pub struct Snapshot(
+    pub PathBuf,
+    #[allow(dead_code, reason = "removes the copy when dropped")] Guard,
+);
 
 impl Snapshot {
-    /// This process's tmpfs copy: `/dev/shm/faultline-restore-PID.mem`.
+    /// This process's tmpfs copy: `/dev/shm/faultline-restore-PID.mem`
+    /// (after removing those of killed runs).
     pub fn in_dev_shm() -> Snapshot {
-        Snapshot(PathBuf::from(format!(
-            "/dev/shm/faultline-restore-{}.mem",
-            std::process::id()
-        )))
-    }
-}
-
-impl Drop for Snapshot {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let shm = Path::new("/dev/shm");
+        cleanup::sweep_pid_named(shm, "faultline-restore-", ".mem");
+        let guard = cleanup::temp(shm, "faultline-restore-", ".mem");
+        Snapshot(guard.path().to_path_buf(), guard)
     }
 }
 

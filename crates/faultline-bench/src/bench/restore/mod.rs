@@ -79,6 +79,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use faultline_cli_support::cleanup;
 
 pub use args::RestoreArgs;
 use args::CONFIGS;
@@ -96,16 +97,29 @@ pub fn run(ctx: &mut BenchCtx, a: &RestoreArgs) -> anyhow::Result<()> {
     if a.size < 8 << 20 || !a.size.is_multiple_of(4 << 20) {
         bail!("--size must be a multiple of 4 MiB, at least 8 MiB");
     }
-    let tmp = a.dir.is_none();
-    let dir = a.dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("faultline-restore-{}", std::process::id()))
-    });
-    std::fs::create_dir_all(&dir)?;
-    let result = run_in(ctx, a, &dir);
-    if tmp {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    result
+    // The default directory is a temporary: `/tmp/faultline-restore-PID`,
+    // removed on return, on SIGINT/SIGTERM/SIGHUP, and by a later run
+    // once PID is gone (a killed run's memory file is --size bytes).
+    let (dir, _guard) = match &a.dir {
+        Some(d) => {
+            faultline_cli_support::output_dir(d, "--dir")?;
+            (d.clone(), None)
+        }
+        None => {
+            let tmp = std::env::temp_dir();
+            cleanup::sweep_pid_named(&tmp, "faultline-restore-", "");
+            let guard = cleanup::temp(&tmp, "faultline-restore-", "");
+            let dir = guard.path().to_path_buf();
+            std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            (dir, Some(guard))
+        }
+    };
+    faultline_cli_support::flags::check_disk(
+        &dir,
+        a.size as u64,
+        format_args!("bench restore --size {}: the memory file", a.size),
+    )?;
+    run_in(ctx, a, &dir)
 }
 
 /// The bench in `dir`: its files, then `--peers` or the configurations.

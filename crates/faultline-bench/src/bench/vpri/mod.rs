@@ -35,15 +35,16 @@ pub struct VpriArgs {
     /// b1,b2,b3,b4,b5,b7; b8 and b9 take about half a minute each).
     #[arg(long, default_value = "b1,b2,b3,b4,b5,b7")]
     pub only: String,
-    /// Time-scaling factor S applied to the paper's constants (default 1/100).
-    #[arg(long, default_value_t = 0.01)]
+    /// Time-scaling factor S applied to the paper's constants (default 1/100; more than 0, at most 1).
+    #[arg(long, default_value_t = 0.01, value_parser = faultline_cli_support::flags::float(0.0, 1.0, true))]
     pub scale: f64,
-    /// B2: seconds per mode per round (default 0.5).
-    #[arg(long, default_value_t = 0.5)]
+    /// B2: seconds per mode per round (default 0.5; more than 0, at most 3600).
+    #[arg(long, default_value_t = 0.5, value_parser = faultline_cli_support::flags::float(0.0, 3600.0, true))]
     pub b2_secs: f64,
     /// B2: I/Os arriving per second, open loop (default 26,800: the
-    /// paper's virtio-blk device, Table 1). Latency counts from arrival.
-    #[arg(long, default_value_t = 26_800.0)]
+    /// paper's virtio-blk device, Table 1; more than 0, at most
+    /// 10,000,000). Latency counts from arrival.
+    #[arg(long, default_value_t = 26_800.0, value_parser = faultline_cli_support::flags::float(0.0, 10_000_000.0, true))]
     pub b2_iops: f64,
     /// B2: rounds (default 30). Each round runs the five modes (plain
     /// fault-free, API fault-free, blocking, ordered, unordered) back to
@@ -55,8 +56,8 @@ pub struct VpriArgs {
     /// over the rounds (range and the pooled p99.9s printed too), beside
     /// the floor the parked I/Os alone give. Each round's steal time and
     /// other processes' CPU (from /proc/stat) are printed. About 1.5 min
-    /// with the defaults.
-    #[arg(long, default_value_t = 30)]
+    /// with the defaults (1 to 1000).
+    #[arg(long, default_value_t = 30, value_parser = faultline_cli_support::flags::reps())]
     pub b2_reps: usize,
     /// B2: run the submitting thread at the caller's priority. Default:
     /// SCHED_FIFO 10 while it submits and reaps, in every mode alike (the
@@ -66,24 +67,24 @@ pub struct VpriArgs {
     /// priority, and says so, without the permission.
     #[arg(long)]
     pub b2_normal_priority: bool,
-    /// B2: injected I/O faults per second (default 10, the paper's Fig 6 rate).
-    #[arg(long, default_value_t = 10.0)]
+    /// B2: injected I/O faults per second (default 10, the paper's Fig 6 rate; 0 to 1,000,000).
+    #[arg(long, default_value_t = 10.0, value_parser = faultline_cli_support::flags::float(0.0, 1_000_000.0, false))]
     pub b2_rate: f64,
-    /// B2: store latency of an injected fault, ms (default 5, the paper's).
-    #[arg(long, default_value_t = 5.0)]
+    /// B2: store latency of an injected fault, ms (default 5, the paper's; 0 to 60,000).
+    #[arg(long, default_value_t = 5.0, value_parser = faultline_cli_support::flags::float(0.0, 60_000.0, false))]
     pub b2_store_ms: f64,
-    /// B3: datagrams per mode (default 40,000).
-    #[arg(long, default_value_t = 40_000)]
+    /// B3: datagrams per mode (default 40,000; 1 to 100,000,000).
+    #[arg(long, default_value_t = 40_000, value_parser = faultline_cli_support::flags::range_u32(1, 100_000_000))]
     pub b3_packets: u32,
-    /// B3: datagrams per second (default 20,000).
-    #[arg(long, default_value_t = 20_000)]
+    /// B3: datagrams per second (default 20,000; 1 to 10,000,000).
+    #[arg(long, default_value_t = 20_000, value_parser = faultline_cli_support::flags::range_u32(1, 10_000_000))]
     pub b3_pps: u32,
     /// B4: I/O faults per second per device (default 10, the paper's Fig 15
-    /// top rate).
-    #[arg(long, default_value_t = 10.0)]
+    /// top rate; 0 to 1,000,000).
+    #[arg(long, default_value_t = 10.0, value_parser = faultline_cli_support::flags::float(0.0, 1_000_000.0, false))]
     pub b4_rate: f64,
-    /// B4: seconds per point (default 3).
-    #[arg(long, default_value_t = 3.0)]
+    /// B4: seconds per point (default 3; more than 0, at most 3600).
+    #[arg(long, default_value_t = 3.0, value_parser = faultline_cli_support::flags::float(0.0, 3600.0, true))]
     pub b4_secs: f64,
     /// B5: how each VM's reclaim ratio is set (default psi: the server's
     /// memory fixed at 1 - r, balanced across VMs by their pressure, as the
@@ -98,29 +99,29 @@ pub struct VpriArgs {
     #[arg(long, default_value = "static")]
     pub b5_compare: String,
     /// B5: the redraw model's period, simulated seconds: each VM's ratio
-    /// redrawn within 0-50% with mean r (default 600).
-    #[arg(long, default_value_t = 600)]
+    /// redrawn within 0-50% with mean r (default 600; 1 to 31,536,000: a year).
+    #[arg(long, default_value_t = 600, value_parser = faultline_cli_support::flags::range_u64(1, 31_536_000))]
     pub b5_reclaim_every: u64,
     /// B8: seconds per point per round (default 0.6; 8 log settings x 2
-    /// workloads per round).
-    #[arg(long, default_value_t = 0.6)]
+    /// workloads per round; more than 0, at most 3600).
+    #[arg(long, default_value_t = 0.6, value_parser = faultline_cli_support::flags::float(0.0, 3600.0, true))]
     pub b8_secs: f64,
-    /// B8: rounds (default 3; each point's IOPS is the median).
-    #[arg(long, default_value_t = 3)]
+    /// B8: rounds (default 3; each point's IOPS is the median; 1 to 1000).
+    #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::flags::reps())]
     pub b8_reps: usize,
-    /// B9: simulated VMs (default 28: B5's 14-VM mix twice).
-    #[arg(long, default_value_t = 28)]
+    /// B9: simulated VMs (default 28: B5's 14-VM mix twice; 1 to 10,000).
+    #[arg(long, default_value_t = 28, value_parser = faultline_cli_support::flags::range(1, 10_000))]
     pub b9_vms: usize,
-    /// B9: simulated days (default 1).
-    #[arg(long, default_value_t = 1)]
+    /// B9: simulated days (default 1; 1 to 3650).
+    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::flags::range_u64(1, 3650))]
     pub b9_days: u64,
     /// B9: the host's reclaim (default psi: a server of 12.5% overcommit,
     /// the middle of the paper's 10-15%, balanced by pressure; drift: each
     /// VM's ratio redrawn hourly as 0.5 U^3).
     #[arg(long, default_value = "psi")]
     pub b9_reclaim: String,
-    /// B1: samples per measurement (default 1,000,000 hot, 1/10 of it cold).
-    #[arg(long, default_value_t = 1_000_000)]
+    /// B1: samples per measurement (default 1,000,000 hot, 1/10 of it cold; 1 to 100,000,000).
+    #[arg(long, default_value_t = 1_000_000, value_parser = faultline_cli_support::flags::range(1, 100_000_000))]
     pub b1_samples: usize,
 }
 
