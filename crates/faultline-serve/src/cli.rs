@@ -8,6 +8,7 @@ use clap::Args;
 
 use crate::config::{ServeConfig, Source, Verify};
 use crate::server::Server;
+use faultline::HandlerWait;
 
 /// `faultline serve` arguments.
 #[derive(Args, Debug, Clone)]
@@ -38,6 +39,13 @@ pub struct ServeArgs {
     /// Handler threads (each peer is served by one of them). Default 1.
     #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::at_least_one)]
     pub threads: usize,
+    /// How a handler thread waits for its peers' faults: `adaptive` spins
+    /// (polls without sleeping) while a peer faults and sleeps in poll(2)
+    /// 1 ms after its last message; `spin` never sleeps (a whole CPU per
+    /// handler thread); `poll` always sleeps (every fault pays the
+    /// handler's wake-up). Default adaptive.
+    #[arg(long, value_enum, default_value_t = EngineArg::Adaptive)]
+    pub engine: EngineArg,
     /// Fault-around: the read-ahead window grows up to this many pages
     /// (0: one page per fault). Default 16.
     #[arg(long, default_value_t = 16)]
@@ -90,6 +98,28 @@ pub struct ServeArgs {
     pub json: Option<PathBuf>,
 }
 
+/// `--engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineArg {
+    /// Sleep in poll(2) between messages.
+    Poll,
+    /// Never sleep.
+    Spin,
+    /// Spin while a peer faults, sleep once it is idle.
+    Adaptive,
+}
+
+impl EngineArg {
+    /// The handler threads' wait this names.
+    pub fn wait(self) -> HandlerWait {
+        match self {
+            EngineArg::Poll => HandlerWait::Poll,
+            EngineArg::Spin => HandlerWait::Spin,
+            EngineArg::Adaptive => HandlerWait::ADAPTIVE,
+        }
+    }
+}
+
 /// `--verify`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum VerifyArg {
@@ -121,6 +151,7 @@ impl ServeArgs {
             timeout: self.timeout,
             peers: self.peers,
             threads: self.threads,
+            engine: self.engine.wait(),
             fault_around: self.fault_around,
             record: self.record.clone(),
             prefetch: self.prefetch.clone(),

@@ -15,6 +15,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use faultline::HandlerWait;
+
 pub use faultline::Verify;
 
 /// Where the snapshot's bytes come from.
@@ -45,6 +47,8 @@ pub struct ServeConfig {
     pub peers: Option<usize>,
     /// Handler threads. Default 1.
     pub threads: usize,
+    /// How the handler threads wait for faults. Default adaptive.
+    pub engine: HandlerWait,
     /// Fault-around: the read-ahead window grows up to this many pages
     /// (0 or 1: one page per fault). Default 16.
     pub fault_around: usize,
@@ -97,6 +101,7 @@ impl ServeConfig {
             timeout: Duration::from_secs(30),
             peers: None,
             threads: 1,
+            engine: HandlerWait::ADAPTIVE,
             fault_around: 16,
             record: None,
             prefetch: None,

@@ -19,6 +19,14 @@ pub struct PeerSummary {
     pub features: Vec<String>,
     /// Fault messages.
     pub faults: u64,
+    /// `read(2)`s of its userfaultfd that returned messages (fault
+    /// messages per read: `faults / reads`).
+    #[serde(default)]
+    pub reads: u64,
+    /// CPU time of serve's handler threads (all peers') when this peer
+    /// ended, ms: what waiting for faults cost (see `--engine`).
+    #[serde(default)]
+    pub handler_cpu_ms: f64,
     /// Pages installed (faults, fault-around, prefetch).
     pub installed: u64,
     /// Bytes read from the memory file (pages installed from it).

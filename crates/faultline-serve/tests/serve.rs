@@ -429,7 +429,7 @@ fn a_store_without_the_redis_feature_is_refused_by_name() {
 fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
     let dir = Dir::new("flags", MIB);
     for (i, (extra, why)) in [
-        (&["--engine", "poll"][..], "unexpected argument '--engine'"),
+        (&["--engine", "signal"][..], "invalid value 'signal'"),
         (&["--threads", "0"][..], "must be at least 1"),
         (&["--peers", "0"][..], "must be at least 1"),
         (&["--timeout=-1"][..], "--timeout"),
@@ -859,4 +859,94 @@ fn shared_mode_on_hugetlbfs_maps_2m_pages_and_keeps_writes_private() {
     );
     drop(mount);
     drop(pool);
+}
+
+/// CPU time (user + system, ms) of the threads of process `pid` whose name
+/// starts with `prefix` (`/proc/PID/task/TID/stat`, clock ticks), and how
+/// many such threads there are.
+fn threads_cpu_ms(pid: u32, prefix: &str) -> (f64, usize) {
+    let hz = faultline_sys::thread::clock_ticks_per_sec() as f64;
+    let (mut ticks, mut n) = (0u64, 0);
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the task list") {
+        let Ok(stat) = std::fs::read_to_string(t.expect("a task").path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        if !stat[open + 1..close].starts_with(prefix) {
+            continue;
+        }
+        // After the name: state (field 3) ... utime (14), stime (15).
+        let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        ticks += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+        n += 1;
+    }
+    (ticks as f64 * 1e3 / hz, n)
+}
+
+/// Serves a 4-vCPU peer that holds on for a while once verified, with
+/// `--engine ENGINE`; returns the handler thread's CPU time (ms) over 1 s
+/// of the peer's idleness, and the peer's summary.
+fn handler_cpu_while_idle(name: &str, engine: &str) -> (f64, serde_json::Value) {
+    let dir = Dir::new(name, 16 * MIB);
+    let json = dir.path("serve.json");
+    let mut s = serve(
+        &dir,
+        &[
+            "--peers",
+            "1",
+            "--engine",
+            engine,
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let mut p = peer(
+        &dir,
+        "p",
+        &[
+            "--threads",
+            "4",
+            "--working-set",
+            "60",
+            "--verify-all",
+            "--hold-ms",
+            "1600",
+        ],
+    );
+    dir.wait_for("p.err", "holding for");
+    // Past the adaptive idle interval (1 ms) with a wide margin.
+    std::thread::sleep(Duration::from_millis(200));
+    let (before, threads) = threads_cpu_ms(s.pid(), "faultline-peer");
+    assert_eq!(threads, 1, "one handler thread");
+    std::thread::sleep(Duration::from_secs(1));
+    let (after, _) = threads_cpu_ms(s.pid(), "faultline-peer");
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let summary = summaries(&dir, "serve.json").remove(0);
+    (after - before, summary)
+}
+
+#[test]
+fn the_adaptive_engine_serves_four_vcpus_and_sleeps_once_the_peer_is_idle() {
+    let (idle_cpu, summary) = handler_cpu_while_idle("adaptive", "adaptive");
+    // Every byte was compared by the peer (--verify-all). The faults were
+    // read in batches, and the handler slept through the peer's idle
+    // second: a tick or two at most (clock ticks are 10 ms).
+    let (faults, reads) = (summary["faults"].as_u64(), summary["reads"].as_u64());
+    assert!(faults.unwrap() > 0 && reads.unwrap() > 0, "{summary}");
+    assert!(reads <= faults, "{summary}");
+    assert!(
+        summary["handler_cpu_ms"].as_f64().unwrap() > 0.0,
+        "{summary}"
+    );
+    assert!(idle_cpu <= 30.0, "{idle_cpu} ms of CPU over an idle second");
+    // The same measurement sees a handler that does not sleep.
+    let (spin_cpu, _) = handler_cpu_while_idle("spinning", "spin");
+    eprintln!("handler CPU over an idle second: adaptive {idle_cpu} ms, spin {spin_cpu} ms");
+    assert!(
+        spin_cpu >= 50.0 && spin_cpu > 3.0 * idle_cpu,
+        "spin {spin_cpu} ms vs adaptive {idle_cpu} ms over an idle second"
+    );
 }

@@ -112,8 +112,8 @@ pub use fault::RegionStats;
 pub use foreign::snapshot;
 pub use foreign::{
     prepare_store, ForeignEngine, ForeignEngineConfig, ForeignError, ForeignOptions, ForeignPeer,
-    ForeignRegionSpec, ForeignUffd, PeerBacking, PeerEvent, PeerStats, PeerTimes, PrefetchPlan,
-    SharedSnapshot, SnapshotError, Verify,
+    ForeignRegionSpec, ForeignUffd, HandlerStats, HandlerWait, PeerBacking, PeerEvent, PeerStats,
+    PeerTimes, PrefetchPlan, SharedSnapshot, SnapshotError, Verify,
 };
 pub use page::{MemoryKind, PageSize, ResolveOp};
 pub use policy::ReadaheadConfig;

@@ -61,6 +61,7 @@ fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
     } = state.lookup(peer.id());
     let s = peer.stats();
     let times = peer.times();
+    let handler = state.engine.handler_stats();
     let summary = PeerSummary {
         peer: n,
         pid,
@@ -74,6 +75,8 @@ fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
             .map(|s| s.to_string())
             .collect(),
         faults: s.faults,
+        reads: s.reads,
+        handler_cpu_ms: handler.cpu.as_secs_f64() * 1e3,
         installed: s.regions.installed,
         bytes_read: s.bytes_read,
         removes: s.removes,
@@ -91,14 +94,17 @@ fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
         },
     };
     say(format_args!(
-        "peer {n} (pid {pid}): {outcome}; {} faults, {} pages installed, {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched",
+        "peer {n} (pid {pid}): {outcome}; {} faults in {} reads, {} pages installed, {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched; handler threads' CPU so far {:.1} ms ({} sleeps)",
         s.faults,
+        s.reads,
         s.regions.installed,
         s.removes,
         s.removed_pages,
         s.deferred,
         s.regions.exists,
-        s.prefetched
+        s.prefetched,
+        handler.cpu.as_secs_f64() * 1e3,
+        handler.sleeps
     ));
     if let (true, Some(path)) = (state.records(peer.id()), &state.config.record) {
         let offs = peer.take_record();

@@ -55,6 +55,7 @@ use faultline_sys::uffd::{feature, pagefault_flag};
 #[derive(Debug, Default)]
 pub(super) struct PeerCounters {
     pub faults: AtomicU64,
+    pub reads: AtomicU64,
     pub removes: AtomicU64,
     pub removed_pages: AtomicU64,
     pub other_events: AtomicU64,
@@ -91,6 +92,9 @@ pub(super) struct PeerClock {
 pub struct PeerStats {
     /// Fault messages read.
     pub faults: u64,
+    /// `read(2)`s of its userfaultfd that returned messages (fault
+    /// messages per read: `faults / reads`).
+    pub reads: u64,
     /// REMOVE events read.
     pub removes: u64,
     /// Whole pages those events dropped.
@@ -441,6 +445,7 @@ impl ForeignPeer {
         }
         PeerStats {
             faults: c.faults.load(Relaxed),
+            reads: c.reads.load(Relaxed),
             removes: c.removes.load(Relaxed),
             removed_pages: c.removed_pages.load(Relaxed),
             other_events: c.other_events.load(Relaxed),
