@@ -46,9 +46,13 @@ pub struct ServeArgs {
     /// handler's wake-up). Default adaptive.
     #[arg(long, value_enum, default_value_t = EngineArg::Adaptive)]
     pub engine: EngineArg,
-    /// Fault-around: the read-ahead window grows up to this many pages
-    /// (0: one page per fault). Default 16.
-    #[arg(long, default_value_t = 16)]
+    /// The cap of a fault's window, in pages (0 or 1: one page per
+    /// fault). As the kernel's fault-around and read-ahead: an isolated
+    /// fault installs the aligned 16 pages around it (fewer with a smaller
+    /// cap); a fault where an earlier window ended continues that stream
+    /// and doubles its window, up to this cap. Default 512 (2 MiB of 4 KiB
+    /// pages).
+    #[arg(long, default_value_t = crate::config::FAULT_AROUND)]
     pub fault_around: usize,
     /// Write the order in which the first peer's restore touched its pages
     /// to FILE when it hangs up (one page per fault: fault-around is off

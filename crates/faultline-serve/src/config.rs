@@ -15,9 +15,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use faultline::HandlerWait;
+use faultline::{HandlerWait, ReadaheadConfig};
 
 pub use faultline::Verify;
+
+/// The default cap of a fault's window: 512 pages, 2 MiB of 4 KiB pages.
+pub const FAULT_AROUND: usize = 512;
+
+/// The window an isolated fault installs: the aligned 16 pages around it,
+/// the kernel's fault-around (`fault_around_bytes`, 64 KiB).
+pub const FAULT_AROUND_INITIAL: usize = 16;
 
 /// Where the snapshot's bytes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,8 +56,9 @@ pub struct ServeConfig {
     pub threads: usize,
     /// How the handler threads wait for faults. Default adaptive.
     pub engine: HandlerWait,
-    /// Fault-around: the read-ahead window grows up to this many pages
-    /// (0 or 1: one page per fault). Default 16.
+    /// The largest window a fault installs, in pages (0 or 1: one page
+    /// per fault); see [`ServeConfig::readahead`]. Default
+    /// [`FAULT_AROUND`].
     pub fault_around: usize,
     /// Record the first peer's touch order to this file when it hangs up.
     pub record: Option<PathBuf>,
@@ -102,7 +110,7 @@ impl ServeConfig {
             peers: None,
             threads: 1,
             engine: HandlerWait::ADAPTIVE,
-            fault_around: 16,
+            fault_around: FAULT_AROUND,
             record: None,
             prefetch: None,
             prefetch_helpers: None,
@@ -111,6 +119,19 @@ impl ServeConfig {
             shared: None,
             verify: Verify::Sample,
             json: None,
+        }
+    }
+
+    /// The read-ahead of a peer's regions: the kernel's fault-around
+    /// ([`FAULT_AROUND_INITIAL`] aligned pages) on an isolated fault, a
+    /// window doubling up to `fault_around` on a sequential stream; one
+    /// page per fault with `fault_around` 0 or 1.
+    pub fn readahead(&self) -> ReadaheadConfig {
+        if self.fault_around <= 1 {
+            ReadaheadConfig::off()
+        } else {
+            let cap = self.fault_around;
+            ReadaheadConfig::adaptive(FAULT_AROUND_INITIAL.min(cap), cap)
         }
     }
 

@@ -950,3 +950,56 @@ fn the_adaptive_engine_serves_four_vcpus_and_sleeps_once_the_peer_is_idle() {
         "spin {spin_cpu} ms vs adaptive {idle_cpu} ms over an idle second"
     );
 }
+
+/// Serves one peer of a 16 MiB file with `serve_extra`, the peer running
+/// `peer_extra` (4 vCPUs, --json); returns serve's summary and the peer's
+/// report.
+fn served_once(
+    name: &str,
+    serve_extra: &[&str],
+    peer_extra: &[&str],
+) -> (serde_json::Value, serde_json::Value) {
+    let dir = Dir::new(name, 16 * MIB);
+    let (sj, pj) = (dir.path("serve.json"), dir.path("peer.json"));
+    let mut args = vec!["--peers", "1", "--json", sj.to_str().unwrap()];
+    args.extend_from_slice(serve_extra);
+    let mut s = serve(&dir, &args);
+    let mut args = vec!["--threads", "4", "--json", pj.to_str().unwrap()];
+    args.extend_from_slice(peer_extra);
+    let mut p = peer(&dir, "p", &args);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let report = serde_json::from_str(&dir.text("peer.json")).unwrap();
+    (summaries(&dir, "serve.json").remove(0), report)
+}
+
+#[test]
+fn windows_grow_on_sweeping_vcpus_and_isolated_faults_take_sixteen_pages() {
+    // Four vCPUs each sweep their share of the first 75% of memory; one
+    // handler reads all their faults. Each sweep is a stream of its own:
+    // 16, 32, ... 512 pages a fault (the default cap), every byte checked.
+    let sweep = ["--pattern", "sweep", "--working-set", "75", "--verify-all"];
+    let (s, p) = served_once("sweep", &[], &sweep);
+    let (faults, pages) = (s["faults"].as_u64().unwrap(), p["pages"].as_u64().unwrap());
+    assert_eq!(pages, 3072);
+    assert!(faults <= 64, "{faults} faults for {pages} pages: {s}");
+    // What the windows installed beyond the set: never touched, wasted;
+    // serve's `around` (pages installed beside a faulting one) bounds it.
+    let wasted = p["resident_pages"].as_u64().unwrap() - pages;
+    assert!(wasted <= s["around"].as_u64().unwrap(), "{s} {p}");
+    // The old cap of 16 takes one fault per 16 pages at best.
+    let (s16, _) = served_once("sweep16", &["--fault-around", "16"], &sweep);
+    assert!(s16["faults"].as_u64().unwrap() >= pages / 16, "{s16}");
+    // Scattered and clustered pages: an isolated fault installs its
+    // aligned 16 pages (the clusters' pages come a few to a fault), where
+    // one page per fault takes a fault per page and wastes nothing.
+    let (s1, p1) = served_once("single", &["--fault-around", "1"], &["--working-set", "10"]);
+    assert_eq!(s1["around"].as_u64(), Some(0), "{s1}");
+    assert_eq!(p1["resident_pages"], p1["pages"], "{p1}");
+    assert_eq!(s1["faults"], p1["pages"], "{s1}");
+    let (s, p) = served_once("clustered", &[], &["--working-set", "10"]);
+    let (faults, pages) = (s["faults"].as_u64().unwrap(), p["pages"].as_u64().unwrap());
+    assert!(faults * 2 < pages, "{faults} faults for {pages} pages: {s}");
+    let resident = p["resident_pages"].as_u64().unwrap();
+    assert_eq!(resident, s["installed"].as_u64().unwrap(), "{s} {p}");
+}

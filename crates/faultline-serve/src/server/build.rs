@@ -53,12 +53,11 @@ pub fn build(
     handoff: &mut Handoff,
 ) -> Result<Built, BuildError> {
     let record = state.claim_record();
-    let fault_around = state.config.fault_around;
     let opts = ForeignOptions {
-        readahead: if record || fault_around <= 1 {
+        readahead: if record {
             ReadaheadConfig::off()
         } else {
-            ReadaheadConfig::adaptive(1, fault_around)
+            state.config.readahead()
         },
         record,
         shared: snapshot,

@@ -78,6 +78,7 @@ fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
         reads: s.reads,
         handler_cpu_ms: handler.cpu.as_secs_f64() * 1e3,
         installed: s.regions.installed,
+        around: s.regions.around,
         bytes_read: s.bytes_read,
         removes: s.removes,
         removed_pages: s.removed_pages,
@@ -94,10 +95,11 @@ fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
         },
     };
     say(format_args!(
-        "peer {n} (pid {pid}): {outcome}; {} faults in {} reads, {} pages installed, {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched; handler threads' CPU so far {:.1} ms ({} sleeps)",
+        "peer {n} (pid {pid}): {outcome}; {} faults in {} reads, {} pages installed ({} around faulting pages), {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched; handler threads' CPU so far {:.1} ms ({} sleeps)",
         s.faults,
         s.reads,
         s.regions.installed,
+        s.regions.around,
         s.removes,
         s.removed_pages,
         s.deferred,

@@ -240,7 +240,14 @@ pub(crate) fn resolve(
             Some(_) => PageState::ReadOnly,
             None => PageState::Writable,
         };
+        let mut around = match step {
+            Step::Done if matches!(origin, Origin::Fault) => run.len() - 1,
+            _ => 0,
+        };
         for (hole, at) in holes.filled(run_pages, ps) {
+            if matches!(origin, Origin::Fault) {
+                around += hole.len();
+            }
             let (dst, bytes) = (r.pages.addr(hole.start), r.pages.bytes(hole.len()) as u64);
             let out = copy_run(r, &hole, dst, 0, bytes, &mut scratch[at..], Some(Ok(())));
             let out = out.map_err(|e| match e {
@@ -248,6 +255,9 @@ pub(crate) fn resolve(
                 CopyErr::Store(_) => unreachable!("holes are filled already"),
             });
             finish(r, hole.clone(), hole.start, out, hole_state, ahead);
+        }
+        if around > 0 {
+            r.stats.around.fetch_add(around as u64, Relaxed);
         }
         match step {
             Step::Done | Step::Exists => return Resolution::Resolved,

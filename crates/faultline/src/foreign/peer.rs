@@ -183,7 +183,7 @@ impl ForeignRegion {
             kind,
             op,
             zeropage_reads: false,
-            readahead: Streams::new(opts.readahead),
+            readahead: Streams::by_address(opts.readahead),
             max_run_pages,
             store: rstore,
             residency: Residency::new(pages.count()),
@@ -433,6 +433,7 @@ impl ForeignPeer {
             bytes_read += (s.store_fills + s.zero_copy_fills) * r.state.pages.size().bytes() as u64;
             regions.faults += s.faults;
             regions.installed += s.installed;
+            regions.around += s.around;
             regions.ioctls += s.ioctls;
             regions.store_fills += s.store_fills;
             regions.zero_copy_fills += s.zero_copy_fills;
