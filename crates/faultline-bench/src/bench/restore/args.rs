@@ -11,6 +11,12 @@ pub struct RestoreArgs {
     /// Working sets, percent of memory.
     #[arg(long, default_value = "10,30", value_delimiter = ',')]
     pub working_set: Vec<f64>,
+    /// Working-set patterns: `clustered` (70% in seeded clusters of 8-64
+    /// pages, the rest scattered, page i on vCPU i % vCPUs) and `sweep`
+    /// (the first pages of memory in address order, each vCPU sweeping
+    /// its own share: a guest re-reading its memory). Default both.
+    #[arg(long, value_delimiter = ',', default_value = "clustered,sweep")]
+    pub pattern: Vec<String>,
     /// vCPU threads of the peer.
     #[arg(long, default_value_t = 2)]
     pub vcpus: usize,
@@ -22,8 +28,10 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Configurations to run (the ratios need kernel, baseline and
-    /// on-demand). Default: all but on-demand-huge and prefetch-huge
-    /// (they reserve 2 MiB pages for the peer: ask for them).
+    /// on-demand). Default: all but on-demand-poll (serve's handler
+    /// sleeping in poll(2) between faults, as before the adaptive engine),
+    /// on-demand-huge and prefetch-huge (they reserve 2 MiB pages for the
+    /// peer: ask for them).
     #[arg(
         long,
         value_delimiter = ',',
@@ -60,10 +68,11 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 13] = [
+pub const CONFIGS: [&str; 14] = [
     "kernel",
     "baseline",
     "on-demand",
+    "on-demand-poll",
     "prefetch",
     "eager",
     "kernel-tmpfs",
@@ -76,6 +85,9 @@ pub const CONFIGS: [&str; 13] = [
     "prefetch-shared-huge",
 ];
 
+/// Patterns `--pattern` accepts.
+pub const PATTERNS: [&str; 2] = ["clustered", "sweep"];
+
 /// Configurations that use the shared copy on hugetlbfs.
 pub fn uses_huge_snapshot(cfg: &str) -> bool {
     cfg == "kernel-hugetlbfs" || cfg.ends_with("-shared-huge")
@@ -84,4 +96,12 @@ pub fn uses_huge_snapshot(cfg: &str) -> bool {
 /// Configurations that use the shared tmpfs copy.
 pub fn uses_snapshot(cfg: &str) -> bool {
     cfg == "kernel-tmpfs" || cfg.ends_with("-shared")
+}
+
+/// A working set's name in tables: `10%`, `10% sweep`.
+pub fn ws_label((ws, pattern): (f64, &str)) -> String {
+    match pattern {
+        "clustered" => format!("{ws}%"),
+        p => format!("{ws}% {p}"),
+    }
 }
