@@ -885,23 +885,20 @@ fn threads_cpu_ms(pid: u32, prefix: &str) -> (f64, usize) {
     (ticks as f64 * 1e3 / hz, n)
 }
 
+/// Starts serve for one peer, its summary to `serve.json`, with `extra`.
+fn serve_one(dir: &Dir, extra: &[&str]) -> Proc {
+    let json = dir.path("serve.json");
+    let mut args = vec!["--peers", "1", "--json", json.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    serve(dir, &args)
+}
+
 /// Serves a 4-vCPU peer that holds on for a while once verified, with
 /// `--engine ENGINE`; returns the handler thread's CPU time (ms) over 1 s
 /// of the peer's idleness, and the peer's summary.
 fn handler_cpu_while_idle(name: &str, engine: &str) -> (f64, serde_json::Value) {
     let dir = Dir::new(name, 16 * MIB);
-    let json = dir.path("serve.json");
-    let mut s = serve(
-        &dir,
-        &[
-            "--peers",
-            "1",
-            "--engine",
-            engine,
-            "--json",
-            json.to_str().unwrap(),
-        ],
-    );
+    let mut s = serve_one(&dir, &["--engine", engine]);
     let mut p = peer(
         &dir,
         "p",
@@ -960,10 +957,8 @@ fn served_once(
     peer_extra: &[&str],
 ) -> (serde_json::Value, serde_json::Value) {
     let dir = Dir::new(name, 16 * MIB);
-    let (sj, pj) = (dir.path("serve.json"), dir.path("peer.json"));
-    let mut args = vec!["--peers", "1", "--json", sj.to_str().unwrap()];
-    args.extend_from_slice(serve_extra);
-    let mut s = serve(&dir, &args);
+    let pj = dir.path("peer.json");
+    let mut s = serve_one(&dir, serve_extra);
     let mut args = vec!["--threads", "4", "--json", pj.to_str().unwrap()];
     args.extend_from_slice(peer_extra);
     let mut p = peer(&dir, "p", &args);
