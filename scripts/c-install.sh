@@ -44,7 +44,8 @@ install_lib umap umap
 install -m 0644 "$root/crates/faultline-capi/include/faultline/faultline.h" "$prefix/include/faultline/"
 if [ -e "$prefix/lib/libumap.so" ]; then
     install -m 0644 "$root/crates/umap/include/umap/umap.h" "$prefix/include/umap/"
-    install -m 0644 "$root/crates/umap/include/umap/store/Store.hpp" "$prefix/include/umap/store/"
+    install -m 0644 "$root/crates/umap/include/umap/store/Store.hpp" \
+        "$root/crates/umap/include/umap/store/SparseStore.h" "$prefix/include/umap/store/"
 fi
 
 # What a static link of a Rust library needs besides it.

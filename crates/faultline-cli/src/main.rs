@@ -1,5 +1,8 @@
-//! `faultline`: capability report, benchmarks and demo workloads for the
-//! faultline user-space page-fault runtime.
+//! `faultline`: the front door of the faultline user-space page-fault
+//! runtime. `info` (what the kernel offers) and `store` (Redis page stores)
+//! live here; `serve`/`peer` forward to the `faultline-serve` crate (cargo
+//! feature `serve`) and `bench`/`graph`/`bfs`/`vpri` to `faultline-bench`
+//! (feature `bench`), both on by default.
 
 mod info;
 mod store;
@@ -10,7 +13,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "faultline",
     version,
-    about = "User-space page-fault runtime: capabilities and benchmarks"
+    about = "User-space page-fault runtime: capabilities, snapshot-restore serving, remote stores and benchmarks"
 )]
 struct Cli {
     #[command(subcommand)]

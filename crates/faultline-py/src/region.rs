@@ -99,10 +99,11 @@ static LIVE: Mutex<Vec<Weak<Mutex<Life>>>> = Mutex::new(Vec::new());
 /// * `store`: a `FileStore`, `MemoryStore`, `ZeroStore` (the default),
 ///   `RedisStore`, `PythonStore`, or any object with `fill(offset,
 ///   buffer)` (made a `PythonStore`: run in a store process).
-/// * `budget`: keep about this much resident (an int of bytes, or
+/// * `budget`: keep at most this much resident (an int of bytes, or
 ///   "512MiB", "25%"): dirty pages are written back before they are
-///   dropped; `policy` ("fifo", "clock", "refault") picks victims. Each
-///   page is evicted on its own: use `page_size=65536` for large scans.
+///   dropped, in batches; `policy` ("fifo", "clock", "refault") picks
+///   victims. Larger pages (`page_size=65536`) mean fewer faults on
+///   large scans.
 /// * `fault_around`: pages installed per fault (default adaptive: 16,
 ///   doubling to 256 along a sequential stream; 1 suits random access).
 /// * `engine`: "signal" (the faulting thread resolves its own fault; the

@@ -361,6 +361,62 @@ pub fn pwrite_all(fd: i32, buf: &[u8], mut offset: u64) -> Result<(), i32> {
     Ok(())
 }
 
+/// Most buffers one [`pwritev_all`] call takes.
+pub const PWRITEV_MAX: usize = 64;
+
+/// `pwritev(2)` of `bufs` (at most [`PWRITEV_MAX`]), one after the other
+/// from `offset`, until every byte is written: one system call for a run
+/// of pages that are contiguous in the file but not known to be in memory.
+/// EINTR is retried. Returns the errno. Async-signal-safe (an iovec array
+/// on the stack).
+pub fn pwritev_all(fd: i32, bufs: &[&[u8]], mut offset: u64) -> Result<(), i32> {
+    assert!(bufs.len() <= PWRITEV_MAX, "at most PWRITEV_MAX buffers");
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; PWRITEV_MAX];
+    for (v, b) in iov.iter_mut().zip(bufs) {
+        v.iov_base = b.as_ptr() as *mut libc::c_void;
+        v.iov_len = b.len();
+    }
+    let (mut first, mut n) = (0, bufs.len());
+    while n > 0 {
+        // SAFETY: `iov[first..first + n]` describe readable buffers (the
+        // slices of `bufs`, the first one advanced past what was written).
+        let w = unsafe {
+            libc::pwritev(
+                fd,
+                iov[first..].as_ptr(),
+                n as libc::c_int,
+                offset as libc::off_t,
+            )
+        };
+        if w < 0 {
+            let e = crate::errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        if w == 0 {
+            return Err(libc::EIO);
+        }
+        let mut w = w as usize;
+        offset += w as u64;
+        while n > 0 && w >= iov[first].iov_len {
+            w -= iov[first].iov_len;
+            first += 1;
+            n -= 1;
+        }
+        if n > 0 {
+            // SAFETY: still inside the same buffer (w < its length).
+            iov[first].iov_base = unsafe { iov[first].iov_base.cast::<u8>().add(w) }.cast();
+            iov[first].iov_len -= w;
+        }
+    }
+    Ok(())
+}
+
 /// Free 2 MiB pages in the hugetlb pool (`/proc/meminfo` HugePages_Free).
 pub fn hugetlb_free_pages() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
@@ -572,14 +628,50 @@ impl Mapping {
     }
 }
 
-/// Whether `fd` was opened for reading and writing (`fcntl(F_GETFL)`).
-pub fn is_read_write(fd: &impl AsRawFd) -> Result<bool, MemError> {
+/// How a descriptor was opened: its access mode and `O_DIRECT`
+/// ([`open_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenMode {
+    /// Opened for reading (`O_RDONLY` or `O_RDWR`).
+    pub read: bool,
+    /// Opened for writing (`O_WRONLY` or `O_RDWR`).
+    pub write: bool,
+    /// Opened with `O_DIRECT`: reads and writes must be aligned (offset,
+    /// length and buffer address to the device's logical block size).
+    pub direct: bool,
+}
+
+/// How `fd` was opened (`fcntl(F_GETFL)`).
+pub fn open_mode(fd: &impl AsRawFd) -> Result<OpenMode, MemError> {
     // SAFETY: F_GETFL only reads the descriptor's status flags.
     let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
     if fl < 0 {
         return Err(last("fcntl(F_GETFL)"));
     }
-    Ok(fl & libc::O_ACCMODE == libc::O_RDWR)
+    let acc = fl & libc::O_ACCMODE;
+    Ok(OpenMode {
+        read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
+        write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+        direct: fl & libc::O_DIRECT != 0,
+    })
+}
+
+/// Whether `fd` was opened for reading and writing (`fcntl(F_GETFL)`).
+pub fn is_read_write(fd: &impl AsRawFd) -> Result<bool, MemError> {
+    open_mode(fd).map(|m| m.read && m.write)
+}
+
+/// `posix_fallocate(fd, 0, len)`: allocates the file's blocks (unwritten,
+/// reading as zeros) up to `len` bytes, as UMap's test programs prepare
+/// their files. Returns the error it reports.
+pub fn fallocate(fd: &impl AsRawFd, len: u64) -> std::io::Result<()> {
+    // SAFETY: the descriptor is valid for the call; posix_fallocate only
+    // reserves blocks of the file.
+    let r = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) };
+    if r != 0 {
+        return Err(std::io::Error::from_raw_os_error(r));
+    }
+    Ok(())
 }
 
 /// Bytes an unprivileged writer may still allocate on the file system
@@ -731,6 +823,77 @@ pub fn iovec(addr: *mut u8, len: usize) -> IoVec {
         iov_base: addr.cast(),
         iov_len: len,
     }
+}
+
+/// `PIDFD_SELF_THREAD_GROUP` (Linux 6.14): "this process" for the pidfd
+/// system calls, without opening a pidfd (and still right after `fork`).
+const PIDFD_SELF_PROCESS: i32 = -10001;
+
+/// Most ranges one [`madvise_ranges`] call hands the kernel.
+pub const MADVISE_BATCH: usize = 64;
+
+/// `madvise(advice)` of every `(addr, len)` of `ranges` (at most
+/// [`MADVISE_BATCH`]) with one `process_madvise(2)` on this process: the
+/// kernel walks them in one call and, for `MADV_DONTNEED`, flushes the TLB
+/// once for the batch instead of once per range (Linux 6.16). Where the
+/// kernel refuses it (before 6.13 `process_madvise` took only `COLD`,
+/// `PAGEOUT`, `WILLNEED` and `COLLAPSE`; before 6.14 there was no
+/// `PIDFD_SELF`), falls back to one `madvise(2)` per range. Returns the
+/// first error, naming `madvise`. Async-signal-safe: system calls and
+/// an iovec array on the stack.
+pub fn madvise_ranges(ranges: &[(u64, usize)], advice: Advice) -> Result<(), MemError> {
+    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+    /// 0: not tried yet, 1: works, 2: refused (use madvise).
+    static BATCH: AtomicU8 = AtomicU8::new(0);
+    assert!(
+        ranges.len() <= MADVISE_BATCH,
+        "at most MADVISE_BATCH ranges"
+    );
+    if ranges.is_empty() {
+        return Ok(());
+    }
+    if BATCH.load(Relaxed) != 2 {
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MADVISE_BATCH];
+        let mut total = 0usize;
+        for (v, &(addr, len)) in iov.iter_mut().zip(ranges) {
+            v.iov_base = addr as *mut libc::c_void;
+            v.iov_len = len;
+            total += len;
+        }
+        // SAFETY: `iov` holds `ranges.len()` valid iovecs describing
+        // address ranges of this process; process_madvise only reads the
+        // array, and the advice applies to our own mappings.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                PIDFD_SELF_PROCESS,
+                iov.as_ptr(),
+                ranges.len(),
+                advice.raw(),
+                0,
+            )
+        };
+        if r >= 0 && r as usize == total {
+            BATCH.store(1, Relaxed);
+            return Ok(());
+        }
+        // Refused by a kernel that cannot do it: never ask again. A partial
+        // batch or another error: the per-range calls below say which.
+        let refused = matches!(
+            crate::errno(),
+            libc::EINVAL | libc::ENOSYS | libc::EBADF | libc::EPERM
+        );
+        if r < 0 && refused && BATCH.load(Relaxed) == 0 {
+            BATCH.store(2, Relaxed);
+        }
+    }
+    for &(addr, len) in ranges {
+        madvise(addr, len, advice)?;
+    }
+    Ok(())
 }
 
 /// `O_DIRECT`, for `OpenOptionsExt::custom_flags`.

@@ -197,6 +197,19 @@ pub fn futex_wait(word: &std::sync::atomic::AtomicU32, val: u32, timeout: std::t
     }
 }
 
+/// `FUTEX_WAKE` every waiter on `word`. Async-signal-safe (one syscall).
+pub fn futex_wake_all(word: &std::sync::atomic::AtomicU32) {
+    // SAFETY: `word` is a valid, aligned u32.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        );
+    }
+}
+
 /// `FUTEX_WAKE` one waiter on `word`. Async-signal-safe (one syscall).
 pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
     // SAFETY: `word` is a valid, aligned u32.

@@ -1,11 +1,13 @@
 //! Eviction under a resident-memory budget, with write-back of dirty pages.
 //!
 //! A region built with [`crate::RegionBuilder::budget`] is registered for
-//! MISSING and WP faults and every page is installed write-protected
+//! MISSING and WP faults. A read fault installs its pages write-protected
 //! (`UFFDIO_COPY` with `MODE_WP`): resident and *clean* (`ReadOnly` in the
-//! residency map). The first write takes a write-protect fault (a message
-//! for thread engines, a SIGBUS for the signal engine); the resolve path
-//! marks the page dirty (`Writable`) and un-protects it.
+//! residency map). The first write to a clean page takes a write-protect
+//! fault (a message for thread engines, a SIGBUS for the signal engine);
+//! the resolve path marks the page dirty (`Writable`) and un-protects it.
+//! A write fault on a missing page installs that page writable and dirty
+//! at once (one ioctl, no second fault).
 //!
 //! Synchronous WP faults or `WP_ASYNC` + `PAGEMAP_SCAN`? Measured here (C,
 //! 20,000 pages, median cycles): the first write to a clean page costs
@@ -20,79 +22,82 @@
 //! take the victim out atomically first (`UFFDIO_MOVE` to a staging area)
 //! and compare it with the store.
 //!
-//! An evictor thread per region:
+//! # The budget is a bound
 //!
-//! 1. drains the install log (a lock-free ring the fault path appends to)
-//!    into the eviction policy ([`crate::policy`]: FIFO, CLOCK, refault-aware);
-//! 2. while more pages are resident than the budget (once past it: than
-//!    the low-water mark, [`crate::RegionBuilder::budget_low_water`], UMap's
-//!    hysteresis; by default the budget itself), takes the policy's
-//!    victim and *claims* it (the same claim bit faults use, so no fault
-//!    can install or dirty it meanwhile);
-//! 3. for a dirty victim: write-protects it (writers now block in a WP
-//!    fault, which sees the claim and waits), writes it back to the store;
-//! 4. zaps it (`MADV_DONTNEED`), marks it absent and, when the engine
-//!    reads events, waits until a handler has *handled* the zap's REMOVE
-//!    event (several handler threads read the userfaultfd, and the one
-//!    that read the event may handle it after a fault re-installed the
-//!    page); then releases the claim. A thread that touches the page later
-//!    faults and reads it back from the store.
+//! Every fault *charges* the pages it is about to install to the budget
+//! first (a compare-and-swap that refuses to pass it), so the resident
+//! count never exceeds the budget ([`SharedBudget`] documents the marks
+//! and the two exceptions). A fault that finds it full makes room:
+//!
+//! * on the faulting thread (the signal engine), and from threads that
+//!   populate, it evicts a batch of its region's pages itself, like the
+//!   kernel's direct reclaim, and takes a slot;
+//! * from a handler thread (the thread engines, which read the region's
+//!   REMOVE events and must not zap themselves) the fault is deferred and
+//!   the evictor asked to make room.
+//!
+//! How a batch is chosen and evicted is [`crate::fault::reclaim`]'s: one
+//! victim lock per region (the policy), batched write-back, one
+//! `process_madvise` for the batch.
+//!
+//! # The evictor
+//!
+//! Each region has one evictor thread. It sleeps on the budget's futex
+//! until the count reaches the high-water mark (or a fault asks for room),
+//! then evicts batches until the count is down to the low-water mark
+//! (UMap's hysteresis; [`crate::RegionBuilder::budget_low_water`], by
+//! default the budget itself: then only faults that find no room make it
+//! evict). Faults on the signal engine mostly do not wait for it: it
+//! works ahead of them when a CPU is free.
 //!
 //! Regions built with [`crate::RegionBuilder::shared_budget`] share one
 //! budget ([`SharedBudget`], UMap's one buffer for all regions): the
-//! counts and marks of step 2 are those of all its regions together, and
-//! each region's evictor evicts its own pages while the total is over.
-//!
-//! The evictor is asynchronous. A fault that finds the region well past
-//! its budget (budget + max(budget/4, 4 read-ahead windows)) waits for it,
-//! like the kernel's direct reclaim, so the budget holds approximately even
-//! when faults outrun the evictor: a fault resolved on the faulting thread
-//! (signal engine) yields in place, for at most 10 ms; a handler thread
-//! defers the fault on its backoff queue instead, because the evictor's zap
-//! needs that very thread to read its REMOVE event. Eviction therefore does
-//! block faults, briefly, when they outrun it.
+//! counts and marks are those of all its regions together; each region's
+//! evictor evicts its own pages while the total is over, and a fault in a
+//! region with nothing to evict waits (woken when any region's pages are
+//! uncharged).
 //!
 //! A write-back that fails leaves the page resident and dirty, counted in
 //! `write_back_errors`; nothing is dropped that the store does not hold.
-//! The evictor says so once (one message naming region, offset, store and
+//! Eviction says so once (one message naming region, offset, store and
 //! cause), holds the page aside (`unwritable` in [`EvictionStats`]) and
-//! retries it with backoff (10 ms doubling to 1 s); while a retry is
-//! pending it writes no other dirty page (one probe per period, not a
-//! storm) but still evicts clean ones. Held pages do not count against the
-//! fault limit above: faults go on past the budget instead of waiting for
-//! an eviction the store refuses, and `resident` > budget with
-//! `unwritable` > 0 reports the overrun. When a retry succeeds the evictor
-//! writes every held page back and says so. [`crate::Region::flush`]
-//! returns the store's error. Dropping the region stops the evictor and
-//! writes every dirty page back (reporting pages it could not write).
+//! the evictor retries it with backoff (10 ms doubling to 1 s); while a
+//! retry is pending no other dirty page is tried (one probe per period,
+//! not a storm), clean ones are still evicted. Held pages do not count
+//! against the budget: faults go on past it instead of waiting for an
+//! eviction the store refuses, and `resident` above the budget with
+//! `unwritable` non-zero reports the overrun. When a retry succeeds the
+//! evictor writes every
+//! held page back and says so. [`crate::Region::flush`] returns the store's
+//! error. Dropping the region stops the evictor and writes every dirty
+//! page back (reporting pages it could not write).
 //!
-//! The policy sees the calls the evictor makes (see
+//! The policy sees the calls eviction makes (see
 //! [`crate::policy::EvictionPolicy`]): `on_fault` for every install the
 //! fault path logged (and again for a victim that could not be evicted),
 //! and `pick_victim` with the claim bits as the pin predicate.
 
-use std::collections::VecDeque;
-use std::fmt::Write;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::background::{Background, StopFlag};
-use crate::fault::report::report;
+use crate::fault::reclaim;
 use crate::fault::RegionState;
 use crate::policy::PolicyKind;
-use crate::residency::PageState;
-use crate::store::StoreError;
-use faultline_sys::Errno;
 
 use crate::fault::feeds::PageRing;
-pub use crate::fault::feeds::{EvictionStats, SharedBudget};
+pub use crate::fault::feeds::{EvictionStats, SharedBudget, ROOM_STALL};
+pub(crate) use crate::fault::reclaim::write_back_batch;
+
+/// How long the evictor sleeps when nothing wakes it (it still retries
+/// held write-backs and drains the install log that often).
+const IDLE_WAIT: Duration = Duration::from_millis(10);
 
 /// The pages the evictor takes from a region from now on
 /// ([`crate::Region::watch_reclaims`]), for a consumer that needs to know
 /// (an I/O device's pinning policy derives its age threshold from them).
 /// A lossy ring: when the consumer falls behind, evictions are dropped
-/// and counted, the evictor never waits. Each watch sees every eviction;
+/// and counted, eviction never waits. Each watch sees every eviction;
 /// dropping it stops the recording.
 pub struct ReclaimWatch {
     ring: Arc<PageRing>,
@@ -132,314 +137,66 @@ pub struct EvictionConfig {
     pub policy: PolicyKind,
 }
 
-/// Writes dirty `page` back: write-protect, copy to the store, mark clean.
-/// The caller holds the page's claim. Returns the store error, if any (the
-/// page is then un-protected again and stays dirty).
-pub(crate) fn write_back(r: &RegionState, page: usize) -> Result<(), StoreError> {
-    let mut out = [Ok(())];
-    write_back_batch(r, &[page], &mut out);
-    let [res] = out;
-    res
-}
-
-/// [`write_back`] of every page of `pages` (claimed by the caller) with
-/// one [`PageStore::write_back_batch`](crate::PageStore::write_back_batch)
-/// call: one round trip for a remote store. `out[i]` is `pages[i]`'s
-/// result.
-pub(crate) fn write_back_batch(
-    r: &RegionState,
-    pages: &[usize],
-    out: &mut [Result<(), StoreError>],
-) {
-    let budget = r
-        .budget
-        .as_ref()
-        .expect("budget regions have a budget feed");
-    let ps = r.pages.size().bytes();
-    let mut ranges = Vec::with_capacity(pages.len());
-    let mut which = Vec::with_capacity(pages.len());
-    for (i, &page) in pages.iter().enumerate() {
-        match write_protect(r, page) {
-            Ok(()) => {
-                // SAFETY: the page is resident (dirty) and write-protected;
-                // we only read it.
-                let data =
-                    unsafe { std::slice::from_raw_parts(r.pages.addr(page) as *const u8, ps) };
-                ranges.push(crate::store::WriteRange {
-                    offset: r.pages.offset(page),
-                    data,
-                });
-                which.push(i);
-            }
-            Err(e) => out[i] = Err(e),
-        }
-    }
-    let mut res = vec![Ok(()); ranges.len()];
-    if !ranges.is_empty() {
-        r.store.write_back_batch(&ranges, &mut res);
-    }
-    for (i, res) in which.into_iter().zip(res) {
-        let page = pages[i];
-        match res {
-            Ok(()) => {
-                r.residency.set(page, PageState::ReadOnly);
-                budget.written_back.fetch_add(1, Relaxed);
-            }
-            Err(e) => {
-                budget.write_back_errors.fetch_add(1, Relaxed);
-                let _ = r
-                    .uffd
-                    .writeprotect(r.pages.addr(page), ps as u64, false, false);
-                out[i] = Err(e);
-            }
-        }
-    }
-}
-
-/// Write-protects `page` for its write-back. (DONTWAKE is only valid when
-/// clearing protection.) EAGAIN: an event is pending (thread engines read
-/// it soon); retry, bounded.
-fn write_protect(r: &RegionState, page: usize) -> Result<(), StoreError> {
-    let (addr, ps) = (r.pages.addr(page), r.pages.size().bytes());
-    let mut tries = 0;
-    loop {
-        match r.uffd.writeprotect(addr, ps as u64, true, false) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is(Errno::EAGAIN) && tries < 2000 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_micros(50));
-            }
-            Err(e) => {
-                return Err(StoreError::Failed {
-                    offset: r.pages.offset(page),
-                    reason: format!("write-protecting for write-back: {e}").into(),
-                })
-            }
-        }
-    }
-}
-
-/// What became of a victim.
-enum Victim {
-    /// Written back if dirty, zapped, absent now.
-    Evicted,
-    /// Claimed by someone else, or not resident: not evicted.
-    Skipped,
-    /// Dirty, and its write-back failed (or was not tried because the
-    /// store is failing): resident and dirty still.
-    Unwritable(Option<StoreError>),
-}
-
-/// Evicts `page` if it is resident and can be claimed. A dirty page is
-/// written back first, unless `try_dirty` is false (the store is failing
-/// and its retry is not due): then it is left alone, `Unwritable(None)`.
-fn evict(r: &RegionState, page: usize, try_dirty: bool) -> Victim {
-    let budget = r
-        .budget
-        .as_ref()
-        .expect("budget regions have a budget feed");
-    if !r.residency.try_claim(page) {
-        return Victim::Skipped;
-    }
-    if r.residency.io_busy(page) {
-        // An I/O is in flight on it, or it is pinned: never zap under it.
-        budget.skipped_io_busy.fetch_add(1, Relaxed);
-        r.residency.release(page..page + 1);
-        return Victim::Skipped;
-    }
-    let out = match r.residency.get(page) {
-        PageState::Writable if !try_dirty => Victim::Unwritable(None),
-        PageState::Writable => match write_back(r, page) {
-            Ok(()) => Victim::Evicted,
-            Err(e) => Victim::Unwritable(Some(e)),
-        },
-        PageState::ReadOnly => Victim::Evicted,
-        _ => Victim::Skipped,
-    };
-    if let Victim::Evicted = out {
-        budget.zap(r, page, r.delivery.reads_events);
-        budget.evicted_one();
-        budget.reclaimed(page);
-    }
-    r.residency.release(page..page + 1);
-    out
-}
-
-/// First and longest wait before the evictor retries a failed write-back.
-const RETRY_MIN: Duration = Duration::from_millis(10);
-const RETRY_MAX: Duration = Duration::from_secs(1);
-
-/// Dirty pages whose write-back failed, and when to try again. While the
-/// store is failing (a retry is pending) the evictor does not try to write
-/// any other dirty page either: one probe per backoff period, doubling up
-/// to [`RETRY_MAX`], so a store that refuses writes sees a handful of
-/// attempts per second, not a storm. Held pages are counted in
-/// `BudgetFeed::unwritable`, which faults do not wait for.
-struct Unwritable {
-    pages: VecDeque<usize>,
-    delay: Duration,
-    due: Option<Instant>,
-}
-
-impl Unwritable {
-    fn failing(&self) -> bool {
-        self.due.is_some()
-    }
-
-    /// Holds `page` (whose write-back failed with `err`, or was not
-    /// tried) for a retry; says so once per failing period.
-    fn hold(&mut self, r: &RegionState, budget: usize, page: usize, err: Option<StoreError>) {
-        let feed = r
-            .budget
-            .as_ref()
-            .expect("budget regions have a budget feed");
-        feed.hold_unwritable(true);
-        self.pages.push_back(page);
-        let Some(err) = err else { return };
-        if self.due.is_none() {
-            report(|w| {
-                let _ = w.write_str("write-back failed at ");
-                r.describe_page(page, w);
-                let _ = write!(
-                    w,
-                    ": {err}; the page stays resident and dirty, write-backs are retried with \
-                     backoff (up to {RETRY_MAX:?}), and the region may stay resident past its \
-                     budget of {budget} pages until the store takes writes again"
-                );
-            });
-        }
-        self.backoff();
-    }
-
-    fn backoff(&mut self) {
-        self.delay = match self.due {
-            None => RETRY_MIN,
-            Some(_) => (self.delay * 2).min(RETRY_MAX),
-        };
-        self.due = Some(Instant::now() + self.delay);
-    }
-
-    /// When a retry is due, tries the held pages oldest first until one
-    /// fails again; pages written back go back to `policy`.
-    fn retry(&mut self, r: &RegionState, policy: &mut dyn crate::policy::EvictionPolicy) {
-        let feed = r
-            .budget
-            .as_ref()
-            .expect("budget regions have a budget feed");
-        if self.due.is_none_or(|d| Instant::now() < d) {
-            return;
-        }
-        while let Some(p) = self.pages.pop_front() {
-            if !r.residency.try_claim(p) {
-                // A fault or flush holds it: look again next round.
-                self.pages.push_front(p);
-                self.backoff();
-                return;
-            }
-            let res = match r.residency.get(p) {
-                PageState::Writable => write_back(r, p),
-                // Written back by `flush`, or dropped: not held any more.
-                _ => Ok(()),
-            };
-            r.residency.release(p..p + 1);
-            match res {
-                Ok(()) => {
-                    feed.hold_unwritable(false);
-                    if r.residency.get(p) != PageState::Absent {
-                        policy.on_fault(p);
-                    }
-                }
-                Err(_) => {
-                    self.pages.push_front(p);
-                    self.backoff();
-                    return;
-                }
-            }
-        }
-        if self.due.take().is_some() {
-            report(|w| {
-                let _ = write!(
-                    w,
-                    "region #{}: write-back works again; every held page was written back",
-                    r.id
-                );
-            });
-        }
-        self.delay = RETRY_MIN;
-    }
-}
-
-/// Starts the evictor thread of `state` (a region with a budget). Past the
-/// budget it evicts down to `low_water` pages (default and most: the
-/// budget), UMap's low-water mark.
+/// Starts the evictor thread of `state` (a region with a budget). Of a
+/// budget of its own, the evictor starts when it is full and evicts down
+/// to `low_water` pages (default and most: the budget), UMap's low-water
+/// mark; a shared budget has its own marks.
 pub(crate) fn start(
     state: &RegionState,
     cfg: EvictionConfig,
     low_water: Option<usize>,
 ) -> std::io::Result<Background> {
-    state.spawn_worker("faultline-evictor", move |r, stop| {
-        run(r, cfg, low_water, stop)
-    })
-}
-
-fn run(r: &RegionState, cfg: EvictionConfig, low_water: Option<usize>, stop: &StopFlag) {
-    let budget_feed = r
+    let feed = state
         .budget
         .as_ref()
         .expect("budget regions have a budget feed");
-    let mut policy = cfg.policy.build(cfg.budget_pages);
-    // A shared budget's marks apply to the total of its regions.
-    let (budget, low) = match budget_feed.shared() {
-        Some(s) => (s.pages(), s.low_water()),
-        None => {
-            let budget = cfg.budget_pages.max(1);
-            (budget, low_water.unwrap_or(budget).min(budget))
-        }
-    };
-    // Set when the region goes past the budget, cleared at `low`.
+    if let Some(low) = low_water {
+        feed.set_low_water(low);
+    }
+    // The policy holds at most the budget's pages (plus held ones).
+    let capacity = feed.core().max() + reclaim::BATCH;
+    reclaim::init(state, cfg.policy, capacity);
+    state.spawn_worker("faultline-evictor", run)
+}
+
+fn run(r: &RegionState, stop: &StopFlag) {
+    let feed = r
+        .budget
+        .as_ref()
+        .expect("budget regions have a budget feed");
+    let core = feed.core();
+    let batch = reclaim::batch_for(core.max());
+    // Set when the count reaches the high-water mark, cleared at low.
     let mut draining = false;
-    let mut held = Unwritable {
-        pages: VecDeque::new(),
-        delay: RETRY_MIN,
-        due: None,
-    };
+    let mut idle = false;
     while !stop.is_set() {
-        budget_feed.drain(|p| policy.on_fault(p));
-        held.retry(r, policy.as_mut());
-        budget_feed.drain_hints(|p| policy.on_access_hint(p));
+        core.evictor_sleep(IDLE_WAIT, idle);
+        feed.evictor_wakeups
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        reclaim::retry_held(r);
+        draining |= core.counted() >= core.high();
+        // A deferred fault asked for room: make some, unless other
+        // evictions already did.
+        let mut asked = core.take_demand();
         let mut progress = false;
-        let mut tries = 0;
-        draining |= budget_feed.over(budget);
-        while draining && budget_feed.over(low) && tries < 4 * budget {
-            tries += 1;
-            // Pages whose claim is held (being faulted or dirtied) or that
-            // an I/O holds are skipped this round and handed back.
-            let held_by_io = |p| {
-                let busy = r.residency.io_busy(p);
-                if busy {
-                    budget_feed.skipped_io_busy.fetch_add(1, Relaxed);
-                }
-                busy
-            };
-            match policy.pick_victim(&|p| r.residency.is_claimed(p) || held_by_io(p)) {
-                Some(v) => match evict(r, v, !held.failing()) {
-                    Victim::Evicted => progress = true,
-                    Victim::Unwritable(err) => held.hold(r, budget, v, err),
-                    Victim::Skipped => {
-                        if r.residency.get(v) != PageState::Absent {
-                            policy.on_fault(v);
-                        }
-                    }
-                },
-                None => {
-                    budget_feed.drain(|p| policy.on_fault(p));
-                    break;
-                }
+        loop {
+            asked &= core.is_full();
+            if stop.is_set() || !(asked || core.has_waiters() || (draining && core.above_low())) {
+                break;
             }
+            // Room for a fault: a batch; draining: down to low, not past.
+            let want = if asked || core.has_waiters() {
+                batch
+            } else {
+                core.counted().saturating_sub(core.low()).clamp(1, batch)
+            };
+            if reclaim::reclaim(r, want, true) == 0 {
+                break;
+            }
+            progress = true;
+            asked = false;
         }
-        draining &= budget_feed.over(low);
-        if !progress {
-            std::thread::park_timeout(Duration::from_micros(200));
-        }
+        draining &= core.above_low();
+        idle = !progress;
     }
 }

@@ -4,14 +4,21 @@
 //! | variable | UMap's meaning | default | here |
 //! |---|---|---|---|
 //! | `UMAP_PAGESIZE` | bytes per UMap page (a multiple of the system page) | system page size | the region page size when a power of two; otherwise a UMap page is a group of region pages of the largest power of two dividing it, which faults install and the buffer counts together (eviction and write-back go by region page) |
-//! | `UMAP_BUFSIZE` | UMap pages resident at once | 90% of available memory | one [`faultline::SharedBudget`] for every region of the process, times the high-water mark |
+//! | `UMAP_BUFSIZE` | UMap pages resident at once: faults past it wait for an eviction | 90% of free memory (`MemFree`) | one [`faultline::SharedBudget`] of `BUFSIZE` pages for every region of the process: a fault charges its page before it installs it, and makes room first when the buffer is full (evicts a batch itself, or waits for the evictors), so the resident pages of all regions never exceed it |
 //! | `UMAP_PAGE_FILLERS` | threads reading pages from the store | hardware threads | handler threads of the workers engine; unset, file regions use the signal engine (faults resolved on the faulting thread, no fillers) |
-//! | `UMAP_PAGE_EVICTORS` | threads evicting pages | hardware threads | reported; each region has one evictor thread (it evicts that region's pages while the buffer is over) |
-//! | `UMAP_EVICT_HIGH_WATER_THRESHOLD` | percent of the buffer at which eviction starts | 90 | the budget is `BUFSIZE * HIGH / 100` pages |
-//! | `UMAP_EVICT_LOW_WATER_THRESHOLD` | percent at which eviction stops | 70 | once past the budget, the evictor evicts down to `BUFSIZE * LOW / 100` pages (`LOW <= HIGH`) |
-//! | `UMAP_READ_AHEAD` | pages read ahead of a fault | 0 | set: every fault installs the aligned window of `READ_AHEAD + 1` pages; unset: faultline's adaptive read-ahead |
+//! | `UMAP_PAGE_EVICTORS` | threads evicting pages | hardware threads | reported; each region has one evictor thread, and faults that find the buffer full evict for themselves |
+//! | `UMAP_EVICT_HIGH_WATER_THRESHOLD` | percent of the buffer at which the evictors start | 90 | the evictors wake when `BUFSIZE * HIGH / 100` pages are resident |
+//! | `UMAP_EVICT_LOW_WATER_THRESHOLD` | percent at which the evictors stop | 70 | they evict down to `BUFSIZE * LOW / 100` pages (`LOW <= HIGH`) |
+//! | `UMAP_READ_AHEAD` | pages read ahead of a fault (UMap 2.1; removed from UMap in 2021) | 0 | set: every fault installs the aligned window of `READ_AHEAD + 1` pages; unset: one UMap page per isolated fault, growing on sequential streams |
 //! | `UMAP_MAX_FAULT_EVENTS` | uffd events read at once | 256 | messages per `read(2)` of the workers engine |
-//! | `UMAP_LOG_LEVEL` | log verbosity | errors only | `ERROR`, `WARNING`, `INFO`, `DEBUG` (or 0-3) on stderr |
+//! | `FAULTLINE_UMAP_FILE_IO` | (faultline's) | `buffered` | how a descriptor's file is read and written: `buffered`, through the page cache of a fresh open without `O_DIRECT`; `direct`, with `O_DIRECT` and aligned I/O (see the crate docs) |
+//! | `UMAP_LOG_LEVEL` | log verbosity | `INFO` when built with logging, on stdout | `ERROR` (default), `WARNING`, `INFO`, `DEBUG` (or 0-3), on stderr; an unknown level is warned about and ignored, as UMap does |
+//!
+//! As in UMap, a numeric variable set to 0 counts as unset (with a
+//! warning here). A value that is not a number makes every `umap()` fail
+//! with `EINVAL` (UMap reads an uninitialised value), and so do
+//! thresholds with `LOW > HIGH` (UMap would then never evict and its
+//! faults would wait for ever).
 
 use std::sync::OnceLock;
 
@@ -29,6 +36,17 @@ pub enum Level {
     Info = 2,
     /// Every call.
     Debug = 3,
+}
+
+/// How `umap()` reads and writes the file of a descriptor (a faultline
+/// extension, `FAULTLINE_UMAP_FILE_IO`; see the crate docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileIo {
+    /// `buffered` (default): the file opened again without `O_DIRECT`,
+    /// read through its page cache.
+    Buffered,
+    /// `direct`: the file opened again with `O_DIRECT`, aligned I/O.
+    Direct,
 }
 
 /// The configuration in effect.
@@ -55,39 +73,61 @@ pub struct Config {
     pub max_fault_events: u64,
     /// `UMAP_LOG_LEVEL`.
     pub log_level: Level,
+    /// `FAULTLINE_UMAP_FILE_IO`.
+    pub file_io: FileIo,
     /// Variables that were set but invalid, with why (reported by every
     /// `umap()`, which then fails with `EINVAL`).
     pub invalid: Vec<String>,
+    /// Variables that were set but ignored, with why (logged once, at
+    /// `WARNING`).
+    pub warnings: Vec<String>,
 }
 
 /// The system page size.
 pub const SYSTEM_PAGE: u64 = 4096;
 
-fn var(name: &str, invalid: &mut Vec<String>) -> Option<u64> {
+/// What was wrong with the environment: `invalid` makes `umap()` fail,
+/// `warnings` are logged once.
+#[derive(Default)]
+struct Problems {
+    invalid: Vec<String>,
+    warnings: Vec<String>,
+}
+
+/// A numeric `UMAP_*` variable; 0 counts as unset, as in UMap.
+fn var(name: &str, p: &mut Problems) -> Option<u64> {
     let v = std::env::var(name).ok()?;
     match v.trim().parse::<u64>() {
+        Ok(0) => {
+            p.warnings
+                .push(format!("{name}=0 is treated as unset, as UMap does"));
+            None
+        }
         Ok(n) => Some(n),
         Err(_) => {
-            invalid.push(format!("{name}={v:?} is not a number"));
+            p.invalid.push(format!("{name}={v:?} is not a number"));
             None
         }
     }
 }
 
-/// Bytes of `MemAvailable` in `/proc/meminfo`.
-fn available_memory() -> u64 {
+/// Bytes of `MemFree` in `/proc/meminfo` (UMap sizes its default buffer
+/// from it, not from `MemAvailable`).
+fn free_memory() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
             m.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
+                .find(|l| l.starts_with("MemFree:"))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<u64>().ok())
         })
         .map_or(1 << 30, |kb| kb * 1024)
 }
 
-fn log_level(invalid: &mut Vec<String>) -> Level {
+/// `UMAP_LOG_LEVEL`: an unknown level is warned about and ignored (UMap
+/// prints the levels it knows and goes on).
+fn log_level(p: &mut Problems) -> Level {
     let Ok(v) = std::env::var("UMAP_LOG_LEVEL") else {
         return Level::Error;
     };
@@ -97,8 +137,8 @@ fn log_level(invalid: &mut Vec<String>) -> Level {
         "INFO" | "2" => Level::Info,
         "DEBUG" | "3" => Level::Debug,
         _ => {
-            invalid.push(format!(
-                "UMAP_LOG_LEVEL={v:?} is not ERROR, WARNING, INFO or DEBUG"
+            p.warnings.push(format!(
+                "UMAP_LOG_LEVEL={v:?} is not one of ERROR, WARNING, INFO, DEBUG; using ERROR"
             ));
             Level::Error
         }
@@ -108,40 +148,39 @@ fn log_level(invalid: &mut Vec<String>) -> Level {
 impl Config {
     /// Reads the environment.
     pub fn from_env() -> Config {
-        let mut invalid = Vec::new();
+        let mut p = Problems::default();
         let threads = online_cpus().max(1) as u64;
-        let page_size = var("UMAP_PAGESIZE", &mut invalid).unwrap_or(SYSTEM_PAGE);
-        if page_size < SYSTEM_PAGE || !page_size.is_multiple_of(SYSTEM_PAGE) {
-            invalid.push(format!(
-                "UMAP_PAGESIZE={page_size} must be a non-zero multiple of {SYSTEM_PAGE}"
+        let page_size = var("UMAP_PAGESIZE", &mut p).unwrap_or(SYSTEM_PAGE);
+        if !page_size.is_multiple_of(SYSTEM_PAGE) {
+            p.invalid.push(format!(
+                "UMAP_PAGESIZE={page_size} must be a multiple of {SYSTEM_PAGE}"
             ));
         }
-        let buf_pages = var("UMAP_BUFSIZE", &mut invalid)
-            .unwrap_or_else(|| available_memory() * 9 / 10 / page_size.max(SYSTEM_PAGE));
-        let fillers_var = var("UMAP_PAGE_FILLERS", &mut invalid);
-        let evictors = var("UMAP_PAGE_EVICTORS", &mut invalid).unwrap_or(threads);
-        let high_water = var("UMAP_EVICT_HIGH_WATER_THRESHOLD", &mut invalid).unwrap_or(90);
-        let low_water = var("UMAP_EVICT_LOW_WATER_THRESHOLD", &mut invalid).unwrap_or(70);
-        if buf_pages == 0 {
-            invalid.push("UMAP_BUFSIZE must be at least 1".into());
-        }
-        if fillers_var == Some(0) {
-            invalid.push("UMAP_PAGE_FILLERS must be at least 1".into());
-        }
-        if evictors == 0 {
-            invalid.push("UMAP_PAGE_EVICTORS must be at least 1".into());
-        }
-        if high_water == 0 || high_water > 100 || low_water > high_water {
-            invalid.push(format!(
-                "the eviction thresholds must satisfy 0 <= LOW ({low_water}) <= HIGH ({high_water}) <= 100, HIGH > 0"
+        let buf_pages = var("UMAP_BUFSIZE", &mut p)
+            .unwrap_or_else(|| (free_memory() * 9 / 10 / page_size.max(SYSTEM_PAGE)).max(1));
+        let fillers_var = var("UMAP_PAGE_FILLERS", &mut p);
+        let evictors = var("UMAP_PAGE_EVICTORS", &mut p).unwrap_or(threads);
+        let high_water = var("UMAP_EVICT_HIGH_WATER_THRESHOLD", &mut p).unwrap_or(90);
+        let low_water = var("UMAP_EVICT_LOW_WATER_THRESHOLD", &mut p).unwrap_or(70);
+        if high_water > 100 || low_water > high_water {
+            p.invalid.push(format!(
+                "the eviction thresholds must satisfy 0 < LOW ({low_water}) <= HIGH ({high_water}) <= 100"
             ));
         }
-        let read_ahead = var("UMAP_READ_AHEAD", &mut invalid);
-        let max_fault_events = var("UMAP_MAX_FAULT_EVENTS", &mut invalid).unwrap_or(256);
-        if max_fault_events == 0 {
-            invalid.push("UMAP_MAX_FAULT_EVENTS must be at least 1".into());
-        }
-        let log_level = log_level(&mut invalid);
+        let read_ahead = var("UMAP_READ_AHEAD", &mut p);
+        let max_fault_events = var("UMAP_MAX_FAULT_EVENTS", &mut p).unwrap_or(256);
+        let log_level = log_level(&mut p);
+        let file_io = match std::env::var("FAULTLINE_UMAP_FILE_IO").as_deref() {
+            Err(_) | Ok("buffered") => FileIo::Buffered,
+            Ok("direct") => FileIo::Direct,
+            Ok(v) => {
+                p.invalid.push(format!(
+                    "FAULTLINE_UMAP_FILE_IO={v:?} is not \"buffered\" or \"direct\""
+                ));
+                FileIo::Buffered
+            }
+        };
+        let Problems { invalid, warnings } = p;
         Config {
             page_size,
             buf_pages,
@@ -153,7 +192,9 @@ impl Config {
             read_ahead,
             max_fault_events,
             log_level,
+            file_io,
             invalid,
+            warnings,
         }
     }
 
@@ -171,37 +212,44 @@ impl Config {
         (self.page_size / self.region_page_size()).max(1) as usize
     }
 
-    /// The buffer's budget, for all regions together: `BUFSIZE * HIGH /
-    /// 100` UMap pages (at least 1), in region pages.
+    /// The buffer, for all regions together: `BUFSIZE` UMap pages (at
+    /// least 1), in region pages. Resident pages never exceed it.
     pub fn budget_pages(&self) -> usize {
-        let umap_pages =
-            (self.buf_pages.saturating_mul(self.high_water) / 100).clamp(1, usize::MAX as u64);
-        (umap_pages as usize).saturating_mul(self.group())
+        (self.buf_pages.clamp(1, usize::MAX as u64) as usize).saturating_mul(self.group())
     }
 
-    /// Where eviction stops once it started: `BUFSIZE * LOW / 100` UMap
-    /// pages (at most the budget), in region pages.
-    pub fn low_water_pages(&self) -> usize {
-        let umap_pages =
-            (self.buf_pages.saturating_mul(self.low_water) / 100).min(usize::MAX as u64);
+    /// `percent` of the buffer, in region pages (UMap's
+    /// `apply_int_percentage`: 100% is all of it).
+    fn percent_pages(&self, percent: u64) -> usize {
+        let umap_pages = (self.buf_pages.saturating_mul(percent) / 100).min(usize::MAX as u64);
         (umap_pages as usize)
             .saturating_mul(self.group())
             .min(self.budget_pages())
     }
 
+    /// Where the evictors start: `BUFSIZE * HIGH / 100` UMap pages (at
+    /// least 1), in region pages.
+    pub fn high_water_pages(&self) -> usize {
+        self.percent_pages(self.high_water).max(1)
+    }
+
+    /// Where the evictors stop: `BUFSIZE * LOW / 100` UMap pages (at most
+    /// the high-water mark), in region pages.
+    pub fn low_water_pages(&self) -> usize {
+        self.percent_pages(self.low_water)
+            .min(self.high_water_pages())
+    }
+
     /// How many region pages a fault installs: the aligned window of
-    /// `READ_AHEAD + 1` UMap pages when set; unset, faultline's adaptive
-    /// read-ahead (`None`: the region's default), in whole UMap pages when
-    /// a UMap page is a group (fault-around of one UMap page, growing to
-    /// at least 32 region pages on sequential streams).
-    pub fn readahead(&self) -> Option<ReadaheadConfig> {
+    /// `READ_AHEAD + 1` UMap pages when set; unset, one UMap page for an
+    /// isolated fault, as UMap (every page more is one more to evict under
+    /// a small buffer), growing on a thread's sequential stream to at
+    /// least 64 region pages (256 KiB of 4 KiB pages), in whole UMap pages.
+    pub fn readahead(&self) -> ReadaheadConfig {
         let g = self.group();
         match self.read_ahead {
-            Some(n) => Some(ReadaheadConfig::fixed(
-                (n as usize).saturating_add(1).saturating_mul(g),
-            )),
-            None if g == 1 => None,
-            None => Some(ReadaheadConfig::adaptive(g, g * 32usize.div_ceil(g))),
+            Some(n) => ReadaheadConfig::fixed((n as usize).saturating_add(1).saturating_mul(g)),
+            None => ReadaheadConfig::adaptive(g, g * 64usize.div_ceil(g)),
         }
     }
 }
@@ -211,6 +259,9 @@ pub fn config() -> &'static Config {
     static CONFIG: OnceLock<Config> = OnceLock::new();
     CONFIG.get_or_init(|| {
         let c = Config::from_env();
+        for w in &c.warnings {
+            log(Level::Warning, w, c.log_level.max(Level::Warning));
+        }
         log(
             Level::Info,
             &format!(

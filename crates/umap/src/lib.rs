@@ -13,12 +13,15 @@
 //! 1. `umap(addr, len, prot, flags, fd, offset)` checks the arguments as
 //!    UMap documents them (`UMAP_PRIVATE` required, `UMAP_FIXED` allowed,
 //!    `len` and `offset` multiples of `UMAP_PAGESIZE`, a readable `fd`),
-//!    opens the file as a faultline file store (read-only when `fd` is) and
+//!    opens the file again with the descriptor's access mode (buffered, or
+//!    `O_DIRECT` with [`direct::DirectFileStore`]; see `file_store`) and
 //!    builds a region of UMap's one buffer, a [`SharedBudget`] of
-//!    `UMAP_BUFSIZE * HIGH / 100` pages for all regions together; past it
-//!    each region's evictor evicts its own pages until the total is down to
-//!    `UMAP_BUFSIZE * LOW / 100` (dirty pages are tracked, written back on
-//!    eviction, `umap_flush` and `uunmap`).
+//!    `UMAP_BUFSIZE` pages for all regions together that no fault passes:
+//!    from `UMAP_BUFSIZE * HIGH / 100` pages each region's evictor evicts
+//!    its own pages until the total is down to `UMAP_BUFSIZE * LOW / 100`,
+//!    and a fault that finds the buffer full evicts a batch itself (dirty
+//!    pages are tracked, written back on eviction, `umap_flush` and
+//!    `uunmap`).
 //! 2. Faults are resolved by the signal engine (on the faulting thread)
 //!    unless `UMAP_PAGE_FILLERS` is set or the store is a C++
 //!    `Umap::Store` (not async-signal-safe): then by a workers engine with
@@ -37,10 +40,12 @@
 )]
 
 pub mod config;
+pub mod direct;
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_long, c_void};
 use std::os::fd::BorrowedFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use faultline::engine::{self, EngineConfig, EngineKind};
@@ -51,9 +56,13 @@ use faultline_ffi::callback::{FillFn, WriteFn};
 use faultline_ffi::{
     guard, guard_or, last_error, set_last_error, CError, CallbackStore, Callbacks,
 };
-use faultline_sys::{mem::is_read_write, set_errno, Errno};
+use faultline_sys::{
+    mem::{open_mode, O_DIRECT},
+    set_errno, Errno,
+};
 
-use config::{config, log_at, Level, SYSTEM_PAGE};
+use config::{config, log_at, FileIo, Level, SYSTEM_PAGE};
+use direct::DirectFileStore;
 
 /// `MAP_PRIVATE`, UMap's `UMAP_PRIVATE`.
 const MAP_PRIVATE: c_int = 0x02;
@@ -86,15 +95,20 @@ fn fail(what: &str, e: CError) -> c_int {
 }
 
 /// UMap's buffer, one for every region of the process: their resident
-/// pages count together against `UMAP_BUFSIZE * HIGH / 100` pages, and
-/// once past it each region's evictor evicts its own pages until the total
-/// is down to `UMAP_BUFSIZE * LOW / 100`.
+/// pages never exceed `UMAP_BUFSIZE` pages together (a fault that finds
+/// it full evicts, or waits for the evictors, before it installs); from
+/// `UMAP_BUFSIZE * HIGH / 100` pages on each region's evictor evicts its
+/// own pages until the total is down to `UMAP_BUFSIZE * LOW / 100`.
 fn buffer() -> Arc<SharedBudget> {
     static BUFFER: OnceLock<Arc<SharedBudget>> = OnceLock::new();
     BUFFER
         .get_or_init(|| {
             let c = config();
-            Arc::new(SharedBudget::new(c.budget_pages(), c.low_water_pages()))
+            Arc::new(SharedBudget::with_marks(
+                c.budget_pages(),
+                c.high_water_pages(),
+                c.low_water_pages(),
+            ))
         })
         .clone()
 }
@@ -134,9 +148,9 @@ fn engine_for(store: &dyn PageStore) -> Result<Arc<dyn Engine>, CError> {
 
 /// A file store the region may not write back to (`fd` was opened
 /// read-only): UMap's store would fail its `pwrite` with `EBADF`.
-struct ReadOnly(FileStore);
+struct ReadOnly<S>(S);
 
-impl PageStore for ReadOnly {
+impl<S: PageStore> PageStore for ReadOnly<S> {
     fn describe(&self) -> &str {
         self.0.describe()
     }
@@ -166,6 +180,21 @@ impl PageStore for ReadOnly {
 }
 
 /// The store for `fd` from byte `offset`.
+///
+/// The caller's descriptor may be one the region cannot use as it is: UMap
+/// programs open their files with `O_DIRECT`, and ext4 and xfs refuse a
+/// direct read of a buffer, length or offset that is not aligned. The file
+/// is opened again through `/proc/self/fd/N` with the caller's access mode
+/// (read-only stays read-only; write-only fails with `EBADF`, as UMap's
+/// reads would) and:
+///
+/// * [`FileIo::Buffered`] (default): without `O_DIRECT`, read through a
+///   shared mapping of the page cache (faults copy straight from it) and
+///   written back with `pwrite`;
+/// * [`FileIo::Direct`] (`FAULTLINE_UMAP_FILE_IO=direct`): with `O_DIRECT`,
+///   aligned reads and writes, through a bounce buffer when a buffer is not
+///   aligned ([`DirectFileStore`]); on a file system without direct I/O
+///   this falls back to buffered, with a warning.
 fn file_store(fd: c_int, offset: u64) -> Result<Arc<dyn PageStore>, CError> {
     if fd < 0 {
         return Err(CError::new(
@@ -176,14 +205,47 @@ fn file_store(fd: c_int, offset: u64) -> Result<Arc<dyn PageStore>, CError> {
     // SAFETY: the descriptor is only borrowed for this call; a closed one
     // makes fcntl fail with EBADF, which is what we report.
     let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    let writable = is_read_write(&borrowed).map_err(|e| CError::from(e.source).context("fd"))?;
-    // A write-only descriptor: UMap's reads would fail with EBADF.
-    let dup = std::fs::File::from(borrowed.try_clone_to_owned()?);
-    std::os::unix::fs::FileExt::read_at(&dup, &mut [0u8; 1], 0)
-        .map_err(|e| CError::from(e).context("reading fd"))?;
-    let path = format!("/proc/self/fd/{fd}");
-    let store = FileStore::open_with(&path, offset, FileAccess::Mmap)
-        .map_err(|e| CError::from(e).context(&path))?;
+    let mode = open_mode(&borrowed).map_err(|e| CError::from(e.source).context("fd"))?;
+    if !mode.read {
+        // UMap's reads would fail with EBADF.
+        return Err(CError::new(
+            Errno::EBADF,
+            format!("fd {fd} was opened write-only; umap() reads pages from it"),
+        ));
+    }
+    let writable = mode.write;
+    let proc_path = format!("/proc/self/fd/{fd}");
+    // The file's own name for messages (the /proc link is only ours).
+    let name = std::fs::read_link(&proc_path)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| proc_path.clone());
+    let reopen = |direct: bool| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .custom_flags(if direct { O_DIRECT } else { 0 })
+            .open(&proc_path)
+    };
+    if config().file_io == FileIo::Direct {
+        match reopen(true) {
+            Ok(file) => {
+                let store = DirectFileStore::new(file.into(), &name, offset)
+                    .map_err(|e| CError::from(e).context(&name))?;
+                return Ok(if writable {
+                    Arc::new(store)
+                } else {
+                    Arc::new(ReadOnly(store))
+                });
+            }
+            Err(e) if e.raw_os_error() == Some(Errno::EINVAL.0) => log_at(Level::Warning, || {
+                format!("umap: {name}: its file system does not do direct I/O; reading it buffered")
+            }),
+            Err(e) => return Err(CError::from(e).context(&name)),
+        }
+    }
+    let file = reopen(false).map_err(|e| CError::from(e).context(&name))?;
+    let store = FileStore::from_file(file, &name, offset, FileAccess::Mmap, writable)
+        .map_err(|e| CError::from(e).context(&name))?;
     Ok(if writable {
         Arc::new(store)
     } else {
@@ -229,10 +291,8 @@ fn map_region(
     let mut b = Region::builder(length)
         .page_size(c.region_page_size() as usize)
         .shared_store(store)
-        .shared_budget(buffer(), PolicyKind::Clock);
-    if let Some(ra) = c.readahead() {
-        b = b.readahead(ra);
-    }
+        .shared_budget(buffer(), PolicyKind::Clock)
+        .readahead(c.readahead());
     if flags & MAP_FIXED != 0 {
         if !(addr as usize).is_multiple_of(ps) {
             return Err(CError::invalid(format!(
@@ -373,6 +433,13 @@ pub unsafe extern "C" fn uunmap(addr: *mut c_void, length: usize) -> c_int {
             )));
         };
         let flushed = region.flush();
+        log_at(Level::Info, || {
+            format!(
+                "umap: uunmap of region {addr:p}: {:?}, {:?}",
+                region.stats(),
+                region.eviction_stats()
+            )
+        });
         drop(region);
         flushed.map(|_| 0).map_err(CError::from)
     });

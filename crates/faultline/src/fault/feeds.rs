@@ -1,26 +1,29 @@
-//! What the fault path tells a region's background threads, without
-//! waiting for them.
+//! What the fault path tells a region's background threads, and the
+//! counters a memory budget is kept with.
 //!
 //! * [`BudgetFeed`] (regions with a memory budget): every install is
-//!   appended to a lock-free log the evictor drains into its eviction
-//!   policy, and the resident count tells a fault when the region is so far
-//!   past its budget that it should wait for the evictor.
+//!   appended to a lock-free log that eviction drains into its policy; the
+//!   budget's count of charged pages is what a fault must find room in
+//!   before it installs (see [`BudgetCore`]).
 //! * [`RunAheadFeed`] (regions with run-ahead): the last fault, and a futex
 //!   wake if the populator sleeps; the pages the populator installed are
 //!   marked so users can count faults avoided.
 //!
 //! Posting to either is a few atomics and at most one system call:
-//! async-signal-safe and wait-free.
+//! async-signal-safe and wait-free. Charging a budget is a compare-and-swap
+//! loop; a fault that finds no room makes room ([`super::reclaim`]).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::time::{Duration, Instant};
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::policy::EvictionPolicy;
 use crate::residency::{PageBits, PageState};
 use faultline_sys::mem::{self, Advice};
-use faultline_sys::thread::{futex_wait, futex_wake};
+use faultline_sys::thread::{futex_wait, futex_wake, futex_wake_all};
 
 /// Eviction counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -34,16 +37,15 @@ pub struct EvictionStats {
     /// store refuses writes (see [`crate::evict`]).
     pub write_back_errors: u64,
     /// Dirty pages kept resident because their write-back failed, waiting
-    /// for a retry. They do not count against the budget's fault limit:
-    /// while this is non-zero the region may be resident past its budget
-    /// (`resident` > budget), which is how that overrun is reported.
+    /// for a retry. They do not count against the budget: while this is
+    /// non-zero the region may be resident past its budget (`resident` >
+    /// budget), which is how that overrun is reported.
     pub unwritable: u64,
     /// Pages resident now (as counted by the runtime).
     pub resident: u64,
-    /// Most pages resident at once. The evictor runs asynchronously, so
-    /// the count can pass the budget while it catches up; a fault that
-    /// finds the region past budget plus slack waits for it (see
-    /// [`crate::evict`]).
+    /// Most pages resident at once in this region. With a budget of its
+    /// own, at most the budget (plus `unwritable` pages and `overruns`):
+    /// a fault charges its pages before it installs them.
     pub max_resident: u64,
     /// Victim candidates passed over because an I/O (or a pin) held a
     /// reference on them: by the victim scan, or after the claim (a race
@@ -53,92 +55,315 @@ pub struct EvictionStats {
     pub access_hints: u64,
     /// Access hints dropped because the hint ring was full (lossy).
     pub access_hints_dropped: u64,
+    /// Faults (and populates) that found the budget full and had to make
+    /// room: evict pages themselves, or wait for an evictor.
+    pub full_faults: u64,
+    /// Pages evicted by faulting threads themselves (the rest of `evicted`
+    /// by the evictor thread).
+    pub evicted_inline: u64,
+    /// TSC cycles faults spent making room (evicting or waiting).
+    pub room_cycles: u64,
+    /// Times the evictor thread woke up (to a wake or its timeout).
+    pub evictor_wakeups: u64,
+    /// `madvise`/`process_madvise` calls that dropped evicted pages.
+    pub zap_calls: u64,
+    /// Faults that gave up waiting for room (nothing could be evicted for
+    /// [`crate::evict::ROOM_STALL`]: every resident page pinned, say) and installed past
+    /// the budget.
+    pub overruns: u64,
+}
+
+/// How long a fault that finds the budget full and nothing to evict waits
+/// (for evictors of other regions of its shared budget, for pins to go)
+/// before it installs past the budget, counted in
+/// [`EvictionStats::overruns`].
+pub const ROOM_STALL: Duration = Duration::from_secs(2);
+
+/// The marks and counters one budget is kept with: a region's own, or the
+/// one of a [`SharedBudget`] all its regions count against.
+///
+/// ```text
+///   0 ──────────── low ─────────── high ────────── max
+///                   ▲ the evictor    ▲ the evictor   ▲ a fault that would
+///                     stops here       wakes here      pass it makes room
+///                                                      first (evicts, or
+///                                                      waits for evictors)
+/// ```
+///
+/// Pages are *charged* before they are installed (a compare-and-swap that
+/// refuses to pass `max`) and uncharged when evicted, so the charged count
+/// (resident pages plus those being installed) never exceeds `max`, except
+/// for dirty pages whose write-back failed (held, not counted, see
+/// [`crate::evict`]) and faults that gave up after ROOM_STALL.
+#[derive(Debug)]
+pub(crate) struct BudgetCore {
+    max: usize,
+    high: AtomicUsize,
+    low: AtomicUsize,
+    /// Pages charged: resident, plus reserved by faults installing now.
+    charged: AtomicUsize,
+    max_charged: AtomicUsize,
+    /// Charged pages held resident because their write-back failed.
+    unwritable: AtomicUsize,
+    /// Faults waiting for room (they may not evict, or found nothing).
+    waiting: AtomicUsize,
+    /// A fault that may neither evict nor wait (a handler thread) found the
+    /// budget full and deferred: the evictors make room.
+    demand: AtomicBool,
+    /// Pages uncharged so far (a waiting fault's sign of progress).
+    uncharges: AtomicU64,
+    /// Futex word the evictors sleep on; bumped to wake them.
+    evict_seq: AtomicU32,
+    evictors_asleep: AtomicU32,
+    /// Futex word waiting faults sleep on; bumped when pages are uncharged.
+    room_seq: AtomicU32,
+    room_sleepers: AtomicU32,
+}
+
+impl BudgetCore {
+    fn new(max: usize, high: usize, low: usize) -> BudgetCore {
+        let max = max.max(1);
+        let high = high.clamp(1, max);
+        BudgetCore {
+            max,
+            high: AtomicUsize::new(high),
+            low: AtomicUsize::new(low.min(high)),
+            charged: AtomicUsize::new(0),
+            max_charged: AtomicUsize::new(0),
+            unwritable: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            demand: AtomicBool::new(false),
+            uncharges: AtomicU64::new(0),
+            evict_seq: AtomicU32::new(0),
+            evictors_asleep: AtomicU32::new(0),
+            room_seq: AtomicU32::new(0),
+            room_sleepers: AtomicU32::new(0),
+        }
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    pub fn high(&self) -> usize {
+        self.high.load(Relaxed)
+    }
+
+    pub fn low(&self) -> usize {
+        self.low.load(Relaxed)
+    }
+
+    /// Charged pages, not counting those held for a write-back retry.
+    pub fn counted(&self) -> usize {
+        self.charged
+            .load(SeqCst)
+            .saturating_sub(self.unwritable.load(SeqCst))
+    }
+
+    /// Charges `n` pages if the count stays within `max`; wakes the
+    /// evictors when it reaches the high-water mark. Async-signal-safe.
+    pub fn try_charge(&self, n: usize) -> bool {
+        let mut cur = self.charged.load(SeqCst);
+        loop {
+            let stuck = self.unwritable.load(SeqCst);
+            if cur.saturating_sub(stuck) + n > self.max {
+                return false;
+            }
+            match self
+                .charged
+                .compare_exchange_weak(cur, cur + n, SeqCst, SeqCst)
+            {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        self.max_charged.fetch_max(cur + n, Relaxed);
+        if self.counted() >= self.high() {
+            self.kick();
+        }
+        true
+    }
+
+    /// Charges `n` pages whatever the count (a fault that gave up waiting).
+    pub fn force_charge(&self, n: usize) {
+        let now = self.charged.fetch_add(n, SeqCst) + n;
+        self.max_charged.fetch_max(now, Relaxed);
+        self.kick();
+    }
+
+    /// `n` charged pages left (evicted, or reserved and not installed):
+    /// wakes faults waiting for room. Async-signal-safe.
+    pub fn uncharge(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.charged.fetch_sub(n, SeqCst);
+        self.uncharges.fetch_add(n as u64, Relaxed);
+        if self.room_sleepers.load(SeqCst) > 0 {
+            self.room_seq.fetch_add(1, SeqCst);
+            futex_wake_all(&self.room_seq);
+        }
+    }
+
+    /// Wakes the evictors if any sleeps. Async-signal-safe.
+    pub fn kick(&self) {
+        if self.evictors_asleep.load(SeqCst) > 0 {
+            self.evict_seq.fetch_add(1, SeqCst);
+            futex_wake_all(&self.evict_seq);
+        }
+    }
+
+    /// Whether the evictors have work: the count reached the high-water
+    /// mark, or a fault waits for room.
+    pub fn wants_eviction(&self) -> bool {
+        self.counted() >= self.high() || self.waiting.load(SeqCst) > 0 || self.demand.load(SeqCst)
+    }
+
+    /// A fault that may neither evict nor wait found the budget full: the
+    /// evictors make room for it (it is retried later).
+    pub fn ask_for_room(&self) {
+        self.demand.store(true, SeqCst);
+        self.kick();
+    }
+
+    /// Whether a fault asked for room since the last call (the evictor).
+    pub fn take_demand(&self) -> bool {
+        self.demand.swap(false, SeqCst)
+    }
+
+    /// Pages uncharged so far.
+    pub fn uncharged(&self) -> u64 {
+        self.uncharges.load(Relaxed)
+    }
+
+    /// Whether no page fits any more.
+    pub fn is_full(&self) -> bool {
+        self.counted() >= self.max
+    }
+
+    /// Whether the count is above the low-water mark.
+    pub fn above_low(&self) -> bool {
+        self.counted() > self.low()
+    }
+
+    /// Whether a fault waits for room.
+    pub fn has_waiters(&self) -> bool {
+        self.waiting.load(SeqCst) > 0
+    }
+
+    /// The evictor's sleep: until kicked, or `timeout`; not at all while
+    /// there is work, unless `idle` (it just found nothing to evict).
+    pub fn evictor_sleep(&self, timeout: Duration, idle: bool) {
+        self.evictors_asleep.fetch_add(1, SeqCst);
+        let seq = self.evict_seq.load(SeqCst);
+        if idle || !self.wants_eviction() {
+            futex_wait(&self.evict_seq, seq, timeout);
+        }
+        self.evictors_asleep.fetch_sub(1, SeqCst);
+    }
+
+    /// A fault that found no room: registers as waiting (the evictors see
+    /// it) until [`Self::stop_waiting`].
+    pub fn start_waiting(&self) {
+        self.waiting.fetch_add(1, SeqCst);
+        self.kick();
+    }
+
+    pub fn stop_waiting(&self) {
+        self.waiting.fetch_sub(1, SeqCst);
+    }
+
+    /// Sleeps until pages are uncharged (or `timeout`), unless `n` pages
+    /// fit already. Async-signal-safe (a futex wait).
+    pub fn wait_for_room(&self, n: usize, timeout: Duration) {
+        self.room_sleepers.fetch_add(1, SeqCst);
+        let seq = self.room_seq.load(SeqCst);
+        if self.counted() + n > self.max {
+            futex_wait(&self.room_seq, seq, timeout);
+        }
+        self.room_sleepers.fetch_sub(1, SeqCst);
+    }
+
+    fn hold_unwritable(&self, held: bool) {
+        if held {
+            self.unwritable.fetch_add(1, SeqCst);
+        } else {
+            self.unwritable.fetch_sub(1, SeqCst);
+        }
+    }
 }
 
 /// One resident budget for several regions (UMap's one buffer for every
-/// region): each region built with
-/// [`crate::RegionBuilder::shared_budget`] counts its resident pages here
-/// as well as in its own [`EvictionStats`], and its evictor evicts its own
-/// pages, by its own policy, while the regions *together* are past the
-/// budget (down to the low-water mark once past it). Faults wait for the
-/// evictors when the total is past the budget plus slack, as for one
-/// region. There is no global victim order: while the total is past the
-/// budget, every region's evictor gives up that region's pages, in its
-/// own policy's order.
+/// region): each region built with [`crate::RegionBuilder::shared_budget`]
+/// charges its pages here (and counts them in its own [`EvictionStats`]),
+/// so all of them together never hold more than [`pages`](Self::pages)
+/// (see [`BudgetCore`]'s exceptions). From the high-water mark on, every
+/// region's evictor evicts its own pages, by its own policy, until the
+/// total is down to the low-water mark; a fault that finds the total at
+/// the budget evicts pages of its own region first, or waits for the
+/// evictors. There is no global victim order.
 #[derive(Debug)]
 pub struct SharedBudget {
-    pages: usize,
-    low_water: usize,
-    resident: AtomicUsize,
-    max_resident: AtomicUsize,
-    unwritable: AtomicUsize,
+    core: BudgetCore,
 }
 
 impl SharedBudget {
-    /// A budget of `pages` resident pages (at least 1), evicted down to
-    /// `low_water` (at most `pages`) once past it.
+    /// A budget of `pages` resident pages (at least 1); evictors start
+    /// when it is full and evict down to `low_water` (at most `pages`).
     pub fn new(pages: usize, low_water: usize) -> SharedBudget {
-        let pages = pages.max(1);
+        Self::with_marks(pages, pages, low_water)
+    }
+
+    /// A budget of `pages` resident pages (at least 1) whose evictors
+    /// start at `high_water` pages (1..=`pages`) and evict down to
+    /// `low_water` (at most `high_water`): UMap's `UMAP_BUFSIZE` and its
+    /// `UMAP_EVICT_HIGH_WATER_THRESHOLD`/`LOW_WATER` percentages.
+    pub fn with_marks(pages: usize, high_water: usize, low_water: usize) -> SharedBudget {
         SharedBudget {
-            pages,
-            low_water: low_water.min(pages),
-            resident: AtomicUsize::new(0),
-            max_resident: AtomicUsize::new(0),
-            unwritable: AtomicUsize::new(0),
+            core: BudgetCore::new(pages, high_water, low_water),
         }
     }
 
     /// The budget, in pages.
     pub fn pages(&self) -> usize {
-        self.pages
+        self.core.max()
     }
 
-    /// The low-water mark, in pages.
+    /// Where the evictors start, in pages.
+    pub fn high_water(&self) -> usize {
+        self.core.high()
+    }
+
+    /// Where the evictors stop, in pages.
     pub fn low_water(&self) -> usize {
-        self.low_water
+        self.core.low()
     }
 
-    /// Pages resident now in all its regions together.
+    /// Pages charged now in all its regions together: resident, plus those
+    /// being installed.
     pub fn resident(&self) -> usize {
-        self.resident.load(Relaxed)
+        self.core.charged.load(Relaxed)
     }
 
-    /// Most pages resident at once in all its regions together.
+    /// Most pages charged at once in all its regions together.
     pub fn max_resident(&self) -> usize {
-        self.max_resident.load(Relaxed)
+        self.core.max_charged.load(Relaxed)
     }
 }
 
-/// The budget side of the fault path: the install log and resident count.
-#[derive(Debug)]
-pub(crate) struct BudgetFeed {
-    /// Resident pages past which faults wait for the evictor.
-    limit: usize,
-    log: Box<[AtomicU64]>,
-    tail: AtomicU64,
-    head: AtomicU64,
-    pub resident: AtomicUsize,
-    max_resident: AtomicUsize,
-    pub evicted: AtomicU64,
-    pub written_back: AtomicU64,
-    pub write_back_errors: AtomicU64,
-    /// Dirty pages whose write-back failed, held resident for a retry.
-    pub unwritable: AtomicUsize,
-    pub skipped_io_busy: AtomicU64,
-    /// The page the evictor is zapping, plus one (0: none), and whether an
-    /// engine has handled the REMOVE event of that zap (see [`Self::zap`]).
-    zapping: AtomicUsize,
-    zap_handled: AtomicBool,
-    /// Access hints for the policy, lossy (the evictor drains it).
-    hints: PageRing,
-    /// Rings of [`crate::evict::ReclaimWatch`]es: every evicted page is
-    /// pushed to each (lossy); a ring nobody else holds is dropped.
-    reclaim_watchers: Mutex<Vec<Arc<PageRing>>>,
-    /// `reclaim_watchers.len()`, read without the lock by the evictor.
-    reclaim_watching: AtomicUsize,
-    /// The budget this region shares with others, if any: `resident` and
-    /// `unwritable` are mirrored into it, and the limits apply to it.
-    shared: Option<Arc<SharedBudget>>,
+/// What eviction decides with, shared by the evictor thread and the
+/// faulting threads that evict for themselves: the policy, and the dirty
+/// pages held back because their write-back failed (with when to retry).
+/// Behind a mutex; sized when built so that, while the budget holds, no
+/// operation allocates (faulting threads use it inside a signal handler).
+pub(crate) struct VictimState {
+    pub policy: Box<dyn EvictionPolicy>,
+    /// Dirty pages whose write-back failed, oldest first.
+    pub held: VecDeque<usize>,
+    /// Backoff before the next retry of `held`.
+    pub retry_delay: Duration,
+    /// When the next retry is due; `Some` while the store is failing.
+    pub retry_due: Option<Instant>,
 }
 
 /// A lossy ring of page indices: producers never wait (a push into a full
@@ -213,30 +438,78 @@ impl PageRing {
 /// Slots of the access-hint ring.
 const HINT_SLOTS: usize = 4096;
 
-/// How long a fault on the faulting thread waits for the evictor before it
-/// goes on past the budget (the kernel's direct reclaim also gives up).
-const BUDGET_WAIT: Duration = Duration::from_millis(10);
-
 /// How long the evictor waits for a handler to handle its zap's REMOVE
 /// event (a handler thread descheduled that long is a machine in trouble;
 /// the evictor then goes on, as before the handshake existed).
 const ZAP_ACK_WAIT: Duration = Duration::from_secs(1);
 
+/// The budget side of the fault path: the install log, the region's own
+/// budget (or the shared one it charges), counters.
+pub(crate) struct BudgetFeed {
+    /// The region's own budget; unused when `shared` is set.
+    own: BudgetCore,
+    /// The budget this region shares with others, if any: pages are
+    /// charged there.
+    shared: Option<Arc<SharedBudget>>,
+    log: Box<[AtomicU64]>,
+    tail: AtomicU64,
+    head: AtomicU64,
+    /// Pages of this region resident now (installed, not yet evicted).
+    pub resident: AtomicUsize,
+    max_resident: AtomicUsize,
+    pub evicted: AtomicU64,
+    pub written_back: AtomicU64,
+    pub write_back_errors: AtomicU64,
+    /// Dirty pages of this region whose write-back failed, held resident
+    /// for a retry.
+    pub unwritable: AtomicUsize,
+    pub skipped_io_busy: AtomicU64,
+    pub full_faults: AtomicU64,
+    pub evicted_inline: AtomicU64,
+    pub room_cycles: AtomicU64,
+    pub evictor_wakeups: AtomicU64,
+    pub zap_calls: AtomicU64,
+    pub overruns: AtomicU64,
+    /// The page the evictor is zapping, plus one (0: none), and whether an
+    /// engine has handled the REMOVE event of that zap (see [`Self::zap`]).
+    zapping: AtomicUsize,
+    zap_handled: AtomicBool,
+    /// Access hints for the policy, lossy (eviction drains it).
+    hints: PageRing,
+    /// Rings of [`crate::evict::ReclaimWatch`]es: every evicted page is
+    /// pushed to each (lossy); a ring nobody else holds is dropped.
+    reclaim_watchers: Mutex<Vec<Arc<PageRing>>>,
+    /// `reclaim_watchers.len()`, read without the lock by eviction.
+    reclaim_watching: AtomicUsize,
+    /// The policy and held pages, set when the evictor starts.
+    pub victims: OnceLock<Mutex<VictimState>>,
+}
+
+impl std::fmt::Debug for BudgetFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BudgetFeed")
+            .field("core", self.core())
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
 impl BudgetFeed {
-    /// For a region of `pages` pages with `budget` resident pages (of
-    /// `shared`, when given), whose faults install up to `window` pages at
-    /// once.
+    /// For a region of `pages` pages with a budget of `budget` resident
+    /// pages (its own, or `shared`). `_window` (the largest read-ahead
+    /// window) is no longer needed: faults charge before they install.
     pub fn new(
         pages: usize,
         budget: usize,
-        window: usize,
+        _window: usize,
         shared: Option<Arc<SharedBudget>>,
     ) -> BudgetFeed {
         // Every logged install is drained before its page can be evicted,
         // so at most `pages` entries are ever outstanding.
         let cap = pages.max(1024).next_power_of_two();
         BudgetFeed {
-            limit: budget + (budget / 4).max(4 * window),
+            own: BudgetCore::new(budget, budget, budget),
+            shared,
             log: (0..cap).map(|_| AtomicU64::new(0)).collect(),
             tail: AtomicU64::new(0),
             head: AtomicU64::new(0),
@@ -247,54 +520,60 @@ impl BudgetFeed {
             write_back_errors: AtomicU64::new(0),
             unwritable: AtomicUsize::new(0),
             skipped_io_busy: AtomicU64::new(0),
+            full_faults: AtomicU64::new(0),
+            evicted_inline: AtomicU64::new(0),
+            room_cycles: AtomicU64::new(0),
+            evictor_wakeups: AtomicU64::new(0),
+            zap_calls: AtomicU64::new(0),
+            overruns: AtomicU64::new(0),
             zapping: AtomicUsize::new(0),
             zap_handled: AtomicBool::new(false),
             hints: PageRing::new(HINT_SLOTS),
             reclaim_watchers: Mutex::new(Vec::new()),
             reclaim_watching: AtomicUsize::new(0),
-            shared,
+            victims: OnceLock::new(),
         }
     }
 
-    /// The budget this region shares, if any.
-    pub fn shared(&self) -> Option<&SharedBudget> {
-        self.shared.as_deref()
+    /// The budget pages are charged to: the shared one, or the region's.
+    #[inline]
+    pub fn core(&self) -> &BudgetCore {
+        match &self.shared {
+            Some(s) => &s.core,
+            None => &self.own,
+        }
     }
 
-    /// An eviction: one page fewer resident.
+    /// Sets the region's own low-water mark (no effect on a shared
+    /// budget, whose marks are its own).
+    pub fn set_low_water(&self, low: usize) {
+        self.own.low.store(low.min(self.own.high()), Relaxed);
+    }
+
+    /// An eviction of one page of this region: uncharged, counted.
     pub fn evicted_one(&self) {
         self.resident.fetch_sub(1, SeqCst);
-        if let Some(s) = &self.shared {
-            s.resident.fetch_sub(1, SeqCst);
-        }
         self.evicted.fetch_add(1, Relaxed);
+        self.core().uncharge(1);
+    }
+
+    /// A page of this region found dropped behind our back (the residency
+    /// map said resident, the memory said otherwise): uncharged, not
+    /// counted as an eviction.
+    pub fn dropped_one(&self) {
+        self.resident.fetch_sub(1, SeqCst);
+        self.core().uncharge(1);
     }
 
     /// A dirty page held for a write-back retry (`held`) or released from
     /// it (`!held`).
     pub fn hold_unwritable(&self, held: bool) {
-        let count = |c: &AtomicUsize| {
-            if held {
-                c.fetch_add(1, SeqCst);
-            } else {
-                c.fetch_sub(1, SeqCst);
-            }
-        };
-        count(&self.unwritable);
-        if let Some(s) = &self.shared {
-            count(&s.unwritable);
+        if held {
+            self.unwritable.fetch_add(1, SeqCst);
+        } else {
+            self.unwritable.fetch_sub(1, SeqCst);
         }
-    }
-
-    /// Whether more than `limit` pages are resident, not counting pages
-    /// held for a write-back retry: in this region, or in all regions of
-    /// its shared budget.
-    pub fn over(&self, limit: usize) -> bool {
-        let (resident, stuck) = match &self.shared {
-            Some(s) => (&s.resident, &s.unwritable),
-            None => (&self.resident, &self.unwritable),
-        };
-        resident.load(SeqCst).saturating_sub(stuck.load(SeqCst)) > limit
+        self.core().hold_unwritable(held);
     }
 
     /// Posts an access hint for `page` (an I/O touched it). Never waits:
@@ -303,7 +582,7 @@ impl BudgetFeed {
         self.hints.push(page);
     }
 
-    /// Hands every posted hint to `f` (the evictor).
+    /// Hands every posted hint to `f` (eviction, under the victim lock).
     pub fn drain_hints(&self, f: impl FnMut(usize)) {
         self.hints.drain(f);
     }
@@ -317,8 +596,8 @@ impl BudgetFeed {
         ring
     }
 
-    /// The evictor took `page`: tells the watchers (lossy, never waits on
-    /// a consumer; without watchers one atomic load).
+    /// Eviction took `page`: tells the watchers (lossy, never waits on a
+    /// consumer; without watchers one atomic load).
     pub fn reclaimed(&self, page: usize) {
         if self.reclaim_watching.load(Relaxed) == 0 {
             return;
@@ -332,40 +611,17 @@ impl BudgetFeed {
         }
     }
 
-    /// Logs that `page` was installed. Async-signal-safe, wait-free.
+    /// Logs that `page` was installed (charged already). Async-signal-safe,
+    /// wait-free.
     #[inline]
     pub fn installed(&self, page: usize) {
         let now = self.resident.fetch_add(1, SeqCst) + 1;
         self.max_resident.fetch_max(now, Relaxed);
-        if let Some(s) = &self.shared {
-            let now = s.resident.fetch_add(1, SeqCst) + 1;
-            s.max_resident.fetch_max(now, Relaxed);
-        }
         let i = self.tail.fetch_add(1, SeqCst) as usize & (self.log.len() - 1);
         self.log[i].store(page as u64 + 1, SeqCst);
     }
 
-    /// Whether the region (or its shared budget) is past budget + slack,
-    /// not counting pages the evictor cannot write back (a fault must not
-    /// wait for an eviction the store refuses).
-    #[inline]
-    pub fn over_limit(&self) -> bool {
-        self.over(self.limit)
-    }
-
-    /// A fault resolved on the faulting thread, past the limit: wait
-    /// (yielding, at most [`BUDGET_WAIT`]) for the evictor to catch up, as
-    /// the kernel's direct reclaim makes an allocating thread wait.
-    /// Async-signal-safe (`clock_gettime` and `sched_yield`). Thread
-    /// engines defer the fault instead; see `resolve`.
-    pub fn wait_below_limit(&self) {
-        let deadline = Instant::now() + BUDGET_WAIT;
-        while self.over_limit() && Instant::now() < deadline {
-            std::thread::yield_now();
-        }
-    }
-
-    /// Zaps `page` for the evictor, which holds its claim, and records it
+    /// Zaps `page` for eviction, which holds its claim, and records it
     /// absent. When an engine reads the region's events (`events`), waits
     /// (at most [`ZAP_ACK_WAIT`]) until a handler has *handled* the REMOVE
     /// event the zap posts, not merely read it: `madvise` returns once the
@@ -373,12 +629,14 @@ impl BudgetFeed {
     /// it may run its `on_remove` only later. Had the claim been released
     /// before that, a fault could re-install the page and the late
     /// `on_remove` mark it absent while mapped, losing it from the map
-    /// (and its dirty data from write-back). Returns whether the wait
+    /// (and its dirty data from write-back). One page at a time: only the
+    /// evictor thread zaps when events are read. Returns whether the wait
     /// timed out.
     pub fn zap(&self, r: &super::RegionState, page: usize, events: bool) -> bool {
         self.zap_handled.store(false, SeqCst);
         self.zapping.store(page + 1, SeqCst);
         let _ = mem::madvise(r.pages.addr(page), r.pages.size().bytes(), Advice::DontNeed);
+        self.zap_calls.fetch_add(1, Relaxed);
         let deadline = Instant::now() + ZAP_ACK_WAIT;
         let mut timed_out = false;
         while events && !self.zap_handled.load(SeqCst) {
@@ -402,7 +660,8 @@ impl BudgetFeed {
         }
     }
 
-    /// Hands every logged install to `f`, oldest first (the evictor).
+    /// Hands every logged install to `f`, oldest first (eviction, under
+    /// the victim lock).
     pub fn drain(&self, mut f: impl FnMut(usize)) {
         let tail = self.tail.load(SeqCst);
         let mut head = self.head.load(Relaxed);
@@ -429,6 +688,12 @@ impl BudgetFeed {
             skipped_io_busy: self.skipped_io_busy.load(Relaxed),
             access_hints: self.hints.taken(),
             access_hints_dropped: self.hints.dropped(),
+            full_faults: self.full_faults.load(Relaxed),
+            evicted_inline: self.evicted_inline.load(Relaxed),
+            room_cycles: self.room_cycles.load(Relaxed),
+            evictor_wakeups: self.evictor_wakeups.load(Relaxed),
+            zap_calls: self.zap_calls.load(Relaxed),
+            overruns: self.overruns.load(Relaxed),
         }
     }
 }
@@ -438,8 +703,10 @@ impl Drop for BudgetFeed {
     /// it shared.
     fn drop(&mut self) {
         if let Some(s) = &self.shared {
-            s.resident.fetch_sub(*self.resident.get_mut(), SeqCst);
-            s.unwritable.fetch_sub(*self.unwritable.get_mut(), SeqCst);
+            s.core.uncharge(*self.resident.get_mut());
+            s.core
+                .unwritable
+                .fetch_sub(*self.unwritable.get_mut(), SeqCst);
         }
     }
 }

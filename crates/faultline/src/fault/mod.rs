@@ -23,7 +23,10 @@
 //! * [`readahead`]: per-thread stream slots driving
 //!   [`crate::policy::ReadaheadConfig`] from inside signal handlers.
 //! * [`feeds`]: what the fault path tells the evictor (the install log of
-//!   a budget) and the run-ahead populator (the last fault).
+//!   a budget, the budget's counters) and the run-ahead populator (the
+//!   last fault).
+//! * [`reclaim`]: making room under a budget: victims, batched eviction,
+//!   for the evictor thread and for faults that evict for themselves.
 //! * `holes`: the absent holes of a read-ahead window gathered into one
 //!   batched fill, for stores that pay per request.
 //! * [`report`]: allocation-free messages and the fail-closed exit.
@@ -36,6 +39,7 @@
 pub(crate) mod feeds;
 mod holes;
 pub(crate) mod readahead;
+pub(crate) mod reclaim;
 pub(crate) mod report;
 pub(crate) mod resolve;
 pub(crate) mod state;

@@ -4,12 +4,16 @@
 //! Given a region and a page:
 //!
 //! 1. A poisoned page is reported, never refilled.
-//! 2. Claim the page (one bit in the residency map). A resolver that
+//! 2. With a memory budget, charge the page to it first; a full budget
+//!    makes room ([`super::reclaim::charge`]: evict a batch on this
+//!    thread, wait, or defer the fault to the evictor).
+//! 3. Claim the page (one bit in the residency map). A resolver that
 //!    loses the claim backs off: another thread is installing the page.
-//! 3. Extend the claim over the absent pages of the window the request
+//!    Extend the claim over the absent pages of the window the request
 //!    asks for: the read-ahead window of a fault
 //!    ([`crate::policy::ReadaheadConfig`]), or the range being populated;
-//!    one ioctl installs them all.
+//!    one ioctl installs them all. With a budget the rest of the window
+//!    is charged too, or dropped when it does not fit.
 //! 4. Get the bytes: nothing for ZEROPAGE, the store's zero-copy view, or
 //!    the store's `fill` into the caller's scratch buffer, the page cache
 //!    via the alias view (CONTINUE), or a pre-touched pool frame (MOVE).
@@ -32,8 +36,9 @@ use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use super::feeds::BudgetFeed;
 use super::holes::Holes;
-use super::{zero, RegionState};
+use super::{reclaim, zero, RegionState};
 use crate::error::{Error, Result};
 use crate::page::{MemoryKind, ResolveOp};
 use crate::residency::PageState;
@@ -166,18 +171,37 @@ pub(crate) fn resolve(
                     return Resolution::Busy;
                 }
                 r.residency.set(page, PageState::Absent);
+                if let Some(b) = &r.budget {
+                    // It was charged when installed.
+                    b.dropped_one();
+                }
                 r.residency.release(page..page + 1);
             }
             PageState::Absent => {}
         }
-        if let Some(budget) = r.budget.as_ref().filter(|b| b.over_limit()) {
-            if !r.delivery.on_faulting_thread {
-                // Defer it: waiting here would stall the evictor, whose zap
-                // waits for the engine's handler thread to read the REMOVE
-                // event.
+        // A budget: charge the faulting page before anything is claimed,
+        // making room when the budget is full (see `reclaim::charge`): a
+        // fault on its own thread and a populating thread may wait, and
+        // evict themselves unless handler threads read the region's
+        // events; a handler thread defers the fault (its engine retries
+        // it) and asks the evictor. Run-ahead never makes room.
+        let mut charge = Charge::new(r);
+        if charge.feed.is_some() {
+            let waits = match origin {
+                Origin::Fault => r.delivery.on_faulting_thread,
+                Origin::Populate(_) => true,
+                Origin::RunAhead(_) => false,
+            };
+            let evicts = waits && !r.delivery.reads_events;
+            if matches!(origin, Origin::RunAhead(_)) {
+                if !charge.more(1) {
+                    return Resolution::Retry;
+                }
+            } else if reclaim::charge(r, 1, evicts, waits) {
+                charge.charged = 1;
+            } else {
                 return Resolution::Retry;
             }
-            budget.wait_below_limit();
         }
         if !r.residency.try_claim(page) {
             return Resolution::Busy;
@@ -187,12 +211,18 @@ pub(crate) fn resolve(
             continue;
         }
         let window = window(r, page, origin, scratch.len());
-        let run = claim_window(r, page, window.clone());
+        let mut run = claim_window(r, page, window.clone());
+        if run.len() > 1 && !charge.more(run.len() - 1) {
+            // No room for the read-ahead: the faulting page alone.
+            r.residency.release(run.start..page);
+            r.residency.release(page + 1..run.end);
+            run = page..page + 1;
+        }
         // A store that pays per request: the window's other absent holes
         // come in the same round trip (installed after the faulting run).
         let mut holes = Holes::NONE;
         let mut prefilled = None;
-        if r.batches_fills() {
+        if r.batches_fills() && charge.more(window.len().saturating_sub(run.len())) {
             holes = Holes::claim(r, window, &run);
             if !holes.is_empty() {
                 prefilled = Some(holes.fill(r, &run, scratch));
@@ -202,8 +232,8 @@ pub(crate) fn resolve(
         // woken only after the residency map and counters record the
         // install, so a resumed thread always sees them.
         let ahead = matches!(origin, Origin::RunAhead(_));
-        let mut run = run;
         let run_pages = run.len();
+        let installed = &mut charge.installed;
         let mut step = install(
             r,
             run.clone(),
@@ -212,16 +242,31 @@ pub(crate) fn resolve(
             scratch,
             ahead,
             prefilled,
+            installed,
         );
         if let Step::Narrowed = step {
             // The store failed somewhere in the window: only the faulting
             // page's own failure may poison it.
             run = page..page + 1;
-            step = install(r, run.clone(), page, access.write, scratch, ahead, None);
+            step = install(
+                r,
+                run.clone(),
+                page,
+                access.write,
+                scratch,
+                ahead,
+                None,
+                installed,
+            );
         }
-        if matches!(step, Step::Done) && access.write && r.budget.is_some() {
-            // Installed clean; this fault is a write: dirty it now rather
-            // than take a second (WP) fault on the retry.
+        if matches!(step, Step::Done)
+            && access.write
+            && r.budget.is_some()
+            && r.residency.get(page) == PageState::ReadOnly
+        {
+            // Installed clean (with its read-ahead window); this fault is
+            // a write: dirty it now rather than take a second (WP) fault
+            // on the retry.
             let _ = mark_dirty(r, page, false);
         }
         if wake {
@@ -249,12 +294,30 @@ pub(crate) fn resolve(
                 around += hole.len();
             }
             let (dst, bytes) = (r.pages.addr(hole.start), r.pages.bytes(hole.len()) as u64);
-            let out = copy_run(r, &hole, dst, 0, bytes, &mut scratch[at..], Some(Ok(())));
+            let clean = r.budget.is_some();
+            let out = copy_run(
+                r,
+                &hole,
+                dst,
+                0,
+                bytes,
+                &mut scratch[at..],
+                Some(Ok(())),
+                clean,
+            );
             let out = out.map_err(|e| match e {
                 CopyErr::Uffd(e) => e,
                 CopyErr::Store(_) => unreachable!("holes are filled already"),
             });
-            finish(r, hole.clone(), hole.start, out, hole_state, ahead);
+            finish(
+                r,
+                hole.clone(),
+                hole.start,
+                out,
+                hole_state,
+                ahead,
+                installed,
+            );
         }
         if around > 0 {
             r.stats.around.fetch_add(around as u64, Relaxed);
@@ -382,6 +445,45 @@ fn claim_window(r: &RegionState, page: usize, window: Range<usize>) -> Range<usi
     start..end
 }
 
+/// The pages one attempt charged to its region's budget, and how many of
+/// them it installed; the rest is uncharged when the attempt ends.
+struct Charge<'a> {
+    feed: Option<&'a BudgetFeed>,
+    charged: usize,
+    installed: usize,
+}
+
+impl<'a> Charge<'a> {
+    fn new(r: &'a RegionState) -> Charge<'a> {
+        Charge {
+            feed: r.budget.as_ref(),
+            charged: 0,
+            installed: 0,
+        }
+    }
+
+    /// Charges `n` more pages if they fit, without making room. Always
+    /// true without a budget.
+    fn more(&mut self, n: usize) -> bool {
+        let Some(feed) = self.feed else { return true };
+        if n == 0 || feed.core().try_charge(n) {
+            self.charged += n;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Drop for Charge<'_> {
+    fn drop(&mut self) {
+        if let Some(feed) = self.feed {
+            feed.core()
+                .uncharge(self.charged.saturating_sub(self.installed));
+        }
+    }
+}
+
 enum Step {
     /// The faulting page is installed.
     Done,
@@ -396,7 +498,12 @@ enum Step {
     Out(Resolution),
 }
 
-/// Installs the claimed `run` (which contains `page`) and releases it.
+/// Installs the claimed `run` (which contains `page`) and releases it;
+/// adds the pages installed to `installed`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the fault's whole context, passed down one level"
+)]
 fn install(
     r: &RegionState,
     run: Range<usize>,
@@ -405,6 +512,7 @@ fn install(
     scratch: &mut [u8],
     ahead: bool,
     prefilled: Option<Result<(), StoreError>>,
+    installed: &mut usize,
 ) -> Step {
     // A private view of a tmpfs file (zero copy): page-cache pages are
     // mapped with CONTINUE, holes are filled from the store with COPY. One
@@ -495,24 +603,54 @@ fn install(
                     Err(e) if e.is(Errno::EBUSY) => {
                         r.stats.pool_misses.fetch_add(1, Relaxed);
                         let bytes = r.pages.bytes(moved_run.len()) as u64;
-                        return match copy_run(r, &moved_run, dst, offset, bytes, scratch, None) {
-                            Ok(o) => finish(r, moved_run, page, Ok(o), PageState::Writable, ahead),
-                            Err(CopyErr::Uffd(e)) => {
-                                finish(r, moved_run, page, Err(e), PageState::Writable, ahead)
-                            }
+                        return match copy_run(
+                            r, &moved_run, dst, offset, bytes, scratch, None, false,
+                        ) {
+                            Ok(o) => finish(
+                                r,
+                                moved_run,
+                                page,
+                                Ok(o),
+                                PageState::Writable,
+                                ahead,
+                                installed,
+                            ),
+                            Err(CopyErr::Uffd(e)) => finish(
+                                r,
+                                moved_run,
+                                page,
+                                Err(e),
+                                PageState::Writable,
+                                ahead,
+                                installed,
+                            ),
                             Err(CopyErr::Store(e)) => fail_store(r, moved_run, page, e),
                         };
                     }
-                    out => return finish(r, moved_run, page, out, PageState::Writable, ahead),
+                    out => {
+                        return finish(
+                            r,
+                            moved_run,
+                            page,
+                            out,
+                            PageState::Writable,
+                            ahead,
+                            installed,
+                        )
+                    }
                 }
             }
             None => {
                 r.stats.pool_misses.fetch_add(1, Relaxed);
-                copy_run(r, &run, dst, offset, bytes, scratch, None)
+                copy_run(r, &run, dst, offset, bytes, scratch, None, false)
             }
         },
         (ResolveOp::Copy | ResolveOp::Auto, _) | (ResolveOp::Continue, Some(false)) => {
-            if r.budget.is_some() {
+            // A budget region installs pages clean and write-protected,
+            // except the page of a write fault installed alone: dirty at
+            // once, no WP fault to follow.
+            let clean = r.budget.is_some() && !(write && run.len() == 1);
+            if clean {
                 state = PageState::ReadOnly;
             }
             if r.store.is_zero() && !write && r.zeropage_reads {
@@ -521,13 +659,13 @@ fn install(
                     .zeropage(dst, bytes, mode::ZEROPAGE_DONTWAKE)
                     .map_err(CopyErr::Uffd)
             } else {
-                copy_run(r, &run, dst, offset, bytes, scratch, prefilled)
+                copy_run(r, &run, dst, offset, bytes, scratch, prefilled, clean)
             }
         }
     };
     match outcome {
-        Ok(out) => finish(r, run, page, Ok(out), state, ahead),
-        Err(CopyErr::Uffd(e)) => finish(r, run, page, Err(e), state, ahead),
+        Ok(out) => finish(r, run, page, Ok(out), state, ahead, installed),
+        Err(CopyErr::Uffd(e)) => finish(r, run, page, Err(e), state, ahead, installed),
         Err(CopyErr::Store(e)) => fail_store(r, run, page, e),
     }
 }
@@ -545,7 +683,12 @@ impl From<UffdError> for CopyErr {
 
 /// UFFDIO_COPY of the run from the cheapest source: the zero buffer, the
 /// store's view, or the scratch buffer filled by the store (`prefilled`:
-/// already filled by a batched call, with this result).
+/// already filled by a batched call, with this result); write-protected
+/// when `clean` (a budget region's clean pages).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the fault's whole context, passed down one level"
+)]
 fn copy_run(
     r: &RegionState,
     run: &Range<usize>,
@@ -554,6 +697,7 @@ fn copy_run(
     bytes: u64,
     scratch: &mut [u8],
     prefilled: Option<Result<(), StoreError>>,
+    clean: bool,
 ) -> Result<Outcome, CopyErr> {
     let src: *const u8 = if let Some(filled) = prefilled {
         filled.map_err(CopyErr::Store)?;
@@ -569,9 +713,9 @@ fn copy_run(
         r.stats.store_fills.fetch_add(run.len() as u64, Relaxed);
         buf.as_ptr()
     };
-    // Budget regions install pages write-protected (clean); the first write
+    // Budget regions install clean pages write-protected; the first write
     // takes a WP fault that marks them dirty.
-    let wp = if r.budget.is_some() { mode::COPY_WP } else { 0 };
+    let wp = if clean { mode::COPY_WP } else { 0 };
     // SAFETY: `src` points at `bytes` readable bytes: the zero buffer is at
     // least `bytes` long (max_run_pages caps runs), the view and the
     // scratch slice were checked to be that long.
@@ -616,7 +760,8 @@ fn fill_page_cache(r: &RegionState, run: Range<usize>) -> Result<(), StoreError>
     Ok(())
 }
 
-/// Records the outcome of the ioctl over `run` and releases its claims.
+/// Records the outcome of the ioctl over `run` and releases its claims;
+/// adds the pages installed to `installed` (the budget's charge).
 fn finish(
     r: &RegionState,
     run: Range<usize>,
@@ -624,6 +769,7 @@ fn finish(
     out: Result<Outcome, UffdError>,
     state: PageState,
     ahead: bool,
+    installed_pages: &mut usize,
 ) -> Step {
     let ps = r.pages.size().bytes();
     let t = rdtsc();
@@ -637,6 +783,7 @@ fn finish(
                 _ => run.len(),
             };
             let installed = run.start..run.start + n;
+            *installed_pages += n;
             r.residency.set_range(installed.clone(), state);
             r.stats.installed.fetch_add(n as u64, Relaxed);
             r.stats.ioctls.fetch_add(1, Relaxed);
@@ -654,8 +801,14 @@ fn finish(
             }
         }
         Ok(Outcome::Exists) => {
-            // The first page of the run exists already.
+            // The first page of the run exists already (the map said
+            // absent): record it, and with a budget charge and log it so
+            // eviction knows it.
             r.residency.set(run.start, PageState::Writable);
+            if let Some(budget) = r.budget.as_ref() {
+                *installed_pages += 1;
+                budget.installed(run.start);
+            }
             r.stats.exists.fetch_add(1, Relaxed);
             if page == run.start {
                 Step::Exists

@@ -34,8 +34,13 @@ pub struct Clock {
 impl Clock {
     /// An empty clock.
     pub fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    /// An empty clock that holds `pages` pages without allocating.
+    pub fn with_capacity(pages: usize) -> Self {
         Self {
-            ring: PageList::new(),
+            ring: PageList::with_capacity(pages),
         }
     }
 

@@ -19,8 +19,13 @@ pub struct Fifo {
 impl Fifo {
     /// An empty FIFO.
     pub fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    /// An empty FIFO that holds `pages` pages without allocating.
+    pub fn with_capacity(pages: usize) -> Self {
         Self {
-            queue: PageList::new(),
+            queue: PageList::with_capacity(pages),
         }
     }
 }

@@ -64,10 +64,17 @@ pub(crate) struct PageList {
 impl PageList {
     /// An empty list.
     pub(crate) fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    /// An empty list that holds `pages` pages without allocating: the map
+    /// gets twice that room, so that the tombstones of pages removed and
+    /// re-inserted are cleared by rehashing in place, never by growing.
+    pub(crate) fn with_capacity(pages: usize) -> Self {
         Self {
-            nodes: Vec::new(),
-            free: Vec::new(),
-            map: PageMap::default(),
+            nodes: Vec::with_capacity(pages),
+            free: Vec::with_capacity(pages),
+            map: PageMap::with_capacity_and_hasher(pages.saturating_mul(2), Default::default()),
             head: NIL,
             tail: NIL,
         }

@@ -140,12 +140,13 @@ impl PolicyKind {
         PolicyKind::RefaultAware,
     ];
 
-    /// Builds the policy for a budget of `capacity_pages` resident pages
-    /// (only [`RefaultAware`] sizes its lists from it).
+    /// Builds the policy for a budget of `capacity_pages` resident pages,
+    /// sized to hold that many without allocating ([`RefaultAware`] also
+    /// sizes its lists from it).
     pub fn build(self, capacity_pages: usize) -> Box<dyn EvictionPolicy> {
         match self {
-            PolicyKind::Fifo => Box::new(Fifo::new()),
-            PolicyKind::Clock => Box::new(Clock::new()),
+            PolicyKind::Fifo => Box::new(Fifo::with_capacity(capacity_pages)),
+            PolicyKind::Clock => Box::new(Clock::with_capacity(capacity_pages)),
             PolicyKind::RefaultAware => Box::new(RefaultAware::new(capacity_pages)),
         }
     }

@@ -52,7 +52,13 @@ impl RefaultAware {
     /// default tuning (probation target `capacity / 4`, ghost list
     /// `capacity / 2`, both at least 1).
     pub fn new(capacity_pages: usize) -> Self {
-        Self::with_tuning((capacity_pages / 4).max(1), (capacity_pages / 2).max(1))
+        let mut p = Self::with_tuning((capacity_pages / 4).max(1), (capacity_pages / 2).max(1));
+        // Room for every resident page in either list, and the ghosts,
+        // without allocating.
+        p.probation = PageList::with_capacity(capacity_pages);
+        p.protected = PageList::with_capacity(capacity_pages);
+        p.ghost = PageList::with_capacity(p.ghost_capacity + 1);
+        p
     }
 
     /// A policy with explicit sizes: victims come from probation while it

@@ -404,7 +404,9 @@ impl RegionBuilder {
             // What one more page per fault costs (see the module docs).
             if page_cache.is_some() {
                 ReadaheadConfig::adaptive(64, 512)
-            } else if self.store.is_zero() {
+            } else if self.store.is_zero() || self.budget.is_some() {
+                // Under a budget every page read ahead of a random access
+                // is one more to evict: isolated faults take one page.
                 ReadaheadConfig::adaptive(1, 64)
             } else {
                 ReadaheadConfig::adaptive(16, 256)

@@ -3,9 +3,11 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{PageCacheFile, PageStore, StoreError};
+use super::{PageCacheFile, PageStore, StoreError, WriteRange};
 use crate::page::PageSize;
-use faultline_sys::mem::{is_tmpfs, pread_full, pwrite_all, willneed, Advice, Mapping};
+use faultline_sys::mem::{
+    is_tmpfs, pread_full, pwrite_all, pwritev_all, willneed, Advice, Mapping, PWRITEV_MAX,
+};
 use faultline_sys::Errno;
 
 /// How a [`FileStore`] reads.
@@ -56,6 +58,20 @@ impl FileStore {
             Ok(f) => (f, true),
             Err(_) => (OpenOptions::new().read(true).open(&path)?, false),
         };
+        Self::from_file(file, path, base, access, writable)
+    }
+
+    /// A store over `file`, already open (readable; written back to only
+    /// when `writable`), named `path` in messages; the store's offset 0 is
+    /// the file's byte `base`.
+    pub fn from_file(
+        file: std::fs::File,
+        path: impl AsRef<Path>,
+        base: u64,
+        access: FileAccess,
+        writable: bool,
+    ) -> std::io::Result<FileStore> {
+        let path = path.as_ref().to_path_buf();
         let size = file.metadata()?.len();
         let len = size.saturating_sub(base);
         let fd: OwnedFd = file.into();
@@ -126,6 +142,47 @@ impl PageStore for FileStore {
             errno: Errno(e),
         })
     }
+    /// Runs of ranges contiguous in the file go out with one `pwritev`
+    /// each (a sequential eviction batch is one system call, and one
+    /// extent update for the file system, instead of one per page); a run
+    /// that fails fails for all its ranges.
+    fn write_back_batch(&self, ranges: &[WriteRange<'_>], out: &mut [Result<(), StoreError>]) {
+        let mut i = 0;
+        while i < ranges.len() {
+            let mut j = i + 1;
+            while j < ranges.len()
+                && j - i < PWRITEV_MAX
+                && ranges[j].offset == ranges[j - 1].offset + ranges[j - 1].data.len() as u64
+            {
+                j += 1;
+            }
+            let res = if !self.writable {
+                Err(StoreError::ReadOnly {
+                    what: self.what.clone(),
+                    offset: ranges[i].offset,
+                })
+            } else {
+                let mut bufs: [&[u8]; PWRITEV_MAX] = [&[]; PWRITEV_MAX];
+                for (b, r) in bufs.iter_mut().zip(&ranges[i..j]) {
+                    *b = r.data;
+                }
+                pwritev_all(
+                    self.fd.as_raw_fd(),
+                    &bufs[..j - i],
+                    self.base + ranges[i].offset,
+                )
+                .map_err(|e| StoreError::Io {
+                    what: self.what.clone(),
+                    op: "pwritev",
+                    offset: ranges[i].offset,
+                    errno: Errno(e),
+                })
+            };
+            out[i..j].iter_mut().for_each(|o| *o = res.clone());
+            i = j;
+        }
+    }
+
     fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
         let m = self.map.as_ref()?;
         if offset.checked_add(len as u64)? > self.len {

@@ -8,11 +8,14 @@
  *  - Where UMap prints an error and aborts, these functions fail: umap()
  *    returns UMAP_FAILED, uunmap()/umap_flush() return -1, with errno set
  *    (EINVAL, EBADF, EEXIST, EOPNOTSUPP, EIO) and a message on stderr.
- *  - UMAP_BUFSIZE is one buffer for every region, as in UMap, but there
- *    is no global eviction order: UMAP_PAGE_EVICTORS is reported, and
- *    each region has one evictor thread that evicts that region's pages
- *    while all regions together are past UMAP_BUFSIZE * HIGH / 100 pages,
- *    down to UMAP_BUFSIZE * LOW / 100.
+ *  - UMAP_BUFSIZE is one buffer for every region, as in UMap, and no
+ *    fault passes it, but there is no global eviction order:
+ *    UMAP_PAGE_EVICTORS is reported, each region has one evictor thread
+ *    that evicts that region's pages from UMAP_BUFSIZE * HIGH / 100
+ *    pages of all regions together down to UMAP_BUFSIZE * LOW / 100, and
+ *    a fault that finds the buffer full evicts pages of its own region.
+ *  - A descriptor opened O_DIRECT is read through a fresh buffered open of
+ *    the same file (FAULTLINE_UMAP_FILE_IO=direct: with O_DIRECT).
  *  - With UMAP_PAGE_FILLERS unset, file regions resolve faults on the
  *    faulting thread (no filler threads); set, or for a Umap::Store, that
  *    many filler threads do.

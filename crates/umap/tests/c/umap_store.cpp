@@ -1,6 +1,7 @@
 // Umap::Store plug-ins through Umap::umap_ex; run by tests/umap_c.rs.
 // usage: umap_store MODE [FILE]; prints "ok MODE" on success.
 #include <umap/umap.h>
+#include <umap/store/SparseStore.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -9,6 +10,9 @@
 #include <fcntl.h>
 #include <mutex>
 #include <string>
+#include <sys/stat.h>
+#include <system_error>
+#include <unistd.h>
 #include <vector>
 
 #define CHECK(cond)                                                                        \
@@ -99,6 +103,60 @@ static int failing_store() {
   return 1;
 }
 
+// UMap's SparseStore: a region of 24 pages over files of 5 pages (4 KiB
+// UMap pages) in a new directory. Writes every page, unmaps, closes; the
+// files 0..4 (created on demand, preallocated to 5 pages) and _metadata
+// (file size, capacity) exist; opened again read-only, every byte reads
+// back; get_capacity agrees; creating over an existing directory throws.
+static int sparse_store(const char* dir) {
+  const size_t pages = 24, len = pages * PAGE, file_size = 5 * PAGE;
+  auto byte = [](size_t i) { return (char)(i * 7 + i / PAGE * 13 + 1); };
+  {
+    Umap::SparseStore store(len, PAGE, dir, file_size);
+    CHECK(store.get_current_capacity() == len);
+    char* p = (char*)Umap::umap_ex(nullptr, len, PROT_READ | PROT_WRITE, UMAP_PRIVATE, -1, 0, &store);
+    CHECK(p != UMAP_FAILED);
+    // Every page read first (zeros: the files do not exist yet), then
+    // written, out of order.
+    for (size_t pg = 0; pg < pages; pg++) CHECK(p[pg * PAGE + 9] == 0);
+    for (size_t k = 0; k < pages; k++) {
+      size_t pg = (k * 7) % pages;
+      for (size_t i = pg * PAGE; i < (pg + 1) * PAGE; i++) p[i] = byte(i);
+    }
+    CHECK(uunmap(p, len) == 0);
+    CHECK(store.close_files() == 0);
+  }
+  struct stat st;
+  for (int f = 0; f < 5; f++) {
+    std::string path = std::string(dir) + "/" + std::to_string(f);
+    CHECK(stat(path.c_str(), &st) == 0);
+    CHECK((size_t)st.st_size == file_size);
+  }
+  CHECK(stat((std::string(dir) + "/5").c_str(), &st) != 0);
+  FILE* m = std::fopen((std::string(dir) + "/_metadata").c_str(), "r");
+  CHECK(m != nullptr);
+  unsigned long fs = 0, cap = 0;
+  CHECK(std::fscanf(m, "%lu %lu", &fs, &cap) == 2);
+  std::fclose(m);
+  CHECK(fs == file_size && cap == len);
+  CHECK(Umap::SparseStore::get_capacity(dir) == len);
+  {
+    Umap::SparseStore store(dir, true);
+    char* p = (char*)Umap::umap_ex(nullptr, len, PROT_READ, UMAP_PRIVATE, -1, 0, &store);
+    CHECK(p != UMAP_FAILED);
+    for (size_t i = 0; i < len; i++) CHECK(p[i] == byte(i));
+    CHECK(uunmap(p, len) == 0);
+  }
+  bool threw = false;
+  try {
+    Umap::SparseStore again(len, PAGE, dir, file_size);
+  } catch (const std::system_error& e) {
+    threw = e.code().value() == EEXIST;
+  }
+  CHECK(threw);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) return 2;
   std::string mode = argv[1];
@@ -106,6 +164,7 @@ int main(int argc, char** argv) {
   if (mode == "custom") rc = custom_store();
   else if (mode == "file" && argc > 2) rc = file_store(argv[2]);
   else if (mode == "failing") rc = failing_store();
+  else if (mode == "sparse" && argc > 2) rc = sparse_store(argv[2]);
   if (rc == 0) std::printf("ok %s\n", mode.c_str());
   return rc;
 }

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,7 +182,7 @@ static int open_read_only_64(const char *path, size_t *len, unsigned char **want
     return fd;
 }
 
-/* Run with UMAP_BUFSIZE=20, HIGH=80 (budget 16), LOW=30 (6 pages),
+/* Run with UMAP_BUFSIZE=20, HIGH=80 (16 pages), LOW=30 (6 pages),
  * READ_AHEAD=0 on a file of at least 64 pages. */
 static int watermarks(const char *path) {
     CHECK(umapcfg_get_max_pages_in_buffer() == 20);
@@ -190,11 +191,11 @@ static int watermarks(const char *path) {
     int fd = open_read_only_64(path, &len, &want);
     size_t pages = len / PAGE;
 
-    /* Low water: one page past the budget of 16 starts the evictor, which
-     * stops at 6 (BUFSIZE * LOW / 100), not just under the budget. */
+    /* Low water: the 16th page reaches the high-water mark and wakes the
+     * evictor, which stops at 6 (BUFSIZE * LOW / 100), not just under it. */
     unsigned char *p = umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 0);
     CHECK(p != UMAP_FAILED);
-    for (size_t i = 0; i < 17; i++) CHECK(p[i * PAGE] == want[i * PAGE]);
+    for (size_t i = 0; i < 16; i++) CHECK(p[i * PAGE] == want[i * PAGE]);
     size_t r = wait_resident_at_most(p, len, 6);
     printf("drained_to %zu\n", r);
     CHECK(r == 6);
@@ -207,7 +208,7 @@ static int watermarks(const char *path) {
 
     /* umap_fetch_and_pin: the 8 pinned pages are resident at once and
      * stay resident (with the right bytes) through a sweep of every other
-     * page, under a budget of 16 that evicts everything else. */
+     * page, under a buffer of 20 that evicts everything else. */
     p = umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 0);
     CHECK(p != UMAP_FAILED);
     umap_fetch_and_pin((char *)p, 8 * PAGE);
@@ -230,8 +231,8 @@ static int watermarks(const char *path) {
 }
 
 /* UMap's one buffer for all regions. Run with UMAP_BUFSIZE=32, HIGH=50
- * and LOW=50 (16 pages for every region together), READ_AHEAD=0, on a
- * file of at least 64 pages. */
+ * and LOW=50 (the evictors keep every region together at 16 pages),
+ * READ_AHEAD=0, on a file of at least 64 pages. */
 static int buffer(const char *path) {
     size_t len;
     unsigned char *want;
@@ -346,6 +347,151 @@ static int threads(const char *path) {
     return 0;
 }
 
+/* Checks that the file `fd` holds `len` bytes equal to `want`. */
+static void expect_file(int fd, const unsigned char *want, size_t len) {
+    unsigned char *got = malloc(len);
+    CHECK(pread(fd, got, len, 0) == (ssize_t)len);
+    CHECK(memcmp(got, want, len) == 0);
+    free(got);
+}
+
+/* Deterministic bytes of the direct-I/O file. */
+static unsigned char pattern(size_t i) { return (unsigned char)(i * 131 + i / PAGE * 7 + 1); }
+
+/* The file as UMap's programs open it: O_RDWR | O_DIRECT. Reads it back
+ * byte for byte through umap(), writes every page, flushes, checks the
+ * writes with pread on a buffered descriptor, then writes again and
+ * checks what uunmap wrote back. Creates `path` (64 pages) itself. */
+static int direct(const char *path) {
+    enum { PAGES = 64 };
+    size_t len = PAGES * PAGE;
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0);
+    unsigned char *want = malloc(len);
+    for (size_t i = 0; i < len; i++) want[i] = pattern(i);
+    CHECK(pwrite(fd, want, len, 0) == (ssize_t)len);
+    CHECK(fsync(fd) == 0);
+    close(fd);
+    int dfd = open(path, O_RDWR | O_DIRECT);
+    if (dfd < 0 && errno == EINVAL) {
+        printf("skip direct: %s refuses O_DIRECT\n", path);
+        printf("ok direct\n");
+        exit(0);
+    }
+    CHECK(dfd >= 0);
+    CHECK((fcntl(dfd, F_GETFL) & O_DIRECT) != 0);
+    unsigned char *p = umap(NULL, len, PROT_READ | PROT_WRITE, UMAP_PRIVATE, dfd, 0);
+    CHECK(p != UMAP_FAILED);
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] != want[i]) {
+            fprintf(stderr, "byte %zu: %d != %d\n", i, p[i], want[i]);
+            exit(1);
+        }
+    }
+    for (size_t pg = 0; pg < PAGES; pg++) {
+        p[pg * PAGE + 100] = (unsigned char)(0xA0 + pg);
+        want[pg * PAGE + 100] = (unsigned char)(0xA0 + pg);
+    }
+    CHECK(umap_flush() == 0);
+    int bfd = open(path, O_RDONLY);
+    CHECK(bfd >= 0);
+    expect_file(bfd, want, len);
+    for (size_t pg = 0; pg < PAGES; pg += 3) {
+        p[pg * PAGE + 4095] = 0x5A;
+        want[pg * PAGE + 4095] = 0x5A;
+    }
+    CHECK(uunmap(p, len) == 0);
+    expect_file(bfd, want, len);
+    close(bfd);
+    close(dfd);
+    free(want);
+    return 0;
+}
+
+/* A second thread's samples of the resident pages. mincore walks the
+ * range while pages come and go, so a walk racing with an install ahead
+ * of it and an eviction behind it counts both: the sampler asks the
+ * sweeping thread to hold still between two accesses (no fault in
+ * flight; evictors may still remove pages, which can only lower the
+ * count) and samples then. */
+struct sampler {
+    unsigned char *p;
+    size_t len;
+    atomic_int stop, want_pause, paused;
+    size_t max, samples;
+};
+
+static void *sample_resident(void *arg) {
+    struct sampler *s = arg;
+    while (!atomic_load(&s->stop)) {
+        atomic_store(&s->want_pause, 1);
+        while (!atomic_load(&s->paused) && !atomic_load(&s->stop)) {}
+        size_t r = resident(s->p, s->len);
+        atomic_store(&s->want_pause, 0);
+        while (atomic_load(&s->paused) && !atomic_load(&s->stop)) {}
+        if (r > s->max) s->max = r;
+        s->samples++;
+    }
+    return NULL;
+}
+
+/* The sweeping thread's side: holds still while the sampler samples. */
+static void hold_still(struct sampler *s) {
+    if (!atomic_load(&s->want_pause)) return;
+    atomic_store(&s->paused, 1);
+    while (atomic_load(&s->want_pause)) {}
+    atomic_store(&s->paused, 0);
+}
+
+/* UMAP_BUFSIZE is a bound: a second thread samples the region's resident
+ * pages (mincore) throughout a shuffled write sweep and a shuffled read
+ * sweep (checking every byte), on the signal engine or with fillers.
+ * Prints the largest count seen. */
+static int bound(const char *path) {
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    size_t len = (size_t)file_size(fd), pages = len / PAGE;
+    size_t buf = umapcfg_get_max_pages_in_buffer();
+    unsigned char *want = malloc(len);
+    CHECK(pread(fd, want, len, 0) == (ssize_t)len);
+    size_t *order = malloc(pages * sizeof *order);
+    for (size_t i = 0; i < pages; i++) order[i] = i;
+    srand(7);
+    for (size_t i = pages - 1; i > 0; i--) {
+        size_t j = (size_t)rand() % (i + 1), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    unsigned char *p = umap(NULL, len, PROT_READ | PROT_WRITE, UMAP_PRIVATE, fd, 0);
+    CHECK(p != UMAP_FAILED);
+    struct sampler s = {.p = p, .len = len};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, sample_resident, &s) == 0);
+    for (size_t k = 0; k < pages; k++) {
+        size_t pg = order[k];
+        hold_still(&s);
+        p[pg * PAGE + 17] = (unsigned char)(pg * 3 + 1);
+        want[pg * PAGE + 17] = (unsigned char)(pg * 3 + 1);
+    }
+    for (size_t k = pages; k-- > 0;) {
+        size_t pg = order[k];
+        hold_still(&s);
+        CHECK(memcmp(p + pg * PAGE, want + pg * PAGE, PAGE) == 0);
+    }
+    atomic_store(&s.stop, 1);
+    CHECK(pthread_join(t, NULL) == 0);
+    printf("buffer %zu pages, most resident seen %zu in %zu samples\n", buf, s.max, s.samples);
+    CHECK(s.samples > 10);
+    CHECK(s.max <= buf);
+    CHECK(uunmap(p, len) == 0);
+    /* Everything written reached the file. */
+    expect_file(fd, want, len);
+    close(fd);
+    free(want);
+    free(order);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     const char *mode = argv[1], *path = argv[2];
@@ -358,6 +504,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "watermarks")) rc = watermarks(path);
     else if (!strcmp(mode, "buffer")) rc = buffer(path);
     else if (!strcmp(mode, "prefetch")) rc = prefetch(path);
+    else if (!strcmp(mode, "direct")) rc = direct(path);
+    else if (!strcmp(mode, "bound")) rc = bound(path);
     if (rc == 0) printf("ok %s\n", mode);
     return rc;
 }
