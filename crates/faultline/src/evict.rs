@@ -36,7 +36,7 @@
 //!   REMOVE events and must not zap themselves) the fault is deferred and
 //!   the evictor asked to make room.
 //!
-//! How a batch is chosen and evicted is [`crate::fault::reclaim`]'s: one
+//! How a batch is chosen and evicted is `crate::fault::reclaim`'s: one
 //! victim lock per region (the policy), batched write-back, one
 //! `process_madvise` for the batch.
 //!

@@ -297,7 +297,7 @@ impl BudgetCore {
 /// region): each region built with [`crate::RegionBuilder::shared_budget`]
 /// charges its pages here (and counts them in its own [`EvictionStats`]),
 /// so all of them together never hold more than [`pages`](Self::pages)
-/// (see [`BudgetCore`]'s exceptions). From the high-water mark on, every
+/// (see `BudgetCore`'s exceptions). From the high-water mark on, every
 /// region's evictor evicts its own pages, by its own policy, until the
 /// total is down to the low-water mark; a fault that finds the total at
 /// the budget evicts pages of its own region first, or waits for the
