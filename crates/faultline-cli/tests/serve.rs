@@ -55,8 +55,9 @@ fn a_snapshot_in_redis_is_served_byte_for_byte() {
     assert_eq!(log.matches("hung up;").count(), 1, "{log}");
 }
 
-/// Runs `bench restore` on a 16 MiB file (10% working set, warm, one
-/// rep) with `configs` and `extra` arguments; its JSON and its pid.
+/// Runs `bench restore` on a 16 MiB file (10% working set, clustered
+/// unless `extra` names a `--pattern`, warm, one rep) with `configs` and
+/// `extra` arguments; its JSON and its pid.
 /// (`bench` is the lab's, behind faultline-cli's `bench` feature.)
 #[cfg(feature = "bench")]
 fn bench_restore(dir: &Dir, configs: &str, extra: &[&str]) -> (serde_json::Value, u32) {
@@ -79,6 +80,11 @@ fn bench_restore(dir: &Dir, configs: &str, extra: &[&str]) -> (serde_json::Value
             "--reps",
             "1",
         ][..],
+        if extra.contains(&"--pattern") {
+            &[]
+        } else {
+            &["--pattern", "clustered"][..]
+        },
         extra,
     ]
     .concat();
@@ -117,6 +123,28 @@ fn bench_restore_serves_from_redis() {
         "{}",
         dir.text("bench.err")
     );
+}
+
+/// `bench restore`'s sweep rows: serve's windows grow on the vCPUs'
+/// sweeps (far fewer faults than pages), and each row says its faults per
+/// page, per read(2), the handler's CPU time and the pages it wasted.
+#[test]
+#[cfg(feature = "bench")]
+fn bench_restore_sweep_rows_count_faults_per_page_and_wasted_pages() {
+    let dir = Dir::new("bench-sweep", MIB);
+    let (out, _) = bench_restore(&dir, "kernel,on-demand", &["--pattern", "sweep"]);
+    let records = out["records"].as_array().unwrap();
+    let row = records
+        .iter()
+        .find(|r| r["bench"] == "restore" && r["mechanism"] == "on-demand")
+        .unwrap_or_else(|| panic!("no on-demand row: {out}"));
+    assert_eq!(row["pattern"], "sweep", "{row}");
+    assert!(row["faults_per_page"].as_f64().unwrap() < 0.1, "{row}");
+    assert!(row["faults_per_read"].as_f64().unwrap() >= 1.0, "{row}");
+    assert!(row["handler_cpu_ms"].as_f64().unwrap() > 0.0, "{row}");
+    // The set is the first 10% of memory: a window may run past its end,
+    // by less than the largest window (512 pages) per vCPU.
+    assert!(row["wasted_pages"].as_f64().unwrap() < 2.0 * 512.0, "{row}");
 }
 
 /// `bench restore`'s shared-mode rows: the tmpfs copy is written (and

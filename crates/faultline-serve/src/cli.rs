@@ -9,6 +9,7 @@ use clap::Args;
 
 use crate::config::{LogFormat, MetricsAddr, ServeConfig, Source, Verify};
 use crate::server::Server;
+use faultline::HandlerWait;
 
 /// `faultline serve` arguments.
 #[derive(Args, Debug, Clone)]
@@ -41,9 +42,20 @@ pub struct ServeArgs {
     /// Handler threads (each peer is served by one of them). Default 1.
     #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::at_least_one)]
     pub threads: usize,
-    /// Fault-around: the read-ahead window grows up to this many pages
-    /// (0: one page per fault). Default 16.
-    #[arg(long, default_value_t = 16)]
+    /// How a handler thread waits for its peers' faults: `adaptive` spins
+    /// (polls without sleeping) while a peer faults and sleeps in poll(2)
+    /// 1 ms after its last message; `spin` never sleeps (a whole CPU per
+    /// handler thread); `poll` always sleeps (every fault pays the
+    /// handler's wake-up). Default adaptive.
+    #[arg(long, value_enum, default_value_t = EngineArg::Adaptive)]
+    pub engine: EngineArg,
+    /// The cap of a fault's window, in pages (0 or 1: one page per
+    /// fault). As the kernel's fault-around and read-ahead: an isolated
+    /// fault installs the aligned 16 pages around it (fewer with a smaller
+    /// cap); a fault where an earlier window ended continues that stream
+    /// and doubles its window, up to this cap. Default 512 (2 MiB of 4 KiB
+    /// pages).
+    #[arg(long, default_value_t = crate::config::FAULT_AROUND)]
     pub fault_around: usize,
     /// Write the pages the first peer's restore touched, in the order it
     /// first did and when, to FILE when it hangs up (one page per fault:
@@ -146,6 +158,28 @@ fn metrics_addr(s: &str) -> Result<MetricsAddr, String> {
         .map_err(|e: crate::metrics::EndpointError| e.to_string())
 }
 
+/// `--engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineArg {
+    /// Sleep in poll(2) between messages.
+    Poll,
+    /// Never sleep.
+    Spin,
+    /// Spin while a peer faults, sleep once it is idle.
+    Adaptive,
+}
+
+impl EngineArg {
+    /// The handler threads' wait this names.
+    pub fn wait(self) -> HandlerWait {
+        match self {
+            EngineArg::Poll => HandlerWait::Poll,
+            EngineArg::Spin => HandlerWait::Spin,
+            EngineArg::Adaptive => HandlerWait::ADAPTIVE,
+        }
+    }
+}
+
 /// `--verify`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum VerifyArg {
@@ -180,6 +214,7 @@ impl ServeArgs {
             timeout: self.timeout,
             peers: self.peers,
             threads: self.threads,
+            engine: self.engine.wait(),
             fault_around: self.fault_around,
             record: self.record.clone(),
             prefetch: self.prefetch.clone(),

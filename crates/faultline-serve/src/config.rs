@@ -15,6 +15,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use faultline::{HandlerWait, ReadaheadConfig};
+
 pub use faultline::Verify;
 
 /// The most handler threads (and prefetch helpers) a server starts: each
@@ -37,6 +39,13 @@ pub enum LogFormat {
     /// (`time`: seconds since the epoch).
     Json,
 }
+
+/// The default cap of a fault's window: 512 pages, 2 MiB of 4 KiB pages.
+pub const FAULT_AROUND: usize = 512;
+
+/// The window an isolated fault installs: the aligned 16 pages around it,
+/// the kernel's fault-around (`fault_around_bytes`, 64 KiB).
+pub const FAULT_AROUND_INITIAL: usize = 16;
 
 /// Where the snapshot's bytes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,8 +75,11 @@ pub struct ServeConfig {
     pub peers: Option<usize>,
     /// Handler threads. Default 1.
     pub threads: usize,
-    /// Fault-around: the read-ahead window grows up to this many pages
-    /// (0 or 1: one page per fault). Default 16.
+    /// How the handler threads wait for faults. Default adaptive.
+    pub engine: HandlerWait,
+    /// The largest window a fault installs, in pages (0 or 1: one page
+    /// per fault); see [`ServeConfig::readahead`]. Default
+    /// [`FAULT_AROUND`].
     pub fault_around: usize,
     /// Record the first peer's touch order to this file when it hangs up.
     pub record: Option<PathBuf>,
@@ -151,7 +163,8 @@ impl ServeConfig {
             timeout: Duration::from_secs(30),
             peers: None,
             threads: 1,
-            fault_around: 16,
+            engine: HandlerWait::ADAPTIVE,
+            fault_around: FAULT_AROUND,
             record: None,
             prefetch: None,
             prefetch_helpers: None,
@@ -165,6 +178,19 @@ impl ServeConfig {
             takeover: false,
             metrics: None,
             log_format: LogFormat::Text,
+        }
+    }
+
+    /// The read-ahead of a peer's regions: the kernel's fault-around
+    /// ([`FAULT_AROUND_INITIAL`] aligned pages) on an isolated fault, a
+    /// window doubling up to `fault_around` on a sequential stream; one
+    /// page per fault with `fault_around` 0 or 1.
+    pub fn readahead(&self) -> ReadaheadConfig {
+        if self.fault_around <= 1 {
+            ReadaheadConfig::off()
+        } else {
+            let cap = self.fault_around;
+            ReadaheadConfig::adaptive(FAULT_AROUND_INITIAL.min(cap), cap)
         }
     }
 

@@ -19,8 +19,22 @@ pub struct PeerSummary {
     pub features: Vec<String>,
     /// Fault messages.
     pub faults: u64,
+    /// `read(2)`s of its userfaultfd that returned messages (fault
+    /// messages per read: `faults / reads`).
+    #[serde(default)]
+    pub reads: u64,
+    /// CPU time of serve's handler threads (all peers') when this peer
+    /// ended, ms: what waiting for faults cost (see `--engine`).
+    #[serde(default)]
+    pub handler_cpu_ms: f64,
     /// Pages installed (faults, fault-around, prefetch).
     pub installed: u64,
+    /// Of those, pages a fault installed beside its own (fault-around and
+    /// read-ahead windows): the most the windows can have wasted (serve
+    /// cannot see which of them the peer touched; `bench restore`, which
+    /// knows the peer's working set, counts the wasted ones exactly).
+    #[serde(default)]
+    pub around: u64,
     /// Bytes read from the memory file (pages installed from it).
     pub bytes_read: u64,
     /// REMOVE events.

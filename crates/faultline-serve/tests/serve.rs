@@ -494,7 +494,7 @@ fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
     let missing = dir.path("missing.txt");
     let missing = missing.to_str().unwrap();
     for (i, (extra, why)) in [
-        (&["--engine", "poll"][..], "unexpected argument '--engine'"),
+        (&["--engine", "signal"][..], "invalid value 'signal'"),
         (&["--kill-peer-on-error"][..], "unexpected argument"),
         (&["--threads", "0"][..], "must be at least 1"),
         (&["--threads", "100000"][..], "100000 is more than the 1024"),
@@ -1199,4 +1199,142 @@ fn sigterm_with_takeover_leaves_the_peer_to_the_next_serve() {
             assert!(s.wait(WAIT).success(), "serve failed after SIGTERM");
         },
     );
+}
+
+/// CPU time (user + system, ms) of the threads of process `pid` whose name
+/// starts with `prefix` (`/proc/PID/task/TID/stat`, clock ticks), and how
+/// many such threads there are.
+fn threads_cpu_ms(pid: u32, prefix: &str) -> (f64, usize) {
+    let hz = faultline_sys::thread::clock_ticks_per_sec() as f64;
+    let (mut ticks, mut n) = (0u64, 0);
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the task list") {
+        let Ok(stat) = std::fs::read_to_string(t.expect("a task").path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        if !stat[open + 1..close].starts_with(prefix) {
+            continue;
+        }
+        // After the name: state (field 3) ... utime (14), stime (15).
+        let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        ticks += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+        n += 1;
+    }
+    (ticks as f64 * 1e3 / hz, n)
+}
+
+/// Starts serve for one peer, its summary to `serve.json`, with `extra`.
+fn serve_one(dir: &Dir, extra: &[&str]) -> Proc {
+    let json = dir.path("serve.json");
+    let mut args = vec!["--peers", "1", "--json", json.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    serve(dir, &args)
+}
+
+/// Serves a 4-vCPU peer that holds on for a while once verified, with
+/// `--engine ENGINE`; returns the handler thread's CPU time (ms) over 1 s
+/// of the peer's idleness, and the peer's summary.
+fn handler_cpu_while_idle(name: &str, engine: &str) -> (f64, serde_json::Value) {
+    let dir = Dir::new(name, 16 * MIB);
+    let mut s = serve_one(&dir, &["--engine", engine]);
+    let mut p = peer(
+        &dir,
+        "p",
+        &[
+            "--threads",
+            "4",
+            "--working-set",
+            "60",
+            "--verify-all",
+            "--hold-ms",
+            "1600",
+        ],
+    );
+    dir.wait_for("p.err", "holding for");
+    // Past the adaptive idle interval (1 ms) with a wide margin.
+    std::thread::sleep(Duration::from_millis(200));
+    let (before, threads) = threads_cpu_ms(s.pid(), "faultline-peer");
+    assert_eq!(threads, 1, "one handler thread");
+    std::thread::sleep(Duration::from_secs(1));
+    let (after, _) = threads_cpu_ms(s.pid(), "faultline-peer");
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let summary = summaries(&dir, "serve.json").remove(0);
+    (after - before, summary)
+}
+
+#[test]
+fn the_adaptive_engine_serves_four_vcpus_and_sleeps_once_the_peer_is_idle() {
+    let (idle_cpu, summary) = handler_cpu_while_idle("adaptive", "adaptive");
+    // Every byte was compared by the peer (--verify-all). The faults were
+    // read in batches, and the handler slept through the peer's idle
+    // second: a tick or two at most (clock ticks are 10 ms).
+    let (faults, reads) = (summary["faults"].as_u64(), summary["reads"].as_u64());
+    assert!(faults.unwrap() > 0 && reads.unwrap() > 0, "{summary}");
+    assert!(reads <= faults, "{summary}");
+    assert!(
+        summary["handler_cpu_ms"].as_f64().unwrap() > 0.0,
+        "{summary}"
+    );
+    assert!(idle_cpu <= 30.0, "{idle_cpu} ms of CPU over an idle second");
+    // The same measurement sees a handler that does not sleep.
+    let (spin_cpu, _) = handler_cpu_while_idle("spinning", "spin");
+    eprintln!("handler CPU over an idle second: adaptive {idle_cpu} ms, spin {spin_cpu} ms");
+    assert!(
+        spin_cpu >= 50.0 && spin_cpu > 3.0 * idle_cpu,
+        "spin {spin_cpu} ms vs adaptive {idle_cpu} ms over an idle second"
+    );
+}
+
+/// Serves one peer of a 16 MiB file with `serve_extra`, the peer running
+/// `peer_extra` (4 vCPUs, --json); returns serve's summary and the peer's
+/// report.
+fn served_once(
+    name: &str,
+    serve_extra: &[&str],
+    peer_extra: &[&str],
+) -> (serde_json::Value, serde_json::Value) {
+    let dir = Dir::new(name, 16 * MIB);
+    let pj = dir.path("peer.json");
+    let mut s = serve_one(&dir, serve_extra);
+    let mut args = vec!["--threads", "4", "--json", pj.to_str().unwrap()];
+    args.extend_from_slice(peer_extra);
+    let mut p = peer(&dir, "p", &args);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let report = serde_json::from_str(&dir.text("peer.json")).unwrap();
+    (summaries(&dir, "serve.json").remove(0), report)
+}
+
+#[test]
+fn windows_grow_on_sweeping_vcpus_and_isolated_faults_take_sixteen_pages() {
+    // Four vCPUs each sweep their share of the first 75% of memory; one
+    // handler reads all their faults. Each sweep is a stream of its own:
+    // 16, 32, ... 512 pages a fault (the default cap), every byte checked.
+    let sweep = ["--pattern", "sweep", "--working-set", "75", "--verify-all"];
+    let (s, p) = served_once("sweep", &[], &sweep);
+    let (faults, pages) = (s["faults"].as_u64().unwrap(), p["pages"].as_u64().unwrap());
+    assert_eq!(pages, 3072);
+    assert!(faults <= 64, "{faults} faults for {pages} pages: {s}");
+    // What the windows installed beyond the set: never touched, wasted;
+    // serve's `around` (pages installed beside a faulting one) bounds it.
+    let wasted = p["resident_pages"].as_u64().unwrap() - pages;
+    assert!(wasted <= s["around"].as_u64().unwrap(), "{s} {p}");
+    // The old cap of 16 takes one fault per 16 pages at best.
+    let (s16, _) = served_once("sweep16", &["--fault-around", "16"], &sweep);
+    assert!(s16["faults"].as_u64().unwrap() >= pages / 16, "{s16}");
+    // Scattered and clustered pages: an isolated fault installs its
+    // aligned 16 pages (the clusters' pages come a few to a fault), where
+    // one page per fault takes a fault per page and wastes nothing.
+    let (s1, p1) = served_once("single", &["--fault-around", "1"], &["--working-set", "10"]);
+    assert_eq!(s1["around"].as_u64(), Some(0), "{s1}");
+    assert_eq!(p1["resident_pages"], p1["pages"], "{p1}");
+    assert_eq!(s1["faults"], p1["pages"], "{s1}");
+    let (s, p) = served_once("clustered", &[], &["--working-set", "10"]);
+    let (faults, pages) = (s["faults"].as_u64().unwrap(), p["pages"].as_u64().unwrap());
+    assert!(faults * 2 < pages, "{faults} faults for {pages} pages: {s}");
+    let resident = p["resident_pages"].as_u64().unwrap();
+    assert_eq!(resident, s["installed"].as_u64().unwrap(), "{s} {p}");
 }

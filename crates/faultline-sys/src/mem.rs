@@ -441,6 +441,18 @@ pub fn is_mapped(addr: u64, len: usize) -> bool {
     r == 0 && vec[..pages].iter().all(|v| v & 1 == 1)
 }
 
+/// How many base pages of `[addr, addr+len)` are resident (`mincore`;
+/// for anonymous memory: mapped in this process).
+pub fn resident_pages_at(addr: u64, len: usize) -> Result<usize, MemError> {
+    let mut vec = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: `vec` has one entry per base page of the range; mincore only
+    // reads the page tables of the range and writes `vec`.
+    if unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) } != 0 {
+        return Err(last("mincore"));
+    }
+    Ok(vec.iter().filter(|v| *v & 1 == 1).count())
+}
+
 /// Anonymous mapping at a fixed address that must be free
 /// (`MAP_FIXED_NOREPLACE`).
 pub fn anon_at(addr: u64, len: usize) -> Result<Mapping, MemError> {

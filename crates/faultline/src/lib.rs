@@ -112,9 +112,9 @@ pub use fault::RegionStats;
 pub use foreign::snapshot;
 pub use foreign::{
     prepare_store, FaultKinds, ForeignEngine, ForeignEngineConfig, ForeignError, ForeignOptions,
-    ForeignPeer, ForeignRegionSpec, ForeignUffd, PeerBacking, PeerEvent, PeerStats, PeerTimes,
-    PrefetchPlan, ServiceTimes, SharedSnapshot, SnapshotError, Verify, SERVICE_BOUNDS_NS,
-    SERVICE_BUCKETS,
+    ForeignPeer, ForeignRegionSpec, ForeignUffd, HandlerStats, HandlerWait, PeerBacking, PeerEvent,
+    PeerStats, PeerTimes, PrefetchPlan, ServiceTimes, SharedSnapshot, SnapshotError, Verify,
+    SERVICE_BOUNDS_NS, SERVICE_BUCKETS,
 };
 pub use page::{MemoryKind, PageSize, ResolveOp};
 pub use policy::ReadaheadConfig;

@@ -27,6 +27,17 @@ pub enum Bad {
     Undeclared,
 }
 
+/// How the working set is laid out and shared between the vCPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pattern {
+    /// 70% in seeded clusters of 8-64 pages, the rest scattered; page `i`
+    /// of the set on vCPU `i % threads`.
+    Clustered,
+    /// The first pages of memory in address order (a guest re-reading its
+    /// memory); each vCPU sweeps its own contiguous share.
+    Sweep,
+}
+
 /// Where the peer's memory comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
@@ -70,6 +81,9 @@ pub struct PeerArgs {
     /// Working set, percent of memory.
     #[arg(long, default_value_t = 20.0)]
     pub working_set: f64,
+    /// How the working set is drawn.
+    #[arg(long, value_enum, default_value_t = Pattern::Clustered)]
+    pub pattern: Pattern,
     /// Seed of the working set.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

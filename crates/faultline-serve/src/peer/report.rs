@@ -15,6 +15,12 @@ pub struct PeerReport {
     pub p99_ns: u64,
     /// Bytes compared with the file.
     pub verified_bytes: u64,
+    /// Base pages of its regions resident once the working set was
+    /// touched, before any check (`mincore`; uffd backend only, else 0):
+    /// beyond the working set's pages, what the handler installed that no
+    /// vCPU touched (its windows' waste).
+    #[serde(default)]
+    pub resident_pages: u64,
     /// The peer's private anonymous memory after the working set (KiB,
     /// `RssAnon`): copy mode's copies, shared mode's written pages.
     #[serde(default)]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use faultline_sys::mem::{self, Advice};
 
-use super::args::PeerArgs;
+use super::args::{Backend, Pattern, PeerArgs};
 use super::layout::{Layout, PAGE};
 use super::procfs;
 use super::report::{say, PeerReport};
@@ -58,12 +58,16 @@ impl Rng {
     }
 }
 
-/// The seeded working set: 4 KiB pages (as (region, page)) in touch order,
-/// 70% in clusters of 8-64 pages, the rest scattered.
-pub fn working_set(layout: &Layout, pct: f64, seed: u64) -> Vec<(usize, usize)> {
+/// The working set: 4 KiB pages (as (region, page)) in touch order. The
+/// seeded one (`Clustered`): 70% in clusters of 8-64 pages, the rest
+/// scattered; `Sweep`: the first `pct`% of the pages in address order.
+pub fn working_set(layout: &Layout, pct: f64, seed: u64, pattern: Pattern) -> Vec<(usize, usize)> {
     let counts: Vec<usize> = layout.regions.iter().map(|r| r.1 / PAGE).collect();
     let total: usize = counts.iter().sum();
     let target = ((total as f64 * pct / 100.0) as usize).min(total);
+    if pattern == Pattern::Sweep {
+        return in_regions(&counts, 0..target);
+    }
     let mut taken = vec![false; total];
     let mut order = Vec::with_capacity(target);
     let mut rng = Rng::new(seed);
@@ -85,7 +89,12 @@ pub fn working_set(layout: &Layout, pct: f64, seed: u64) -> Vec<(usize, usize)> 
             }
         }
     }
-    order
+    in_regions(&counts, order)
+}
+
+/// Global page numbers as (region, page) of regions of `counts` pages.
+fn in_regions(counts: &[usize], pages: impl IntoIterator<Item = usize>) -> Vec<(usize, usize)> {
+    pages
         .into_iter()
         .map(|mut g| {
             let mut r = 0;
@@ -154,6 +163,15 @@ fn compute(d: Duration) {
     }
 }
 
+/// Whether vCPU `t` of `n` touches page `i` of a `len`-page working set:
+/// every `n`-th page (clustered), or its contiguous share (sweep).
+fn mine(pattern: Pattern, i: usize, t: usize, n: usize, len: usize) -> bool {
+    match pattern {
+        Pattern::Clustered => i % n == t,
+        Pattern::Sweep => i * n / len.max(1) == t,
+    }
+}
+
 /// An address range `(start, bytes)` of the peer's memory.
 type Range = (u64, usize);
 
@@ -193,6 +211,7 @@ pub fn touch(
 ) -> Touched {
     let regions = Arc::new(layout.regions.clone());
     let nthreads = args.threads.max(1);
+    let pattern = args.pattern;
     let touched = Arc::new(AtomicUsize::new(0));
     let pause_after = args
         .pause_at
@@ -229,7 +248,7 @@ pub fn touch(
             let mut first_ns = u64::MAX;
             let switches = procfs::thread_switches();
             for (i, &(r, p)) in ws.iter().enumerate() {
-                if i % nthreads != t {
+                if !mine(pattern, i, t, nthreads, ws.len()) {
                     continue;
                 }
                 if let Some(limit) = pause_after {
@@ -408,7 +427,7 @@ pub fn touch_and_check(
     layout: &Layout,
     (t0, sent_ns): (Instant, u64),
 ) -> anyhow::Result<PeerReport> {
-    let mut ws = working_set(layout, args.working_set, args.seed);
+    let mut ws = working_set(layout, args.working_set, args.seed, args.pattern);
     if args.jitter > 0.0 {
         ws = jittered(layout, &ws, args.jitter, args.run_seed);
     }
@@ -418,6 +437,12 @@ pub fn touch_and_check(
     let t = touch(args, layout, &ws, storm);
     let seconds = t.end.max(t0).duration_since(t0).as_secs_f64();
     let minor_faults = procfs::minor_faults() - minflt0;
+    let mut resident_pages = 0;
+    if args.backend == Backend::Uffd {
+        for &(addr, len, _) in &layout.regions {
+            resident_pages += mem::resident_pages_at(addr, len)? as u64;
+        }
+    }
     let (rss_anon_kib, rss_shmem_kib, rss_file_kib, hugetlb_kib) = procfs::rss_kib();
     let lat = &t.latencies;
     let pick = |q: f64| {
@@ -435,6 +460,7 @@ pub fn touch_and_check(
         median_ns: pick(0.5),
         p99_ns: pick(0.99),
         verified_bytes,
+        resident_pages,
         rss_anon_kib,
         rss_shmem_kib,
         rss_file_kib,
@@ -472,10 +498,18 @@ mod tests {
     #[test]
     fn a_working_set_is_the_seeds_own_and_covers_its_share_once() {
         let l = layout(&[3000, 1096]);
-        let a = working_set(&l, 20.0, 1);
+        let a = working_set(&l, 20.0, 1, Pattern::Clustered);
         assert_eq!(a.len(), 4096 / 5, "20% of 4096 pages");
-        assert_eq!(a, working_set(&l, 20.0, 1), "same seed, same set");
-        assert_ne!(a, working_set(&l, 20.0, 2), "another seed, another set");
+        assert_eq!(
+            a,
+            working_set(&l, 20.0, 1, Pattern::Clustered),
+            "same seed, same set"
+        );
+        assert_ne!(
+            a,
+            working_set(&l, 20.0, 2, Pattern::Clustered),
+            "another seed, another set"
+        );
         let mut seen = std::collections::HashSet::new();
         for &(r, p) in &a {
             assert!(p < [3000, 1096][r], "page {p} outside region {r}");
@@ -488,13 +522,29 @@ mod tests {
             .filter(|w| w[1] == (w[0].0, w[0].1 + 1))
             .count();
         assert!(runs > a.len() / 2, "{runs} of {} pages follow", a.len());
-        assert_eq!(working_set(&l, 100.0, 9).len(), 4096);
+        assert_eq!(working_set(&l, 100.0, 9, Pattern::Clustered).len(), 4096);
+    }
+
+    #[test]
+    fn a_sweep_is_memory_in_order_and_each_vcpu_sweeps_its_own_share() {
+        let l = layout(&[3000, 1096]);
+        let ws = working_set(&l, 100.0, 1, Pattern::Sweep);
+        assert_eq!(ws.len(), 4096);
+        assert_eq!((ws[0], ws[2999], ws[3000]), ((0, 0), (0, 2999), (1, 0)));
+        assert_eq!(working_set(&l, 50.0, 1, Pattern::Sweep), ws[..2048]);
+        for t in 0..3 {
+            let share: Vec<usize> = (0..ws.len())
+                .filter(|&i| mine(Pattern::Sweep, i, t, 3, ws.len()))
+                .collect();
+            assert!(share.windows(2).all(|w| w[1] == w[0] + 1), "contiguous");
+            assert!(share.len().abs_diff(ws.len() / 3) <= 1);
+        }
     }
 
     #[test]
     fn a_jittered_set_keeps_its_size_and_most_of_its_pages() {
         let l = layout(&[1024, 3072]);
-        let a = working_set(&l, 20.0, 1);
+        let a = working_set(&l, 20.0, 1, Pattern::Clustered);
         let j = jittered(&l, &a, 5.0, 7);
         assert_eq!(j.len(), a.len());
         let set: std::collections::HashSet<_> = a.iter().collect();

@@ -95,12 +95,11 @@ pub fn build(
 ) -> Result<Built, BuildError> {
     // A peer taken over does not record: its restore began elsewhere.
     let record = matches!(origin, Origin::Handed { .. }) && state.claim_record();
-    let fault_around = state.config.fault_around;
     let opts = ForeignOptions {
-        readahead: if record || fault_around <= 1 {
+        readahead: if record {
             ReadaheadConfig::off()
         } else {
-            ReadaheadConfig::adaptive(1, fault_around)
+            state.config.readahead()
         },
         record,
         shared: snapshot,

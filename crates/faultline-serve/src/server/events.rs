@@ -79,6 +79,7 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
     }
     let s = peer.stats();
     let times = peer.times();
+    let handler = state.engine.handler_stats();
     let summary = PeerSummary {
         peer: n,
         pid,
@@ -92,7 +93,10 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
             .map(|s| s.to_string())
             .collect(),
         faults: s.faults,
+        reads: s.reads,
+        handler_cpu_ms: handler.cpu.as_secs_f64() * 1e3,
         installed: s.regions.installed,
+        around: s.regions.around,
         bytes_read: s.bytes_read,
         removes: s.removes,
         removed_pages: s.removed_pages,
@@ -109,14 +113,18 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
         },
     };
     say(format_args!(
-        "peer {n} (pid {pid}): {outcome}; {} faults, {} pages installed, {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched",
+        "peer {n} (pid {pid}): {outcome}; {} faults in {} reads, {} pages installed ({} around faulting pages), {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched; handler threads' CPU so far {:.1} ms ({} sleeps)",
         s.faults,
+        s.reads,
         s.regions.installed,
+        s.regions.around,
         s.removes,
         s.removed_pages,
         s.deferred,
         s.regions.exists,
-        s.prefetched
+        s.prefetched,
+        handler.cpu.as_secs_f64() * 1e3,
+        handler.sleeps
     ));
     if let (true, Some(path), Some(id)) = (
         state.records(peer.id()),

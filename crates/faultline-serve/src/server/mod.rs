@@ -190,13 +190,14 @@ impl Server {
             )?)),
             None => None,
         };
-        // The foreign engine serves with handler threads polling the
+        // The foreign engine serves with handler threads reading the
         // peers' userfaultfds (the only kind that can serve another
-        // process: `signal` is refused).
+        // process: `signal` is refused), waiting as --engine says.
         let (engine, events) = ForeignEngine::new(
             EngineKind::Poll,
             ForeignEngineConfig {
                 threads: config.threads,
+                wait: config.engine,
                 prefetch_helpers: config
                     .prefetch_helpers
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),

@@ -1,13 +1,28 @@
-//! Per-thread read-ahead streams, lock-free so the SIGBUS handler can use
-//! them.
+//! Read-ahead streams, lock-free so the SIGBUS handler can use them.
 //!
 //! The algorithm is the pure [`ReadaheadConfig::on_fault`]; this file only
-//! keeps each stream's [`Stream`] in an atomic slot. A thread gets its
-//! slot at its first fault (a const-initialised thread-local index, safe
-//! to read in a signal handler) and keeps it: threads scanning different
-//! parts of a region do not reset each other's windows. Threads that
-//! share a slot (more threads than slots) race benignly: a window may
-//! start over.
+//! keeps each stream's [`Stream`] in an atomic slot, found one of two ways:
+//!
+//! 1. **By thread** ([`Streams::new`], local regions): a thread gets its
+//!    slot at its first fault (a const-initialised thread-local index,
+//!    safe to read in a signal handler) and keeps it: threads scanning
+//!    different parts of a region do not reset each other's windows.
+//!    Threads that share a slot (more threads than slots) race benignly: a
+//!    window may start over.
+//! 2. **By address** ([`Streams::by_address`], a peer's regions): one
+//!    handler thread reads the faults of all the peer's threads, so the
+//!    reading thread says nothing of the faulting one. A fault continues
+//!    the stream whose window ended at its page (any slot); a fault that
+//!    continues none takes the next slot round-robin, as the kernel's
+//!    read-ahead tells streams apart by where they are, not by who reads.
+//!
+//!    ```text
+//!      vCPU 0 sweeps 0.., vCPU 1 sweeps 4096..; one handler reads both
+//!      fault 0     no stream ends at 0     slot a: [0, 16)     next 16
+//!      fault 4096  none ends at 4096       slot b: [4096, 4112) next 4112
+//!      fault 16    slot a ends at 16       slot a: [16, 48)    next 48
+//!      fault 4112  slot b ends at 4112     slot b: [4112, 4144) ...
+//!    ```
 //!
 //! A slot packs the stream into one word, so it is read and written with
 //! one atomic each:
@@ -60,6 +75,10 @@ fn unpack(v: u64) -> Stream {
 pub(crate) struct Streams {
     config: ReadaheadConfig,
     slots: Box<[AtomicU64]>,
+    /// Streams found by where they end, not by thread (see the module
+    /// docs); `victim` is the next slot a new stream takes.
+    by_address: bool,
+    victim: AtomicU32,
 }
 
 impl Streams {
@@ -76,6 +95,17 @@ impl Streams {
         Streams {
             config,
             slots: (0..n).map(|_| AtomicU64::new(pack(Stream::NEW))).collect(),
+            by_address: false,
+            victim: AtomicU32::new(0),
+        }
+    }
+
+    /// Streams told apart by where they are (a handler reading the faults
+    /// of many threads, see the module docs).
+    pub fn by_address(config: ReadaheadConfig) -> Streams {
+        Streams {
+            by_address: true,
+            ..Streams::new(config)
         }
     }
 
@@ -90,13 +120,24 @@ impl Streams {
         if self.slots.is_empty() {
             return self.config.on_fault(Stream::NEW, page, pages).0;
         }
-        let me = SLOT.with(|s| {
-            if s.get() == u32::MAX {
-                s.set(NEXT_SLOT.fetch_add(1, Relaxed));
-            }
-            s.get()
-        });
-        let slot = &self.slots[me as usize % self.slots.len()];
+        let slot = if self.by_address {
+            let ends_here = self
+                .slots
+                .iter()
+                .find(|s| unpack(s.load(Relaxed)).next == page);
+            ends_here.unwrap_or_else(|| {
+                let i = self.victim.fetch_add(1, Relaxed) as usize;
+                &self.slots[i % self.slots.len()]
+            })
+        } else {
+            let me = SLOT.with(|s| {
+                if s.get() == u32::MAX {
+                    s.set(NEXT_SLOT.fetch_add(1, Relaxed));
+                }
+                s.get()
+            });
+            &self.slots[me as usize % self.slots.len()]
+        };
         let (w, next) = self
             .config
             .on_fault(unpack(slot.load(Relaxed)), page, pages);
@@ -137,5 +178,30 @@ mod tests {
         // Another thread's stream starts from scratch.
         let other = std::thread::scope(|t| t.spawn(|| s.window(60 - 1, 60)).join().unwrap());
         assert_eq!(other, 58..60);
+    }
+
+    #[test]
+    fn interleaved_sweeps_read_by_one_thread_each_grow_their_window() {
+        let s = Streams::by_address(ReadaheadConfig::adaptive(16, 256));
+        let n = 1 << 16;
+        let (mut a, mut b) = (0, 1 << 15);
+        let (mut la, mut lb) = (Vec::new(), Vec::new());
+        while a < 2048 {
+            let w = s.window(a, n);
+            la.push(w.len());
+            a = w.end;
+            let w = s.window(b, n);
+            lb.push(w.len());
+            b = w.end;
+        }
+        assert_eq!(la[..6], [16, 32, 64, 128, 256, 256]);
+        assert_eq!(la, lb);
+        // Keyed by thread, the two sweeps read by this one thread reset
+        // each other: every window is the fault-around one.
+        let t = Streams::new(ReadaheadConfig::adaptive(16, 256));
+        let lens: Vec<usize> = (0..8)
+            .map(|i| t.window(if i % 2 == 0 { i * 8 } else { 1 << 15 }, n).len())
+            .collect();
+        assert!(lens.iter().all(|&l| l == 16), "{lens:?}");
     }
 }

@@ -285,7 +285,14 @@ pub(crate) fn resolve(
             Some(_) => PageState::ReadOnly,
             None => PageState::Writable,
         };
+        let mut around = match step {
+            Step::Done if matches!(origin, Origin::Fault) => run.len() - 1,
+            _ => 0,
+        };
         for (hole, at) in holes.filled(run_pages, ps) {
+            if matches!(origin, Origin::Fault) {
+                around += hole.len();
+            }
             let (dst, bytes) = (r.pages.addr(hole.start), r.pages.bytes(hole.len()) as u64);
             let clean = r.budget.is_some();
             let out = copy_run(
@@ -311,6 +318,9 @@ pub(crate) fn resolve(
                 ahead,
                 installed,
             );
+        }
+        if around > 0 {
+            r.stats.around.fetch_add(around as u64, Relaxed);
         }
         match step {
             Step::Done | Step::Exists => return Resolution::Resolved,

@@ -37,6 +37,7 @@ use faultline_sys::uffd::Uffd;
 pub(crate) struct Counters {
     pub faults: AtomicU64,
     pub installed: AtomicU64,
+    pub around: AtomicU64,
     pub ioctls: AtomicU64,
     pub store_fills: AtomicU64,
     pub zero_copy_fills: AtomicU64,
@@ -56,6 +57,10 @@ pub struct RegionStats {
     pub faults: u64,
     /// Region pages installed (fault-around counts every page).
     pub installed: u64,
+    /// Of those, pages a fault installed beside its own (its fault-around
+    /// or read-ahead window): what the window bet on. The ones never
+    /// touched are wasted.
+    pub around: u64,
     /// Resolve ioctls that installed something.
     pub ioctls: u64,
     /// Pages read through `PageStore::fill`.
@@ -83,6 +88,7 @@ impl Counters {
         RegionStats {
             faults: self.faults.load(Relaxed),
             installed: self.installed.load(Relaxed),
+            around: self.around.load(Relaxed),
             ioctls: self.ioctls.load(Relaxed),
             store_fills: self.store_fills.load(Relaxed),
             zero_copy_fills: self.zero_copy_fills.load(Relaxed),

@@ -6,6 +6,8 @@
 //!
 //!   handler thread (Worker), one per slot:
 //!     poll(2) over: the slot's wake eventfd, per peer its uffd + hang-up fd
+//!       (timeout 0 while spinning, see 4; else until the next deferred
+//!       fault is due, at most 200 ms)
 //!       uffd readable   ─► the one handler loop (engine/handler.rs) over
 //!                          that peer: read under its copy gate, events
 //!                          first (REMOVE), then faults ─► fault::resolve
@@ -31,14 +33,33 @@
 //!    [`ForeignEngine::remove`] change a slot's list and wake its thread,
 //!    which takes a copy of the list and forgets the deferred faults of
 //!    peers it no longer serves.
+//! 4. **No sleeping handler on a busy peer** ([`HandlerWait`]). A thread
+//!    asleep in `poll(2)` costs every fault its own wake-up before the
+//!    copy starts. With `Adaptive` (the default) the thread polls with a
+//!    zero timeout (yielding the CPU between empty polls) as long as a
+//!    message came within the idle interval, and sleeps in `poll(2)` once
+//!    none did:
+//!
+//!    ```text
+//!      messages:  ||| |||||  ||                              |||
+//!      thread:    spin ─────────────┤idle├ sleep in poll(2) ─┤ spin ...
+//!                                   1 ms
+//!    ```
+//!
+//!    An idle peer costs at most the idle interval of CPU per burst of
+//!    faults; `Spin` never sleeps (a whole CPU per thread), `Poll` always
+//!    does. Each thread's CPU time (`getrusage(RUSAGE_THREAD)`, updated
+//!    before it sleeps and every 256 empty polls) is in
+//!    [`ForeignEngine::handler_stats`].
 
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::config::ForeignEngineConfig;
+use super::config::{ForeignEngineConfig, HandlerWait};
 use super::error::ForeignError;
 use super::peer::{ForeignPeer, PeerEvent};
 use super::prefetch::{self, prefetch_chunk, Work};
@@ -60,6 +81,25 @@ struct Slot {
     changed: AtomicBool,
     /// Wakes the thread from `poll(2)` (a peer added or removed, stop).
     wake: EventFd,
+    /// The thread's CPU time, microseconds (see [`Worker::account`]).
+    cpu_us: AtomicU64,
+    /// Sleeps in `poll(2)` (a timeout other than 0).
+    sleeps: AtomicU64,
+    /// Polls with a zero timeout that found nothing (spinning).
+    empty_spins: AtomicU64,
+}
+
+/// What the handler threads of a [`ForeignEngine`] cost, summed over the
+/// threads.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HandlerStats {
+    /// CPU time (user + system) of the handler threads, as of each
+    /// thread's last sleep or its last 256 empty polls.
+    pub cpu: Duration,
+    /// Times a thread went to sleep in `poll(2)`.
+    pub sleeps: u64,
+    /// Polls with a zero timeout that found nothing (the spinning).
+    pub empty_spins: u64,
 }
 
 /// The peers of every slot with prefetch pending.
@@ -120,6 +160,9 @@ impl ForeignEngine {
                     what: "an eventfd",
                     source,
                 })?,
+                cpu_us: AtomicU64::new(0),
+                sleeps: AtomicU64::new(0),
+                empty_spins: AtomicU64::new(0),
             });
             let (s, tx, cfg) = (slot.clone(), tx.clone(), cfg.clone());
             threads.push(
@@ -190,6 +233,18 @@ impl ForeignEngine {
             }
         }
         None
+    }
+
+    /// What the handler threads cost so far (CPU time, sleeps, empty
+    /// spins).
+    pub fn handler_stats(&self) -> HandlerStats {
+        let mut h = HandlerStats::default();
+        for s in &self.slots {
+            h.cpu += Duration::from_micros(s.cpu_us.load(Relaxed));
+            h.sleeps += s.sleeps.load(Relaxed);
+            h.empty_spins += s.empty_spins.load(Relaxed);
+        }
+        h
     }
 
     /// The peers being served.
@@ -300,7 +355,13 @@ struct Worker {
     handler: Handler<Peers>,
     chunk: usize,
     next_prefetch: usize,
+    wait: HandlerWait,
+    /// When a read last returned messages.
+    last_msg: Instant,
 }
+
+/// Empty spins between two updates of a spinning thread's CPU time.
+const ACCOUNT_EVERY: u64 = 256;
 
 impl Worker {
     fn new(slot: Arc<Slot>, tx: Sender<PeerEvent>, cfg: &ForeignEngineConfig) -> Worker {
@@ -314,6 +375,16 @@ impl Worker {
             handler: Handler::new(peers, cfg.batch),
             chunk: cfg.prefetch_chunk_bytes.max(PageSize::BASE.bytes()),
             next_prefetch: 0,
+            wait: cfg.wait,
+            last_msg: Instant::now(),
+        }
+    }
+
+    /// Publishes this thread's CPU time so far.
+    fn account(&self) {
+        if let Ok(u) = faultline_sys::process::thread_usage() {
+            let us = ((u.user_seconds + u.system_seconds) * 1e6) as u64;
+            self.slot.cpu_us.store(us, Relaxed);
         }
     }
 
@@ -344,11 +415,16 @@ impl Worker {
                 });
             }
             let prefetching = self.peers.iter().any(|p| p.prefetch_pending());
-            let timeout = if prefetching {
+            let spinning = !prefetching && self.wait.spins(self.last_msg.elapsed());
+            let timeout = if prefetching || spinning {
                 0
             } else {
                 poll_timeout(self.handler.next_due(), IDLE_MS)
             };
+            if timeout != 0 {
+                self.account();
+                self.slot.sleeps.fetch_add(1, Relaxed);
+            }
             if poll::poll(&mut fds, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
@@ -357,9 +433,11 @@ impl Worker {
                 self.slot.wake.drain();
             }
             let mut dropped: Vec<(u64, PeerEvent)> = Vec::new();
+            let ready = fds.iter().any(|f| f.revents != 0);
             for (i, p) in self.peers.clone().iter().enumerate() {
                 let (u, h) = (fds[1 + 2 * i].revents, fds[2 + 2 * i].revents);
                 if u & events::IN != 0 {
+                    self.last_msg = Instant::now();
                     if let Err(error) = self.serve(p) {
                         dropped.push((
                             p.id,
@@ -402,8 +480,17 @@ impl Worker {
             // bounded prefetch step, and back to poll (timeout 0).
             if prefetching {
                 self.prefetch_step();
+            } else if spinning && !ready {
+                let n = self.slot.empty_spins.fetch_add(1, Relaxed) + 1;
+                if n.is_multiple_of(ACCOUNT_EVERY) {
+                    self.account();
+                }
+                // Two vCPUs may be shared with the peer's own threads:
+                // give them the CPU if they want it.
+                std::thread::yield_now();
             }
         }
+        self.account();
     }
 
     /// Stops serving peer `id` (it was dropped).
@@ -449,6 +536,9 @@ impl Worker {
             let n = self
                 .handler
                 .read(p, || p.copy_gate.write().expect("copy gate"))?;
+            if n > 0 {
+                p.stats.reads.fetch_add(1, Relaxed);
+            }
             if n < self.handler.batch() {
                 return Ok(());
             }

@@ -106,8 +106,10 @@ pub mod snapshot;
 mod store;
 mod uffd;
 
-pub use config::{ForeignEngineConfig, ForeignOptions, ForeignRegionSpec, PREFETCH_HELPER_PIECE};
-pub use engine::ForeignEngine;
+pub use config::{
+    ForeignEngineConfig, ForeignOptions, ForeignRegionSpec, HandlerWait, PREFETCH_HELPER_PIECE,
+};
+pub use engine::{ForeignEngine, HandlerStats};
 pub use error::ForeignError;
 pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes, RemoveJournal};
 pub use plan::{prepare_store, PrefetchPlan};

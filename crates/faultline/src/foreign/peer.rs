@@ -57,6 +57,7 @@ use faultline_sys::uffd::{feature, pagefault_flag};
 #[derive(Debug, Default)]
 pub(super) struct PeerCounters {
     pub faults: AtomicU64,
+    pub reads: AtomicU64,
     pub removes: AtomicU64,
     pub removed_pages: AtomicU64,
     pub other_events: AtomicU64,
@@ -97,6 +98,9 @@ pub(super) struct PeerClock {
 pub struct PeerStats {
     /// Fault messages read.
     pub faults: u64,
+    /// `read(2)`s of its userfaultfd that returned messages (fault
+    /// messages per read: `faults / reads`).
+    pub reads: u64,
     /// REMOVE events read.
     pub removes: u64,
     /// Whole pages those events dropped.
@@ -195,7 +199,7 @@ impl ForeignRegion {
             kind,
             op,
             zeropage_reads: false,
-            readahead: Streams::new(opts.readahead),
+            readahead: Streams::by_address(opts.readahead),
             max_run_pages,
             store: rstore,
             residency: Residency::new(pages.count()),
@@ -470,6 +474,7 @@ impl ForeignPeer {
             bytes_read += (s.store_fills + s.zero_copy_fills) * r.state.pages.size().bytes() as u64;
             regions.faults += s.faults;
             regions.installed += s.installed;
+            regions.around += s.around;
             regions.ioctls += s.ioctls;
             regions.store_fills += s.store_fills;
             regions.zero_copy_fills += s.zero_copy_fills;
@@ -482,6 +487,7 @@ impl ForeignPeer {
         }
         PeerStats {
             faults: c.faults.load(Relaxed),
+            reads: c.reads.load(Relaxed),
             removes: c.removes.load(Relaxed),
             removed_pages: c.removed_pages.load(Relaxed),
             other_events: c.other_events.load(Relaxed),

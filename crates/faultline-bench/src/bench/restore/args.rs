@@ -12,6 +12,12 @@ pub struct RestoreArgs {
     /// Working sets, percent of memory (each more than 0, at most 100).
     #[arg(long, default_value = "10,30", value_delimiter = ',', value_parser = faultline_cli_support::flags::float(0.0, 100.0, true))]
     pub working_set: Vec<f64>,
+    /// Working-set patterns: `clustered` (70% in seeded clusters of 8-64
+    /// pages, the rest scattered, page i on vCPU i % vCPUs) and `sweep`
+    /// (the first pages of memory in address order, each vCPU sweeping
+    /// its own share: a guest re-reading its memory). Default both.
+    #[arg(long, value_delimiter = ',', default_value = "clustered,sweep")]
+    pub pattern: Vec<String>,
     /// vCPU threads of the peer (1 to the threads this machine can still
     /// start).
     #[arg(long, default_value_t = 2, value_parser = faultline_cli_support::flags::threads(1))]
@@ -24,8 +30,10 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Configurations to run (the ratios need kernel, baseline and
-    /// on-demand). Default: all but on-demand-huge and prefetch-huge
-    /// (they reserve 2 MiB pages for the peer: ask for them).
+    /// on-demand). Default: all but on-demand-poll (serve's handler
+    /// sleeping in poll(2) between faults, as before the adaptive engine),
+    /// on-demand-huge and prefetch-huge (they reserve 2 MiB pages for the
+    /// peer: ask for them).
     #[arg(
         long,
         value_delimiter = ',',
@@ -73,10 +81,11 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 14] = [
+pub const CONFIGS: [&str; 15] = [
     "kernel",
     "baseline",
     "on-demand",
+    "on-demand-poll",
     "prefetch",
     "prefetch-idle",
     "eager",
@@ -89,6 +98,9 @@ pub const CONFIGS: [&str; 14] = [
     "on-demand-shared-huge",
     "prefetch-shared-huge",
 ];
+
+/// Patterns `--pattern` accepts.
+pub const PATTERNS: [&str; 2] = ["clustered", "sweep"];
 
 /// Configurations that use the shared copy on hugetlbfs.
 pub fn uses_huge_snapshot(cfg: &str) -> bool {
@@ -123,4 +135,12 @@ fn memory_size(s: &str) -> Result<usize, String> {
         ));
     }
     usize::try_from(v).map_err(|_| format!("{v} does not fit this machine's address space"))
+}
+
+/// A working set's name in tables: `10%`, `10% sweep`.
+pub fn ws_label((ws, pattern): (f64, &str)) -> String {
+    match pattern {
+        "clustered" => format!("{ws}%"),
+        p => format!("{ws}% {p}"),
+    }
 }

@@ -279,11 +279,12 @@ fn timed_runs(
 
 /// Prints and records the floors per working set: what moving its bytes
 /// costs at best.
-pub fn print(ctx: &mut BenchCtx, floors: &[(f64, Floor)]) {
+/// `floors`: (percent, the working set's name, its floors).
+pub fn print(ctx: &mut BenchCtx, floors: &[(f64, String, Floor)]) {
     let ms = |bytes: usize, bps: f64| format!("{:.1}", bytes as f64 / bps * 1e3);
     let gbs = |bps: f64| format!("{:.2}", bps / 1e9);
     let mut rows = Vec::new();
-    for (ws, f) in floors {
+    for (ws, label, f) in floors {
         let cases = [
             ("memcpy", f.memcpy_bps),
             ("MADV_POPULATE_READ of the source", f.populate_bps),
@@ -324,12 +325,13 @@ pub fn print(ctx: &mut BenchCtx, floors: &[(f64, Floor)]) {
             ctx.report.push(
                 Record::new("restore-floor", &what, "CONTINUE", "read", &s)
                     .with("working_set_pct", *ws)
+                    .with("working_set", label.as_str())
                     .with("bytes", bytes as u64)
                     .with("ms", secs * 1e3)
                     .with("bytes_per_second", bps),
             );
             rows.push(vec![
-                format!("{ws}%"),
+                label.clone(),
                 what,
                 format!("{}", bytes >> 20),
                 gbs(bps),
@@ -341,12 +343,13 @@ pub fn print(ctx: &mut BenchCtx, floors: &[(f64, Floor)]) {
             ctx.report.push(
                 Record::new("restore-floor", what, "COPY", "read", &s)
                     .with("working_set_pct", *ws)
+                    .with("working_set", label.as_str())
                     .with("bytes", f.bytes as u64)
                     .with("run_bytes", f.run_bytes as u64)
                     .with("bytes_per_second", bps),
             );
             rows.push(vec![
-                format!("{ws}%"),
+                label.clone(),
                 what.to_string(),
                 format!("{}", f.bytes >> 20),
                 gbs(bps),

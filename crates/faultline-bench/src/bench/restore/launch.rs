@@ -72,7 +72,9 @@ impl<'a> Mode<'a> {
 }
 
 /// What every process of a bench run shares: where its files are, the
-/// memory file, the peer's vCPUs and how serve reads the memory.
+/// memory file, the peer's vCPUs and working-set pattern, and how serve
+/// reads the memory.
+#[derive(Clone, Copy)]
 pub struct Launcher<'a> {
     /// Sockets, JSON reports and logs go here.
     pub dir: &'a Path,
@@ -80,6 +82,8 @@ pub struct Launcher<'a> {
     pub mem: &'a Path,
     /// The peer's vCPU threads.
     pub vcpus: usize,
+    /// The peer's working-set pattern (`peer --pattern`).
+    pub pattern: &'a str,
     /// serve reads this Redis store instead of the memory file.
     pub store: Option<&'a str>,
     /// `serve --prefetch-helpers N`.
@@ -108,6 +112,8 @@ impl Launcher<'_> {
             &ws.to_string(),
             "--compute-us",
             &self.compute_us.to_string(),
+            "--pattern",
+            self.pattern,
         ]);
         match backing {
             Backing::Uffd(s) => cmd.arg("--socket").arg(s),

@@ -8,7 +8,8 @@
 //! * `baseline`: a handler written like Firecracker's example (one thread
 //!   in this process, one page per fault, `UFFDIO_COPY` from a mapping of
 //!   the file);
-//! * `on-demand`: `faultline serve` (poll engine, fault-around up to 16);
+//! * `on-demand`: `faultline serve` (its defaults: the adaptive engine,
+//!   16-page fault-around growing to 512 on sequential streams);
 //! * `prefetch`: `faultline serve --prefetch` of the set a `--record` run
 //!   of the same working set wrote (recorded once, warm, before);
 //! * `eager`: `faultline serve --prefetch` of every page of the file
@@ -34,10 +35,20 @@
 //! file's page cache; the tmpfs copy stays in memory (it *is* the shared
 //! cache; dropping it means populating it again, the cost reported).
 //!
+//! Working sets (`--working-set` percent, for each `--pattern`):
+//! `clustered` (70% in seeded clusters of 8-64 pages, the rest scattered,
+//! the vCPUs taking turns) and `sweep` (the first pages of memory in order,
+//! each vCPU sweeping its share: a guest re-reading its memory).
+//!
 //! Reported: seconds from the handshake to the last working-set page
 //! touched (the peer measures it), first-touch latency seen by the vCPU
-//! threads (median, p99), demand faults and bytes read by the handler;
-//! medians over `--reps`. Cold runs drop the file's page cache before each
+//! threads (median, p99), demand faults and bytes read by the handler,
+//! faults per working-set page and per `read(2)` of the userfaultfd,
+//! serve's handler-thread CPU time (what its `--engine` wait costs), and
+//! wasted pages (installed by a window, never touched: the peer's resident
+//! pages beyond its set); medians over `--reps`. `on-demand-poll` (asked
+//! for by name) is `on-demand` with serve's handler sleeping in `poll(2)`
+//! between faults, the engine before the adaptive one. Cold runs drop the file's page cache before each
 //! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root).
 //!
 //! How a run goes, and where each step lives:
@@ -82,7 +93,7 @@ use anyhow::{bail, Context};
 use faultline_cli_support::cleanup;
 
 pub use args::RestoreArgs;
-use args::CONFIGS;
+use args::{ws_label, CONFIGS, PATTERNS};
 use floor::Floor;
 use launch::Launcher;
 use memory::{drop_cache, is_root, warm, write_mem, Copies, Evictor};
@@ -132,6 +143,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         dir,
         mem: &mem,
         vcpus: a.vcpus,
+        pattern: a.pattern.first().map_or("clustered", String::as_str),
         store: a.store.as_deref(),
         prefetch_helpers: a.prefetch_helpers,
         prefetch_idle: a.prefetch_idle,
@@ -147,9 +159,10 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     };
     let root = is_root();
     print_setup(a, root);
-    let steps = (a.working_set.len() * a.cache.len() * a.configs.len() * a.reps) as u64;
+    let steps =
+        (a.pattern.len() * a.working_set.len() * a.cache.len() * a.configs.len() * a.reps) as u64;
     let mut progress = ctx.progress(steps, "restore");
-    let session = Session {
+    let mut session = Session {
         a,
         l,
         copies: &copies,
@@ -163,19 +176,29 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     };
     let mut results = Results::default();
     let mut floors = Vec::new();
-    for &ws in &a.working_set {
-        let (floor, per_cache) = session.working_set(ws, &mut progress)?;
-        floors.push((ws, floor));
-        for (cache, medians) in a.cache.iter().zip(per_cache) {
-            results.add(ctx, a, (ws, cache), &medians, &floor);
+    for pattern in &a.pattern {
+        session.l.pattern = pattern;
+        for &ws in &a.working_set {
+            let set = (ws, pattern.as_str());
+            let (floor, per_cache) = session.working_set(ws, &mut progress)?;
+            floors.push((ws, ws_label(set), floor));
+            for (cache, medians) in a.cache.iter().zip(per_cache) {
+                results.add(ctx, a, (set, cache), &medians, &floor);
+            }
         }
     }
     progress.finish();
     results.print(ctx, a, &copies.populated, &floors)
 }
 
-/// Refuses unknown configurations and cache states before any work.
+/// Refuses unknown configurations, patterns and cache states before any
+/// work.
 fn check_names(a: &RestoreArgs) -> anyhow::Result<()> {
+    for p in &a.pattern {
+        if !PATTERNS.contains(&p.as_str()) {
+            bail!("unknown pattern {p:?} (known: {})", PATTERNS.join(", "));
+        }
+    }
     for c in &a.configs {
         if !CONFIGS.contains(&c.as_str()) {
             bail!(
@@ -258,7 +281,7 @@ impl Session<'_> {
         progress: &mut Progress,
     ) -> anyhow::Result<(Floor, Vec<Medians>)> {
         let (a, mem) = (self.a, self.l.mem);
-        let rec = self.l.dir.join(format!("ws{ws}.txt"));
+        let rec = self.l.dir.join(format!("ws{ws}-{}.txt", self.l.pattern));
         warm(mem)?;
         let ws_bytes = ((a.size as f64 * ws / 100.0) as usize).max(2 << 20);
         let snap = self.copies.snap.0.as_path();
@@ -295,7 +318,8 @@ impl Session<'_> {
         let mut all_runs: Vec<Vec<Run>> = a.configs.iter().map(|_| Vec::new()).collect();
         for rep in 0..a.reps.max(1) {
             for (cfg, runs) in a.configs.iter().zip(&mut all_runs) {
-                progress.step(&format!("ws {ws}% {cache} {cfg} {rep}"));
+                let set = ws_label((ws, self.l.pattern));
+                progress.step(&format!("ws {set} {cache} {cfg} {rep}"));
                 if cold {
                     drop_cache(mem, self.root)?;
                 } else {

@@ -12,9 +12,14 @@ use crate::harness::report::{fmt_ratio, print_table, Record};
 use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
 
-use super::args::{uses_huge_snapshot, uses_snapshot, RestoreArgs};
+use super::args::{uses_huge_snapshot, uses_snapshot, ws_label, RestoreArgs};
 use super::floor::{self, Floor};
 use super::runs::Run;
+
+/// Demand faults per working-set page.
+fn per_page(m: &Run) -> f64 {
+    m.faults as f64 / m.pages.max(1) as f64
+}
 use super::timeline;
 
 /// The tables and the figure, filled in as the medians come.
@@ -38,10 +43,12 @@ impl Results {
         &mut self,
         ctx: &mut BenchCtx,
         a: &RestoreArgs,
-        (ws, cache): (f64, &str),
+        (set, cache): ((f64, &str), &str),
         medians: &[(String, Run)],
         floor: &Floor,
     ) {
+        let (ws, pattern) = set;
+        let label = ws_label(set);
         let cold = cache == "cold";
         let mut bars: Vec<(String, f64)> = medians
             .iter()
@@ -65,10 +72,10 @@ impl Results {
                 ));
             }
         }
-        self.groups.push((format!("{ws}% {cache}"), bars));
+        self.groups.push((format!("{label} {cache}"), bars));
         if let Some(m) = medians.iter().find(|m| m.0 == "prefetch") {
             self.prepared
-                .push((format!("{ws}% {cache} prefetch"), m.1.prepare_ms));
+                .push((format!("{label} {cache} prefetch"), m.1.prepare_ms));
         }
         let get = |n: &str| medians.iter().find(|m| m.0 == n).map(|m| &m.1);
         let ratio = |x: Option<&Run>, m: &Run| x.map(|x| x.seconds / m.seconds);
@@ -86,6 +93,7 @@ impl Results {
             };
             let mut rec = Record::new("restore", cfg, op, "read", &s)
                 .with("working_set_pct", ws)
+                .with("pattern", pattern)
                 .with("cache", cache)
                 .with(
                     "store",
@@ -101,7 +109,18 @@ impl Results {
                 .with("vcpu_median_ns", m.median_ns)
                 .with("vcpu_p99_ns", m.p99_ns)
                 .with("demand_faults", m.faults)
+                .with("working_set_pages", m.pages)
+                .with("faults_per_page", per_page(m))
                 .with("bytes_read", m.bytes_read);
+            if m.reads > 0 {
+                rec = rec.with("faults_per_read", m.faults as f64 / m.reads as f64);
+            }
+            if m.handler_cpu_ms.is_finite() {
+                rec = rec.with("handler_cpu_ms", m.handler_cpu_ms);
+            }
+            if m.wasted.is_finite() {
+                rec = rec.with("wasted_pages", m.wasted);
+            }
             if !uses_huge_snapshot(cfg) {
                 rec = rec.with("peer_anon_kib", m.peer_anon_kib);
             }
@@ -112,7 +131,7 @@ impl Results {
                 .with("vcpu_preempted", m.preempted)
                 .with("vcpu_slept", m.slept);
             self.handoff.push(timeline::row(
-                [format!("{ws}%"), cache.to_string(), cfg.clone()],
+                [label.clone(), cache.to_string(), cfg.clone()],
                 &m.steps,
                 m.preempted,
                 m.slept,
@@ -130,14 +149,29 @@ impl Results {
                 rec = rec.with("speedup_vs_kernel_tmpfs", r);
             }
             ctx.report.push(rec);
+            let finite = |v: f64, f: &dyn Fn(f64) -> String| {
+                if v.is_finite() {
+                    f(v)
+                } else {
+                    "-".to_string()
+                }
+            };
             self.rows.push(vec![
-                format!("{ws}%"),
+                label.clone(),
                 cache.to_string(),
                 cfg.clone(),
                 format!("{:.1}", m.seconds * 1e3),
                 format!("{:.1}", m.median_ns / 1e3),
                 format!("{:.1}", m.p99_ns / 1e3),
                 m.faults.to_string(),
+                format!("{:.3}", per_page(m)),
+                if m.reads > 0 {
+                    format!("{:.1}", m.faults as f64 / m.reads as f64)
+                } else {
+                    "-".to_string()
+                },
+                finite(m.handler_cpu_ms, &|v| format!("{v:.1}")),
+                finite(m.wasted, &|v| format!("{v:.0}")),
                 format!("{}", m.bytes_read >> 20),
                 // A hugetlbfs page-cache page mapped by one process
                 // counts as Private_Hugetlb: no private figure there.
@@ -154,9 +188,13 @@ impl Results {
         }
         if let (Some(pre), Some(dem)) = (get("prefetch"), dem) {
             self.rows.push(vec![
-                format!("{ws}%"),
+                label.clone(),
                 cache.to_string(),
                 "REAP (paper)".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
                 "-".into(),
                 "-".into(),
                 "-".into(),
@@ -182,7 +220,7 @@ impl Results {
         ctx: &mut BenchCtx,
         a: &RestoreArgs,
         populated: &[(&str, f64)],
-        floors: &[(f64, Floor)],
+        floors: &[(f64, String, Floor)],
     ) -> anyhow::Result<()> {
         print_table(
             &[
@@ -193,6 +231,10 @@ impl Results {
                 "vCPU med us",
                 "p99 us",
                 "faults",
+                "faults/page",
+                "faults/read",
+                "handler CPU ms",
+                "wasted pages",
                 "MiB read",
                 "peer anon MiB",
                 "vs baseline",
@@ -203,7 +245,7 @@ impl Results {
             &self.rows,
         );
         println!(
-            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
+            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages), per working-set page, and per read(2) of the userfaultfd; handler CPU: serve's handler thread (its wait: --engine); wasted: pages installed that no vCPU touched (the peer's resident pages beyond its set, copy mode); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
         );
         timeline::print(&self.handoff);
         for (label, ms) in &self.prepared {

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use faultline_serve::peer::PeerReport;
+use faultline_serve::PeerSummary;
 
 use super::baseline;
 use super::launch::{Backing, Launcher, Mode};
@@ -29,6 +30,17 @@ pub struct Run {
     pub faults: u64,
     /// Bytes the handler read.
     pub bytes_read: u64,
+    /// Working-set pages the vCPUs touched.
+    pub pages: u64,
+    /// `read(2)`s of the userfaultfd that returned messages (0: no
+    /// handler, or one that does not count them).
+    pub reads: u64,
+    /// CPU time of serve's handler thread over the run, ms (NaN: not
+    /// serve).
+    pub handler_cpu_ms: f64,
+    /// Pages installed that no vCPU touched (the peer's resident pages
+    /// beyond its working set; anonymous copy mode only, else NaN).
+    pub wasted: f64,
     /// serve's reading and mapping of the recorded set (prefetch), ms.
     pub prepare_ms: f64,
     /// The peer's private memory after the working set (anonymous and
@@ -57,6 +69,10 @@ impl Run {
             p99_ns: med(&|r| r.p99_ns),
             faults: med(&|r| r.faults as f64) as u64,
             bytes_read: med(&|r| r.bytes_read as f64) as u64,
+            pages: med(&|r| r.pages as f64) as u64,
+            reads: med(&|r| r.reads as f64) as u64,
+            handler_cpu_ms: med(&|r| r.handler_cpu_ms),
+            wasted: med(&|r| r.wasted),
             prepare_ms: med(&|r| r.prepare_ms),
             peer_anon_kib: med(&|r| r.peer_anon_kib as f64) as u64,
             preempted: med(&|r| r.preempted as f64) as u64,
@@ -97,6 +113,10 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         p99_ns: p.p99_ns as f64,
         faults,
         bytes_read: bytes,
+        pages: p.pages as u64,
+        reads: 0,
+        handler_cpu_ms: f64::NAN,
+        wasted: f64::NAN,
         prepare_ms: f64::NAN,
         peer_anon_kib: p.rss_anon_kib + p.hugetlb_kib,
     };
@@ -122,14 +142,25 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
             let faults = h
                 .join()
                 .map_err(|_| anyhow::anyhow!("baseline handler panicked"))??;
-            from(p?, faults, faults * 4096)
-        }
-        "on-demand" | "on-demand-shared" | "on-demand-huge" | "on-demand-shared-huge" => {
-            let (p, s, _) = l.served(ws, &[], Mode::of(cfg, snap, hsnap))?;
+            let p = p?;
+            // One page per fault: nothing installed beyond the set.
+            let wasted = p.resident_pages.saturating_sub(p.pages as u64) as f64;
             Run {
-                steps: steps(&p, Some(&s)),
-                ..from(p, s.faults, s.bytes_read)
+                wasted,
+                ..from(p, faults, faults * 4096)
             }
+        }
+        "on-demand"
+        | "on-demand-poll"
+        | "on-demand-shared"
+        | "on-demand-huge"
+        | "on-demand-shared-huge" => {
+            let extra: &[&str] = match cfg {
+                "on-demand-poll" => &["--engine", "poll"],
+                _ => &[],
+            };
+            let (p, s, _) = l.served(ws, extra, Mode::of(cfg, snap, hsnap))?;
+            served(p, s, f64::NAN, Mode::of(cfg, snap, hsnap))
         }
         "prefetch"
         | "prefetch-idle"
@@ -149,12 +180,36 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
                 &[&["--prefetch", list], idle].concat(),
                 Mode::of(cfg, snap, hsnap),
             )?;
-            Run {
-                prepare_ms,
-                steps: steps(&p, Some(&s)),
-                ..from(p, s.faults, s.bytes_read)
-            }
+            served(p, s, prepare_ms, Mode::of(cfg, snap, hsnap))
         }
         other => bail!("unknown configuration {other}"),
     })
+}
+
+/// A run served by `faultline serve`: the peer's report `p`, serve's
+/// summary `s`.
+fn served(p: PeerReport, s: PeerSummary, prepare_ms: f64, mode: Mode<'_>) -> Run {
+    // The peer's resident pages count what was installed in its
+    // anonymous memory (shared mode maps the page cache, huge pages come
+    // 2 MiB at a time: not comparable).
+    let wasted = match mode {
+        Mode::Copy => p.resident_pages.saturating_sub(p.pages as u64) as f64,
+        _ => f64::NAN,
+    };
+    Run {
+        steps: steps(&p, Some(&s)),
+        prepare_ms,
+        reads: s.reads,
+        handler_cpu_ms: s.handler_cpu_ms,
+        wasted,
+        pages: p.pages as u64,
+        seconds: p.seconds,
+        median_ns: p.median_ns as f64,
+        p99_ns: p.p99_ns as f64,
+        faults: s.faults,
+        bytes_read: s.bytes_read,
+        peer_anon_kib: p.rss_anon_kib + p.hugetlb_kib,
+        preempted: p.vcpu_preempted,
+        slept: p.vcpu_slept,
+    }
 }
