@@ -197,7 +197,11 @@ impl BudgetCore {
         if n == 0 {
             return;
         }
-        self.charged.fetch_sub(n, SeqCst);
+        // Never below zero: a count that wrapped would refuse every
+        // charge from then on (faults waiting for room for ever).
+        let _ = self
+            .charged
+            .fetch_update(SeqCst, SeqCst, |c| Some(c.saturating_sub(n)));
         self.uncharges.fetch_add(n as u64, Relaxed);
         if self.room_sleepers.load(SeqCst) > 0 {
             self.room_seq.fetch_add(1, SeqCst);

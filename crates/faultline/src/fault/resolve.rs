@@ -478,8 +478,17 @@ impl<'a> Charge<'a> {
 impl Drop for Charge<'_> {
     fn drop(&mut self) {
         if let Some(feed) = self.feed {
-            feed.core()
-                .uncharge(self.charged.saturating_sub(self.installed));
+            let core = feed.core();
+            if self.installed > self.charged {
+                // Pages logged installed beyond what this attempt charged
+                // (a page found existing, EEXIST, while the map said
+                // absent): charge them now, past the budget if need be,
+                // so that each resident page is charged once and its
+                // eviction uncharges only what was charged.
+                core.force_charge(self.installed - self.charged);
+            } else {
+                core.uncharge(self.charged - self.installed);
+            }
         }
     }
 }
