@@ -48,9 +48,13 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
             "json",
         ],
     );
-    // A refused hand-off first (malformed JSON).
+    // A refused hand-off first (malformed JSON): serve kills that peer.
     let mut bad = testing::peer(&dir, PEER, "bad", &["--bad", "json"]);
-    assert_ok(&mut bad, &dir);
+    {
+        use std::os::unix::process::ExitStatusExt;
+        let st = bad.wait(testing::WAIT);
+        assert_eq!(st.signal(), Some(9), "{st}: {}", dir.text("serve.err"));
+    }
     let report_path = dir.path("peer.json");
     let mut p = testing::peer(
         &dir,

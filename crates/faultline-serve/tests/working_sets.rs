@@ -114,13 +114,17 @@ fn a_set_merged_from_five_restores_covers_a_sixth() {
     assert_eq!(v["pages"].as_u64(), Some(m.pages.len() as u64));
     assert_eq!(v["recordings"].as_u64(), Some(5));
     // Prefetching it, the 6th restore again, its one vCPU paused until
-    // the prefetch is long done: what faults is what the set lacks.
+    // the prefetch is long done: what faults is what the set lacks (one
+    // page a fault: a fault-around window would install a missing page's
+    // missing neighbour with it).
     let json = dir.path("serve.json");
     let mut s = testing::serve(
         &dir,
         SERVE,
         &[
             "--peers",
+            "1",
+            "--fault-around",
             "1",
             "--prefetch",
             merged.to_str().unwrap(),
