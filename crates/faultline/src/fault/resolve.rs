@@ -170,10 +170,16 @@ pub(crate) fn resolve(
                 if !r.residency.try_claim(page) {
                     return Resolution::Busy;
                 }
-                r.residency.set(page, PageState::Absent);
-                if let Some(b) = &r.budget {
-                    // It was charged when installed.
-                    b.dropped_one();
+                // Under the claim, again: an eviction that zapped the page
+                // (hence "not mapped") may have recorded it absent and
+                // uncharged it between the look above and the claim;
+                // counting it dropped too would uncharge it twice.
+                if r.residency.get(page) == state {
+                    r.residency.set(page, PageState::Absent);
+                    if let Some(b) = &r.budget {
+                        // It was charged when installed.
+                        b.dropped_one();
+                    }
                 }
                 r.residency.release(page..page + 1);
             }
