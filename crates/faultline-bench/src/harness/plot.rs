@@ -69,6 +69,24 @@ trait Figure {
     ) -> anyhow::Result<()>;
 }
 
+/// Draws the legend of the chart's labelled series at `at`.
+fn legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    at: SeriesLabelPosition,
+) -> anyhow::Result<()>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(at)
+        .draw()
+        .map_err(perr)
+}
+
 fn write_figure<F: Figure>(dir: &Path, name: &str, fig: &F, text: bool) -> anyhow::Result<()> {
     let svg = dir.join(format!("{name}.svg"));
     let png = dir.join(format!("{name}.png"));
@@ -390,13 +408,7 @@ impl Figure for PhaseBars<'_> {
                 }
             }
             if text {
-                chart
-                    .configure_series_labels()
-                    .background_style(WHITE.mix(0.8))
-                    .border_style(BLACK)
-                    .position(SeriesLabelPosition::UpperRight)
-                    .draw()
-                    .map_err(perr)?;
+                legend(&mut chart, SeriesLabelPosition::UpperRight)?;
             }
         }
         Ok(())
@@ -501,13 +513,7 @@ impl Figure for Lines<'_> {
                 .map_err(perr)?;
         }
         if text {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(perr)?;
+            legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         }
         Ok(())
     }
@@ -677,13 +683,7 @@ impl Figure for GroupBars<'_> {
             }
         }
         if text {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(perr)?;
+            legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         }
         Ok(())
     }
