@@ -56,7 +56,6 @@ use faultline_sys::uffd::{feature, pagefault_flag};
 /// Counters of one peer (relaxed atomics).
 #[derive(Debug, Default)]
 pub(super) struct PeerCounters {
-    pub faults: AtomicU64,
     pub reads: AtomicU64,
     pub removes: AtomicU64,
     pub removed_pages: AtomicU64,
@@ -485,8 +484,9 @@ impl ForeignPeer {
             regions.poisoned += s.poisoned;
             regions.handler_cycles += s.handler_cycles;
         }
+        let fault_kinds = c.service.kinds();
         PeerStats {
-            faults: c.faults.load(Relaxed),
+            faults: fault_kinds.total(),
             reads: c.reads.load(Relaxed),
             removes: c.removes.load(Relaxed),
             removed_pages: c.removed_pages.load(Relaxed),
@@ -495,7 +495,7 @@ impl ForeignPeer {
             prefetched: c.prefetched.load(Relaxed),
             prefetch_ioctls: c.prefetch_ioctls.load(Relaxed),
             prefetch_queued: c.prefetch_queued.load(Relaxed),
-            fault_kinds: c.service.kinds(),
+            fault_kinds,
             demand_pages: c.service.demand(),
             service: c.service.times(),
             run_ahead_pages,
@@ -557,7 +557,6 @@ impl ForeignPeer {
             self.clock
                 .first_fault
                 .get_or_init(faultline_sys::monotonic_ns);
-            self.stats.faults.fetch_add(1, Relaxed);
             self.stats.service.message(flags);
         }
         let Some(reg) = self.find(addr) else {

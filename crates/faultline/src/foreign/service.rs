@@ -54,6 +54,13 @@ pub struct FaultKinds {
     pub wp: u64,
 }
 
+impl FaultKinds {
+    /// Every fault message counted (each is of exactly one kind).
+    pub fn total(&self) -> u64 {
+        self.read + self.write + self.minor + self.wp
+    }
+}
+
 /// A peer's fault-service-time histogram (see the module docs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ServiceTimes {
