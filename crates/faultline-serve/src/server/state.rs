@@ -178,14 +178,17 @@ impl State {
                 }
             })
             .collect();
+        // Connections that hung up without a handshake (another serve
+        // checking whether the socket is in use) are not peers.
+        let (accepted, finished) = self.counts();
         Sample {
             snapshot: match &self.config.source {
                 Source::Mem(p) => p.display().to_string(),
                 Source::Store(url) => url.clone(),
             },
             peers,
-            accepted: self.connected.load(SeqCst) as u64,
-            finished: self.finished.load(SeqCst) as u64,
+            accepted: accepted as u64,
+            finished: finished as u64,
             refused: self.counters.refusals(),
         }
     }
