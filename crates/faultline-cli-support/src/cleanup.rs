@@ -1,7 +1,10 @@
-//! What a command owns it removes: temporary files and directories are
-//! registered here and removed when their guard drops, on SIGINT, SIGTERM
-//! and SIGHUP, and (named with their PID) by a later run once that PID is
-//! gone.
+//! What a command owns it gives back: temporary files and directories,
+//! mounts and child processes are registered here and removed, unmounted
+//! or killed when their guard drops, on SIGINT, SIGTERM and SIGHUP, and
+//! (named with their PID) by a later run once that PID is gone. A child
+//! started with [`spawn`] also dies with the thread that started it
+//! (`PR_SET_PDEATHSIG`), so even a SIGKILL of the command leaves none
+//! running.
 //!
 //! How the signals are taken ([`install`], at the start of `main`, before
 //! any thread starts):
@@ -16,7 +19,9 @@
 //!    removes every registered path and ends the process as the signal
 //!    would have (exit status 128 + signal number).
 
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -33,15 +38,29 @@ const STOP_SIGNALS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 /// A command's stop hook ([`on_stop`]).
 type StopHook = Box<dyn Fn(i32) + Send>;
 
+/// What a command gives back when it ends.
+#[derive(Debug, PartialEq)]
+enum Owned {
+    /// A file or a directory: removed.
+    Path(PathBuf),
+    /// A mount point: unmounted (lazily, so a busy one goes too).
+    Mount(PathBuf),
+    /// A child process: killed (SIGKILL).
+    Child(u32),
+    /// A system setting (a file under `/proc/sys`): its old value written
+    /// back.
+    Setting(PathBuf, String),
+}
+
 struct Registry {
-    paths: Mutex<Vec<(u64, PathBuf)>>,
+    owned: Mutex<Vec<(u64, Owned)>>,
     stop: Mutex<Option<StopHook>>,
 }
 
 fn registry() -> &'static Registry {
     static R: OnceLock<Registry> = OnceLock::new();
     R.get_or_init(|| Registry {
-        paths: Mutex::new(Vec::new()),
+        owned: Mutex::new(Vec::new()),
         stop: Mutex::new(None),
     })
 }
@@ -58,16 +77,20 @@ pub struct Guard {
 /// Registers `path` (a file or a directory the caller is about to create)
 /// for removal; the returned guard removes it when dropped.
 pub fn register(path: &Path) -> Guard {
-    let id = NEXT.fetch_add(1, Relaxed);
-    registry()
-        .paths
-        .lock()
-        .expect("cleanup registry")
-        .push((id, path.to_path_buf()));
     Guard {
-        id,
+        id: own(Owned::Path(path.to_path_buf())),
         path: path.to_path_buf(),
     }
+}
+
+fn own(what: Owned) -> u64 {
+    let id = NEXT.fetch_add(1, Relaxed);
+    registry()
+        .owned
+        .lock()
+        .expect("cleanup registry")
+        .push((id, what));
+    id
 }
 
 impl Guard {
@@ -92,10 +115,182 @@ impl Drop for Guard {
 
 fn unregister(id: u64) {
     registry()
-        .paths
+        .owned
         .lock()
         .expect("cleanup registry")
         .retain(|(i, _)| *i != id);
+}
+
+/// A mount this command made: unmounted when dropped, on SIGINT, SIGTERM
+/// and SIGHUP, and (when its last path component is `{prefix}PID`) by
+/// [`sweep_mounts`] in a later run once this process is gone.
+#[derive(Debug)]
+pub struct MountGuard {
+    id: u64,
+    at: PathBuf,
+}
+
+/// Registers the mount at `at` (which the caller has just mounted).
+pub fn mounted(at: &Path) -> MountGuard {
+    MountGuard {
+        id: own(Owned::Mount(at.to_path_buf())),
+        at: at.to_path_buf(),
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        unregister(self.id);
+        unmount(&self.at);
+    }
+}
+
+fn unmount(at: &Path) {
+    let _ = Command::new("umount")
+        .arg("-l")
+        .arg(at)
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+/// Unmounts the mounts of this machine whose mount point's last component
+/// is `{prefix}PID` with a PID that no longer runs (what a killed run
+/// left), and removes their directories when empty. Returns how many.
+pub fn sweep_mounts(prefix: &str) -> usize {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return 0;
+    };
+    let mut n = 0;
+    for line in info.lines() {
+        // Field 5 is the mount point, with space, tab, newline and
+        // backslash written as octal escapes.
+        let Some(at) = line.split(' ').nth(4).map(unescape_mount_point) else {
+            continue;
+        };
+        let at = PathBuf::from(at);
+        let pid = at
+            .file_name()
+            .and_then(|n| n.to_str()?.strip_prefix(prefix)?.parse::<i32>().ok());
+        if let Some(pid) = pid {
+            if pid > 0 && pid != std::process::id() as i32 && !faultline_sys::process::alive(pid) {
+                unmount(&at);
+                let _ = std::fs::remove_dir(&at);
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+fn unescape_mount_point(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], oct) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A system setting this command changed (see [`changed_setting`]).
+#[derive(Debug)]
+pub struct SettingGuard(u64);
+
+/// Registers `old`, the value `path` (a file under `/proc/sys`) had before
+/// this command changed it, to be written back if a signal ends the
+/// command. Dropping the guard only forgets it: whoever changed the
+/// setting puts it back on the normal path.
+pub fn changed_setting(path: &Path, old: &str) -> SettingGuard {
+    SettingGuard(own(Owned::Setting(path.to_path_buf(), old.to_string())))
+}
+
+impl Drop for SettingGuard {
+    fn drop(&mut self) {
+        unregister(self.0);
+    }
+}
+
+/// A child process this command owns (started with [`spawn`]): killed
+/// and reaped when dropped if it still runs, killed on SIGINT, SIGTERM
+/// and SIGHUP, and by the kernel when the thread that started it ends.
+/// Derefs to the [`Child`].
+#[derive(Debug)]
+pub struct OwnedChild {
+    id: u64,
+    child: Child,
+}
+
+/// Starts `cmd` as a child this command owns (see [`OwnedChild`]). Start
+/// it from the thread that waits for it: the child gets SIGKILL when that
+/// thread ends (`PR_SET_PDEATHSIG`), which is what makes a SIGKILL of the
+/// command take its children along.
+pub fn spawn(cmd: &mut Command) -> std::io::Result<OwnedChild> {
+    use std::os::unix::process::CommandExt as _;
+    let parent = std::process::id() as i32;
+    // SAFETY: the closure runs in the child between fork and exec and
+    // makes only async-signal-safe calls (prctl, getppid, getpid, kill).
+    unsafe {
+        cmd.pre_exec(move || {
+            faultline_sys::process::die_with_parent(faultline_sys::process::SIGKILL, parent)
+        });
+    }
+    let child = cmd.spawn()?;
+    Ok(OwnedChild {
+        id: own(Owned::Child(child.id())),
+        child,
+    })
+}
+
+impl Deref for OwnedChild {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.child
+    }
+}
+
+impl DerefMut for OwnedChild {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+impl Drop for OwnedChild {
+    fn drop(&mut self) {
+        unregister(self.id);
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Kills a registered child unless it is no longer ours: once reaped
+/// (its guard not yet dropped) its PID may name another process, so only
+/// a process whose parent is this one is killed.
+fn kill_child(pid: u32) {
+    let ours = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // pid (comm) state ppid ...; comm may hold spaces and parens.
+            let after = &s[s.rfind(')')? + 1..];
+            after.split_whitespace().nth(1)?.parse::<u32>().ok()
+        })
+        == Some(std::process::id());
+    if ours {
+        let _ = faultline_sys::process::kill(pid as i32, faultline_sys::process::SIGKILL);
+    }
 }
 
 fn remove(p: &Path) {
@@ -110,11 +305,26 @@ fn remove(p: &Path) {
     }
 }
 
-/// Removes every registered path now (the process is about to end).
+/// Gives back everything registered now (the process is about to end):
+/// children killed first, then mounts unmounted, paths removed, and
+/// settings put back.
 pub fn remove_all() {
-    let paths = std::mem::take(&mut *registry().paths.lock().expect("cleanup registry"));
-    for (_, p) in paths {
-        remove(&p);
+    let mut owned = std::mem::take(&mut *registry().owned.lock().expect("cleanup registry"));
+    owned.sort_by_key(|(_, o)| match o {
+        Owned::Child(_) => 0,
+        Owned::Mount(_) => 1,
+        Owned::Path(_) => 2,
+        Owned::Setting(..) => 3,
+    });
+    for (_, o) in owned {
+        match o {
+            Owned::Child(pid) => kill_child(pid),
+            Owned::Mount(at) => unmount(&at),
+            Owned::Path(p) => remove(&p),
+            Owned::Setting(p, old) => {
+                let _ = std::fs::write(p, old);
+            }
+        }
     }
 }
 
@@ -217,11 +427,11 @@ pub fn temp(dir: &Path, prefix: &str, suffix: &str) -> Guard {
 
 fn in_registry(p: &Path) -> bool {
     registry()
-        .paths
+        .owned
         .lock()
         .expect("cleanup registry")
         .iter()
-        .any(|(_, q)| q == p)
+        .any(|(_, q)| *q == Owned::Path(p.to_path_buf()))
 }
 
 fn sweep_matching(dir: &Path, pid_of: impl Fn(&str) -> Option<i32>) -> usize {
@@ -245,6 +455,14 @@ fn sweep_matching(dir: &Path, pid_of: impl Fn(&str) -> Option<i32>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_points_are_read_with_their_escapes_undone() {
+        assert_eq!(unescape_mount_point(r"/tmp/a\040b\011c"), "/tmp/a b\tc");
+        assert_eq!(unescape_mount_point(r"/x\134y"), r"/x\y");
+        // Not an escape: kept as written.
+        assert_eq!(unescape_mount_point(r"/x\9"), r"/x\9");
+    }
 
     #[test]
     fn guards_remove_what_they_registered_unless_disarmed() {

@@ -326,3 +326,167 @@ fn bench_random_removes_its_file_and_a_killed_runs() {
     });
     assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
 }
+
+/// The children of `pid` (from each process's `stat`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut kids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let after = &stat[stat.rfind(')').unwrap() + 1..];
+        if after.split_whitespace().nth(1) == Some(&pid.to_string()) {
+            kids.push(p);
+        }
+    }
+    kids
+}
+
+/// Whether `pid` runs (exists and is not a zombie).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        let after = &s[s.rfind(')').unwrap() + 1..];
+        after.split_whitespace().next() != Some("Z")
+    })
+}
+
+/// SIGKILLs the processes still running among its pids when dropped.
+struct KillOnDrop(Vec<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &p in self.0.iter().filter(|&&p| running(p)) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &p.to_string()])
+                .status();
+        }
+    }
+}
+
+/// The hugetlbfs mounts under `dir`.
+fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|at| at.starts_with(dir.to_str().unwrap()))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `bench restore` runs `faultline serve` and `faultline peer` children
+/// and (as root) a hugetlbfs mount: a SIGTERM gives all of it back, and a
+/// SIGKILL, which no handler sees, still takes the children along (they
+/// die with their parent) and leaves the mount and the directory to the
+/// next run, which removes them.
+#[test]
+fn a_killed_bench_restore_leaves_no_child_running_and_no_mount() {
+    let d = Dir::new("restore");
+    let tmp = d.path("tmp");
+    let restore = [
+        "bench",
+        "restore",
+        "--size",
+        "67108864",
+        "--working-set",
+        "30",
+        "--pattern",
+        "sweep",
+        "--reps",
+        "1000",
+        "--cache",
+        "warm",
+        // Served first, and slow (the vCPUs spin 10 ms after each touch:
+        // a run takes about 25 s), so its children outlive the test's
+        // wait unless they die with the bench.
+        "--compute-us",
+        "10000",
+        "--configs",
+        "on-demand,kernel-hugetlbfs,on-demand-shared-huge",
+    ];
+    std::fs::create_dir_all(&tmp).unwrap();
+    for sig in ["TERM", "KILL"] {
+        // Output to files, not pipes: a child writing to a pipe the test
+        // has stopped reading would die of SIGPIPE and hide a leftover.
+        let log = std::fs::File::create(d.path(&format!("restore-{sig}.log"))).unwrap();
+        let child = Command::new(support::bin())
+            .args(restore)
+            .current_dir(&d.0)
+            .env("TMPDIR", &tmp)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Wait for a served run: serve and the peer both running.
+        let end = Instant::now() + Duration::from_secs(120);
+        let kids = loop {
+            let kids = children_of(pid);
+            if kids.len() >= 2 {
+                break kids;
+            }
+            assert!(
+                Instant::now() < end,
+                "bench restore never started serve and a peer"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        // Stopped by their pids whatever happens (the test may fail).
+        let _kids = KillOnDrop(kids.clone());
+        signal(&child, sig);
+        let mut child = child;
+        let end = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > end {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("SIG{sig}: bench restore still running after 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_ne!(status.code(), Some(101), "SIG{sig}: {status}");
+        let end = Instant::now() + Duration::from_secs(10);
+        while kids.iter().any(|&k| running(k)) {
+            assert!(
+                Instant::now() < end,
+                "SIG{sig}: children {kids:?} of the killed bench still run"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if sig == "TERM" {
+            assert!(mounts_under(&tmp).is_empty(), "{:?}", mounts_under(&tmp));
+            assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
+        }
+    }
+    // What the SIGKILLed run left (its directory, as root its mount) goes
+    // with the next run.
+    let o = run(
+        &d,
+        &[
+            "bench",
+            "restore",
+            "--size",
+            "16777216",
+            "--working-set",
+            "10",
+            "--pattern",
+            "sweep",
+            "--reps",
+            "1",
+            "--cache",
+            "warm",
+            "--configs",
+            "kernel,baseline,on-demand",
+        ],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(mounts_under(&tmp).is_empty(), "{:?}", mounts_under(&tmp));
+    assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
+}

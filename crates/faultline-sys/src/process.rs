@@ -86,3 +86,23 @@ fn rusage(who: libc::c_int) -> io::Result<Usage> {
         user_seconds: ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 * 1e-6,
     })
 }
+
+/// Makes the calling process receive `sig` when the thread that started it
+/// ends (`prctl(PR_SET_PDEATHSIG)`), and sends it at once if that parent,
+/// `parent`, is already gone (this process was re-parented before the
+/// `prctl`). Meant for a child between `fork` and `exec`
+/// (`CommandExt::pre_exec`): it makes only async-signal-safe calls.
+pub fn die_with_parent(sig: i32, parent: i32) -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and touches no
+    // memory of ours.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: getppid, getpid and kill take and return integers only.
+    unsafe {
+        if libc::getppid() != parent {
+            libc::kill(libc::getpid(), sig);
+        }
+    }
+    Ok(())
+}

@@ -46,6 +46,14 @@ impl HugePool {
     }
 }
 
+impl HugePool {
+    /// The setting this pool changed and the value it puts back on drop
+    /// (`None`: the existing pool was enough).
+    pub fn changed(&self) -> Option<(&'static str, &str)> {
+        self.restore.as_deref().map(|old| (NR_HUGEPAGES, old))
+    }
+}
+
 impl Drop for HugePool {
     fn drop(&mut self) {
         if let Some(old) = &self.restore {

@@ -18,6 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use faultline_cli_support::cleanup;
 use faultline_serve::peer::PeerReport;
 use faultline_serve::PeerSummary;
 
@@ -172,11 +173,11 @@ impl Launcher<'_> {
             cmd.arg("--shared").arg(snap);
         }
         let err = self.dir.join("serve.err");
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&err)?)
-            .spawn()?;
+        let mut child = cleanup::spawn(
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&err)?),
+        )?;
         let backing = match mode {
             Mode::Shared(snap) => Backing::Shared(&sock, snap),
             Mode::Huge => Backing::Huge(&sock),
@@ -214,7 +215,7 @@ impl Launcher<'_> {
 
 /// Runs `cmd` to its end, killed after `limit`; whether it succeeded.
 fn run_bounded(mut cmd: Command, limit: Duration) -> anyhow::Result<bool> {
-    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).spawn()?;
+    let mut child = cleanup::spawn(cmd.stdin(Stdio::null()).stdout(Stdio::null()))?;
     let deadline = Instant::now() + limit;
     loop {
         if let Some(s) = child.try_wait()? {

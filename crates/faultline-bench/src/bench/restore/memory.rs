@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::Context;
-use faultline::testing::HugePool;
 use faultline_cli_support::cleanup::{self, Guard};
 use faultline_sys::mem::{self, Mapping};
 
@@ -35,7 +34,7 @@ pub struct Copies {
     /// How long writing each copy took: (written from what, ms).
     pub populated: Vec<(&'static str, f64)>,
     _mount: Option<HugeMount>,
-    _pool: Option<HugePool>,
+    _pool: Option<Pool>,
 }
 
 impl Copies {
@@ -57,7 +56,7 @@ impl Copies {
             .iter()
             .any(|c| c.ends_with("-huge") || uses_huge_snapshot(c))
         {
-            match HugePool::get(need) {
+            match Pool::get(need) {
                 Ok(p) => pool = Some(p),
                 Err(why) => {
                     println!("restore: hugetlb rows skipped: {why}");
@@ -68,7 +67,7 @@ impl Copies {
         let mut mount = None;
         let mut populated = Vec::new();
         if configs.iter().any(|c| uses_huge_snapshot(c)) {
-            let made = HugeMount::new(dir.join("hugetlbfs")).and_then(|m| {
+            let made = HugeMount::new(dir).and_then(|m| {
                 warm(mem)?;
                 let store =
                     faultline::FileStore::open_with(mem, 0, faultline::store::FileAccess::Mmap)?;
@@ -146,13 +145,45 @@ impl Snapshot {
     }
 }
 
-/// A hugetlbfs mount (2 MiB pages) holding the shared copy, unmounted on
-/// drop.
-pub struct HugeMount(PathBuf);
+/// Free 2 MiB hugetlb pages ([`faultline::testing::HugePool`]) whose
+/// `vm.nr_hugepages` change is put back on drop and, registered with
+/// `faultline_cli_support::cleanup`, on SIGINT, SIGTERM and SIGHUP too.
+pub struct Pool {
+    _pool: faultline::testing::HugePool,
+    _on_signal: Option<cleanup::SettingGuard>,
+}
+
+impl Pool {
+    /// At least `pages` free 2 MiB pages. `Err`: why there are none.
+    pub fn get(pages: u64) -> Result<Pool, String> {
+        let pool = faultline::testing::HugePool::get(pages)?;
+        let on_signal = pool
+            .changed()
+            .map(|(path, old)| cleanup::changed_setting(Path::new(path), old));
+        Ok(Pool {
+            _pool: pool,
+            _on_signal: on_signal,
+        })
+    }
+}
+
+/// A hugetlbfs mount (2 MiB pages) holding the shared copy, at
+/// `DIR/faultline-hugetlbfs-PID`: unmounted on drop, on SIGINT, SIGTERM
+/// and SIGHUP, and by a later run once this process is gone
+/// ([`HugeMount::SWEEP`]).
+pub struct HugeMount {
+    at: PathBuf,
+    _mounted: cleanup::MountGuard,
+}
 
 impl HugeMount {
-    /// Mounts hugetlbfs (2 MiB pages) at `at` (root).
-    pub fn new(at: PathBuf) -> anyhow::Result<HugeMount> {
+    /// What names the mount point: `{SWEEP}PID`.
+    pub const SWEEP: &'static str = "faultline-hugetlbfs-";
+
+    /// Mounts hugetlbfs (2 MiB pages) in `dir` (root).
+    pub fn new(dir: &Path) -> anyhow::Result<HugeMount> {
+        cleanup::sweep_mounts(Self::SWEEP);
+        let at = dir.join(format!("{}{}", Self::SWEEP, std::process::id()));
         std::fs::create_dir_all(&at)?;
         let st = Command::new("mount")
             .args(["-t", "hugetlbfs", "-o", "pagesize=2M", "none"])
@@ -160,18 +191,21 @@ impl HugeMount {
             .stderr(Stdio::null())
             .status()?;
         anyhow::ensure!(st.success(), "mount -t hugetlbfs failed ({st}; needs root)");
-        Ok(HugeMount(at))
+        Ok(HugeMount {
+            _mounted: cleanup::mounted(&at),
+            at,
+        })
     }
     /// Where the shared copy lives on it.
     pub fn snap(&self) -> PathBuf {
-        self.0.join("snap.mem")
+        self.at.join("snap.mem")
     }
 }
 
 impl Drop for HugeMount {
     fn drop(&mut self) {
+        // The copy goes back to the pool before the mount guard unmounts.
         let _ = std::fs::remove_file(self.snap());
-        let _ = Command::new("umount").arg(&self.0).status();
     }
 }
 

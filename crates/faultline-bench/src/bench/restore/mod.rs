@@ -110,7 +110,9 @@ pub fn run(ctx: &mut BenchCtx, a: &RestoreArgs) -> anyhow::Result<()> {
     }
     // The default directory is a temporary: `/tmp/faultline-restore-PID`,
     // removed on return, on SIGINT/SIGTERM/SIGHUP, and by a later run
-    // once PID is gone (a killed run's memory file is --size bytes).
+    // once PID is gone (a killed run's memory file is --size bytes). A
+    // killed run's hugetlbfs mount is unmounted first, wherever it was.
+    cleanup::sweep_mounts(memory::HugeMount::SWEEP);
     let (dir, _guard) = match &a.dir {
         Some(d) => {
             faultline_cli_support::output_dir(d, "--dir")?;

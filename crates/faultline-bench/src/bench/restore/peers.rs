@@ -17,16 +17,17 @@
 //! the copy on hugetlbfs, the same with 2 MiB pages (peers `--huge`).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use faultline_cli_support::cleanup::{self, OwnedChild};
 use faultline_serve::peer::PeerReport;
 use faultline_serve::PeerSummary;
 
 use super::args::RestoreArgs;
 use super::launch::{exe, Launcher};
-use super::memory::{warm, HugeMount, Snapshot};
+use super::memory::{warm, HugeMount, Pool, Snapshot};
 use crate::harness::report::{print_table, Record};
 use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
@@ -59,10 +60,10 @@ pub fn run(ctx: &mut BenchCtx, a: &RestoreArgs, l: &Launcher<'_>) -> anyhow::Res
     let mut _pool = None;
     let mut hmount = None;
     if a.configs.iter().any(|c| c == "prefetch-shared-huge") {
-        let made = faultline::testing::HugePool::get(huge_pages + 8)
+        let made = Pool::get(huge_pages + 8)
             .map_err(|why| anyhow::anyhow!(why))
             .and_then(|pool| {
-                let m = HugeMount::new(dir.join("hugetlbfs"))?;
+                let m = HugeMount::new(dir)?;
                 let store =
                     faultline::FileStore::open_with(mem, 0, faultline::store::FileAccess::Mmap)?;
                 faultline::SharedSnapshot::create(&m.snap(), &store, |_, _| {})?;
@@ -99,7 +100,7 @@ pub fn run(ctx: &mut BenchCtx, a: &RestoreArgs, l: &Launcher<'_>) -> anyhow::Res
             // The peers' private mappings of the hugetlbfs copy, reserved
             // in the pool for this round.
             let _round_pool = if huge {
-                match faultline::testing::HugePool::get(n.max(1) as u64 * huge_pages + 8) {
+                match Pool::get(n.max(1) as u64 * huge_pages + 8) {
                     Ok(p) => Some(p),
                     Err(why) => {
                         progress.suspend(|| {
@@ -160,7 +161,7 @@ fn rss(pid: u32) -> Option<(u64, u64, u64)> {
     Some((field("RssAnon:")?, field("RssFile:")?, field("VmHWM:")?))
 }
 
-fn kill(c: &mut Child) {
+fn kill(c: &mut OwnedChild) {
     let _ = c.kill();
     let _ = c.wait();
 }
@@ -194,11 +195,11 @@ fn round(
     if let Some(snap) = shared {
         cmd.arg("--shared").arg(snap);
     }
-    let mut serve = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&err)?)
-        .spawn()?;
+    let mut serve = cleanup::spawn(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&err)?),
+    )?;
     let pid = serve.id();
     let deadline = Instant::now() + Duration::from_secs(120);
     // Ready: the recorded set prepared (copy mode); listening (shared
@@ -225,7 +226,7 @@ fn round(
         ..Default::default()
     };
     (r.idle_anon_kib, r.idle_file_kib, _) = rss(pid).context("reading the handler's status")?;
-    let mut peers: Vec<(Child, std::path::PathBuf)> = Vec::new();
+    let mut peers: Vec<(OwnedChild, std::path::PathBuf)> = Vec::new();
     for i in 0..n {
         let out = dir.join(format!("peer-{i}.json"));
         let _ = std::fs::remove_file(&out);
@@ -245,11 +246,11 @@ fn round(
         if huge {
             cmd.arg("--huge");
         }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
+        let child = cleanup::spawn(
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
         match child {
             Ok(c) => peers.push((c, out)),
             Err(e) => {
