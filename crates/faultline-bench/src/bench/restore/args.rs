@@ -5,8 +5,9 @@ use std::path::PathBuf;
 /// Options of `faultline bench restore`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct RestoreArgs {
-    /// Bytes of the memory file (created in --dir): a multiple of 4 MiB
-    /// from 8 MiB to what MemAvailable holds. Default 1 GiB.
+    /// Bytes of the memory file (created in --dir; `256M`, `1GiB` also
+    /// read): a multiple of 4 MiB from 8 MiB to what MemAvailable holds.
+    /// Default 1 GiB.
     #[arg(long, default_value_t = 1 << 30, value_parser = memory_size)]
     pub size: usize,
     /// Working sets, percent of memory (each more than 0, at most 100).
@@ -118,7 +119,7 @@ pub fn uses_snapshot(cfg: &str) -> bool {
 fn memory_size(s: &str) -> Result<usize, String> {
     use faultline_cli_support::flags;
     const STEP: u64 = 4 << 20;
-    let v = flags::parse_u64(s)?;
+    let v = flags::parse_bytes(s)?;
     let avail = faultline_cli_support::mem_available().unwrap_or(u64::MAX);
     let hi = (avail / STEP * STEP).max(8 << 20);
     if !(8 << 20..=hi).contains(&v) {
