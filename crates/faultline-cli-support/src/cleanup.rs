@@ -229,7 +229,8 @@ impl Drop for SettingGuard {
 #[derive(Debug)]
 pub struct OwnedChild {
     id: u64,
-    child: Child,
+    /// `None` only once [`OwnedChild::wait_with_output`] took it.
+    child: Option<Child>,
 }
 
 /// Starts `cmd` as a child this command owns (see [`OwnedChild`]). Start
@@ -249,29 +250,59 @@ pub fn spawn(cmd: &mut Command) -> std::io::Result<OwnedChild> {
     let child = cmd.spawn()?;
     Ok(OwnedChild {
         id: own(Owned::Child(child.id())),
-        child,
+        child: Some(child),
     })
+}
+
+/// [`Command::output`] for a child this command owns: `cmd` started with
+/// [`spawn`] (stdout and stderr piped), waited for, its output collected.
+pub fn output(cmd: &mut Command) -> std::io::Result<std::process::Output> {
+    use std::process::Stdio;
+    spawn(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )?
+    .wait_with_output()
+}
+
+impl OwnedChild {
+    /// [`Child::wait_with_output`]: waits for the child, collecting what it
+    /// wrote to its piped stdout and stderr.
+    pub fn wait_with_output(mut self) -> std::io::Result<std::process::Output> {
+        let child = self.child.take().expect("the child is taken only here");
+        let out = child.wait_with_output();
+        // Reaped: from here its PID may name another process.
+        unregister(self.id);
+        out
+    }
 }
 
 impl Deref for OwnedChild {
     type Target = Child;
     fn deref(&self) -> &Child {
-        &self.child
+        self.child
+            .as_ref()
+            .expect("the child is taken only by value")
     }
 }
 
 impl DerefMut for OwnedChild {
     fn deref_mut(&mut self) -> &mut Child {
-        &mut self.child
+        self.child
+            .as_mut()
+            .expect("the child is taken only by value")
     }
 }
 
 impl Drop for OwnedChild {
     fn drop(&mut self) {
         unregister(self.id);
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            if let Ok(None) = child.try_wait() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 }

@@ -394,13 +394,15 @@ fn umap_child(spec: &str) -> anyhow::Result<()> {
 /// libumap in a child process with `UMAP_BUFSIZE` and `UMAP_PAGESIZE`.
 fn run_libumap(path: &Path, shape: &Shape, seed: u64) -> anyhow::Result<Phases> {
     let exe = std::env::current_exe().context("finding the faultline binary")?;
-    let out = Command::new(exe)
-        .args(["bench", "random", "--umap-child"])
-        .arg(child_spec(path, shape, seed))
-        .env("UMAP_BUFSIZE", shape.buffer.to_string())
-        .env("UMAP_PAGESIZE", shape.page.to_string())
-        .output()
-        .context("running the libumap child")?;
+    // Owned: killed with this process on a signal or when it dies.
+    let out = faultline_cli_support::cleanup::output(
+        Command::new(exe)
+            .args(["bench", "random", "--umap-child"])
+            .arg(child_spec(path, shape, seed))
+            .env("UMAP_BUFSIZE", shape.buffer.to_string())
+            .env("UMAP_PAGESIZE", shape.page.to_string()),
+    )
+    .context("running the libumap child")?;
     anyhow::ensure!(
         out.status.success(),
         "libumap child failed ({}): {}",
