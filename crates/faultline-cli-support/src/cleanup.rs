@@ -204,19 +204,33 @@ fn unescape_mount_point(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A system setting this command changed (see [`changed_setting`]).
+/// Something given back only if a signal ends the command: whoever made
+/// it gives it back on the normal path, so dropping this guard only
+/// forgets it. See [`changed_setting`], [`kill_on_signal`],
+/// [`remove_on_signal`].
 #[derive(Debug)]
-pub struct SettingGuard(u64);
+pub struct SignalGuard(u64);
 
 /// Registers `old`, the value `path` (a file under `/proc/sys`) had before
 /// this command changed it, to be written back if a signal ends the
-/// command. Dropping the guard only forgets it: whoever changed the
-/// setting puts it back on the normal path.
-pub fn changed_setting(path: &Path, old: &str) -> SettingGuard {
-    SettingGuard(own(Owned::Setting(path.to_path_buf(), old.to_string())))
+/// command.
+pub fn changed_setting(path: &Path, old: &str) -> SignalGuard {
+    SignalGuard(own(Owned::Setting(path.to_path_buf(), old.to_string())))
 }
 
-impl Drop for SettingGuard {
+/// Registers a child process started elsewhere (by a library that stops
+/// it on drop, say) to be killed if a signal ends the command.
+pub fn kill_on_signal(pid: u32) -> SignalGuard {
+    SignalGuard(own(Owned::Child(pid)))
+}
+
+/// Registers a file or directory made elsewhere (by a library that
+/// removes it on drop, say) to be removed if a signal ends the command.
+pub fn remove_on_signal(path: &Path) -> SignalGuard {
+    SignalGuard(own(Owned::Path(path.to_path_buf())))
+}
+
+impl Drop for SignalGuard {
     fn drop(&mut self) {
         unregister(self.0);
     }

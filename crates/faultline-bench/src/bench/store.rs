@@ -35,6 +35,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use faultline::{engine, Engine, EngineConfig, EngineKind, FileStore, PageStore, Region};
+use faultline_cli_support::cleanup;
 use faultline_redis::server::RedisServer;
 use faultline_redis::{FillTiming, RedisConfig, RedisStore};
 
@@ -151,6 +152,19 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
         Some(_) => None,
         None => Some(RedisServer::start().context("starting redis-server")?),
     };
+    // The server stops itself and removes its socket's directory on drop;
+    // a signal ending the bench gives them back too.
+    let _on_signal: Vec<cleanup::SignalGuard> = server
+        .iter()
+        .flat_map(|s| {
+            let pid = s.pid().map(cleanup::kill_on_signal);
+            let dir = s
+                .socket()
+                .and_then(Path::parent)
+                .map(cleanup::remove_on_signal);
+            pid.into_iter().chain(dir)
+        })
+        .collect();
     let placement = match &server {
         Some(s) => {
             let cpus = match args.server_cpus.as_str() {

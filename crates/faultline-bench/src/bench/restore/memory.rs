@@ -150,7 +150,7 @@ impl Snapshot {
 /// `faultline_cli_support::cleanup`, on SIGINT, SIGTERM and SIGHUP too.
 pub struct Pool {
     _pool: faultline::testing::HugePool,
-    _on_signal: Option<cleanup::SettingGuard>,
+    _on_signal: Option<cleanup::SignalGuard>,
 }
 
 impl Pool {
