@@ -6,8 +6,10 @@
 //!   any work, and sizes derived from several flags are checked against
 //!   the machine ([`flags`]).
 //! * Output files are checked before any work and written whole or not at
-//!   all ([`output`]); what a command creates for a while is removed on
-//!   error, on SIGINT/SIGTERM and by later runs ([`cleanup`]).
+//!   all ([`output`]); what a command creates for a while (temporaries,
+//!   mounts, child processes, changed settings) is given back on error,
+//!   on SIGINT/SIGTERM and by later runs, and its children die with it
+//!   ([`cleanup`]).
 //! * Resource limits ([`mem_available`], [`disk_free`]) let a command
 //!   refuse up front with the size it would need.
 //! * [`print_error`] prints an error chain with each cause once (a context
