@@ -141,6 +141,26 @@ pub struct ServeArgs {
     /// ...`) or `json` (one object a line: time, source, msg).
     #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
     pub log_format: LogFormatArg,
+    /// Keep TSC stamps of each peer's last N faults along the handler's
+    /// path (message read, store read, copy, wake) and write them in its
+    /// --json summary (`phases`): what `bench restore` breaks a demand
+    /// fault down with, joined with the peer's own stamps of its touches.
+    /// 0 to 1048576; 56 bytes a sample. Default 0: off.
+    #[arg(long, default_value_t = 0, value_parser = phase_samples)]
+    pub phase_samples: usize,
+}
+
+/// Parses `--phase-samples`: 0 to 1 Mi samples.
+fn phase_samples(s: &str) -> Result<usize, String> {
+    let v = faultline_cli_support::flags::parse_u64(s)?;
+    if v > 1 << 20 {
+        return Err(faultline_cli_support::flags::range_error(
+            0u64,
+            1u64 << 20,
+            "samples",
+        ));
+    }
+    Ok(v as usize)
 }
 
 /// `--log-format`.
@@ -235,6 +255,7 @@ impl ServeArgs {
                 LogFormatArg::Text => LogFormat::Text,
                 LogFormatArg::Json => LogFormat::Json,
             },
+            phase_samples: self.phase_samples,
             ..ServeConfig::new(self.socket.clone(), source)
         })
     }

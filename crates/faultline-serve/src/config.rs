@@ -115,6 +115,10 @@ pub struct ServeConfig {
     pub metrics: Option<MetricsAddr>,
     /// How the lines on stderr are written.
     pub log_format: LogFormat,
+    /// TSC stamps of each peer's last this many faults, in its summary
+    /// ([`PeerSummary::phases`](crate::PeerSummary::phases)). Default 0:
+    /// off.
+    pub phase_samples: usize,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -178,6 +182,7 @@ impl ServeConfig {
             takeover: false,
             metrics: None,
             log_format: LogFormat::Text,
+            phase_samples: 0,
         }
     }
 

@@ -103,6 +103,7 @@ pub fn build(
         },
         record,
         shared: snapshot,
+        phase_samples: state.config.phase_samples,
         ..Default::default()
     };
     let built = ForeignPeer::new(format!("peer {n}"), uffd, specs, state.store.clone(), &opts)

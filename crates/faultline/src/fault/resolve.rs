@@ -32,6 +32,7 @@
 //!
 //! [`Delivery::faulter_sleeps`]: super::Delivery::faulter_sleeps
 
+use std::cell::Cell;
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -103,6 +104,53 @@ pub(crate) enum Resolution {
     Failed(UffdError),
 }
 
+/// TSC stamps of the last [`resolve`] on this thread: where the
+/// handler's part of a fault went (the foreign engine's phase samples,
+/// `bench restore`'s phases). 0: the step did not happen (the page was
+/// there, or a store failed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Stamps {
+    /// The bytes were ready (store read, page cache filled): the install
+    /// ioctl of the faulting page's run was about to start.
+    pub filled: u64,
+    /// That ioctl returned.
+    pub resolved: u64,
+    /// The faulting thread's `UFFDIO_WAKE` returned (0: not woken here).
+    pub woken: u64,
+    /// Pages that ioctl installed.
+    pub pages: u64,
+}
+
+impl Stamps {
+    const ZERO: Stamps = Stamps {
+        filled: 0,
+        resolved: 0,
+        woken: 0,
+        pages: 0,
+    };
+}
+
+thread_local! {
+    /// This thread's [`Stamps`] (a const-initialised cell: no allocation,
+    /// safe in the signal engine's handler).
+    static STAMPS: Cell<Stamps> = const { Cell::new(Stamps::ZERO) };
+}
+
+/// The stamps of this thread's last [`resolve`].
+pub(crate) fn stamps() -> Stamps {
+    STAMPS.get()
+}
+
+/// Stamps the first install ioctl of this resolve as about to start.
+#[inline]
+fn stamp_filled() {
+    let mut s = STAMPS.get();
+    if s.filled == 0 {
+        s.filled = rdtsc();
+        STAMPS.set(s);
+    }
+}
+
 /// Resolves `page` of `r` for `access`, with the window `origin` asks
 /// for. `scratch`: a buffer of at least one region page for stores
 /// without a zero-copy view (its length caps the window).
@@ -116,6 +164,7 @@ pub(crate) fn resolve(
     let wake = r.delivery.faulter_sleeps;
     let ps = r.pages.size().bytes();
     let mut access = access;
+    STAMPS.set(Stamps::ZERO);
     for _attempt in 0..8 {
         let state = r.residency.get(page);
         if r.budget.is_some() && access.write && (access.wp || state == PageState::ReadOnly) {
@@ -285,6 +334,9 @@ pub(crate) fn resolve(
             };
             if let Some((a, l)) = woken {
                 let _ = r.uffd.wake(a, l);
+                let mut s = STAMPS.get();
+                s.woken = rdtsc();
+                STAMPS.set(s);
             }
         }
         let hole_state = match r.budget {
@@ -560,6 +612,7 @@ fn install(
         (ResolveOp::Continue, Some(true)) => {
             // Mapped read-only into the private view: a write copies it.
             state = PageState::ReadOnly;
+            stamp_filled();
             r.uffd
                 .continue_(dst, bytes, mode::CONTINUE_DONTWAKE)
                 .map_err(CopyErr::Uffd)
@@ -568,6 +621,7 @@ fn install(
             if let Err(e) = fill_page_cache(r, run.clone()) {
                 return fail_store(r, run, page, e);
             }
+            stamp_filled();
             r.uffd
                 .continue_(dst, bytes, mode::CONTINUE_DONTWAKE)
                 .map_err(CopyErr::Uffd)
@@ -670,6 +724,7 @@ fn install(
             }
             if r.store.is_zero() && !write && r.zeropage_reads {
                 state = PageState::ReadOnly;
+                stamp_filled();
                 r.uffd
                     .zeropage(dst, bytes, mode::ZEROPAGE_DONTWAKE)
                     .map_err(CopyErr::Uffd)
@@ -731,6 +786,7 @@ fn copy_run(
     // Budget regions install clean pages write-protected; the first write
     // takes a WP fault that marks them dirty.
     let wp = if clean { mode::COPY_WP } else { 0 };
+    stamp_filled();
     // SAFETY: `src` points at `bytes` readable bytes: the zero buffer is at
     // least `bytes` long (max_run_pages caps runs), the view and the
     // scratch slice were checked to be that long.
@@ -789,6 +845,16 @@ fn finish(
     let ps = r.pages.size().bytes();
     let t = rdtsc();
     r.timing_resolved.store(t, Relaxed);
+    let mut s = STAMPS.get();
+    if s.resolved == 0 {
+        s.resolved = t;
+        s.pages = match out {
+            Ok(Outcome::Partial { done, .. }) => (done / ps) as u64,
+            Ok(Outcome::Done(_)) => run.len() as u64,
+            _ => 0,
+        };
+        STAMPS.set(s);
+    }
     let step = match out {
         Ok(Outcome::Done(_) | Outcome::Partial { .. }) => {
             // COPY/MOVE stop at the first page that exists: a partial

@@ -91,6 +91,11 @@ pub struct ForeignOptions {
     pub shared: Option<Arc<SharedSnapshot>>,
     /// Record the order in which pages first fault.
     pub record: bool,
+    /// Keep TSC stamps of the last this many faults along the handler's
+    /// path ([`FaultPhases`](super::FaultPhases), read back with
+    /// [`ForeignPeer::phases`](super::ForeignPeer::phases)). Default 0:
+    /// off.
+    pub phase_samples: usize,
 }
 
 /// Checks the regions against each other and against the store: no

@@ -52,6 +52,7 @@
 //!    before it sleeps and every 256 empty polls) is in
 //!    [`ForeignEngine::handler_stats`].
 
+use std::cell::Cell;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -62,11 +63,12 @@ use std::time::{Duration, Instant};
 use super::config::{ForeignEngineConfig, HandlerWait};
 use super::error::ForeignError;
 use super::peer::{ForeignPeer, PeerEvent};
+use super::phases::FaultPhases;
 use super::prefetch::{self, prefetch_chunk, Work};
 use crate::background::{Background, StopFlag};
 use crate::engine::handler::{poll_timeout, settle, Action, Attempt, Handler, Serve};
 use crate::engine::EngineKind;
-use crate::fault::resolve::{resolve, Access, Origin};
+use crate::fault::resolve::{self, resolve, Access, Origin};
 use crate::page::PageSize;
 use faultline_sys::poll::{self, events, PollFd};
 use faultline_sys::rdtsc;
@@ -280,6 +282,8 @@ const HANGUP_MSG_BYTES: usize = 4096;
 struct Peers {
     tx: Sender<PeerEvent>,
     scratch: Vec<u8>,
+    /// TSC when the last `read(2)` returned messages (phase samples).
+    read_tsc: Cell<u64>,
 }
 
 impl Serve for Peers {
@@ -288,6 +292,10 @@ impl Serve for Peers {
 
     fn uffd<'a>(&'a self, p: &'a Arc<ForeignPeer>) -> &'a Uffd {
         &p.uffd.uffd
+    }
+
+    fn batch_read(&self, _: usize) {
+        self.read_tsc.set(rdtsc());
     }
 
     fn event(&mut self, p: &Arc<ForeignPeer>, m: Msg) {
@@ -316,7 +324,12 @@ impl Serve for Peers {
         r.fault_seen(page, t0);
         let access = Access::of_message(flags);
         let res = resolve(r, page, access, &Origin::Fault, &mut self.scratch);
-        r.add_cycles(rdtsc().wrapping_sub(t0));
+        let done = rdtsc();
+        r.add_cycles(done.wrapping_sub(t0));
+        if let (Some(ring), Attempt::Read) = (&p.phases, attempt) {
+            let stamps = (self.read_tsc.get(), t0, done);
+            ring.push(FaultPhases::new(addr, stamps, resolve::stamps()));
+        }
         p.fault_served(&res, started_ns);
         settle(
             r,
@@ -368,6 +381,7 @@ impl Worker {
         let peers = Peers {
             tx,
             scratch: vec![0u8; cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes())],
+            read_tsc: Cell::new(0),
         };
         Worker {
             slot,

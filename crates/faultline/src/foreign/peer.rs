@@ -39,6 +39,7 @@ use std::time::Instant;
 
 use super::config::{check_layout, ForeignOptions, ForeignRegionSpec};
 use super::error::ForeignError;
+use super::phases::{FaultPhases, PhaseRing};
 use super::plan::PrefetchQueue;
 use super::service::{FaultKinds, ServiceCounters, ServiceTimes};
 use super::store::{RegionStore, Removed};
@@ -258,6 +259,8 @@ pub struct ForeignPeer {
     pub(super) clock: PeerClock,
     /// Told of every REMOVE before its bookkeeping ([`ForeignPeer::with_journal`]).
     journal: Option<RemoveJournal>,
+    /// Phase samples of its last faults ([`ForeignOptions::phase_samples`]).
+    pub(super) phases: Option<PhaseRing>,
 }
 
 /// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
@@ -346,6 +349,7 @@ impl ForeignPeer {
             stats: PeerCounters::default(),
             clock: PeerClock::default(),
             journal: None,
+            phases: PhaseRing::new(opts.phase_samples),
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
@@ -444,7 +448,16 @@ impl ForeignPeer {
             .runs
             .capacity()
             * std::mem::size_of::<(usize, Range<usize>)>();
-        bits + log + queue
+        let phases = self.phases.as_ref().map_or(0, PhaseRing::bytes);
+        bits + log + queue + phases
+    }
+
+    /// The phase samples of its last faults, oldest first (empty unless
+    /// [`ForeignOptions::phase_samples`] asked for them).
+    pub fn phases(&self) -> Vec<FaultPhases> {
+        self.phases
+            .as_ref()
+            .map_or_else(Vec::new, PhaseRing::samples)
     }
 
     /// Pages of all regions the residency map records as installed.

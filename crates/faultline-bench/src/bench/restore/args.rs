@@ -78,6 +78,12 @@ pub struct RestoreArgs {
     /// file's warm-up).
     #[arg(long)]
     pub keep_caches: bool,
+    /// Do not take the phase samples of served configurations (by
+    /// default serve keeps TSC stamps of its last 4096 faults and the peer
+    /// of its vCPUs' last 4096 slow touches each, joined into the
+    /// phase table: message read, batch, store read, copy, wake, return).
+    #[arg(long)]
+    pub no_phases: bool,
 }
 
 /// Every configuration `--configs` accepts.
