@@ -46,7 +46,10 @@ pub struct ServeArgs {
     /// (polls without sleeping) while a peer faults and sleeps in poll(2)
     /// 1 ms after its last message; `spin` never sleeps (a whole CPU per
     /// handler thread); `poll` always sleeps (every fault pays the
-    /// handler's wake-up). Default adaptive.
+    /// handler's wake-up); `workers` waits as `adaptive` and has every
+    /// handler thread read every peer's userfaultfd, so one peer's faults
+    /// are copied on several CPUs at once (--threads of them; left at 1,
+    /// one per CPU, at least 2). Default adaptive.
     #[arg(long, value_enum, default_value_t = EngineArg::Adaptive)]
     pub engine: EngineArg,
     /// The cap of a fault's window, in pages (0 or 1: one page per
@@ -187,6 +190,8 @@ pub enum EngineArg {
     Spin,
     /// Spin while a peer faults, sleep once it is idle.
     Adaptive,
+    /// Adaptive, every handler thread serving every peer.
+    Workers,
 }
 
 impl EngineArg {
@@ -195,7 +200,18 @@ impl EngineArg {
         match self {
             EngineArg::Poll => HandlerWait::Poll,
             EngineArg::Spin => HandlerWait::Spin,
-            EngineArg::Adaptive => HandlerWait::ADAPTIVE,
+            EngineArg::Adaptive | EngineArg::Workers => HandlerWait::ADAPTIVE,
+        }
+    }
+
+    /// The handler threads of `threads` asked for: workers left at one
+    /// get one per CPU (at least 2).
+    pub fn threads(self, threads: usize) -> usize {
+        match self {
+            EngineArg::Workers if threads == 1 => {
+                std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+            }
+            _ => threads,
         }
     }
 }
@@ -233,7 +249,7 @@ impl ServeArgs {
         Ok(ServeConfig {
             timeout: self.timeout,
             peers: self.peers,
-            threads: self.threads,
+            threads: self.engine.threads(self.threads),
             engine: self.engine.wait(),
             fault_around: self.fault_around,
             record: self.record.clone(),
@@ -256,6 +272,7 @@ impl ServeArgs {
                 LogFormatArg::Json => LogFormat::Json,
             },
             phase_samples: self.phase_samples,
+            workers: self.engine == EngineArg::Workers,
             ..ServeConfig::new(self.socket.clone(), source)
         })
     }

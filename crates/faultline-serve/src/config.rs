@@ -119,6 +119,10 @@ pub struct ServeConfig {
     /// ([`PeerSummary::phases`](crate::PeerSummary::phases)). Default 0:
     /// off.
     pub phase_samples: usize,
+    /// Workers: every handler thread reads every peer's userfaultfd (one
+    /// peer's faults served on all of them at once); else each peer is
+    /// served by one thread. Default false.
+    pub workers: bool,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -183,6 +187,7 @@ impl ServeConfig {
             metrics: None,
             log_format: LogFormat::Text,
             phase_samples: 0,
+            workers: false,
         }
     }
 

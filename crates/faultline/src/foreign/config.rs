@@ -150,6 +150,12 @@ pub struct ForeignEngineConfig {
     /// How a handler thread waits for its peers' next messages. Default
     /// [`HandlerWait::ADAPTIVE`].
     pub wait: HandlerWait,
+    /// Workers: every handler thread reads every peer's userfaultfd, so
+    /// one peer's faults are served on all of them at once (its copies on
+    /// several CPUs); the first thread alone watches its hang-up and
+    /// runs its prefetch steps. Default false: each peer is served by
+    /// one thread.
+    pub spread: bool,
 }
 
 /// How a peer handler thread waits for its peers' messages (see [the
@@ -225,6 +231,7 @@ impl Default for ForeignEngineConfig {
             prefetch_helpers: 1,
             prefetch_idle: false,
             wait: HandlerWait::default(),
+            spread: false,
         }
     }
 }

@@ -261,6 +261,9 @@ pub struct ForeignPeer {
     journal: Option<RemoveJournal>,
     /// Phase samples of its last faults ([`ForeignOptions::phase_samples`]).
     pub(super) phases: Option<PhaseRing>,
+    /// A handler thread has reported it dropped (hung up, failed): with
+    /// several threads reading it, only the first report goes out.
+    pub(super) dropped: AtomicBool,
 }
 
 /// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
@@ -350,6 +353,7 @@ impl ForeignPeer {
             clock: PeerClock::default(),
             journal: None,
             phases: PhaseRing::new(opts.phase_samples),
+            dropped: AtomicBool::new(false),
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");

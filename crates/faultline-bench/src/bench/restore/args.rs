@@ -32,8 +32,9 @@ pub struct RestoreArgs {
     /// Configurations to run (the ratios need kernel, baseline and
     /// on-demand). Default: all but on-demand-poll (serve's handler
     /// sleeping in poll(2) between faults, as before the adaptive engine),
-    /// on-demand-huge and prefetch-huge (they reserve 2 MiB pages for the
-    /// peer: ask for them).
+    /// on-demand-workers (serve --engine workers --threads 2: one peer's
+    /// faults on two handler threads), on-demand-huge and prefetch-huge
+    /// (they reserve 2 MiB pages for the peer: ask for them).
     #[arg(
         long,
         value_delimiter = ',',
@@ -87,11 +88,12 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 15] = [
+pub const CONFIGS: [&str; 16] = [
     "kernel",
     "baseline",
     "on-demand",
     "on-demand-poll",
+    "on-demand-workers",
     "prefetch",
     "prefetch-idle",
     "eager",

@@ -50,7 +50,10 @@
 //! configuration the phases of a demand fault as the vCPU sees it (message
 //! read, batch, store read, copy, wake, return: `phases`). `on-demand-poll` (asked
 //! for by name) is `on-demand` with serve's handler sleeping in `poll(2)`
-//! between faults, the engine before the adaptive one. Cold runs drop the file's page cache before each
+//! between faults, the engine before the adaptive one; `on-demand-workers`
+//! (asked for by name) is `on-demand` with `--engine workers --threads 2`:
+//! both handler threads read the peer's userfaultfd, its copies run on
+//! two CPUs. Cold runs drop the file's page cache before each
 //! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root).
 //!
 //! How a run goes, and where each step lives:

@@ -64,6 +64,12 @@ impl Results {
                 "floor: UFFDIO_COPY of the set, 1 thread".into(),
                 floor.bytes as f64 / floor.copy_populated_bps * 1e3,
             ));
+            if floor.copy_populated_2t_bps > 0.0 {
+                bars.push((
+                    "floor: UFFDIO_COPY of the set, 2 threads".into(),
+                    floor.bytes as f64 / floor.copy_populated_2t_bps * 1e3,
+                ));
+            }
             if floor.continue_set_s > 0.0 {
                 bars.push((
                     "floor: UFFDIO_CONTINUE of the recorded set's runs, 1 thread".into(),

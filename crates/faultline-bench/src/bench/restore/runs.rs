@@ -157,11 +157,13 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         }
         "on-demand"
         | "on-demand-poll"
+        | "on-demand-workers"
         | "on-demand-shared"
         | "on-demand-huge"
         | "on-demand-shared-huge" => {
             let extra: &[&str] = match cfg {
                 "on-demand-poll" => &["--engine", "poll"],
+                "on-demand-workers" => &["--engine", "workers", "--threads", "2"],
                 _ => &[],
             };
             let (p, s, _) = l.served(ws, extra, Mode::of(cfg, snap, hsnap))?;
