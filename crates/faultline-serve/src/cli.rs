@@ -151,6 +151,12 @@ pub struct ServeArgs {
     /// 0 to 1048576; 56 bytes a sample. Default 0: off.
     #[arg(long, default_value_t = 0, value_parser = phase_samples)]
     pub phase_samples: usize,
+    /// Copy mode: install a fault's window faulting page first and wake
+    /// the faulting vCPU at once, then copy the rest of the window (by
+    /// default one ioctl copies the whole window, then the vCPU is woken:
+    /// it waits for every page of it).
+    #[arg(long)]
+    pub wake_first: bool,
 }
 
 /// Parses `--phase-samples`: 0 to 1 Mi samples.
@@ -273,6 +279,7 @@ impl ServeArgs {
             },
             phase_samples: self.phase_samples,
             workers: self.engine == EngineArg::Workers,
+            wake_first: self.wake_first,
             ..ServeConfig::new(self.socket.clone(), source)
         })
     }

@@ -123,6 +123,9 @@ pub struct ServeConfig {
     /// peer's faults served on all of them at once); else each peer is
     /// served by one thread. Default false.
     pub workers: bool,
+    /// Install a fault's window faulting page first and wake its thread
+    /// before copying the rest (copy mode). Default false.
+    pub wake_first: bool,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -188,6 +191,7 @@ impl ServeConfig {
             log_format: LogFormat::Text,
             phase_samples: 0,
             workers: false,
+            wake_first: false,
         }
     }
 

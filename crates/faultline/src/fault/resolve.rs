@@ -23,7 +23,13 @@
 //!    residency map therefore never claims a page present before it is
 //!    mapped, and a thread that resumes from a fault always finds its page
 //!    recorded. EEXIST means someone else installed the page: done (and a
-//!    WAKE).
+//!    WAKE). With [`Delivery::wake_first`] (a peer's copy mode) a fault's
+//!    window goes in two steps: the faulting page alone, its thread woken,
+//!    then the rest of the window (still claimed) in up to two ioctls;
+//!    what fails there only releases its claims.
+//!
+//!    Each step is stamped on the thread ([`stamps`]: bytes ready, ioctl
+//!    returned, wake returned), the foreign engine's phase samples.
 //! 6. A store error poisons the faulting page (`UFFDIO_POISON`) so the
 //!    faulting thread gets SIGBUS instead of a zero page.
 //!
@@ -31,6 +37,7 @@
 //! no locks, only atomics and system calls.
 //!
 //! [`Delivery::faulter_sleeps`]: super::Delivery::faulter_sleeps
+//! [`Delivery::wake_first`]: super::Delivery::wake_first
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -273,6 +280,20 @@ pub(crate) fn resolve(
             r.residency.release(page + 1..run.end);
             run = page..page + 1;
         }
+        // Wake first (Delivery::wake_first): the faulting page alone now,
+        // its thread woken; the rest of the window, still claimed, after.
+        let mut rest = None;
+        if wake
+            && r.delivery.wake_first
+            && run.len() > 1
+            && matches!(origin, Origin::Fault)
+            && r.budget.is_none()
+            && matches!(r.op, ResolveOp::Copy | ResolveOp::Auto)
+            && !r.batches_fills()
+        {
+            rest = Some([run.start..page, page + 1..run.end]);
+            run = page..page + 1;
+        }
         // A store that pays per request: the window's other absent holes
         // come in the same round trip (installed after the faulting run).
         let mut holes = Holes::NONE;
@@ -339,12 +360,20 @@ pub(crate) fn resolve(
                 STAMPS.set(s);
             }
         }
+        let mut rest_installed = 0;
+        for part in rest.into_iter().flatten().filter(|p| !p.is_empty()) {
+            if matches!(step, Step::Done | Step::Exists) {
+                rest_installed += install_rest(r, part, scratch, installed);
+            } else {
+                r.residency.release(part);
+            }
+        }
         let hole_state = match r.budget {
             Some(_) => PageState::ReadOnly,
             None => PageState::Writable,
         };
         let mut around = match step {
-            Step::Done if matches!(origin, Origin::Fault) => run.len() - 1,
+            Step::Done if matches!(origin, Origin::Fault) => run.len() - 1 + rest_installed,
             _ => 0,
         };
         for (hole, at) in holes.filled(run_pages, ps) {
@@ -390,6 +419,49 @@ pub(crate) fn resolve(
     // Eight rounds of partial progress without reaching our page: let the
     // access retry (it will fault again and start over).
     Resolution::Busy
+}
+
+/// Installs `part` of a fault's window after its faulting page (wake
+/// first): its pages are claimed and absent; whatever fails (a store
+/// error, EAGAIN, EEXIST part-way) only releases the claims of what was
+/// not installed, leaving those pages to their own faults (a neighbour's
+/// failure never poisons a page). Returns the pages installed.
+fn install_rest(
+    r: &RegionState,
+    part: Range<usize>,
+    scratch: &mut [u8],
+    installed: &mut usize,
+) -> usize {
+    let dst = r.pages.addr(part.start);
+    let bytes = r.pages.bytes(part.len()) as u64;
+    let offset = r.pages.offset(part.start);
+    let before = *installed;
+    match copy_run(r, &part, dst, offset, bytes, scratch, None, false) {
+        Ok(out) => {
+            let _ = finish(
+                r,
+                part.clone(),
+                part.start,
+                Ok(out),
+                PageState::Writable,
+                false,
+                installed,
+            );
+        }
+        Err(CopyErr::Uffd(e)) => {
+            let _ = finish(
+                r,
+                part.clone(),
+                part.start,
+                Err(e),
+                PageState::Writable,
+                false,
+                installed,
+            );
+        }
+        Err(CopyErr::Store(_)) => r.residency.release(part),
+    }
+    *installed - before
 }
 
 /// Installs every absent page of `pages` from the calling thread (not a

@@ -96,6 +96,11 @@ pub struct ForeignOptions {
     /// [`ForeignPeer::phases`](super::ForeignPeer::phases)). Default 0:
     /// off.
     pub phase_samples: usize,
+    /// Install a fault's window faulting page first: that page is copied
+    /// and its thread woken, then the rest of the window is copied (copy
+    /// mode; the thread no longer waits for its whole window's copy).
+    /// Default false: one ioctl for the window, then the wake.
+    pub wake_first: bool,
 }
 
 /// Checks the regions against each other and against the store: no

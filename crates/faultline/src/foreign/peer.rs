@@ -211,7 +211,10 @@ impl ForeignRegion {
             // the fault path treats a fault on a recorded page as a dropped
             // page (never `mincore`, which would look at our own address
             // space).
-            delivery: Delivery::PEER_HANDLER,
+            delivery: Delivery {
+                wake_first: opts.wake_first,
+                ..Delivery::PEER_HANDLER
+            },
             inflight: AtomicUsize::new(0),
             stats: Default::default(),
             budget: None,

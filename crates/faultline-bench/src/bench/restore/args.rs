@@ -33,7 +33,8 @@ pub struct RestoreArgs {
     /// on-demand). Default: all but on-demand-poll (serve's handler
     /// sleeping in poll(2) between faults, as before the adaptive engine),
     /// on-demand-workers (serve --engine workers --threads 2: one peer's
-    /// faults on two handler threads), on-demand-huge and prefetch-huge
+    /// faults on two handler threads), on-demand-wake-first (serve
+    /// --wake-first), on-demand-huge and prefetch-huge
     /// (they reserve 2 MiB pages for the peer: ask for them).
     #[arg(
         long,
@@ -88,12 +89,13 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 16] = [
+pub const CONFIGS: [&str; 17] = [
     "kernel",
     "baseline",
     "on-demand",
     "on-demand-poll",
     "on-demand-workers",
+    "on-demand-wake-first",
     "prefetch",
     "prefetch-idle",
     "eager",

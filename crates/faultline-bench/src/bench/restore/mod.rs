@@ -53,7 +53,9 @@
 //! between faults, the engine before the adaptive one; `on-demand-workers`
 //! (asked for by name) is `on-demand` with `--engine workers --threads 2`:
 //! both handler threads read the peer's userfaultfd, its copies run on
-//! two CPUs. Cold runs drop the file's page cache before each
+//! two CPUs; `on-demand-wake-first` (asked for by name) is `on-demand`
+//! with `--wake-first` (the faulting page copied and woken before the rest
+//! of its window). Cold runs drop the file's page cache before each
 //! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root).
 //!
 //! How a run goes, and where each step lives:

@@ -158,12 +158,14 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         "on-demand"
         | "on-demand-poll"
         | "on-demand-workers"
+        | "on-demand-wake-first"
         | "on-demand-shared"
         | "on-demand-huge"
         | "on-demand-shared-huge" => {
             let extra: &[&str] = match cfg {
                 "on-demand-poll" => &["--engine", "poll"],
                 "on-demand-workers" => &["--engine", "workers", "--threads", "2"],
+                "on-demand-wake-first" => &["--wake-first"],
                 _ => &[],
             };
             let (p, s, _) = l.served(ws, extra, Mode::of(cfg, snap, hsnap))?;
