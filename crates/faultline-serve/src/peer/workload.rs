@@ -5,7 +5,9 @@
 //!    scattered) from the seed, the same set for the same seed and layout.
 //! 2. [`touch`] runs the vCPU threads, page `i` on thread `i % threads`,
 //!    timing each first touch; a storm thread (`--storm`) drops a range and
-//!    reads it back meanwhile.
+//!    reads it back meanwhile. With `--stamps N` each thread keeps TSC
+//!    stamps around its last N slow touches (those that waited for a
+//!    fault), for `bench restore`'s phases.
 //! 3. [`verify`] drops the balloon range (`--balloon`), then compares each
 //!    page with the file: a dropped page must read zeros.
 //! 4. [`scribble`] (`--scribble`) writes every working-set page and reads
