@@ -157,6 +157,23 @@ pub struct ServeArgs {
     /// it waits for every page of it).
     #[arg(long)]
     pub wake_first: bool,
+    /// The window of an isolated fault, in pages (1 to 1024; at most
+    /// --fault-around): 16 as the kernel's fault-around by default; 1
+    /// installs only the faulting page (a sequential stream still grows
+    /// its window from there, doubling up to --fault-around).
+    #[arg(long, default_value_t = crate::config::FAULT_AROUND_INITIAL, value_parser = initial_window)]
+    pub fault_around_initial: usize,
+}
+
+/// Parses `--fault-around-initial`: 1 to 1024 pages.
+fn initial_window(s: &str) -> Result<usize, String> {
+    let v = faultline_cli_support::flags::parse_u64(s)?;
+    if !(1..=1024).contains(&v) {
+        return Err(faultline_cli_support::flags::range_error(
+            1u64, 1024u64, "pages",
+        ));
+    }
+    Ok(v as usize)
 }
 
 /// Parses `--phase-samples`: 0 to 1 Mi samples.
@@ -280,6 +297,7 @@ impl ServeArgs {
             phase_samples: self.phase_samples,
             workers: self.engine == EngineArg::Workers,
             wake_first: self.wake_first,
+            fault_around_initial: self.fault_around_initial,
             ..ServeConfig::new(self.socket.clone(), source)
         })
     }

@@ -126,6 +126,9 @@ pub struct ServeConfig {
     /// Install a fault's window faulting page first and wake its thread
     /// before copying the rest (copy mode). Default false.
     pub wake_first: bool,
+    /// The window of an isolated fault, in pages (at most
+    /// `fault_around`). Default [`FAULT_AROUND_INITIAL`].
+    pub fault_around_initial: usize,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -192,6 +195,7 @@ impl ServeConfig {
             phase_samples: 0,
             workers: false,
             wake_first: false,
+            fault_around_initial: FAULT_AROUND_INITIAL,
         }
     }
 
@@ -204,7 +208,7 @@ impl ServeConfig {
             ReadaheadConfig::off()
         } else {
             let cap = self.fault_around;
-            ReadaheadConfig::adaptive(FAULT_AROUND_INITIAL.min(cap), cap)
+            ReadaheadConfig::adaptive(self.fault_around_initial.clamp(1, cap), cap)
         }
     }
 

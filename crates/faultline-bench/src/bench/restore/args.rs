@@ -34,7 +34,9 @@ pub struct RestoreArgs {
     /// sleeping in poll(2) between faults, as before the adaptive engine),
     /// on-demand-workers (serve --engine workers --threads 2: one peer's
     /// faults on two handler threads), on-demand-wake-first (serve
-    /// --wake-first), on-demand-huge and prefetch-huge
+    /// --wake-first), on-demand-single (serve --fault-around-initial 1:
+    /// an isolated fault installs its page alone), on-demand-huge and
+    /// prefetch-huge
     /// (they reserve 2 MiB pages for the peer: ask for them).
     #[arg(
         long,
@@ -89,13 +91,14 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 17] = [
+pub const CONFIGS: [&str; 18] = [
     "kernel",
     "baseline",
     "on-demand",
     "on-demand-poll",
     "on-demand-workers",
     "on-demand-wake-first",
+    "on-demand-single",
     "prefetch",
     "prefetch-idle",
     "eager",

@@ -55,7 +55,9 @@
 //! both handler threads read the peer's userfaultfd, its copies run on
 //! two CPUs; `on-demand-wake-first` (asked for by name) is `on-demand`
 //! with `--wake-first` (the faulting page copied and woken before the rest
-//! of its window). Cold runs drop the file's page cache before each
+//! of its window); `on-demand-single` (asked for by name) is `on-demand`
+//! with `--fault-around-initial 1` (an isolated fault installs its page
+//! alone; streams still grow). Cold runs drop the file's page cache before each
 //! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root).
 //!
 //! How a run goes, and where each step lives:

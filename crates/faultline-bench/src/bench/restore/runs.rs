@@ -159,6 +159,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         | "on-demand-poll"
         | "on-demand-workers"
         | "on-demand-wake-first"
+        | "on-demand-single"
         | "on-demand-shared"
         | "on-demand-huge"
         | "on-demand-shared-huge" => {
@@ -166,6 +167,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
                 "on-demand-poll" => &["--engine", "poll"],
                 "on-demand-workers" => &["--engine", "workers", "--threads", "2"],
                 "on-demand-wake-first" => &["--wake-first"],
+                "on-demand-single" => &["--fault-around-initial", "1"],
                 _ => &[],
             };
             let (p, s, _) = l.served(ws, extra, Mode::of(cfg, snap, hsnap))?;
