@@ -60,4 +60,4 @@ pub mod testing;
 
 pub use config::{ConfigError, LogFormat, ServeConfig, Source};
 pub use server::{ServeError, Server, StopHandle};
-pub use summary::{Handoff, PeerSummary, PhaseSample};
+pub use summary::{Handoff, PeerSummary};

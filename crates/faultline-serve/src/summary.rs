@@ -56,46 +56,11 @@ pub struct PeerSummary {
     /// When the hand-off reached its milestones.
     #[serde(default)]
     pub handoff: Handoff,
-    /// Its last faults' TSC stamps (`--phase-samples`), oldest first.
+    /// Its last faults' TSC stamps (`--phase-samples`), oldest first,
+    /// each [`faultline::FaultPhases::fields`]: address, read, start,
+    /// filled, resolved, woken, done, pages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub phases: Vec<PhaseSample>,
-}
-
-/// One fault's TSC stamps along the handler's path (see
-/// [`faultline::FaultPhases`]; 0: the step did not happen).
-#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, Default, PartialEq, Eq)]
-pub struct PhaseSample {
-    /// The fault's address in the peer.
-    pub addr: u64,
-    /// The `read(2)` that returned its message returned.
-    pub read: u64,
-    /// Its handling started.
-    pub start: u64,
-    /// The bytes were ready, the install ioctl about to start.
-    pub filled: u64,
-    /// The install ioctl returned.
-    pub resolved: u64,
-    /// The faulting thread's wake returned.
-    pub woken: u64,
-    /// Its handling ended.
-    pub done: u64,
-    /// Pages the ioctl installed (its window).
-    pub pages: u64,
-}
-
-impl From<faultline::FaultPhases> for PhaseSample {
-    fn from(f: faultline::FaultPhases) -> Self {
-        PhaseSample {
-            addr: f.addr,
-            read: f.read,
-            start: f.start,
-            filled: f.filled,
-            resolved: f.resolved,
-            woken: f.woken,
-            done: f.done,
-            pages: f.pages,
-        }
-    }
+    pub phases: Vec<[u64; 8]>,
 }
 
 /// When serve reached each step of a peer's hand-off, `CLOCK_MONOTONIC`

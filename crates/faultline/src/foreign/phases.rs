@@ -52,6 +52,36 @@ pub struct FaultPhases {
 }
 
 impl FaultPhases {
+    /// Its fields in order: address, read, start, filled, resolved,
+    /// woken, done, pages (how `faultline serve` writes a sample).
+    pub fn fields(&self) -> [u64; 8] {
+        [
+            self.addr,
+            self.read,
+            self.start,
+            self.filled,
+            self.resolved,
+            self.woken,
+            self.done,
+            self.pages,
+        ]
+    }
+
+    /// The sample whose [`FaultPhases::fields`] are `f`.
+    pub fn from_fields(f: [u64; 8]) -> FaultPhases {
+        let [addr, read, start, filled, resolved, woken, done, pages] = f;
+        FaultPhases {
+            addr,
+            read,
+            start,
+            filled,
+            resolved,
+            woken,
+            done,
+            pages,
+        }
+    }
+
     /// A fault at `addr` read at `read`, handled from `start` to `done`,
     /// with the resolve path's stamps `s`.
     pub(super) fn new(addr: u64, (read, start, done): (u64, u64, u64), s: Stamps) -> Self {
@@ -132,6 +162,13 @@ mod tests {
         r.push(at(6));
         let got: Vec<u64> = r.samples().iter().map(|f| f.addr).collect();
         assert_eq!(got, vec![4, 5, 6]);
+    }
+
+    #[test]
+    fn fields_round_trip() {
+        let f = FaultPhases::from_fields([1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!((f.addr, f.woken, f.pages), (1, 6, 8));
+        assert_eq!(f.fields(), [1, 2, 3, 4, 5, 6, 7, 8]);
     }
 
     #[test]

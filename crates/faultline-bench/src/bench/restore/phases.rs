@@ -29,7 +29,7 @@
 
 use std::collections::HashMap;
 
-use faultline_serve::PhaseSample;
+use faultline::FaultPhases;
 
 use crate::harness::report::{print_table, Record};
 use crate::harness::tsc::tsc;
@@ -89,7 +89,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// One run's phases: the peer's `touches` (page address, TSC before,
 /// after) joined with serve's `samples`; `page` the peer's page size.
-pub fn of_run(touches: &[(u64, u64, u64)], samples: &[PhaseSample], page: u64) -> Phases {
+pub fn of_run(touches: &[(u64, u64, u64)], samples: &[[u64; 8]], page: u64) -> Phases {
     let mask = !(page - 1);
     let by_page: HashMap<u64, (u64, u64)> = touches
         .iter()
@@ -98,7 +98,7 @@ pub fn of_run(touches: &[(u64, u64, u64)], samples: &[PhaseSample], page: u64) -
     let mut cols: Vec<Vec<f64>> = vec![Vec::new(); PHASES.len()];
     let (mut totals, mut windows) = (Vec::new(), Vec::new());
     let ns = |c: u64| tsc().cycles_to_ns(c);
-    for s in samples {
+    for s in samples.iter().map(|&f| FaultPhases::from_fields(f)) {
         let Some(&(c0, c1)) = by_page.get(&(s.addr & mask)) else {
             continue;
         };
@@ -215,17 +215,8 @@ pub fn bars(label: String, p: &Phases) -> (String, f64, f64, f64) {
 mod tests {
     use super::*;
 
-    fn sample(addr: u64, t: [u64; 5]) -> PhaseSample {
-        PhaseSample {
-            addr,
-            read: t[0],
-            start: t[1],
-            filled: t[2],
-            resolved: t[3],
-            woken: t[4],
-            done: t[4],
-            pages: 16,
-        }
+    fn sample(addr: u64, t: [u64; 5]) -> [u64; 8] {
+        [addr, t[0], t[1], t[2], t[3], t[4], t[4], 16]
     }
 
     #[test]
