@@ -142,8 +142,11 @@ impl Results {
             if m.phases.any() {
                 let lead = [label.clone(), cache.to_string(), cfg.clone()];
                 self.phases.push(phases::row(lead, &m.phases));
+                // Short labels: the figure's bars stand side by side.
+                let short = cfg.strip_prefix("on-demand-").unwrap_or(cfg);
+                let cold = if cold { " cold" } else { "" };
                 self.phase_bars
-                    .push(phases::bars(format!("{label} {cache} {cfg}"), &m.phases));
+                    .push(phases::bars(format!("{label}{cold} {short}"), &m.phases));
             }
             rec = timeline::record(rec, &m.steps)
                 .with("vcpu_preempted", m.preempted)
