@@ -46,7 +46,10 @@ pub struct ServeArgs {
     /// (polls without sleeping) while a peer faults and sleeps in poll(2)
     /// 1 ms after its last message; `spin` never sleeps (a whole CPU per
     /// handler thread); `poll` always sleeps (every fault pays the
-    /// handler's wake-up). Default adaptive.
+    /// handler's wake-up); `workers` waits as `adaptive` and has every
+    /// handler thread read every peer's userfaultfd, so one peer's faults
+    /// are copied on several CPUs at once (--threads of them; left at 1,
+    /// one per CPU, at least 2). Default adaptive.
     #[arg(long, value_enum, default_value_t = EngineArg::Adaptive)]
     pub engine: EngineArg,
     /// The cap of a fault's window, in pages (0 or 1: one page per
@@ -141,6 +144,49 @@ pub struct ServeArgs {
     /// ...`) or `json` (one object a line: time, source, msg).
     #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
     pub log_format: LogFormatArg,
+    /// Keep TSC stamps of each peer's last N faults along the handler's
+    /// path (message read, store read, copy, wake) and write them in its
+    /// --json summary (`phases`): what `bench restore` breaks a demand
+    /// fault down with, joined with the peer's own stamps of its touches.
+    /// 0 to 1048576; 56 bytes a sample. Default 0: off.
+    #[arg(long, default_value_t = 0, value_parser = phase_samples)]
+    pub phase_samples: usize,
+    /// Copy mode: install a fault's window faulting page first and wake
+    /// the faulting vCPU at once, then copy the rest of the window (by
+    /// default one ioctl copies the whole window, then the vCPU is woken:
+    /// it waits for every page of it).
+    #[arg(long)]
+    pub wake_first: bool,
+    /// The window of an isolated fault, in pages (1 to 1024; at most
+    /// --fault-around): 16 as the kernel's fault-around by default; 1
+    /// installs only the faulting page (a sequential stream still grows
+    /// its window from there, doubling up to --fault-around).
+    #[arg(long, default_value_t = crate::config::FAULT_AROUND_INITIAL, value_parser = initial_window)]
+    pub fault_around_initial: usize,
+}
+
+/// Parses `--fault-around-initial`: 1 to 1024 pages.
+fn initial_window(s: &str) -> Result<usize, String> {
+    let v = faultline_cli_support::flags::parse_u64(s)?;
+    if !(1..=1024).contains(&v) {
+        return Err(faultline_cli_support::flags::range_error(
+            1u64, 1024u64, "pages",
+        ));
+    }
+    Ok(v as usize)
+}
+
+/// Parses `--phase-samples`: 0 to 1 Mi samples.
+fn phase_samples(s: &str) -> Result<usize, String> {
+    let v = faultline_cli_support::flags::parse_u64(s)?;
+    if v > 1 << 20 {
+        return Err(faultline_cli_support::flags::range_error(
+            0u64,
+            1u64 << 20,
+            "samples",
+        ));
+    }
+    Ok(v as usize)
 }
 
 /// `--log-format`.
@@ -167,6 +213,8 @@ pub enum EngineArg {
     Spin,
     /// Spin while a peer faults, sleep once it is idle.
     Adaptive,
+    /// Adaptive, every handler thread serving every peer.
+    Workers,
 }
 
 impl EngineArg {
@@ -175,7 +223,18 @@ impl EngineArg {
         match self {
             EngineArg::Poll => HandlerWait::Poll,
             EngineArg::Spin => HandlerWait::Spin,
-            EngineArg::Adaptive => HandlerWait::ADAPTIVE,
+            EngineArg::Adaptive | EngineArg::Workers => HandlerWait::ADAPTIVE,
+        }
+    }
+
+    /// The handler threads of `threads` asked for: workers left at one
+    /// get one per CPU (at least 2).
+    pub fn threads(self, threads: usize) -> usize {
+        match self {
+            EngineArg::Workers if threads == 1 => {
+                std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+            }
+            _ => threads,
         }
     }
 }
@@ -213,7 +272,7 @@ impl ServeArgs {
         Ok(ServeConfig {
             timeout: self.timeout,
             peers: self.peers,
-            threads: self.threads,
+            threads: self.engine.threads(self.threads),
             engine: self.engine.wait(),
             fault_around: self.fault_around,
             record: self.record.clone(),
@@ -235,6 +294,10 @@ impl ServeArgs {
                 LogFormatArg::Text => LogFormat::Text,
                 LogFormatArg::Json => LogFormat::Json,
             },
+            phase_samples: self.phase_samples,
+            workers: self.engine == EngineArg::Workers,
+            wake_first: self.wake_first,
+            fault_around_initial: self.fault_around_initial,
             ..ServeConfig::new(self.socket.clone(), source)
         })
     }

@@ -115,6 +115,20 @@ pub struct ServeConfig {
     pub metrics: Option<MetricsAddr>,
     /// How the lines on stderr are written.
     pub log_format: LogFormat,
+    /// TSC stamps of each peer's last this many faults, in its summary
+    /// ([`PeerSummary::phases`](crate::PeerSummary::phases)). Default 0:
+    /// off.
+    pub phase_samples: usize,
+    /// Workers: every handler thread reads every peer's userfaultfd (one
+    /// peer's faults served on all of them at once); else each peer is
+    /// served by one thread. Default false.
+    pub workers: bool,
+    /// Install a fault's window faulting page first and wake its thread
+    /// before copying the rest (copy mode). Default false.
+    pub wake_first: bool,
+    /// The window of an isolated fault, in pages (at most
+    /// `fault_around`). Default [`FAULT_AROUND_INITIAL`].
+    pub fault_around_initial: usize,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -178,6 +192,10 @@ impl ServeConfig {
             takeover: false,
             metrics: None,
             log_format: LogFormat::Text,
+            phase_samples: 0,
+            workers: false,
+            wake_first: false,
+            fault_around_initial: FAULT_AROUND_INITIAL,
         }
     }
 
@@ -190,7 +208,7 @@ impl ServeConfig {
             ReadaheadConfig::off()
         } else {
             let cap = self.fault_around;
-            ReadaheadConfig::adaptive(FAULT_AROUND_INITIAL.min(cap), cap)
+            ReadaheadConfig::adaptive(self.fault_around_initial.clamp(1, cap), cap)
         }
     }
 

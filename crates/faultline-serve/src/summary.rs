@@ -56,6 +56,11 @@ pub struct PeerSummary {
     /// When the hand-off reached its milestones.
     #[serde(default)]
     pub handoff: Handoff,
+    /// Its last faults' TSC stamps (`--phase-samples`), oldest first,
+    /// each [`faultline::FaultPhases::fields`]: address, read, start,
+    /// filled, resolved, woken, done, pages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<[u64; 8]>,
 }
 
 /// When serve reached each step of a peer's hand-off, `CLOCK_MONOTONIC`

@@ -1338,3 +1338,119 @@ fn windows_grow_on_sweeping_vcpus_and_isolated_faults_take_sixteen_pages() {
     let resident = p["resident_pages"].as_u64().unwrap();
     assert_eq!(resident, s["installed"].as_u64().unwrap(), "{s} {p}");
 }
+
+#[test]
+fn workers_serve_one_peer_on_two_threads_through_remove_storms() {
+    // Both handler threads read each peer's userfaultfd while the peers
+    // drop and re-read a range: faults resolve under the copy gate, so no
+    // copy lands in a dropped range after its REMOVE (the peers check
+    // every byte, dropped ranges reading zeros).
+    let dir = Dir::new("workers-storm", 8 * MIB);
+    two_storming_peers(&dir, &["--engine", "workers", "--threads", "2"], &[]);
+    // A sweep served by two workers: every byte right, the windows still
+    // grow (faults stay few), and serve ran two handler threads.
+    let dir = Dir::new("workers-sweep", 16 * MIB);
+    let mut s = serve_one(&dir, &["--engine", "workers", "--threads", "2"]);
+    let sweep = [
+        "--threads",
+        "4",
+        "--pattern",
+        "sweep",
+        "--working-set",
+        "75",
+        "--verify-all",
+        "--hold-ms",
+        "300",
+    ];
+    let mut p = peer(&dir, "p", &sweep);
+    dir.wait_for("p.err", "holding for");
+    let (_, threads) = threads_cpu_ms(s.pid(), "faultline-peer");
+    assert_eq!(threads, 2, "two handler threads");
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let summary = summaries(&dir, "serve.json").remove(0);
+    let faults = summary["faults"].as_u64().unwrap();
+    assert!(faults > 0 && faults <= 256, "{summary}");
+    assert!(dir.text("serve.err").contains("hung up;"));
+}
+
+#[test]
+fn wake_first_installs_the_whole_window_and_keeps_every_byte_right() {
+    // The faulting page first, then the rest of its window: the windows
+    // are still installed (pages around faulting ones), everything that
+    // was installed is resident (counted before the checks), the working
+    // set's bytes checked; then every byte (--verify-all).
+    let clustered = ["--working-set", "30"];
+    let (s, p) = served_once("wake-first", &["--wake-first"], &clustered);
+    assert!(s["around"].as_u64().unwrap() > 0, "{s}");
+    let resident = p["resident_pages"].as_u64().unwrap();
+    assert_eq!(resident, s["installed"].as_u64().unwrap(), "{s} {p}");
+    let all = ["--working-set", "30", "--verify-all"];
+    let (s, _) = served_once("wake-first-all", &["--wake-first"], &all);
+    assert_eq!(s["installed"].as_u64(), Some(4096), "{s}");
+    // And through REMOVE storms.
+    let dir = Dir::new("wake-first-storm", 8 * MIB);
+    two_storming_peers(&dir, &["--wake-first"], &[]);
+}
+
+#[test]
+fn phase_samples_stamp_each_fault_in_order_and_join_the_peers_touches() {
+    let (s, p) = served_once(
+        "phases",
+        &["--phase-samples", "64"],
+        &["--working-set", "30", "--stamps", "64"],
+    );
+    let phases = s["phases"].as_array().expect("phases in the summary");
+    assert!(!phases.is_empty() && phases.len() <= 64, "{s}");
+    let touches = p["touch_stamps"].as_array().expect("touch stamps");
+    assert!(!touches.is_empty() && touches.len() <= 4 * 64, "{p}");
+    // Handler stamps in order; the installing ones stamped every step.
+    let names = [
+        "addr", "read", "start", "filled", "resolved", "woken", "done", "pages",
+    ];
+    let at = |f: &serde_json::Value, k: &str| {
+        f[names.iter().position(|n| *n == k).unwrap()]
+            .as_u64()
+            .unwrap()
+    };
+    let mut installed = 0;
+    for f in phases {
+        assert!(at(f, "read") > 0 && at(f, "read") <= at(f, "start"), "{f}");
+        assert!(at(f, "start") <= at(f, "done"), "{f}");
+        if at(f, "filled") > 0 {
+            installed += 1;
+            assert!(at(f, "start") <= at(f, "filled"), "{f}");
+            assert!(at(f, "filled") <= at(f, "resolved"), "{f}");
+            assert!(at(f, "resolved") <= at(f, "woken"), "{f}");
+            assert!(at(f, "woken") <= at(f, "done"), "{f}");
+            assert!(at(f, "pages") >= 1, "{f}");
+        }
+    }
+    assert!(installed > 0, "{s}");
+    // The TSC is shared by both processes: a sampled fault's page was
+    // touched by a vCPU before serve read its message, and the touch
+    // retired after its page's install ioctl returned.
+    let touched: std::collections::HashMap<u64, (u64, u64)> = touches
+        .iter()
+        .map(|t| {
+            let t: Vec<u64> = t
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
+            (t[0] & !4095, (t[1], t[2]))
+        })
+        .collect();
+    let mut joined = 0;
+    for f in phases.iter().filter(|f| at(f, "filled") > 0) {
+        if let Some(&(c0, c1)) = touched.get(&(at(f, "addr") & !4095)) {
+            joined += 1;
+            assert!(
+                c0 < at(f, "read") && at(f, "resolved") < c1,
+                "{f} {c0} {c1}"
+            );
+        }
+    }
+    assert!(joined > 0, "no sampled fault joined a stamped touch");
+}

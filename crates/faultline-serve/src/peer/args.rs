@@ -157,6 +157,13 @@ pub struct PeerArgs {
     /// Seconds to wait for the socket to appear. Default 10.
     #[arg(long, default_value_t = 10.0)]
     pub connect_timeout: f64,
+    /// Keep TSC stamps (before, after) of each vCPU thread's last N slow
+    /// touches (over 1 us: the ones that waited for a fault) and write
+    /// them to --json (`touch_stamps`): joined by page with serve's
+    /// `--phase-samples`, they split a demand fault into its phases as
+    /// the vCPU sees it. Default 0: off.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1 << 20))]
+    pub stamps: u32,
 }
 
 impl PeerArgs {

@@ -65,6 +65,10 @@ pub struct PeerReport {
     /// be resolved.
     #[serde(default)]
     pub vcpu_slept: u64,
+    /// `--stamps`: each vCPU thread's last slow touches, as (page address,
+    /// TSC before, TSC after), the threads' one after the other.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub touch_stamps: Vec<(u64, u64, u64)>,
 }
 
 /// A progress line on stderr, `faultline peer PID: ...`.

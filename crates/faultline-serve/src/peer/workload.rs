@@ -5,7 +5,9 @@
 //!    scattered) from the seed, the same set for the same seed and layout.
 //! 2. [`touch`] runs the vCPU threads, page `i` on thread `i % threads`,
 //!    timing each first touch; a storm thread (`--storm`) drops a range and
-//!    reads it back meanwhile.
+//!    reads it back meanwhile. With `--stamps N` each thread keeps TSC
+//!    stamps around its last N slow touches (those that waited for a
+//!    fault), for `bench restore`'s phases.
 //! 3. [`verify`] drops the balloon range (`--balloon`), then compares each
 //!    page with the file: a dropped page must read zeros.
 //! 4. [`scribble`] (`--scribble`) writes every working-set page and reads
@@ -199,6 +201,44 @@ pub struct Touched {
     pub slept: u64,
     /// Nonvoluntary ones.
     pub preempted: u64,
+    /// `--stamps`: the threads' last slow touches (page, TSC before, TSC
+    /// after).
+    pub stamps: Vec<(u64, u64, u64)>,
+}
+
+/// A touch slower than this waited for a fault to be served (a touch of
+/// a present page takes well under it), ns.
+const SLOW_TOUCH_NS: u64 = 1_000;
+
+/// A vCPU thread's last `cap` slow touches (page, TSC before, TSC after).
+struct TouchRing {
+    cap: usize,
+    buf: Vec<(u64, u64, u64)>,
+    next: usize,
+}
+
+impl TouchRing {
+    fn new(cap: usize) -> TouchRing {
+        TouchRing {
+            cap,
+            buf: Vec::with_capacity(cap),
+            next: 0,
+        }
+    }
+
+    fn push(&mut self, s: (u64, u64, u64)) {
+        if self.buf.len() < self.cap {
+            self.buf.push(s);
+        } else if self.cap > 0 {
+            self.buf[self.next] = s;
+            self.next = (self.next + 1) % self.cap;
+        }
+    }
+
+    fn into_vec(mut self) -> Vec<(u64, u64, u64)> {
+        self.buf.rotate_left(self.next);
+        self.buf
+    }
 }
 
 /// Touches `ws` from `args.threads` vCPU threads (pausing once at
@@ -218,6 +258,7 @@ pub fn touch(
         .map(|p| (ws.len() as f64 * p / 100.0) as usize);
     let pause = Duration::from_millis(args.pause_ms);
     let compute_for = Duration::from_micros(args.compute_us);
+    let stamps = args.stamps as usize;
     let paused = Arc::new(AtomicBool::new(false));
     let vcpus_done = Arc::new(AtomicBool::new(false));
     let stormer = (args.storm > 0).then(|| {
@@ -247,6 +288,7 @@ pub fn touch(
             let mut lat = Vec::with_capacity(ws.len() / nthreads + 1);
             let mut first_ns = u64::MAX;
             let switches = procfs::thread_switches();
+            let mut ring = TouchRing::new(stamps);
             for (i, &(r, p)) in ws.iter().enumerate() {
                 if !mine(pattern, i, t, nthreads, ws.len()) {
                     continue;
@@ -262,9 +304,22 @@ pub fn touch(
                     first_ns = faultline_sys::monotonic_ns();
                 }
                 let s = Instant::now();
+                let tsc = || {
+                    if stamps > 0 {
+                        faultline_sys::rdtsc()
+                    } else {
+                        0
+                    }
+                };
+                let c0 = tsc();
                 // SAFETY: `addr` lies in a live mapping of this process.
                 unsafe { std::ptr::read_volatile(addr as *const u8) };
-                lat.push(s.elapsed().as_nanos() as u64);
+                let c1 = tsc();
+                let ns = s.elapsed().as_nanos() as u64;
+                lat.push(ns);
+                if stamps > 0 && ns > SLOW_TOUCH_NS {
+                    ring.push((addr, c0, c1));
+                }
                 touched.fetch_add(1, Relaxed);
                 compute(compute_for);
             }
@@ -276,6 +331,7 @@ pub fn touch(
                 first_ns,
                 end_ns,
                 (after.0 - switches.0, after.1 - switches.1),
+                ring.into_vec(),
             )
         }));
     }
@@ -287,10 +343,12 @@ pub fn touch(
         last_touch_ns: 0,
         slept: 0,
         preempted: 0,
+        stamps: Vec::new(),
     };
     let mut end = None;
     for h in handles {
-        let (l, e, first, last, (slept, preempted)) = h.join().expect("vCPU thread");
+        let (l, e, first, last, (slept, preempted), stamps) = h.join().expect("vCPU thread");
+        out.stamps.extend(stamps);
         out.slept += slept;
         out.preempted += preempted;
         out.latencies.extend(l);
@@ -472,6 +530,7 @@ pub fn touch_and_check(
         last_touch_ns: t.last_touch_ns,
         vcpu_preempted: t.preempted,
         vcpu_slept: t.slept,
+        touch_stamps: t.stamps,
     })
 }
 

@@ -103,6 +103,8 @@ pub fn build(
         },
         record,
         shared: snapshot,
+        phase_samples: state.config.phase_samples,
+        wake_first: state.config.wake_first,
         ..Default::default()
     };
     let built = ForeignPeer::new(format!("peer {n}"), uffd, specs, state.store.clone(), &opts)

@@ -111,6 +111,7 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
             prefetch_done_ns: times.prefetch_done_ns.unwrap_or(0),
             ..handoff
         },
+        phases: peer.phases().iter().map(|f| f.fields()).collect(),
     };
     say(format_args!(
         "peer {n} (pid {pid}): {outcome}; {} faults in {} reads, {} pages installed ({} around faulting pages), {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched; handler threads' CPU so far {:.1} ms ({} sleeps)",

@@ -202,6 +202,7 @@ impl Server {
                     .prefetch_helpers
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
                 prefetch_idle: config.prefetch_idle,
+                spread: config.workers,
                 ..Default::default()
             },
         )

@@ -70,6 +70,10 @@ pub struct Delivery {
     /// tell whether one of its pages is mapped (not so for a peer's memory
     /// served through its userfaultfd).
     pub memory_here: bool,
+    /// A fault's window is installed faulting page first: that page is
+    /// copied and its thread woken before the rest of the window is
+    /// copied (copy mode, no budget; see `fault::resolve`).
+    pub wake_first: bool,
 }
 
 impl Delivery {
@@ -80,6 +84,7 @@ impl Delivery {
         faulter_sleeps: false,
         reads_events: false,
         memory_here: true,
+        wake_first: false,
     };
     /// A message read by a handler thread; the faulting thread sleeps
     /// until woken (the `poll`, `spin` and `workers` engines).
@@ -88,6 +93,7 @@ impl Delivery {
         faulter_sleeps: true,
         reads_events: true,
         memory_here: true,
+        wake_first: false,
     };
     /// A peer's fault read by a handler thread of this process
     /// (`crate::foreign`): like [`HANDLER_THREAD`](Self::HANDLER_THREAD),

@@ -23,7 +23,13 @@
 //!    residency map therefore never claims a page present before it is
 //!    mapped, and a thread that resumes from a fault always finds its page
 //!    recorded. EEXIST means someone else installed the page: done (and a
-//!    WAKE).
+//!    WAKE). With [`Delivery::wake_first`] (a peer's copy mode) a fault's
+//!    window goes in two steps: the faulting page alone, its thread woken,
+//!    then the rest of the window (still claimed) in up to two ioctls;
+//!    what fails there only releases its claims.
+//!
+//!    Each step is stamped on the thread ([`stamps`]: bytes ready, ioctl
+//!    returned, wake returned), the foreign engine's phase samples.
 //! 6. A store error poisons the faulting page (`UFFDIO_POISON`) so the
 //!    faulting thread gets SIGBUS instead of a zero page.
 //!
@@ -31,7 +37,9 @@
 //! no locks, only atomics and system calls.
 //!
 //! [`Delivery::faulter_sleeps`]: super::Delivery::faulter_sleeps
+//! [`Delivery::wake_first`]: super::Delivery::wake_first
 
+use std::cell::Cell;
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -103,6 +111,53 @@ pub(crate) enum Resolution {
     Failed(UffdError),
 }
 
+/// TSC stamps of the last [`resolve`] on this thread: where the
+/// handler's part of a fault went (the foreign engine's phase samples,
+/// `bench restore`'s phases). 0: the step did not happen (the page was
+/// there, or a store failed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Stamps {
+    /// The bytes were ready (store read, page cache filled): the install
+    /// ioctl of the faulting page's run was about to start.
+    pub filled: u64,
+    /// That ioctl returned.
+    pub resolved: u64,
+    /// The faulting thread's `UFFDIO_WAKE` returned (0: not woken here).
+    pub woken: u64,
+    /// Pages that ioctl installed.
+    pub pages: u64,
+}
+
+impl Stamps {
+    const ZERO: Stamps = Stamps {
+        filled: 0,
+        resolved: 0,
+        woken: 0,
+        pages: 0,
+    };
+}
+
+thread_local! {
+    /// This thread's [`Stamps`] (a const-initialised cell: no allocation,
+    /// safe in the signal engine's handler).
+    static STAMPS: Cell<Stamps> = const { Cell::new(Stamps::ZERO) };
+}
+
+/// The stamps of this thread's last [`resolve`].
+pub(crate) fn stamps() -> Stamps {
+    STAMPS.get()
+}
+
+/// Stamps the first install ioctl of this resolve as about to start.
+#[inline]
+fn stamp_filled() {
+    let mut s = STAMPS.get();
+    if s.filled == 0 {
+        s.filled = rdtsc();
+        STAMPS.set(s);
+    }
+}
+
 /// Resolves `page` of `r` for `access`, with the window `origin` asks
 /// for. `scratch`: a buffer of at least one region page for stores
 /// without a zero-copy view (its length caps the window).
@@ -116,6 +171,7 @@ pub(crate) fn resolve(
     let wake = r.delivery.faulter_sleeps;
     let ps = r.pages.size().bytes();
     let mut access = access;
+    STAMPS.set(Stamps::ZERO);
     for _attempt in 0..8 {
         let state = r.residency.get(page);
         if r.budget.is_some() && access.write && (access.wp || state == PageState::ReadOnly) {
@@ -224,6 +280,20 @@ pub(crate) fn resolve(
             r.residency.release(page + 1..run.end);
             run = page..page + 1;
         }
+        // Wake first (Delivery::wake_first): the faulting page alone now,
+        // its thread woken; the rest of the window, still claimed, after.
+        let mut rest = None;
+        if wake
+            && r.delivery.wake_first
+            && run.len() > 1
+            && matches!(origin, Origin::Fault)
+            && r.budget.is_none()
+            && matches!(r.op, ResolveOp::Copy | ResolveOp::Auto)
+            && !r.batches_fills()
+        {
+            rest = Some([run.start..page, page + 1..run.end]);
+            run = page..page + 1;
+        }
         // A store that pays per request: the window's other absent holes
         // come in the same round trip (installed after the faulting run).
         let mut holes = Holes::NONE;
@@ -285,6 +355,17 @@ pub(crate) fn resolve(
             };
             if let Some((a, l)) = woken {
                 let _ = r.uffd.wake(a, l);
+                let mut s = STAMPS.get();
+                s.woken = rdtsc();
+                STAMPS.set(s);
+            }
+        }
+        let mut rest_installed = 0;
+        for part in rest.into_iter().flatten().filter(|p| !p.is_empty()) {
+            if matches!(step, Step::Done | Step::Exists) {
+                rest_installed += install_rest(r, part, scratch, installed);
+            } else {
+                r.residency.release(part);
             }
         }
         let hole_state = match r.budget {
@@ -292,7 +373,7 @@ pub(crate) fn resolve(
             None => PageState::Writable,
         };
         let mut around = match step {
-            Step::Done if matches!(origin, Origin::Fault) => run.len() - 1,
+            Step::Done if matches!(origin, Origin::Fault) => run.len() - 1 + rest_installed,
             _ => 0,
         };
         for (hole, at) in holes.filled(run_pages, ps) {
@@ -338,6 +419,49 @@ pub(crate) fn resolve(
     // Eight rounds of partial progress without reaching our page: let the
     // access retry (it will fault again and start over).
     Resolution::Busy
+}
+
+/// Installs `part` of a fault's window after its faulting page (wake
+/// first): its pages are claimed and absent; whatever fails (a store
+/// error, EAGAIN, EEXIST part-way) only releases the claims of what was
+/// not installed, leaving those pages to their own faults (a neighbour's
+/// failure never poisons a page). Returns the pages installed.
+fn install_rest(
+    r: &RegionState,
+    part: Range<usize>,
+    scratch: &mut [u8],
+    installed: &mut usize,
+) -> usize {
+    let dst = r.pages.addr(part.start);
+    let bytes = r.pages.bytes(part.len()) as u64;
+    let offset = r.pages.offset(part.start);
+    let before = *installed;
+    match copy_run(r, &part, dst, offset, bytes, scratch, None, false) {
+        Ok(out) => {
+            let _ = finish(
+                r,
+                part.clone(),
+                part.start,
+                Ok(out),
+                PageState::Writable,
+                false,
+                installed,
+            );
+        }
+        Err(CopyErr::Uffd(e)) => {
+            let _ = finish(
+                r,
+                part.clone(),
+                part.start,
+                Err(e),
+                PageState::Writable,
+                false,
+                installed,
+            );
+        }
+        Err(CopyErr::Store(_)) => r.residency.release(part),
+    }
+    *installed - before
 }
 
 /// Installs every absent page of `pages` from the calling thread (not a
@@ -560,6 +684,7 @@ fn install(
         (ResolveOp::Continue, Some(true)) => {
             // Mapped read-only into the private view: a write copies it.
             state = PageState::ReadOnly;
+            stamp_filled();
             r.uffd
                 .continue_(dst, bytes, mode::CONTINUE_DONTWAKE)
                 .map_err(CopyErr::Uffd)
@@ -568,6 +693,7 @@ fn install(
             if let Err(e) = fill_page_cache(r, run.clone()) {
                 return fail_store(r, run, page, e);
             }
+            stamp_filled();
             r.uffd
                 .continue_(dst, bytes, mode::CONTINUE_DONTWAKE)
                 .map_err(CopyErr::Uffd)
@@ -670,6 +796,7 @@ fn install(
             }
             if r.store.is_zero() && !write && r.zeropage_reads {
                 state = PageState::ReadOnly;
+                stamp_filled();
                 r.uffd
                     .zeropage(dst, bytes, mode::ZEROPAGE_DONTWAKE)
                     .map_err(CopyErr::Uffd)
@@ -731,6 +858,7 @@ fn copy_run(
     // Budget regions install clean pages write-protected; the first write
     // takes a WP fault that marks them dirty.
     let wp = if clean { mode::COPY_WP } else { 0 };
+    stamp_filled();
     // SAFETY: `src` points at `bytes` readable bytes: the zero buffer is at
     // least `bytes` long (max_run_pages caps runs), the view and the
     // scratch slice were checked to be that long.
@@ -789,6 +917,16 @@ fn finish(
     let ps = r.pages.size().bytes();
     let t = rdtsc();
     r.timing_resolved.store(t, Relaxed);
+    let mut s = STAMPS.get();
+    if s.resolved == 0 {
+        s.resolved = t;
+        s.pages = match out {
+            Ok(Outcome::Partial { done, .. }) => (done / ps) as u64,
+            Ok(Outcome::Done(_)) => run.len() as u64,
+            _ => 0,
+        };
+        STAMPS.set(s);
+    }
     let step = match out {
         Ok(Outcome::Done(_) | Outcome::Partial { .. }) => {
             // COPY/MOVE stop at the first page that exists: a partial

@@ -91,6 +91,16 @@ pub struct ForeignOptions {
     pub shared: Option<Arc<SharedSnapshot>>,
     /// Record the order in which pages first fault.
     pub record: bool,
+    /// Keep TSC stamps of the last this many faults along the handler's
+    /// path ([`FaultPhases`](super::FaultPhases), read back with
+    /// [`ForeignPeer::phases`](super::ForeignPeer::phases)). Default 0:
+    /// off.
+    pub phase_samples: usize,
+    /// Install a fault's window faulting page first: that page is copied
+    /// and its thread woken, then the rest of the window is copied (copy
+    /// mode; the thread no longer waits for its whole window's copy).
+    /// Default false: one ioctl for the window, then the wake.
+    pub wake_first: bool,
 }
 
 /// Checks the regions against each other and against the store: no
@@ -145,6 +155,12 @@ pub struct ForeignEngineConfig {
     /// How a handler thread waits for its peers' next messages. Default
     /// [`HandlerWait::ADAPTIVE`].
     pub wait: HandlerWait,
+    /// Workers: every handler thread reads every peer's userfaultfd, so
+    /// one peer's faults are served on all of them at once (its copies on
+    /// several CPUs); the first thread alone watches its hang-up and
+    /// runs its prefetch steps. Default false: each peer is served by
+    /// one thread.
+    pub spread: bool,
 }
 
 /// How a peer handler thread waits for its peers' messages (see [the
@@ -220,6 +236,7 @@ impl Default for ForeignEngineConfig {
             prefetch_helpers: 1,
             prefetch_idle: false,
             wait: HandlerWait::default(),
+            spread: false,
         }
     }
 }

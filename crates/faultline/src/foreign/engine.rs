@@ -19,11 +19,27 @@
 //!   prefetch helpers (threads shared by all slots): prefetch.rs
 //! ```
 //!
-//! 1. **One reader per userfaultfd.** Each peer is served by exactly one
-//!    handler thread, which reads its events, its faults and runs its
-//!    prefetch: the copy of a fault read before a REMOVE finishes before
-//!    the REMOVE is read (and the peer's `madvise` released), so a removed
-//!    range never gets the store's bytes installed after the fact.
+//! 1. **One reader per userfaultfd** (by default). Each peer is served by
+//!    exactly one handler thread, which reads its events, its faults and
+//!    runs its prefetch: the copy of a fault read before a REMOVE finishes
+//!    before the REMOVE is read (and the peer's `madvise` released), so a
+//!    removed range never gets the store's bytes installed after the fact.
+//!    **Workers** ([`ForeignEngineConfig::spread`]): every thread reads
+//!    every peer's userfaultfd (the kernel hands each message to one
+//!    reader), so one peer's copies run on several CPUs. The rule above
+//!    then holds through the peer's copy gate: a thread reads (and handles
+//!    the events of its batch) holding it exclusively, and resolves each
+//!    fault holding it shared, so no copy is in flight when a REMOVE is
+//!    read. Overlapping windows of two threads are settled by the
+//!    residency map's claims (a page claimed by the other thread: the
+//!    vCPU is woken to retry; one installed meanwhile: EEXIST, done). The
+//!    first thread alone watches the peer's hang-up descriptor and runs
+//!    its prefetch steps, and a dropped peer is reported once.
+//!
+//!    ```text
+//!      peer uffd ──► thread 0: read ─► fault ─► COPY     (+ hang-up, prefetch)
+//!                └─► thread 1: read ─► fault ─► COPY
+//!    ```
 //! 2. **What differs from a thread engine** is its [`Serve`], `Peers`: a
 //!    fault's owner is its peer (looked up in the peer's own regions, not
 //!    the region table), a store error is sent as
@@ -52,6 +68,7 @@
 //!    before it sleeps and every 256 empty polls) is in
 //!    [`ForeignEngine::handler_stats`].
 
+use std::cell::Cell;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -62,11 +79,12 @@ use std::time::{Duration, Instant};
 use super::config::{ForeignEngineConfig, HandlerWait};
 use super::error::ForeignError;
 use super::peer::{ForeignPeer, PeerEvent};
+use super::phases::FaultPhases;
 use super::prefetch::{self, prefetch_chunk, Work};
 use crate::background::{Background, StopFlag};
 use crate::engine::handler::{poll_timeout, settle, Action, Attempt, Handler, Serve};
 use crate::engine::EngineKind;
-use crate::fault::resolve::{resolve, Access, Origin};
+use crate::fault::resolve::{self, resolve, Access, Origin};
 use crate::page::PageSize;
 use faultline_sys::poll::{self, events, PollFd};
 use faultline_sys::rdtsc;
@@ -74,7 +92,7 @@ use faultline_sys::sock;
 use faultline_sys::thread::EventFd;
 use faultline_sys::uffd::{Msg, Uffd, UffdError};
 
-/// One handler thread's share of the peers.
+/// One handler thread's share of the peers (with `spread`: every peer).
 struct Slot {
     /// Its peers; the thread keeps a copy, refreshed when `changed`.
     peers: Mutex<Vec<Arc<ForeignPeer>>>,
@@ -125,6 +143,8 @@ pub struct ForeignEngine {
     threads: Vec<Background>,
     helpers: Vec<Background>,
     work: Arc<Work>,
+    /// Every thread serves every peer (workers).
+    spread: bool,
 }
 
 impl std::fmt::Debug for ForeignEngine {
@@ -151,9 +171,8 @@ impl ForeignEngine {
         }
         let (tx, rx) = channel();
         let mut slots = Vec::new();
-        let mut threads = Vec::new();
-        for i in 0..cfg.threads.max(1) {
-            let slot = Arc::new(Slot {
+        for _ in 0..cfg.threads.max(1) {
+            slots.push(Arc::new(Slot {
                 peers: Mutex::new(Vec::new()),
                 changed: AtomicBool::new(false),
                 wake: EventFd::new().map_err(|source| ForeignError::Spawn {
@@ -163,18 +182,21 @@ impl ForeignEngine {
                 cpu_us: AtomicU64::new(0),
                 sleeps: AtomicU64::new(0),
                 empty_spins: AtomicU64::new(0),
-            });
-            let (s, tx, cfg) = (slot.clone(), tx.clone(), cfg.clone());
+            }));
+        }
+        let all = Arc::new(slots.clone());
+        let mut threads = Vec::new();
+        for i in 0..slots.len() {
+            let (all, tx, cfg) = (all.clone(), tx.clone(), cfg.clone());
             threads.push(
                 Background::spawn(format!("faultline-peer-{i}"), move |stop| {
-                    Worker::new(s, tx, &cfg).run(stop)
+                    Worker::new(all, i, tx, &cfg).run(stop)
                 })
                 .map_err(|source| ForeignError::Spawn {
                     what: "a handler thread",
                     source,
                 })?,
             );
-            slots.push(slot);
         }
         let work = Arc::new(Work::default());
         let mut helpers = Vec::new();
@@ -198,22 +220,31 @@ impl ForeignEngine {
                 threads,
                 helpers,
                 work,
+                spread: cfg.spread,
             },
             rx,
         ))
     }
 
-    /// Starts serving `peer` (on the least loaded thread).
+    /// Starts serving `peer` (on the least loaded thread; workers: on
+    /// every thread).
     pub fn add(&self, peer: ForeignPeer) -> Arc<ForeignPeer> {
         let peer = Arc::new(peer);
-        let slot = self
-            .slots
-            .iter()
-            .min_by_key(|s| s.peers.lock().expect("peers").len())
-            .expect("at least one thread");
-        slot.peers.lock().expect("peers").push(peer.clone());
-        slot.changed.store(true, Relaxed);
-        slot.wake.notify();
+        let on: Vec<&Arc<Slot>> = if self.spread {
+            self.slots.iter().collect()
+        } else {
+            let least = self
+                .slots
+                .iter()
+                .min_by_key(|s| s.peers.lock().expect("peers").len())
+                .expect("at least one thread");
+            vec![least]
+        };
+        for slot in on {
+            slot.peers.lock().expect("peers").push(peer.clone());
+            slot.changed.store(true, Relaxed);
+            slot.wake.notify();
+        }
         if peer.prefetch_pending() {
             self.work.notify();
         }
@@ -223,16 +254,16 @@ impl ForeignEngine {
     /// Stops serving peer `id`; returns it (the caller decides when its
     /// descriptors close by dropping it).
     pub fn remove(&self, id: u64) -> Option<Arc<ForeignPeer>> {
+        let mut found = None;
         for s in &self.slots {
             let mut peers = s.peers.lock().expect("peers");
             if let Some(i) = peers.iter().position(|p| p.id == id) {
-                let p = peers.remove(i);
+                found = Some(peers.remove(i));
                 s.changed.store(true, Relaxed);
                 s.wake.notify();
-                return Some(p);
             }
         }
-        None
+        found
     }
 
     /// What the handler threads cost so far (CPU time, sleeps, empty
@@ -249,6 +280,9 @@ impl ForeignEngine {
 
     /// The peers being served.
     pub fn peers(&self) -> Vec<Arc<ForeignPeer>> {
+        if self.spread {
+            return self.slots[0].peers.lock().expect("peers").clone();
+        }
         self.slots
             .iter()
             .flat_map(|s| s.peers.lock().expect("peers").clone())
@@ -280,6 +314,10 @@ const HANGUP_MSG_BYTES: usize = 4096;
 struct Peers {
     tx: Sender<PeerEvent>,
     scratch: Vec<u8>,
+    /// TSC when the last `read(2)` returned messages (phase samples).
+    read_tsc: Cell<u64>,
+    /// Other threads read the same peers: resolve under the copy gate.
+    spread: bool,
 }
 
 impl Serve for Peers {
@@ -288,6 +326,10 @@ impl Serve for Peers {
 
     fn uffd<'a>(&'a self, p: &'a Arc<ForeignPeer>) -> &'a Uffd {
         &p.uffd.uffd
+    }
+
+    fn batch_read(&self, _: usize) {
+        self.read_tsc.set(rdtsc());
     }
 
     fn event(&mut self, p: &Arc<ForeignPeer>, m: Msg) {
@@ -308,6 +350,9 @@ impl Serve for Peers {
         attempt: Attempt,
     ) -> Action<String> {
         let started_ns = faultline_sys::monotonic_ns();
+        // Workers: no REMOVE is read (by another thread) while this
+        // fault's copy is in flight.
+        let _gate = self.spread.then(|| p.copy_gate.read().expect("copy gate"));
         let (reg, page) = match p.on_fault(addr, flags, attempt != Attempt::Retry) {
             Ok(found) => found,
             Err(why) => return Action::Stop(why),
@@ -316,7 +361,12 @@ impl Serve for Peers {
         r.fault_seen(page, t0);
         let access = Access::of_message(flags);
         let res = resolve(r, page, access, &Origin::Fault, &mut self.scratch);
-        r.add_cycles(rdtsc().wrapping_sub(t0));
+        let done = rdtsc();
+        r.add_cycles(done.wrapping_sub(t0));
+        if let (Some(ring), Attempt::Read) = (&p.phases, attempt) {
+            let stamps = (self.read_tsc.get(), t0, done);
+            ring.push(FaultPhases::new(addr, stamps, resolve::stamps()));
+        }
         p.fault_served(&res, started_ns);
         settle(
             r,
@@ -351,6 +401,12 @@ impl Serve for Peers {
 /// peer with messages, and one bounded prefetch step per round.
 struct Worker {
     slot: Arc<Slot>,
+    /// Every thread's slot (workers: a dropped peer leaves them all).
+    all: Arc<Vec<Arc<Slot>>>,
+    /// This thread watches hang-ups and runs prefetch steps (the only
+    /// thread, or the first of the workers).
+    primary: bool,
+    spread: bool,
     peers: Vec<Arc<ForeignPeer>>,
     handler: Handler<Peers>,
     chunk: usize,
@@ -364,13 +420,23 @@ struct Worker {
 const ACCOUNT_EVERY: u64 = 256;
 
 impl Worker {
-    fn new(slot: Arc<Slot>, tx: Sender<PeerEvent>, cfg: &ForeignEngineConfig) -> Worker {
+    fn new(
+        all: Arc<Vec<Arc<Slot>>>,
+        index: usize,
+        tx: Sender<PeerEvent>,
+        cfg: &ForeignEngineConfig,
+    ) -> Worker {
         let peers = Peers {
+            spread: cfg.spread,
             tx,
             scratch: vec![0u8; cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes())],
+            read_tsc: Cell::new(0),
         };
         Worker {
-            slot,
+            slot: all[index].clone(),
+            all,
+            primary: !cfg.spread || index == 0,
+            spread: cfg.spread,
             peers: Vec::new(),
             handler: Handler::new(peers, cfg.batch),
             chunk: cfg.prefetch_chunk_bytes.max(PageSize::BASE.bytes()),
@@ -408,13 +474,15 @@ impl Worker {
                     events: events::IN,
                     revents: 0,
                 });
+                // (A negative descriptor is ignored by poll(2).)
+                let hangup = p.hangup.as_ref().filter(|_| self.primary);
                 fds.push(PollFd {
-                    fd: p.hangup.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                    fd: hangup.map_or(-1, |f| f.as_raw_fd()),
                     events: events::IN | events::RDHUP,
                     revents: 0,
                 });
             }
-            let prefetching = self.peers.iter().any(|p| p.prefetch_pending());
+            let prefetching = self.primary && self.peers.iter().any(|p| p.prefetch_pending());
             let spinning = !prefetching && self.wait.spins(self.last_msg.elapsed());
             let timeout = if prefetching || spinning {
                 0
@@ -466,15 +534,11 @@ impl Worker {
             }
             for (id, ev) in dropped {
                 self.forget(id);
-                let _ = self.handler.serve.tx.send(ev);
+                self.report(ev);
             }
             if let Err((peer, error)) = self.handler.retry_deferred() {
                 self.forget(peer.id);
-                let _ = self
-                    .handler
-                    .serve
-                    .tx
-                    .send(PeerEvent::Failed { peer, error });
+                self.report(PeerEvent::Failed { peer, error });
             }
             // Faults first: the ones read this round are resolved; then one
             // bounded prefetch step, and back to poll (timeout 0).
@@ -493,15 +557,34 @@ impl Worker {
         self.account();
     }
 
-    /// Stops serving peer `id` (it was dropped).
+    /// Stops serving peer `id` (it was dropped); workers: on every
+    /// thread.
     fn forget(&mut self, id: u64) {
         self.peers.retain(|p| p.id != id);
         self.handler.forget(|p| p.id != id);
-        self.slot
-            .peers
-            .lock()
-            .expect("peers")
-            .retain(|p| p.id != id);
+        let mine = std::slice::from_ref(&self.slot);
+        for s in if self.spread { &self.all[..] } else { mine } {
+            let mut peers = s.peers.lock().expect("peers");
+            let before = peers.len();
+            peers.retain(|p| p.id != id);
+            if peers.len() != before && !Arc::ptr_eq(s, &self.slot) {
+                s.changed.store(true, Relaxed);
+                s.wake.notify();
+            }
+        }
+    }
+
+    /// Sends a peer's drop (hung up, failed) unless another thread of
+    /// the workers already did.
+    fn report(&self, ev: PeerEvent) {
+        let peer = match &ev {
+            PeerEvent::HungUp { peer } | PeerEvent::Failed { peer, .. } => Some(peer),
+            _ => None,
+        };
+        if peer.is_some_and(|p| p.dropped.swap(true, Relaxed)) {
+            return;
+        }
+        let _ = self.handler.serve.tx.send(ev);
     }
 
     /// Something on the peer's hang-up descriptor: a message (reported,
@@ -546,7 +629,8 @@ impl Worker {
     }
 
     /// Installs up to one chunk of one peer's prefetch queue (its handler
-    /// thread: no copy gate needed, it is the one reading the events).
+    /// thread: no copy gate needed, it is the one reading the events;
+    /// workers: under the gate, the others read them too).
     fn prefetch_step(&mut self) {
         let n = self.peers.len();
         for k in 0..n {
@@ -555,6 +639,7 @@ impl Worker {
             if p.prefetch_pending() {
                 self.next_prefetch = i + 1;
                 let peers = &mut self.handler.serve;
+                let _gate = self.spread.then(|| p.copy_gate.read().expect("copy gate"));
                 prefetch_chunk(&p, self.chunk, &mut peers.scratch, &peers.tx);
                 return;
             }

@@ -35,6 +35,8 @@
 //!              counters (PeerStats) and milestones (PeerTimes)
 //!   service    FaultKinds, ServiceTimes: faults by kind, their service
 //!              times, demand pages (what live metrics read)
+//!   phases     FaultPhases: TSC stamps of a peer's last N faults along
+//!              the handler's path (where the time goes)
 //!   plan       PrefetchPlan (a record made into runs once, for any number
 //!              of peers), the per-peer queue, prepare_store
 //!   store      RegionStore: the store at a region's offset, REMOVE'd pages
@@ -99,6 +101,7 @@ mod config;
 mod engine;
 mod error;
 mod peer;
+mod phases;
 mod plan;
 mod prefetch;
 mod service;
@@ -112,6 +115,7 @@ pub use config::{
 pub use engine::{ForeignEngine, HandlerStats};
 pub use error::ForeignError;
 pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes, RemoveJournal};
+pub use phases::FaultPhases;
 pub use plan::{prepare_store, PrefetchPlan};
 pub use service::{FaultKinds, ServiceTimes, SERVICE_BOUNDS_NS, SERVICE_BUCKETS};
 pub use snapshot::{PeerBacking, Populated, SharedSnapshot, SnapshotError, Verify};

@@ -39,6 +39,7 @@ use std::time::Instant;
 
 use super::config::{check_layout, ForeignOptions, ForeignRegionSpec};
 use super::error::ForeignError;
+use super::phases::{FaultPhases, PhaseRing};
 use super::plan::PrefetchQueue;
 use super::service::{FaultKinds, ServiceCounters, ServiceTimes};
 use super::store::{RegionStore, Removed};
@@ -210,7 +211,10 @@ impl ForeignRegion {
             // the fault path treats a fault on a recorded page as a dropped
             // page (never `mincore`, which would look at our own address
             // space).
-            delivery: Delivery::PEER_HANDLER,
+            delivery: Delivery {
+                wake_first: opts.wake_first,
+                ..Delivery::PEER_HANDLER
+            },
             inflight: AtomicUsize::new(0),
             stats: Default::default(),
             budget: None,
@@ -258,6 +262,11 @@ pub struct ForeignPeer {
     pub(super) clock: PeerClock,
     /// Told of every REMOVE before its bookkeeping ([`ForeignPeer::with_journal`]).
     journal: Option<RemoveJournal>,
+    /// Phase samples of its last faults ([`ForeignOptions::phase_samples`]).
+    pub(super) phases: Option<PhaseRing>,
+    /// A handler thread has reported it dropped (hung up, failed): with
+    /// several threads reading it, only the first report goes out.
+    pub(super) dropped: AtomicBool,
 }
 
 /// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
@@ -346,6 +355,8 @@ impl ForeignPeer {
             stats: PeerCounters::default(),
             clock: PeerClock::default(),
             journal: None,
+            phases: PhaseRing::new(opts.phase_samples),
+            dropped: AtomicBool::new(false),
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
@@ -444,7 +455,16 @@ impl ForeignPeer {
             .runs
             .capacity()
             * std::mem::size_of::<(usize, Range<usize>)>();
-        bits + log + queue
+        let phases = self.phases.as_ref().map_or(0, PhaseRing::bytes);
+        bits + log + queue + phases
+    }
+
+    /// The phase samples of its last faults, oldest first (empty unless
+    /// [`ForeignOptions::phase_samples`] asked for them).
+    pub fn phases(&self) -> Vec<FaultPhases> {
+        self.phases
+            .as_ref()
+            .map_or_else(Vec::new, PhaseRing::samples)
     }
 
     /// Pages of all regions the residency map records as installed.

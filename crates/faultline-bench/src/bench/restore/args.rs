@@ -33,8 +33,12 @@ pub struct RestoreArgs {
     /// Configurations to run (the ratios need kernel, baseline and
     /// on-demand). Default: all but on-demand-poll (serve's handler
     /// sleeping in poll(2) between faults, as before the adaptive engine),
-    /// on-demand-huge and prefetch-huge (they reserve 2 MiB pages for the
-    /// peer: ask for them).
+    /// on-demand-workers (serve --engine workers --threads 2: one peer's
+    /// faults on two handler threads), on-demand-wake-first (serve
+    /// --wake-first), on-demand-single (serve --fault-around-initial 1:
+    /// an isolated fault installs its page alone), on-demand-huge and
+    /// prefetch-huge
+    /// (they reserve 2 MiB pages for the peer: ask for them).
     #[arg(
         long,
         value_delimiter = ',',
@@ -79,14 +83,23 @@ pub struct RestoreArgs {
     /// file's warm-up).
     #[arg(long)]
     pub keep_caches: bool,
+    /// Do not take the phase samples of served configurations (by
+    /// default serve keeps TSC stamps of its last 4096 faults and the peer
+    /// of its vCPUs' last 4096 slow touches each, joined into the
+    /// phase table: message read, batch, store read, copy, wake, return).
+    #[arg(long)]
+    pub no_phases: bool,
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 15] = [
+pub const CONFIGS: [&str; 18] = [
     "kernel",
     "baseline",
     "on-demand",
     "on-demand-poll",
+    "on-demand-workers",
+    "on-demand-wake-first",
+    "on-demand-single",
     "prefetch",
     "prefetch-idle",
     "eager",

@@ -93,6 +93,8 @@ pub struct Launcher<'a> {
     pub prefetch_idle: bool,
     /// `peer --compute-us N`.
     pub compute_us: u64,
+    /// `peer --stamps N` and `serve --phase-samples N` (0: off).
+    pub stamps: usize,
 }
 
 impl Launcher<'_> {
@@ -116,6 +118,9 @@ impl Launcher<'_> {
             "--pattern",
             self.pattern,
         ]);
+        if self.stamps > 0 && !matches!(backing, Backing::File(_) | Backing::FileHuge(_)) {
+            cmd.args(["--stamps", &self.stamps.to_string()]);
+        }
         match backing {
             Backing::Uffd(s) => cmd.arg("--socket").arg(s),
             Backing::File(f) => cmd.args(["--backend", "file"]).arg("--map-file").arg(f),
@@ -168,6 +173,9 @@ impl Launcher<'_> {
         }
         if self.prefetch_idle {
             cmd.arg("--prefetch-idle");
+        }
+        if self.stamps > 0 {
+            cmd.args(["--phase-samples", &self.stamps.to_string()]);
         }
         if let Mode::Shared(snap) | Mode::SharedHuge(snap) = mode {
             cmd.arg("--shared").arg(snap);

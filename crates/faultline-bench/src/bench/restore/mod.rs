@@ -46,9 +46,18 @@
 //! faults per working-set page and per `read(2)` of the userfaultfd,
 //! serve's handler-thread CPU time (what its `--engine` wait costs), and
 //! wasted pages (installed by a window, never touched: the peer's resident
-//! pages beyond its set); medians over `--reps`. `on-demand-poll` (asked
+//! pages beyond its set); medians over `--reps`. And for each served
+//! configuration the phases of a demand fault as the vCPU sees it (message
+//! read, batch, store read, copy, wake, return: `phases`). `on-demand-poll` (asked
 //! for by name) is `on-demand` with serve's handler sleeping in `poll(2)`
-//! between faults, the engine before the adaptive one. Cold runs drop the file's page cache before each
+//! between faults, the engine before the adaptive one; `on-demand-workers`
+//! (asked for by name) is `on-demand` with `--engine workers --threads 2`:
+//! both handler threads read the peer's userfaultfd, its copies run on
+//! two CPUs; `on-demand-wake-first` (asked for by name) is `on-demand`
+//! with `--wake-first` (the faulting page copied and woken before the rest
+//! of its window); `on-demand-single` (asked for by name) is `on-demand`
+//! with `--fault-around-initial 1` (an isolated fault installs its page
+//! alone; streams still grow). Cold runs drop the file's page cache before each
 //! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root).
 //!
 //! How a run goes, and where each step lives:
@@ -74,6 +83,7 @@
 //! | `timeline` | the hand-off's steps, stamped by the peer and by serve |
 //! | `floor` | what moving the working set's bytes costs at best |
 //! | `peers` | `--peers`: N peers at once, the handler's resident memory |
+//! | `phases` | where a demand fault's time goes: the peer's and serve's TSC stamps joined |
 //! | `results` | records, tables and the figure |
 
 mod args;
@@ -82,6 +92,7 @@ mod floor;
 mod launch;
 mod memory;
 mod peers;
+mod phases;
 mod results;
 mod runs;
 mod timeline;
@@ -150,6 +161,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         prefetch_helpers: a.prefetch_helpers,
         prefetch_idle: a.prefetch_idle,
         compute_us: a.compute_us,
+        stamps: if a.no_phases { 0 } else { phases::SAMPLES },
     };
     if !a.peers.is_empty() {
         return peers::run(ctx, a, &l);

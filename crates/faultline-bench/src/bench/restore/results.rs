@@ -14,6 +14,7 @@ use crate::harness::BenchCtx;
 
 use super::args::{uses_huge_snapshot, uses_snapshot, ws_label, RestoreArgs};
 use super::floor::{self, Floor};
+use super::phases;
 use super::runs::Run;
 
 /// Demand faults per working-set page.
@@ -29,6 +30,10 @@ pub struct Results {
     rows: Vec<Vec<String>>,
     /// The hand-off timeline.
     handoff: Vec<Vec<String>>,
+    /// Where a demand fault's time goes (served configurations).
+    phases: Vec<Vec<String>>,
+    /// ... as the figure's bars (label, trigger, resolve, return cycles).
+    phase_bars: Vec<(String, f64, f64, f64)>,
     /// Per (working set, cache): prefetch's preparation of the record, ms.
     prepared: Vec<(String, f64)>,
     /// Per (working set, cache): each configuration's median ms and the
@@ -59,6 +64,12 @@ impl Results {
                 "floor: UFFDIO_COPY of the set, 1 thread".into(),
                 floor.bytes as f64 / floor.copy_populated_bps * 1e3,
             ));
+            if floor.copy_populated_2t_bps > 0.0 {
+                bars.push((
+                    "floor: UFFDIO_COPY of the set, 2 threads".into(),
+                    floor.bytes as f64 / floor.copy_populated_2t_bps * 1e3,
+                ));
+            }
             if floor.continue_set_s > 0.0 {
                 bars.push((
                     "floor: UFFDIO_CONTINUE of the recorded set's runs, 1 thread".into(),
@@ -126,6 +137,16 @@ impl Results {
             }
             if m.prepare_ms.is_finite() {
                 rec = rec.with("prepare_ms", m.prepare_ms);
+            }
+            rec = phases::record(rec, &m.phases);
+            if m.phases.any() {
+                let lead = [label.clone(), cache.to_string(), cfg.clone()];
+                self.phases.push(phases::row(lead, &m.phases));
+                // Short labels: the figure's bars stand side by side.
+                let short = cfg.strip_prefix("on-demand-").unwrap_or(cfg);
+                let cold = if cold { " cold" } else { "" };
+                self.phase_bars
+                    .push(phases::bars(format!("{label}{cold} {short}"), &m.phases));
             }
             rec = timeline::record(rec, &m.steps)
                 .with("vcpu_preempted", m.preempted)
@@ -248,6 +269,7 @@ impl Results {
             "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages), per working-set page, and per read(2) of the userfaultfd; handler CPU: serve's handler thread (its wait: --engine); wasted: pages installed that no vCPU touched (the peer's resident pages beyond its set, copy mode); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
         );
         timeline::print(&self.handoff);
+        phases::print(&self.phases);
         for (label, ms) in &self.prepared {
             println!(
                 "{label}: serve read and mapped the recorded set in {ms:.1} ms from its own start (the peer starts with it; not a pause before the handshake)"
@@ -270,6 +292,11 @@ impl Results {
             }
         }
         floor::print(ctx, floors);
+        if !self.phase_bars.is_empty() {
+            ctx.figure("restore_phases", |dir, name| {
+                plot::phase_bars(dir, name, &self.phase_bars)
+            })?;
+        }
         self.figure(ctx, a)
     }
 

@@ -16,6 +16,7 @@ use faultline_serve::PeerSummary;
 
 use super::baseline;
 use super::launch::{Backing, Launcher, Mode};
+use super::phases::{self, Phases};
 use super::timeline::{median_finite, steps, STEPS};
 
 /// What one run measured (or the medians of several).
@@ -53,6 +54,8 @@ pub struct Run {
     pub preempted: u64,
     /// ... and their sleeps.
     pub slept: u64,
+    /// Where a demand fault's time went (served configurations).
+    pub phases: Phases,
 }
 
 impl Run {
@@ -77,6 +80,7 @@ impl Run {
             peer_anon_kib: med(&|r| r.peer_anon_kib as f64) as u64,
             preempted: med(&|r| r.preempted as f64) as u64,
             slept: med(&|r| r.slept as f64) as u64,
+            phases: Phases::median(&runs.iter().map(|r| &r.phases).collect::<Vec<_>>()),
             steps: (0..STEPS.len())
                 .map(|k| median_finite(runs.iter().map(|r| r.steps[k]).collect()))
                 .collect(),
@@ -119,6 +123,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         wasted: f64::NAN,
         prepare_ms: f64::NAN,
         peer_anon_kib: p.rss_anon_kib + p.hugetlb_kib,
+        phases: Phases::default(),
     };
     Ok(match cfg {
         "kernel" | "kernel-tmpfs" | "kernel-hugetlbfs" => {
@@ -152,11 +157,17 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         }
         "on-demand"
         | "on-demand-poll"
+        | "on-demand-workers"
+        | "on-demand-wake-first"
+        | "on-demand-single"
         | "on-demand-shared"
         | "on-demand-huge"
         | "on-demand-shared-huge" => {
             let extra: &[&str] = match cfg {
                 "on-demand-poll" => &["--engine", "poll"],
+                "on-demand-workers" => &["--engine", "workers", "--threads", "2"],
+                "on-demand-wake-first" => &["--wake-first"],
+                "on-demand-single" => &["--fault-around-initial", "1"],
                 _ => &[],
             };
             let (p, s, _) = l.served(ws, extra, Mode::of(cfg, snap, hsnap))?;
@@ -196,7 +207,12 @@ fn served(p: PeerReport, s: PeerSummary, prepare_ms: f64, mode: Mode<'_>) -> Run
         Mode::Copy => p.resident_pages.saturating_sub(p.pages as u64) as f64,
         _ => f64::NAN,
     };
+    let page = match mode {
+        Mode::Huge | Mode::SharedHuge(_) => 2 << 20,
+        _ => 4096,
+    };
     Run {
+        phases: phases::of_run(&p.touch_stamps, &s.phases, page),
         steps: steps(&p, Some(&s)),
         prepare_ms,
         reads: s.reads,
