@@ -91,6 +91,13 @@ pub struct ForeignOptions {
     pub shared: Option<Arc<SharedSnapshot>>,
     /// Record the order in which pages first fault.
     pub record: bool,
+    /// Dirty tracking: register the regions with write-protect through the
+    /// peer's userfaultfd, install every page write-protected and note
+    /// each page's first write ([`ForeignPeer::dirty_set`](super::ForeignPeer::dirty_set);
+    /// see `foreign/dirty.rs`). Refused for a userfaultfd with
+    /// `UFFD_FEATURE_WP_ASYNC` and regions the kernel cannot
+    /// write-protect. Default false.
+    pub track_dirty: bool,
 }
 
 /// Checks the regions against each other and against the store: no

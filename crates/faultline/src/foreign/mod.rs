@@ -35,6 +35,9 @@
 //!              counters (PeerStats) and milestones (PeerTimes)
 //!   service    FaultKinds, ServiceTimes: faults by kind, their service
 //!              times, demand pages (what live metrics read)
+//!   dirty      dirty tracking: regions registered WP through the peer's
+//!              uffd, pages installed protected, first writes noted
+//!              (DirtySet)
 //!   plan       PrefetchPlan (a record made into runs once, for any number
 //!              of peers), the per-peer queue, prepare_store
 //!   store      RegionStore: the store at a region's offset, REMOVE'd pages
@@ -96,6 +99,7 @@
 //! set are served on demand.
 
 mod config;
+mod dirty;
 mod engine;
 mod error;
 mod peer;
@@ -109,6 +113,7 @@ mod uffd;
 pub use config::{
     ForeignEngineConfig, ForeignOptions, ForeignRegionSpec, HandlerWait, PREFETCH_HELPER_PIECE,
 };
+pub use dirty::{DirtySet, DIRTY_PAGE};
 pub use engine::{ForeignEngine, HandlerStats};
 pub use error::ForeignError;
 pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes, RemoveJournal};

@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 use super::config::{check_layout, ForeignOptions, ForeignRegionSpec};
+use super::dirty::{self, DirtySet};
 use super::error::ForeignError;
 use super::plan::PrefetchQueue;
 use super::service::{FaultKinds, ServiceCounters, ServiceTimes};
@@ -215,6 +216,7 @@ impl ForeignRegion {
             stats: Default::default(),
             budget: None,
             runahead: opts.run_ahead.map(|_| RunAheadFeed::new(pages.count())),
+            written: opts.track_dirty.then(|| dirty::bits(pages.count())),
             timing_start: AtomicU64::new(0),
             timing_resolved: AtomicU64::new(0),
         });
@@ -258,6 +260,8 @@ pub struct ForeignPeer {
     pub(super) clock: PeerClock,
     /// Told of every REMOVE before its bookkeeping ([`ForeignPeer::with_journal`]).
     journal: Option<RemoveJournal>,
+    /// What dirty tracking could not do ([`ForeignPeer::dirty_caveat`]).
+    dirty_caveat: Option<&'static str>,
 }
 
 /// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
@@ -297,6 +301,7 @@ impl ForeignPeer {
             });
         }
         check_layout(specs, store.len())?;
+        let mut dirty_caveat = None;
         if let Some(snap) = &opts.shared {
             let minor = if snap.page_size() == PageSize::BASE {
                 feature::MINOR_SHMEM
@@ -324,6 +329,11 @@ impl ForeignPeer {
             }
             uffd.register_minor(specs)?;
         }
+        if opts.track_dirty {
+            // Before any fault is served: every page we install is then
+            // installed write-protected.
+            dirty_caveat = dirty::arm(&uffd, specs, opts.shared.is_some())?;
+        }
         let mut order: Vec<usize> = (0..specs.len()).collect();
         order.sort_by_key(|&i| specs[i].base);
         let regions = order
@@ -346,6 +356,7 @@ impl ForeignPeer {
             stats: PeerCounters::default(),
             clock: PeerClock::default(),
             journal: None,
+            dirty_caveat,
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
@@ -406,6 +417,24 @@ impl ForeignPeer {
         self.regions.iter().any(|r| r.state.cached.is_some())
     }
 
+    /// Whether its writes are tracked ([`ForeignOptions::track_dirty`]).
+    pub fn tracks_dirty(&self) -> bool {
+        self.regions.iter().any(|r| r.state.written.is_some())
+    }
+
+    /// The pages it has written or removed since it was first served
+    /// (`None`: not tracked). Read while it runs: every write resolved
+    /// before the call is in it.
+    pub fn dirty_set(&self) -> Option<DirtySet> {
+        self.tracks_dirty().then(|| DirtySet::of(&self.regions))
+    }
+
+    /// What arming its dirty tracking could not do (the peer is tracked
+    /// all the same): see `foreign/dirty.rs`. `None`: nothing.
+    pub fn dirty_caveat(&self) -> Option<&'static str> {
+        self.dirty_caveat
+    }
+
     /// The peer's userfaultfd.
     pub fn uffd(&self) -> &ForeignUffd {
         &self.uffd
@@ -427,8 +456,10 @@ impl ForeignPeer {
             .iter()
             .map(|r| {
                 let n = r.state.pages.count();
-                let bitmaps =
-                    3 + usize::from(r.seen.is_some()) + usize::from(r.state.cached.is_some());
+                let bitmaps = 3
+                    + usize::from(r.seen.is_some())
+                    + usize::from(r.state.cached.is_some())
+                    + usize::from(r.state.written.is_some());
                 let words = n.div_ceil(32) + n.div_ceil(64) * bitmaps;
                 words * 8
             })
@@ -576,7 +607,9 @@ impl ForeignPeer {
                 ));
             }
         }
-        if r.residency.get(page) != PageState::Absent {
+        // A write-protect fault is on a present page by definition (dirty
+        // tracking's first writes): never a sign of a dropped page.
+        if flags & pagefault_flag::WP == 0 && r.residency.get(page) != PageState::Absent {
             // A fault on a page we installed. Without REMOVE events the
             // peer dropped it behind our back. With them it is usually a
             // message that raced with the install (resolve wakes, done);
@@ -634,6 +667,7 @@ impl ForeignPeer {
                 continue;
             }
             r.removed.remove(pages.clone());
+            dirty::note_removed(&r.state, pages.clone());
             if let Some(cached) = &r.state.cached {
                 // Shared mode: its next (minor) fault must get zeros, a
                 // private page, not the snapshot's page again.
