@@ -115,6 +115,11 @@ pub struct ServeConfig {
     pub metrics: Option<MetricsAddr>,
     /// How the lines on stderr are written.
     pub log_format: LogFormat,
+    /// Dirty tracking: write each tracked peer's dirty set (the pages it
+    /// wrote or dropped since it was served) here, at its hang-up and on
+    /// request; `{peer}` is replaced by its connection number (without
+    /// it, the first peer only is tracked).
+    pub track_dirty: Option<PathBuf>,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -142,6 +147,13 @@ pub enum ConfigError {
         /// The largest allowed.
         max: usize,
     },
+    /// Dirty tracking with takeover: a serve taking a peer over would not
+    /// know what its predecessor saw written.
+    #[error(
+        "--track-dirty cannot be combined with --takeover: a serve taking a peer over \
+         would not know which pages its predecessor saw written"
+    )]
+    DirtyWithTakeover,
     /// A remote store in a build without the `redis` feature.
     #[error(
         "the store {url} needs Redis support: this build of faultline-serve lacks its \
@@ -178,6 +190,7 @@ impl ServeConfig {
             takeover: false,
             metrics: None,
             log_format: LogFormat::Text,
+            track_dirty: None,
         }
     }
 
@@ -228,6 +241,9 @@ impl ServeConfig {
             if d.is_zero() {
                 return Err(ConfigError::ZeroTime { what });
             }
+        }
+        if self.track_dirty.is_some() && self.takeover {
+            return Err(ConfigError::DirtyWithTakeover);
         }
         if let Source::Store(url) = &self.source {
             if !cfg!(feature = "redis") {

@@ -269,4 +269,14 @@ fn report(
             .queued
             .map_or(String::new(), |q| format!("; prefetching {q} pages")),
     ));
+    if built.peer.tracks_dirty() {
+        say(format_args!(
+            "peer {}: tracking its writes (--track-dirty){}",
+            served.n,
+            built
+                .peer
+                .dirty_caveat()
+                .map_or(String::new(), |c| format!(": {c}"))
+        ));
+    }
 }
