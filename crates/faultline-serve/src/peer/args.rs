@@ -148,6 +148,11 @@ pub struct PeerArgs {
     /// find. Not with --scribble (which writes the working set).
     #[arg(long, conflicts_with = "scribble")]
     pub write_set: Option<f64>,
+    /// Ask for UFFD_FEATURE_WP_ASYNC in the userfaultfd's handshake (the
+    /// kernel then resolves write-protect faults itself): a handler's
+    /// synchronous dirty tracking must refuse such a peer.
+    #[arg(long)]
+    pub wp_async: bool,
     /// Seed of --write-set.
     #[arg(long, default_value_t = 7)]
     pub write_seed: u64,
