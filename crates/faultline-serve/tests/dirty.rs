@@ -273,3 +273,59 @@ fn what_cannot_be_tracked_is_refused_with_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot be combined with --takeover"), "{err}");
 }
+
+#[test]
+fn shared_mode_pages_mapped_by_continue_are_tracked_too() {
+    // A peer mapping the shared tmpfs copy MAP_PRIVATE: pages mapped with
+    // CONTINUE_MODE_WP, a write un-protects (then the kernel copies the
+    // page privately).
+    /// The tmpfs copy, removed on drop (a failed assertion too).
+    struct Shm(std::path::PathBuf);
+    impl Drop for Shm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let dir = Dir::new("dirty-shared", 16 * MIB);
+    let guard = Shm(std::path::PathBuf::from(format!(
+        "/dev/shm/faultline-test-dirty-{}",
+        std::process::id()
+    )));
+    let shm = &guard.0;
+    let _ = std::fs::remove_file(shm);
+    let mut s = testing::serve(
+        &dir,
+        SERVE,
+        &[
+            "--peers",
+            "1",
+            "--shared",
+            shm.to_str().unwrap(),
+            "--track-dirty",
+            dir.path("dirty.txt").to_str().unwrap(),
+        ],
+    );
+    let mut p = testing::peer(
+        &dir,
+        PEER,
+        "p1",
+        &[
+            "--backend",
+            "shared",
+            "--map-file",
+            shm.to_str().unwrap(),
+            "--threads",
+            "2",
+            "--balloon",
+            "--write-set",
+            "5",
+            "--json",
+            dir.path("p1.json").to_str().unwrap(),
+        ],
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    assert!(dir.text("serve.err").contains("shared mode"));
+    let r = report(&dir, "p1.json");
+    assert_same(&dirty(&dir, "dirty.txt"), &expected(&r), "shared peer");
+}
