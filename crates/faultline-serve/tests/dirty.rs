@@ -240,28 +240,67 @@ fn the_set_so_far_is_written_on_request_while_the_peer_runs() {
 }
 
 #[test]
-fn what_cannot_be_tracked_is_refused_with_the_reason() {
-    // A peer whose userfaultfd has WP_ASYNC: its write faults never reach
-    // serve. Refused (and killed), never served untracked.
-    let dir = Dir::new("dirty-refused", 4 * MIB);
+fn a_wp_async_peer_is_tracked_from_its_page_tables_while_it_runs() {
+    // WP_ASYNC: the kernel un-protects written pages itself (no fault
+    // reaches serve); PAGEMAP_SCAN of the peer's page tables finds them.
+    let dir = Dir::new("dirty-async", 8 * MIB);
+    let metrics = dir.path("metrics.sock");
     let mut s = testing::serve(
         &dir,
         SERVE,
         &[
             "--peers",
             "1",
+            "--metrics",
+            metrics.to_str().unwrap(),
             "--track-dirty",
             dir.path("dirty.txt").to_str().unwrap(),
         ],
     );
-    let mut p = testing::peer(&dir, PEER, "p1", &["--wp-async"]);
-    let st = p.wait(WAIT);
-    assert!(!st.success(), "the peer must be killed");
+    let mut p = testing::peer(
+        &dir,
+        PEER,
+        "p1",
+        &[
+            "--wp-async",
+            "--threads",
+            "2",
+            "--balloon",
+            "--write-set",
+            "4",
+            "--hold-ms",
+            "60000",
+            "--json",
+            dir.path("p1.json").to_str().unwrap(),
+        ],
+    );
+    dir.wait_for("p1.err", "holding for");
+    assert!(
+        dir.text("serve.err")
+            .contains("WP_ASYNC: read from its page tables"),
+        "{}",
+        dir.text("serve.err")
+    );
+    let want = expected(&report(&dir, "p1.json"));
+    assert!(post_dirty(&metrics).contains("200"), "POST /dirty");
+    dir.wait_for("serve.err", "peer 1: asked:");
+    assert_same(&dirty(&dir, "dirty.txt"), &want, "WP_ASYNC peer");
+    // Its page tables go with it: at hang-up the set is not rewritten
+    // (it would lack the pages), and serve says so.
+    p.kill();
     assert_ok(&mut s, &dir);
-    let err = dir.text("serve.err");
-    assert!(err.contains("UFFD_FEATURE_WP_ASYNC"), "{err}");
-    assert!(!dir.path("dirty.txt").exists());
-    // With --takeover: refused before anything starts.
+    assert!(
+        dir.text("serve.err")
+            .contains("its dirty set is not written"),
+        "{}",
+        dir.text("serve.err")
+    );
+    assert_same(&dirty(&dir, "dirty.txt"), &want, "the set asked for");
+}
+
+#[test]
+fn dirty_tracking_with_takeover_is_refused_with_the_reason() {
+    let dir = Dir::new("dirty-refused", 4 * MIB);
     let out = std::process::Command::new(SERVE[0])
         .args(testing::command(
             &dir,

@@ -271,8 +271,13 @@ fn report(
     ));
     if built.peer.tracks_dirty() {
         say(format_args!(
-            "peer {}: tracking its writes (--track-dirty){}",
+            "peer {}: tracking its writes (--track-dirty{}){}",
             served.n,
+            if built.peer.dirty_async() {
+                "; WP_ASYNC: read from its page tables with PAGEMAP_SCAN, on request only"
+            } else {
+                ""
+            },
             built
                 .peer
                 .dirty_caveat()

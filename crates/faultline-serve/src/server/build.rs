@@ -106,6 +106,10 @@ pub fn build(
         record,
         shared: snapshot,
         track_dirty,
+        pid: match origin {
+            Origin::Handed { pid, .. } => Some(pid),
+            Origin::Adopted { .. } => None,
+        },
         ..Default::default()
     };
     let built = ForeignPeer::new(format!("peer {n}"), uffd, specs, state.store.clone(), &opts)

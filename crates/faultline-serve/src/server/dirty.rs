@@ -5,10 +5,13 @@
 //!    tracked, each to its own file; without, the first one only (a second
 //!    peer would overwrite its set). A peer taken over from a keeper is
 //!    never tracked (`--takeover` is refused with `--track-dirty`).
-//! 2. **When** ([`write`]): at the peer's hang-up (its final set), and on
-//!    request for every tracked peer still served ([`DirtyHandle`]:
+//! 2. **When** ([`write`]): at the peer's hang-up (its final set, [`at_end`]),
+//!    and on request for every tracked peer still served ([`DirtyHandle`]:
 //!    SIGUSR1, or `POST /dirty` on the metrics endpoint): the set so far,
-//!    read while the peer runs (see `faultline::foreign`'s dirty module).
+//!    read while the peer runs (see `faultline::foreign`'s dirty module). A
+//!    peer whose userfaultfd has `WP_ASYNC` is tracked through its page
+//!    tables, which its exit takes away: its set is written on request
+//!    only (a platform asks while the VM is paused for its snapshot).
 //! 3. **How**: [`crate::dirty_set`]'s format, through
 //!    [`OutputPath`] (a temporary sibling, renamed into place: a reader
 //!    never sees half a set).
@@ -57,7 +60,13 @@ fn path(state: &State, n: usize) -> Option<PathBuf> {
 /// Writes the dirty set of `peer` (connection `n`) now, if it is tracked;
 /// `when` says why in the message. Gives its pages (`None`: not written).
 pub fn write(state: &State, peer: &ForeignPeer, n: usize, when: &str) -> Option<usize> {
-    let set = peer.dirty_set()?;
+    let set = match peer.dirty_set() {
+        Ok(set) => set?,
+        Err(e) => {
+            say(format_args!("peer {n}: {when}: no dirty set written: {e}"));
+            return None;
+        }
+    };
     let (Some(path), Some(identity)) = (path(state, n), state.identity) else {
         return None;
     };
@@ -85,6 +94,20 @@ pub fn write(state: &State, peer: &ForeignPeer, n: usize, when: &str) -> Option<
             None
         }
     }
+}
+
+/// Writes the final dirty set of `peer` (connection `n`), which hung up
+/// (`outcome`). A `WP_ASYNC` peer's written pages live in its page tables,
+/// gone with it: its set is not written (it would lack them), and serve
+/// says so.
+pub fn at_end(state: &State, peer: &ForeignPeer, n: usize, outcome: &str) {
+    if peer.dirty_async() {
+        say(format_args!(
+            "peer {n}: {outcome}: its dirty set is not written: with UFFD_FEATURE_WP_ASYNC the pages it wrote are known from its page tables only, gone with it (ask with SIGUSR1 or POST /dirty while it runs)"
+        ));
+        return;
+    }
+    write(state, peer, n, outcome);
 }
 
 /// Writes the dirty sets of every tracked peer being served (on request):

@@ -33,9 +33,14 @@
 //!    a page the VMM populated itself before the hand-off would not be
 //!    tracked (Firecracker populates none: its guest memory is empty until
 //!    the handler fills it).
-//! 2. **Refused**: a peer whose userfaultfd has `UFFD_FEATURE_WP_ASYNC`
-//!    (the kernel resolves its write-protect faults itself, so none would
-//!    reach us: tracking would silently see nothing).
+//! 2. **`UFFD_FEATURE_WP_ASYNC`**: the kernel resolves the peer's
+//!    write-protect faults itself (it clears the page's uffd-wp bit; the
+//!    vCPU never waits for us), so none reaches us. Such a peer is tracked
+//!    by reading its page tables: `PAGEMAP_SCAN` of `/proc/PID/pagemap`
+//!    (opened at arm time, it keeps reading that address space) lists its
+//!    present or swapped pages without the uffd-wp bit (`PAGE_IS_WRITTEN`)
+//!    when the set is read. Without the peer's pid, or where the scan
+//!    fails, it is refused: never tracked silently wrong.
 //! 3. **Installed protected**: the region's `RegionState::written` bits
 //!    make the resolve path install every page write-protected (as a
 //!    budget region's clean pages), fault-around windows, prefetch and
@@ -47,7 +52,8 @@
 //!    un-protects the faulting page in the same resolution.
 //! 5. **REMOVE** (balloon, `MADV_DONTNEED`): the pages read zeros from
 //!    now on, which is not the snapshot's content: they count dirty.
-//! 6. **Read** ([`DirtySet::of`]): the bits of every region as the store
+//! 6. **Read** ([`DirtySet::of`]): the bits of every region (with
+//!    `WP_ASYNC`, and the written pages the scan finds) as the store
 //!    offsets of the memory file's 4 KiB pages (a 2 MiB hugetlb page
 //!    written is 512 of them), sorted.
 //!
@@ -64,6 +70,7 @@ use super::peer::ForeignRegion;
 use super::uffd::ForeignUffd;
 use crate::fault::RegionState;
 use crate::residency::PageBits;
+use faultline_sys::pagemap::{category, Pagemap};
 use faultline_sys::uffd::{feature, ioctl_bit, register_mode, UffdError};
 use faultline_sys::Errno;
 
@@ -87,23 +94,59 @@ pub struct DirtySet {
 }
 
 impl DirtySet {
-    /// The dirty set of `regions` now.
-    pub(super) fn of(regions: &[ForeignRegion]) -> DirtySet {
+    /// The dirty set of `regions` now; with `scan` (a `WP_ASYNC` peer's
+    /// page tables), the pages written that no fault told us of too.
+    pub(super) fn of(
+        regions: &[ForeignRegion],
+        scan: Option<&Pagemap>,
+    ) -> Result<DirtySet, ForeignError> {
         let mut offsets = Vec::new();
         for r in regions {
             let Some(bits) = &r.state.written else {
                 continue;
             };
-            let per = (r.state.pages.size().bytes() as u64 / DIRTY_PAGE).max(1);
-            for p in 0..r.state.pages.count() {
-                if bits.get(p) {
-                    let at = r.store_offset + r.state.pages.offset(p);
-                    offsets.extend((0..per).map(|i| at + i * DIRTY_PAGE));
-                }
+            let pages = &r.state.pages;
+            let per = (pages.size().bytes() as u64 / DIRTY_PAGE).max(1);
+            let mut push = |p: usize| {
+                let at = r.store_offset + pages.offset(p);
+                offsets.extend((0..per).map(|i| at + i * DIRTY_PAGE));
+            };
+            let mut seen = (0..pages.count()).filter(|&p| bits.get(p)).peekable();
+            let scanned = match scan {
+                Some(m) => m
+                    .scan(
+                        pages.base(),
+                        pages.end(),
+                        category::WRITTEN,
+                        category::PRESENT | category::SWAPPED,
+                    )
+                    .map_err(ForeignError::Pagemap)?,
+                None => Vec::new(),
+            };
+            if scanned.is_empty() {
+                seen.for_each(&mut push);
+                continue;
+            }
+            // Merge the bits with the scan's pages, each page once.
+            let mut from_scan = scanned
+                .into_iter()
+                .flat_map(|w| pages.within(w.start, w.end))
+                .peekable();
+            loop {
+                let next = match (seen.peek(), from_scan.peek()) {
+                    (Some(&a), Some(&b)) => a.min(b),
+                    (Some(&a), None) => a,
+                    (None, Some(&b)) => b,
+                    (None, None) => break,
+                };
+                while seen.next_if(|&p| p == next).is_some() {}
+                while from_scan.next_if(|&p| p == next).is_some() {}
+                push(next);
             }
         }
         offsets.sort_unstable();
-        DirtySet { offsets }
+        offsets.dedup();
+        Ok(DirtySet { offsets })
     }
 
     /// Number of dirty 4 KiB pages.
@@ -122,22 +165,41 @@ pub(super) fn bits(pages: usize) -> PageBits {
     PageBits::new(pages)
 }
 
+/// What [`arm`] set up.
+#[derive(Debug, Default)]
+pub(super) struct Armed {
+    /// The peer's page tables, for a `WP_ASYNC` userfaultfd.
+    pub scan: Option<Pagemap>,
+    /// What it could not do (see the module docs).
+    pub caveat: Option<&'static str>,
+}
+
 /// Step 1 of the module docs: registers every region of `specs` with
 /// write-protect (and MINOR when `shared`) through the peer's userfaultfd,
-/// and write-protects what is present. Refuses a userfaultfd with
-/// `WP_ASYNC` and regions the kernel cannot write-protect. Gives the
-/// caveat of a skipped protection (see the module docs).
+/// and write-protects what is present; opens the page tables of a
+/// `WP_ASYNC` peer (`pid`). Refuses regions the kernel cannot
+/// write-protect, and a `WP_ASYNC` peer whose page tables cannot be read.
 pub(super) fn arm(
     uffd: &ForeignUffd,
     specs: &[ForeignRegionSpec],
     shared: bool,
-) -> Result<Option<&'static str>, ForeignError> {
-    let mut caveat = None;
+    pid: Option<i32>,
+) -> Result<Armed, ForeignError> {
+    let mut armed = Armed::default();
     if uffd.features() & feature::WP_ASYNC != 0 {
-        return Err(ForeignError::Refused {
-            what: "dirty tracking",
-            why: "the peer's userfaultfd has UFFD_FEATURE_WP_ASYNC: the kernel resolves its write-protect faults itself and none would reach us",
-        });
+        let Some(pid) = pid.filter(|&p| p > 0) else {
+            return Err(ForeignError::Refused {
+                what: "dirty tracking",
+                why: "the peer's userfaultfd has UFFD_FEATURE_WP_ASYNC (the kernel un-protects written pages itself, no fault reaches us) and its pid is unknown, so its page tables cannot be read",
+            });
+        };
+        let m = Pagemap::open(pid).map_err(ForeignError::Pagemap)?;
+        if let Some(s) = specs.first() {
+            // PAGEMAP_SCAN is there (6.7) and answers for this peer.
+            m.scan(s.base, s.base + s.len as u64, category::WRITTEN, 0)
+                .map_err(ForeignError::Pagemap)?;
+        }
+        armed.scan = Some(m);
     }
     let mut mode = register_mode::MISSING | register_mode::WP;
     if shared {
@@ -170,7 +232,7 @@ pub(super) fn arm(
         }
         match protect(uffd, s.base, s.len as u64) {
             Ok(()) => {}
-            Err(e) if e.is(Errno::EAGAIN) => caveat = Some(UNPROTECTED),
+            Err(e) if e.is(Errno::EAGAIN) => armed.caveat = Some(UNPROTECTED),
             Err(source) => {
                 return Err(ForeignError::TrackDirty {
                     index,
@@ -180,7 +242,7 @@ pub(super) fn arm(
             }
         }
     }
-    Ok(caveat)
+    Ok(armed)
 }
 
 /// Write-protects `[start, start + len)` of the peer, trying again while

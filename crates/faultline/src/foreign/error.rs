@@ -93,6 +93,10 @@ pub enum ForeignError {
         #[source]
         source: UffdError,
     },
+    /// Reading the peer's page tables (`/proc/PID/pagemap`,
+    /// `PAGEMAP_SCAN`) for dirty tracking failed.
+    #[error("dirty tracking: reading the peer's page tables: {0}")]
+    Pagemap(#[source] faultline_sys::mem::MemError),
     /// Waking the peer's threads blocked on a range failed.
     #[error("waking the peer's faulting threads (UFFDIO_WAKE): {0}")]
     Wake(#[source] UffdError),

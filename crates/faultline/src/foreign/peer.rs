@@ -52,6 +52,7 @@ use crate::fault::{Delivery, RegionState, RegionStats};
 use crate::page::{MemoryKind, PageSize, ResolveOp};
 use crate::residency::{PageBits, PageState, Residency};
 use crate::store::PageStore;
+use faultline_sys::pagemap::Pagemap;
 use faultline_sys::uffd::{feature, pagefault_flag};
 
 /// Counters of one peer (relaxed atomics).
@@ -262,6 +263,8 @@ pub struct ForeignPeer {
     journal: Option<RemoveJournal>,
     /// What dirty tracking could not do ([`ForeignPeer::dirty_caveat`]).
     dirty_caveat: Option<&'static str>,
+    /// A `WP_ASYNC` peer's page tables (dirty tracking reads them).
+    dirty_scan: Option<Pagemap>,
 }
 
 /// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
@@ -301,7 +304,7 @@ impl ForeignPeer {
             });
         }
         check_layout(specs, store.len())?;
-        let mut dirty_caveat = None;
+        let mut armed = dirty::Armed::default();
         if let Some(snap) = &opts.shared {
             let minor = if snap.page_size() == PageSize::BASE {
                 feature::MINOR_SHMEM
@@ -332,7 +335,7 @@ impl ForeignPeer {
         if opts.track_dirty {
             // Before any fault is served: every page we install is then
             // installed write-protected.
-            dirty_caveat = dirty::arm(&uffd, specs, opts.shared.is_some())?;
+            armed = dirty::arm(&uffd, specs, opts.shared.is_some(), opts.pid)?;
         }
         let mut order: Vec<usize> = (0..specs.len()).collect();
         order.sort_by_key(|&i| specs[i].base);
@@ -356,7 +359,8 @@ impl ForeignPeer {
             stats: PeerCounters::default(),
             clock: PeerClock::default(),
             journal: None,
-            dirty_caveat,
+            dirty_caveat: armed.caveat,
+            dirty_scan: armed.scan,
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
@@ -424,9 +428,20 @@ impl ForeignPeer {
 
     /// The pages it has written or removed since it was first served
     /// (`None`: not tracked). Read while it runs: every write resolved
-    /// before the call is in it.
-    pub fn dirty_set(&self) -> Option<DirtySet> {
-        self.tracks_dirty().then(|| DirtySet::of(&self.regions))
+    /// before the call is in it (with `WP_ASYNC`: every write the kernel
+    /// had un-protected when its page tables were read). Fails only when
+    /// a `WP_ASYNC` peer's page tables cannot be read (it is gone).
+    pub fn dirty_set(&self) -> Result<Option<DirtySet>, ForeignError> {
+        if !self.tracks_dirty() {
+            return Ok(None);
+        }
+        DirtySet::of(&self.regions, self.dirty_scan.as_ref()).map(Some)
+    }
+
+    /// Whether its dirty tracking reads its page tables (a `WP_ASYNC`
+    /// userfaultfd: the kernel un-protects written pages itself).
+    pub fn dirty_async(&self) -> bool {
+        self.dirty_scan.is_some()
     }
 
     /// What arming its dirty tracking could not do (the peer is tracked
