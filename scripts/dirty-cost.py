@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """What dirty tracking (`faultline-serve --track-dirty`) costs a restore:
-the same restores served untracked and tracked, interleaved, in one run.
+the same restores served untracked, tracked (synchronous write-protect
+faults) and tracked with a `WP_ASYNC` peer (`faultline-peer --wp-async`:
+the kernel un-protects written pages, serve reads them with PAGEMAP_SCAN
+on SIGUSR1 while the peer holds), interleaved, in one run.
 
 Each repetition starts `faultline-serve` (on demand, fault-around on) and
 one `faultline-peer` (2 vCPU threads) that reads a seeded working set, then
@@ -16,13 +19,13 @@ configuration, the medians over the repetitions of:
   write-any ns   median first write over all pages written (missing pages
                  take a missing-page fault either way)
 
-and the tracked/untracked ratios; every tracked run's dirty set is checked
-to equal the pages written.
+and the ratios to untracked; every tracked run's dirty set is checked to
+equal the pages written.
 
   scripts/dirty-cost.py [--bin target/debug] [--reps 9] [--mib 256]
                         [--working-set 10] [--write-set 2] [--json FILE]
 """
-import argparse, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, signal, statistics, subprocess, sys, tempfile, time
 
 
 def wait_for(path, needle, limit=30.0):
@@ -37,30 +40,41 @@ def wait_for(path, needle, limit=30.0):
     sys.exit(f"{path} never said {needle!r}:\n" + open(path).read())
 
 
-def one(a, d, i, tracked):
+def one(a, d, i, cfg):
     mem, sock = os.path.join(d, "mem"), os.path.join(d, f"s{i}")
     dirty = os.path.join(d, f"dirty{i}.txt")
     cmd = [os.path.join(a.bin, "faultline-serve"), "--socket", sock, "--mem", mem,
            "--peers", "1", "--timeout", "30"]
-    if tracked:
+    if cfg != "untracked":
         cmd += ["--track-dirty", dirty]
     err = os.path.join(d, f"serve{i}.err")
     s = subprocess.Popen(cmd, stderr=open(err, "w"), stdout=subprocess.DEVNULL)
     wait_for(err, "listening on")
     pj = os.path.join(d, f"p{i}.json")
     perr = os.path.join(d, f"peer{i}.err")
-    p = subprocess.run([os.path.join(a.bin, "faultline-peer"), "--socket", sock, "--mem", mem,
-                        "--threads", "2", "--working-set", str(a.working_set),
-                        "--write-set", str(a.write_set), "--write-seed", str(i),
-                        "--json", pj],
-                       stderr=open(perr, "w"), stdout=subprocess.DEVNULL, timeout=120)
-    if p.returncode != 0 or s.wait(timeout=60) != 0:
-        sys.exit("a peer or serve failed:\n" + open(perr).read() + open(err).read())
+    pcmd = [os.path.join(a.bin, "faultline-peer"), "--socket", sock, "--mem", mem,
+            "--threads", "2", "--working-set", str(a.working_set),
+            "--write-set", str(a.write_set), "--write-seed", str(i), "--json", pj]
+    if cfg == "async":
+        # WP_ASYNC: the set lives in the peer's page tables, read on request
+        # while it runs.
+        pcmd += ["--wp-async", "--hold-ms", "60000"]
+    p = subprocess.Popen(pcmd, stderr=open(perr, "w"), stdout=subprocess.DEVNULL)
+    if cfg == "async":
+        wait_for(perr, "holding for")
+        os.kill(s.pid, signal.SIGUSR1)
+        wait_for(err, "asked:")
+        p.kill()
+        p.wait(timeout=60)
+    elif p.wait(timeout=120) != 0:
+        sys.exit("the peer failed:\n" + open(perr).read() + open(err).read())
+    if s.wait(timeout=60) != 0:
+        sys.exit("serve failed:\n" + open(err).read())
     r = json.load(open(pj))
-    if tracked:
+    if cfg != "untracked":
         got = [int(l, 16) for l in open(dirty) if l.startswith("0x")]
         if sorted(got) != sorted(set(r["written_offsets"]) | set(r["dropped_offsets"])):
-            sys.exit(f"run {i}: the dirty set is not the pages written")
+            sys.exit(f"run {i} ({cfg}): the dirty set is not the pages written")
         os.remove(dirty)
     return {"restore_ms": r["seconds"] * 1e3, "write_ns": r["write_present_median_ns"],
             "write_any_ns": r["write_median_ns"], "pages_written": len(r["written_offsets"])}
@@ -75,28 +89,30 @@ def main():
     ap.add_argument("--write-set", type=float, default=2)
     ap.add_argument("--json")
     a = ap.parse_args()
-    rows = {"untracked": [], "tracked": []}
+    cfgs = ["untracked", "tracked", "async"]
+    rows = {c: [] for c in cfgs}
     with tempfile.TemporaryDirectory(prefix="faultline-dirty-cost-") as d:
         with open(os.path.join(d, "mem"), "wb") as f:
             for _ in range(a.mib):
                 f.write(os.urandom(1 << 20))
         for i in range(a.reps):
-            # Interleaved, the order alternating: neither configuration
-            # always runs first.
-            order = ["untracked", "tracked"] if i % 2 == 0 else ["tracked", "untracked"]
+            # Interleaved, the order rotating: no configuration always
+            # runs first.
+            order = cfgs[i % 3:] + cfgs[:i % 3]
             for k, cfg in enumerate(order):
-                rows[cfg].append(one(a, d, 2 * i + k, cfg == "tracked"))
+                rows[cfg].append(one(a, d, 3 * i + k, cfg))
     med = {cfg: {m: statistics.median(r[m] for r in rs) for m in rs[0]} for cfg, rs in rows.items()}
     load = open("/proc/loadavg").read().split()[:3]
     print(f"{a.mib} MiB, working set {a.working_set}%, write set {a.write_set}% "
           f"({med['tracked']['pages_written']:.0f} pages), {a.reps} reps, medians; load {' '.join(load)}")
     print(f"{'':12}{'restore ms':>12}{'write ns':>12}{'write-any ns':>14}")
-    for cfg in ("untracked", "tracked"):
+    u = med["untracked"]
+    for cfg in cfgs:
         m = med[cfg]
-        print(f"{cfg:12}{m['restore_ms']:12.2f}{m['write_ns']:12.0f}{m['write_any_ns']:14.0f}")
-    u, t = med["untracked"], med["tracked"]
-    print(f"{'ratio':12}{t['restore_ms'] / u['restore_ms']:11.2f}x"
-          f"{t['write_ns'] / max(u['write_ns'], 1):11.1f}x{t['write_any_ns'] / max(u['write_any_ns'], 1):13.2f}x")
+        print(f"{cfg:12}{m['restore_ms']:12.2f}{m['write_ns']:12.0f}{m['write_any_ns']:14.0f}"
+              + ("" if cfg == "untracked" else
+                 f"   ratio {m['restore_ms'] / u['restore_ms']:.2f}x {m['write_ns'] / max(u['write_ns'], 1):.1f}x"
+                 f" {m['write_any_ns'] / max(u['write_any_ns'], 1):.2f}x"))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "load": load, "medians": med, "runs": rows}, f, indent=1)

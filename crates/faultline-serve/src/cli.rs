@@ -150,8 +150,11 @@ pub struct ServeArgs {
     /// (bitmap and page list, naming the memory file) is written to FILE at
     /// the peer's hang-up and, for every tracked peer, on SIGUSR1 or `POST
     /// /dirty` to --metrics. With `{peer}` in FILE every peer is tracked,
-    /// each to its own file; without, the first. Refused for a peer whose
-    /// userfaultfd has UFFD_FEATURE_WP_ASYNC, and with --takeover.
+    /// each to its own file; without, the first. A peer whose userfaultfd
+    /// has UFFD_FEATURE_WP_ASYNC (the kernel un-protects written pages
+    /// itself) is read from its page tables (PAGEMAP_SCAN of
+    /// /proc/PID/pagemap) on request only: they go with it at its exit.
+    /// Refused with --takeover.
     #[arg(long)]
     pub track_dirty: Option<PathBuf>,
 }

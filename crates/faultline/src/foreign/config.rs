@@ -94,8 +94,7 @@ pub struct ForeignOptions {
     /// Dirty tracking: register the regions with write-protect through the
     /// peer's userfaultfd, install every page write-protected and note
     /// each page's first write ([`ForeignPeer::dirty_set`](super::ForeignPeer::dirty_set);
-    /// see `foreign/dirty.rs`). Refused for a userfaultfd with
-    /// `UFFD_FEATURE_WP_ASYNC` and regions the kernel cannot
+    /// see `foreign/dirty.rs`). Refused for regions the kernel cannot
     /// write-protect. Default false. A userfaultfd with
     /// `UFFD_FEATURE_WP_ASYNC` (the kernel un-protects a written page
     /// itself, no fault reaches us) is tracked by reading the peer's page
