@@ -28,16 +28,25 @@ equal the pages written.
 import argparse, json, os, signal, statistics, subprocess, sys, tempfile, time
 
 
-def wait_for(path, needle, limit=30.0):
+def until(ready, what, limit=30.0):
+    """Polls `ready()` every 2 ms; exits saying `what()` after `limit` s."""
     end = time.monotonic() + limit
-    while time.monotonic() < end:
-        try:
-            if needle in open(path).read():
-                return
-        except FileNotFoundError:
-            pass
+    while not ready():
+        if time.monotonic() > end:
+            sys.exit(f"timed out: {what()}")
         time.sleep(0.002)
-    sys.exit(f"{path} never said {needle!r}:\n" + open(path).read())
+
+
+def says(path, needle):
+    """Whether file `path` holds `needle` (not yet there: no)."""
+    try:
+        return needle in open(path).read()
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(path, needle):
+    until(lambda: says(path, needle), lambda: f"{path} never said {needle!r}:\n" + open(path).read())
 
 
 def one(a, d, i, cfg):

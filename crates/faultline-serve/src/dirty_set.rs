@@ -28,7 +28,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::record::{parse_u64, Identity};
+use crate::record::{parse_u64, Identity, RecordError};
 
 /// The first line of a dirty-set file.
 pub const HEADER: &str = "# faultline dirty set v1";
@@ -48,28 +48,15 @@ pub struct DirtySet {
 /// Why a dirty-set file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum DirtySetError {
-    /// Reading the file failed.
-    #[error("reading {}: {source}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// Reading the file failed, or a header line is missing or malformed
+    /// (as for a record: [`RecordError::Read`], [`RecordError::Field`]).
+    #[error(transparent)]
+    Record(#[from] RecordError),
     /// The first line is not a dirty-set header this build reads.
     #[error("{} is not a faultline dirty set (v1)", path.display())]
     Header {
         /// The file.
         path: PathBuf,
-    },
-    /// A header line is missing or malformed.
-    #[error("{}: the header lacks a valid '# {field} ...' line", path.display())]
-    Field {
-        /// The file.
-        path: PathBuf,
-        /// The field.
-        field: &'static str,
     },
     /// A line is not a page offset.
     #[error("{} line {line}: {text:?}: not a page offset", path.display())]
@@ -146,7 +133,7 @@ pub fn is_dirty_set(path: &Path) -> bool {
 
 /// Reads a dirty-set file, checking its parts agree (module docs, 2).
 pub fn read(path: &Path) -> Result<DirtySet, DirtySetError> {
-    let text = std::fs::read_to_string(path).map_err(|source| DirtySetError::Read {
+    let text = std::fs::read_to_string(path).map_err(|source| RecordError::Read {
         path: path.into(),
         source,
     })?;
@@ -154,8 +141,8 @@ pub fn read(path: &Path) -> Result<DirtySet, DirtySetError> {
     if lines.next().map(|(_, l)| l) != Some(HEADER) {
         return Err(DirtySetError::Header { path: path.into() });
     }
-    let mut header = |field: &'static str| -> Result<&str, DirtySetError> {
-        let bad = || DirtySetError::Field {
+    let mut header = |field: &'static str| -> Result<&str, RecordError> {
+        let bad = || RecordError::Field {
             path: path.into(),
             field,
         };
@@ -167,7 +154,7 @@ pub fn read(path: &Path) -> Result<DirtySet, DirtySetError> {
             .ok_or_else(bad)
     };
     let number = |field: &'static str, v: &str| {
-        parse_u64(v).ok_or_else(|| DirtySetError::Field {
+        parse_u64(v).ok_or_else(|| RecordError::Field {
             path: path.into(),
             field,
         })

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use faultline_serve::dirty_set;
 use faultline_serve::peer::PeerReport;
-use faultline_serve::testing::{self, assert_ok, Dir, WAIT};
+use faultline_serve::testing::{self, assert_ok, Dir, Proc, WAIT};
 
 const SERVE: &[&str] = &[env!("CARGO_BIN_EXE_faultline-serve")];
 const PEER: &[&str] = &[env!("CARGO_BIN_EXE_faultline-peer")];
@@ -52,74 +52,80 @@ fn assert_same(got: &BTreeSet<u64>, want: &BTreeSet<u64>, what: &str) {
     );
 }
 
+/// Serve tracking to `file` of `dir` (`{peer}` allowed), with `extra`.
+fn serve(dir: &Dir, file: &str, extra: &[&str]) -> Proc {
+    let file = dir.path(file);
+    let mut args = vec!["--track-dirty", file.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    testing::serve(dir, SERVE, &args)
+}
+
+/// A peer `name` writing `--write-set PCT` (seeded `seed`), its report in
+/// `NAME.json`, with `extra`.
+fn writer(dir: &Dir, name: &str, pct: &str, seed: &str, extra: &[&str]) -> Proc {
+    let json = dir.path(&format!("{name}.json"));
+    let mut args = vec![
+        "--write-set",
+        pct,
+        "--write-seed",
+        seed,
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    testing::peer(dir, PEER, name, &args)
+}
+
+/// A writer that then holds (still served); waits until it holds and
+/// gives the pages it wrote and dropped.
+fn holding_writer(dir: &Dir, extra: &[&str]) -> (Proc, BTreeSet<u64>) {
+    let mut args = vec!["--threads", "2", "--hold-ms", "60000"];
+    args.extend_from_slice(extra);
+    let p = writer(dir, "p1", "4", "7", &args);
+    dir.wait_for("p1.err", "holding for");
+    (p, expected(&report(dir, "p1.json")))
+}
+
+/// `POST /dirty` to the metrics socket at `sock`, which must answer 200;
+/// waits for serve's line saying it wrote peer 1's set.
+fn post_dirty(dir: &Dir, sock: &std::path::Path) {
+    let mut c = UnixStream::connect(sock).expect("connecting to the metrics socket");
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"POST /dirty HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.0 200"), "POST /dirty: {text}");
+    dir.wait_for("serve.err", "peer 1: asked:");
+}
+
 #[test]
 fn the_dirty_set_is_exactly_the_pages_written_and_dropped() {
     let dir = Dir::new("dirty-exact", 16 * MIB);
-    let pattern = dir.path("dirty-{peer}.txt");
-    let mut s = testing::serve(
-        &dir,
-        SERVE,
-        &["--peers", "3", "--track-dirty", pattern.to_str().unwrap()],
-    );
+    let mut s = serve(&dir, "dirty-{peer}.txt", &["--peers", "3"]);
     // 1: on demand (fault-around installs pages nobody touches), three
-    // writing threads.
-    let mut p = testing::peer(
-        &dir,
-        PEER,
-        "p1",
-        &[
-            "--threads",
-            "3",
-            "--working-set",
-            "20",
-            "--write-set",
-            "5",
-            "--json",
-            dir.path("p1.json").to_str().unwrap(),
-        ],
-    );
-    assert_ok(&mut p, &dir);
-    // 2: a balloon drop before the writes (its pages read zeros: dirty).
-    let mut p = testing::peer(
-        &dir,
-        PEER,
-        "p2",
-        &[
-            "--threads",
-            "2",
-            "--working-set",
-            "30",
-            "--balloon",
-            "--write-set",
+    // writing threads; 2: a balloon drop before the writes (its pages read
+    // zeros: dirty); 3: drops racing the vCPUs' faults (the EAGAIN path).
+    let peers: [(&str, &[&str]); 3] = [
+        ("5", &["--threads", "3", "--working-set", "20"]),
+        (
             "10",
-            "--write-seed",
-            "9",
-            "--json",
-            dir.path("p2.json").to_str().unwrap(),
-        ],
-    );
-    assert_ok(&mut p, &dir);
-    // 3: drops racing the vCPUs' faults (the EAGAIN path).
-    let mut p = testing::peer(
-        &dir,
-        PEER,
-        "p3",
-        &[
-            "--threads",
-            "2",
-            "--working-set",
-            "20",
-            "--storm",
+            &["--threads", "2", "--working-set", "30", "--balloon"],
+        ),
+        (
             "5",
-            "--write-set",
-            "5",
-            "--write-seed",
-            "11",
-            "--json",
-            dir.path("p3.json").to_str().unwrap(),
-        ],
-    );
-    assert_ok(&mut p, &dir);
+            &["--threads", "2", "--working-set", "20", "--storm", "5"],
+        ),
+    ];
+    for (n, (pct, extra)) in peers.iter().enumerate() {
+        let mut p = writer(
+            &dir,
+            &format!("p{}", n + 1),
+            pct,
+            &(9 + n).to_string(),
+            extra,
+        );
+        assert_ok(&mut p, &dir);
+    }
     assert_ok(&mut s, &dir);
     for n in 1..=3 {
         let r = report(&dir, &format!("p{n}.json"));
@@ -134,92 +140,37 @@ fn the_dirty_set_is_exactly_the_pages_written_and_dropped() {
 fn prefetched_pages_are_installed_protected_and_only_written_ones_are_dirty() {
     let dir = Dir::new("dirty-prefetch", 16 * MIB);
     let all = dir.record_all(16 * MIB);
-    let pattern = dir.path("dirty-{peer}.txt");
-    let mut s = testing::serve(
+    let mut s = serve(
         &dir,
-        SERVE,
-        &[
-            "--peers",
-            "1",
-            "--prefetch",
-            all.to_str().unwrap(),
-            "--track-dirty",
-            pattern.to_str().unwrap(),
-        ],
+        "dirty.txt",
+        &["--peers", "1", "--prefetch", all.to_str().unwrap()],
     );
-    let mut p = testing::peer(
+    let mut p = writer(
         &dir,
-        PEER,
         "p1",
-        &[
-            "--threads",
-            "2",
-            "--working-set",
-            "10",
-            "--verify-all",
-            "--write-set",
-            "3",
-            "--json",
-            dir.path("p1.json").to_str().unwrap(),
-        ],
+        "3",
+        "7",
+        &["--threads", "2", "--working-set", "10", "--verify-all"],
     );
     assert_ok(&mut p, &dir);
     assert_ok(&mut s, &dir);
-    assert!(
-        dir.text("serve.err").contains("prefetching 4096 pages"),
-        "{}",
-        dir.text("serve.err")
-    );
+    let err = dir.text("serve.err");
+    assert!(err.contains("prefetching 4096 pages"), "{err}");
     let r = report(&dir, "p1.json");
-    assert_same(&dirty(&dir, "dirty-1.txt"), &expected(&r), "peer 1");
-}
-
-/// `POST /dirty` to the metrics socket at `sock`: the answer's status line.
-fn post_dirty(sock: &std::path::Path) -> String {
-    let mut c = UnixStream::connect(sock).expect("connecting to the metrics socket");
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.write_all(b"POST /dirty HTTP/1.0\r\n\r\n").unwrap();
-    let mut text = String::new();
-    c.read_to_string(&mut text).unwrap();
-    text.lines().next().unwrap_or("").to_string()
+    assert_same(&dirty(&dir, "dirty.txt"), &expected(&r), "peer 1");
 }
 
 #[test]
 fn the_set_so_far_is_written_on_request_while_the_peer_runs() {
     let dir = Dir::new("dirty-asked", 8 * MIB);
     let metrics = dir.path("metrics.sock");
-    let mut s = testing::serve(
+    let mut s = serve(
         &dir,
-        SERVE,
-        &[
-            "--peers",
-            "1",
-            "--metrics",
-            metrics.to_str().unwrap(),
-            "--track-dirty",
-            dir.path("dirty.txt").to_str().unwrap(),
-        ],
+        "dirty.txt",
+        &["--peers", "1", "--metrics", metrics.to_str().unwrap()],
     );
-    let mut p = testing::peer(
-        &dir,
-        PEER,
-        "p1",
-        &[
-            "--threads",
-            "2",
-            "--write-set",
-            "4",
-            "--hold-ms",
-            "60000",
-            "--json",
-            dir.path("p1.json").to_str().unwrap(),
-        ],
-    );
-    // The peer writes its report, then holds: still served.
-    dir.wait_for("p1.err", "holding for");
-    let want = expected(&report(&dir, "p1.json"));
-    assert!(post_dirty(&metrics).contains("200"), "POST /dirty");
-    dir.wait_for("serve.err", "peer 1: asked:");
+    let (mut p, want) = holding_writer(&dir, &[]);
+    post_dirty(&dir, &metrics);
     assert_same(&dirty(&dir, "dirty.txt"), &want, "POST /dirty");
     std::fs::remove_file(dir.path("dirty.txt")).unwrap();
     faultline_sys::process::kill(s.pid() as i32, faultline_sys::signal::SIGUSR1).unwrap();
@@ -245,56 +196,22 @@ fn a_wp_async_peer_is_tracked_from_its_page_tables_while_it_runs() {
     // reaches serve); PAGEMAP_SCAN of the peer's page tables finds them.
     let dir = Dir::new("dirty-async", 8 * MIB);
     let metrics = dir.path("metrics.sock");
-    let mut s = testing::serve(
+    let mut s = serve(
         &dir,
-        SERVE,
-        &[
-            "--peers",
-            "1",
-            "--metrics",
-            metrics.to_str().unwrap(),
-            "--track-dirty",
-            dir.path("dirty.txt").to_str().unwrap(),
-        ],
+        "dirty.txt",
+        &["--peers", "1", "--metrics", metrics.to_str().unwrap()],
     );
-    let mut p = testing::peer(
-        &dir,
-        PEER,
-        "p1",
-        &[
-            "--wp-async",
-            "--threads",
-            "2",
-            "--balloon",
-            "--write-set",
-            "4",
-            "--hold-ms",
-            "60000",
-            "--json",
-            dir.path("p1.json").to_str().unwrap(),
-        ],
-    );
-    dir.wait_for("p1.err", "holding for");
-    assert!(
-        dir.text("serve.err")
-            .contains("WP_ASYNC: read from its page tables"),
-        "{}",
-        dir.text("serve.err")
-    );
-    let want = expected(&report(&dir, "p1.json"));
-    assert!(post_dirty(&metrics).contains("200"), "POST /dirty");
-    dir.wait_for("serve.err", "peer 1: asked:");
+    let (mut p, want) = holding_writer(&dir, &["--wp-async", "--balloon"]);
+    let err = dir.text("serve.err");
+    assert!(err.contains("WP_ASYNC: read from its page tables"), "{err}");
+    post_dirty(&dir, &metrics);
     assert_same(&dirty(&dir, "dirty.txt"), &want, "WP_ASYNC peer");
     // Its page tables go with it: at hang-up the set is not rewritten
     // (it would lack the pages), and serve says so.
     p.kill();
     assert_ok(&mut s, &dir);
-    assert!(
-        dir.text("serve.err")
-            .contains("its dirty set is not written"),
-        "{}",
-        dir.text("serve.err")
-    );
+    let err = dir.text("serve.err");
+    assert!(err.contains("its dirty set is not written"), "{err}");
     assert_same(&dirty(&dir, "dirty.txt"), &want, "the set asked for");
 }
 
@@ -326,40 +243,26 @@ fn shared_mode_pages_mapped_by_continue_are_tracked_too() {
         }
     }
     let dir = Dir::new("dirty-shared", 16 * MIB);
-    let guard = Shm(std::path::PathBuf::from(format!(
+    let shm = Shm(std::path::PathBuf::from(format!(
         "/dev/shm/faultline-test-dirty-{}",
         std::process::id()
     )));
-    let shm = &guard.0;
-    let _ = std::fs::remove_file(shm);
-    let mut s = testing::serve(
+    let _ = std::fs::remove_file(&shm.0);
+    let copy = shm.0.to_str().unwrap();
+    let mut s = serve(&dir, "dirty.txt", &["--peers", "1", "--shared", copy]);
+    let mut p = writer(
         &dir,
-        SERVE,
-        &[
-            "--peers",
-            "1",
-            "--shared",
-            shm.to_str().unwrap(),
-            "--track-dirty",
-            dir.path("dirty.txt").to_str().unwrap(),
-        ],
-    );
-    let mut p = testing::peer(
-        &dir,
-        PEER,
         "p1",
+        "5",
+        "7",
         &[
             "--backend",
             "shared",
             "--map-file",
-            shm.to_str().unwrap(),
+            copy,
             "--threads",
             "2",
             "--balloon",
-            "--write-set",
-            "5",
-            "--json",
-            dir.path("p1.json").to_str().unwrap(),
         ],
     );
     assert_ok(&mut p, &dir);

@@ -66,7 +66,6 @@ use std::ops::Range;
 
 use super::config::ForeignRegionSpec;
 use super::error::ForeignError;
-use super::peer::ForeignRegion;
 use super::uffd::ForeignUffd;
 use crate::fault::RegionState;
 use crate::residency::PageBits;
@@ -94,21 +93,22 @@ pub struct DirtySet {
 }
 
 impl DirtySet {
-    /// The dirty set of `regions` now; with `scan` (a `WP_ASYNC` peer's
-    /// page tables), the pages written that no fault told us of too.
-    pub(super) fn of(
-        regions: &[ForeignRegion],
+    /// The dirty set of `regions` (each a region's state and its store
+    /// offset) now; with `scan` (a `WP_ASYNC` peer's page tables), the
+    /// pages written that no fault told us of too.
+    pub(super) fn of<'a>(
+        regions: impl Iterator<Item = (&'a RegionState, u64)>,
         scan: Option<&Pagemap>,
     ) -> Result<DirtySet, ForeignError> {
         let mut offsets = Vec::new();
-        for r in regions {
-            let Some(bits) = &r.state.written else {
+        for (state, store_offset) in regions {
+            let Some(bits) = &state.written else {
                 continue;
             };
-            let pages = &r.state.pages;
+            let pages = &state.pages;
             let per = (pages.size().bytes() as u64 / DIRTY_PAGE).max(1);
             let mut push = |p: usize| {
-                let at = r.store_offset + pages.offset(p);
+                let at = store_offset + pages.offset(p);
                 offsets.extend((0..per).map(|i| at + i * DIRTY_PAGE));
             };
             let mut seen = (0..pages.count()).filter(|&p| bits.get(p)).peekable();

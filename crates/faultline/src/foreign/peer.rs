@@ -435,7 +435,8 @@ impl ForeignPeer {
         if !self.tracks_dirty() {
             return Ok(None);
         }
-        DirtySet::of(&self.regions, self.dirty_scan.as_ref()).map(Some)
+        let regions = self.regions.iter().map(|r| (&*r.state, r.store_offset));
+        DirtySet::of(regions, self.dirty_scan.as_ref()).map(Some)
     }
 
     /// Whether its dirty tracking reads its page tables (a `WP_ASYNC`
