@@ -10,6 +10,7 @@ use clap::Args;
 use crate::config::{LogFormat, MetricsAddr, ServeConfig, Source, Verify};
 use crate::server::Server;
 use faultline::HandlerWait;
+use faultline_sys::signal;
 
 /// `faultline serve` arguments.
 #[derive(Args, Debug, Clone)]
@@ -144,6 +145,21 @@ pub struct ServeArgs {
     /// ...`) or `json` (one object a line: time, source, msg).
     #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
     pub log_format: LogFormatArg,
+    /// Track the pages each restore writes (a diff snapshot's pages): its
+    /// regions are registered write-protect through its own userfaultfd,
+    /// pages are installed write-protected, and each page's first write is
+    /// noted (a write-protect fault) and un-protected; pages it drops
+    /// (balloon, MADV_DONTNEED) count too, they read zeros now. The set
+    /// (bitmap and page list, naming the memory file) is written to FILE at
+    /// the peer's hang-up and, for every tracked peer, on SIGUSR1 or `POST
+    /// /dirty` to --metrics. With `{peer}` in FILE every peer is tracked,
+    /// each to its own file; without, the first. A peer whose userfaultfd
+    /// has UFFD_FEATURE_WP_ASYNC (the kernel un-protects written pages
+    /// itself) is read from its page tables (PAGEMAP_SCAN of
+    /// /proc/PID/pagemap) on request only: they go with it at its exit.
+    /// Refused with --takeover.
+    #[arg(long)]
+    pub track_dirty: Option<PathBuf>,
     /// Keep TSC stamps of each peer's last N faults along the handler's
     /// path (message read, store read, copy, wake) and write them in its
     /// --json summary (`phases`): what `bench restore` breaks a demand
@@ -298,6 +314,7 @@ impl ServeArgs {
             workers: self.engine == EngineArg::Workers,
             wake_first: self.wake_first,
             fault_around_initial: self.fault_around_initial,
+            track_dirty: self.track_dirty.clone(),
             ..ServeConfig::new(self.socket.clone(), source)
         })
     }
@@ -305,7 +322,8 @@ impl ServeArgs {
 
 /// Runs `faultline-serve ARGS` (`faultline serve ARGS`): SIGINT, SIGTERM
 /// and SIGHUP stop the server gracefully (see `--grace`); a second one
-/// ends it at once.
+/// ends it at once. With `--track-dirty`, SIGUSR1 writes the dirty sets of
+/// the tracked peers (taken, like the others, on a thread of its own).
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if std::env::var_os(crate::keeper::KEEPER_ENV).is_some() {
         // Started by a serve with --takeover to keep its peers.
@@ -314,8 +332,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     // First, before any thread starts: the signals go to a thread of their
     // own (faultline_cli_support::cleanup).
+    if args.track_dirty.is_some() {
+        signal::set_blocked_all(&[signal::SIGUSR1], true).context("blocking SIGUSR1")?;
+    }
     faultline_cli_support::cleanup::install().context("taking SIGINT, SIGTERM and SIGHUP")?;
     let server = Server::start(args.config()?)?;
+    if args.track_dirty.is_some() {
+        let dirty = server.dirty_handle();
+        std::thread::Builder::new()
+            .name("faultline-sigusr1".into())
+            .spawn(move || loop {
+                if let Ok(Some(_)) = signal::wait_any(&[signal::SIGUSR1], Duration::from_secs(3600))
+                {
+                    dirty.write_all();
+                }
+            })
+            .context("starting the SIGUSR1 thread")?;
+    }
     let stop = server.stop_handle();
     faultline_cli_support::cleanup::on_stop(move |sig| stop.stop(sig));
     server.run()?;

@@ -129,6 +129,11 @@ pub struct ServeConfig {
     /// The window of an isolated fault, in pages (at most
     /// `fault_around`). Default [`FAULT_AROUND_INITIAL`].
     pub fault_around_initial: usize,
+    /// Dirty tracking: write each tracked peer's dirty set (the pages it
+    /// wrote or dropped since it was served) here, at its hang-up and on
+    /// request; `{peer}` is replaced by its connection number (without
+    /// it, the first peer only is tracked).
+    pub track_dirty: Option<PathBuf>,
 }
 
 /// Why a [`ServeConfig`] cannot run.
@@ -156,6 +161,13 @@ pub enum ConfigError {
         /// The largest allowed.
         max: usize,
     },
+    /// Dirty tracking with takeover: a serve taking a peer over would not
+    /// know what its predecessor saw written.
+    #[error(
+        "--track-dirty cannot be combined with --takeover: a serve taking a peer over \
+         would not know which pages its predecessor saw written"
+    )]
+    DirtyWithTakeover,
     /// A remote store in a build without the `redis` feature.
     #[error(
         "the store {url} needs Redis support: this build of faultline-serve lacks its \
@@ -196,6 +208,7 @@ impl ServeConfig {
             workers: false,
             wake_first: false,
             fault_around_initial: FAULT_AROUND_INITIAL,
+            track_dirty: None,
         }
     }
 
@@ -246,6 +259,9 @@ impl ServeConfig {
             if d.is_zero() {
                 return Err(ConfigError::ZeroTime { what });
             }
+        }
+        if self.track_dirty.is_some() && self.takeover {
+            return Err(ConfigError::DirtyWithTakeover);
         }
         if let Source::Store(url) = &self.source {
             if !cfg!(feature = "redis") {

@@ -28,6 +28,7 @@
 //! | [`metrics`] | live metrics (`--metrics`): the OpenMetrics exposition of the engine's counters, and its endpoint |
 //! | [`record`] | the working-set record file (versioned, made for one memory file): pages in first-touch order, merged from several restores |
 //! | [`record_tool`] | `faultline-serve record inspect|merge` |
+//! | [`dirty_set`] | the dirty-set file (`--track-dirty`): the pages a restore wrote, bitmap and list, made for one memory file |
 //! | [`summary`] | what serve reports of each peer (`--json`, read back by benchmarks) |
 //! | [`peer`] | the test VMM (`faultline-peer`, `faultline peer`) |
 //! | [`testing`] | fixtures for tests that run serve and peers as processes |
@@ -48,6 +49,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod dirty_set;
 pub mod handshake;
 pub mod keeper;
 pub mod metrics;
@@ -59,5 +61,5 @@ pub mod summary;
 pub mod testing;
 
 pub use config::{ConfigError, LogFormat, ServeConfig, Source};
-pub use server::{ServeError, Server, StopHandle};
+pub use server::{DirtyHandle, ServeError, Server, StopHandle};
 pub use summary::{Handoff, PeerSummary};

@@ -378,7 +378,7 @@ pub fn read_record(path: &Path) -> Result<Record, RecordError> {
 
 /// A decimal or `0x` hexadecimal number (v1 offsets are hexadecimal
 /// with or without the prefix).
-fn parse_u64(s: &str) -> Option<u64> {
+pub(crate) fn parse_u64(s: &str) -> Option<u64> {
     match s.strip_prefix("0x") {
         Some(h) => u64::from_str_radix(h, 16).ok(),
         None => s.parse().ok(),

@@ -5,6 +5,7 @@
 //!   faultline-serve record inspect rec-1.txt              what it holds
 //!   faultline-serve record merge -k 3 -o set.txt rec-*.txt   pages of >= 3 restores
 //!   faultline-serve --prefetch set.txt ...                 installed on every restore
+//!   faultline-serve record inspect dirty-1.txt            a dirty set (--track-dirty)
 //! ```
 
 use std::path::PathBuf;
@@ -12,13 +13,15 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use faultline_cli_support::output::OutputPath;
 
+use crate::dirty_set;
 use crate::record::{self, Record};
 
 /// `faultline-serve record ...`.
 #[derive(Subcommand, Debug, Clone)]
 pub enum RecordCmd {
     /// Say what records hold: version, memory file, recordings, pages,
-    /// runs, the span of their first touches.
+    /// runs, the span of their first touches (of a dirty set, written by
+    /// --track-dirty: memory file, pages, runs).
     Inspect(InspectArgs),
     /// Merge records of one memory file into one prefetch set: the pages
     /// touched in at least K of the N recordings, ordered by their median
@@ -86,11 +89,58 @@ fn summary(file: PathBuf, r: &Record) -> Summary {
     }
 }
 
+/// What `inspect` says of one dirty set.
+#[derive(Debug, serde::Serialize)]
+struct DirtySummary {
+    file: PathBuf,
+    kind: &'static str,
+    version: u32,
+    memory_bytes: u64,
+    fingerprint: String,
+    pages: usize,
+    bytes: u64,
+    runs: usize,
+}
+
+/// `inspect` of a dirty set.
+fn inspect_dirty(file: PathBuf, json: bool) -> anyhow::Result<()> {
+    let d = dirty_set::read(&file)?;
+    let s = DirtySummary {
+        file,
+        kind: "dirty-set",
+        version: 1,
+        memory_bytes: d.identity.memory_bytes,
+        fingerprint: format!("{:#018x}", d.identity.fingerprint),
+        pages: d.offsets.len(),
+        bytes: d.offsets.len() as u64 * dirty_set::PAGE,
+        runs: d.runs(),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else {
+        println!(
+            "{}: dirty set v{}, memory file of {} bytes, fingerprint {}, {} pages ({:.1} MiB) in {} runs",
+            s.file.display(),
+            s.version,
+            s.memory_bytes,
+            s.fingerprint,
+            s.pages,
+            s.bytes as f64 / (1 << 20) as f64,
+            s.runs
+        );
+    }
+    Ok(())
+}
+
 /// Runs `faultline-serve record CMD`.
 pub fn run(cmd: RecordCmd) -> anyhow::Result<()> {
     match cmd {
         RecordCmd::Inspect(a) => {
             for f in a.files {
+                if dirty_set::is_dirty_set(&f) {
+                    inspect_dirty(f, a.json)?;
+                    continue;
+                }
                 let r = record::read_record(&f)?;
                 let s = summary(f, &r);
                 if a.json {

@@ -18,6 +18,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`mem`] | mappings, protection ([`mem::Prot`]), `madvise`, memfd, file I/O, `vmsplice`, `PROCMAP_QUERY`, reading our own memory without faulting |
+//! | [`pagemap`] | `PAGEMAP_SCAN` of `/proc/PID/pagemap`: which pages of a range are written, present, swapped |
 //! | [`uffd`] | the userfaultfd ABI (struct sizes asserted at compile time), its creation paths and one wrapper per ioctl |
 //! | `perf` (feature `perf`) | `perf_event_open` hardware breakpoints |
 //! | [`signal`] | handlers, chaining, alternate stacks, masks, [`signal::SignalContext`] |
@@ -27,6 +28,7 @@
 //! | [`thread`] | ids, affinity, scheduling class, futex, eventfd, fork hooks |
 
 pub mod mem;
+pub mod pagemap;
 #[cfg(feature = "perf")]
 pub mod perf;
 pub mod poll;

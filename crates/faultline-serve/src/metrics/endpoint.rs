@@ -9,7 +9,8 @@
 //! 2. A stale socket at the path is replaced; anything else there is
 //!    refused, never removed; the socket is removed when serve stops.
 //! 3. Each connection gets one answer and is closed: `GET /metrics` (or
-//!    `/`) the OpenMetrics text of a fresh sample, any other path 404. A
+//!    `/`) the OpenMetrics text of a fresh sample, `POST /dirty` writes
+//!    the tracked peers' dirty sets (`--track-dirty`), any other path 404. A
 //!    client has one second to send its request; connections are served
 //!    one at a time (a scrape takes well under a millisecond).
 //!
@@ -250,6 +251,14 @@ fn answer(mut c: impl Read + Write, exposition: &Arc<Exposition>) {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             exposition.text(),
         ),
+        ("POST", "/dirty") => match exposition.write_dirty() {
+            Some(n) => ("200 OK", "text/plain", format!("wrote {n} dirty set(s)\n")),
+            None => (
+                "404 Not Found",
+                "text/plain",
+                "dirty tracking is off (--track-dirty)\n".into(),
+            ),
+        },
         ("GET" | "HEAD", _) => (
             "404 Not Found",
             "text/plain",

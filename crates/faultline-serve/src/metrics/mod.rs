@@ -111,6 +111,9 @@ pub type Sampler = Box<dyn Fn() -> Sample + Send + Sync>;
 /// each scrape.
 pub struct Exposition {
     sample: Sampler,
+    /// `POST /dirty` (`--track-dirty`): writes the tracked peers' dirty
+    /// sets, gives how many.
+    dirty: Option<Box<dyn Fn() -> usize + Send + Sync>>,
 }
 
 impl fmt::Debug for Exposition {
@@ -122,7 +125,22 @@ impl fmt::Debug for Exposition {
 impl Exposition {
     /// Exposes what `sample` reads.
     pub fn new(sample: Sampler) -> Exposition {
-        Exposition { sample }
+        Exposition {
+            sample,
+            dirty: None,
+        }
+    }
+
+    /// Answers `POST /dirty` with `write` (it writes the tracked peers'
+    /// dirty sets and gives how many).
+    pub fn with_dirty(mut self, write: Box<dyn Fn() -> usize + Send + Sync>) -> Exposition {
+        self.dirty = Some(write);
+        self
+    }
+
+    /// `POST /dirty`: the dirty sets written (`None`: tracking is off).
+    pub fn write_dirty(&self) -> Option<usize> {
+        self.dirty.as_ref().map(|w| w())
     }
 
     /// The OpenMetrics text of a fresh sample (ends with `# EOF`).

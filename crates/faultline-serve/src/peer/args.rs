@@ -139,6 +139,23 @@ pub struct PeerArgs {
     /// inverted) and read the writes back (they must stay private).
     #[arg(long)]
     pub scribble: bool,
+    /// After the checks (and --balloon's drop), write the first byte of a
+    /// seeded PCT% of all the pages of all regions (drawn with
+    /// --write-seed, working set or not) from the vCPU threads (page i on
+    /// thread i % --threads), timing each first write; the written pages'
+    /// file offsets go to --json (`written_offsets`, with the dropped
+    /// pages' in `dropped_offsets`): what a handler's dirty tracking must
+    /// find. Not with --scribble (which writes the working set).
+    #[arg(long, conflicts_with = "scribble")]
+    pub write_set: Option<f64>,
+    /// Ask for UFFD_FEATURE_WP_ASYNC in the userfaultfd's handshake (the
+    /// kernel then resolves write-protect faults itself): a handler's
+    /// synchronous dirty tracking must refuse such a peer.
+    #[arg(long)]
+    pub wp_async: bool,
+    /// Seed of --write-set.
+    #[arg(long, default_value_t = 7)]
+    pub write_seed: u64,
     /// Declare the regions' backing in the handshake (`"backing"`:
     /// `anonymous`, or `shared` with --backend shared), for a handler that
     /// cannot read this process's memory map (another pid namespace).

@@ -93,6 +93,11 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
         } else {
             (feature::EVENT_REMOVE, register_mode::MISSING)
         };
+        let features = if args.wp_async {
+            features | feature::WP_ASYNC
+        } else {
+            features
+        };
         u.api(features)?;
         for &(base, len, _) in &layout.regions {
             u.register(base, len as u64, mode)?;

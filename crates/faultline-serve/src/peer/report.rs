@@ -69,6 +69,21 @@ pub struct PeerReport {
     /// TSC before, TSC after), the threads' one after the other.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub touch_stamps: Vec<(u64, u64, u64)>,
+    /// `--write-set`: the file offsets of the 4 KiB pages written, sorted.
+    #[serde(default)]
+    pub written_offsets: Vec<u64>,
+    /// ... the file offsets of the pages dropped (`--balloon`, `--storm`):
+    /// they read zeros, not the snapshot's bytes.
+    #[serde(default)]
+    pub dropped_offsets: Vec<u64>,
+    /// ... median first-write latency over all the written pages, ns.
+    #[serde(default)]
+    pub write_median_ns: u64,
+    /// ... median first-write latency over the written pages of the
+    /// working set (present when written: no missing-page fault; a
+    /// write-protect fault when the handler tracks writes), ns.
+    #[serde(default)]
+    pub write_present_median_ns: u64,
 }
 
 /// A progress line on stderr, `faultline peer PID: ...`.

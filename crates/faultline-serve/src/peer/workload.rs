@@ -11,7 +11,9 @@
 //! 3. [`verify`] drops the balloon range (`--balloon`), then compares each
 //!    page with the file: a dropped page must read zeros.
 //! 4. [`scribble`] (`--scribble`) writes every working-set page and reads
-//!    the writes back.
+//!    the writes back; [`write_set`] (`--write-set`) writes a seeded set of
+//!    pages from the vCPU threads and says which (what a handler's dirty
+//!    tracking must find), timing each first write.
 
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -390,11 +392,7 @@ pub fn verify(
     ws: &[(usize, usize)],
     storm: Range,
 ) -> anyhow::Result<u64> {
-    let last = *layout.regions.last().expect("a region");
-    let balloon = args.balloon.then(|| {
-        let len = (last.1 / 2).next_multiple_of(args.page_size()).min(last.1);
-        (last.0, len)
-    });
+    let balloon = balloon_range(args, layout);
     if let Some((a, l)) = balloon {
         mem::madvise(a, l, Advice::DontNeed)?;
         if args.balloon_pause_ms > 0 {
@@ -449,6 +447,108 @@ pub fn verify(
         }
     }
     Ok(verified)
+}
+
+/// `--balloon`'s range: the first half of the last region, in whole
+/// pages.
+fn balloon_range(args: &PeerArgs, layout: &Layout) -> Option<Range> {
+    let last = *layout.regions.last().expect("a region");
+    args.balloon.then(|| {
+        let len = (last.1 / 2).next_multiple_of(args.page_size()).min(last.1);
+        (last.0, len)
+    })
+}
+
+/// The file offsets of the 4 KiB pages of `range` (inside one region).
+fn file_offsets(layout: &Layout, (addr, len): Range) -> Vec<u64> {
+    let Some(&(base, _, off)) = layout
+        .regions
+        .iter()
+        .find(|&&(b, l, _)| addr >= b && addr < b + l as u64)
+    else {
+        return Vec::new();
+    };
+    (0..len / PAGE)
+        .map(|i| off + (addr - base) + (i * PAGE) as u64)
+        .collect()
+}
+
+/// What `--write-set` wrote.
+pub struct Written {
+    /// File offsets of the pages written, sorted.
+    pub offsets: Vec<u64>,
+    /// Median first-write latency, ns (all pages; those of the working
+    /// set).
+    pub median_ns: u64,
+    /// ... of the working set's pages only.
+    pub present_median_ns: u64,
+}
+
+/// `--write-set PCT`: inverts the first byte of a seeded `PCT`% of all
+/// pages (`--write-seed`), page `i` of the set on vCPU thread `i %
+/// threads`, timing each first write.
+pub fn write_set(args: &PeerArgs, layout: &Layout, ws: &[(usize, usize)], pct: f64) -> Written {
+    let counts: Vec<usize> = layout.regions.iter().map(|r| r.1 / PAGE).collect();
+    let total: usize = counts.iter().sum();
+    let want = ((total as f64 * pct / 100.0) as usize).min(total);
+    let mut rng = Rng::new(args.write_seed ^ 0xbb67_ae85_84ca_a73b);
+    let mut taken = vec![false; total];
+    let mut set = Vec::with_capacity(want);
+    while set.len() < want {
+        let mut g = rng.in_range(0..total);
+        while taken[g] {
+            g = (g + 1) % total;
+        }
+        taken[g] = true;
+        set.push(g);
+    }
+    let set = Arc::new(in_regions(&counts, set));
+    let in_ws: std::collections::HashSet<(usize, usize)> = ws.iter().copied().collect();
+    let in_ws = Arc::new(in_ws);
+    let nthreads = args.threads.max(1);
+    let regions = Arc::new(layout.regions.clone());
+    let handles: Vec<_> = (0..nthreads)
+        .map(|t| {
+            let (set, regions, in_ws) = (set.clone(), regions.clone(), in_ws.clone());
+            std::thread::spawn(move || {
+                let mut lat = Vec::new();
+                for (i, &(r, p)) in set.iter().enumerate() {
+                    if i % nthreads != t {
+                        continue;
+                    }
+                    let addr = regions[r].0 + (p * PAGE) as u64;
+                    let s = Instant::now();
+                    // SAFETY: a byte inside a live, writable mapping of
+                    // this process.
+                    unsafe {
+                        let b = !std::ptr::read_volatile(addr as *const u8);
+                        std::ptr::write_volatile(addr as *mut u8, b);
+                    }
+                    lat.push((s.elapsed().as_nanos() as u64, in_ws.contains(&(r, p))));
+                }
+                lat
+            })
+        })
+        .collect();
+    let lat: Vec<(u64, bool)> = handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("writer thread"))
+        .collect();
+    let median = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0)
+    };
+    let mut offsets: Vec<u64> = set
+        .iter()
+        .map(|&(r, p)| layout.regions[r].2 + (p * PAGE) as u64)
+        .collect();
+    offsets.sort_unstable();
+    say(format_args!("wrote {} pages", offsets.len()));
+    Written {
+        offsets,
+        median_ns: median(lat.iter().map(|l| l.0).collect()),
+        present_median_ns: median(lat.iter().filter(|l| l.1).map(|l| l.0).collect()),
+    }
 }
 
 /// Inverts the first byte of every working-set page, then reads the
@@ -512,6 +612,23 @@ pub fn touch_and_check(
     if args.scribble {
         scribble(layout, &ws)?;
     }
+    let written = args.write_set.map(|pct| write_set(args, layout, &ws, pct));
+    let mut dropped_offsets = Vec::new();
+    if written.is_some() {
+        if let Some(b) = balloon_range(args, layout) {
+            dropped_offsets.extend(file_offsets(layout, b));
+        }
+        if args.storm > 0 {
+            dropped_offsets.extend(file_offsets(layout, storm));
+        }
+        dropped_offsets.sort_unstable();
+        dropped_offsets.dedup();
+    }
+    let written = written.unwrap_or(Written {
+        offsets: Vec::new(),
+        median_ns: 0,
+        present_median_ns: 0,
+    });
     Ok(PeerReport {
         seconds,
         pages: ws.len(),
@@ -531,6 +648,10 @@ pub fn touch_and_check(
         vcpu_preempted: t.preempted,
         vcpu_slept: t.slept,
         touch_stamps: t.stamps,
+        written_offsets: written.offsets,
+        dropped_offsets,
+        write_median_ns: written.median_ns,
+        write_present_median_ns: written.present_median_ns,
     })
 }
 

@@ -269,4 +269,19 @@ fn report(
             .queued
             .map_or(String::new(), |q| format!("; prefetching {q} pages")),
     ));
+    if built.peer.tracks_dirty() {
+        say(format_args!(
+            "peer {}: tracking its writes (--track-dirty{}){}",
+            served.n,
+            if built.peer.dirty_async() {
+                "; WP_ASYNC: read from its page tables with PAGEMAP_SCAN, on request only"
+            } else {
+                ""
+            },
+            built
+                .peer
+                .dirty_caveat()
+                .map_or(String::new(), |c| format!(": {c}"))
+        ));
+    }
 }

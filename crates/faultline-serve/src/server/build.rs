@@ -21,6 +21,7 @@ use faultline::{
     SharedSnapshot,
 };
 
+use super::dirty;
 use super::log::say;
 use super::setup::prepare;
 use super::state::{Recorder, State};
@@ -95,6 +96,7 @@ pub fn build(
 ) -> Result<Built, BuildError> {
     // A peer taken over does not record: its restore began elsewhere.
     let record = matches!(origin, Origin::Handed { .. }) && state.claim_record();
+    let track_dirty = matches!(origin, Origin::Handed { .. }) && dirty::claim(state);
     let opts = ForeignOptions {
         readahead: if record {
             ReadaheadConfig::off()
@@ -105,6 +107,11 @@ pub fn build(
         shared: snapshot,
         phase_samples: state.config.phase_samples,
         wake_first: state.config.wake_first,
+        track_dirty,
+        pid: match origin {
+            Origin::Handed { pid, .. } => Some(pid),
+            Origin::Adopted { .. } => None,
+        },
         ..Default::default()
     };
     let built = ForeignPeer::new(format!("peer {n}"), uffd, specs, state.store.clone(), &opts)
@@ -114,6 +121,9 @@ pub fn build(
         if record {
             // Leave the record to the next peer.
             state.set_recorder(Recorder::Free);
+        }
+        if track_dirty {
+            dirty::release(state);
         }
     })?;
     handoff.built_ns = faultline_sys::monotonic_ns();

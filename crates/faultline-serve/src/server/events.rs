@@ -142,6 +142,7 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
             Err(e) => say(format_args!("peer {n}: writing the record failed: {e}")),
         }
     }
+    super::dirty::at_end(state, peer, n, &outcome);
     state.engine.remove(peer.id());
     state.summaries.lock().expect("summaries").push(summary);
     state.finished.fetch_add(1, SeqCst);

@@ -45,6 +45,7 @@
 mod accept;
 mod backing;
 mod build;
+mod dirty;
 mod error;
 mod events;
 mod log;
@@ -64,6 +65,7 @@ use faultline_cli_support::OutputPath;
 use faultline_sys::poll::{self, PollFd};
 use faultline_sys::signal::{SIGHUP, SIGINT, SIGTERM};
 
+pub use dirty::DirtyHandle;
 pub use error::ServeError;
 
 use crate::config::ServeConfig;
@@ -153,6 +155,9 @@ impl Server {
         if let Some(p) = &config.record {
             OutputPath::check(p, "--record").map_err(ServeError::CheckOutput)?;
         }
+        if let Some(p) = &config.track_dirty {
+            OutputPath::check(p, "--track-dirty").map_err(ServeError::CheckOutput)?;
+        }
         Socket::check(&config.socket)?;
         let (keeper, taken) = if config.takeover {
             let (k, taken) = Keeper::join_or_start(&config.socket).map_err(ServeError::Keeper)?;
@@ -164,7 +169,10 @@ impl Server {
         let store_len = store.len().unwrap_or(0);
         // Records name the memory file they were made for: one made for
         // another is refused.
-        let identity = match config.record.is_some() || config.prefetch.is_some() {
+        let identity = match config.record.is_some()
+            || config.prefetch.is_some()
+            || config.track_dirty.is_some()
+        {
             true => Some(record::identity(&*store)?),
             false => None,
         };
@@ -245,11 +253,17 @@ impl Server {
             summaries: Mutex::new(Vec::new()),
             counters: ServerCounters::default(),
             identity,
+            dirty_claimed: AtomicBool::new(false),
         });
         let metrics = match &state.config.metrics {
             Some(addr) => {
                 let s = state.clone();
-                let exposition = Arc::new(Exposition::new(Box::new(move || s.sample())));
+                let mut exposition = Exposition::new(Box::new(move || s.sample()));
+                if state.config.track_dirty.is_some() {
+                    let s = state.clone();
+                    exposition = exposition.with_dirty(Box::new(move || dirty::write_all(&s)));
+                }
+                let exposition = Arc::new(exposition);
                 let e = Endpoint::start(addr, exposition)?;
                 say(format_args!("metrics on {}", e.addr));
                 Some(e)
@@ -265,6 +279,12 @@ impl Server {
             taken,
             metrics,
         })
+    }
+
+    /// A handle that writes the dirty sets of this server's tracked peers
+    /// on request (`--track-dirty`; from another thread).
+    pub fn dirty_handle(&self) -> DirtyHandle {
+        DirtyHandle(self.state.clone())
     }
 
     /// A handle that stops this server (from another thread).

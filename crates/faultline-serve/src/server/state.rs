@@ -91,8 +91,11 @@ pub struct State {
     /// What the server counts itself (the metrics' refusals).
     pub counters: ServerCounters,
     /// The memory file records are made for and checked against (with
-    /// `--record` or `--prefetch`).
+    /// `--record` or `--prefetch`), and dirty sets name (`--track-dirty`).
     pub identity: Option<Identity>,
+    /// The first peer claimed dirty tracking (`--track-dirty` without
+    /// `{peer}`: the first peer only).
+    pub dirty_claimed: AtomicBool,
 }
 
 impl State {

@@ -172,10 +172,16 @@ pub(crate) fn resolve(
     let ps = r.pages.size().bytes();
     let mut access = access;
     STAMPS.set(Stamps::ZERO);
+    if r.written.is_some() && !matches!(origin, Origin::Fault) {
+        // Dirty tracking counts a fault's writes only: populate, prefetch
+        // and run-ahead install their pages clean (write-protected).
+        access.write = false;
+    }
     for _attempt in 0..8 {
         let state = r.residency.get(page);
-        if r.budget.is_some() && access.write && (access.wp || state == PageState::ReadOnly) {
-            // A write to a clean, write-protected page of a budget region.
+        if r.write_protects() && access.write && (access.wp || state == PageState::ReadOnly) {
+            // A write to a clean, write-protected page of a budget region
+            // (or of a tracked one).
             match mark_dirty(r, page, wake) {
                 Some(res) => return res,
                 // The map says absent. A WP fault says the page was mapped
@@ -335,15 +341,16 @@ pub(crate) fn resolve(
                 installed,
             );
         }
-        if matches!(step, Step::Done)
-            && access.write
-            && r.budget.is_some()
-            && r.residency.get(page) == PageState::ReadOnly
-        {
-            // Installed clean (with its read-ahead window); this fault is
-            // a write: dirty it now rather than take a second (WP) fault
-            // on the retry.
-            let _ = mark_dirty(r, page, false);
+        if matches!(step, Step::Done) && access.write && r.write_protects() {
+            if r.residency.get(page) == PageState::ReadOnly {
+                // Installed clean (with its read-ahead window); this fault
+                // is a write: dirty it now rather than take a second (WP)
+                // fault on the retry.
+                let _ = mark_dirty(r, page, false);
+            } else {
+                // Installed alone and writable (a write fault's own page).
+                r.note_write(page);
+            }
         }
         if wake {
             let woken = match &step {
@@ -368,9 +375,9 @@ pub(crate) fn resolve(
                 r.residency.release(part);
             }
         }
-        let hole_state = match r.budget {
-            Some(_) => PageState::ReadOnly,
-            None => PageState::Writable,
+        let hole_state = match r.write_protects() {
+            true => PageState::ReadOnly,
+            false => PageState::Writable,
         };
         let mut around = match step {
             Step::Done if matches!(origin, Origin::Fault) => run.len() - 1 + rest_installed,
@@ -381,7 +388,7 @@ pub(crate) fn resolve(
                 around += hole.len();
             }
             let (dst, bytes) = (r.pages.addr(hole.start), r.pages.bytes(hole.len()) as u64);
-            let clean = r.budget.is_some();
+            let clean = r.write_protects();
             let out = copy_run(
                 r,
                 &hole,
@@ -436,28 +443,28 @@ fn install_rest(
     let bytes = r.pages.bytes(part.len()) as u64;
     let offset = r.pages.offset(part.start);
     let before = *installed;
-    match copy_run(r, &part, dst, offset, bytes, scratch, None, false) {
+    // Not the faulting page: a tracked region installs it write-protected
+    // (its first write is noted by the WP fault that follows).
+    let clean = r.write_protects();
+    let state = if clean {
+        PageState::ReadOnly
+    } else {
+        PageState::Writable
+    };
+    match copy_run(r, &part, dst, offset, bytes, scratch, None, clean) {
         Ok(out) => {
             let _ = finish(
                 r,
                 part.clone(),
                 part.start,
                 Ok(out),
-                PageState::Writable,
+                state,
                 false,
                 installed,
             );
         }
         Err(CopyErr::Uffd(e)) => {
-            let _ = finish(
-                r,
-                part.clone(),
-                part.start,
-                Err(e),
-                PageState::Writable,
-                false,
-                installed,
-            );
+            let _ = finish(r, part.clone(), part.start, Err(e), state, false, installed);
         }
         Err(CopyErr::Store(_)) => r.residency.release(part),
     }
@@ -679,6 +686,13 @@ fn install(
     let bytes = r.pages.bytes(run.len()) as u64;
     let offset = r.pages.offset(run.start);
     let mut state = PageState::Writable;
+    // A tracked region maps page-cache pages write-protected too, except
+    // the page of a write fault mapped alone (its write is noted at once).
+    let continue_wp = if r.written.is_some() && !(write && run.len() == 1) {
+        mode::CONTINUE_WP
+    } else {
+        0
+    };
 
     let outcome: Result<Outcome, CopyErr> = match (r.op, in_cache) {
         (ResolveOp::Continue, Some(true)) => {
@@ -686,7 +700,7 @@ fn install(
             state = PageState::ReadOnly;
             stamp_filled();
             r.uffd
-                .continue_(dst, bytes, mode::CONTINUE_DONTWAKE)
+                .continue_(dst, bytes, mode::CONTINUE_DONTWAKE | continue_wp)
                 .map_err(CopyErr::Uffd)
         }
         (ResolveOp::Continue, None) => {
@@ -694,8 +708,11 @@ fn install(
                 return fail_store(r, run, page, e);
             }
             stamp_filled();
+            if continue_wp != 0 {
+                state = PageState::ReadOnly;
+            }
             r.uffd
-                .continue_(dst, bytes, mode::CONTINUE_DONTWAKE)
+                .continue_(dst, bytes, mode::CONTINUE_DONTWAKE | continue_wp)
                 .map_err(CopyErr::Uffd)
         }
         (ResolveOp::Move, _) => match r
@@ -787,10 +804,10 @@ fn install(
             }
         },
         (ResolveOp::Copy | ResolveOp::Auto, _) | (ResolveOp::Continue, Some(false)) => {
-            // A budget region installs pages clean and write-protected,
-            // except the page of a write fault installed alone: dirty at
-            // once, no WP fault to follow.
-            let clean = r.budget.is_some() && !(write && run.len() == 1);
+            // A budget (or tracked) region installs pages clean and
+            // write-protected, except the page of a write fault installed
+            // alone: dirty at once, no WP fault to follow.
+            let clean = r.write_protects() && !(write && run.len() == 1);
             if clean {
                 state = PageState::ReadOnly;
             }
@@ -1025,8 +1042,8 @@ fn repoison(r: &RegionState, page: usize) -> Resolution {
     }
 }
 
-/// A write fault on a clean page of a budget region: un-protect it and
-/// mark it dirty. `None`: the page changed state meanwhile, look again.
+/// A write fault on a clean page of a budget (or tracked) region:
+/// un-protect it and mark it dirty. `None`: the page changed state meanwhile, look again.
 fn mark_dirty(r: &RegionState, page: usize, wake: bool) -> Option<Resolution> {
     if !r.residency.try_claim(page) {
         // The evictor (or another resolver) holds it: retry the access.
@@ -1039,6 +1056,9 @@ fn mark_dirty(r: &RegionState, page: usize, wake: bool) -> Option<Resolution> {
         return None;
     }
     let (addr, ps) = (r.pages.addr(page), r.pages.size().bytes() as u64);
+    // Noted before the page can be written: a dirty set read meanwhile
+    // never misses a write that lands.
+    r.note_write(page);
     let res = match r.uffd.writeprotect(addr, ps, false, true) {
         Ok(()) => {
             r.residency.set(page, PageState::Writable);

@@ -10,7 +10,8 @@
 //!           ├── readahead: per-thread stream slots
 //!           ├── alias view + page-cache bits     (shmem, hugetlb)
 //!           ├── frame pool                       (ResolveOp::Move)
-//!           └── feeds: budget log, run-ahead     (background threads)
+//!           ├── feeds: budget log, run-ahead     (background threads)
+//!           └── written: pages written since     (a peer's dirty tracking)
 //! ```
 //!
 //! Everything here is immutable after the region is built, or an atomic:
@@ -131,6 +132,11 @@ pub(crate) struct RegionState {
     pub stats: Counters,
     pub budget: Option<BudgetFeed>,
     pub runahead: Option<RunAheadFeed>,
+    /// Dirty tracking (a peer's, `crate::foreign::dirty`): the pages
+    /// written since tracking began. With it, pages are installed
+    /// write-protected, as a budget region's clean pages are, and a fault's
+    /// write un-protects its page and sets its bit.
+    pub written: Option<PageBits>,
     pub timing_start: AtomicU64,
     pub timing_resolved: AtomicU64,
 }
@@ -139,6 +145,23 @@ impl RegionState {
     /// Whether the copy path may need the caller's scratch buffer.
     pub fn needs_scratch(&self) -> bool {
         !self.store.is_zero() && self.op != ResolveOp::Continue
+    }
+
+    /// Whether pages are installed write-protected, so that their first
+    /// write faults: a budget region (to tell clean pages from dirty
+    /// ones) or a tracked one (its dirty set).
+    #[inline]
+    pub fn write_protects(&self) -> bool {
+        self.budget.is_some() || self.written.is_some()
+    }
+
+    /// A fault's write reached `page` (un-protected, or installed
+    /// writable): set its bit in the dirty set, if tracked.
+    #[inline]
+    pub fn note_write(&self, page: usize) {
+        if let Some(w) = &self.written {
+            w.set(page);
+        }
     }
 
     /// Whether faults gather a window's holes into one batched fill: a

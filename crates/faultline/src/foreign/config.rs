@@ -101,6 +101,19 @@ pub struct ForeignOptions {
     /// mode; the thread no longer waits for its whole window's copy).
     /// Default false: one ioctl for the window, then the wake.
     pub wake_first: bool,
+    /// Dirty tracking: register the regions with write-protect through the
+    /// peer's userfaultfd, install every page write-protected and note
+    /// each page's first write ([`ForeignPeer::dirty_set`](super::ForeignPeer::dirty_set);
+    /// see `foreign/dirty.rs`). Refused for regions the kernel cannot
+    /// write-protect. Default false. A userfaultfd with
+    /// `UFFD_FEATURE_WP_ASYNC` (the kernel un-protects a written page
+    /// itself, no fault reaches us) is tracked by reading the peer's page
+    /// tables instead (`PAGEMAP_SCAN`), which needs [`ForeignOptions::pid`].
+    pub track_dirty: bool,
+    /// The peer's pid (serve: from `SO_PEERCRED`), for reading its page
+    /// tables through `/proc/PID/pagemap` (dirty tracking of a
+    /// `WP_ASYNC` userfaultfd). Default none.
+    pub pid: Option<i32>,
 }
 
 /// Checks the regions against each other and against the store: no

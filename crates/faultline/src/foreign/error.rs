@@ -80,6 +80,23 @@ pub enum ForeignError {
         #[source]
         source: UffdError,
     },
+    /// Arming dirty tracking on a region failed: registering it with
+    /// write-protect through the peer's userfaultfd, or write-protecting
+    /// the pages already present.
+    #[error("region {index}: dirty tracking: {step} through the peer's userfaultfd: {source}")]
+    TrackDirty {
+        /// Region index.
+        index: usize,
+        /// The step (`UFFDIO_REGISTER MISSING|WP`, ...).
+        step: &'static str,
+        /// The error.
+        #[source]
+        source: UffdError,
+    },
+    /// Reading the peer's page tables (`/proc/PID/pagemap`,
+    /// `PAGEMAP_SCAN`) for dirty tracking failed.
+    #[error("dirty tracking: reading the peer's page tables: {0}")]
+    Pagemap(#[source] faultline_sys::mem::MemError),
     /// Waking the peer's threads blocked on a range failed.
     #[error("waking the peer's faulting threads (UFFDIO_WAKE): {0}")]
     Wake(#[source] UffdError),

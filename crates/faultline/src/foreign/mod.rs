@@ -37,6 +37,9 @@
 //!              times, demand pages (what live metrics read)
 //!   phases     FaultPhases: TSC stamps of a peer's last N faults along
 //!              the handler's path (where the time goes)
+//!   dirty      dirty tracking: regions registered WP through the peer's
+//!              uffd, pages installed protected, first writes noted
+//!              (DirtySet)
 //!   plan       PrefetchPlan (a record made into runs once, for any number
 //!              of peers), the per-peer queue, prepare_store
 //!   store      RegionStore: the store at a region's offset, REMOVE'd pages
@@ -98,6 +101,7 @@
 //! set are served on demand.
 
 mod config;
+mod dirty;
 mod engine;
 mod error;
 mod peer;
@@ -112,6 +116,7 @@ mod uffd;
 pub use config::{
     ForeignEngineConfig, ForeignOptions, ForeignRegionSpec, HandlerWait, PREFETCH_HELPER_PIECE,
 };
+pub use dirty::{DirtySet, DIRTY_PAGE};
 pub use engine::{ForeignEngine, HandlerStats};
 pub use error::ForeignError;
 pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes, RemoveJournal};

@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 use super::config::{check_layout, ForeignOptions, ForeignRegionSpec};
+use super::dirty::{self, DirtySet};
 use super::error::ForeignError;
 use super::phases::{FaultPhases, PhaseRing};
 use super::plan::PrefetchQueue;
@@ -52,6 +53,7 @@ use crate::fault::{Delivery, RegionState, RegionStats};
 use crate::page::{MemoryKind, PageSize, ResolveOp};
 use crate::residency::{PageBits, PageState, Residency};
 use crate::store::PageStore;
+use faultline_sys::pagemap::Pagemap;
 use faultline_sys::uffd::{feature, pagefault_flag};
 
 /// Counters of one peer (relaxed atomics).
@@ -219,6 +221,7 @@ impl ForeignRegion {
             stats: Default::default(),
             budget: None,
             runahead: opts.run_ahead.map(|_| RunAheadFeed::new(pages.count())),
+            written: opts.track_dirty.then(|| dirty::bits(pages.count())),
             timing_start: AtomicU64::new(0),
             timing_resolved: AtomicU64::new(0),
         });
@@ -267,6 +270,10 @@ pub struct ForeignPeer {
     /// A handler thread has reported it dropped (hung up, failed): with
     /// several threads reading it, only the first report goes out.
     pub(super) dropped: AtomicBool,
+    /// What dirty tracking could not do ([`ForeignPeer::dirty_caveat`]).
+    dirty_caveat: Option<&'static str>,
+    /// A `WP_ASYNC` peer's page tables (dirty tracking reads them).
+    dirty_scan: Option<Pagemap>,
 }
 
 /// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
@@ -306,6 +313,7 @@ impl ForeignPeer {
             });
         }
         check_layout(specs, store.len())?;
+        let mut armed = dirty::Armed::default();
         if let Some(snap) = &opts.shared {
             let minor = if snap.page_size() == PageSize::BASE {
                 feature::MINOR_SHMEM
@@ -333,6 +341,11 @@ impl ForeignPeer {
             }
             uffd.register_minor(specs)?;
         }
+        if opts.track_dirty {
+            // Before any fault is served: every page we install is then
+            // installed write-protected.
+            armed = dirty::arm(&uffd, specs, opts.shared.is_some(), opts.pid)?;
+        }
         let mut order: Vec<usize> = (0..specs.len()).collect();
         order.sort_by_key(|&i| specs[i].base);
         let regions = order
@@ -357,6 +370,8 @@ impl ForeignPeer {
             journal: None,
             phases: PhaseRing::new(opts.phase_samples),
             dropped: AtomicBool::new(false),
+            dirty_caveat: armed.caveat,
+            dirty_scan: armed.scan,
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
@@ -417,6 +432,36 @@ impl ForeignPeer {
         self.regions.iter().any(|r| r.state.cached.is_some())
     }
 
+    /// Whether its writes are tracked ([`ForeignOptions::track_dirty`]).
+    pub fn tracks_dirty(&self) -> bool {
+        self.regions.iter().any(|r| r.state.written.is_some())
+    }
+
+    /// The pages it has written or removed since it was first served
+    /// (`None`: not tracked). Read while it runs: every write resolved
+    /// before the call is in it (with `WP_ASYNC`: every write the kernel
+    /// had un-protected when its page tables were read). Fails only when
+    /// a `WP_ASYNC` peer's page tables cannot be read (it is gone).
+    pub fn dirty_set(&self) -> Result<Option<DirtySet>, ForeignError> {
+        if !self.tracks_dirty() {
+            return Ok(None);
+        }
+        let regions = self.regions.iter().map(|r| (&*r.state, r.store_offset));
+        DirtySet::of(regions, self.dirty_scan.as_ref()).map(Some)
+    }
+
+    /// Whether its dirty tracking reads its page tables (a `WP_ASYNC`
+    /// userfaultfd: the kernel un-protects written pages itself).
+    pub fn dirty_async(&self) -> bool {
+        self.dirty_scan.is_some()
+    }
+
+    /// What arming its dirty tracking could not do (the peer is tracked
+    /// all the same): see `foreign/dirty.rs`. `None`: nothing.
+    pub fn dirty_caveat(&self) -> Option<&'static str> {
+        self.dirty_caveat
+    }
+
     /// The peer's userfaultfd.
     pub fn uffd(&self) -> &ForeignUffd {
         &self.uffd
@@ -438,8 +483,10 @@ impl ForeignPeer {
             .iter()
             .map(|r| {
                 let n = r.state.pages.count();
-                let bitmaps =
-                    3 + usize::from(r.seen.is_some()) + usize::from(r.state.cached.is_some());
+                let bitmaps = 3
+                    + usize::from(r.seen.is_some())
+                    + usize::from(r.state.cached.is_some())
+                    + usize::from(r.state.written.is_some());
                 let words = n.div_ceil(32) + n.div_ceil(64) * bitmaps;
                 words * 8
             })
@@ -596,7 +643,9 @@ impl ForeignPeer {
                 ));
             }
         }
-        if r.residency.get(page) != PageState::Absent {
+        // A write-protect fault is on a present page by definition (dirty
+        // tracking's first writes): never a sign of a dropped page.
+        if flags & pagefault_flag::WP == 0 && r.residency.get(page) != PageState::Absent {
             // A fault on a page we installed. Without REMOVE events the
             // peer dropped it behind our back. With them it is usually a
             // message that raced with the install (resolve wakes, done);
@@ -654,6 +703,7 @@ impl ForeignPeer {
                 continue;
             }
             r.removed.remove(pages.clone());
+            dirty::note_removed(&r.state, pages.clone());
             if let Some(cached) = &r.state.cached {
                 // Shared mode: its next (minor) fault must get zeros, a
                 // private page, not the snapshot's page again.

@@ -519,6 +519,7 @@ impl RegionBuilder {
             }),
             runahead: self.run_ahead.map(|_| RunAheadFeed::new(pages.count())),
             timing_start: AtomicU64::new(0),
+            written: None,
             timing_resolved: AtomicU64::new(0),
         });
         if let Err(e) = table::publish(&state) {

@@ -1,0 +1,142 @@
+//! Dirty sets (`--track-dirty FILE`): which peers are tracked, where
+//! their sets go, and writing them.
+//!
+//! 1. **Who** ([`claim`]): with `{peer}` in FILE every peer handed over is
+//!    tracked, each to its own file; without, the first one only (a second
+//!    peer would overwrite its set). A peer taken over from a keeper is
+//!    never tracked (`--takeover` is refused with `--track-dirty`).
+//! 2. **When** ([`write`]): at the peer's hang-up (its final set, [`at_end`]),
+//!    and on request for every tracked peer still served ([`DirtyHandle`]:
+//!    SIGUSR1, or `POST /dirty` on the metrics endpoint): the set so far,
+//!    read while the peer runs (see `faultline::foreign`'s dirty module). A
+//!    peer whose userfaultfd has `WP_ASYNC` is tracked through its page
+//!    tables, which its exit takes away: its set is written on request
+//!    only (a platform asks while the VM is paused for its snapshot).
+//! 3. **How**: [`crate::dirty_set`]'s format, through
+//!    [`OutputPath`] (a temporary sibling, renamed into place: a reader
+//!    never sees half a set).
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+
+use faultline::ForeignPeer;
+use faultline_cli_support::output::OutputPath;
+
+use super::log::say;
+use super::state::State;
+use crate::dirty_set::{DirtySet, PAGE};
+
+/// Whether every peer is tracked (`{peer}` in the path).
+fn every(state: &State) -> bool {
+    state
+        .config
+        .track_dirty
+        .as_ref()
+        .is_some_and(|p| p.to_string_lossy().contains("{peer}"))
+}
+
+/// Claims tracking for a peer being set up: whether it is tracked.
+pub fn claim(state: &State) -> bool {
+    state.config.track_dirty.is_some() && (every(state) || !state.dirty_claimed.swap(true, SeqCst))
+}
+
+/// A claim came to nothing (the peer could not be built): the next peer
+/// may take it.
+pub fn release(state: &State) {
+    if !every(state) {
+        state.dirty_claimed.store(false, SeqCst);
+    }
+}
+
+/// Where peer `n`'s dirty set goes.
+fn path(state: &State, n: usize) -> Option<PathBuf> {
+    let p = state.config.track_dirty.as_ref()?;
+    Some(PathBuf::from(
+        p.to_string_lossy().replace("{peer}", &n.to_string()),
+    ))
+}
+
+/// Writes the dirty set of `peer` (connection `n`) now, if it is tracked;
+/// `when` says why in the message. Gives its pages (`None`: not written).
+pub fn write(state: &State, peer: &ForeignPeer, n: usize, when: &str) -> Option<usize> {
+    let set = match peer.dirty_set() {
+        Ok(set) => set?,
+        Err(e) => {
+            say(format_args!("peer {n}: {when}: no dirty set written: {e}"));
+            return None;
+        }
+    };
+    let (Some(path), Some(identity)) = (path(state, n), state.identity) else {
+        return None;
+    };
+    let file = DirtySet {
+        identity,
+        offsets: set.offsets,
+    };
+    let written =
+        OutputPath::check(&path, "--track-dirty").and_then(|o| o.write(|w| file.encode(w)));
+    match written {
+        Ok(()) => {
+            say(format_args!(
+                "peer {n}: {when}: {} dirty pages ({:.1} MiB in {} runs) to {}",
+                file.offsets.len(),
+                (file.offsets.len() as u64 * PAGE) as f64 / (1 << 20) as f64,
+                file.runs(),
+                path.display()
+            ));
+            Some(file.offsets.len())
+        }
+        Err(e) => {
+            say(format_args!(
+                "peer {n}: writing its dirty set failed: {e:#}"
+            ));
+            None
+        }
+    }
+}
+
+/// Writes the final dirty set of `peer` (connection `n`), which hung up
+/// (`outcome`). A `WP_ASYNC` peer's written pages live in its page tables,
+/// gone with it: its set is not written (it would lack them), and serve
+/// says so.
+pub fn at_end(state: &State, peer: &ForeignPeer, n: usize, outcome: &str) {
+    if peer.dirty_async() {
+        say(format_args!(
+            "peer {n}: {outcome}: its dirty set is not written: with UFFD_FEATURE_WP_ASYNC the pages it wrote are known from its page tables only, gone with it (ask with SIGUSR1 or POST /dirty while it runs)"
+        ));
+        return;
+    }
+    write(state, peer, n, outcome);
+}
+
+/// Writes the dirty sets of every tracked peer being served (on request):
+/// how many were written.
+pub fn write_all(state: &State) -> usize {
+    state
+        .engine
+        .peers()
+        .iter()
+        .filter(|p| p.tracks_dirty())
+        .filter_map(|p| write(state, p, state.lookup(p.id()).n, "asked"))
+        .count()
+}
+
+/// Writes the dirty sets of a running server's tracked peers on request
+/// (from another thread: the binaries' SIGUSR1 thread, the metrics
+/// endpoint's `POST /dirty`).
+#[derive(Clone)]
+pub struct DirtyHandle(pub(super) Arc<State>);
+
+impl DirtyHandle {
+    /// Writes every tracked peer's dirty set now; how many were written.
+    pub fn write_all(&self) -> usize {
+        write_all(&self.0)
+    }
+}
+
+impl std::fmt::Debug for DirtyHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DirtyHandle")
+    }
+}
