@@ -136,6 +136,43 @@ fn the_dirty_set_is_exactly_the_pages_written_and_dropped() {
     assert!(!report(&dir, "p2.json").dropped_offsets.is_empty());
 }
 
+/// The other ways serve installs a fault's window keep the set exact: the
+/// faulting page first and the rest after (`--wake-first`), and one
+/// peer's faults spread over two handler threads (`--engine workers`).
+#[test]
+fn wake_first_windows_and_workers_keep_the_dirty_set_exact() {
+    let dir = Dir::new("dirty-wake-first", 16 * MIB);
+    let mut s = serve(
+        &dir,
+        "dirty-{peer}.txt",
+        &[
+            "--peers",
+            "1",
+            "--wake-first",
+            "--engine",
+            "workers",
+            "--threads",
+            "2",
+        ],
+    );
+    let mut p = writer(
+        &dir,
+        "p1",
+        "5",
+        "21",
+        &["--threads", "3", "--working-set", "30"],
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let r = report(&dir, "p1.json");
+    assert!(!r.written_offsets.is_empty(), "the peer wrote nothing");
+    assert_same(
+        &dirty(&dir, "dirty-1.txt"),
+        &expected(&r),
+        "wake-first, workers",
+    );
+}
+
 #[test]
 fn prefetched_pages_are_installed_protected_and_only_written_ones_are_dirty() {
     let dir = Dir::new("dirty-prefetch", 16 * MIB);
