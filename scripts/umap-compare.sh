@@ -17,6 +17,7 @@
 #
 # Environment: DIR (data file directory, default /tmp: its file system is
 # the one measured), MIB (data size, default 256), THREADS (default 2),
+# PSIZES (UMap page sizes, default "4096 65536"),
 # LOCK (a file to flock around the
 # timed runs, e.g. /work/cpu.lock), OURS (an install prefix of ours to use
 # instead of building one with scripts/c-install.sh).
@@ -84,7 +85,7 @@ locked() {
 
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg); data in $dir ($(stat -f -c %T "$dir")); $threads threads; $reps reps"
 printf '%-6s %-8s %-6s %-6s %10s %10s %10s %8s\n' page order buffer phase umap ours mmap "umap/ours"
-for psize in 4096 65536; do
+for psize in ${PSIZES:-4096 65536}; do
     pages=$(( (mib << 20) / psize ))
     for shuffle in --shuffle ""; do
         order=${shuffle:+shuffled}; order=${order:-seq}
