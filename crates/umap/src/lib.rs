@@ -13,8 +13,9 @@
 //! 1. `umap(addr, len, prot, flags, fd, offset)` checks the arguments as
 //!    UMap documents them (`UMAP_PRIVATE` required, `UMAP_FIXED` allowed,
 //!    `len` and `offset` multiples of `UMAP_PAGESIZE`, a readable `fd`),
-//!    opens the file again with the descriptor's access mode (buffered, or
-//!    `O_DIRECT` with [`direct::DirectFileStore`]; see `file_store`) and
+//!    opens the file again with the descriptor's access mode (by default
+//!    twice, buffered and `O_DIRECT`: [`cached::CachedOrDirect`]; see
+//!    `file_store`) and
 //!    builds a region of UMap's one buffer, a [`SharedBudget`] of
 //!    `UMAP_BUFSIZE` pages for all regions together that no fault passes:
 //!    from `UMAP_BUFSIZE * HIGH / 100` pages each region's evictor evicts
@@ -39,6 +40,7 @@
     reason = "UMap's C API names its types in C style (umap_..._t)"
 )]
 
+pub mod cached;
 pub mod config;
 pub mod direct;
 
@@ -62,6 +64,7 @@ use faultline_sys::{
 };
 
 use config::{config, log_at, FileIo, Level, SYSTEM_PAGE};
+use cached::CachedOrDirect;
 use direct::DirectFileStore;
 
 /// `MAP_PRIVATE`, UMap's `UMAP_PRIVATE`.
@@ -188,9 +191,15 @@ impl<S: PageStore> PageStore for ReadOnly<S> {
 /// (read-only stays read-only; write-only fails with `EBADF`, as UMap's
 /// reads would) and:
 ///
-/// * [`FileIo::Buffered`] (default): without `O_DIRECT`, read through a
-///   shared mapping of the page cache (faults copy straight from it) and
-///   written back with `pwrite`;
+/// * [`FileIo::Cached`] (default): both, a buffered open and an
+///   `O_DIRECT` one ([`CachedOrDirect`]): ranges the page cache holds are
+///   copied from a shared mapping of it, the others read with `O_DIRECT`
+///   (no page cache filled, no read-ahead, for data read once); written
+///   back with `pwrite` through the page cache. On a file system without
+///   direct I/O (tmpfs) this is buffered;
+/// * [`FileIo::Buffered`] (`FAULTLINE_UMAP_FILE_IO=buffered`): without
+///   `O_DIRECT`, read through a shared mapping of the page cache (faults
+///   copy straight from it) and written back with `pwrite`;
 /// * [`FileIo::Direct`] (`FAULTLINE_UMAP_FILE_IO=direct`): with `O_DIRECT`,
 ///   aligned reads and writes, through a bounce buffer when a buffer is not
 ///   aligned ([`DirectFileStore`]); on a file system without direct I/O
@@ -226,30 +235,46 @@ fn file_store(fd: c_int, offset: u64) -> Result<Arc<dyn PageStore>, CError> {
             .custom_flags(if direct { O_DIRECT } else { 0 })
             .open(&proc_path)
     };
-    if config().file_io == FileIo::Direct {
+    let io = config().file_io;
+    // The direct descriptor, when the mode wants one and the file system
+    // does direct I/O.
+    let direct = if io == FileIo::Buffered {
+        None
+    } else {
         match reopen(true) {
-            Ok(file) => {
-                let store = DirectFileStore::new(file.into(), &name, offset)
-                    .map_err(|e| CError::from(e).context(&name))?;
-                return Ok(if writable {
-                    Arc::new(store)
-                } else {
-                    Arc::new(ReadOnly(store))
-                });
+            Ok(file) => Some(
+                DirectFileStore::new(file.into(), &name, offset)
+                    .map_err(|e| CError::from(e).context(&name))?,
+            ),
+            Err(e) if e.raw_os_error() == Some(Errno::EINVAL.0) => {
+                if io == FileIo::Direct {
+                    log_at(Level::Warning, || {
+                        format!("umap: {name}: its file system does not do direct I/O; reading it buffered")
+                    });
+                }
+                None
             }
-            Err(e) if e.raw_os_error() == Some(Errno::EINVAL.0) => log_at(Level::Warning, || {
-                format!("umap: {name}: its file system does not do direct I/O; reading it buffered")
-            }),
             Err(e) => return Err(CError::from(e).context(&name)),
         }
+    };
+    // A read-only descriptor gets a store that refuses write-back.
+    fn finish(store: impl PageStore + 'static, writable: bool) -> Arc<dyn PageStore> {
+        if writable {
+            Arc::new(store)
+        } else {
+            Arc::new(ReadOnly(store))
+        }
     }
+    let direct = match (io, direct) {
+        (FileIo::Direct, Some(d)) => return Ok(finish(d, writable)),
+        (_, d) => d,
+    };
     let file = reopen(false).map_err(|e| CError::from(e).context(&name))?;
-    let store = FileStore::from_file(file, &name, offset, FileAccess::Mmap, writable)
+    let buffered = FileStore::from_file(file, &name, offset, FileAccess::Mmap, writable)
         .map_err(|e| CError::from(e).context(&name))?;
-    Ok(if writable {
-        Arc::new(store)
-    } else {
-        Arc::new(ReadOnly(store))
+    Ok(match direct {
+        Some(direct) => finish(CachedOrDirect::new(buffered, direct), writable),
+        None => finish(buffered, writable),
     })
 }
 

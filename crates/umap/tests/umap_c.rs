@@ -541,6 +541,8 @@ fn direct_in(dir: &std::path::Path, what: &str) {
     for env in [
         &[][..],
         &[("UMAP_BUFSIZE", "8")][..],
+        &[("FAULTLINE_UMAP_FILE_IO", "buffered")][..],
+        &[("FAULTLINE_UMAP_FILE_IO", "buffered"), ("UMAP_BUFSIZE", "8")][..],
         &[("FAULTLINE_UMAP_FILE_IO", "direct")][..],
         &[("FAULTLINE_UMAP_FILE_IO", "direct"), ("UMAP_BUFSIZE", "8")][..],
         &[("UMAP_PAGE_FILLERS", "2"), ("UMAP_BUFSIZE", "8")][..],

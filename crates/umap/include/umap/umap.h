@@ -14,8 +14,11 @@
  *    that evicts that region's pages from UMAP_BUFSIZE * HIGH / 100
  *    pages of all regions together down to UMAP_BUFSIZE * LOW / 100, and
  *    a fault that finds the buffer full evicts pages of its own region.
- *  - A descriptor opened O_DIRECT is read through a fresh buffered open of
- *    the same file (FAULTLINE_UMAP_FILE_IO=direct: with O_DIRECT).
+ *  - Any descriptor, O_DIRECT or not, is read and written through fresh
+ *    opens of the same file: ranges the page cache holds are copied from
+ *    it, the others read with O_DIRECT, dirty pages written back through
+ *    the page cache (FAULTLINE_UMAP_FILE_IO=buffered: all through the page
+ *    cache; =direct: all with O_DIRECT).
  *  - With UMAP_PAGE_FILLERS unset, file regions resolve faults on the
  *    faulting thread (no filler threads); set, or for a Umap::Store, that
  *    many filler threads do.
