@@ -6,7 +6,7 @@
 //! | `UMAP_PAGESIZE` | bytes per UMap page (a multiple of the system page) | system page size | the region page size when a power of two; otherwise a UMap page is a group of region pages of the largest power of two dividing it, which faults install and the buffer counts together (eviction and write-back go by region page) |
 //! | `UMAP_BUFSIZE` | UMap pages resident at once: faults past it wait for an eviction | 90% of free memory (`MemFree`) | one [`faultline::SharedBudget`] of `BUFSIZE` pages for every region of the process: a fault charges its page before it installs it, and makes room first when the buffer is full (evicts a batch itself, or waits for the evictors), so the resident pages of all regions never exceed it |
 //! | `UMAP_PAGE_FILLERS` | threads reading pages from the store | hardware threads | handler threads of the workers engine; unset, file regions use the signal engine (faults resolved on the faulting thread, no fillers) |
-//! | `UMAP_PAGE_EVICTORS` | threads evicting pages | hardware threads | reported; each region has one evictor thread, and faults that find the buffer full evict for themselves |
+//! | `UMAP_PAGE_EVICTORS` | threads evicting pages | hardware threads | evictor threads of each region (at most 8), evicting that region's pages side by side; faults that find the buffer full evict for themselves too |
 //! | `UMAP_EVICT_HIGH_WATER_THRESHOLD` | percent of the buffer at which the evictors start | 90 | the evictors wake when `BUFSIZE * HIGH / 100` pages are resident |
 //! | `UMAP_EVICT_LOW_WATER_THRESHOLD` | percent at which the evictors stop | 70 | they evict down to `BUFSIZE * LOW / 100` pages (`LOW <= HIGH`) |
 //! | `UMAP_READ_AHEAD` | pages read ahead of a fault (UMap 2.1; removed from UMap in 2021) | 0 | set: every fault installs the aligned window of `READ_AHEAD + 1` pages; unset: one UMap page per isolated fault, growing on sequential streams |
@@ -89,6 +89,9 @@ pub struct Config {
 
 /// The system page size.
 pub const SYSTEM_PAGE: u64 = 4096;
+
+/// Most evictor threads one region runs ([`Config::region_evictors`]).
+pub const MAX_REGION_EVICTORS: usize = 8;
 
 /// What was wrong with the environment: `invalid` makes `umap()` fail,
 /// `warnings` are logged once.
@@ -243,6 +246,14 @@ impl Config {
     pub fn low_water_pages(&self) -> usize {
         self.percent_pages(self.low_water)
             .min(self.high_water_pages())
+    }
+
+    /// Evictor threads per region: `UMAP_PAGE_EVICTORS`, at most
+    /// [`MAX_REGION_EVICTORS`] (UMap's evictors serve every region; here
+    /// each region has its own, so a process of many regions on a large
+    /// machine does not start thousands).
+    pub fn region_evictors(&self) -> usize {
+        (self.evictors as usize).clamp(1, MAX_REGION_EVICTORS)
     }
 
     /// How many region pages a fault installs: the aligned window of

@@ -63,8 +63,8 @@ use faultline_sys::{
     set_errno, Errno,
 };
 
-use config::{config, log_at, FileIo, Level, SYSTEM_PAGE};
 use cached::CachedOrDirect;
+use config::{config, log_at, FileIo, Level, SYSTEM_PAGE};
 use direct::DirectFileStore;
 
 /// `MAP_PRIVATE`, UMap's `UMAP_PRIVATE`.
@@ -237,8 +237,9 @@ fn file_store(fd: c_int, offset: u64) -> Result<Arc<dyn PageStore>, CError> {
     };
     let io = config().file_io;
     // The direct descriptor, when the mode wants one and the file system
-    // does direct I/O.
-    let direct = if io == FileIo::Buffered {
+    // does direct I/O (an offset direct I/O cannot start at is refused by
+    // `map_region` with EINVAL, as UMap's rules say).
+    let direct = if io == FileIo::Buffered || !offset.is_multiple_of(direct::ALIGN as u64) {
         None
     } else {
         match reopen(true) {
@@ -317,6 +318,7 @@ fn map_region(
         .page_size(c.region_page_size() as usize)
         .shared_store(store)
         .shared_budget(buffer(), PolicyKind::Clock)
+        .evictors(c.region_evictors())
         .readahead(c.readahead());
     if flags & MAP_FIXED != 0 {
         if !(addr as usize).is_multiple_of(ps) {
