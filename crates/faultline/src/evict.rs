@@ -44,7 +44,9 @@
 //!
 //! Each region has one evictor thread, or several
 //! ([`crate::RegionBuilder::evictors`]: they take the victim lock only to
-//! pick a batch, so their write-backs and zaps run side by side). Each
+//! pick a batch, so their write-backs and zaps run side by side; one when
+//! handler threads read the region's events, whose zaps go one page at a
+//! time). Each
 //! sleeps on the budget's futex
 //! until the count reaches the high-water mark (or a fault asks for room),
 //! then evicts batches until the count is down to the low-water mark
@@ -141,7 +143,8 @@ pub struct EvictionConfig {
 }
 
 /// Starts the `threads` evictor threads of `state` (a region with a
-/// budget; at least one). Of a
+/// budget; at least one, and one when handler threads read the region's
+/// events). Of a
 /// budget of its own, the evictor starts when it is full and evicts down
 /// to `low_water` pages (default and most: the budget), UMap's low-water
 /// mark; a shared budget has its own marks.
@@ -161,7 +164,15 @@ pub(crate) fn start(
     // The policy holds at most the budget's pages (plus held ones).
     let capacity = feed.core().max() + reclaim::BATCH;
     reclaim::init(state, cfg.policy, capacity);
-    (0..threads.max(1))
+    // When handler threads read the region's events, a zap waits for its
+    // REMOVE event to be handled, one page at a time through one slot
+    // (`BudgetFeed::zap`): one evictor.
+    let threads = if state.delivery.reads_events {
+        1
+    } else {
+        threads.max(1)
+    };
+    (0..threads)
         .map(|_| state.spawn_worker("faultline-evictor", run))
         .collect()
 }
@@ -173,22 +184,19 @@ fn run(r: &RegionState, stop: &StopFlag) {
         .expect("budget regions have a budget feed");
     let core = feed.core();
     let batch = reclaim::batch_for(core.max(), r.pages.size().bytes());
-    // Set when the count reaches the high-water mark, cleared at low.
-    let mut draining = false;
     let mut idle = false;
     while !stop.is_set() {
         core.evictor_sleep(IDLE_WAIT, idle);
         feed.evictor_wakeups
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         reclaim::retry_held(r);
-        draining |= core.counted() >= core.high();
         // A deferred fault asked for room: make some, unless other
         // evictions already did.
         let mut asked = core.take_demand();
         let mut progress = false;
         loop {
             asked &= core.is_full();
-            if stop.is_set() || !(asked || core.has_waiters() || (draining && core.above_low())) {
+            if stop.is_set() || !(asked || core.has_waiters() || core.draining()) {
                 break;
             }
             // Room for a fault: a batch; draining: down to low, not past
@@ -210,7 +218,6 @@ fn run(r: &RegionState, stop: &StopFlag) {
             progress = true;
             asked = false;
         }
-        draining &= core.above_low();
         idle = !progress;
     }
 }

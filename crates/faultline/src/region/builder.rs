@@ -199,7 +199,9 @@ impl RegionBuilder {
     /// With a [`budget`](Self::budget): how many evictor threads the
     /// region runs (at least 1; default 1). They share the region's victim
     /// lock only to pick victims, so their write-backs and zaps run in
-    /// parallel (UMap's `UMAP_PAGE_EVICTORS` evict workers).
+    /// parallel (UMap's `UMAP_PAGE_EVICTORS` evict workers). A region
+    /// whose events handler threads read (the thread engines) runs one:
+    /// its zaps wait for their REMOVE events one page at a time.
     pub fn evictors(mut self, n: usize) -> Self {
         self.evictors = n.max(1);
         self
