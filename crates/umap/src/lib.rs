@@ -18,8 +18,8 @@
 //!    `file_store`) and
 //!    builds a region of UMap's one buffer, a [`SharedBudget`] of
 //!    `UMAP_BUFSIZE` pages for all regions together that no fault passes:
-//!    from `UMAP_BUFSIZE * HIGH / 100` pages each region's evictor evicts
-//!    its own pages until the total is down to `UMAP_BUFSIZE * LOW / 100`,
+//!    from `UMAP_BUFSIZE * HIGH / 100` pages each region's evictors evict
+//!    the region's pages until the total is down to `UMAP_BUFSIZE * LOW / 100`,
 //!    and a fault that finds the buffer full evicts a batch itself (dirty
 //!    pages are tracked, written back on eviction, `umap_flush` and
 //!    `uunmap`).
@@ -100,8 +100,8 @@ fn fail(what: &str, e: CError) -> c_int {
 /// UMap's buffer, one for every region of the process: their resident
 /// pages never exceed `UMAP_BUFSIZE` pages together (a fault that finds
 /// it full evicts, or waits for the evictors, before it installs); from
-/// `UMAP_BUFSIZE * HIGH / 100` pages on each region's evictor evicts its
-/// own pages until the total is down to `UMAP_BUFSIZE * LOW / 100`.
+/// `UMAP_BUFSIZE * HIGH / 100` pages on each region's evictors evict that
+/// region's pages until the total is down to `UMAP_BUFSIZE * LOW / 100`.
 fn buffer() -> Arc<SharedBudget> {
     static BUFFER: OnceLock<Arc<SharedBudget>> = OnceLock::new();
     BUFFER

@@ -10,8 +10,8 @@
  *    (EINVAL, EBADF, EEXIST, EOPNOTSUPP, EIO) and a message on stderr.
  *  - UMAP_BUFSIZE is one buffer for every region, as in UMap, and no
  *    fault passes it, but there is no global eviction order:
- *    UMAP_PAGE_EVICTORS is reported, each region has one evictor thread
- *    that evicts that region's pages from UMAP_BUFSIZE * HIGH / 100
+ *    each region has UMAP_PAGE_EVICTORS evictor threads (at most 8)
+ *    that evict that region's pages from UMAP_BUFSIZE * HIGH / 100
  *    pages of all regions together down to UMAP_BUFSIZE * LOW / 100, and
  *    a fault that finds the buffer full evicts pages of its own region.
  *  - Any descriptor, O_DIRECT or not, is read and written through fresh
