@@ -194,7 +194,8 @@ impl<S: PageStore> PageStore for ReadOnly<S> {
 /// * [`FileIo::Cached`] (default): both, a buffered open and an
 ///   `O_DIRECT` one ([`CachedOrDirect`]): ranges the page cache holds are
 ///   copied from a shared mapping of it, the others read with `O_DIRECT`
-///   (no page cache filled, no read-ahead, for data read once); written
+///   when they are 64 KiB or more (no page cache filled, no read-ahead,
+///   for data read once; smaller ones through the page cache); written
 ///   back with `pwrite` through the page cache. On a file system without
 ///   direct I/O (tmpfs) this is buffered;
 /// * [`FileIo::Buffered`] (`FAULTLINE_UMAP_FILE_IO=buffered`): without
