@@ -11,15 +11,16 @@
 //! `memset` and no page cache at all; with 64 KiB pages that made UMap's
 //! fills 2x cheaper than ours (UMap's `pfbenchmark`, RESULTS.md). Data
 //! already in the page cache (written back by eviction, read before) is
-//! cheapest straight from it. Fills smaller than [`DIRECT_MIN`] (a 4 KiB
-//! page's fault) stay on the page cache: there the kernel's read-around,
-//! one read for thousands of later faults, cost less than a direct read
-//! and a `mincore` per fault (4 KiB rows of the same benchmark, 0.6-0.9x
-//! with every fill direct). So:
+//! cheapest straight from it. `umap()` uses this store for UMap pages of
+//! [`DIRECT_MIN`] or more; smaller pages stay on the page cache, where the
+//! kernel's read-around (one read for thousands of later faults, and
+//! sequential streams read ahead) cost less than a direct read and a
+//! `mincore` per fault (4 KiB rows of the same benchmark ran 0.6-0.9x
+//! with uncached fills direct). So:
 //!
 //! ```text
-//!   fault ─▶ view(off, len): len < DIRECT_MIN, or every base page of the
-//!              │ range in the page cache (mincore on the shared mapping)?
+//!   fault ─▶ view(off, len): every base page of the range in the page
+//!              │ cache (mincore on the shared mapping)?
 //!              ├─ yes ─▶ UFFDIO_COPY straight from the mapping
 //!              └─ no ──▶ fill(off, scratch): pread(O_DIRECT) ─▶ UFFDIO_COPY
 //!   evict ─▶ write_back_batch: pwritev through the page cache (buffered)
@@ -39,8 +40,9 @@ use crate::direct::DirectFileStore;
 /// Bytes one `mincore` call looks at (the stack vector `is_mapped` uses).
 const PROBE: usize = 2 << 20;
 
-/// The smallest fill read directly when the page cache does not hold it.
-pub const DIRECT_MIN: usize = 64 << 10;
+/// The smallest UMap page `umap()` reads directly when the page cache
+/// does not hold it.
+pub const DIRECT_MIN: u64 = 64 << 10;
 
 /// A buffered [`FileStore`] (page-cache view, write-back) with a
 /// [`DirectFileStore`] of the same file for ranges the page cache does not
@@ -88,13 +90,11 @@ impl PageStore for CachedOrDirect {
     fn write_back_batch(&self, ranges: &[WriteRange<'_>], out: &mut [Result<(), StoreError>]) {
         self.buffered.write_back_batch(ranges, out)
     }
-    /// The page-cache view, for a range under [`DIRECT_MIN`] or one the
-    /// page cache holds all of (else the fault path calls [`Self::fill`],
-    /// which reads it directly).
+    /// The page-cache view, only when the page cache holds all of the
+    /// range (else the fault path calls [`Self::fill`], which reads it
+    /// directly).
     fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
-        self.buffered
-            .view(offset, len)
-            .filter(|v| len < DIRECT_MIN || cached(v))
+        self.buffered.view(offset, len).filter(|v| cached(v))
     }
     fn will_need(&self, offset: u64, len: usize) {
         self.buffered.will_need(offset, len)

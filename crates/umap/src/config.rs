@@ -11,7 +11,7 @@
 //! | `UMAP_EVICT_LOW_WATER_THRESHOLD` | percent at which the evictors stop | 70 | they evict down to `BUFSIZE * LOW / 100` pages (`LOW <= HIGH`) |
 //! | `UMAP_READ_AHEAD` | pages read ahead of a fault (UMap 2.1; removed from UMap in 2021) | 0 | set: every fault installs the aligned window of `READ_AHEAD + 1` pages; unset: one UMap page per isolated fault, growing on sequential streams |
 //! | `UMAP_MAX_FAULT_EVENTS` | uffd events read at once | 256 | messages per `read(2)` of the workers engine |
-//! | `FAULTLINE_UMAP_FILE_IO` | (faultline's) | `cached` | how a descriptor's file is read and written: `cached`, ranges the page cache holds copied from it and the others read with `O_DIRECT`, written back through the page cache; `buffered`, all through the page cache of a fresh open without `O_DIRECT`; `direct`, with `O_DIRECT` and aligned I/O (see the crate docs) |
+//! | `FAULTLINE_UMAP_FILE_IO` | (faultline's) | `cached` | how a descriptor's file is read and written: `cached`, ranges the page cache holds copied from it and, with UMap pages of 64 KiB or more, the others read with `O_DIRECT`, written back through the page cache; `buffered`, all through the page cache of a fresh open without `O_DIRECT`; `direct`, with `O_DIRECT` and aligned I/O (see the crate docs) |
 //! | `UMAP_LOG_LEVEL` | log verbosity | `INFO` when built with logging, on stdout | `ERROR` (default), `WARNING`, `INFO`, `DEBUG` (or 0-3), on stderr; an unknown level is warned about and ignored, as UMap does |
 //!
 //! As in UMap, a numeric variable set to 0 counts as unset (with a
@@ -43,8 +43,9 @@ pub enum Level {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileIo {
     /// `cached` (default): ranges the page cache holds are copied from it,
-    /// the others read with `O_DIRECT`; written back through the page
-    /// cache ([`crate::cached::CachedOrDirect`]).
+    /// the others read with `O_DIRECT` (UMap pages of 64 KiB or more;
+    /// smaller ones are `buffered`); written back through the page cache
+    /// ([`crate::cached::CachedOrDirect`]).
     Cached,
     /// `buffered`: the file opened again without `O_DIRECT`, read through
     /// its page cache.

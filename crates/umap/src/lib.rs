@@ -194,10 +194,10 @@ impl<S: PageStore> PageStore for ReadOnly<S> {
 /// * [`FileIo::Cached`] (default): both, a buffered open and an
 ///   `O_DIRECT` one ([`CachedOrDirect`]): ranges the page cache holds are
 ///   copied from a shared mapping of it, the others read with `O_DIRECT`
-///   when they are 64 KiB or more (no page cache filled, no read-ahead,
-///   for data read once; smaller ones through the page cache); written
-///   back with `pwrite` through the page cache. On a file system without
-///   direct I/O (tmpfs) this is buffered;
+///   (no page cache filled, no read-ahead, for data read once); written
+///   back with `pwrite` through the page cache. For UMap pages under
+///   [`cached::DIRECT_MIN`] (64 KiB), and on a file system without direct
+///   I/O (tmpfs), this is buffered;
 /// * [`FileIo::Buffered`] (`FAULTLINE_UMAP_FILE_IO=buffered`): without
 ///   `O_DIRECT`, read through a shared mapping of the page cache (faults
 ///   copy straight from it) and written back with `pwrite`;
@@ -240,7 +240,9 @@ fn file_store(fd: c_int, offset: u64) -> Result<Arc<dyn PageStore>, CError> {
     // The direct descriptor, when the mode wants one and the file system
     // does direct I/O (an offset direct I/O cannot start at is refused by
     // `map_region` with EINVAL, as UMap's rules say).
-    let direct = if io == FileIo::Buffered || !offset.is_multiple_of(direct::ALIGN as u64) {
+    let small = io == FileIo::Cached && config().page_size < cached::DIRECT_MIN;
+    let direct = if io == FileIo::Buffered || small || !offset.is_multiple_of(direct::ALIGN as u64)
+    {
         None
     } else {
         match reopen(true) {

@@ -549,6 +549,8 @@ fn direct_in(dir: &std::path::Path, what: &str) {
     for env in [
         &[][..],
         &[("UMAP_BUFSIZE", "8")][..],
+        &[("UMAP_PAGESIZE", "65536")][..],
+        &[("UMAP_PAGESIZE", "65536"), ("UMAP_BUFSIZE", "2")][..],
         &[("FAULTLINE_UMAP_FILE_IO", "buffered")][..],
         &[
             ("FAULTLINE_UMAP_FILE_IO", "buffered"),

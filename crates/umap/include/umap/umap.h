@@ -16,7 +16,8 @@
  *    a fault that finds the buffer full evicts pages of its own region.
  *  - Any descriptor, O_DIRECT or not, is read and written through fresh
  *    opens of the same file: ranges the page cache holds are copied from
- *    it, the others read with O_DIRECT, dirty pages written back through
+ *    it, the others (UMAP_PAGESIZE >= 64 KiB) read with O_DIRECT, dirty
+ *    pages written back through
  *    the page cache (FAULTLINE_UMAP_FILE_IO=buffered: all through the page
  *    cache; =direct: all with O_DIRECT).
  *  - With UMAP_PAGE_FILLERS unset, file regions resolve faults on the
