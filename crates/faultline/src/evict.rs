@@ -184,19 +184,22 @@ fn run(r: &RegionState, stop: &StopFlag) {
         .expect("budget regions have a budget feed");
     let core = feed.core();
     let batch = reclaim::batch_for(core.max(), r.pages.size().bytes());
+    // Set when the count reaches the high-water mark, cleared at low.
+    let mut draining = false;
     let mut idle = false;
     while !stop.is_set() {
         core.evictor_sleep(IDLE_WAIT, idle);
         feed.evictor_wakeups
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         reclaim::retry_held(r);
+        draining |= core.counted() >= core.high();
         // A deferred fault asked for room: make some, unless other
         // evictions already did.
         let mut asked = core.take_demand();
         let mut progress = false;
         loop {
             asked &= core.is_full();
-            if stop.is_set() || !(asked || core.has_waiters() || core.draining()) {
+            if stop.is_set() || !(asked || core.has_waiters() || (draining && core.above_low())) {
                 break;
             }
             // Room for a fault: a batch; draining: down to low, not past
@@ -218,6 +221,7 @@ fn run(r: &RegionState, stop: &StopFlag) {
             progress = true;
             asked = false;
         }
+        draining &= core.above_low();
         idle = !progress;
     }
 }

@@ -388,59 +388,6 @@ fn eviction_past_the_budget_drains_to_the_low_water_mark() {
     }
 }
 
-/// Several evictors drain to the low-water mark together, not a batch
-/// each past it: four evictor threads (signal engine, so all four run), a
-/// budget of 256 pages and a mark of 64; 257 pages written one per fault
-/// (dirty: every eviction is a write-back). Once settled the region holds
-/// at least the mark, every page evicted was written back and reads back.
-#[test]
-fn several_evictors_stop_at_the_low_water_mark() {
-    let _deadline = deadline(120);
-    let (budget, low, touched) = (256usize, 64usize, 257usize);
-    let len = 512 * 4096;
-    let r = Region::builder(len)
-        .shared_store(Arc::new(MemoryStore::new(vec![0; len])))
-        .readahead(ReadaheadConfig::fixed(1))
-        .budget(EvictionConfig {
-            budget_pages: budget,
-            policy: faultline::policy::PolicyKind::Fifo,
-        })
-        .budget_low_water(low)
-        .evictors(4)
-        .build_dyn(engine_of(EngineKind::Signal))
-        .unwrap();
-    for pg in 0..touched {
-        write(r.as_ptr(), pg * 4096, pg as u8 | 1);
-    }
-    let t0 = std::time::Instant::now();
-    let s = loop {
-        let s = r.eviction_stats().unwrap();
-        if s.resident <= low as u64 + 1 && s.evicted + s.resident == touched as u64 {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the evictors did not get to the mark: {s:?}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    // Let any evictor still holding a batch finish it.
-    std::thread::sleep(Duration::from_millis(50));
-    let s2 = r.eviction_stats().unwrap();
-    assert!(
-        s2.resident >= low as u64,
-        "past the mark: {s:?} then {s2:?}"
-    );
-    assert!(s2.max_resident <= budget as u64, "a bound: {s2:?}");
-    assert!(
-        s2.written_back >= s2.evicted,
-        "dirty evictions write back: {s2:?}"
-    );
-    for pg in 0..touched {
-        assert_eq!(read(r.as_ptr(), pg * 4096), pg as u8 | 1, "page {pg}");
-    }
-}
-
 /// UMap's one buffer for all regions: two regions of one `SharedBudget`
 /// of 16 pages, 12 pages read in each (each alone under 16): the second
 /// region's faults past 16 wait for the evictors, so the regions never

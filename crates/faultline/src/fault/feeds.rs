@@ -112,10 +112,6 @@ pub(crate) struct BudgetCore {
     demand: AtomicBool,
     /// Pages uncharged so far (a waiting fault's sign of progress).
     uncharges: AtomicU64,
-    /// Set when a charge reaches the high-water mark, cleared by an evictor
-    /// at the low-water mark: the evictors drain while it is set, also when
-    /// a fault evicted below the high-water mark before they looked.
-    drain: AtomicBool,
     /// Pages the evictors took on to evict down to the low-water mark and
     /// have not yet reported done (see [`Self::reserve_drain`]).
     draining: AtomicUsize,
@@ -142,7 +138,6 @@ impl BudgetCore {
             demand: AtomicBool::new(false),
             uncharges: AtomicU64::new(0),
             draining: AtomicUsize::new(0),
-            drain: AtomicBool::new(false),
             evict_seq: AtomicU32::new(0),
             evictors_asleep: AtomicU32::new(0),
             room_seq: AtomicU32::new(0),
@@ -188,7 +183,6 @@ impl BudgetCore {
         }
         self.max_charged.fetch_max(cur + n, Relaxed);
         if self.counted() >= self.high() {
-            self.drain.store(true, SeqCst);
             self.kick();
         }
         true
@@ -198,7 +192,6 @@ impl BudgetCore {
     pub fn force_charge(&self, n: usize) {
         let now = self.charged.fetch_add(n, SeqCst) + n;
         self.max_charged.fetch_max(now, Relaxed);
-        self.drain.store(true, SeqCst);
         self.kick();
     }
 
@@ -231,24 +224,7 @@ impl BudgetCore {
     /// Whether the evictors have work: the count reached the high-water
     /// mark, or a fault waits for room.
     pub fn wants_eviction(&self) -> bool {
-        self.counted() >= self.high()
-            || self.draining()
-            || self.waiting.load(SeqCst) > 0
-            || self.demand.load(SeqCst)
-    }
-
-    /// Whether the evictors drain toward the low-water mark: the count
-    /// reached the high-water mark since it was last at the low one.
-    /// Clears the mark's flag when the count is down to it.
-    pub fn draining(&self) -> bool {
-        if !self.drain.load(SeqCst) {
-            return false;
-        }
-        if self.above_low() {
-            return true;
-        }
-        self.drain.store(false, SeqCst);
-        false
+        self.counted() >= self.high() || self.waiting.load(SeqCst) > 0 || self.demand.load(SeqCst)
     }
 
     /// A fault that may neither evict nor wait found the budget full: the
