@@ -17,6 +17,9 @@
 #
 # Environment: DIR (data file directory, default /tmp: its file system is
 # the one measured), MIB (data size, default 256), THREADS (default 2),
+# PSIZES (UMap page sizes, default "4096 65536"), BASE (an install prefix
+# of another build of ours, e.g. main's: run in the same repetitions,
+# with its own columns: base and base/ours),
 # LOCK (a file to flock around the
 # timed runs, e.g. /work/cpu.lock), OURS (an install prefix of ours to use
 # instead of building one with scripts/c-install.sh).
@@ -58,6 +61,8 @@ build() {
 }
 build "$real" "$work/umap"
 build "$ours" "$work/faultline"
+base=${BASE:-}
+[ -n "$base" ] && build "$base" "$work/base"
 
 file=$dir/umap-compare-$$.bin
 trap 'rm -rf "$work" "$file"' EXIT
@@ -83,27 +88,35 @@ locked() {
 }
 
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg); data in $dir ($(stat -f -c %T "$dir")); $threads threads; $reps reps"
-printf '%-6s %-8s %-6s %-6s %10s %10s %10s %8s\n' page order buffer phase umap ours mmap "umap/ours"
-for psize in 4096 65536; do
+printf '%-6s %-8s %-6s %-6s %10s %10s %10s %8s' page order buffer phase umap ours mmap "umap/ours"
+[ -n "$base" ] && printf ' %10s %9s' base "base/ours"
+echo
+for psize in ${PSIZES:-4096 65536}; do
     pages=$(( (mib << 20) / psize ))
     for shuffle in --shuffle ""; do
         order=${shuffle:+shuffled}; order=${order:-seq}
         for pct in 10 50; do
             buf=$(( pages * pct / 100 ))
-            : > "$work/u"; : > "$work/o"; : > "$work/m"
+            : > "$work/u"; : > "$work/o"; : > "$work/m"; : > "$work/b"
             for _ in $(seq "$reps"); do
                 locked bash -c "$(declare -f pair); file=$file threads=$threads; \
                     pair $work/umap $pages $buf $psize '$shuffle' >> $work/u; \
                     pair $work/faultline $pages $buf $psize '$shuffle' >> $work/o; \
-                    pair $work/faultline $pages $buf $psize '$shuffle' --usemmap >> $work/m"
+                    pair $work/faultline $pages $buf $psize '$shuffle' --usemmap >> $work/m; \
+                    if [ -n '$base' ]; then pair $work/base $pages $buf $psize '$shuffle' >> $work/b; fi"
             done
             for k in 1 2; do
                 phase=$([ $k = 1 ] && echo write || echo read)
                 u=$(cut -d' ' -f$k "$work/u" | median)
                 o=$(cut -d' ' -f$k "$work/o" | median)
                 m=$(cut -d' ' -f$k "$work/m" | median)
-                printf '%-6s %-8s %-6s %-6s %10s %10s %10s %8s\n' "$((psize >> 10))K" "$order" \
+                printf '%-6s %-8s %-6s %-6s %10s %10s %10s %8s' "$((psize >> 10))K" "$order" \
                     "$pct%" "$phase" "$u" "$o" "$m" "$(ratio "$u" "$o")"
+                if [ -n "$base" ]; then
+                    b=$(cut -d' ' -f$k "$work/b" | median)
+                    printf ' %10s %9s' "$b" "$(ratio "$b" "$o")"
+                fi
+                echo
             done
         done
     done

@@ -42,7 +42,12 @@
 //!
 //! # The evictor
 //!
-//! Each region has one evictor thread. It sleeps on the budget's futex
+//! Each region has one evictor thread, or several
+//! ([`crate::RegionBuilder::evictors`]: they take the victim lock only to
+//! pick a batch, so their write-backs and zaps run side by side; one when
+//! handler threads read the region's events, whose zaps go one page at a
+//! time). Each
+//! sleeps on the budget's futex
 //! until the count reaches the high-water mark (or a fault asks for room),
 //! then evicts batches until the count is down to the low-water mark
 //! (UMap's hysteresis; [`crate::RegionBuilder::budget_low_water`], by
@@ -137,7 +142,9 @@ pub struct EvictionConfig {
     pub policy: PolicyKind,
 }
 
-/// Starts the evictor thread of `state` (a region with a budget). Of a
+/// Starts the `threads` evictor threads of `state` (a region with a
+/// budget; at least one, and one when handler threads read the region's
+/// events). Of a
 /// budget of its own, the evictor starts when it is full and evicts down
 /// to `low_water` pages (default and most: the budget), UMap's low-water
 /// mark; a shared budget has its own marks.
@@ -145,7 +152,8 @@ pub(crate) fn start(
     state: &RegionState,
     cfg: EvictionConfig,
     low_water: Option<usize>,
-) -> std::io::Result<Background> {
+    threads: usize,
+) -> std::io::Result<Vec<Background>> {
     let feed = state
         .budget
         .as_ref()
@@ -156,7 +164,17 @@ pub(crate) fn start(
     // The policy holds at most the budget's pages (plus held ones).
     let capacity = feed.core().max() + reclaim::BATCH;
     reclaim::init(state, cfg.policy, capacity);
-    state.spawn_worker("faultline-evictor", run)
+    // When handler threads read the region's events, a zap waits for its
+    // REMOVE event to be handled, one page at a time through one slot
+    // (`BudgetFeed::zap`): one evictor.
+    let threads = if state.delivery.reads_events {
+        1
+    } else {
+        threads.max(1)
+    };
+    (0..threads)
+        .map(|_| state.spawn_worker("faultline-evictor", run))
+        .collect()
 }
 
 fn run(r: &RegionState, stop: &StopFlag) {
@@ -165,7 +183,7 @@ fn run(r: &RegionState, stop: &StopFlag) {
         .as_ref()
         .expect("budget regions have a budget feed");
     let core = feed.core();
-    let batch = reclaim::batch_for(core.max());
+    let batch = reclaim::batch_for(core.max(), r.pages.size().bytes());
     // Set when the count reaches the high-water mark, cleared at low.
     let mut draining = false;
     let mut idle = false;
@@ -184,13 +202,20 @@ fn run(r: &RegionState, stop: &StopFlag) {
             if stop.is_set() || !(asked || core.has_waiters() || (draining && core.above_low())) {
                 break;
             }
-            // Room for a fault: a batch; draining: down to low, not past.
-            let want = if asked || core.has_waiters() {
-                batch
+            // Room for a fault: a batch; draining: down to low, not past
+            // (with what the region's other evictors took on counted).
+            let got = if asked || core.has_waiters() {
+                reclaim::reclaim(r, batch, true)
             } else {
-                core.counted().saturating_sub(core.low()).clamp(1, batch)
+                let want = core.reserve_drain(batch);
+                if want == 0 {
+                    break;
+                }
+                let got = reclaim::reclaim(r, want, true);
+                core.end_drain(want);
+                got
             };
-            if reclaim::reclaim(r, want, true) == 0 {
+            if got == 0 {
                 break;
             }
             progress = true;

@@ -6,12 +6,12 @@
 //! | `UMAP_PAGESIZE` | bytes per UMap page (a multiple of the system page) | system page size | the region page size when a power of two; otherwise a UMap page is a group of region pages of the largest power of two dividing it, which faults install and the buffer counts together (eviction and write-back go by region page) |
 //! | `UMAP_BUFSIZE` | UMap pages resident at once: faults past it wait for an eviction | 90% of free memory (`MemFree`) | one [`faultline::SharedBudget`] of `BUFSIZE` pages for every region of the process: a fault charges its page before it installs it, and makes room first when the buffer is full (evicts a batch itself, or waits for the evictors), so the resident pages of all regions never exceed it |
 //! | `UMAP_PAGE_FILLERS` | threads reading pages from the store | hardware threads | handler threads of the workers engine; unset, file regions use the signal engine (faults resolved on the faulting thread, no fillers) |
-//! | `UMAP_PAGE_EVICTORS` | threads evicting pages | hardware threads | reported; each region has one evictor thread, and faults that find the buffer full evict for themselves |
+//! | `UMAP_PAGE_EVICTORS` | threads evicting pages | hardware threads | evictor threads of each region (at most 8; one with filler threads, whose zaps go one page at a time), evicting that region's pages side by side; faults that find the buffer full evict for themselves too |
 //! | `UMAP_EVICT_HIGH_WATER_THRESHOLD` | percent of the buffer at which the evictors start | 90 | the evictors wake when `BUFSIZE * HIGH / 100` pages are resident |
 //! | `UMAP_EVICT_LOW_WATER_THRESHOLD` | percent at which the evictors stop | 70 | they evict down to `BUFSIZE * LOW / 100` pages (`LOW <= HIGH`) |
 //! | `UMAP_READ_AHEAD` | pages read ahead of a fault (UMap 2.1; removed from UMap in 2021) | 0 | set: every fault installs the aligned window of `READ_AHEAD + 1` pages; unset: one UMap page per isolated fault, growing on sequential streams |
 //! | `UMAP_MAX_FAULT_EVENTS` | uffd events read at once | 256 | messages per `read(2)` of the workers engine |
-//! | `FAULTLINE_UMAP_FILE_IO` | (faultline's) | `buffered` | how a descriptor's file is read and written: `buffered`, through the page cache of a fresh open without `O_DIRECT`; `direct`, with `O_DIRECT` and aligned I/O (see the crate docs) |
+//! | `FAULTLINE_UMAP_FILE_IO` | (faultline's) | `cached` | how a descriptor's file is read and written: `cached`, ranges the page cache holds copied from it and, with UMap pages of 64 KiB or more, the others read with `O_DIRECT`, written back through the page cache; `buffered`, all through the page cache of a fresh open without `O_DIRECT`; `direct`, with `O_DIRECT` and aligned I/O (see the crate docs) |
 //! | `UMAP_LOG_LEVEL` | log verbosity | `INFO` when built with logging, on stdout | `ERROR` (default), `WARNING`, `INFO`, `DEBUG` (or 0-3), on stderr; an unknown level is warned about and ignored, as UMap does |
 //!
 //! As in UMap, a numeric variable set to 0 counts as unset (with a
@@ -42,8 +42,13 @@ pub enum Level {
 /// extension, `FAULTLINE_UMAP_FILE_IO`; see the crate docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileIo {
-    /// `buffered` (default): the file opened again without `O_DIRECT`,
-    /// read through its page cache.
+    /// `cached` (default): ranges the page cache holds are copied from it,
+    /// the others read with `O_DIRECT` (UMap pages of 64 KiB or more;
+    /// smaller ones are `buffered`); written back through the page cache
+    /// ([`crate::cached::CachedOrDirect`]).
+    Cached,
+    /// `buffered`: the file opened again without `O_DIRECT`, read through
+    /// its page cache.
     Buffered,
     /// `direct`: the file opened again with `O_DIRECT`, aligned I/O.
     Direct,
@@ -85,6 +90,9 @@ pub struct Config {
 
 /// The system page size.
 pub const SYSTEM_PAGE: u64 = 4096;
+
+/// Most evictor threads one region runs ([`Config::region_evictors`]).
+pub const MAX_REGION_EVICTORS: usize = 8;
 
 /// What was wrong with the environment: `invalid` makes `umap()` fail,
 /// `warnings` are logged once.
@@ -171,13 +179,14 @@ impl Config {
         let max_fault_events = var("UMAP_MAX_FAULT_EVENTS", &mut p).unwrap_or(256);
         let log_level = log_level(&mut p);
         let file_io = match std::env::var("FAULTLINE_UMAP_FILE_IO").as_deref() {
-            Err(_) | Ok("buffered") => FileIo::Buffered,
+            Err(_) | Ok("cached") => FileIo::Cached,
+            Ok("buffered") => FileIo::Buffered,
             Ok("direct") => FileIo::Direct,
             Ok(v) => {
                 p.invalid.push(format!(
-                    "FAULTLINE_UMAP_FILE_IO={v:?} is not \"buffered\" or \"direct\""
+                    "FAULTLINE_UMAP_FILE_IO={v:?} is not \"cached\", \"buffered\" or \"direct\""
                 ));
-                FileIo::Buffered
+                FileIo::Cached
             }
         };
         let Problems { invalid, warnings } = p;
@@ -238,6 +247,14 @@ impl Config {
     pub fn low_water_pages(&self) -> usize {
         self.percent_pages(self.low_water)
             .min(self.high_water_pages())
+    }
+
+    /// Evictor threads per region: `UMAP_PAGE_EVICTORS`, at most
+    /// [`MAX_REGION_EVICTORS`] (UMap's evictors serve every region; here
+    /// each region has its own, so a process of many regions on a large
+    /// machine does not start thousands).
+    pub fn region_evictors(&self) -> usize {
+        (self.evictors as usize).clamp(1, MAX_REGION_EVICTORS)
     }
 
     /// How many region pages a fault installs: the aligned window of

@@ -1,7 +1,7 @@
-//! A file read and written with `O_DIRECT`: the other way `umap()` can
-//! serve a descriptor UMap programs open with `O_DIRECT` (the default,
-//! [`faultline::FileStore`] over a fresh buffered open, is the faster one
-//! here; see the crate docs and the README for the measurements).
+//! A file read and written with `O_DIRECT`: `FAULTLINE_UMAP_FILE_IO=direct`,
+//! and the direct half of the default store ([`crate::cached`], which
+//! reads with it what the page cache does not hold; all-direct was the
+//! slower one here, see the crate docs and the README).
 //!
 //! Direct I/O wants the file offset, the length and the buffer address
 //! aligned to the device's logical block size. Offsets and lengths always

@@ -13,12 +13,13 @@
 //! 1. `umap(addr, len, prot, flags, fd, offset)` checks the arguments as
 //!    UMap documents them (`UMAP_PRIVATE` required, `UMAP_FIXED` allowed,
 //!    `len` and `offset` multiples of `UMAP_PAGESIZE`, a readable `fd`),
-//!    opens the file again with the descriptor's access mode (buffered, or
-//!    `O_DIRECT` with [`direct::DirectFileStore`]; see `file_store`) and
+//!    opens the file again with the descriptor's access mode (by default
+//!    twice, buffered and `O_DIRECT`: [`cached::CachedOrDirect`]; see
+//!    `file_store`) and
 //!    builds a region of UMap's one buffer, a [`SharedBudget`] of
 //!    `UMAP_BUFSIZE` pages for all regions together that no fault passes:
-//!    from `UMAP_BUFSIZE * HIGH / 100` pages each region's evictor evicts
-//!    its own pages until the total is down to `UMAP_BUFSIZE * LOW / 100`,
+//!    from `UMAP_BUFSIZE * HIGH / 100` pages each region's evictors evict
+//!    the region's pages until the total is down to `UMAP_BUFSIZE * LOW / 100`,
 //!    and a fault that finds the buffer full evicts a batch itself (dirty
 //!    pages are tracked, written back on eviction, `umap_flush` and
 //!    `uunmap`).
@@ -39,6 +40,7 @@
     reason = "UMap's C API names its types in C style (umap_..._t)"
 )]
 
+pub mod cached;
 pub mod config;
 pub mod direct;
 
@@ -61,6 +63,7 @@ use faultline_sys::{
     set_errno, Errno,
 };
 
+use cached::CachedOrDirect;
 use config::{config, log_at, FileIo, Level, SYSTEM_PAGE};
 use direct::DirectFileStore;
 
@@ -97,8 +100,8 @@ fn fail(what: &str, e: CError) -> c_int {
 /// UMap's buffer, one for every region of the process: their resident
 /// pages never exceed `UMAP_BUFSIZE` pages together (a fault that finds
 /// it full evicts, or waits for the evictors, before it installs); from
-/// `UMAP_BUFSIZE * HIGH / 100` pages on each region's evictor evicts its
-/// own pages until the total is down to `UMAP_BUFSIZE * LOW / 100`.
+/// `UMAP_BUFSIZE * HIGH / 100` pages on each region's evictors evict that
+/// region's pages until the total is down to `UMAP_BUFSIZE * LOW / 100`.
 fn buffer() -> Arc<SharedBudget> {
     static BUFFER: OnceLock<Arc<SharedBudget>> = OnceLock::new();
     BUFFER
@@ -188,9 +191,16 @@ impl<S: PageStore> PageStore for ReadOnly<S> {
 /// (read-only stays read-only; write-only fails with `EBADF`, as UMap's
 /// reads would) and:
 ///
-/// * [`FileIo::Buffered`] (default): without `O_DIRECT`, read through a
-///   shared mapping of the page cache (faults copy straight from it) and
-///   written back with `pwrite`;
+/// * [`FileIo::Cached`] (default): both, a buffered open and an
+///   `O_DIRECT` one ([`CachedOrDirect`]): ranges the page cache holds are
+///   copied from a shared mapping of it, the others read with `O_DIRECT`
+///   (no page cache filled, no read-ahead, for data read once); written
+///   back with `pwrite` through the page cache. For UMap pages under
+///   [`cached::DIRECT_MIN`] (64 KiB), and on a file system without direct
+///   I/O (tmpfs), this is buffered;
+/// * [`FileIo::Buffered`] (`FAULTLINE_UMAP_FILE_IO=buffered`): without
+///   `O_DIRECT`, read through a shared mapping of the page cache (faults
+///   copy straight from it) and written back with `pwrite`;
 /// * [`FileIo::Direct`] (`FAULTLINE_UMAP_FILE_IO=direct`): with `O_DIRECT`,
 ///   aligned reads and writes, through a bounce buffer when a buffer is not
 ///   aligned ([`DirectFileStore`]); on a file system without direct I/O
@@ -226,30 +236,49 @@ fn file_store(fd: c_int, offset: u64) -> Result<Arc<dyn PageStore>, CError> {
             .custom_flags(if direct { O_DIRECT } else { 0 })
             .open(&proc_path)
     };
-    if config().file_io == FileIo::Direct {
+    let io = config().file_io;
+    // The direct descriptor, when the mode wants one and the file system
+    // does direct I/O (an offset direct I/O cannot start at is refused by
+    // `map_region` with EINVAL, as UMap's rules say).
+    let small = io == FileIo::Cached && config().page_size < cached::DIRECT_MIN;
+    let direct = if io == FileIo::Buffered || small || !offset.is_multiple_of(direct::ALIGN as u64)
+    {
+        None
+    } else {
         match reopen(true) {
-            Ok(file) => {
-                let store = DirectFileStore::new(file.into(), &name, offset)
-                    .map_err(|e| CError::from(e).context(&name))?;
-                return Ok(if writable {
-                    Arc::new(store)
-                } else {
-                    Arc::new(ReadOnly(store))
-                });
+            Ok(file) => Some(
+                DirectFileStore::new(file.into(), &name, offset)
+                    .map_err(|e| CError::from(e).context(&name))?,
+            ),
+            Err(e) if e.raw_os_error() == Some(Errno::EINVAL.0) => {
+                if io == FileIo::Direct {
+                    log_at(Level::Warning, || {
+                        format!("umap: {name}: its file system does not do direct I/O; reading it buffered")
+                    });
+                }
+                None
             }
-            Err(e) if e.raw_os_error() == Some(Errno::EINVAL.0) => log_at(Level::Warning, || {
-                format!("umap: {name}: its file system does not do direct I/O; reading it buffered")
-            }),
             Err(e) => return Err(CError::from(e).context(&name)),
         }
+    };
+    // A read-only descriptor gets a store that refuses write-back.
+    fn finish(store: impl PageStore + 'static, writable: bool) -> Arc<dyn PageStore> {
+        if writable {
+            Arc::new(store)
+        } else {
+            Arc::new(ReadOnly(store))
+        }
     }
+    let direct = match (io, direct) {
+        (FileIo::Direct, Some(d)) => return Ok(finish(d, writable)),
+        (_, d) => d,
+    };
     let file = reopen(false).map_err(|e| CError::from(e).context(&name))?;
-    let store = FileStore::from_file(file, &name, offset, FileAccess::Mmap, writable)
+    let buffered = FileStore::from_file(file, &name, offset, FileAccess::Mmap, writable)
         .map_err(|e| CError::from(e).context(&name))?;
-    Ok(if writable {
-        Arc::new(store)
-    } else {
-        Arc::new(ReadOnly(store))
+    Ok(match direct {
+        Some(direct) => finish(CachedOrDirect::new(buffered, direct), writable),
+        None => finish(buffered, writable),
     })
 }
 
@@ -292,6 +321,7 @@ fn map_region(
         .page_size(c.region_page_size() as usize)
         .shared_store(store)
         .shared_budget(buffer(), PolicyKind::Clock)
+        .evictors(c.region_evictors())
         .readahead(c.readahead());
     if flags & MAP_FIXED != 0 {
         if !(addr as usize).is_multiple_of(ps) {

@@ -260,7 +260,8 @@ fn fillers_are_handler_threads_and_the_rest_is_reported() {
     if programs().is_none() {
         return;
     }
-    // Unset: the signal engine, no filler threads (only the evictor).
+    // Unset: the signal engine, no filler threads (only the evictors,
+    // UMAP_PAGE_EVICTORS of them, at most 8).
     let (unset, _) = config_run("fillers-unset", &[]);
     let (three, _) = config_run(
         "fillers3",
@@ -274,9 +275,16 @@ fn fillers_are_handler_threads_and_the_rest_is_reported() {
     assert_eq!(num(&three, "evictors"), 5);
     assert_eq!(num(&three, "max_fault_events"), 32);
     assert_eq!(
+        num(&unset, "threads_added"),
+        num(&unset, "evictors").min(8),
+        "unset: only the region's evictors {unset:?}"
+    );
+    // Filler threads read the region's events: its zaps go one at a time,
+    // through one evictor, whatever UMAP_PAGE_EVICTORS says.
+    assert_eq!(
         num(&three, "threads_added"),
-        num(&unset, "threads_added") + 3,
-        "unset {unset:?} vs 3 fillers {three:?}"
+        3 + 1,
+        "3 fillers and 1 evictor {three:?}"
     );
 }
 
@@ -541,6 +549,13 @@ fn direct_in(dir: &std::path::Path, what: &str) {
     for env in [
         &[][..],
         &[("UMAP_BUFSIZE", "8")][..],
+        &[("UMAP_PAGESIZE", "65536")][..],
+        &[("UMAP_PAGESIZE", "65536"), ("UMAP_BUFSIZE", "2")][..],
+        &[("FAULTLINE_UMAP_FILE_IO", "buffered")][..],
+        &[
+            ("FAULTLINE_UMAP_FILE_IO", "buffered"),
+            ("UMAP_BUFSIZE", "8"),
+        ][..],
         &[("FAULTLINE_UMAP_FILE_IO", "direct")][..],
         &[("FAULTLINE_UMAP_FILE_IO", "direct"), ("UMAP_BUFSIZE", "8")][..],
         &[("UMAP_PAGE_FILLERS", "2"), ("UMAP_BUFSIZE", "8")][..],

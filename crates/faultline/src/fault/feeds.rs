@@ -112,6 +112,9 @@ pub(crate) struct BudgetCore {
     demand: AtomicBool,
     /// Pages uncharged so far (a waiting fault's sign of progress).
     uncharges: AtomicU64,
+    /// Pages the evictors took on to evict down to the low-water mark and
+    /// have not yet reported done (see [`Self::reserve_drain`]).
+    draining: AtomicUsize,
     /// Futex word the evictors sleep on; bumped to wake them.
     evict_seq: AtomicU32,
     evictors_asleep: AtomicU32,
@@ -134,6 +137,7 @@ impl BudgetCore {
             waiting: AtomicUsize::new(0),
             demand: AtomicBool::new(false),
             uncharges: AtomicU64::new(0),
+            draining: AtomicUsize::new(0),
             evict_seq: AtomicU32::new(0),
             evictors_asleep: AtomicU32::new(0),
             room_seq: AtomicU32::new(0),
@@ -233,6 +237,36 @@ impl BudgetCore {
     /// Whether a fault asked for room since the last call (the evictor).
     pub fn take_demand(&self) -> bool {
         self.demand.swap(false, SeqCst)
+    }
+
+    /// An evictor that drains toward the low-water mark takes on up to
+    /// `batch` pages of what is above it and not yet taken on by another
+    /// evictor, so that several evictors together stop at the mark instead
+    /// of each evicting a batch past it. Returns the pages taken on (0:
+    /// nothing left to do); [`Self::end_drain`] gives them back once
+    /// evicted. A page evicted and not yet given back counts twice, so the
+    /// evictors stop early rather than late.
+    pub fn reserve_drain(&self, batch: usize) -> usize {
+        let mut taken = self.draining.load(SeqCst);
+        loop {
+            let over = self.counted().saturating_sub(self.low() + taken);
+            let want = over.min(batch);
+            if want == 0 {
+                return 0;
+            }
+            match self
+                .draining
+                .compare_exchange(taken, taken + want, SeqCst, SeqCst)
+            {
+                Ok(_) => return want,
+                Err(now) => taken = now,
+            }
+        }
+    }
+
+    /// The end of a [`Self::reserve_drain`] of `n` pages.
+    pub fn end_drain(&self, n: usize) {
+        self.draining.fetch_sub(n, SeqCst);
     }
 
     /// Pages uncharged so far.

@@ -19,7 +19,8 @@
 //! 1. Under the region's victim lock ([`VictimState`], shared by the
 //!    evictor and faulting threads; a faulting thread only *tries* it):
 //!    drain the install log and the access hints into the policy, pick up
-//!    to [`BATCH`] victims and claim each (the claim bit faults use: no
+//!    to [`batch_for`] victims ([`BATCH`] pages, at most [`BATCH_BYTES`])
+//!    and claim each (the claim bit faults use: no
 //!    fault can install, dirty or evict a claimed page). A page an I/O
 //!    holds, or claimed by someone else, goes back to the policy. Then the
 //!    lock is released: the system calls below run without it, so several
@@ -67,11 +68,21 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 /// again (it is woken as soon as pages are uncharged).
 const ROOM_NAP: Duration = Duration::from_millis(1);
 
-/// The batch eviction takes for a budget of `max` pages: [`BATCH`], at
-/// most a sixteenth of the budget (a small budget is not emptied to make
-/// room for one page).
-pub(crate) fn batch_for(max: usize) -> usize {
-    (max / 16).clamp(1, BATCH)
+/// Most bytes one batch evicts: [`BATCH`] pages of 4 KiB. Larger pages
+/// make smaller batches (4 of 64 KiB): a fault that evicts for itself
+/// writes back at most this much before it installs, and several threads
+/// (evictors, faults) evict batches side by side instead of one of them
+/// writing back megabytes while the others wait for room.
+pub(crate) const BATCH_BYTES: usize = BATCH * 4096;
+
+/// The batch eviction takes for a budget of `max` pages of `page_bytes`:
+/// [`BATCH`] pages, at most [`BATCH_BYTES`] (at least one page), at most
+/// a sixteenth of the budget (a small budget is not emptied to make room
+/// for one page).
+pub(crate) fn batch_for(max: usize, page_bytes: usize) -> usize {
+    (max / 16)
+        .clamp(1, BATCH)
+        .min((BATCH_BYTES / page_bytes.max(1)).max(1))
 }
 
 /// Sets up the victim state of `r` (a budget region) with `policy`, sized
@@ -132,7 +143,7 @@ pub(crate) fn charge(r: &RegionState, n: usize, may_evict: bool, may_wait: bool)
     }
     feed.full_faults.fetch_add(1, Relaxed);
     let t0 = rdtsc();
-    let batch = batch_for(core.max()).max(n);
+    let batch = batch_for(core.max(), r.pages.size().bytes()).max(n);
     let mut progress_at = Instant::now();
     let charged = loop {
         if may_evict {
@@ -560,4 +571,23 @@ pub(crate) fn retry_held(r: &RegionState) {
         });
     }
     st.retry_delay = RETRY_MIN;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Batches are bounded in pages and in bytes: 64 pages of 4 KiB, 4 of
+    /// 64 KiB, one of 2 MiB; never more than a sixteenth of the budget,
+    /// never none.
+    #[test]
+    fn batches_are_bounded_in_bytes() {
+        assert_eq!(batch_for(6553, 4096), BATCH);
+        assert_eq!(batch_for(409, 64 << 10), 4);
+        assert_eq!(batch_for(2048, 64 << 10), 4);
+        assert_eq!(batch_for(1 << 20, 2 << 20), 1);
+        assert_eq!(batch_for(160, 4096), 10);
+        assert_eq!(batch_for(3, 4096), 1);
+        assert!(batch_for(409, 64 << 10) * (64 << 10) <= BATCH_BYTES);
+    }
 }

@@ -64,6 +64,7 @@ pub struct RegionBuilder {
     run_ahead: Option<RunAheadConfig>,
     budget: Option<EvictionConfig>,
     low_water: Option<usize>,
+    evictors: usize,
     shared_budget: Option<Arc<SharedBudget>>,
     drain_timeout: Duration,
     zero_copy: ZeroCopy,
@@ -103,6 +104,7 @@ impl RegionBuilder {
             run_ahead: None,
             budget: None,
             low_water: None,
+            evictors: 1,
             shared_budget: None,
             drain_timeout: Duration::from_secs(10),
             zero_copy: ZeroCopy::Auto,
@@ -192,6 +194,16 @@ impl RegionBuilder {
     /// Default: the budget.
     pub fn budget_low_water(mut self, pages: usize) -> Self {
         self.low_water = Some(pages);
+        self
+    }
+    /// With a [`budget`](Self::budget): how many evictor threads the
+    /// region runs (at least 1; default 1). They share the region's victim
+    /// lock only to pick victims, so their write-backs and zaps run in
+    /// parallel (UMap's `UMAP_PAGE_EVICTORS` evict workers). A region
+    /// whose events handler threads read (the thread engines) runs one:
+    /// its zaps wait for their REMOVE events one page at a time.
+    pub fn evictors(mut self, n: usize) -> Self {
+        self.evictors = n.max(1);
         self
     }
     /// A budget shared with the other regions built with the same
@@ -533,7 +545,7 @@ impl RegionBuilder {
             _memfd: memfd,
             engine,
             populator: None,
-            evictor: None,
+            evictors: Vec::new(),
             drain_timeout: self.drain_timeout,
         };
         // Background threads start last: if one cannot, dropping `region`
@@ -547,10 +559,9 @@ impl RegionBuilder {
             );
         }
         if let Some(cfg) = self.budget {
-            region.evictor = Some(
-                crate::evict::start(region.state(), cfg, self.low_water)
-                    .map_err(spawn_err("spawn evictor thread"))?,
-            );
+            region.evictors =
+                crate::evict::start(region.state(), cfg, self.low_water, self.evictors)
+                    .map_err(spawn_err("spawn evictor thread"))?;
         }
         Ok(region)
     }

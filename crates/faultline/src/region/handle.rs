@@ -41,7 +41,7 @@ pub struct Region {
     pub(super) _memfd: Option<OwnedFd>,
     pub(super) engine: Arc<dyn Engine>,
     pub(super) populator: Option<Background>,
-    pub(super) evictor: Option<Background>,
+    pub(super) evictors: Vec<Background>,
     pub(super) drain_timeout: Duration,
 }
 
@@ -301,8 +301,8 @@ impl Drop for Region {
             });
         }
         // Stop evicting, then write every dirty page back.
-        if let Some(e) = self.evictor.as_mut() {
-            e.stop(|| ());
+        if !self.evictors.is_empty() {
+            self.evictors.iter_mut().for_each(|e| e.stop(|| ()));
             if let Err(err) = self.flush() {
                 report(|w| {
                     let _ = write!(

@@ -10,12 +10,16 @@
  *    (EINVAL, EBADF, EEXIST, EOPNOTSUPP, EIO) and a message on stderr.
  *  - UMAP_BUFSIZE is one buffer for every region, as in UMap, and no
  *    fault passes it, but there is no global eviction order:
- *    UMAP_PAGE_EVICTORS is reported, each region has one evictor thread
- *    that evicts that region's pages from UMAP_BUFSIZE * HIGH / 100
+ *    each region has UMAP_PAGE_EVICTORS evictor threads (at most 8)
+ *    that evict that region's pages from UMAP_BUFSIZE * HIGH / 100
  *    pages of all regions together down to UMAP_BUFSIZE * LOW / 100, and
  *    a fault that finds the buffer full evicts pages of its own region.
- *  - A descriptor opened O_DIRECT is read through a fresh buffered open of
- *    the same file (FAULTLINE_UMAP_FILE_IO=direct: with O_DIRECT).
+ *  - Any descriptor, O_DIRECT or not, is read and written through fresh
+ *    opens of the same file: ranges the page cache holds are copied from
+ *    it, the others (UMAP_PAGESIZE >= 64 KiB) read with O_DIRECT, dirty
+ *    pages written back through
+ *    the page cache (FAULTLINE_UMAP_FILE_IO=buffered: all through the page
+ *    cache; =direct: all with O_DIRECT).
  *  - With UMAP_PAGE_FILLERS unset, file regions resolve faults on the
  *    faulting thread (no filler threads); set, or for a Umap::Store, that
  *    many filler threads do.
