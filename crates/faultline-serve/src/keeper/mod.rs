@@ -175,6 +175,7 @@ impl Keeper {
         std::process::Command::new(exe)
             .args(std::env::args_os().skip(1))
             .env(KEEPER_ENV, "1")
+            .env_remove(faultline_sys::failpoint::ENV)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .process_group(0)

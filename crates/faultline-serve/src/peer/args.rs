@@ -157,6 +157,11 @@ pub struct PeerArgs {
     /// Seconds to wait for the socket to appear. Default 10.
     #[arg(long, default_value_t = 10.0)]
     pub connect_timeout: f64,
+    /// After the hand-off, wait (at most 60 s) for this file to exist
+    /// before the vCPUs start (tests start several peers' faults at once,
+    /// after every hand-off; the wait counts in the restore's time).
+    #[arg(long)]
+    pub go_file: Option<PathBuf>,
 }
 
 impl PeerArgs {

@@ -172,6 +172,8 @@ fn accept(
     mut handoff: Handoff,
 ) -> Result<(), Refusal> {
     let mut received = receive::receive(&conn, state.config.handshake_timeout, &mut handoff)?;
+    // Read, not yet deposited with a keeper: the window takeover leaves.
+    faultline_sys::failpoint::hit("handoff-received");
     let raw = std::mem::take(&mut received.raw);
     let origin = Origin::Handed { raw: &raw, pid };
     set_up(state, n, pid, conn, received, handoff, origin).map(drop)

@@ -162,6 +162,8 @@ fn journal(
             let id = keeper
                 .deposit(n, pid, raw, fds)
                 .map_err(BuildError::Deposit)?;
+            // Deposited, not yet served: the next serve takes it over.
+            faultline_sys::failpoint::hit("handoff-deposited");
             (journal, id, 0)
         }
         (Origin::Adopted { journal, id }, _) => {
@@ -176,6 +178,10 @@ fn journal(
         }
     };
     let journal = Arc::new(journal);
-    let peer = peer.with_journal(Arc::new(move |start, end| journal.append(start, end)));
+    let peer = peer.with_journal(Arc::new(move |start, end| {
+        journal.append(start, end);
+        // Journaled, not yet acted on.
+        faultline_sys::failpoint::hit("remove-journaled");
+    }));
     Ok((peer, Some(id), replayed))
 }

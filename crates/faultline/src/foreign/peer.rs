@@ -558,6 +558,8 @@ impl ForeignPeer {
                 .first_fault
                 .get_or_init(faultline_sys::monotonic_ns);
             self.stats.service.message(flags);
+            // A fault read and not yet answered (its vCPU blocked).
+            faultline_sys::failpoint::hit("fault-read");
         }
         let Some(reg) = self.find(addr) else {
             self.stats.outside.fetch_add(1, Relaxed);
