@@ -57,16 +57,17 @@ fn wait_count(dir: &Dir, f: &str, needle: &str, k: usize) {
     }
 }
 
-/// Starts serve `--takeover --peers 4 EXTRA` with `failpoint` armed.
+/// Starts serve `--takeover --peers 4 EXTRA` (and `--timeout 20` unless
+/// EXTRA has one) with `failpoint` armed.
 fn serve_with_failpoint(dir: &Dir, failpoint: &str, extra: &[&str]) -> Proc {
-    let args = [
-        &["--timeout", "20", "--takeover", "--peers", "4"][..],
-        extra,
-    ]
-    .concat();
+    let timeout: &[&str] = match extra.contains(&"--timeout") {
+        true => &[],
+        false => &["--timeout", "20"],
+    };
+    let args = [timeout, &["--takeover", "--peers", "4"], extra].concat();
     let args = testing::command(dir, &args);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let p = Proc::start_with_env(
+    let mut p = Proc::start_with_env(
         "serve",
         SERVE,
         &args,
@@ -75,7 +76,11 @@ fn serve_with_failpoint(dir: &Dir, failpoint: &str, extra: &[&str]) -> Proc {
     );
     let deadline = Instant::now() + WAIT;
     while !dir.sock().exists() {
-        assert!(Instant::now() < deadline, "serve never bound its socket");
+        assert!(
+            Instant::now() < deadline && p.running(),
+            "serve never bound its socket: {}",
+            dir.text("serve.err")
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     p
@@ -289,4 +294,29 @@ fn killed_between_reading_a_hand_off_and_depositing_it_that_peer_hangs() {
     );
     p3.kill();
     drop(keeper);
+}
+
+/// No serve comes back: the keeper waits `--timeout`, then kills its peers
+/// (through the pidfd of each one's connection) rather than leave them
+/// hung, and exits.
+#[test]
+fn a_keeper_no_serve_comes_back_to_kills_its_peers_and_exits() {
+    let dir = Dir::new("kill-no-serve", MEM);
+    let mut s = serve_with_failpoint(&dir, "fault-read:20", &["--timeout", "2"]);
+    let keeper = KeeperGuard(testing::keeper_pid(&dir));
+    let mut p = peer(&dir, 1, &[]);
+    assert_died_at(&mut s, &dir, "fault-read");
+    let st = p.wait(WAIT);
+    assert_eq!(
+        st.signal(),
+        Some(faultline_sys::process::SIGKILL),
+        "the keeper should kill the peer ({st}): {}",
+        dir.text("serve.err")
+    );
+    dir.wait_for("serve.err", "no serve for 2.0s: killing its 1 peer(s)");
+    let deadline = Instant::now() + WAIT;
+    while faultline_sys::process::alive(keeper.0) {
+        assert!(Instant::now() < deadline, "the keeper is still there");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

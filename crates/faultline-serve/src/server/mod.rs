@@ -244,6 +244,7 @@ impl Server {
             summaries: Mutex::new(Vec::new()),
             counters: ServerCounters::default(),
             identity,
+            pidfds: Mutex::new(Vec::new()),
         });
         let metrics = match &state.config.metrics {
             Some(addr) => {
