@@ -6,9 +6,10 @@
 //!    [`hit`] of any point.
 //! 2. Each [`hit`] of the point named `NAME` counts one (every thread of
 //!    the process counts into one counter); the `N`th (default the first)
-//!    says `failpoint NAME: SIGKILL` on stderr and sends `SIGKILL` to its
-//!    own process. Nothing after that line runs: no destructor, no exit
-//!    handler, no buffered output.
+//!    says `failpoint NAME: SIGKILL at T ns (CLOCK_MONOTONIC)` on stderr
+//!    (`T`: when it fired, for measurements of what follows) and sends
+//!    `SIGKILL` to its own process. Nothing after that line runs: no
+//!    destructor, no exit handler, no buffered output.
 //! 3. Without the variable, a hit is one relaxed atomic load (the state
 //!    is cached after the first read), so the points stay compiled in
 //!    release builds.
@@ -75,7 +76,10 @@ fn fire(name: &str) {
     if armed != name || HITS.fetch_add(1, Relaxed) + 1 != *at {
         return;
     }
-    eprintln!("failpoint {name}: SIGKILL");
+    eprintln!(
+        "failpoint {name}: SIGKILL at {} ns (CLOCK_MONOTONIC)",
+        crate::monotonic_ns()
+    );
     // SAFETY: plain syscalls with integer arguments; SIGKILL to our own
     // pid ends the process here.
     unsafe {

@@ -15,6 +15,7 @@ use crate::harness::BenchCtx;
 use super::args::{uses_huge_snapshot, uses_snapshot, ws_label, RestoreArgs};
 use super::floor::{self, Floor};
 use super::runs::Run;
+use super::takeover::{self, Gap};
 
 /// Demand faults per working-set page.
 fn per_page(m: &Run) -> f64 {
@@ -34,6 +35,8 @@ pub struct Results {
     /// Per (working set, cache): each configuration's median ms and the
     /// floors (the figure's bar groups).
     groups: Vec<(String, Vec<(String, f64)>)>,
+    /// `--takeover`'s table and figure.
+    takeover: takeover::Table,
 }
 
 impl Results {
@@ -212,6 +215,19 @@ impl Results {
         }
     }
 
+    /// Records and tabulates `--takeover`'s `gaps` of working set `set` in
+    /// cache state `cache` beside its `medians`.
+    pub fn add_takeover(
+        &mut self,
+        ctx: &mut BenchCtx,
+        a: &RestoreArgs,
+        at: ((f64, &str), &str),
+        medians: &[(String, Run)],
+        gaps: &[Gap],
+    ) {
+        self.takeover.add(ctx, a, at, medians, gaps);
+    }
+
     /// Prints the tables, records the shared copies' population
     /// (`populated`: written from what, ms) and the `floors`, draws the
     /// figure.
@@ -270,6 +286,7 @@ impl Results {
             }
         }
         floor::print(ctx, floors);
+        self.takeover.print(ctx, a)?;
         self.figure(ctx, a)
     }
 
