@@ -320,3 +320,52 @@ fn a_keeper_no_serve_comes_back_to_kills_its_peers_and_exits() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// The pages of the record at `path`, sorted.
+fn recorded(path: &std::path::Path) -> Vec<u64> {
+    let rec = faultline_serve::record::read_record(path).expect("the record");
+    let mut offs = rec.offsets();
+    offs.sort_unstable();
+    offs
+}
+
+/// A recording peer taken over records on: serve `--record` dies with
+/// faults in flight, the same command takes the peer over, replays the
+/// pages its journal holds and writes a record of the whole restore, the
+/// same pages an uninterrupted recording of the same working set has.
+#[test]
+fn a_recording_peer_taken_over_records_its_whole_restore() {
+    let dir = Dir::new("kill-record", MEM);
+    let (reference, rec) = (dir.path("ref.txt"), dir.path("rec.txt"));
+    let ref_arg = reference.to_str().expect("a UTF-8 path");
+    let mut s = testing::serve(&dir, SERVE, &["--peers", "1", "--record", ref_arg]);
+    let mut p = peer(&dir, 1, &[]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let _ = std::fs::remove_file(dir.sock());
+    let rec_arg = rec.to_str().expect("a UTF-8 path");
+    let extra = ["--record", rec_arg, "--timeout", "20"];
+    let mut s = serve_with_failpoint(&dir, "fault-read:300", &extra);
+    let keeper = KeeperGuard(testing::keeper_pid(&dir));
+    let p = peer(&dir, 2, &[]);
+    assert_died_at(&mut s, &dir, "fault-read");
+    dir.wait_for("serve.err", "holding 1 peer(s) for the next serve");
+    let args = [&["--takeover", "--peers", "1"][..], &extra].concat();
+    let mut again = testing::start(&dir, "again", SERVE, &args);
+    let mut p = p;
+    assert_ok(&mut p, &dir);
+    let st = again.wait(WAIT);
+    let log = dir.text("again.err");
+    assert!(st.success(), "{st}: {log}");
+    let journaled: usize = log
+        .split("its record goes on from the ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no record replayed: {log}"));
+    assert!(journaled >= 299, "{journaled} pages journaled: {log}");
+    let (want, got) = (recorded(&reference), recorded(&rec));
+    assert_eq!(got.len(), want.len(), "{log}");
+    assert_eq!(got, want);
+    drop(keeper);
+}

@@ -253,8 +253,15 @@ fn report(
     state.served.lock().expect("served").push(served);
     if taken {
         say(format_args!(
-            "peer {} (pid {}): taken over from the keeper: {} REMOVE'd range(s) replayed from its journal; its regions are woken",
-            served.n, served.pid, built.replayed
+            "peer {} (pid {}): taken over from the keeper: {} REMOVE'd range(s) replayed from its journal{}; its regions are woken",
+            served.n,
+            served.pid,
+            built.replayed,
+            if built.record {
+                format!("; its record goes on from the {} page(s) journaled", built.recorded)
+            } else {
+                String::new()
+            }
         ));
     }
     let uffd = built.peer.uffd();
