@@ -296,13 +296,13 @@ fn killed_between_reading_a_hand_off_and_depositing_it_that_peer_hangs() {
     drop(keeper);
 }
 
-/// No serve comes back: the keeper waits `--timeout`, then kills its peers
-/// (through the pidfd of each one's connection) rather than leave them
-/// hung, and exits.
+/// No serve comes back: the keeper waits `--keeper-wait` (not serve's
+/// `--timeout`), then kills its peers (through the pidfd of each one's
+/// connection) rather than leave them hung, and exits.
 #[test]
 fn a_keeper_no_serve_comes_back_to_kills_its_peers_and_exits() {
     let dir = Dir::new("kill-no-serve", MEM);
-    let mut s = serve_with_failpoint(&dir, "fault-read:20", &["--timeout", "2"]);
+    let mut s = serve_with_failpoint(&dir, "fault-read:20", &["--keeper-wait", "2"]);
     let keeper = KeeperGuard(testing::keeper_pid(&dir));
     let mut p = peer(&dir, 1, &[]);
     assert_died_at(&mut s, &dir, "fault-read");
@@ -368,4 +368,26 @@ fn a_recording_peer_taken_over_records_its_whole_restore() {
     assert_eq!(got.len(), want.len(), "{log}");
     assert_eq!(got, want);
     drop(keeper);
+}
+
+/// `--keeper-wait` is more than 0 seconds, finite, and needs `--takeover`.
+#[test]
+fn a_keeper_wait_of_zero_or_without_takeover_is_refused() {
+    let dir = Dir::new("keeper-wait-flags", MIB);
+    for (i, bad) in [
+        &["--takeover", "--keeper-wait", "0"][..],
+        &["--takeover", "--keeper-wait", "inf"],
+        &["--keeper-wait", "5"],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let name = format!("bad{i}");
+        let mut p = testing::start(&dir, &name, SERVE, bad);
+        let st = p.wait(WAIT);
+        let err = dir.text(&format!("{name}.err"));
+        assert!(!st.success(), "{bad:?} was accepted: {err}");
+        assert!(err.contains("--keeper-wait"), "{bad:?}: {err}");
+        assert!(!dir.sock().exists(), "{bad:?} bound the socket");
+    }
 }
