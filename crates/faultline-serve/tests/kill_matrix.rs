@@ -86,16 +86,23 @@ fn serve_with_failpoint(dir: &Dir, failpoint: &str, extra: &[&str]) -> Proc {
     p
 }
 
-/// Waits for serve to die of its failpoint `name`: killed by SIGKILL,
-/// having said so.
-fn assert_died_at(s: &mut Proc, dir: &Dir, name: &str) {
-    let st = s.wait(WAIT);
+/// Waits for `p` to end, killed by SIGKILL (`why`: whose kill; `log`: the
+/// file that tells).
+fn assert_sigkilled(p: &mut Proc, dir: &Dir, why: &str, log: &str) {
+    let st = p.wait(WAIT);
     assert_eq!(
         st.signal(),
         Some(faultline_sys::process::SIGKILL),
-        "serve should die of its failpoint ({st}):\n{}",
-        dir.text("serve.err")
+        "{} should be killed by {why} ({st}):\n{}",
+        p.name,
+        dir.text(log)
     );
+}
+
+/// Waits for serve to die of its failpoint `name`: killed by SIGKILL,
+/// having said so.
+fn assert_died_at(s: &mut Proc, dir: &Dir, name: &str) {
+    assert_sigkilled(s, dir, "its failpoint", "serve.err");
     let log = dir.text("serve.err");
     assert!(log.contains(&format!("failpoint {name}: SIGKILL")), "{log}");
 }
@@ -306,13 +313,7 @@ fn a_keeper_no_serve_comes_back_to_kills_its_peers_and_exits() {
     let keeper = KeeperGuard(testing::keeper_pid(&dir));
     let mut p = peer(&dir, 1, &[]);
     assert_died_at(&mut s, &dir, "fault-read");
-    let st = p.wait(WAIT);
-    assert_eq!(
-        st.signal(),
-        Some(faultline_sys::process::SIGKILL),
-        "the keeper should kill the peer ({st}): {}",
-        dir.text("serve.err")
-    );
+    assert_sigkilled(&mut p, &dir, "the keeper", "serve.err");
     dir.wait_for("serve.err", "no serve for 2.0s: killing its 1 peer(s)");
     let deadline = Instant::now() + WAIT;
     while faultline_sys::process::alive(keeper.0) {

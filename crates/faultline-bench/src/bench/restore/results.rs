@@ -7,7 +7,6 @@
 //! are measured (the records go onto the report in that order);
 //! [`Results::print`] prints everything once the runs are done.
 
-use crate::harness::plot;
 use crate::harness::report::{fmt_ratio, print_table, Record};
 use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
@@ -225,7 +224,7 @@ impl Results {
         medians: &[(String, Run)],
         gaps: &[Gap],
     ) {
-        self.takeover.add(ctx, a, at, medians, gaps);
+        self.takeover.add((ctx, a), gaps, medians, at);
     }
 
     /// Prints the tables, records the shared copies' population
@@ -293,29 +292,11 @@ impl Results {
     /// The figure: per (working set, cache) a group of bars, one per
     /// configuration and floor, ms on a log scale.
     fn figure(&self, ctx: &mut BenchCtx, a: &RestoreArgs) -> anyhow::Result<()> {
-        let groups = &self.groups;
-        let names: Vec<String> = groups.iter().map(|g| g.0.clone()).collect();
-        let mut series: Vec<(String, Vec<f64>)> = Vec::new();
-        for (_, bars) in groups {
-            for (cfg, _) in bars {
-                if !series.iter().any(|s| &s.0 == cfg) {
-                    series.push((cfg.clone(), Vec::new()));
-                }
-            }
-        }
-        for (name, values) in &mut series {
-            *values = groups
-                .iter()
-                .map(|(_, bars)| bars.iter().find(|b| &b.0 == name).map_or(0.0, |b| b.1))
-                .collect();
-        }
         let title = format!(
             "restore: handshake to last working-set page, {} MiB, median of {}",
             a.size >> 20,
             a.reps
         );
-        ctx.figure("restore_ms", |dir, name| {
-            plot::group_bars(dir, name, &title, "ms (log scale)", &names, &series)
-        })
+        ctx.ms_bars("restore_ms", &title, &self.groups)
     }
 }

@@ -31,7 +31,6 @@ use faultline_serve::PeerSummary;
 use super::args::{ws_label, RestoreArgs};
 use super::launch::{wait_bounded, Backing, Launcher, Mode, SpawnLogged};
 use super::runs::{served, Run};
-use crate::harness::plot;
 use crate::harness::report::{fmt_ratio, print_table, Record};
 use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
@@ -214,15 +213,14 @@ pub struct Table {
 }
 
 impl Table {
-    /// Records and tabulates one (working set, cache)'s takeover: its
-    /// `gaps`, its row and on-demand's among `medians`.
+    /// Records and tabulates the takeover of working set `set` in cache
+    /// state `cache`: its `gaps`, its row and on-demand's among `medians`.
     pub fn add(
         &mut self,
-        ctx: &mut BenchCtx,
-        a: &RestoreArgs,
-        (set, cache): ((f64, &str), &str),
-        medians: &[(String, Run)],
+        (ctx, a): (&mut BenchCtx, &RestoreArgs),
         gaps: &[Gap],
+        medians: &[(String, Run)],
+        (set, cache): ((f64, &str), &str),
     ) {
         let get = |n: &str| medians.iter().find(|m| m.0 == n).map(|m| m.1.seconds * 1e3);
         let (Some(plain), Some(taken)) = (get("on-demand"), get(CONFIG)) else {
@@ -306,21 +304,12 @@ impl Table {
         println!(
             "(medians over the kills; at fault: the demand fault serve died at, half of the same rep's on-demand run's; ms: the peer's restore, handshake to last touch, gap included; gap: from the kill to the first fault the new serve read (its start, opening the memory file, taking the peer from the keeper, waking the regions); restart: its part until the new serve was started; stall: the longest first-touch latency of a vCPU; p99: nearest rank, the largest below 100 kills)"
         );
-        let names: Vec<String> = self.groups.iter().map(|g| g.0.clone()).collect();
-        let series: Vec<(String, Vec<f64>)> = (0..4)
-            .map(|k| {
-                let name = self.groups[0].1[k].0.clone();
-                (name, self.groups.iter().map(|g| g.1[k].1).collect())
-            })
-            .collect();
         let title = format!(
             "restore --takeover: serve killed mid-restore, {} MiB, median of {}",
             a.size >> 20,
             a.reps
         );
-        ctx.figure("restore_takeover", |dir, name| {
-            plot::group_bars(dir, name, &title, "ms (log scale)", &names, &series)
-        })
+        ctx.ms_bars("restore_takeover", &title, &self.groups)
     }
 }
 
