@@ -133,6 +133,11 @@ pub struct ServeArgs {
     /// --timeout without a serve (see --leave-peer-on-error).
     #[arg(long)]
     pub takeover: bool,
+    /// With --takeover: how long the keeper holds the peers of a dead serve
+    /// for a new one (more than 0 seconds, finite) before it kills them
+    /// (see --leave-peer-on-error). Default: --timeout.
+    #[arg(long, requires = "takeover", value_parser = positive_seconds)]
+    pub keeper_wait: Option<Duration>,
     /// Serve live metrics (OpenMetrics text, `GET /metrics`) on ADDR: a
     /// unix socket path (with a '/'), a TCP port on 127.0.0.1, or a
     /// loopback HOST:PORT. Per peer: faults by kind, pages installed on
@@ -277,6 +282,15 @@ fn seconds(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(v).map_err(|e| format!("{s:?}: {e}"))
 }
 
+/// [`seconds`], more than 0.
+fn positive_seconds(s: &str) -> Result<Duration, String> {
+    let d = seconds(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be more than 0 seconds"));
+    }
+    Ok(d)
+}
+
 impl ServeArgs {
     /// The configuration these flags say.
     pub fn config(&self) -> anyhow::Result<ServeConfig> {
@@ -327,7 +341,8 @@ impl ServeArgs {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if std::env::var_os(crate::keeper::KEEPER_ENV).is_some() {
         // Started by a serve with --takeover to keep its peers.
-        crate::keeper::run(&args.socket, args.timeout, args.leave_peer_on_error)?;
+        let wait = args.keeper_wait.unwrap_or(args.timeout);
+        crate::keeper::run(&args.socket, wait, args.leave_peer_on_error)?;
         return Ok(());
     }
     // First, before any thread starts: the signals go to a thread of their

@@ -104,8 +104,20 @@ impl Proc {
     /// Runs `cmd` (program, then leading arguments) with `args`, its stderr
     /// to `stderr`.
     pub fn start(name: &str, cmd: &[&str], args: &[&str], stderr: &std::path::Path) -> Proc {
+        Proc::start_with_env(name, cmd, args, &[], stderr)
+    }
+
+    /// [`Proc::start`] with `env` added to its environment.
+    pub fn start_with_env(
+        name: &str,
+        cmd: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: &std::path::Path,
+    ) -> Proc {
         let child = Command::new(cmd[0])
             .args(&cmd[1..])
+            .envs(env.iter().copied())
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -204,4 +216,32 @@ pub fn serve(dir: &Dir, cmd: &[&str], extra: &[&str]) -> Proc {
 /// Starts a peer (`cmd`) of `dir` as `name` with `extra`.
 pub fn peer(dir: &Dir, cmd: &[&str], name: &str, extra: &[&str]) -> Proc {
     start(dir, name, cmd, extra)
+}
+
+/// The pid of the keeper of `dir`'s serve (`--takeover`), from serve's
+/// stderr (which the keeper shares).
+pub fn keeper_pid(dir: &Dir) -> i32 {
+    dir.wait_for("serve.err", "keeps the peers of");
+    let log = dir.text("serve.err");
+    let line = log
+        .lines()
+        .find(|l| l.contains("keeps the peers of"))
+        .expect("the keeper's line");
+    line.split_whitespace()
+        .skip_while(|w| *w != "pid")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {line:?}"))
+}
+
+/// The kernel functions the threads of process `pid` sleep in
+/// (`/proc/PID/task/TID/wchan`): `handle_userfault` for a vCPU blocked on
+/// a missing page.
+pub fn wchans(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("wchan")).ok())
+        .collect()
 }

@@ -305,10 +305,7 @@ fn a_killed_handler_leaves_the_peer_blocked_in_the_kernel() {
         "the peer should hang, not exit: {}",
         dir.text("p.err")
     );
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", p.pid())).unwrap();
-    let wchans: Vec<String> = tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("wchan")).ok())
-        .collect();
+    let wchans = testing::wchans(p.pid());
     assert!(
         wchans.iter().any(|w| w.contains("userfault")),
         "no thread blocked in handle_userfault: {wchans:?}"
@@ -1075,21 +1072,6 @@ fn shared_mode_on_hugetlbfs_maps_2m_pages_and_keeps_writes_private() {
     drop(pool);
 }
 
-/// The keeper's pid, from serve's stderr (which the keeper shares).
-fn keeper_pid(dir: &Dir) -> i32 {
-    dir.wait_for("serve.err", "keeps the peers of");
-    let log = dir.text("serve.err");
-    let line = log
-        .lines()
-        .find(|l| l.contains("keeps the peers of"))
-        .unwrap();
-    line.split_whitespace()
-        .skip_while(|w| *w != "pid")
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {line:?}"))
-}
-
 /// `kill -9` of serve with `--takeover` when `kill_at` appears in the
 /// peer's stderr (plus `delay`), then the same command again: the peer
 /// (`peer_args`) is taken over from the keeper and verifies every byte,
@@ -1104,7 +1086,7 @@ fn kill_and_take_over(
     let dir = Dir::new(name, 16 * MIB);
     let args = ["--takeover", "--peers", "1"];
     let mut s = serve(&dir, &args);
-    let keeper = keeper_pid(&dir);
+    let keeper = testing::keeper_pid(&dir);
     let mut p = peer(&dir, "p", peer_args);
     dir.wait_for("p.err", kill_at);
     std::thread::sleep(delay);

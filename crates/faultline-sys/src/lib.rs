@@ -17,6 +17,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`failpoint`] | named points where a test makes the process `SIGKILL` itself (`FAULTLINE_FAILPOINT`) |
 //! | [`mem`] | mappings, protection ([`mem::Prot`]), `madvise`, memfd, file I/O, `vmsplice`, `PROCMAP_QUERY`, reading our own memory without faulting |
 //! | [`pagemap`] | `PAGEMAP_SCAN` of `/proc/PID/pagemap`: which pages of a range are written, present, swapped |
 //! | [`uffd`] | the userfaultfd ABI (struct sizes asserted at compile time), its creation paths and one wrapper per ioctl |
@@ -27,6 +28,7 @@
 //! | [`sock`] | descriptor passing (`SCM_RIGHTS`), `SO_PEERCRED`, receive buffers, non-blocking send/receive |
 //! | [`thread`] | ids, affinity, scheduling class, futex, eventfd, fork hooks |
 
+pub mod failpoint;
 pub mod mem;
 pub mod pagemap;
 #[cfg(feature = "perf")]

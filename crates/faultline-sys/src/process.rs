@@ -1,7 +1,10 @@
 //! Processes: signals to other processes and process groups, resource
-//! usage of this process and of the calling thread.
+//! usage of this process and of the calling thread, and [`Pidfd`]: a
+//! process held by a descriptor, so a signal never reaches another
+//! process that was given its pid after it exited.
 
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// `SIGKILL`.
 pub const SIGKILL: i32 = libc::SIGKILL;
@@ -35,6 +38,86 @@ pub fn kill_group(pgid: i32, sig: i32) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// A process held by a pidfd (`pidfd_open(2)`, Linux 5.3+): signals sent
+/// through it reach that very process, or fail with `ESRCH` once it has
+/// exited (even if its pid was reused since); it is readable (`poll`)
+/// once the process has exited.
+///
+/// ```text
+///  Pidfd::open(pid) ── pid names the process now ──► the descriptor
+///     (it exits, its pid goes to another process)
+///  send_signal(SIGKILL) ──► ESRCH: the other process is never hit
+/// ```
+#[derive(Debug)]
+pub struct Pidfd(OwnedFd);
+
+impl Pidfd {
+    /// `pidfd_open(pid, 0)`: the process `pid` names now (positive only).
+    pub fn open(pid: i32) -> io::Result<Pidfd> {
+        if pid <= 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: plain syscall with integer arguments.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pidfd_open returned a new descriptor that nothing else
+        // owns.
+        Ok(Pidfd(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+    }
+
+    /// `pidfd_send_signal(fd, sig, NULL, 0)`: `ESRCH` if the process has
+    /// exited.
+    pub fn send_signal(&self, sig: i32) -> io::Result<()> {
+        // SAFETY: plain syscall on a descriptor we own; a null siginfo
+        // makes the kernel fill it as kill(2) would.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Waits at most `timeout_ms` (negative: forever) for the process to
+    /// exit; whether it has.
+    pub fn wait_exit(&self, timeout_ms: i32) -> io::Result<bool> {
+        let mut fds = [crate::poll::PollFd {
+            fd: self.0.as_raw_fd(),
+            events: crate::poll::events::IN,
+            revents: 0,
+        }];
+        loop {
+            match crate::poll::poll(&mut fds, timeout_ms) {
+                Ok(n) => return Ok(n > 0),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl From<OwnedFd> for Pidfd {
+    /// A pidfd received or made elsewhere (`SO_PEERPIDFD`).
+    fn from(fd: OwnedFd) -> Pidfd {
+        Pidfd(fd)
+    }
+}
+
+impl AsFd for Pidfd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
 }
 
 /// Whether process `pid` exists (`kill(pid, 0)`; a process we may not
@@ -105,4 +188,30 @@ pub fn die_with_parent(sig: i32, parent: i32) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pidfd_signals_its_process_sees_it_exit_and_never_reaches_past_it() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("starting sleep");
+        let pidfd = Pidfd::open(child.id() as i32).expect("pidfd_open");
+        assert!(!pidfd.wait_exit(0).unwrap(), "sleep is running");
+        pidfd.send_signal(SIGKILL).expect("pidfd_send_signal");
+        assert!(pidfd.wait_exit(10_000).unwrap(), "killed within 10 s");
+        let st = child.wait().expect("waitpid");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&st),
+            Some(SIGKILL)
+        );
+        // Reaped: its pid may belong to anyone now; the pidfd refuses.
+        let e = pidfd.send_signal(SIGKILL).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESRCH), "{e}");
+        assert!(Pidfd::open(0).is_err() && Pidfd::open(-1).is_err());
+    }
 }

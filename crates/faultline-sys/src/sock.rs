@@ -1,6 +1,6 @@
 //! UNIX sockets beyond what `std` offers: passing file descriptors
-//! (`SCM_RIGHTS`), the peer's credentials (`SO_PEERCRED`), `poll` over any
-//! number of descriptors, and `kill`.
+//! (`SCM_RIGHTS`), the peer's credentials (`SO_PEERCRED`) and process
+//! (`SO_PEERPIDFD`), `poll` over any number of descriptors, and `kill`.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -166,6 +166,37 @@ pub fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<PeerCred> {
         uid: c.uid,
         gid: c.gid,
     })
+}
+
+/// `SO_PEERPIDFD` (Linux 6.5; not in libc yet): asm-generic's value.
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// The process at the other end of a connected UNIX socket, as a pidfd:
+/// `getsockopt(SO_PEERPIDFD)` (the process that connected, race-free),
+/// else (a kernel before 6.5) `pidfd_open` of `SO_PEERCRED`'s pid.
+pub fn peer_pidfd(fd: BorrowedFd<'_>) -> io::Result<crate::process::Pidfd> {
+    let mut pidfd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `pidfd` and `len` are valid for writes of an int.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut pidfd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 && pidfd >= 0 {
+        // SAFETY: the kernel installed a new descriptor for us.
+        let owned = unsafe { OwnedFd::from_raw_fd(pidfd) };
+        return Ok(crate::process::Pidfd::from(owned));
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENOPROTOOPT) {
+        return Err(e);
+    }
+    crate::process::Pidfd::open(peer_cred(fd)?.pid)
 }
 
 /// Sets a socket's receive buffer to `bytes`: `SO_RCVBUFFORCE` (needs

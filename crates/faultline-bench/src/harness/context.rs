@@ -60,6 +60,20 @@ impl BenchCtx {
         Ok(())
     }
 
+    /// With `--plot`, figure `name`: grouped bars of ms on a log scale,
+    /// from (group, [(series, ms)]) ([`plot::bar_groups`]).
+    pub fn ms_bars(
+        &mut self,
+        name: &str,
+        title: &str,
+        groups: &[(String, Vec<(String, f64)>)],
+    ) -> anyhow::Result<()> {
+        let (names, series) = plot::bar_groups(groups);
+        self.figure(name, |dir, name| {
+            plot::group_bars(dir, name, title, "ms (log scale)", &names, &series)
+        })
+    }
+
     /// Remember that figure `dir/name.{svg,png}` was written.
     pub fn note_plot(&mut self, dir: &Path, name: &str) {
         self.plots.push(dir.join(name));

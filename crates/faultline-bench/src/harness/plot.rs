@@ -689,6 +689,31 @@ impl Figure for GroupBars<'_> {
     }
 }
 
+/// [`group_bars`]' groups and series from bar groups given as (group,
+/// [(series, value)]): a series per name met in any group, in the order
+/// first met, 0 (no bar) where a group lacks it.
+pub type BarGroups = (Vec<String>, Vec<(String, Vec<f64>)>);
+
+/// See [`BarGroups`].
+pub fn bar_groups(groups: &[(String, Vec<(String, f64)>)]) -> BarGroups {
+    let names: Vec<String> = groups.iter().map(|g| g.0.clone()).collect();
+    let mut series: Vec<(String, Vec<f64>)> = Vec::new();
+    for (_, bars) in groups {
+        for (cfg, _) in bars {
+            if !series.iter().any(|s| &s.0 == cfg) {
+                series.push((cfg.clone(), Vec::new()));
+            }
+        }
+    }
+    for (name, values) in &mut series {
+        *values = groups
+            .iter()
+            .map(|(_, bars)| bars.iter().find(|b| &b.0 == name).map_or(0.0, |b| b.1))
+            .collect();
+    }
+    (names, series)
+}
+
 /// Grouped bars on a log10 y axis: one group per `groups` entry, one bar
 /// per series in each (values `<= 0` are left out), written as
 /// `dir/name.svg` and `dir/name.png`.

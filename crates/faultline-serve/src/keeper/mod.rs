@@ -175,6 +175,7 @@ impl Keeper {
         std::process::Command::new(exe)
             .args(std::env::args_os().skip(1))
             .env(KEEPER_ENV, "1")
+            .env_remove(faultline_sys::failpoint::ENV)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .process_group(0)
@@ -288,6 +289,10 @@ struct Held {
     pid: i32,
     handshake: String,
     fds: [OwnedFd; 3],
+    /// The process at the other end of its connection (`SO_PEERPIDFD`):
+    /// the kill goes through it, never to a process that got its pid
+    /// later.
+    pidfd: Option<process::Pidfd>,
 }
 
 /// Runs the keeper of `socket` (see the module docs) until it has no peer
@@ -373,10 +378,11 @@ pub fn run(socket: &Path, wait: Duration, leave: bool) -> Result<(), KeeperError
                 if leave { "leaving" } else { "killing" },
                 held.len()
             ));
-            for h in &held {
-                if !leave && h.pid > 0 {
-                    let _ = process::kill(h.pid, process::SIGKILL);
-                }
+            for h in held.iter().filter(|_| !leave) {
+                let _ = match &h.pidfd {
+                    Some(p) => p.send_signal(process::SIGKILL),
+                    None => process::kill(h.pid, process::SIGKILL),
+                };
             }
             return Ok(());
         }
@@ -411,12 +417,14 @@ fn serve_request(
             let fds = <[OwnedFd; 3]>::try_from(got.fds).map_err(|_| KeeperError::Refused)?;
             reply.id = *next_id;
             *next_id += 1;
+            let pidfd = sock::peer_pidfd(fds[1].as_fd()).ok();
             held.push(Held {
                 id: reply.id,
                 n,
                 pid,
                 handshake,
                 fds,
+                pidfd,
             });
         }
         Request::Forget { id } => held.retain(|h| h.id != id),

@@ -181,6 +181,11 @@ pub struct PeerArgs {
     /// the vCPU sees it. Default 0: off.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1 << 20))]
     pub stamps: u32,
+    /// After the hand-off, wait (at most 60 s) for this file to exist
+    /// before the vCPUs start (tests start several peers' faults at once,
+    /// after every hand-off; the wait counts in the restore's time).
+    #[arg(long)]
+    pub go_file: Option<PathBuf>,
 }
 
 impl PeerArgs {

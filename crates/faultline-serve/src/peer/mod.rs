@@ -111,6 +111,16 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
         // Firecracker does.
         _conn = Some((conn, u));
     }
+    if let Some(go) = &args.go_file {
+        say(format_args!("handed off; waiting for {}", go.display()));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !go.exists() {
+            if Instant::now() > deadline {
+                bail!("{} did not appear within 60 s", go.display());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
     let report = workload::touch_and_check(&args, &file, &layout, t0)?;
     say(format_args!(
         "{} pages in {:.3} ms (median {} ns, p99 {} ns); {} bytes verified",

@@ -13,6 +13,10 @@ pub struct PeerReport {
     pub median_ns: u64,
     /// 99th percentile first-touch latency, ns.
     pub p99_ns: u64,
+    /// The longest first-touch latency, ns: the longest a vCPU stalled on
+    /// one page (a restart of serve under `--takeover` shows here).
+    #[serde(default)]
+    pub max_ns: u64,
     /// Bytes compared with the file.
     pub verified_bytes: u64,
     /// Base pages of its regions resident once the working set was

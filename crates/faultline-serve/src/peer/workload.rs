@@ -634,6 +634,7 @@ pub fn touch_and_check(
         pages: ws.len(),
         median_ns: pick(0.5),
         p99_ns: pick(0.99),
+        max_ns: lat.last().copied().unwrap_or(0),
         verified_bytes,
         resident_pages,
         rss_anon_kib,

@@ -89,6 +89,7 @@ pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
         ..Default::default()
     };
     let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
+    state.watch(n, conn.as_fd());
     // Held until a refused peer is killed (see the module docs).
     let held = conn.try_clone();
     let Err(why) = accept(state, n, pid, conn, handoff) else {
@@ -99,6 +100,7 @@ pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
         say(format_args!(
             "connection {n} (pid {pid}): hung up without a handshake; not a peer (another serve checking whether this socket is in use does this)"
         ));
+        state.unwatch(n);
         return;
     }
     refuse(state, n, pid, &why, held.ok());
@@ -115,6 +117,7 @@ fn refuse(state: &State, n: usize, pid: i32, why: &Refusal, held: Option<UnixStr
         "not killed: it handed nothing over"
     };
     drop(held);
+    state.unwatch(n);
     state.counters.refused(why.reason());
     state
         .summaries
@@ -136,6 +139,7 @@ fn refuse(state: &State, n: usize, pid: i32, why: &Refusal, held: Option<UnixStr
 pub fn adopt(state: &State, n: usize, t: Taken) {
     let pid = t.pid;
     let conn = UnixStream::from(t.conn);
+    state.watch(n, conn.as_fd());
     let held = conn.try_clone().ok();
     let adopted = || -> Result<(), Refusal> {
         let hs = handshake::parse_handshake(t.handshake.as_bytes()).map_err(ReceiveError::from)?;
@@ -172,6 +176,8 @@ fn accept(
     mut handoff: Handoff,
 ) -> Result<(), Refusal> {
     let mut received = receive::receive(&conn, state.config.handshake_timeout, &mut handoff)?;
+    // Read, not yet deposited with a keeper: the window takeover leaves.
+    faultline_sys::failpoint::hit("handoff-received");
     let raw = std::mem::take(&mut received.raw);
     let origin = Origin::Handed { raw: &raw, pid };
     set_up(state, n, pid, conn, received, handoff, origin).map(drop)
@@ -247,8 +253,15 @@ fn report(
     state.served.lock().expect("served").push(served);
     if taken {
         say(format_args!(
-            "peer {} (pid {}): taken over from the keeper: {} REMOVE'd range(s) replayed from its journal; its regions are woken",
-            served.n, served.pid, built.replayed
+            "peer {} (pid {}): taken over from the keeper: {} REMOVE'd range(s) replayed from its journal{}; its regions are woken",
+            served.n,
+            served.pid,
+            built.replayed,
+            if built.record {
+                format!("; its record goes on from the {} page(s) journaled", built.recorded)
+            } else {
+                String::new()
+            }
         ));
     }
     let uffd = built.peer.uffd();

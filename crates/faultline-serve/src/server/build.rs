@@ -1,12 +1,15 @@
 //! Step 3 of a connection: build the peer and hand it to the engine.
 //!
-//! 1. Claim the record (`--record`: the first peer only).
+//! 1. Claim the record (`--record`: the first peer only; a peer taken
+//!    over claims it when its journal says it recorded).
 //! 2. `ForeignPeer::new`: its regions checked against the store, shared
 //!    mode's MINOR registration made sure of.
-//! 3. `--takeover`: a new peer gets a REMOVE journal and is deposited with
-//!    the keeper (its userfaultfd, connection and journal); a peer taken
-//!    over has its journal's ranges replayed (they read zeros). Either way
-//!    the journal hook is set before the engine reads its userfaultfd.
+//! 3. `--takeover`: a new peer gets a journal (REMOVE'd ranges, and its
+//!    record's pages when it records) and is deposited with the keeper
+//!    (its userfaultfd, connection and journal); a peer taken over has its
+//!    journal's ranges replayed (they read zeros) and its record so far
+//!    logged again (the record goes on). Either way the journal hooks are
+//!    set before the engine reads its userfaultfd.
 //!    Its connection becomes its hang-up watch.
 //! 4. The recorded set is prepared (once, for the first peer served by
 //!    copy) and its plan queued for this peer.
@@ -58,6 +61,9 @@ pub struct Built {
     pub kept: Option<u64>,
     /// REMOVE'd ranges replayed from its journal (a peer taken over).
     pub replayed: usize,
+    /// Record entries replayed from its journal (a peer taken over that
+    /// recorded).
+    pub recorded: usize,
 }
 
 /// Why a peer could not be built.
@@ -94,9 +100,14 @@ pub fn build(
     handoff: &mut Handoff,
     origin: Origin<'_>,
 ) -> Result<Built, BuildError> {
-    // A peer taken over does not record: its restore began elsewhere.
-    let record = matches!(origin, Origin::Handed { .. }) && state.claim_record();
+    // A peer taken over records on when its journal has a record (the
+    // dead serve's recorder); its entries are logged again below.
+    let record = match &origin {
+        Origin::Handed { .. } => state.claim_record(),
+        Origin::Adopted { journal, .. } => journal.records() && state.claim_record(),
+    };
     let track_dirty = matches!(origin, Origin::Handed { .. }) && dirty::claim(state);
+    let pages: usize = specs.iter().map(|s| s.len / 4096).sum();
     let opts = ForeignOptions {
         readahead: if record {
             ReadaheadConfig::off()
@@ -116,8 +127,8 @@ pub fn build(
     };
     let built = ForeignPeer::new(format!("peer {n}"), uffd, specs, state.store.clone(), &opts)
         .map_err(BuildError::Peer)
-        .and_then(|peer| journal(state, n, &conn, peer, origin));
-    let (peer, kept, replayed) = built.inspect_err(|_| {
+        .and_then(|peer| journal(state, n, &conn, peer, origin, record.then_some(pages)));
+    let (peer, kept, (replayed, recorded)) = built.inspect_err(|_| {
         if record {
             // Leave the record to the next peer.
             state.set_recorder(Recorder::Free);
@@ -153,11 +164,17 @@ pub fn build(
         queued,
         kept,
         replayed,
+        recorded,
     })
 }
 
+/// What [`journal`] gives: the peer, its id at the keeper, and the
+/// REMOVE'd ranges and record entries replayed.
+type Journaled = (ForeignPeer, Option<u64>, (usize, usize));
+
 /// Step 3 (`--takeover`): the peer's journal, new (and the peer deposited)
-/// or replayed; gives the peer, its id at the keeper and the ranges
+/// or replayed; `record`: the peer records, its regions' pages. Gives the
+/// peer, its id at the keeper and the REMOVE'd ranges and record entries
 /// replayed.
 fn journal(
     state: &State,
@@ -165,16 +182,19 @@ fn journal(
     conn: &UnixStream,
     peer: ForeignPeer,
     origin: Origin<'_>,
-) -> Result<(ForeignPeer, Option<u64>, usize), BuildError> {
+    record: Option<usize>,
+) -> Result<Journaled, BuildError> {
     let (journal, id, replayed) = match (origin, &state.keeper) {
-        (Origin::Handed { .. }, None) => return Ok((peer, None, 0)),
+        (Origin::Handed { .. }, None) => return Ok((peer, None, (0, 0))),
         (Origin::Handed { raw, pid }, Some(keeper)) => {
-            let journal = Journal::create().map_err(BuildError::Journal)?;
+            let journal = Journal::create(record.unwrap_or(0)).map_err(BuildError::Journal)?;
             let fds = [peer.uffd().as_fd(), conn.as_fd(), journal.fd()];
             let id = keeper
                 .deposit(n, pid, raw, fds)
                 .map_err(BuildError::Deposit)?;
-            (journal, id, 0)
+            // Deposited, not yet served: the next serve takes it over.
+            faultline_sys::failpoint::hit("handoff-deposited");
+            (journal, id, (0, 0))
         }
         (Origin::Adopted { journal, id }, _) => {
             let (ranges, full) = journal.entries();
@@ -184,10 +204,28 @@ fn journal(
             for &(start, end) in &ranges {
                 peer.replay_remove(start, end);
             }
-            (journal, id, ranges.len())
+            let (entries, full) = journal.record_entries();
+            if full {
+                say(format_args!(
+                    "peer {n}: note: its record's journal overflowed: the record goes on without the pages past it"
+                ));
+            }
+            let recorded = peer.replay_record(&entries);
+            (journal, id, (ranges.len(), recorded))
         }
     };
     let journal = Arc::new(journal);
-    let peer = peer.with_journal(Arc::new(move |start, end| journal.append(start, end)));
+    let peer = match record.is_some() && journal.records() {
+        true => {
+            let j = journal.clone();
+            peer.with_record_journal(Arc::new(move |off, ns| j.append_record(off, ns)))
+        }
+        false => peer,
+    };
+    let peer = peer.with_journal(Arc::new(move |start, end| {
+        journal.append(start, end);
+        // Journaled, not yet acted on.
+        faultline_sys::failpoint::hit("remove-journaled");
+    }));
     Ok((peer, Some(id), replayed))
 }

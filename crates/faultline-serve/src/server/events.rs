@@ -144,6 +144,7 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
     }
     super::dirty::at_end(state, peer, n, &outcome);
     state.engine.remove(peer.id());
+    state.unwatch(n);
     state.summaries.lock().expect("summaries").push(summary);
     state.finished.fetch_add(1, SeqCst);
 }

@@ -254,6 +254,7 @@ impl Server {
             counters: ServerCounters::default(),
             identity,
             dirty_claimed: AtomicBool::new(false),
+            pidfds: Mutex::new(Vec::new()),
         });
         let metrics = match &state.config.metrics {
             Some(addr) => {

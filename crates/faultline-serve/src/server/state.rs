@@ -3,7 +3,7 @@
 //!
 //! Locks (each held for a few instructions, never two at once, never
 //! while calling the engine or the kernel): `recorder`, `served`,
-//! `summaries`.
+//! `summaries`, `pidfds` (held across one `pidfd_send_signal`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Instant;
 
 use faultline::{ForeignEngine, PageStore, PrefetchPlan, SharedSnapshot};
-use faultline_sys::process;
+use std::os::fd::BorrowedFd;
+
+use faultline_sys::process::{self, Pidfd};
+use faultline_sys::sock;
 
 use super::log::say;
 use crate::config::{ServeConfig, Source};
@@ -96,6 +99,9 @@ pub struct State {
     /// The first peer claimed dirty tracking (`--track-dirty` without
     /// `{peer}`: the first peer only).
     pub dirty_claimed: AtomicBool,
+    /// Each connection's peer process, by connection number ([`State::watch`]):
+    /// the pidfd a kill goes through.
+    pub pidfds: Mutex<Vec<(usize, Pidfd)>>,
 }
 
 impl State {
@@ -203,10 +209,35 @@ impl State {
         (connected, self.finished.load(SeqCst))
     }
 
+    /// Holds the process at the other end of connection `n` (`conn`) as a
+    /// pidfd (`SO_PEERPIDFD`), so a kill of peer `n` reaches that process
+    /// and never one that was given its pid after it exited.
+    pub fn watch(&self, n: usize, conn: BorrowedFd<'_>) {
+        if let Ok(p) = sock::peer_pidfd(conn) {
+            self.pidfds.lock().expect("pidfds").push((n, p));
+        }
+    }
+
+    /// Lets go of connection `n`'s pidfd (its peer is done with).
+    pub fn unwatch(&self, n: usize) {
+        self.pidfds.lock().expect("pidfds").retain(|(k, _)| *k != n);
+    }
+
+    /// SIGKILL to peer `n`: through its pidfd (`ESRCH` once it has
+    /// exited, whoever has its pid now), else by pid `pid`.
+    fn kill_peer(&self, n: usize, pid: i32) -> std::io::Result<()> {
+        let pidfds = self.pidfds.lock().expect("pidfds");
+        match pidfds.iter().find(|(k, _)| *k == n) {
+            Some((_, p)) => p.send_signal(process::SIGKILL),
+            None => process::kill(pid, process::SIGKILL),
+        }
+    }
+
     /// Ends peer `n` (pid `pid`), which serve will not serve because
-    /// `why`: kills it (SIGKILL) unless `leave_peer_on_error`, since its
-    /// vCPUs would hang at their next missing page; says so. Gives what
-    /// became of it, for its summary.
+    /// `why`: kills it (SIGKILL, through its pidfd when serve holds one)
+    /// unless `leave_peer_on_error`, since its vCPUs would hang at their
+    /// next missing page; says so. Gives what became of it, for its
+    /// summary.
     pub fn kill(&self, n: usize, pid: i32, why: &str) -> &'static str {
         if self.config.leave_peer_on_error {
             say(format_args!(
@@ -220,7 +251,7 @@ impl State {
             ));
             return "not killed: pid unknown";
         }
-        match process::kill(pid, process::SIGKILL) {
+        match self.kill_peer(n, pid) {
             Ok(()) => {
                 say(format_args!(
                     "peer {n}: killed pid {pid}: {why}, and its vCPUs would hang at their next missing page (--leave-peer-on-error leaves it running)"

@@ -119,7 +119,7 @@ pub use config::{
 pub use dirty::{DirtySet, DIRTY_PAGE};
 pub use engine::{ForeignEngine, HandlerStats};
 pub use error::ForeignError;
-pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes, RemoveJournal};
+pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes, RecordJournal, RemoveJournal};
 pub use phases::FaultPhases;
 pub use plan::{prepare_store, PrefetchPlan};
 pub use service::{FaultKinds, ServiceTimes, SERVICE_BOUNDS_NS, SERVICE_BUCKETS};

@@ -274,11 +274,18 @@ pub struct ForeignPeer {
     dirty_caveat: Option<&'static str>,
     /// A `WP_ASYNC` peer's page tables (dirty tracking reads them).
     dirty_scan: Option<Pagemap>,
+    /// Told of every page the record logs ([`ForeignPeer::with_record_journal`]).
+    record_journal: Option<RecordJournal>,
 }
 
 /// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
 /// `[start, end)` (the peer's addresses).
 pub type RemoveJournal = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// What [`ForeignPeer::with_record_journal`] calls with each page the
+/// record logs: its store offset and first-touch time (`CLOCK_MONOTONIC`
+/// ns).
+pub type RecordJournal = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 impl std::fmt::Debug for ForeignPeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -372,6 +379,7 @@ impl ForeignPeer {
             dropped: AtomicBool::new(false),
             dirty_caveat: armed.caveat,
             dirty_scan: armed.scan,
+            record_journal: None,
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
@@ -408,6 +416,45 @@ impl ForeignPeer {
     pub fn with_journal(mut self, journal: RemoveJournal) -> ForeignPeer {
         self.journal = Some(journal);
         self
+    }
+
+    /// Calls `journal` with every page the record logs (record mode), as
+    /// it is logged (under the log's lock, so in the log's order) and
+    /// before its fault is resolved: the record so far, for a handler that
+    /// takes the peer over ([`ForeignPeer::replay_record`]).
+    pub fn with_record_journal(mut self, journal: RecordJournal) -> ForeignPeer {
+        self.record_journal = Some(journal);
+        self
+    }
+
+    /// Logs `entries` (store offset, first-touch ns), as an earlier
+    /// handler of this peer recorded them (from its journal): each page
+    /// counts as seen, so the record goes on where that handler's ended.
+    /// Record mode only (else nothing); an offset outside every region is
+    /// skipped. Gives the entries logged. Call it before the peer is added
+    /// to an engine.
+    pub fn replay_record(&self, entries: &[(u64, u64)]) -> usize {
+        let Some(log) = &self.record else {
+            return 0;
+        };
+        let mut log = log.lock().expect("record log");
+        let before = log.len();
+        for &(off, ns) in entries {
+            let Some(reg) = self.regions.iter().find(|r| {
+                off >= r.store_offset && off - r.store_offset < r.state.pages.len() as u64
+            }) else {
+                continue;
+            };
+            let pages = &reg.state.pages;
+            let page = pages.index(pages.base() + (off - reg.store_offset));
+            if let Some(seen) = &reg.seen {
+                if !seen.get(page) {
+                    seen.set(page);
+                    log.push((off, ns));
+                }
+            }
+        }
+        log.len() - before
     }
 
     /// Marks `[start, end)` dropped, as a REMOVE event read by an earlier
@@ -625,6 +672,8 @@ impl ForeignPeer {
                 .first_fault
                 .get_or_init(faultline_sys::monotonic_ns);
             self.stats.service.message(flags);
+            // A fault read and not yet answered (its vCPU blocked).
+            faultline_sys::failpoint::hit("fault-read");
         }
         let Some(reg) = self.find(addr) else {
             self.stats.outside.fetch_add(1, Relaxed);
@@ -637,10 +686,15 @@ impl ForeignPeer {
         if let (Some(seen), Some(log)) = (&reg.seen, &self.record) {
             if !seen.get(page) {
                 seen.set(page);
-                log.lock().expect("record log").push((
+                let entry = (
                     reg.store_offset + r.pages.offset(page),
                     faultline_sys::monotonic_ns(),
-                ));
+                );
+                let mut log = log.lock().expect("record log");
+                log.push(entry);
+                if let Some(journal) = &self.record_journal {
+                    journal(entry.0, entry.1);
+                }
             }
         }
         // A write-protect fault is on a present page by definition (dirty

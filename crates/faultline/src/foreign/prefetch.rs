@@ -358,6 +358,7 @@ fn install_run(
                 p.clock
                     .first_prefetch
                     .get_or_init(faultline_sys::monotonic_ns);
+                faultline_sys::failpoint::hit("prefetch-run");
             }
             Resolution::Retry => return (page, true),
             _ => page += 1,

@@ -89,6 +89,14 @@ pub struct RestoreArgs {
     /// phase table: message read, batch, store read, copy, wake, return).
     #[arg(long)]
     pub no_phases: bool,
+    /// Add the `on-demand-takeover` row (after `on-demand`, added if
+    /// missing): serve `--takeover` killed mid-restore (at half the
+    /// faults of the same repetition's `on-demand` run) and the same
+    /// command started again; its restore time beside `on-demand`'s, and
+    /// the time from the kill to the first fault the new serve reads (a
+    /// table of its own, `--json`, the figure `restore_takeover`).
+    #[arg(long)]
+    pub takeover: bool,
 }
 
 /// Every configuration `--configs` accepts.

@@ -158,14 +158,46 @@ impl Launcher<'_> {
         let sock = self.dir.join("serve.sock");
         let json = self.dir.join("serve.json");
         let _ = std::fs::remove_file(&sock);
+        let err = self.dir.join("serve.err");
+        let mut child = self
+            .serve_command(&sock, &json, extra, &mode)?
+            .spawn_logged(&err)?;
+        let backing = match mode {
+            Mode::Shared(snap) => Backing::Shared(&sock, snap),
+            Mode::Huge => Backing::Huge(&sock),
+            Mode::SharedHuge(snap) => Backing::SharedHuge(&sock, snap),
+            Mode::Copy => Backing::Uffd(&sock),
+        };
+        let rep = self.peer(ws, backing);
+        let st = wait_bounded(&mut child, Duration::from_secs(60));
+        let rep = rep?;
+        let st = st?;
+        if !st.success() {
+            bail!("faultline serve failed");
+        }
+        let sums: Vec<PeerSummary> = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+        let s = sums.into_iter().next().context("serve reported no peer")?;
+        Ok((rep, s, prepared_ms(&std::fs::read_to_string(&err)?)))
+    }
+
+    /// `faultline serve --socket SOCK --mem FILE|--store URL --json JSON
+    /// --peers 1 --timeout 60 EXTRA` and the options every served run
+    /// shares.
+    pub fn serve_command(
+        &self,
+        sock: &Path,
+        json: &Path,
+        extra: &[&str],
+        mode: &Mode<'_>,
+    ) -> anyhow::Result<Command> {
         let mut cmd = Command::new(exe()?);
-        cmd.arg("serve").arg("--socket").arg(&sock);
+        cmd.arg("serve").arg("--socket").arg(sock);
         match self.store {
             Some(url) => cmd.arg("--store").arg(url),
             None => cmd.arg("--mem").arg(self.mem),
         };
         cmd.arg("--json")
-            .arg(&json)
+            .arg(json)
             .args(["--peers", "1", "--timeout", "60"]);
         cmd.args(extra);
         if let Some(n) = self.prefetch_helpers {
@@ -180,38 +212,7 @@ impl Launcher<'_> {
         if let Mode::Shared(snap) | Mode::SharedHuge(snap) = mode {
             cmd.arg("--shared").arg(snap);
         }
-        let err = self.dir.join("serve.err");
-        let mut child = cleanup::spawn(
-            cmd.stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&err)?),
-        )?;
-        let backing = match mode {
-            Mode::Shared(snap) => Backing::Shared(&sock, snap),
-            Mode::Huge => Backing::Huge(&sock),
-            Mode::SharedHuge(snap) => Backing::SharedHuge(&sock, snap),
-            Mode::Copy => Backing::Uffd(&sock),
-        };
-        let rep = self.peer(ws, backing);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let st = loop {
-            if let Some(s) = child.try_wait()? {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("faultline serve did not exit");
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        };
-        let rep = rep?;
-        if !st.success() {
-            bail!("faultline serve failed");
-        }
-        let sums: Vec<PeerSummary> = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
-        let s = sums.into_iter().next().context("serve reported no peer")?;
-        Ok((rep, s, prepared_ms(&std::fs::read_to_string(&err)?)))
+        Ok(cmd)
     }
 
     /// Records the working set `ws` into `rec` (`serve --record`, copy mode).
@@ -219,6 +220,40 @@ impl Launcher<'_> {
         self.served(ws, &["--record", rec.to_str().context("path")?], Mode::Copy)?;
         Ok(())
     }
+}
+
+/// Starting a serve with its stderr in a file.
+pub trait SpawnLogged {
+    /// Spawns it, stdin and stdout null, stderr to `err`, as a child this
+    /// bench owns (`cleanup::spawn`: killed on a signal, and when the bench
+    /// dies).
+    fn spawn_logged(&mut self, err: &Path) -> anyhow::Result<cleanup::OwnedChild>;
+}
+
+impl SpawnLogged for Command {
+    fn spawn_logged(&mut self, err: &Path) -> anyhow::Result<cleanup::OwnedChild> {
+        Ok(cleanup::spawn(
+            self.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(err)?),
+        )?)
+    }
+}
+
+/// Waits for `child` to exit (asleep in `poll` on its pidfd: woken the
+/// moment it exits, no CPU taken from the restore meanwhile); kills it
+/// (by its pid) after `limit`.
+pub fn wait_bounded(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> anyhow::Result<std::process::ExitStatus> {
+    let pidfd = faultline_sys::process::Pidfd::open(child.id() as i32)?;
+    if !pidfd.wait_exit(limit.as_millis().min(i32::MAX as u128) as i32)? {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("faultline serve did not exit within {limit:?}");
+    }
+    Ok(child.wait()?)
 }
 
 /// Runs `cmd` to its end, killed after `limit`; whether it succeeded.

@@ -85,6 +85,7 @@
 //! | `peers` | `--peers`: N peers at once, the handler's resident memory |
 //! | `phases` | where a demand fault's time goes: the peer's and serve's TSC stamps joined |
 //! | `results` | records, tables and the figure |
+//! | `takeover` | `--takeover`: a restore whose serve is killed and taken over |
 
 mod args;
 mod baseline;
@@ -95,8 +96,10 @@ mod peers;
 mod phases;
 mod results;
 mod runs;
+mod takeover;
 mod timeline;
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::time::Instant;
 
@@ -168,7 +171,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     }
     let copies = Copies::prepare(a, dir, &mem)?;
     let a = &RestoreArgs {
-        configs: copies.configs.clone(),
+        configs: takeover::with_row(copies.configs.clone(), a.takeover),
         ..a.clone()
     };
     let root = is_root();
@@ -187,6 +190,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         } else {
             Evictor::new()?
         },
+        gaps: RefCell::new(Vec::new()),
     };
     let mut results = Results::default();
     let mut floors = Vec::new();
@@ -196,8 +200,13 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
             let set = (ws, pattern.as_str());
             let (floor, per_cache) = session.working_set(ws, &mut progress)?;
             floors.push((ws, ws_label(set), floor));
+            let gaps = session.gaps.take();
             for (cache, medians) in a.cache.iter().zip(per_cache) {
                 results.add(ctx, a, (set, cache), &medians, &floor);
+                let mine: Vec<_> = gaps.iter().filter(|g| &g.0 == cache).map(|g| g.1).collect();
+                if !mine.is_empty() {
+                    results.add_takeover(ctx, a, (set, cache), &medians, &mine);
+                }
             }
         }
     }
@@ -284,6 +293,9 @@ struct Session<'a> {
     all: &'a Path,
     root: bool,
     evictor: Evictor,
+    /// `--takeover`: each kill's gap, by cache state (taken per working
+    /// set).
+    gaps: RefCell<Vec<(String, takeover::Gap)>>,
 }
 
 impl Session<'_> {
@@ -330,6 +342,9 @@ impl Session<'_> {
         let (a, mem) = (self.a, self.l.mem);
         let cold = cache == "cold";
         let mut all_runs: Vec<Vec<Run>> = a.configs.iter().map(|_| Vec::new()).collect();
+        // The fault the takeover row's serve dies at: half of this rep's
+        // on-demand run's.
+        let mut kill_at = 1;
         for rep in 0..a.reps.max(1) {
             for (cfg, runs) in a.configs.iter().zip(&mut all_runs) {
                 let set = ws_label((ws, self.l.pattern));
@@ -342,7 +357,17 @@ impl Session<'_> {
                 if !a.keep_caches {
                     self.evictor.evict();
                 }
-                runs.push(runs::one(&self.l, ws, cfg, inputs)?);
+                if cfg == takeover::CONFIG {
+                    let (run, gap) = takeover::one(&self.l, ws, kill_at)?;
+                    self.gaps.borrow_mut().push((cache.to_string(), gap));
+                    runs.push(run);
+                    continue;
+                }
+                let run = runs::one(&self.l, ws, cfg, inputs)?;
+                if cfg == "on-demand" {
+                    kill_at = (run.faults / 2).max(1);
+                }
+                runs.push(run);
             }
         }
         Ok(a.configs

@@ -7,7 +7,6 @@
 //! are measured (the records go onto the report in that order);
 //! [`Results::print`] prints everything once the runs are done.
 
-use crate::harness::plot;
 use crate::harness::report::{fmt_ratio, print_table, Record};
 use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
@@ -16,6 +15,7 @@ use super::args::{uses_huge_snapshot, uses_snapshot, ws_label, RestoreArgs};
 use super::floor::{self, Floor};
 use super::phases;
 use super::runs::Run;
+use super::takeover::{self, Gap};
 
 /// Demand faults per working-set page.
 fn per_page(m: &Run) -> f64 {
@@ -39,6 +39,8 @@ pub struct Results {
     /// Per (working set, cache): each configuration's median ms and the
     /// floors (the figure's bar groups).
     groups: Vec<(String, Vec<(String, f64)>)>,
+    /// `--takeover`'s table and figure.
+    takeover: takeover::Table,
 }
 
 impl Results {
@@ -233,6 +235,19 @@ impl Results {
         }
     }
 
+    /// Records and tabulates `--takeover`'s `gaps` of working set `set` in
+    /// cache state `cache` beside its `medians`.
+    pub fn add_takeover(
+        &mut self,
+        ctx: &mut BenchCtx,
+        a: &RestoreArgs,
+        at: ((f64, &str), &str),
+        medians: &[(String, Run)],
+        gaps: &[Gap],
+    ) {
+        self.takeover.add((ctx, a), gaps, medians, at);
+    }
+
     /// Prints the tables, records the shared copies' population
     /// (`populated`: written from what, ms) and the `floors`, draws the
     /// figure.
@@ -297,35 +312,18 @@ impl Results {
                 plot::phase_bars(dir, name, &self.phase_bars)
             })?;
         }
+        self.takeover.print(ctx, a)?;
         self.figure(ctx, a)
     }
 
     /// The figure: per (working set, cache) a group of bars, one per
     /// configuration and floor, ms on a log scale.
     fn figure(&self, ctx: &mut BenchCtx, a: &RestoreArgs) -> anyhow::Result<()> {
-        let groups = &self.groups;
-        let names: Vec<String> = groups.iter().map(|g| g.0.clone()).collect();
-        let mut series: Vec<(String, Vec<f64>)> = Vec::new();
-        for (_, bars) in groups {
-            for (cfg, _) in bars {
-                if !series.iter().any(|s| &s.0 == cfg) {
-                    series.push((cfg.clone(), Vec::new()));
-                }
-            }
-        }
-        for (name, values) in &mut series {
-            *values = groups
-                .iter()
-                .map(|(_, bars)| bars.iter().find(|b| &b.0 == name).map_or(0.0, |b| b.1))
-                .collect();
-        }
         let title = format!(
             "restore: handshake to last working-set page, {} MiB, median of {}",
             a.size >> 20,
             a.reps
         );
-        ctx.figure("restore_ms", |dir, name| {
-            plot::group_bars(dir, name, &title, "ms (log scale)", &names, &series)
-        })
+        ctx.ms_bars("restore_ms", &title, &self.groups)
     }
 }

@@ -199,7 +199,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
 
 /// A run served by `faultline serve`: the peer's report `p`, serve's
 /// summary `s`.
-fn served(p: PeerReport, s: PeerSummary, prepare_ms: f64, mode: Mode<'_>) -> Run {
+pub(super) fn served(p: PeerReport, s: PeerSummary, prepare_ms: f64, mode: Mode<'_>) -> Run {
     // The peer's resident pages count what was installed in its
     // anonymous memory (shared mode maps the page cache, huge pages come
     // 2 MiB at a time: not comparable).

@@ -1,0 +1,108 @@
+//! Failpoints: named points where a process kills itself with `SIGKILL`
+//! (as `kill -9` from outside would) when the environment asks, so tests
+//! can stop a process at an exact step instead of at a timed guess.
+//!
+//! 1. `FAULTLINE_FAILPOINT=NAME` (or `NAME:N`) is read once, at the first
+//!    [`hit`] of any point.
+//! 2. Each [`hit`] of the point named `NAME` counts one (every thread of
+//!    the process counts into one counter); the `N`th (default the first)
+//!    says `failpoint NAME: SIGKILL at T ns (CLOCK_MONOTONIC)` on stderr
+//!    (`T`: when it fired, for measurements of what follows) and sends
+//!    `SIGKILL` to its own process. Nothing after that line runs: no
+//!    destructor, no exit handler, no buffered output.
+//! 3. Without the variable, a hit is one relaxed atomic load (the state
+//!    is cached after the first read), so the points stay compiled in
+//!    release builds.
+//!
+//! ```text
+//!  FAULTLINE_FAILPOINT=fault-read:200
+//!    hit("handoff-deposited") ── other name: nothing
+//!    hit("fault-read") x199   ── counted
+//!    hit("fault-read")        ── the 200th: SIGKILL to getpid()
+//! ```
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::OnceLock;
+
+/// The variable that arms a failpoint.
+pub const ENV: &str = "FAULTLINE_FAILPOINT";
+
+/// 0: not read yet; 1: no failpoint armed; 2: one is (see [`ARMED`]).
+static STATE: AtomicU8 = AtomicU8::new(0);
+/// The armed point's name and the hit that fires.
+static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
+/// Hits of the armed point so far.
+static HITS: AtomicU64 = AtomicU64::new(0);
+
+/// Parses `NAME` or `NAME:N` (N at least 1).
+fn parse(v: &str) -> Option<(String, u64)> {
+    match v.rsplit_once(':') {
+        Some((name, n)) => {
+            let n: u64 = n.parse().ok().filter(|&n| n >= 1)?;
+            Some((name.to_string(), n)).filter(|(name, _)| !name.is_empty())
+        }
+        None => Some((v.to_string(), 1)).filter(|(name, _)| !name.is_empty()),
+    }
+}
+
+fn armed() -> Option<&'static (String, u64)> {
+    let a = ARMED.get_or_init(|| {
+        let v = std::env::var(ENV).ok()?;
+        let parsed = parse(&v);
+        if parsed.is_none() {
+            eprintln!("{ENV}={v:?}: not NAME or NAME:N (N >= 1); no failpoint armed");
+        }
+        parsed
+    });
+    STATE.store(if a.is_some() { 2 } else { 1 }, Relaxed);
+    a.as_ref()
+}
+
+/// Failpoint `name` (see the module docs): kills this process with
+/// `SIGKILL` when it is the armed point and this is its `N`th hit.
+#[inline]
+pub fn hit(name: &str) {
+    if STATE.load(Relaxed) == 1 {
+        return;
+    }
+    fire(name);
+}
+
+#[cold]
+fn fire(name: &str) {
+    let Some((armed, at)) = armed() else {
+        return;
+    };
+    if armed != name || HITS.fetch_add(1, Relaxed) + 1 != *at {
+        return;
+    }
+    eprintln!(
+        "failpoint {name}: SIGKILL at {} ns (CLOCK_MONOTONIC)",
+        crate::monotonic_ns()
+    );
+    // SAFETY: plain syscalls with integer arguments; SIGKILL to our own
+    // pid ends the process here.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    // SIGKILL is delivered before kill(2) returns to a process that sends
+    // it to itself; nothing runs after it.
+    loop {
+        std::thread::park();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_counts_parse_and_nonsense_is_refused() {
+        assert_eq!(parse("fault-read"), Some(("fault-read".into(), 1)));
+        assert_eq!(parse("fault-read:200"), Some(("fault-read".into(), 200)));
+        assert_eq!(parse("fault-read:0"), None);
+        assert_eq!(parse("fault-read:x"), None);
+        assert_eq!(parse(":3"), None);
+        assert_eq!(parse(""), None);
+    }
+}
