@@ -7,6 +7,7 @@
 //! are measured (the records go onto the report in that order);
 //! [`Results::print`] prints everything once the runs are done.
 
+use crate::harness::plot;
 use crate::harness::report::{fmt_ratio, print_table, Record};
 use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
