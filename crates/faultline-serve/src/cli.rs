@@ -179,11 +179,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub wake_first: bool,
     /// The window of an isolated fault, in pages (1 to 1024; at most
-    /// --fault-around): 16 as the kernel's fault-around by default; 1
-    /// installs only the faulting page (a sequential stream still grows
-    /// its window from there, doubling up to --fault-around).
-    #[arg(long, default_value_t = crate::config::FAULT_AROUND_INITIAL, value_parser = initial_window)]
-    pub fault_around_initial: usize,
+    /// --fault-around): 16 as the kernel's fault-around by default (or
+    /// --fault-around when smaller); 1 installs only the faulting page (a
+    /// sequential stream still grows its window from there, doubling up
+    /// to --fault-around).
+    #[arg(long, value_parser = initial_window)]
+    pub fault_around_initial: Option<usize>,
 }
 
 /// Parses `--fault-around-initial`: 1 to 1024 pages.
@@ -299,6 +300,14 @@ impl ServeArgs {
             (None, Some(mem)) => Source::Mem(mem.clone()),
             (None, None) => anyhow::bail!("--mem or --store is required"),
         };
+        if let Some(n) = self.fault_around_initial {
+            anyhow::ensure!(
+                n <= self.fault_around.max(1),
+                "--fault-around-initial {n} is more than --fault-around {}: the first window \
+                 of an isolated fault cannot be larger than the largest window",
+                self.fault_around
+            );
+        }
         Ok(ServeConfig {
             timeout: self.timeout,
             peers: self.peers,
@@ -327,7 +336,9 @@ impl ServeArgs {
             phase_samples: self.phase_samples,
             workers: self.engine == EngineArg::Workers,
             wake_first: self.wake_first,
-            fault_around_initial: self.fault_around_initial,
+            fault_around_initial: self
+                .fault_around_initial
+                .unwrap_or(crate::config::FAULT_AROUND_INITIAL),
             track_dirty: self.track_dirty.clone(),
             ..ServeConfig::new(self.socket.clone(), source)
         })

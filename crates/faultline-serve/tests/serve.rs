@@ -528,6 +528,14 @@ fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
         (&["--json", a_dir][..], "is a directory"),
         (&["--record", no_dir][..], "does not exist"),
         (&["--prefetch", missing][..], "missing.txt"),
+        (
+            &["--fault-around", "16", "--fault-around-initial", "32"][..],
+            "more than --fault-around 16",
+        ),
+        (
+            &["--fault-around-initial", "0"][..],
+            "--fault-around-initial",
+        ),
     ]
     .into_iter()
     .enumerate()
