@@ -74,6 +74,10 @@ pub struct Delivery {
     /// copied and its thread woken before the rest of the window is
     /// copied (copy mode, no budget; see `fault::resolve`).
     pub wake_first: bool,
+    /// Each resolve stamps its steps on the thread (`resolve::stamps`:
+    /// the foreign engine's phase samples); off, the fault path reads no
+    /// clock for them.
+    pub stamps: bool,
 }
 
 impl Delivery {
@@ -85,6 +89,7 @@ impl Delivery {
         reads_events: false,
         memory_here: true,
         wake_first: false,
+        stamps: false,
     };
     /// A message read by a handler thread; the faulting thread sleeps
     /// until woken (the `poll`, `spin` and `workers` engines).
@@ -94,6 +99,7 @@ impl Delivery {
         reads_events: true,
         memory_here: true,
         wake_first: false,
+        stamps: false,
     };
     /// A peer's fault read by a handler thread of this process
     /// (`crate::foreign`): like [`HANDLER_THREAD`](Self::HANDLER_THREAD),

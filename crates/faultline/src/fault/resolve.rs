@@ -148,9 +148,15 @@ pub(crate) fn stamps() -> Stamps {
     STAMPS.get()
 }
 
-/// Stamps the first install ioctl of this resolve as about to start.
+/// Stamps the first install ioctl of this resolve as about to start
+/// (when the region stamps, [`Delivery::stamps`]).
+///
+/// [`Delivery::stamps`]: super::Delivery::stamps
 #[inline]
-fn stamp_filled() {
+fn stamp_filled(r: &RegionState) {
+    if !r.delivery.stamps {
+        return;
+    }
     let mut s = STAMPS.get();
     if s.filled == 0 {
         s.filled = rdtsc();
@@ -171,7 +177,9 @@ pub(crate) fn resolve(
     let wake = r.delivery.faulter_sleeps;
     let ps = r.pages.size().bytes();
     let mut access = access;
-    STAMPS.set(Stamps::ZERO);
+    if r.delivery.stamps {
+        STAMPS.set(Stamps::ZERO);
+    }
     if r.written.is_some() && !matches!(origin, Origin::Fault) {
         // Dirty tracking counts a fault's writes only: populate, prefetch
         // and run-ahead install their pages clean (write-protected).
@@ -362,9 +370,11 @@ pub(crate) fn resolve(
             };
             if let Some((a, l)) = woken {
                 let _ = r.uffd.wake(a, l);
-                let mut s = STAMPS.get();
-                s.woken = rdtsc();
-                STAMPS.set(s);
+                if r.delivery.stamps {
+                    let mut s = STAMPS.get();
+                    s.woken = rdtsc();
+                    STAMPS.set(s);
+                }
             }
         }
         let mut rest_installed = 0;
@@ -375,9 +385,10 @@ pub(crate) fn resolve(
                 r.residency.release(part);
             }
         }
-        let hole_state = match r.write_protects() {
-            true => PageState::ReadOnly,
-            false => PageState::Writable,
+        let hole_state = if r.write_protects() {
+            PageState::ReadOnly
+        } else {
+            PageState::Writable
         };
         let mut around = match step {
             Step::Done if matches!(origin, Origin::Fault) => run.len() - 1 + rest_installed,
@@ -451,23 +462,15 @@ fn install_rest(
     } else {
         PageState::Writable
     };
-    match copy_run(r, &part, dst, offset, bytes, scratch, None, clean) {
-        Ok(out) => {
-            let _ = finish(
-                r,
-                part.clone(),
-                part.start,
-                Ok(out),
-                state,
-                false,
-                installed,
-            );
+    let out = match copy_run(r, &part, dst, offset, bytes, scratch, None, clean) {
+        Ok(out) => Ok(out),
+        Err(CopyErr::Uffd(e)) => Err(e),
+        Err(CopyErr::Store(_)) => {
+            r.residency.release(part);
+            return 0;
         }
-        Err(CopyErr::Uffd(e)) => {
-            let _ = finish(r, part.clone(), part.start, Err(e), state, false, installed);
-        }
-        Err(CopyErr::Store(_)) => r.residency.release(part),
-    }
+    };
+    let _ = finish(r, part.clone(), part.start, out, state, false, installed);
     *installed - before
 }
 
@@ -698,7 +701,7 @@ fn install(
         (ResolveOp::Continue, Some(true)) => {
             // Mapped read-only into the private view: a write copies it.
             state = PageState::ReadOnly;
-            stamp_filled();
+            stamp_filled(r);
             r.uffd
                 .continue_(dst, bytes, mode::CONTINUE_DONTWAKE | continue_wp)
                 .map_err(CopyErr::Uffd)
@@ -707,7 +710,7 @@ fn install(
             if let Err(e) = fill_page_cache(r, run.clone()) {
                 return fail_store(r, run, page, e);
             }
-            stamp_filled();
+            stamp_filled(r);
             if continue_wp != 0 {
                 state = PageState::ReadOnly;
             }
@@ -813,7 +816,7 @@ fn install(
             }
             if r.store.is_zero() && !write && r.zeropage_reads {
                 state = PageState::ReadOnly;
-                stamp_filled();
+                stamp_filled(r);
                 r.uffd
                     .zeropage(dst, bytes, mode::ZEROPAGE_DONTWAKE)
                     .map_err(CopyErr::Uffd)
@@ -875,7 +878,7 @@ fn copy_run(
     // Budget regions install clean pages write-protected; the first write
     // takes a WP fault that marks them dirty.
     let wp = if clean { mode::COPY_WP } else { 0 };
-    stamp_filled();
+    stamp_filled(r);
     // SAFETY: `src` points at `bytes` readable bytes: the zero buffer is at
     // least `bytes` long (max_run_pages caps runs), the view and the
     // scratch slice were checked to be that long.
@@ -934,15 +937,17 @@ fn finish(
     let ps = r.pages.size().bytes();
     let t = rdtsc();
     r.timing_resolved.store(t, Relaxed);
-    let mut s = STAMPS.get();
-    if s.resolved == 0 {
-        s.resolved = t;
-        s.pages = match out {
-            Ok(Outcome::Partial { done, .. }) => (done / ps) as u64,
-            Ok(Outcome::Done(_)) => run.len() as u64,
-            _ => 0,
-        };
-        STAMPS.set(s);
+    if r.delivery.stamps {
+        let mut s = STAMPS.get();
+        if s.resolved == 0 {
+            s.resolved = t;
+            s.pages = match out {
+                Ok(Outcome::Partial { done, .. }) => (done / ps) as u64,
+                Ok(Outcome::Done(_)) => run.len() as u64,
+                _ => 0,
+            };
+            STAMPS.set(s);
+        }
     }
     let step = match out {
         Ok(Outcome::Done(_) | Outcome::Partial { .. }) => {

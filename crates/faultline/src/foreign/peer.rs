@@ -215,6 +215,7 @@ impl ForeignRegion {
             // space).
             delivery: Delivery {
                 wake_first: opts.wake_first,
+                stamps: opts.phase_samples > 0,
                 ..Delivery::PEER_HANDLER
             },
             inflight: AtomicUsize::new(0),
