@@ -408,7 +408,14 @@ fn a_killed_bench_restore_leaves_no_child_running_and_no_mount() {
         "on-demand,kernel-hugetlbfs,on-demand-shared-huge",
     ];
     std::fs::create_dir_all(&tmp).unwrap();
+    let nr_hugepages = || std::fs::read_to_string("/proc/sys/vm/nr_hugepages").ok();
+    // What a SIGKILLed bench leaves grown (no handler runs): the pool size
+    // before it, and what it grew it to.
+    let mut pool = (None, None);
     for sig in ["TERM", "KILL"] {
+        if sig == "KILL" {
+            pool.0 = nr_hugepages();
+        }
         // Output to files, not pipes: a child writing to a pipe the test
         // has stopped reading would die of SIGPIPE and hide a leftover.
         let log = std::fs::File::create(d.path(&format!("restore-{sig}.log"))).unwrap();
@@ -435,6 +442,9 @@ fn a_killed_bench_restore_leaves_no_child_running_and_no_mount() {
             );
             std::thread::sleep(Duration::from_millis(2));
         };
+        if sig == "KILL" {
+            pool.1 = nr_hugepages();
+        }
         // Stopped by their pids whatever happens (the test may fail).
         let _kids = KillOnDrop(kids.clone());
         signal(&child, sig);
@@ -489,4 +499,11 @@ fn a_killed_bench_restore_leaves_no_child_running_and_no_mount() {
     assert_eq!(o.code, Some(0), "{}", o.stderr);
     assert!(mounts_under(&tmp).is_empty(), "{:?}", mounts_under(&tmp));
     assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
+    // Put back the pool the SIGKILLed bench grew, unless something else
+    // changed it since (other tests grow and shrink it too).
+    if let (Some(before), Some(grown)) = pool {
+        if before != grown && nr_hugepages().as_deref() == Some(grown.as_str()) {
+            let _ = std::fs::write("/proc/sys/vm/nr_hugepages", before.trim());
+        }
+    }
 }
