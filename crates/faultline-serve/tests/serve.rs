@@ -1368,9 +1368,10 @@ fn workers_serve_one_peer_on_two_threads_through_remove_storms() {
 fn wake_first_installs_the_whole_window_and_keeps_every_byte_right() {
     // The faulting page first, then the rest of its window: the windows
     // are still installed (pages around faulting ones), everything that
-    // was installed is resident (counted before the checks), the working
-    // set's bytes checked; then every byte (--verify-all).
-    let clustered = ["--working-set", "30"];
+    // was installed is resident (counted before the checks, once the last
+    // window's rest had time to go in), the working set's bytes checked;
+    // then every byte (--verify-all).
+    let clustered = ["--working-set", "30", "--settle-ms", "300"];
     let (s, p) = served_once("wake-first", &["--wake-first"], &clustered);
     assert!(s["around"].as_u64().unwrap() > 0, "{s}");
     let resident = p["resident_pages"].as_u64().unwrap();

@@ -168,6 +168,12 @@ pub struct PeerArgs {
     /// Stay alive this many ms after finishing (others run meanwhile).
     #[arg(long, default_value_t = 0)]
     pub hold_ms: u64,
+    /// Wait this many ms after the touches before counting the resident
+    /// pages (`resident_pages`): a handler that wakes a vCPU before it
+    /// installs the rest of the window (`serve --wake-first`) may still
+    /// be installing when the last touch returns.
+    #[arg(long, default_value_t = 0)]
+    pub settle_ms: u64,
     /// Write timings to FILE (JSON).
     #[arg(long)]
     pub json: Option<PathBuf>,

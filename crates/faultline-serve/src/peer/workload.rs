@@ -597,6 +597,7 @@ pub fn touch_and_check(
     let minor_faults = procfs::minor_faults() - minflt0;
     let mut resident_pages = 0;
     if args.backend == Backend::Uffd {
+        std::thread::sleep(Duration::from_millis(args.settle_ms));
         for &(addr, len, _) in &layout.regions {
             resident_pages += mem::resident_pages_at(addr, len)? as u64;
         }
