@@ -31,11 +31,34 @@ const CMSG_SPACE: usize = {
 struct CmsgBuf([u8; CMSG_SPACE]);
 
 /// `recvmsg(2)` on `fd` into `buf`, collecting `SCM_RIGHTS` descriptors.
-/// `peek`: leave the data queued (`MSG_PEEK`). EINTR is retried.
+/// `nonblocking`: `MSG_DONTWAIT`. EINTR is retried.
 pub fn recv_with_fds(
     fd: BorrowedFd<'_>,
     buf: &mut [u8],
     nonblocking: bool,
+) -> io::Result<Received> {
+    recvmsg_fds(fd, buf, nonblocking, false)
+}
+
+/// [`recv_with_fds`] with `MSG_PEEK`: the message stays queued, to be
+/// read again. Linux installs *duplicates* of the descriptors it carries
+/// (`unix_stream_read_generic` clones the message's file list with
+/// `scm_fp_dup` when peeking), so the caller holds them while the message
+/// still holds its own: a process that dies after a peek leaves the
+/// message, descriptors and all, for the next reader of the socket.
+pub fn peek_with_fds(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    nonblocking: bool,
+) -> io::Result<Received> {
+    recvmsg_fds(fd, buf, nonblocking, true)
+}
+
+fn recvmsg_fds(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    nonblocking: bool,
+    peek: bool,
 ) -> io::Result<Received> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -53,6 +76,9 @@ pub fn recv_with_fds(
         let mut flags = libc::MSG_CMSG_CLOEXEC;
         if nonblocking {
             flags |= libc::MSG_DONTWAIT;
+        }
+        if peek {
+            flags |= libc::MSG_PEEK;
         }
         // SAFETY: `msg` points at a live iovec over `buf` and at `cbuf`,
         // both valid for the lengths given, for the call's duration.
@@ -260,5 +286,49 @@ pub fn send_nowait(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
         Err(io::Error::last_os_error())
     } else {
         Ok(n as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::net::UnixStream;
+
+    /// The inode a descriptor names.
+    fn ino(fd: &OwnedFd) -> u64 {
+        std::fs::File::from(fd.try_clone().unwrap())
+            .metadata()
+            .unwrap()
+            .ino()
+    }
+
+    #[test]
+    fn a_peek_installs_duplicates_and_leaves_the_message_with_its_descriptors() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let file = crate::mem::memfd("peek-test", false).unwrap();
+        send_with_fds(a.as_fd(), b"hello", &[file.as_fd()]).unwrap();
+        let want = ino(&file);
+        drop(file);
+        let mut buf = [0u8; 16];
+        let peeked = peek_with_fds(b.as_fd(), &mut buf, true).unwrap();
+        assert_eq!(&buf[..peeked.bytes], b"hello");
+        assert_eq!(peeked.fds.len(), 1, "the peek installs a descriptor");
+        assert_eq!(ino(&peeked.fds[0]), want);
+        // Closing what the peek gave leaves the message's own reference.
+        drop(peeked);
+        let again = peek_with_fds(b.as_fd(), &mut buf, true).unwrap();
+        let got = recv_with_fds(b.as_fd(), &mut buf, true).unwrap();
+        assert_eq!(&buf[..got.bytes], b"hello");
+        assert_eq!(got.fds.len(), 1);
+        assert_eq!(ino(&got.fds[0]), want);
+        assert_ne!(
+            again.fds[0].as_raw_fd(),
+            got.fds[0].as_raw_fd(),
+            "two installs, two descriptors"
+        );
+        let e = recv_with_fds(b.as_fd(), &mut buf, true).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "read once");
     }
 }

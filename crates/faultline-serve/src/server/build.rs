@@ -5,8 +5,9 @@
 //! 2. `ForeignPeer::new`: its regions checked against the store, shared
 //!    mode's MINOR registration made sure of.
 //! 3. `--takeover`: a new peer gets a journal (REMOVE'd ranges, and its
-//!    record's pages when it records) and is deposited with the keeper
-//!    (its userfaultfd, connection and journal); a peer taken over has its
+//!    record's pages when it records); its hand-off (peeked, its
+//!    connection deposited at accept) is deposited with the keeper (its
+//!    userfaultfd and journal), then read off the connection; a peer taken over has its
 //!    journal's ranges replayed (they read zeros) and its record so far
 //!    logged again (the record goes on). Either way the journal hooks are
 //!    set before the engine reads its userfaultfd.
@@ -26,6 +27,7 @@ use faultline::{
 
 use super::dirty;
 use super::log::say;
+use super::receive;
 use super::setup::prepare;
 use super::state::{Recorder, State};
 use crate::keeper::{Journal, KeeperError};
@@ -39,6 +41,9 @@ pub enum Origin<'a> {
         raw: &'a str,
         /// Its pid.
         pid: i32,
+        /// Its connection's id at the keeper (its hand-off was peeked:
+        /// deposited here, then read off).
+        kept: Option<u64>,
     },
     /// A keeper, which held it for a serve that died.
     Adopted {
@@ -81,6 +86,9 @@ pub enum BuildError {
     /// Depositing it with the keeper failed.
     #[error("depositing it with the keeper: {0}")]
     Deposit(#[source] KeeperError),
+    /// Reading its hand-off off the connection, once deposited, failed.
+    #[error("reading its hand-off off the connection: {0}")]
+    Consume(#[source] std::io::Error),
 }
 
 /// Builds peer `n` on `uffd` with `specs` (from `snapshot` in shared mode)
@@ -185,17 +193,24 @@ fn journal(
     record: Option<usize>,
 ) -> Result<Journaled, BuildError> {
     let (journal, id, replayed) = match (origin, &state.keeper) {
-        (Origin::Handed { .. }, None) => return Ok((peer, None, (0, 0))),
-        (Origin::Handed { raw, pid }, Some(keeper)) => {
+        (
+            Origin::Handed {
+                raw,
+                kept: Some(id),
+                ..
+            },
+            Some(keeper),
+        ) => {
             let journal = Journal::create(record.unwrap_or(0)).map_err(BuildError::Journal)?;
-            let fds = [peer.uffd().as_fd(), conn.as_fd(), journal.fd()];
-            let id = keeper
-                .deposit(n, pid, raw, fds)
-                .map_err(BuildError::Deposit)?;
-            // Deposited, not yet served: the next serve takes it over.
+            let fds = [peer.uffd().as_fd(), journal.fd()];
+            keeper.hand(id, raw, fds).map_err(BuildError::Deposit)?;
+            // Deposited, not yet read off nor served: the next serve
+            // takes it over.
             faultline_sys::failpoint::hit("handoff-deposited");
+            receive::consume(conn, raw.len()).map_err(BuildError::Consume)?;
             (journal, id, (0, 0))
         }
+        (Origin::Handed { .. }, _) => return Ok((peer, None, (0, 0))),
         (Origin::Adopted { journal, id }, _) => {
             let (ranges, full) = journal.entries();
             if full {

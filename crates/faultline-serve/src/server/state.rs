@@ -99,6 +99,9 @@ pub struct State {
     /// The first peer claimed dirty tracking (`--track-dirty` without
     /// `{peer}`: the first peer only).
     pub dirty_claimed: AtomicBool,
+    /// The highest connection number given (a serve taking over goes on
+    /// from the keeper's).
+    pub last_n: AtomicUsize,
     /// Each connection's peer process, by connection number ([`State::watch`]):
     /// the pidfd a kill goes through.
     pub pidfds: Mutex<Vec<(usize, Pidfd)>>,
