@@ -12,6 +12,10 @@ pub const SIGKILL: i32 = libc::SIGKILL;
 pub const SIGTERM: i32 = libc::SIGTERM;
 /// `SIGINT`.
 pub const SIGINT: i32 = libc::SIGINT;
+/// `SIGSTOP`: stops a process (tests freeze a server with it).
+pub const SIGSTOP: i32 = libc::SIGSTOP;
+/// `SIGCONT`: lets a stopped process go on.
+pub const SIGCONT: i32 = libc::SIGCONT;
 
 /// `kill(2)`: sends `sig` to process `pid` (which must be positive: never
 /// a process group, never every process).
