@@ -6,36 +6,50 @@
 //!  serve ──spawns──► keeper (same program and arguments, FAULTLINE_SERVE_KEEPER=1;
 //!    │                      abstract socket "faultline-serve-keeper-<hash of --socket>")
 //!    ├─ attach ─────► held open: the keeper knows a serve is there
-//!    ├─ deposit ────► per peer, before it is served: its handshake (JSON), pid,
-//!    │                 connection number; SCM_RIGHTS: its userfaultfd, its
-//!    │                 connection, its REMOVE journal (memfd, see `journal`)
+//!    ├─ listen ─────► SCM_RIGHTS: serve's listening socket (connections queue
+//!    │                 on it while no serve runs)
+//!    │  accept()
+//!    ├─ deposit ────► right after accept: the connection, its number, pid
+//!    │  recvmsg(MSG_PEEK): the hand-off, left queued (Linux installs dups
+//!    │                     of the descriptors of a peeked message)
+//!    ├─ hand ───────► the hand-off (JSON); SCM_RIGHTS: its userfaultfd, its
+//!    │                 journal (memfd, see `journal`)
+//!    │  recvmsg: the hand-off read off the connection; the peer served
 //!    └─ forget ─────► a peer serve is done with
 //!  kill -9 serve
-//!  serve (same command) ─ attach, then take ─► each peer: the same three
-//!    descriptors; it is built again (handshake parsed, backing chosen), its
-//!    journal's ranges replayed (they read zeros), UFFDIO_WAKE over every
-//!    region (the faults its predecessor read and never answered are raised
-//!    again), and served on: pages already installed answer EEXIST.
+//!  serve (same command) ─ attach (→ the listener), then take ─► each peer:
+//!    its connection; handed: its userfaultfd and journal too. Not handed:
+//!    its hand-off is read again off the connection. Handed: it is built
+//!    again (handshake parsed, backing chosen), its hand-off read off the
+//!    connection if still there, its journal's ranges replayed (they read
+//!    zeros), UFFDIO_WAKE over every region (the faults its predecessor
+//!    read and never answered are raised again), and served on: pages
+//!    already installed answer EEXIST.
 //! ```
 //!
-//! Each request is one connection and one message each way (the reply to
-//! `take` carries the descriptors), so no framing is needed. The keeper
-//! never touches a peer's memory, reads no store and never blocks on a
-//! peer: it polls the peers' connections for a hang-up (and drops those
-//! entries) and its serve's attach connection. It exits when it has no
-//! peer and no serve; when no serve attaches for `--timeout` it kills its
-//! peers (unless `--leave-peer-on-error`) and exits, rather than leave them
-//! hung forever.
+//! Each request is one connection and one message each way (the replies
+//! to `attach` and `take` carry the descriptors), so no framing is needed.
+//! A message sent survives its sender: a serve killed after its `sendmsg`
+//! still deposits. The keeper never touches a peer's memory, reads no
+//! store, never accepts on serve's listener while a serve is attached, and
+//! never blocks on a peer: it polls the peers' connections for a hang-up
+//! (and drops those entries) and its serve's attach connection. It exits
+//! when it has no peer, no serve and no connection queued on the listener;
+//! when no serve attaches for `--keeper-wait` it kills its peers and the
+//! VMMs queued on the listener (unless `--leave-peer-on-error`) and exits,
+//! rather than leave them hung forever.
 //!
-//! The ordering rule: a peer is deposited before the engine reads its
-//! userfaultfd, and a REMOVE is journaled by the handler thread that read
-//! it before its bookkeeping and before any later event or fault of that
-//! peer is acted on. What remains: a serve killed between reading a REMOVE
-//! and journaling it (one `read(2)` return to one store, a few
-//! instructions) leaves that range to be served from the snapshot again
-//! instead of zeros; one killed between adopting a handshake and depositing
-//! it leaves that peer hung (its pages never come). Both need a kill in a
-//! window of microseconds.
+//! The ordering rule: the listener is deposited before the first accept;
+//! a connection right after its accept; a hand-off (peeked) before it is
+//! read off and before the engine reads its userfaultfd; a REMOVE is
+//! journaled by the handler thread that read it before its bookkeeping
+//! and before any later event or fault of the peer is acted on. What
+//! remains: a serve killed between `accept` returning a connection and its
+//! deposit being sent loses that connection (its VMM hangs, as without
+//! takeover); one killed between reading a REMOVE and journaling it (one
+//! `read(2)` return to one store) leaves that range to be served from the
+//! snapshot again instead of zeros. Both need a kill in a window of
+//! microseconds.
 
 pub mod journal;
 
