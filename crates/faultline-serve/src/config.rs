@@ -111,6 +111,11 @@ pub struct ServeConfig {
     /// [`keeper`](crate::keeper)), and take the peers a dead serve left
     /// there over at start.
     pub takeover: bool,
+    /// Takeover with systemd's file-descriptor store as the keeper
+    /// (`$NOTIFY_SOCKET`, see [`keeper::fdstore`](crate::keeper::fdstore)):
+    /// what the keeper process would hold is stored there, and taken back
+    /// from `$LISTEN_FDS` when the service manager starts serve again.
+    pub fd_store: bool,
     /// Serve live metrics (OpenMetrics text) here.
     pub metrics: Option<MetricsAddr>,
     /// How the lines on stderr are written.
@@ -202,6 +207,7 @@ impl ServeConfig {
             verify: Verify::Sample,
             json: None,
             takeover: false,
+            fd_store: false,
             metrics: None,
             log_format: LogFormat::Text,
             phase_samples: 0,
@@ -260,7 +266,7 @@ impl ServeConfig {
                 return Err(ConfigError::ZeroTime { what });
             }
         }
-        if self.track_dirty.is_some() && self.takeover {
+        if self.track_dirty.is_some() && (self.takeover || self.fd_store) {
             return Err(ConfigError::DirtyWithTakeover);
         }
         if let Source::Store(url) = &self.source {

@@ -1,6 +1,8 @@
 //! UNIX sockets beyond what `std` offers: passing file descriptors
 //! (`SCM_RIGHTS`), the peer's credentials (`SO_PEERCRED`) and process
-//! (`SO_PEERPIDFD`), `poll` over any number of descriptors, and `kill`.
+//! (`SO_PEERPIDFD`), `poll` over any number of descriptors, and `kill`;
+//! the service manager's side of systemd's protocol (`sd_notify`,
+//! `sd_listen_fds`), written from `sd-daemon.c`.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -287,6 +289,76 @@ pub fn send_nowait(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     } else {
         Ok(n as usize)
     }
+}
+
+/// The first descriptor a service manager passes (`SD_LISTEN_FDS_START`).
+pub const LISTEN_FDS_START: RawFd = 3;
+
+/// `sd_pid_notify_with_fds(3)`, as `sd-daemon.c` does it, without
+/// libsystemd: one datagram with `state` (newline-separated assignments,
+/// e.g. `FDSTORE=1\nFDNAME=x`) and `fds` (`SCM_RIGHTS`) to the service
+/// manager's socket `notify_socket` (`$NOTIFY_SOCKET`: a path, or `@name`
+/// for the abstract namespace).
+pub fn notify(notify_socket: &str, state: &str, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let sock = UnixDatagram::unbound()?;
+    match notify_socket.strip_prefix('@') {
+        Some(name) => sock.connect_addr(&SocketAddr::from_abstract_name(name)?)?,
+        None if notify_socket.starts_with('/') => sock.connect(notify_socket)?,
+        None => return Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
+    }
+    let sent = send_with_fds(sock.as_fd(), state.as_bytes(), fds)?;
+    if sent != state.len() {
+        return Err(io::Error::from(io::ErrorKind::WriteZero));
+    }
+    Ok(())
+}
+
+/// `sd_listen_fds_with_names(3)`, as `sd-daemon.c` does it: the
+/// descriptors a service manager passed this process (`$LISTEN_PID` is
+/// this process, `$LISTEN_FDS` of them from fd 3 on, named by the
+/// colon-separated `$LISTEN_FDNAMES`, "unknown" when it has fewer names),
+/// each made close-on-exec; the three variables are removed from the
+/// environment. Empty when none were passed to this process. Takes the
+/// descriptors once: a second call finds the variables gone.
+pub fn listen_fds() -> io::Result<Vec<(String, OwnedFd)>> {
+    static TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let var = |k: &str| std::env::var(k).ok();
+    let (Some(pid), Some(n)) = (var("LISTEN_PID"), var("LISTEN_FDS")) else {
+        return Ok(Vec::new());
+    };
+    let names = var("LISTEN_FDNAMES").unwrap_or_default();
+    for k in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
+        std::env::remove_var(k);
+    }
+    let invalid = || io::Error::from_raw_os_error(libc::EINVAL);
+    let pid: u32 = pid.parse().map_err(|_| invalid())?;
+    if pid != std::process::id() {
+        return Ok(Vec::new());
+    }
+    let n: RawFd = n.parse().map_err(|_| invalid())?;
+    if !(0..=4096).contains(&n) || TAKEN.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return Err(invalid());
+    }
+    let mut names = names.split(':');
+    let mut out = Vec::new();
+    for fd in LISTEN_FDS_START..LISTEN_FDS_START + n {
+        // SAFETY: fcntl on a descriptor number; a closed one gives EBADF.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        // SAFETY: as above; sets only FD_CLOEXEC.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the service manager passed `fd` to this process
+        // ($LISTEN_PID) and nothing else owns it: `TAKEN` makes this the
+        // one place that takes it.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let name = names.next().filter(|s| !s.is_empty()).unwrap_or("unknown");
+        out.push((name.to_string(), owned));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

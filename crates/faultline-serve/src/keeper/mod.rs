@@ -51,6 +51,7 @@
 //! snapshot again instead of zeros. Both need a kill in a window of
 //! microseconds.
 
+pub mod fdstore;
 pub mod journal;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -63,6 +64,7 @@ use std::time::{Duration, Instant};
 use faultline_sys::poll::{self, PollFd};
 use faultline_sys::{process, sock};
 
+pub use fdstore::FdStore;
 pub use journal::Journal;
 
 /// The environment variable that makes `faultline-serve` (and `faultline
@@ -142,8 +144,6 @@ pub struct Handed {
 
 /// What attaching to a keeper gives a serve.
 pub struct Joined {
-    /// The keeper.
-    pub keeper: Keeper,
     /// The peers a dead serve left (empty for a new keeper).
     pub taken: Vec<Taken>,
     /// The listening socket a dead serve left, and the (device, inode) of
@@ -200,16 +200,24 @@ fn exchange(
     Ok((reply, got.fds))
 }
 
-/// A serve's side of its keeper: its attach connection, and requests.
-pub struct Keeper {
-    addr: SocketAddr,
-    _attached: UnixStream,
+/// A serve's side of its keeper: the keeper process (its attach
+/// connection) or systemd's file-descriptor store.
+pub enum Keeper {
+    /// The keeper process.
+    Process {
+        /// Its socket.
+        addr: SocketAddr,
+        /// Held open: "a serve is there".
+        _attached: UnixStream,
+    },
+    /// systemd's file-descriptor store (`--fd-store`).
+    FdStore(FdStore),
 }
 
 impl Keeper {
     /// Attaches to the keeper of `socket` if one answers: what a dead
     /// serve left with it. `None`: no keeper.
-    pub fn join(socket: &Path) -> Result<Option<Joined>, KeeperError> {
+    pub fn join(socket: &Path) -> Result<Option<(Keeper, Joined)>, KeeperError> {
         let addr = name(socket)?;
         let Some((keeper, reply, mut fds)) = Keeper::attach(&addr)? else {
             return Ok(None);
@@ -219,17 +227,33 @@ impl Keeper {
             _ => None,
         };
         let taken = keeper.take_all()?;
-        Ok(Some(Joined {
-            keeper,
+        let joined = Joined {
             taken,
             listener,
             last_n: reply.n,
-        }))
+        };
+        Ok(Some((keeper, joined)))
+    }
+
+    /// systemd's file-descriptor store as the keeper of `socket`, and what
+    /// it passed this process (see [`fdstore`]).
+    pub fn fd_store(socket: &Path) -> Result<(Keeper, Joined), KeeperError> {
+        let (store, joined) = FdStore::join(socket)?;
+        Ok((Keeper::FdStore(store), joined))
+    }
+
+    /// Tells a service manager serve is ready (`--fd-store`; nothing for
+    /// the keeper process).
+    pub fn ready(&self) -> Result<(), KeeperError> {
+        match self {
+            Keeper::FdStore(s) => s.ready(),
+            Keeper::Process { .. } => Ok(()),
+        }
     }
 
     /// Starts a keeper of `socket` (this program, these arguments,
     /// [`KEEPER_ENV`]) and attaches to it.
-    pub fn start(socket: &Path) -> Result<Joined, KeeperError> {
+    pub fn start(socket: &Path) -> Result<(Keeper, Joined), KeeperError> {
         let addr = name(socket)?;
         let exe = std::env::current_exe()?;
         std::process::Command::new(exe)
@@ -244,12 +268,12 @@ impl Keeper {
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         loop {
             if let Some((keeper, reply, _)) = Keeper::attach(&addr)? {
-                return Ok(Joined {
-                    keeper,
+                let joined = Joined {
                     taken: Vec::new(),
                     listener: None,
                     last_n: reply.n,
-                });
+                };
+                return Ok((keeper, joined));
             }
             if Instant::now() > deadline {
                 return Err(KeeperError::Start(format!(
@@ -277,11 +301,19 @@ impl Keeper {
         if !reply.ok {
             return Err(KeeperError::InUse(reply.pid));
         }
-        let keeper = Keeper {
+        let keeper = Keeper::Process {
             addr: addr.clone(),
             _attached: conn,
         };
         Ok(Some((keeper, reply, fds)))
+    }
+
+    /// The keeper process's socket (`None`: the fd store).
+    fn addr(&self) -> Option<&SocketAddr> {
+        match self {
+            Keeper::Process { addr, .. } => Some(addr),
+            Keeper::FdStore(_) => None,
+        }
     }
 
     fn request(
@@ -289,7 +321,8 @@ impl Keeper {
         req: &Request,
         fds: &[BorrowedFd<'_>],
     ) -> Result<(Reply, Vec<OwnedFd>), KeeperError> {
-        let conn = UnixStream::connect_addr(&self.addr)?;
+        let addr = self.addr().ok_or(KeeperError::Refused)?;
+        let conn = UnixStream::connect_addr(addr)?;
         match exchange(&conn, req, fds)? {
             (Reply { ok: false, .. }, _) => Err(KeeperError::Refused),
             ok => Ok(ok),
@@ -299,6 +332,9 @@ impl Keeper {
     /// Has the keeper hold `listener`, bound at the path whose (device,
     /// inode) are `id`: connections queued on it outlive this serve.
     pub fn listen(&self, listener: BorrowedFd<'_>, id: (u64, u64)) -> Result<(), KeeperError> {
+        if let Keeper::FdStore(s) = self {
+            return s.listen(listener, id);
+        }
         let (dev, ino) = id;
         self.request(&Request::Listen { dev, ino }, &[listener])
             .map(drop)
@@ -307,6 +343,9 @@ impl Keeper {
     /// Deposits connection `n` (from pid `pid`), just accepted; gives its
     /// id.
     pub fn deposit(&self, n: usize, pid: i32, conn: BorrowedFd<'_>) -> Result<u64, KeeperError> {
+        if let Keeper::FdStore(s) = self {
+            return s.deposit(n, conn);
+        }
         let (r, _) = self.request(&Request::Deposit { n, pid }, &[conn])?;
         Ok(r.id)
     }
@@ -319,6 +358,9 @@ impl Keeper {
         handshake: &str,
         fds: [BorrowedFd<'_>; 2],
     ) -> Result<(), KeeperError> {
+        if let Keeper::FdStore(s) = self {
+            return s.hand(id, handshake, fds);
+        }
         let req = Request::Hand {
             id,
             handshake: handshake.into(),
@@ -328,6 +370,9 @@ impl Keeper {
 
     /// Tells the keeper peer `id` is done with.
     pub fn forget(&self, id: u64) -> Result<(), KeeperError> {
+        if let Keeper::FdStore(s) = self {
+            return s.forget(id);
+        }
         self.request(&Request::Forget { id }, &[]).map(drop)
     }
 
@@ -335,8 +380,9 @@ impl Keeper {
     fn take_all(&self) -> Result<Vec<Taken>, KeeperError> {
         let mut out = Vec::new();
         let mut next = 0;
+        let addr = self.addr().ok_or(KeeperError::Refused)?;
         loop {
-            let conn = UnixStream::connect_addr(&self.addr)?;
+            let conn = UnixStream::connect_addr(addr)?;
             let (r, fds) = exchange(&conn, &Request::Take { next }, &[])?;
             if !r.ok {
                 return Ok(out);

@@ -160,7 +160,7 @@ impl Server {
         }
         let joined = join_keeper(&config)?;
         let (keeper, taken, inherited, last_n) = match joined {
-            Some(j) => (Some(j.keeper), j.taken, j.listener, j.last_n),
+            Some((k, j)) => (Some(k), j.taken, j.listener, j.last_n),
             None => (None, Vec::new(), None, 0),
         };
         let (store, source) = setup::open_store(&config.source)?;
@@ -214,6 +214,9 @@ impl Server {
         )
         .map_err(ServeError::Engine)?;
         let socket = listen(&config, keeper.as_ref(), inherited)?;
+        if let Some(k) = &keeper {
+            k.ready().map_err(ServeError::Keeper)?;
+        }
         say(format_args!(
             "listening on {} for peers of {source} ({store_len} bytes); timeout {}s",
             config.socket.display(),
@@ -483,9 +486,15 @@ fn dispatch(
     Ok(())
 }
 
-/// With `--takeover`: attaches to the keeper of the socket, or (none
+/// With `--fd-store`: systemd's store and what it passed; with
+/// `--takeover`: attaches to the keeper of the socket, or (none
 /// answers: checks the socket path first) starts one.
-fn join_keeper(config: &ServeConfig) -> Result<Option<Joined>, ServeError> {
+fn join_keeper(config: &ServeConfig) -> Result<Option<(Keeper, Joined)>, ServeError> {
+    if config.fd_store {
+        return Keeper::fd_store(&config.socket)
+            .map(Some)
+            .map_err(ServeError::Keeper);
+    }
     if !config.takeover {
         Socket::check(&config.socket)?;
         return Ok(None);
