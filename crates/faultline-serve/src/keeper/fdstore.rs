@@ -34,7 +34,7 @@ use std::path::Path;
 
 use faultline_sys::{mem, sock};
 
-use super::{Handed, Joined, KeeperError, Taken};
+use super::taken::{Handed, Joined, KeeperError, Taken};
 
 /// The environment variable naming the service manager's socket.
 pub const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
