@@ -513,12 +513,19 @@ pub fn run(socket: &Path, wait: Duration, leave: bool) -> Result<(), KeeperError
 }
 
 /// Accepts the connections queued on `listener` (no serve will): each
-/// VMM that connected waits for pages that will never come, so it is
-/// killed, unless `leave`.
+/// VMM that connected (and did not hang up) waits for pages that will
+/// never come, so it is killed, unless `leave`.
 fn drain(listener: &UnixListener, leave: bool) {
     let _ = listener.set_nonblocking(true);
     while let Ok((conn, _)) = listener.accept() {
         let cred = sock::peer_cred(conn.as_fd()).map_or(0, |c| c.pid);
+        // One that hung up having sent nothing waits for nothing (another
+        // serve checking whether the socket is in use does this).
+        let mut byte = [0u8; 1];
+        let sent = sock::peek_with_fds(conn.as_fd(), &mut byte, true);
+        if sent.is_ok_and(|r| r.bytes == 0 && r.fds.is_empty()) {
+            continue;
+        }
         if leave {
             say(format_args!("a connection queued (pid {cred}): left"));
             continue;
