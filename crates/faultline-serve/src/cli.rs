@@ -170,7 +170,8 @@ pub struct ServeArgs {
     /// has UFFD_FEATURE_WP_ASYNC (the kernel un-protects written pages
     /// itself) is read from its page tables (PAGEMAP_SCAN of
     /// /proc/PID/pagemap) on request only: they go with it at its exit.
-    /// Refused with --takeover.
+    /// With --takeover (or --fd-store) a VMM taken over stays tracked:
+    /// the pages it wrote before are read from its page tables.
     #[arg(long)]
     pub track_dirty: Option<PathBuf>,
     /// Keep TSC stamps of each peer's last N faults along the handler's

@@ -166,13 +166,6 @@ pub enum ConfigError {
         /// The largest allowed.
         max: usize,
     },
-    /// Dirty tracking with takeover: a serve taking a peer over would not
-    /// know what its predecessor saw written.
-    #[error(
-        "--track-dirty cannot be combined with --takeover: a serve taking a peer over \
-         would not know which pages its predecessor saw written"
-    )]
-    DirtyWithTakeover,
     /// A remote store in a build without the `redis` feature.
     #[error(
         "the store {url} needs Redis support: this build of faultline-serve lacks its \
@@ -265,9 +258,6 @@ impl ServeConfig {
             if d.is_zero() {
                 return Err(ConfigError::ZeroTime { what });
             }
-        }
-        if self.track_dirty.is_some() && (self.takeover || self.fd_store) {
-            return Err(ConfigError::DirtyWithTakeover);
         }
         if let Source::Store(url) = &self.source {
             if !cfg!(feature = "redis") {

@@ -214,7 +214,11 @@ pub fn adopt(state: &State, t: Taken) -> Option<(usize, u64, UnixStream)> {
             raw: String::new(),
         };
         let regions: Vec<(u64, usize)> = received.specs.iter().map(|s| (s.base, s.len)).collect();
-        let origin = Origin::Adopted { journal, id: t.id };
+        let origin = Origin::Adopted {
+            journal,
+            id: t.id,
+            pid,
+        };
         let peer = set_up(state, n, pid, conn, received, Handoff::default(), origin)?;
         for (base, len) in regions {
             peer.uffd()

@@ -51,6 +51,8 @@ pub enum Origin<'a> {
         journal: Journal,
         /// Its id at the keeper.
         id: u64,
+        /// Its pid (0: unknown).
+        pid: i32,
     },
 }
 
@@ -114,7 +116,30 @@ pub fn build(
         Origin::Handed { .. } => state.claim_record(),
         Origin::Adopted { journal, .. } => journal.records() && state.claim_record(),
     };
-    let track_dirty = matches!(origin, Origin::Handed { .. }) && dirty::claim(state);
+    let (track_dirty, before) = match &origin {
+        Origin::Handed { .. } => (dirty::claim(state), None),
+        Origin::Adopted { journal, pid, .. }
+            if journal.tracks_dirty() && dirty::claim_taken(state) =>
+        {
+            // Read before the peer is armed again (see dirty.rs).
+            match dirty::written_before(*pid, specs) {
+                Ok(b) => {
+                    say(format_args!(
+                        "peer {n}: tracked on: {} page(s) written before the takeover, read from its page tables",
+                        b.len()
+                    ));
+                    (true, Some(b))
+                }
+                Err(why) => {
+                    say(format_args!(
+                        "peer {n}: not tracked on: the pages it wrote before the takeover cannot be read from its page tables ({why}): no dirty set is written for it"
+                    ));
+                    (false, None)
+                }
+            }
+        }
+        Origin::Adopted { .. } => (false, None),
+    };
     let pages: usize = specs.iter().map(|s| s.len / 4096).sum();
     let opts = ForeignOptions {
         readahead: if record {
@@ -128,14 +153,30 @@ pub fn build(
         wake_first: state.config.wake_first,
         track_dirty,
         pid: match origin {
-            Origin::Handed { pid, .. } => Some(pid),
-            Origin::Adopted { .. } => None,
+            Origin::Handed { pid, .. } | Origin::Adopted { pid, .. } => Some(pid),
         },
         ..Default::default()
     };
     let built = ForeignPeer::new(format!("peer {n}"), uffd, specs, state.store.clone(), &opts)
         .map_err(BuildError::Peer)
-        .and_then(|peer| journal(state, n, &conn, peer, origin, record.then_some(pages)));
+        .and_then(|peer| {
+            if let Some(b) = before {
+                state
+                    .dirty_before
+                    .lock()
+                    .expect("dirty_before")
+                    .push((peer.id(), b));
+            }
+            journal(
+                state,
+                n,
+                &conn,
+                peer,
+                origin,
+                record.then_some(pages),
+                track_dirty,
+            )
+        });
     let (peer, kept, (replayed, recorded)) = built.inspect_err(|_| {
         if record {
             // Leave the record to the next peer.
@@ -191,6 +232,7 @@ fn journal(
     peer: ForeignPeer,
     origin: Origin<'_>,
     record: Option<usize>,
+    track_dirty: bool,
 ) -> Result<Journaled, BuildError> {
     let (journal, id, replayed) = match (origin, &state.keeper) {
         (
@@ -202,6 +244,9 @@ fn journal(
             Some(keeper),
         ) => {
             let journal = Journal::create(record.unwrap_or(0)).map_err(BuildError::Journal)?;
+            if track_dirty {
+                journal.set_tracks_dirty();
+            }
             let fds = [peer.uffd().as_fd(), journal.fd()];
             keeper.hand(id, raw, fds).map_err(BuildError::Deposit)?;
             // Deposited, not yet read off nor served: the next serve
@@ -211,7 +256,7 @@ fn journal(
             (journal, id, (0, 0))
         }
         (Origin::Handed { .. }, _) => return Ok((peer, None, (0, 0))),
-        (Origin::Adopted { journal, id }, _) => {
+        (Origin::Adopted { journal, id, .. }, _) => {
             let (ranges, full) = journal.entries();
             if full {
                 return Err(BuildError::JournalFull);

@@ -256,6 +256,7 @@ impl Server {
             identity,
             dirty_claimed: AtomicBool::new(false),
             last_n: AtomicUsize::new(last_n),
+            dirty_before: Mutex::new(Vec::new()),
             pidfds: Mutex::new(Vec::new()),
         });
         let metrics = match &state.config.metrics {
