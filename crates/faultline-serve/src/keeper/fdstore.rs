@@ -5,6 +5,7 @@
 //! ```text
 //!  serve ── sd_notify datagram to $NOTIFY_SOCKET, one per descriptor ──► systemd
 //!           "FDSTORE=1\nFDNAME=<name>" + SCM_RIGHTS
+//!    faultline-counter               a memfd: the highest connection number given
 //!    faultline-listener-<dev>-<ino>  the listening socket (its path's identity)
 //!    faultline-conn-<n>              connection n, right after accept
 //!    faultline-uffd-<n>              its userfaultfd   ┐ its hand-off, in this
@@ -30,6 +31,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use faultline_sys::{mem, sock};
@@ -45,6 +47,11 @@ const PREFIX: &str = "faultline-";
 #[derive(Debug)]
 pub struct FdStore {
     notify: String,
+    /// `faultline-counter`: a memfd in the store holding the highest
+    /// connection number given (u64), written at each deposit, so a serve
+    /// started again numbers on past peers already gone from the store
+    /// (a `{peer}` path is never reused).
+    counter: std::fs::File,
 }
 
 impl FdStore {
@@ -58,14 +65,18 @@ impl FdStore {
                 socket.display()
             ))
         })?;
-        let store = FdStore { notify };
         let passed = sock::listen_fds()?;
+        let mut counter = None;
         let mut listener = None;
         let mut peers: BTreeMap<usize, [Option<OwnedFd>; 4]> = BTreeMap::new();
         for (name, fd) in passed {
             let Some(rest) = name.strip_prefix(PREFIX) else {
                 continue;
             };
+            if rest == "counter" {
+                counter = Some(std::fs::File::from(fd));
+                continue;
+            }
             if let Some(id) = rest.strip_prefix("listener-") {
                 let mut it = id.split('-').map(|v| v.parse::<u64>().ok());
                 if let (Some(Some(dev)), Some(Some(ino))) = (it.next(), it.next()) {
@@ -88,7 +99,25 @@ impl FdStore {
             };
             peers.entry(n).or_default()[slot] = Some(fd);
         }
-        let last_n = peers.keys().next_back().copied().unwrap_or(0);
+        let store = match counter {
+            Some(counter) => FdStore { notify, counter },
+            None => {
+                let memfd = mem::memfd("faultline-serve-counter", false)
+                    .map_err(|e| KeeperError::Io(std::io::Error::other(e)))?;
+                let store = FdStore {
+                    notify,
+                    counter: std::fs::File::from(memfd),
+                };
+                store.store("counter", store.counter.as_fd())?;
+                store
+            }
+        };
+        let mut word = [0u8; 8];
+        let counted = match store.counter.read_at(&mut word, 0) {
+            Ok(8) => u64::from_le_bytes(word) as usize,
+            _ => 0,
+        };
+        let last_n = peers.keys().next_back().copied().unwrap_or(0).max(counted);
         let mut taken = Vec::new();
         for (n, [conn, uffd, journal, handshake]) in peers {
             let Some(conn) = conn else {
@@ -141,6 +170,8 @@ impl FdStore {
 
     /// Stores connection `n`; its id is `n`.
     pub fn deposit(&self, n: usize, conn: BorrowedFd<'_>) -> Result<u64, KeeperError> {
+        // Deposits come from the listener's thread, in number order.
+        self.counter.write_all_at(&(n as u64).to_le_bytes(), 0)?;
         self.store(&format!("conn-{n}"), conn)?;
         Ok(n as u64)
     }
