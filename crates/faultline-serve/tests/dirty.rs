@@ -302,12 +302,7 @@ fn a_peer_taken_over_mid_restore_keeps_an_exact_dirty_set() {
     let st = again.wait(WAIT);
     let log = dir.text("again.err");
     assert!(st.success(), "{st}: {log}");
-    let before: usize = log
-        .split("tracked on: ")
-        .nth(1)
-        .and_then(|t| t.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("not tracked on: {log}"));
+    let before = testing::number_after(&log, "tracked on: ");
     assert!(before > 0, "nothing written before the kill: {log}");
     let r = report(&dir, "p1.json");
     let want = expected(&r);
@@ -316,14 +311,7 @@ fn a_peer_taken_over_mid_restore_keeps_an_exact_dirty_set() {
         "everything written before the kill: {log}"
     );
     assert_same(&dirty(&dir, "dirty-1.txt"), &want, "peer 1 taken over");
-    let deadline = std::time::Instant::now() + WAIT;
-    while faultline_sys::process::alive(keeper) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the keeper {keeper} is still there"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    testing::wait_exited(keeper, "the keeper");
 }
 
 #[test]

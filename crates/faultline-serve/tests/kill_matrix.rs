@@ -445,12 +445,7 @@ fn a_recording_peer_taken_over_records_its_whole_restore() {
     let st = again.wait(WAIT);
     let log = dir.text("again.err");
     assert!(st.success(), "{st}: {log}");
-    let journaled: usize = log
-        .split("its record goes on from the ")
-        .nth(1)
-        .and_then(|t| t.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no record replayed: {log}"));
+    let journaled = testing::number_after(&log, "its record goes on from the ");
     assert!(journaled >= 299, "{journaled} pages journaled: {log}");
     let (want, got) = (recorded(&reference), recorded(&rec));
     assert_eq!(got.len(), want.len(), "{log}");
