@@ -133,6 +133,14 @@ pub struct ServeArgs {
     /// --timeout without a serve (see --leave-peer-on-error).
     #[arg(long)]
     pub takeover: bool,
+    /// Survive a crash under systemd: as --takeover, with the service
+    /// manager's file-descriptor store as the keeper (needs $NOTIFY_SOCKET
+    /// and FileDescriptorStoreMax= in the unit): the listener, every
+    /// connection, userfaultfd, journal and handshake are stored
+    /// (FDSTORE=1) and taken back from $LISTEN_FDS when it restarts serve
+    /// (Restart=always).
+    #[arg(long, conflicts_with = "takeover")]
+    pub fd_store: bool,
     /// With --takeover: how long the keeper holds the peers of a dead serve
     /// for a new one (more than 0 seconds, finite) before it kills them
     /// (see --leave-peer-on-error). Default: --timeout.
@@ -162,7 +170,8 @@ pub struct ServeArgs {
     /// has UFFD_FEATURE_WP_ASYNC (the kernel un-protects written pages
     /// itself) is read from its page tables (PAGEMAP_SCAN of
     /// /proc/PID/pagemap) on request only: they go with it at its exit.
-    /// Refused with --takeover.
+    /// With --takeover (or --fd-store) a VMM taken over stays tracked:
+    /// the pages it wrote before are read from its page tables.
     #[arg(long)]
     pub track_dirty: Option<PathBuf>,
     /// Keep TSC stamps of each peer's last N faults along the handler's
@@ -328,6 +337,7 @@ impl ServeArgs {
             },
             json: self.json.clone(),
             takeover: self.takeover,
+            fd_store: self.fd_store,
             metrics: self.metrics.clone(),
             log_format: match self.log_format {
                 LogFormatArg::Text => LogFormat::Text,

@@ -111,6 +111,11 @@ pub struct ServeConfig {
     /// [`keeper`](crate::keeper)), and take the peers a dead serve left
     /// there over at start.
     pub takeover: bool,
+    /// Takeover with systemd's file-descriptor store as the keeper
+    /// (`$NOTIFY_SOCKET`, see [`keeper::fdstore`](crate::keeper::fdstore)):
+    /// what the keeper process would hold is stored there, and taken back
+    /// from `$LISTEN_FDS` when the service manager starts serve again.
+    pub fd_store: bool,
     /// Serve live metrics (OpenMetrics text) here.
     pub metrics: Option<MetricsAddr>,
     /// How the lines on stderr are written.
@@ -161,13 +166,6 @@ pub enum ConfigError {
         /// The largest allowed.
         max: usize,
     },
-    /// Dirty tracking with takeover: a serve taking a peer over would not
-    /// know what its predecessor saw written.
-    #[error(
-        "--track-dirty cannot be combined with --takeover: a serve taking a peer over \
-         would not know which pages its predecessor saw written"
-    )]
-    DirtyWithTakeover,
     /// A remote store in a build without the `redis` feature.
     #[error(
         "the store {url} needs Redis support: this build of faultline-serve lacks its \
@@ -202,6 +200,7 @@ impl ServeConfig {
             verify: Verify::Sample,
             json: None,
             takeover: false,
+            fd_store: false,
             metrics: None,
             log_format: LogFormat::Text,
             phase_samples: 0,
@@ -259,9 +258,6 @@ impl ServeConfig {
             if d.is_zero() {
                 return Err(ConfigError::ZeroTime { what });
             }
-        }
-        if self.track_dirty.is_some() && self.takeover {
-            return Err(ConfigError::DirtyWithTakeover);
         }
         if let Source::Store(url) = &self.source {
             if !cfg!(feature = "redis") {

@@ -23,7 +23,7 @@
 //! | [`Server`] | the daemon: start (flags and paths checked, store, snapshot, engine, socket), then each connection in four steps (receive the hand-off, choose the backing, build the peer, report); a refused or failed peer is killed; [`StopHandle`] stops it gracefully (socket removed, peers served for a grace period) |
 //! | [`cli`] | the command line of `faultline-serve` and `faultline serve` (clap, mapped onto [`ServeConfig`]) |
 //! | [`handshake`] | the hand-off message: parse every field variant, encode one (for test peers) |
-//! | [`keeper`] | takeover (`--takeover`): the keeper process holding the peers' userfaultfds and REMOVE journals for the next serve |
+//! | [`keeper`] | takeover (`--takeover`): the keeper process holding serve's listener, the peers' connections, userfaultfds and REMOVE journals for the next serve; `--fd-store`: systemd's file-descriptor store holding the same |
 //! | [`record`] | the working-set record file: pages in first-touch order |
 //! | [`metrics`] | live metrics (`--metrics`): the OpenMetrics exposition of the engine's counters, and its endpoint |
 //! | [`record`] | the working-set record file (versioned, made for one memory file): pages in first-touch order, merged from several restores |

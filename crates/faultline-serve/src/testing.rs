@@ -245,3 +245,23 @@ pub fn wchans(pid: u32) -> Vec<String> {
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("wchan")).ok())
         .collect()
 }
+
+/// Waits (at most [`WAIT`]) until process `pid` (`what`, in the message)
+/// is gone.
+pub fn wait_exited(pid: i32, what: &str) {
+    let deadline = Instant::now() + WAIT;
+    while faultline_sys::process::alive(pid) {
+        assert!(Instant::now() < deadline, "{what} {pid} is still there");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The number `log` says right after `after` (panics, with the log, when
+/// it says none).
+pub fn number_after(log: &str, after: &str) -> usize {
+    log.split(after)
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {after:?}: {log}"))
+}

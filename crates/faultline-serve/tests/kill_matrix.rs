@@ -7,11 +7,14 @@
 //!
 //! | failpoint | where serve dies |
 //! |---|---|
-//! | `handoff-deposited:3` | the 3rd peer deposited with the keeper, not yet served; peers 1 and 2 mid-restore |
+//! | `handoff-deposited:3` | the 3rd peer's hand-off deposited with the keeper, not yet read off nor served; peers 1 and 2 mid-restore |
+//! | `handoff-received:3` | the 3rd peer's hand-off peeked, not deposited: read again by the new serve |
+//! | `connection-deposited:3` | the 3rd connection deposited, its hand-off not read |
+//! | (SIGSTOP, then SIGKILL) | two connections queued in the listener's backlog |
 //! | `fault-read:40` | the 40th fault message read, not answered; 4 peers faulting |
 //! | `prefetch-run:N` | mid-prefetch of the 4th peer (N past 3 peers' runs) |
 //! | `remove-journaled:30` | right after a REMOVE was journaled, before serve acted on it; REMOVE storms and balloons |
-//! | `handoff-received:3` | the window takeover leaves: a hand-off read and not deposited; that peer hangs |
+//! | `connection-accepted:3` | the window takeover leaves: a connection accepted and not deposited; that peer hangs |
 //!
 //! Every wait is bounded; every process (the keeper too) is stopped by its
 //! pid at the end, also when an assertion fails. `FAULTLINE_KILL_LOOPS=20`
@@ -247,42 +250,125 @@ fn killed_mid_prefetch_every_peer_finishes() {
     }
 }
 
-/// Serve dies during the hand-off of the 3rd peer (deposited with the
-/// keeper, not yet served) while peers 1 and 2 are mid-restore (one vCPU of
-/// each paused, three faulting); the 4th peer comes to the new serve.
-#[test]
-fn killed_during_a_hand_off_while_others_restore_every_peer_finishes() {
+/// Serve dies during the hand-off of the 3rd peer (at `failpoint`) while
+/// peers 1 and 2 are mid-restore (one vCPU of each paused, three
+/// faulting); the keeper holds the 3rd peer's connection (and, past
+/// `handoff-deposited`, its hand-off); the new serve takes the three over
+/// (reading the 3rd's hand-off again when it was not deposited) and the
+/// 4th peer comes to it.
+fn killed_during_a_hand_off(name: &str, failpoint: &str) {
     for round in 0..loops() {
-        let dir = Dir::new(&format!("kill-handoff-{round}"), MEM);
-        let mut s = serve_with_failpoint(&dir, "handoff-deposited:3", &[]);
+        let dir = Dir::new(&format!("{name}-{round}"), MEM);
+        let mut s = serve_with_failpoint(&dir, failpoint, &[]);
         let keeper = KeeperGuard(testing::keeper_pid(&dir));
         let pause = ["--pause-at", "50", "--pause-ms", "1500"];
         let mut peers = vec![peer(&dir, 1, &pause), peer(&dir, 2, &pause)];
         dir.wait_for("p1.err", "paused");
         dir.wait_for("p2.err", "paused");
         peers.push(peer(&dir, 3, &[]));
-        assert_died_at(&mut s, &dir, "handoff-deposited");
-        take_over_and_finish(&dir, &keeper, 3, peers, &[4], &[], None);
+        let fp = failpoint.split(':').next().expect("a name");
+        assert_died_at(&mut s, &dir, fp);
+        let log = take_over_and_finish(&dir, &keeper, 3, peers, &[4], &[], None);
+        // Each peer keeps its number: the 4th, new, is numbered on.
+        for n in 1..=4 {
+            assert!(log.contains(&format!("peer {n} (pid ")), "{log}");
+        }
     }
 }
 
-/// The window takeover leaves: serve dies after reading the 3rd peer's
-/// hand-off and before depositing it. The keeper never knew that peer: the
-/// new serve takes peers 1 and 2 over (both finish), and the 3rd hangs in
-/// the kernel at its first missing page, as without `--takeover` (the test
-/// then kills it by its pid).
+/// Deposited (the connection and the hand-off), not yet read off the
+/// connection nor served.
 #[test]
-fn killed_between_reading_a_hand_off_and_depositing_it_that_peer_hangs() {
-    let dir = Dir::new("kill-received", MEM);
-    let mut s = serve_with_failpoint(&dir, "handoff-received:3", &[]);
+fn killed_with_a_hand_off_deposited_every_peer_finishes() {
+    killed_during_a_hand_off("kill-handoff", "handoff-deposited:3");
+}
+
+/// The hand-off peeked (its userfaultfd installed in serve), not
+/// deposited: the keeper holds the connection with the hand-off still
+/// queued on it; the new serve reads it again.
+#[test]
+fn killed_between_reading_a_hand_off_and_depositing_it_every_peer_finishes() {
+    killed_during_a_hand_off("kill-received", "handoff-received:3");
+}
+
+/// The connection deposited, its hand-off not yet read.
+#[test]
+fn killed_between_depositing_a_connection_and_reading_it_every_peer_finishes() {
+    killed_during_a_hand_off("kill-deposited-conn", "connection-deposited:3");
+}
+
+/// Two VMMs connect while serve is frozen (`SIGSTOP`): their connections
+/// and hand-offs wait in the listener's backlog (their vCPUs already block
+/// on missing pages), and serve dies. The keeper holds a dup of the
+/// listener: the new serve takes it, accepts both and serves them with
+/// the two it takes over.
+#[test]
+fn killed_with_connections_queued_in_the_backlog_every_peer_finishes() {
+    for round in 0..loops() {
+        let dir = Dir::new(&format!("kill-backlog-{round}"), MEM);
+        // A failpoint never reached: serve dies by the test's SIGKILL.
+        let mut s = serve_with_failpoint(&dir, "connection-accepted:1000", &[]);
+        let keeper = KeeperGuard(testing::keeper_pid(&dir));
+        let pause = ["--pause-at", "50", "--pause-ms", "1500"];
+        let mut peers = vec![peer(&dir, 1, &pause), peer(&dir, 2, &pause)];
+        dir.wait_for("p1.err", "paused");
+        dir.wait_for("p2.err", "paused");
+        let serve_pid = s.pid() as i32;
+        faultline_sys::process::kill(serve_pid, faultline_sys::process::SIGSTOP)
+            .expect("SIGSTOP to serve");
+        peers.push(peer(&dir, 3, &[]));
+        peers.push(peer(&dir, 4, &[]));
+        for i in [2, 3] {
+            wait_blocked(&dir, &peers[i], i + 1);
+        }
+        faultline_sys::process::kill(serve_pid, faultline_sys::process::SIGKILL)
+            .expect("SIGKILL to serve");
+        assert_sigkilled(&mut s, &dir, "the test", "serve.err");
+        let log = take_over_and_finish(&dir, &keeper, 2, peers, &[], &[], None);
+        assert!(log.contains("taken from the keeper"), "{log}");
+    }
+}
+
+/// Waits until a thread of `p` (the `i`th peer) blocks on a missing page
+/// (`handle_userfault`): its hand-off was sent.
+fn wait_blocked(dir: &Dir, p: &Proc, i: usize) {
+    let deadline = Instant::now() + WAIT;
+    while !testing::wchans(p.pid())
+        .iter()
+        .any(|w| w.contains("userfault"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "peer {i} never blocked on a page: {}",
+            dir.text(&format!("p{i}.err"))
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The window takeover leaves: serve dies right after `accept` returned
+/// the 3rd peer's connection, before depositing it with the keeper. The
+/// keeper never knew that connection: the new serve takes peers 1 and 2
+/// over (both finish), and the 3rd, whose hand-off was sent (serve was
+/// frozen until it was: a VMM still sending gets `EPIPE` instead), hangs
+/// in the kernel at its first missing page, as without `--takeover` (the
+/// test then kills it by its pid).
+#[test]
+fn killed_between_accepting_a_connection_and_depositing_it_that_peer_hangs() {
+    use faultline_sys::process::{kill, SIGCONT, SIGSTOP};
+    let dir = Dir::new("kill-accepted", MEM);
+    let mut s = serve_with_failpoint(&dir, "connection-accepted:3", &[]);
     let keeper = KeeperGuard(testing::keeper_pid(&dir));
     let pause = ["--pause-at", "50", "--pause-ms", "1500"];
     let mut p1 = peer(&dir, 1, &pause);
     let mut p2 = peer(&dir, 2, &pause);
     dir.wait_for("p1.err", "paused");
     dir.wait_for("p2.err", "paused");
+    kill(s.pid() as i32, SIGSTOP).expect("SIGSTOP to serve");
     let mut p3 = peer(&dir, 3, &[]);
-    assert_died_at(&mut s, &dir, "handoff-received");
+    wait_blocked(&dir, &p3, 3);
+    kill(s.pid() as i32, SIGCONT).expect("SIGCONT to serve");
+    assert_died_at(&mut s, &dir, "connection-accepted");
     dir.wait_for("serve.err", "holding 2 peer(s) for the next serve");
     let mut again = testing::start(
         &dir,
@@ -294,11 +380,7 @@ fn killed_between_reading_a_hand_off_and_depositing_it_that_peer_hangs() {
     assert_ok(&mut p2, &dir);
     assert!(again.wait(WAIT).success(), "{}", dir.text("again.err"));
     assert!(p3.running(), "the 3rd peer: {}", dir.text("p3.err"));
-    let wchans = testing::wchans(p3.pid());
-    assert!(
-        wchans.iter().any(|w| w.contains("userfault")),
-        "no thread of the 3rd peer blocked in handle_userfault: {wchans:?}"
-    );
+    wait_blocked(&dir, &p3, 3);
     p3.kill();
     drop(keeper);
 }
@@ -313,8 +395,13 @@ fn a_keeper_no_serve_comes_back_to_kills_its_peers_and_exits() {
     let keeper = KeeperGuard(testing::keeper_pid(&dir));
     let mut p = peer(&dir, 1, &[]);
     assert_died_at(&mut s, &dir, "fault-read");
+    // A VMM connecting now queues on the listener the keeper holds: no
+    // serve comes, so it is killed too.
+    let mut late = peer(&dir, 2, &[]);
     assert_sigkilled(&mut p, &dir, "the keeper", "serve.err");
+    assert_sigkilled(&mut late, &dir, "the keeper", "serve.err");
     dir.wait_for("serve.err", "no serve for 2.0s: killing its 1 peer(s)");
+    dir.wait_for("serve.err", "a connection queued: killed pid");
     let deadline = Instant::now() + WAIT;
     while faultline_sys::process::alive(keeper.0) {
         assert!(Instant::now() < deadline, "the keeper is still there");
@@ -358,12 +445,7 @@ fn a_recording_peer_taken_over_records_its_whole_restore() {
     let st = again.wait(WAIT);
     let log = dir.text("again.err");
     assert!(st.success(), "{st}: {log}");
-    let journaled: usize = log
-        .split("its record goes on from the ")
-        .nth(1)
-        .and_then(|t| t.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no record replayed: {log}"));
+    let journaled = testing::number_after(&log, "its record goes on from the ");
     assert!(journaled >= 299, "{journaled} pages journaled: {log}");
     let (want, got) = (recorded(&reference), recorded(&rec));
     assert_eq!(got.len(), want.len(), "{log}");

@@ -1110,14 +1110,7 @@ fn kill_and_take_over(
     assert!(log.contains("taken over from the keeper"), "{log}");
     assert!(log.contains("all 1 peers served"), "{log}");
     dir.wait_for("serve.err", "no peer and no serve: exiting");
-    let deadline = std::time::Instant::now() + WAIT;
-    while faultline_sys::process::alive(keeper) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the keeper {keeper} is still there"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    testing::wait_exited(keeper, "the keeper");
     log
 }
 

@@ -12,6 +12,10 @@ pub const SIGKILL: i32 = libc::SIGKILL;
 pub const SIGTERM: i32 = libc::SIGTERM;
 /// `SIGINT`.
 pub const SIGINT: i32 = libc::SIGINT;
+/// `SIGSTOP`: stops a process (tests freeze a server with it).
+pub const SIGSTOP: i32 = libc::SIGSTOP;
+/// `SIGCONT`: lets a stopped process go on.
+pub const SIGCONT: i32 = libc::SIGCONT;
 
 /// `kill(2)`: sends `sig` to process `pid` (which must be positive: never
 /// a process group, never every process).
@@ -188,6 +192,46 @@ pub fn die_with_parent(sig: i32, parent: i32) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Has `cmd` start with `fds` at descriptors 3, 4, ... (as a service
+/// manager passes them, `sd_listen_fds(3)`): each is duplicated above the
+/// targets now (close-on-exec), and `dup2`ed onto its target between fork
+/// and exec. The duplicates returned must live until `cmd` is spawned.
+pub fn pass_fds(
+    cmd: &mut std::process::Command,
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<Vec<OwnedFd>> {
+    use std::os::unix::process::CommandExt;
+    let above = 3 + fds.len() as i32;
+    let high = fds
+        .iter()
+        .map(|f| {
+            // SAFETY: F_DUPFD_CLOEXEC on a live descriptor gives a new
+            // one at `above` or higher, owned by us.
+            let fd = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, above) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `fd` was just made and nothing else owns it.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        })
+        .collect::<io::Result<Vec<OwnedFd>>>()?;
+    let raw: Vec<i32> = high.iter().map(|f| f.as_raw_fd()).collect();
+    // SAFETY: the closure runs in the child between fork and exec and calls
+    // only dup2 (async-signal-safe) on descriptors the child inherited; it
+    // allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            for (i, &fd) in raw.iter().enumerate() {
+                if libc::dup2(fd, 3 + i as i32) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    Ok(high)
 }
 
 #[cfg(test)]

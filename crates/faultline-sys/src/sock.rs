@@ -1,6 +1,8 @@
 //! UNIX sockets beyond what `std` offers: passing file descriptors
 //! (`SCM_RIGHTS`), the peer's credentials (`SO_PEERCRED`) and process
-//! (`SO_PEERPIDFD`), `poll` over any number of descriptors, and `kill`.
+//! (`SO_PEERPIDFD`), `poll` over any number of descriptors, and `kill`;
+//! the service manager's side of systemd's protocol (`sd_notify`,
+//! `sd_listen_fds`), written from `sd-daemon.c`.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -31,11 +33,34 @@ const CMSG_SPACE: usize = {
 struct CmsgBuf([u8; CMSG_SPACE]);
 
 /// `recvmsg(2)` on `fd` into `buf`, collecting `SCM_RIGHTS` descriptors.
-/// `peek`: leave the data queued (`MSG_PEEK`). EINTR is retried.
+/// `nonblocking`: `MSG_DONTWAIT`. EINTR is retried.
 pub fn recv_with_fds(
     fd: BorrowedFd<'_>,
     buf: &mut [u8],
     nonblocking: bool,
+) -> io::Result<Received> {
+    recvmsg_fds(fd, buf, nonblocking, false)
+}
+
+/// [`recv_with_fds`] with `MSG_PEEK`: the message stays queued, to be
+/// read again. Linux installs *duplicates* of the descriptors it carries
+/// (`unix_stream_read_generic` clones the message's file list with
+/// `scm_fp_dup` when peeking), so the caller holds them while the message
+/// still holds its own: a process that dies after a peek leaves the
+/// message, descriptors and all, for the next reader of the socket.
+pub fn peek_with_fds(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    nonblocking: bool,
+) -> io::Result<Received> {
+    recvmsg_fds(fd, buf, nonblocking, true)
+}
+
+fn recvmsg_fds(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    nonblocking: bool,
+    peek: bool,
 ) -> io::Result<Received> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -53,6 +78,9 @@ pub fn recv_with_fds(
         let mut flags = libc::MSG_CMSG_CLOEXEC;
         if nonblocking {
             flags |= libc::MSG_DONTWAIT;
+        }
+        if peek {
+            flags |= libc::MSG_PEEK;
         }
         // SAFETY: `msg` points at a live iovec over `buf` and at `cbuf`,
         // both valid for the lengths given, for the call's duration.
@@ -260,5 +288,119 @@ pub fn send_nowait(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
         Err(io::Error::last_os_error())
     } else {
         Ok(n as usize)
+    }
+}
+
+/// The first descriptor a service manager passes (`SD_LISTEN_FDS_START`).
+pub const LISTEN_FDS_START: RawFd = 3;
+
+/// `sd_pid_notify_with_fds(3)`, as `sd-daemon.c` does it, without
+/// libsystemd: one datagram with `state` (newline-separated assignments,
+/// e.g. `FDSTORE=1\nFDNAME=x`) and `fds` (`SCM_RIGHTS`) to the service
+/// manager's socket `notify_socket` (`$NOTIFY_SOCKET`: a path, or `@name`
+/// for the abstract namespace).
+pub fn notify(notify_socket: &str, state: &str, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let sock = UnixDatagram::unbound()?;
+    match notify_socket.strip_prefix('@') {
+        Some(name) => sock.connect_addr(&SocketAddr::from_abstract_name(name)?)?,
+        None if notify_socket.starts_with('/') => sock.connect(notify_socket)?,
+        None => return Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
+    }
+    let sent = send_with_fds(sock.as_fd(), state.as_bytes(), fds)?;
+    if sent != state.len() {
+        return Err(io::Error::from(io::ErrorKind::WriteZero));
+    }
+    Ok(())
+}
+
+/// `sd_listen_fds_with_names(3)`, as `sd-daemon.c` does it: the
+/// descriptors a service manager passed this process (`$LISTEN_PID` is
+/// this process, `$LISTEN_FDS` of them from fd 3 on, named by the
+/// colon-separated `$LISTEN_FDNAMES`, "unknown" when it has fewer names),
+/// each made close-on-exec; the three variables are removed from the
+/// environment. Empty when none were passed to this process. Takes the
+/// descriptors once: a second call finds the variables gone.
+pub fn listen_fds() -> io::Result<Vec<(String, OwnedFd)>> {
+    static TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let var = |k: &str| std::env::var(k).ok();
+    let (Some(pid), Some(n)) = (var("LISTEN_PID"), var("LISTEN_FDS")) else {
+        return Ok(Vec::new());
+    };
+    let names = var("LISTEN_FDNAMES").unwrap_or_default();
+    for k in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
+        std::env::remove_var(k);
+    }
+    let invalid = || io::Error::from_raw_os_error(libc::EINVAL);
+    let pid: u32 = pid.parse().map_err(|_| invalid())?;
+    if pid != std::process::id() {
+        return Ok(Vec::new());
+    }
+    let n: RawFd = n.parse().map_err(|_| invalid())?;
+    if !(0..=4096).contains(&n) || TAKEN.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return Err(invalid());
+    }
+    let mut names = names.split(':');
+    let mut out = Vec::new();
+    for fd in LISTEN_FDS_START..LISTEN_FDS_START + n {
+        // SAFETY: fcntl on a descriptor number; a closed one gives EBADF.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        // SAFETY: as above; sets only FD_CLOEXEC.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the service manager passed `fd` to this process
+        // ($LISTEN_PID) and nothing else owns it: `TAKEN` makes this the
+        // one place that takes it.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let name = names.next().filter(|s| !s.is_empty()).unwrap_or("unknown");
+        out.push((name.to_string(), owned));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::net::UnixStream;
+
+    /// The inode a descriptor names.
+    fn ino(fd: &OwnedFd) -> u64 {
+        std::fs::File::from(fd.try_clone().unwrap())
+            .metadata()
+            .unwrap()
+            .ino()
+    }
+
+    #[test]
+    fn a_peek_installs_duplicates_and_leaves_the_message_with_its_descriptors() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let file = crate::mem::memfd("peek-test", false).unwrap();
+        send_with_fds(a.as_fd(), b"hello", &[file.as_fd()]).unwrap();
+        let want = ino(&file);
+        drop(file);
+        let mut buf = [0u8; 16];
+        let peeked = peek_with_fds(b.as_fd(), &mut buf, true).unwrap();
+        assert_eq!(&buf[..peeked.bytes], b"hello");
+        assert_eq!(peeked.fds.len(), 1, "the peek installs a descriptor");
+        assert_eq!(ino(&peeked.fds[0]), want);
+        // Closing what the peek gave leaves the message's own reference.
+        drop(peeked);
+        let again = peek_with_fds(b.as_fd(), &mut buf, true).unwrap();
+        let got = recv_with_fds(b.as_fd(), &mut buf, true).unwrap();
+        assert_eq!(&buf[..got.bytes], b"hello");
+        assert_eq!(got.fds.len(), 1);
+        assert_eq!(ino(&got.fds[0]), want);
+        assert_ne!(
+            again.fds[0].as_raw_fd(),
+            got.fds[0].as_raw_fd(),
+            "two installs, two descriptors"
+        );
+        let e = recv_with_fds(b.as_fd(), &mut buf, true).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "read once");
     }
 }

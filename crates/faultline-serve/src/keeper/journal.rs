@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!  offset 0        count    u64  REMOVE entries written (stored after the entry: Release)
-//!  offset 8        full     u64  1: an entry did not fit (the journal is unusable)
+//!  offset 8        flags    u64  bit 0: an entry did not fit (the journal is unusable);
+//!                                 bit 1: the peer's writes are tracked (--track-dirty)
 //!  offset 16       entries  [start u64, end u64] x CAPACITY  (the peer's addresses)
 //!  offset 1 MiB    rcount   u64  record entries written (Release), when the memfd
 //!  offset 1 MiB+8  rfull    u64    is longer than 1 MiB: the peer records
@@ -32,6 +33,10 @@ const BYTES: usize = 1 << 20;
 const CAPACITY: usize = (BYTES - 16) / 16;
 /// The record section's first word.
 const RECORD: usize = BYTES / 8;
+/// Bit 0 of the flags word: an entry did not fit.
+const FULL: u64 = 1;
+/// Bit 1: the peer's writes are tracked.
+const TRACKS_DIRTY: u64 = 2;
 
 /// A peer's journal (see the module docs).
 pub struct Journal {
@@ -52,6 +57,17 @@ impl Journal {
         };
         mem::ftruncate(&fd, len as u64)?;
         Journal::open(fd)
+    }
+
+    /// Notes that the peer's writes are tracked (`--track-dirty`): a serve
+    /// taking it over tracks it on.
+    pub fn set_tracks_dirty(&self) {
+        self.word(1).fetch_or(TRACKS_DIRTY, Ordering::Release);
+    }
+
+    /// Whether the peer's writes are tracked.
+    pub fn tracks_dirty(&self) -> bool {
+        self.word(1).load(Ordering::Acquire) & TRACKS_DIRTY != 0
     }
 
     /// The journal in `fd` (received from the keeper): its size says
@@ -137,7 +153,7 @@ impl Journal {
     pub fn append(&self, start: u64, end: u64) {
         let n = self.word(0).load(Ordering::Relaxed) as usize;
         if n >= CAPACITY {
-            self.word(1).store(1, Ordering::Release);
+            self.word(1).fetch_or(FULL, Ordering::Release);
             return;
         }
         self.word(2 + 2 * n).store(start, Ordering::Relaxed);
@@ -156,7 +172,7 @@ impl Journal {
                 )
             })
             .collect();
-        (ranges, self.word(1).load(Ordering::Acquire) != 0)
+        (ranges, self.word(1).load(Ordering::Acquire) & FULL != 0)
     }
 }
 
@@ -179,10 +195,15 @@ mod tests {
             b.entries(),
             (vec![(0x1000, 0x3000), (0x8000, 0x9000)], false)
         );
+        assert!(!b.tracks_dirty());
+        b.set_tracks_dirty();
+        assert!(b.tracks_dirty());
+        assert!(!b.entries().1, "tracking is not an overflow");
         for i in 0..CAPACITY {
             b.append(i as u64, i as u64 + 1);
         }
         assert!(b.entries().1, "the overflow is recorded");
+        assert!(b.tracks_dirty());
     }
 
     #[test]

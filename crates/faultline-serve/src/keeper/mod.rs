@@ -6,38 +6,54 @@
 //!  serve ──spawns──► keeper (same program and arguments, FAULTLINE_SERVE_KEEPER=1;
 //!    │                      abstract socket "faultline-serve-keeper-<hash of --socket>")
 //!    ├─ attach ─────► held open: the keeper knows a serve is there
-//!    ├─ deposit ────► per peer, before it is served: its handshake (JSON), pid,
-//!    │                 connection number; SCM_RIGHTS: its userfaultfd, its
-//!    │                 connection, its REMOVE journal (memfd, see `journal`)
+//!    ├─ listen ─────► SCM_RIGHTS: serve's listening socket (connections queue
+//!    │                 on it while no serve runs)
+//!    │  accept()
+//!    ├─ deposit ────► right after accept: the connection, its number, pid
+//!    │  recvmsg(MSG_PEEK): the hand-off, left queued (Linux installs dups
+//!    │                     of the descriptors of a peeked message)
+//!    ├─ hand ───────► the hand-off (JSON); SCM_RIGHTS: its userfaultfd, its
+//!    │                 journal (memfd, see `journal`)
+//!    │  recvmsg: the hand-off read off the connection; the peer served
 //!    └─ forget ─────► a peer serve is done with
 //!  kill -9 serve
-//!  serve (same command) ─ attach, then take ─► each peer: the same three
-//!    descriptors; it is built again (handshake parsed, backing chosen), its
-//!    journal's ranges replayed (they read zeros), UFFDIO_WAKE over every
-//!    region (the faults its predecessor read and never answered are raised
-//!    again), and served on: pages already installed answer EEXIST.
+//!  serve (same command) ─ attach (→ the listener), then take ─► each peer:
+//!    its connection; handed: its userfaultfd and journal too. Not handed:
+//!    its hand-off is read again off the connection. Handed: it is built
+//!    again (handshake parsed, backing chosen), its hand-off read off the
+//!    connection if still there, its journal's ranges replayed (they read
+//!    zeros), UFFDIO_WAKE over every region (the faults its predecessor
+//!    read and never answered are raised again), and served on: pages
+//!    already installed answer EEXIST.
 //! ```
 //!
-//! Each request is one connection and one message each way (the reply to
-//! `take` carries the descriptors), so no framing is needed. The keeper
-//! never touches a peer's memory, reads no store and never blocks on a
-//! peer: it polls the peers' connections for a hang-up (and drops those
-//! entries) and its serve's attach connection. It exits when it has no
-//! peer and no serve; when no serve attaches for `--timeout` it kills its
-//! peers (unless `--leave-peer-on-error`) and exits, rather than leave them
-//! hung forever.
+//! Each request is one connection and one message each way (the replies
+//! to `attach` and `take` carry the descriptors), so no framing is needed.
+//! A message sent survives its sender: a serve killed after its `sendmsg`
+//! still deposits. The keeper never touches a peer's memory, reads no
+//! store, never accepts on serve's listener while a serve is attached, and
+//! never blocks on a peer: it polls the peers' connections for a hang-up
+//! (and drops those entries) and its serve's attach connection. It exits
+//! when it has no peer, no serve and no connection queued on the listener;
+//! when no serve attaches for `--keeper-wait` it kills its peers and the
+//! VMMs queued on the listener (unless `--leave-peer-on-error`) and exits,
+//! rather than leave them hung forever.
 //!
-//! The ordering rule: a peer is deposited before the engine reads its
-//! userfaultfd, and a REMOVE is journaled by the handler thread that read
-//! it before its bookkeeping and before any later event or fault of that
-//! peer is acted on. What remains: a serve killed between reading a REMOVE
-//! and journaling it (one `read(2)` return to one store, a few
-//! instructions) leaves that range to be served from the snapshot again
-//! instead of zeros; one killed between adopting a handshake and depositing
-//! it leaves that peer hung (its pages never come). Both need a kill in a
-//! window of microseconds.
+//! The ordering rule: the listener is deposited before the first accept;
+//! a connection right after its accept; a hand-off (peeked) before it is
+//! read off and before the engine reads its userfaultfd; a REMOVE is
+//! journaled by the handler thread that read it before its bookkeeping
+//! and before any later event or fault of the peer is acted on. What
+//! remains: a serve killed between `accept` returning a connection and its
+//! deposit being sent loses that connection (its VMM hangs, as without
+//! takeover); one killed between reading a REMOVE and journaling it (one
+//! `read(2)` return to one store) leaves that range to be served from the
+//! snapshot again instead of zeros. Both need a kill in a window of
+//! microseconds.
 
+pub mod fdstore;
 pub mod journal;
+mod taken;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
@@ -49,7 +65,9 @@ use std::time::{Duration, Instant};
 use faultline_sys::poll::{self, PollFd};
 use faultline_sys::{process, sock};
 
+pub use fdstore::FdStore;
 pub use journal::Journal;
+pub use taken::{Handed, Joined, KeeperError, Taken};
 
 /// The environment variable that makes `faultline-serve` (and `faultline
 /// serve`) run as the keeper of its `--socket`.
@@ -65,14 +83,18 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Request {
-    /// A serve is there (the connection stays open).
+    /// A serve is there (the connection stays open); refused while
+    /// another serve is attached.
     Attach { pid: u32 },
-    /// A peer to hold (descriptors: userfaultfd, connection, journal).
-    Deposit {
-        n: usize,
-        pid: i32,
-        handshake: String,
-    },
+    /// Hold serve's listening socket (descriptor: the listener), bound at a
+    /// path whose (device, inode) are `dev`, `ino`.
+    Listen { dev: u64, ino: u64 },
+    /// A connection just accepted, numbered `n`, from `pid` (descriptor:
+    /// the connection); its hand-off is still queued on it.
+    Deposit { n: usize, pid: i32 },
+    /// Connection `id`'s hand-off, read with `MSG_PEEK` (descriptors: its
+    /// userfaultfd, its journal).
+    Hand { id: u64, handshake: String },
     /// The first peer held whose id is at least `next`.
     Take { next: u64 },
     /// Peer `id` is done with.
@@ -86,47 +108,15 @@ struct Reply {
     ok: bool,
     /// The peer's id.
     id: u64,
-    /// Its connection number.
+    /// Its connection number (`attach`: the highest number deposited).
     n: usize,
-    /// Its pid.
+    /// Its pid (`attach` refused: the pid of the serve attached).
     pid: i32,
-    /// Its handshake.
-    handshake: String,
-}
-
-/// A peer taken from the keeper.
-pub struct Taken {
-    /// Its id at the keeper.
-    pub id: u64,
-    /// Its connection number (with the serve that deposited it).
-    pub n: usize,
-    /// Its pid.
-    pub pid: i32,
-    /// Its handshake (JSON).
-    pub handshake: String,
-    /// Its userfaultfd.
-    pub uffd: OwnedFd,
-    /// Its connection.
-    pub conn: OwnedFd,
-    /// Its REMOVE journal.
-    pub journal: OwnedFd,
-}
-
-/// Why the keeper could not be reached or asked.
-#[derive(Debug, thiserror::Error)]
-pub enum KeeperError {
-    /// Connecting, sending or receiving failed.
-    #[error("talking to the keeper: {0}")]
-    Io(#[from] std::io::Error),
-    /// Its reply was not one.
-    #[error("the keeper's reply: {0}")]
-    Reply(#[from] serde_json::Error),
-    /// It refused the request.
-    #[error("the keeper refused the request")]
-    Refused,
-    /// Starting it failed, or it never answered.
-    #[error("starting the keeper: {0}")]
-    Start(String),
+    /// Its handshake (`take` of a peer whose hand-off was deposited).
+    handshake: Option<String>,
+    /// `attach`: the listener held (its descriptor follows), bound at the
+    /// path whose (device, inode) these are.
+    listener: Option<(u64, u64)>,
 }
 
 /// The keeper's abstract socket name for serve socket `socket`.
@@ -155,22 +145,61 @@ fn exchange(
     Ok((reply, got.fds))
 }
 
-/// A serve's side of its keeper: its attach connection, and requests.
-pub struct Keeper {
-    addr: SocketAddr,
-    _attached: UnixStream,
+/// A serve's side of its keeper: the keeper process (its attach
+/// connection) or systemd's file-descriptor store.
+pub enum Keeper {
+    /// The keeper process.
+    Process {
+        /// Its socket.
+        addr: SocketAddr,
+        /// Held open: "a serve is there".
+        _attached: UnixStream,
+    },
+    /// systemd's file-descriptor store (`--fd-store`).
+    FdStore(FdStore),
 }
 
 impl Keeper {
-    /// Attaches to the keeper of `socket`, starting one (this program,
-    /// these arguments, [`KEEPER_ENV`]) if none answers. Gives the peers
-    /// it held (a serve before this one died): empty for a new keeper.
-    pub fn join_or_start(socket: &Path) -> Result<(Keeper, Vec<Taken>), KeeperError> {
+    /// Attaches to the keeper of `socket` if one answers: what a dead
+    /// serve left with it. `None`: no keeper.
+    pub fn join(socket: &Path) -> Result<Option<(Keeper, Joined)>, KeeperError> {
         let addr = name(socket)?;
-        if let Some(k) = Keeper::attach(&addr)? {
-            let taken = k.take_all()?;
-            return Ok((k, taken));
+        let Some((keeper, reply, mut fds)) = Keeper::attach(&addr)? else {
+            return Ok(None);
+        };
+        let listener = match (reply.listener, fds.pop()) {
+            (Some(id), Some(fd)) => Some((fd, id)),
+            _ => None,
+        };
+        let taken = keeper.take_all()?;
+        let joined = Joined {
+            taken,
+            listener,
+            last_n: reply.n,
+        };
+        Ok(Some((keeper, joined)))
+    }
+
+    /// systemd's file-descriptor store as the keeper of `socket`, and what
+    /// it passed this process (see [`fdstore`]).
+    pub fn fd_store(socket: &Path) -> Result<(Keeper, Joined), KeeperError> {
+        let (store, joined) = FdStore::join(socket)?;
+        Ok((Keeper::FdStore(store), joined))
+    }
+
+    /// Tells a service manager serve is ready (`--fd-store`; nothing for
+    /// the keeper process).
+    pub fn ready(&self) -> Result<(), KeeperError> {
+        match self {
+            Keeper::FdStore(s) => s.ready(),
+            Keeper::Process { .. } => Ok(()),
         }
+    }
+
+    /// Starts a keeper of `socket` (this program, these arguments,
+    /// [`KEEPER_ENV`]) and attaches to it.
+    pub fn start(socket: &Path) -> Result<(Keeper, Joined), KeeperError> {
+        let addr = name(socket)?;
         let exe = std::env::current_exe()?;
         std::process::Command::new(exe)
             .args(std::env::args_os().skip(1))
@@ -183,8 +212,13 @@ impl Keeper {
             .map_err(|e| KeeperError::Start(e.to_string()))?;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         loop {
-            if let Some(k) = Keeper::attach(&addr)? {
-                return Ok((k, Vec::new()));
+            if let Some((keeper, reply, _)) = Keeper::attach(&addr)? {
+                let joined = Joined {
+                    taken: Vec::new(),
+                    listener: None,
+                    last_n: reply.n,
+                };
+                return Ok((keeper, joined));
             }
             if Instant::now() > deadline {
                 return Err(KeeperError::Start(format!(
@@ -196,13 +230,13 @@ impl Keeper {
         }
     }
 
-    fn attach(addr: &SocketAddr) -> Result<Option<Keeper>, KeeperError> {
+    fn attach(addr: &SocketAddr) -> Result<Option<(Keeper, Reply, Vec<OwnedFd>)>, KeeperError> {
         let conn = match UnixStream::connect_addr(addr) {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let (reply, _) = exchange(
+        let (reply, fds) = exchange(
             &conn,
             &Request::Attach {
                 pid: std::process::id(),
@@ -210,12 +244,21 @@ impl Keeper {
             &[],
         )?;
         if !reply.ok {
-            return Err(KeeperError::Refused);
+            return Err(KeeperError::InUse(reply.pid));
         }
-        Ok(Some(Keeper {
+        let keeper = Keeper::Process {
             addr: addr.clone(),
             _attached: conn,
-        }))
+        };
+        Ok(Some((keeper, reply, fds)))
+    }
+
+    /// The keeper process's socket (`None`: the fd store).
+    fn addr(&self) -> Option<&SocketAddr> {
+        match self {
+            Keeper::Process { addr, .. } => Some(addr),
+            Keeper::FdStore(_) => None,
+        }
     }
 
     fn request(
@@ -223,32 +266,58 @@ impl Keeper {
         req: &Request,
         fds: &[BorrowedFd<'_>],
     ) -> Result<(Reply, Vec<OwnedFd>), KeeperError> {
-        let conn = UnixStream::connect_addr(&self.addr)?;
-        exchange(&conn, req, fds)
+        let addr = self.addr().ok_or(KeeperError::Refused)?;
+        let conn = UnixStream::connect_addr(addr)?;
+        match exchange(&conn, req, fds)? {
+            (Reply { ok: false, .. }, _) => Err(KeeperError::Refused),
+            ok => Ok(ok),
+        }
     }
 
-    /// Deposits peer `n` (pid `pid`, `handshake`) with its userfaultfd,
-    /// connection and journal; gives its id.
-    pub fn deposit(
+    /// Has the keeper hold `listener`, bound at the path whose (device,
+    /// inode) are `id`: connections queued on it outlive this serve.
+    pub fn listen(&self, listener: BorrowedFd<'_>, id: (u64, u64)) -> Result<(), KeeperError> {
+        if let Keeper::FdStore(s) = self {
+            return s.listen(listener, id);
+        }
+        let (dev, ino) = id;
+        self.request(&Request::Listen { dev, ino }, &[listener])
+            .map(drop)
+    }
+
+    /// Deposits connection `n` (from pid `pid`), just accepted; gives its
+    /// id.
+    pub fn deposit(&self, n: usize, pid: i32, conn: BorrowedFd<'_>) -> Result<u64, KeeperError> {
+        if let Keeper::FdStore(s) = self {
+            return s.deposit(n, conn);
+        }
+        let (r, _) = self.request(&Request::Deposit { n, pid }, &[conn])?;
+        Ok(r.id)
+    }
+
+    /// Deposits the hand-off of connection `id`: its `handshake`, its
+    /// userfaultfd and its journal.
+    pub fn hand(
         &self,
-        n: usize,
-        pid: i32,
+        id: u64,
         handshake: &str,
-        fds: [BorrowedFd<'_>; 3],
-    ) -> Result<u64, KeeperError> {
-        let req = Request::Deposit {
-            n,
-            pid,
+        fds: [BorrowedFd<'_>; 2],
+    ) -> Result<(), KeeperError> {
+        if let Keeper::FdStore(s) = self {
+            return s.hand(id, handshake, fds);
+        }
+        let req = Request::Hand {
+            id,
             handshake: handshake.into(),
         };
-        match self.request(&req, &fds)? {
-            (Reply { ok: true, id, .. }, _) => Ok(id),
-            _ => Err(KeeperError::Refused),
-        }
+        self.request(&req, &fds).map(drop)
     }
 
     /// Tells the keeper peer `id` is done with.
     pub fn forget(&self, id: u64) -> Result<(), KeeperError> {
+        if let Keeper::FdStore(s) = self {
+            return s.forget(id);
+        }
         self.request(&Request::Forget { id }, &[]).map(drop)
     }
 
@@ -256,22 +325,31 @@ impl Keeper {
     fn take_all(&self) -> Result<Vec<Taken>, KeeperError> {
         let mut out = Vec::new();
         let mut next = 0;
+        let addr = self.addr().ok_or(KeeperError::Refused)?;
         loop {
-            let (r, fds) = self.request(&Request::Take { next }, &[])?;
+            let conn = UnixStream::connect_addr(addr)?;
+            let (r, fds) = exchange(&conn, &Request::Take { next }, &[])?;
             if !r.ok {
                 return Ok(out);
             }
-            let [uffd, conn, journal] =
-                <[OwnedFd; 3]>::try_from(fds).map_err(|_| KeeperError::Refused)?;
+            let mut fds = fds.into_iter();
+            let conn = fds.next().ok_or(KeeperError::Refused)?;
+            let handed = match (r.handshake, fds.next(), fds.next()) {
+                (Some(handshake), Some(uffd), Some(journal)) => Some(Handed {
+                    handshake,
+                    uffd,
+                    journal,
+                }),
+                (None, None, None) => None,
+                _ => return Err(KeeperError::Refused),
+            };
             next = r.id + 1;
             out.push(Taken {
                 id: r.id,
                 n: r.n,
                 pid: r.pid,
-                handshake: r.handshake,
-                uffd,
                 conn,
-                journal,
+                handed,
             });
         }
     }
@@ -287,16 +365,56 @@ struct Held {
     id: u64,
     n: usize,
     pid: i32,
-    handshake: String,
-    fds: [OwnedFd; 3],
+    conn: OwnedFd,
+    /// Its handshake, userfaultfd and journal, once deposited.
+    handed: Option<(String, [OwnedFd; 2])>,
     /// The process at the other end of its connection (`SO_PEERPIDFD`):
     /// the kill goes through it, never to a process that got its pid
     /// later.
     pidfd: Option<process::Pidfd>,
 }
 
-/// Runs the keeper of `socket` (see the module docs) until it has no peer
-/// and no serve, or no serve attached for `wait` (then its peers are
+/// What the keeper holds.
+#[derive(Default)]
+struct Kept {
+    held: Vec<Held>,
+    /// The serve attached: its connection and pid.
+    serve: Option<(UnixStream, u32)>,
+    /// Serve's listening socket, and the (device, inode) of its path.
+    listener: Option<(UnixListener, (u64, u64))>,
+    next_id: u64,
+    /// The highest connection number deposited.
+    last_n: usize,
+}
+
+/// Whether poll's `revents` say the other end is gone.
+fn gone(revents: i16) -> bool {
+    revents & (poll::events::RDHUP | poll::events::HUP | poll::events::ERR) != 0
+}
+
+/// Whether `fd`'s other end hung up (a look, no wait).
+fn hung_up(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+        events: poll::events::RDHUP,
+        revents: 0,
+    }];
+    poll::poll(&mut fds, 0).is_ok_and(|n| n == 1 && gone(fds[0].revents))
+}
+
+/// Whether a connection is queued on `listener` (a look, no wait).
+fn queued(listener: &UnixListener) -> bool {
+    let mut fds = [PollFd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(listener),
+        events: poll::events::IN,
+        revents: 0,
+    }];
+    poll::poll(&mut fds, 0).is_ok_and(|n| n == 1)
+}
+
+/// Runs the keeper of `socket` (see the module docs) until it has no peer,
+/// no serve and no connection queued on the listener it holds, or no serve
+/// attached for `wait` (then its peers, and the connections queued, are
 /// killed unless `leave`).
 pub fn run(socket: &Path, wait: Duration, leave: bool) -> Result<(), KeeperError> {
     let addr = name(socket)?;
@@ -314,10 +432,11 @@ pub fn run(socket: &Path, wait: Duration, leave: bool) -> Result<(), KeeperError
         std::process::id(),
         socket.display()
     ));
-    let mut held: Vec<Held> = Vec::new();
-    let mut serve: Option<(UnixStream, u32)> = None;
+    let mut k = Kept {
+        next_id: 1,
+        ..Default::default()
+    };
     let mut alone_since = Instant::now();
-    let mut next_id = 1u64;
     loop {
         let mut fds = vec![PollFd {
             fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
@@ -330,72 +449,103 @@ pub fn run(socket: &Path, wait: Duration, leave: bool) -> Result<(), KeeperError
             revents: 0,
         };
         fds.extend(
-            serve
+            k.serve
                 .iter()
                 .map(|(c, _)| watch(std::os::fd::AsRawFd::as_raw_fd(c))),
         );
         fds.extend(
-            held.iter()
-                .map(|h| watch(std::os::fd::AsRawFd::as_raw_fd(&h.fds[1]))),
+            k.held
+                .iter()
+                .map(|h| watch(std::os::fd::AsRawFd::as_raw_fd(&h.conn))),
         );
         let _ = poll::poll(&mut fds, 200);
-        let gone = |r: i16| r & (poll::events::RDHUP | poll::events::HUP | poll::events::ERR) != 0;
         let mut i = 1;
-        if let Some((_, pid)) = &serve {
+        if let Some((_, pid)) = &k.serve {
             if gone(fds[i].revents) {
                 say(format_args!(
                     "serve pid {pid} is gone; holding {} peer(s) for the next serve of {}",
-                    held.len(),
+                    k.held.len(),
                     socket.display()
                 ));
-                serve = None;
+                k.serve = None;
                 alone_since = Instant::now();
             }
             i += 1;
         }
-        let mut k = 0;
-        held.retain(|h| {
-            let keep = !gone(fds[i + k].revents);
-            k += 1;
+        let mut j = 0;
+        k.held.retain(|h| {
+            let keep = !gone(fds[i + j].revents);
+            j += 1;
             if !keep {
                 say(format_args!("peer {} (pid {}) hung up", h.n, h.pid));
             }
             keep
         });
         while let Ok((conn, _)) = listener.accept() {
-            if let Err(e) = serve_request(conn, &mut held, &mut serve, &mut next_id) {
+            if let Err(e) = serve_request(conn, &mut k) {
                 say(format_args!("a request failed: {e}"));
             }
         }
-        if serve.is_none() && held.is_empty() {
+        let waiting = k.listener.as_ref().is_some_and(|(l, _)| queued(l));
+        if k.serve.is_none() && k.held.is_empty() && !waiting {
             say(format_args!("no peer and no serve: exiting"));
             return Ok(());
         }
-        if serve.is_none() && alone_since.elapsed() > wait {
+        if k.serve.is_none() && alone_since.elapsed() > wait {
+            let fate = if leave { "leaving" } else { "killing" };
             say(format_args!(
-                "no serve for {:.1}s: {} its {} peer(s) and exiting",
+                "no serve for {:.1}s: {fate} its {} peer(s) and the connections queued, and exiting",
                 wait.as_secs_f64(),
-                if leave { "leaving" } else { "killing" },
-                held.len()
+                k.held.len(),
             ));
-            for h in held.iter().filter(|_| !leave) {
+            for h in k.held.iter().filter(|_| !leave) {
                 let _ = match &h.pidfd {
                     Some(p) => p.send_signal(process::SIGKILL),
                     None => process::kill(h.pid, process::SIGKILL),
                 };
+            }
+            if let Some((l, _)) = &k.listener {
+                drain(l, leave);
             }
             return Ok(());
         }
     }
 }
 
+/// Accepts the connections queued on `listener` (no serve will): each
+/// VMM that connected (and did not hang up) waits for pages that will
+/// never come, so it is killed, unless `leave`.
+fn drain(listener: &UnixListener, leave: bool) {
+    let _ = listener.set_nonblocking(true);
+    while let Ok((conn, _)) = listener.accept() {
+        let cred = sock::peer_cred(conn.as_fd()).map_or(0, |c| c.pid);
+        // One that hung up having sent nothing waits for nothing (another
+        // serve checking whether the socket is in use does this).
+        let mut byte = [0u8; 1];
+        let sent = sock::peek_with_fds(conn.as_fd(), &mut byte, true);
+        if sent.is_ok_and(|r| r.bytes == 0 && r.fds.is_empty()) {
+            continue;
+        }
+        if leave {
+            say(format_args!("a connection queued (pid {cred}): left"));
+            continue;
+        }
+        let killed = match sock::peer_pidfd(conn.as_fd()) {
+            Ok(p) => p.send_signal(process::SIGKILL),
+            Err(_) if cred > 0 => process::kill(cred, process::SIGKILL),
+            Err(e) => Err(e),
+        };
+        match killed {
+            Ok(()) => say(format_args!("a connection queued: killed pid {cred}")),
+            Err(e) => say(format_args!(
+                "a connection queued (pid {cred}): not killed: {e}"
+            )),
+        }
+    }
+}
+
 /// Serves one request on `conn`.
-fn serve_request(
-    conn: UnixStream,
-    held: &mut Vec<Held>,
-    serve: &mut Option<(UnixStream, u32)>,
-    next_id: &mut u64,
-) -> Result<(), KeeperError> {
+fn serve_request(conn: UnixStream, k: &mut Kept) -> Result<(), KeeperError> {
     conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     let mut buf = vec![0u8; MAX_MESSAGE];
@@ -406,35 +556,66 @@ fn serve_request(
         ..Default::default()
     };
     let mut send: Vec<BorrowedFd<'_>> = Vec::new();
+    let mut fds = got.fds.into_iter();
     match req {
         Request::Attach { pid } => {
-            send_reply(&conn, &reply, &[])?;
+            if let Some((c, old)) = &k.serve {
+                if !hung_up(c.as_fd()) {
+                    reply.ok = false;
+                    reply.pid = *old as i32;
+                    return send_reply(&conn, &reply, &[]);
+                }
+            }
+            reply.n = k.last_n;
+            if let Some((l, id)) = &k.listener {
+                reply.listener = Some(*id);
+                send.push(l.as_fd());
+            }
+            send_reply(&conn, &reply, &send)?;
             say(format_args!("serve pid {pid} attached"));
-            *serve = Some((conn, pid));
+            k.serve = Some((conn, pid));
             return Ok(());
         }
-        Request::Deposit { n, pid, handshake } => {
-            let fds = <[OwnedFd; 3]>::try_from(got.fds).map_err(|_| KeeperError::Refused)?;
-            reply.id = *next_id;
-            *next_id += 1;
-            let pidfd = sock::peer_pidfd(fds[1].as_fd()).ok();
-            held.push(Held {
+        Request::Listen { dev, ino } => {
+            let fd = fds.next().ok_or(KeeperError::Refused)?;
+            k.listener = Some((UnixListener::from(fd), (dev, ino)));
+        }
+        Request::Deposit { n, pid } => {
+            let conn_fd = fds.next().ok_or(KeeperError::Refused)?;
+            reply.id = k.next_id;
+            k.next_id += 1;
+            k.last_n = k.last_n.max(n);
+            let pidfd = sock::peer_pidfd(conn_fd.as_fd()).ok();
+            k.held.push(Held {
                 id: reply.id,
                 n,
                 pid,
-                handshake,
-                fds,
+                conn: conn_fd,
+                handed: None,
                 pidfd,
             });
         }
-        Request::Forget { id } => held.retain(|h| h.id != id),
-        Request::Take { next } => match held.iter().find(|h| h.id >= next) {
+        Request::Hand { id, handshake } => {
+            let (Some(uffd), Some(journal)) = (fds.next(), fds.next()) else {
+                return Err(KeeperError::Refused);
+            };
+            match k.held.iter_mut().find(|h| h.id == id) {
+                Some(h) => h.handed = Some((handshake, [uffd, journal])),
+                None => reply.ok = false,
+            }
+        }
+        Request::Forget { id } => k.held.retain(|h| h.id != id),
+        Request::Take { next } => match k.held.iter().find(|h| h.id >= next) {
             Some(h) => {
                 reply.id = h.id;
                 reply.n = h.n;
                 reply.pid = h.pid;
-                reply.handshake = h.handshake.clone();
-                send = h.fds.iter().map(|f| f.as_fd()).collect();
+                send.push(h.conn.as_fd());
+                if let Some((hs, [uffd, journal])) = &h.handed {
+                    reply.handshake = Some(hs.clone());
+                    send.push(uffd.as_fd());
+                    send.push(journal.as_fd());
+                }
             }
             None => reply.ok = false,
         },

@@ -126,6 +126,11 @@ pub struct PeerArgs {
     /// working set (tests kill the peer or the handler there).
     #[arg(long)]
     pub pause_at: Option<f64>,
+    /// Stop (sleep --pause-ms, saying "paused writing") after the first
+    /// vCPU thread wrote this many of its --write-set pages (tests kill
+    /// the handler there).
+    #[arg(long)]
+    pub write_pause_after: Option<usize>,
     /// How long --pause-at sleeps, ms. Default 60000.
     #[arg(long, default_value_t = 60_000)]
     pub pause_ms: u64,

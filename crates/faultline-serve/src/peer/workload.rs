@@ -507,6 +507,7 @@ pub fn write_set(args: &PeerArgs, layout: &Layout, ws: &[(usize, usize)], pct: f
     let in_ws = Arc::new(in_ws);
     let nthreads = args.threads.max(1);
     let regions = Arc::new(layout.regions.clone());
+    let (pause_after, pause) = (args.write_pause_after, Duration::from_millis(args.pause_ms));
     let handles: Vec<_> = (0..nthreads)
         .map(|t| {
             let (set, regions, in_ws) = (set.clone(), regions.clone(), in_ws.clone());
@@ -515,6 +516,10 @@ pub fn write_set(args: &PeerArgs, layout: &Layout, ws: &[(usize, usize)], pct: f
                 for (i, &(r, p)) in set.iter().enumerate() {
                     if i % nthreads != t {
                         continue;
+                    }
+                    if t == 0 && pause_after == Some(lat.len()) {
+                        say(format_args!("paused writing after {} pages", lat.len()));
+                        std::thread::sleep(pause);
                     }
                     let addr = regions[r].0 + (p * PAGE) as u64;
                     let s = Instant::now();

@@ -31,7 +31,7 @@ use super::log::say;
 use super::receive::{self, ReceiveError, Received};
 use super::state::{Served, State};
 use crate::handshake;
-use crate::keeper::{Journal, Taken};
+use crate::keeper::{Journal, KeeperError, Taken};
 use crate::summary::{Handoff, PeerSummary};
 
 /// Why a connection serves no peer: the step that refused it.
@@ -80,9 +80,30 @@ impl Refusal {
     }
 }
 
-/// Handles connection `n` (accepted at `accepted_ns`) on this thread; a
-/// connection that serves no peer counts as finished.
-pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
+/// `--takeover`: deposits connection `n`, just accepted, with the keeper
+/// (before its hand-off is read: a serve that dies from here on leaves
+/// it to the next); its id there. `Ok(None)` without a keeper.
+pub fn deposit(state: &State, n: usize, conn: &UnixStream) -> Result<Option<u64>, KeeperError> {
+    let Some(keeper) = &state.keeper else {
+        return Ok(None);
+    };
+    let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
+    let id = keeper.deposit(n, pid, conn.as_fd())?;
+    // Deposited, its hand-off not read: the next serve reads it.
+    faultline_sys::failpoint::hit("connection-deposited");
+    Ok(Some(id))
+}
+
+/// Handles connection `n` (accepted at `accepted_ns`; `kept`: its id at
+/// the keeper, or why depositing it failed) on this thread; a connection
+/// that serves no peer counts as finished.
+pub fn handle(
+    state: &State,
+    n: usize,
+    conn: UnixStream,
+    accepted_ns: u64,
+    kept: Result<Option<u64>, KeeperError>,
+) {
     let handoff = Handoff {
         accepted_ns,
         thread_ns: faultline_sys::monotonic_ns(),
@@ -92,7 +113,14 @@ pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
     state.watch(n, conn.as_fd());
     // Held until a refused peer is killed (see the module docs).
     let held = conn.try_clone();
-    let Err(why) = accept(state, n, pid, conn, handoff) else {
+    let kept = match kept {
+        Ok(kept) => kept,
+        Err(e) => {
+            let why = Refusal::Build(BuildError::Deposit(e));
+            return refuse(state, n, pid, &why, held.ok(), None);
+        }
+    };
+    let Err(why) = accept(state, n, pid, conn, handoff, kept) else {
         return;
     };
     if matches!(why, Refusal::Receive(ReceiveError::HungUp)) {
@@ -101,21 +129,41 @@ pub fn handle(state: &State, n: usize, conn: UnixStream, accepted_ns: u64) {
             "connection {n} (pid {pid}): hung up without a handshake; not a peer (another serve checking whether this socket is in use does this)"
         ));
         state.unwatch(n);
+        forget(state, n, kept);
         return;
     }
-    refuse(state, n, pid, &why, held.ok());
+    refuse(state, n, pid, &why, held.ok(), kept);
+}
+
+/// Tells the keeper connection `n` (its id there: `kept`) is done with.
+fn forget(state: &State, n: usize, kept: Option<u64>) {
+    if let (Some(keeper), Some(id)) = (&state.keeper, kept) {
+        if let Err(e) = keeper.forget(id) {
+            say(format_args!(
+                "peer {n}: telling the keeper it is done failed: {e}"
+            ));
+        }
+    }
 }
 
 /// Peer `n` (pid `pid`) is refused because `why`: said, killed (unless it
-/// handed nothing over), its summary; `held` (a clone of its connection)
-/// is closed after the kill.
-fn refuse(state: &State, n: usize, pid: i32, why: &Refusal, held: Option<UnixStream>) {
+/// handed nothing over), its summary, forgotten by the keeper (`kept`);
+/// `held` (a clone of its connection) is closed after the kill.
+fn refuse(
+    state: &State,
+    n: usize,
+    pid: i32,
+    why: &Refusal,
+    held: Option<UnixStream>,
+    kept: Option<u64>,
+) {
     say(format_args!("peer {n} (pid {pid}): refused: {why}"));
     let fate = if why.waits() {
         state.kill(n, pid, "its hand-off was refused")
     } else {
         "not killed: it handed nothing over"
     };
+    forget(state, n, kept);
     drop(held);
     state.unwatch(n);
     state.counters.refused(why.reason());
@@ -132,19 +180,32 @@ fn refuse(state: &State, n: usize, pid: i32, why: &Refusal, held: Option<UnixStr
     state.finished.fetch_add(1, SeqCst);
 }
 
-/// Takes peer `t` over from the keeper (a serve before this one died) as
-/// connection `n`: built again from its handshake, its journal replayed,
-/// every region woken (see [`crate::keeper`]); refused as a new peer would
-/// be.
-pub fn adopt(state: &State, n: usize, t: Taken) {
-    let pid = t.pid;
+/// Takes peer `t` over from the keeper (a serve before this one died),
+/// under its own number. Its hand-off deposited: built again from its
+/// handshake, its journal replayed, every region woken (see
+/// [`crate::keeper`]), refused as a new peer would be. Not deposited:
+/// given back (number, id, connection) to be handled as a connection just
+/// accepted (its hand-off is still queued on it).
+pub fn adopt(state: &State, t: Taken) -> Option<(usize, u64, UnixStream)> {
+    let (n, pid) = (t.n, t.pid);
     let conn = UnixStream::from(t.conn);
+    let Some(handed) = t.handed else {
+        say(format_args!(
+            "peer {n} (pid {pid}): taken over from the keeper before its hand-off was deposited: read again from its connection"
+        ));
+        return Some((n, t.id, conn));
+    };
     state.watch(n, conn.as_fd());
     let held = conn.try_clone().ok();
     let adopted = || -> Result<(), Refusal> {
-        let hs = handshake::parse_handshake(t.handshake.as_bytes()).map_err(ReceiveError::from)?;
-        let uffd = ForeignUffd::adopt(t.uffd).map_err(ReceiveError::Adopt)?;
-        let journal = Journal::open(t.journal).map_err(BuildError::Journal)?;
+        let hs =
+            handshake::parse_handshake(handed.handshake.as_bytes()).map_err(ReceiveError::from)?;
+        // Deposited, maybe not yet read off the connection (the serve
+        // before died between the two): read now, so the engine does not
+        // take it for a second message.
+        receive::consume_if(&conn, handed.handshake.as_bytes()).map_err(ReceiveError::Recv)?;
+        let uffd = ForeignUffd::adopt(handed.uffd).map_err(ReceiveError::Adopt)?;
+        let journal = Journal::open(handed.journal).map_err(BuildError::Journal)?;
         let received = Received {
             specs: hs.regions,
             declared: hs.backing,
@@ -153,7 +214,11 @@ pub fn adopt(state: &State, n: usize, t: Taken) {
             raw: String::new(),
         };
         let regions: Vec<(u64, usize)> = received.specs.iter().map(|s| (s.base, s.len)).collect();
-        let origin = Origin::Adopted { journal, id: t.id };
+        let origin = Origin::Adopted {
+            journal,
+            id: t.id,
+            pid,
+        };
         let peer = set_up(state, n, pid, conn, received, Handoff::default(), origin)?;
         for (base, len) in regions {
             peer.uffd()
@@ -163,23 +228,32 @@ pub fn adopt(state: &State, n: usize, t: Taken) {
         Ok(())
     };
     if let Err(why) = adopted() {
-        refuse(state, n, pid, &why, held);
+        refuse(state, n, pid, &why, held, Some(t.id));
     }
+    None
 }
 
-/// Steps 1-4 of connection `n` from peer `pid`.
+/// Steps 1-4 of connection `n` from peer `pid` (`kept`: its id at the
+/// keeper: its hand-off is peeked, deposited, then read off).
 fn accept(
     state: &State,
     n: usize,
     pid: i32,
     conn: UnixStream,
     mut handoff: Handoff,
+    kept: Option<u64>,
 ) -> Result<(), Refusal> {
-    let mut received = receive::receive(&conn, state.config.handshake_timeout, &mut handoff)?;
-    // Read, not yet deposited with a keeper: the window takeover leaves.
+    let peek = kept.is_some();
+    let mut received = receive::receive(&conn, state.config.handshake_timeout, &mut handoff, peek)?;
+    // Peeked, not yet deposited with the keeper: the next serve reads it
+    // again off the connection the keeper holds.
     faultline_sys::failpoint::hit("handoff-received");
     let raw = std::mem::take(&mut received.raw);
-    let origin = Origin::Handed { raw: &raw, pid };
+    let origin = Origin::Handed {
+        raw: &raw,
+        pid,
+        kept,
+    };
     set_up(state, n, pid, conn, received, handoff, origin).map(drop)
 }
 

@@ -5,8 +5,9 @@
 //! 2. `ForeignPeer::new`: its regions checked against the store, shared
 //!    mode's MINOR registration made sure of.
 //! 3. `--takeover`: a new peer gets a journal (REMOVE'd ranges, and its
-//!    record's pages when it records) and is deposited with the keeper
-//!    (its userfaultfd, connection and journal); a peer taken over has its
+//!    record's pages when it records); its hand-off (peeked, its
+//!    connection deposited at accept) is deposited with the keeper (its
+//!    userfaultfd and journal), then read off the connection; a peer taken over has its
 //!    journal's ranges replayed (they read zeros) and its record so far
 //!    logged again (the record goes on). Either way the journal hooks are
 //!    set before the engine reads its userfaultfd.
@@ -26,6 +27,7 @@ use faultline::{
 
 use super::dirty;
 use super::log::say;
+use super::receive;
 use super::setup::prepare;
 use super::state::{Recorder, State};
 use crate::keeper::{Journal, KeeperError};
@@ -39,6 +41,9 @@ pub enum Origin<'a> {
         raw: &'a str,
         /// Its pid.
         pid: i32,
+        /// Its connection's id at the keeper (its hand-off was peeked:
+        /// deposited here, then read off).
+        kept: Option<u64>,
     },
     /// A keeper, which held it for a serve that died.
     Adopted {
@@ -46,6 +51,8 @@ pub enum Origin<'a> {
         journal: Journal,
         /// Its id at the keeper.
         id: u64,
+        /// Its pid (0: unknown).
+        pid: i32,
     },
 }
 
@@ -81,6 +88,9 @@ pub enum BuildError {
     /// Depositing it with the keeper failed.
     #[error("depositing it with the keeper: {0}")]
     Deposit(#[source] KeeperError),
+    /// Reading its hand-off off the connection, once deposited, failed.
+    #[error("reading its hand-off off the connection: {0}")]
+    Consume(#[source] std::io::Error),
 }
 
 /// Builds peer `n` on `uffd` with `specs` (from `snapshot` in shared mode)
@@ -106,7 +116,30 @@ pub fn build(
         Origin::Handed { .. } => state.claim_record(),
         Origin::Adopted { journal, .. } => journal.records() && state.claim_record(),
     };
-    let track_dirty = matches!(origin, Origin::Handed { .. }) && dirty::claim(state);
+    let (track_dirty, before) = match &origin {
+        Origin::Handed { .. } => (dirty::claim(state), None),
+        Origin::Adopted { journal, pid, .. }
+            if journal.tracks_dirty() && dirty::claim_taken(state) =>
+        {
+            // Read before the peer is armed again (see dirty.rs).
+            match dirty::written_before(*pid, specs) {
+                Ok(b) => {
+                    say(format_args!(
+                        "peer {n}: tracked on: {} page(s) written before the takeover, read from its page tables",
+                        b.len()
+                    ));
+                    (true, Some(b))
+                }
+                Err(why) => {
+                    say(format_args!(
+                        "peer {n}: not tracked on: the pages it wrote before the takeover cannot be read from its page tables ({why}): no dirty set is written for it"
+                    ));
+                    (false, None)
+                }
+            }
+        }
+        Origin::Adopted { .. } => (false, None),
+    };
     let pages: usize = specs.iter().map(|s| s.len / 4096).sum();
     let opts = ForeignOptions {
         readahead: if record {
@@ -120,14 +153,30 @@ pub fn build(
         wake_first: state.config.wake_first,
         track_dirty,
         pid: match origin {
-            Origin::Handed { pid, .. } => Some(pid),
-            Origin::Adopted { .. } => None,
+            Origin::Handed { pid, .. } | Origin::Adopted { pid, .. } => Some(pid),
         },
         ..Default::default()
     };
     let built = ForeignPeer::new(format!("peer {n}"), uffd, specs, state.store.clone(), &opts)
         .map_err(BuildError::Peer)
-        .and_then(|peer| journal(state, n, &conn, peer, origin, record.then_some(pages)));
+        .and_then(|peer| {
+            if let Some(b) = before {
+                state
+                    .dirty_before
+                    .lock()
+                    .expect("dirty_before")
+                    .push((peer.id(), b));
+            }
+            journal(
+                state,
+                n,
+                &conn,
+                peer,
+                origin,
+                record.then_some(pages),
+                track_dirty,
+            )
+        });
     let (peer, kept, (replayed, recorded)) = built.inspect_err(|_| {
         if record {
             // Leave the record to the next peer.
@@ -183,20 +232,31 @@ fn journal(
     peer: ForeignPeer,
     origin: Origin<'_>,
     record: Option<usize>,
+    track_dirty: bool,
 ) -> Result<Journaled, BuildError> {
     let (journal, id, replayed) = match (origin, &state.keeper) {
-        (Origin::Handed { .. }, None) => return Ok((peer, None, (0, 0))),
-        (Origin::Handed { raw, pid }, Some(keeper)) => {
+        (
+            Origin::Handed {
+                raw,
+                kept: Some(id),
+                ..
+            },
+            Some(keeper),
+        ) => {
             let journal = Journal::create(record.unwrap_or(0)).map_err(BuildError::Journal)?;
-            let fds = [peer.uffd().as_fd(), conn.as_fd(), journal.fd()];
-            let id = keeper
-                .deposit(n, pid, raw, fds)
-                .map_err(BuildError::Deposit)?;
-            // Deposited, not yet served: the next serve takes it over.
+            if track_dirty {
+                journal.set_tracks_dirty();
+            }
+            let fds = [peer.uffd().as_fd(), journal.fd()];
+            keeper.hand(id, raw, fds).map_err(BuildError::Deposit)?;
+            // Deposited, not yet read off nor served: the next serve
+            // takes it over.
             faultline_sys::failpoint::hit("handoff-deposited");
+            receive::consume(conn, raw.len()).map_err(BuildError::Consume)?;
             (journal, id, (0, 0))
         }
-        (Origin::Adopted { journal, id }, _) => {
+        (Origin::Handed { .. }, _) => return Ok((peer, None, (0, 0))),
+        (Origin::Adopted { journal, id, .. }, _) => {
             let (ranges, full) = journal.entries();
             if full {
                 return Err(BuildError::JournalFull);

@@ -4,15 +4,25 @@
 //! 1. **Who** ([`claim`]): with `{peer}` in FILE every peer handed over is
 //!    tracked, each to its own file; without, the first one only (a second
 //!    peer would overwrite its set). A peer taken over from a keeper is
-//!    never tracked (`--takeover` is refused with `--track-dirty`).
-//! 2. **When** ([`write`]): at the peer's hang-up (its final set, [`at_end`]),
+//!    tracked when its journal says it was ([`claim_taken`]).
+//! 2. **Taken over** ([`written_before`]): the kernel keeps what the dead
+//!    serve knew. Every page it installed went in write-protected, and a
+//!    first write un-protected it: the pages of the peer present (or
+//!    swapped) *without* their uffd-wp bit are those written before the
+//!    takeover (`PAGEMAP_SCAN`, `PAGE_IS_WRITTEN`, of its page tables).
+//!    They are read before the new serve arms the peer again (which
+//!    write-protects every page); its journal's REMOVE'd ranges are
+//!    replayed into the new bits; the set written is both, merged. A write
+//!    between the scan and the new protection hits a page already
+//!    un-protected, so already counted.
+//! 3. **When** ([`write`]): at the peer's hang-up (its final set, [`at_end`]),
 //!    and on request for every tracked peer still served ([`DirtyHandle`]:
 //!    SIGUSR1, or `POST /dirty` on the metrics endpoint): the set so far,
 //!    read while the peer runs (see `faultline::foreign`'s dirty module). A
 //!    peer whose userfaultfd has `WP_ASYNC` is tracked through its page
 //!    tables, which its exit takes away: its set is written on request
 //!    only (a platform asks while the VM is paused for its snapshot).
-//! 3. **How**: [`crate::dirty_set`]'s format, through
+//! 4. **How**: [`crate::dirty_set`]'s format, through
 //!    [`OutputPath`] (a temporary sibling, renamed into place: a reader
 //!    never sees half a set).
 
@@ -20,8 +30,9 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
-use faultline::ForeignPeer;
+use faultline::{ForeignPeer, ForeignRegionSpec};
 use faultline_cli_support::output::OutputPath;
+use faultline_sys::pagemap::{category, Pagemap};
 
 use super::log::say;
 use super::state::State;
@@ -39,6 +50,41 @@ fn every(state: &State) -> bool {
 /// Claims tracking for a peer being set up: whether it is tracked.
 pub fn claim(state: &State) -> bool {
     state.config.track_dirty.is_some() && (every(state) || !state.dirty_claimed.swap(true, SeqCst))
+}
+
+/// Claims tracking for a peer taken over whose journal says it was
+/// tracked: whether it is tracked on (`--track-dirty` given).
+pub fn claim_taken(state: &State) -> bool {
+    state.config.track_dirty.is_some() && {
+        state.dirty_claimed.store(true, SeqCst);
+        true
+    }
+}
+
+/// The pages peer `pid` (regions `specs`) wrote before it was taken over
+/// (see the module docs): store offsets of 4 KiB pages.
+pub fn written_before(pid: i32, specs: &[ForeignRegionSpec]) -> Result<Vec<u64>, String> {
+    if pid <= 0 {
+        return Err("its pid is unknown (another pid namespace)".into());
+    }
+    let map = Pagemap::open(pid).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for s in specs {
+        let end = s.base + s.len as u64;
+        let written = map
+            .scan(
+                s.base,
+                end,
+                category::WRITTEN,
+                category::PRESENT | category::SWAPPED,
+            )
+            .map_err(|e| e.to_string())?;
+        for r in written {
+            let at = s.store_offset + (r.start - s.base);
+            out.extend((0..(r.end - r.start) / PAGE).map(|i| at + i * PAGE));
+        }
+    }
+    Ok(out)
 }
 
 /// A claim came to nothing (the peer could not be built): the next peer
@@ -70,10 +116,15 @@ pub fn write(state: &State, peer: &ForeignPeer, n: usize, when: &str) -> Option<
     let (Some(path), Some(identity)) = (path(state, n), state.identity) else {
         return None;
     };
-    let file = DirtySet {
-        identity,
-        offsets: set.offsets,
-    };
+    let mut offsets = set.offsets;
+    let before = state.dirty_before.lock().expect("dirty_before");
+    if let Some((_, prior)) = before.iter().find(|(id, _)| *id == peer.id()) {
+        offsets.extend_from_slice(prior);
+        offsets.sort_unstable();
+        offsets.dedup();
+    }
+    drop(before);
+    let file = DirtySet { identity, offsets };
     let written =
         OutputPath::check(&path, "--track-dirty").and_then(|o| o.write(|w| file.encode(w)));
     match written {

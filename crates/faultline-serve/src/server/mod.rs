@@ -54,7 +54,7 @@ mod setup;
 mod socket;
 mod state;
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, Once};
@@ -69,7 +69,7 @@ pub use dirty::DirtyHandle;
 pub use error::ServeError;
 
 use crate::config::ServeConfig;
-use crate::keeper::{Keeper, Taken};
+use crate::keeper::{Joined, Keeper, KeeperError, Taken};
 use crate::metrics::{Endpoint, Exposition, ServerCounters};
 use crate::record;
 use crate::summary::PeerSummary;
@@ -158,12 +158,10 @@ impl Server {
         if let Some(p) = &config.track_dirty {
             OutputPath::check(p, "--track-dirty").map_err(ServeError::CheckOutput)?;
         }
-        Socket::check(&config.socket)?;
-        let (keeper, taken) = if config.takeover {
-            let (k, taken) = Keeper::join_or_start(&config.socket).map_err(ServeError::Keeper)?;
-            (Some(k), taken)
-        } else {
-            (None, Vec::new())
+        let joined = join_keeper(&config)?;
+        let (keeper, taken, inherited, last_n) = match joined {
+            Some((k, j)) => (Some(k), j.taken, j.listener, j.last_n),
+            None => (None, Vec::new(), None, 0),
         };
         let (store, source) = setup::open_store(&config.source)?;
         let store_len = store.len().unwrap_or(0);
@@ -215,7 +213,10 @@ impl Server {
             },
         )
         .map_err(ServeError::Engine)?;
-        let socket = Socket::bind(&config.socket)?;
+        let socket = listen(&config, keeper.as_ref(), inherited)?;
+        if let Some(k) = &keeper {
+            k.ready().map_err(ServeError::Keeper)?;
+        }
         say(format_args!(
             "listening on {} for peers of {source} ({store_len} bytes); timeout {}s",
             config.socket.display(),
@@ -254,6 +255,8 @@ impl Server {
             counters: ServerCounters::default(),
             identity,
             dirty_claimed: AtomicBool::new(false),
+            last_n: AtomicUsize::new(last_n),
+            dirty_before: Mutex::new(Vec::new()),
             pidfds: Mutex::new(Vec::new()),
         });
         let metrics = match &state.config.metrics {
@@ -315,8 +318,17 @@ impl Server {
             ));
         }
         for t in taken {
-            let n = state.connected.fetch_add(1, SeqCst) + 1;
-            accept::adopt(&state, n, t);
+            // A peer keeps its number (its `{peer}` paths and its lines
+            // go on under it).
+            state.connected.fetch_add(1, SeqCst);
+            let Some(conn) = accept::adopt(&state, t) else {
+                continue;
+            };
+            // Its hand-off was never deposited: read again, as from a
+            // connection just accepted.
+            let (n, id, conn) = conn;
+            let now = faultline_sys::monotonic_ns();
+            dispatch(&state, n, conn, now, Ok(Some(id)), 0)?;
         }
         let result = serve(&state, socket, &events, &stop);
         drop(metrics);
@@ -447,30 +459,99 @@ fn serve(
     }
 }
 
+/// Handles connection `n`: a peer sends its handshake right after
+/// connecting: when it is there within `inline_ms`, the peer is set up on
+/// this thread (no thread start on the restore's critical path); else on
+/// a thread of its own, so a slow or silent peer never holds the listener
+/// up.
+fn dispatch(
+    state: &Arc<State>,
+    n: usize,
+    conn: std::os::unix::net::UnixStream,
+    accepted_ns: u64,
+    kept: Result<Option<u64>, KeeperError>,
+    inline_ms: i32,
+) -> Result<(), ServeError> {
+    if receive::readable_within(&conn, inline_ms) {
+        accept::handle(state, n, conn, accepted_ns, kept);
+        return Ok(());
+    }
+    let s = state.clone();
+    std::thread::Builder::new()
+        .name(format!("faultline-handshake-{n}"))
+        .spawn(move || accept::handle(&s, n, conn, accepted_ns, kept))
+        .map_err(|source| ServeError::Spawn {
+            what: format!("the handshake thread of peer {n}"),
+            source,
+        })?;
+    Ok(())
+}
+
+/// With `--fd-store`: systemd's store and what it passed; with
+/// `--takeover`: attaches to the keeper of the socket, or (none
+/// answers: checks the socket path first) starts one.
+fn join_keeper(config: &ServeConfig) -> Result<Option<(Keeper, Joined)>, ServeError> {
+    if config.fd_store {
+        return Keeper::fd_store(&config.socket)
+            .map(Some)
+            .map_err(ServeError::Keeper);
+    }
+    if !config.takeover {
+        Socket::check(&config.socket)?;
+        return Ok(None);
+    }
+    let in_use = |e| match e {
+        KeeperError::InUse(pid) => ServeError::InUse {
+            path: config.socket.clone(),
+            pid,
+        },
+        e => ServeError::Keeper(e),
+    };
+    if let Some(j) = Keeper::join(&config.socket).map_err(in_use)? {
+        return Ok(Some(j));
+    }
+    Socket::check(&config.socket)?;
+    Keeper::start(&config.socket).map(Some).map_err(in_use)
+}
+
+/// The listening socket: the one the keeper held for a dead serve when
+/// the path still names it, else bound (and, with a keeper, a dup of it
+/// deposited there).
+fn listen(
+    config: &ServeConfig,
+    keeper: Option<&Keeper>,
+    inherited: Option<(std::os::fd::OwnedFd, (u64, u64))>,
+) -> Result<Socket, ServeError> {
+    if let Some((fd, id)) = inherited {
+        if let Some(s) = Socket::adopt(fd, &config.socket, id) {
+            say(format_args!(
+                "{}: taken from the keeper (connections queued on it are served)",
+                config.socket.display()
+            ));
+            return Ok(s);
+        }
+    }
+    let socket = Socket::bind(&config.socket)?;
+    if let Some(k) = keeper {
+        k.listen(socket.listener().as_fd(), socket.id())
+            .map_err(ServeError::Keeper)?;
+    }
+    Ok(socket)
+}
+
 /// Accepts every pending connection.
 fn accept_all(state: &Arc<State>, sock: &Socket) -> Result<(), ServeError> {
     loop {
         match sock.listener().accept() {
             Ok((conn, _)) => {
                 let accepted_ns = faultline_sys::monotonic_ns();
-                let n = state.connected.fetch_add(1, SeqCst) + 1;
-                // A peer sends its handshake right after connecting: when
-                // it is there within HANDSHAKE_INLINE_MS, the peer is set
-                // up on this thread (no thread start on the restore's
-                // critical path); else on a thread of its own, so a slow
-                // or silent peer never holds the listener up.
-                if receive::readable_within(&conn, HANDSHAKE_INLINE_MS) {
-                    accept::handle(state, n, conn, accepted_ns);
-                    continue;
-                }
-                let s = state.clone();
-                std::thread::Builder::new()
-                    .name(format!("faultline-handshake-{n}"))
-                    .spawn(move || accept::handle(&s, n, conn, accepted_ns))
-                    .map_err(|source| ServeError::Spawn {
-                        what: format!("the handshake thread of peer {n}"),
-                        source,
-                    })?;
+                // Accepted, not yet deposited with the keeper: the window
+                // takeover leaves (see `crate::keeper`).
+                faultline_sys::failpoint::hit("connection-accepted");
+                state.connected.fetch_add(1, SeqCst);
+                let n = state.last_n.fetch_add(1, SeqCst) + 1;
+                let kept = accept::deposit(state, n, &conn);
+                dispatch(state, n, conn, accepted_ns, kept, HANDSHAKE_INLINE_MS)?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) => say(format_args!("accept failed: {e}")),

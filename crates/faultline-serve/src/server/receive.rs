@@ -2,7 +2,11 @@
 //!
 //! 1. Wait (at most the handshake timeout) for the peer's one message.
 //! 2. `recvmsg` it: up to 64 KiB of JSON and exactly one descriptor
-//!    attached with `SCM_RIGHTS`.
+//!    attached with `SCM_RIGHTS`. With `--takeover` it is *peeked*
+//!    (`MSG_PEEK`: Linux installs duplicates of the descriptors and leaves
+//!    the message queued), deposited with the keeper, and only then read
+//!    off ([`consume`]): a serve that dies before leaves it on the
+//!    connection the keeper holds, for the next serve to read again.
 //! 3. Parse the JSON ([`handshake`](crate::handshake)) and adopt the
 //!    descriptor as a userfaultfd whose `UFFDIO_API` its sender did.
 
@@ -64,19 +68,25 @@ pub enum ReceiveError {
     Adopt(ForeignError),
 }
 
-/// Receives the hand-off on `conn`, waiting at most `wait`; stamps
-/// `handoff.received_ns` and `handoff.adopted_ns`.
+/// Receives the hand-off on `conn`, waiting at most `wait` (`peek`: leaves
+/// it queued, see the module docs); stamps `handoff.received_ns` and
+/// `handoff.adopted_ns`.
 pub fn receive(
     conn: &UnixStream,
     wait: Duration,
     handoff: &mut Handoff,
+    peek: bool,
 ) -> Result<Received, ReceiveError> {
     let ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
     if !readable_within(conn, ms) {
         return Err(ReceiveError::Silent(wait));
     }
     let mut buf = vec![0u8; MAX_HANDSHAKE];
-    let got = sock::recv_with_fds(conn.as_fd(), &mut buf, true).map_err(ReceiveError::Recv)?;
+    let got = match peek {
+        true => sock::peek_with_fds(conn.as_fd(), &mut buf, true),
+        false => sock::recv_with_fds(conn.as_fd(), &mut buf, true),
+    }
+    .map_err(ReceiveError::Recv)?;
     let at = Instant::now();
     handoff.received_ns = faultline_sys::monotonic_ns();
     if got.bytes == 0 && got.fds.is_empty() {
@@ -102,6 +112,28 @@ pub fn receive(
         at,
         raw: String::from_utf8_lossy(&buf[..got.bytes]).into_owned(),
     })
+}
+
+/// Reads the hand-off peeked (`bytes` of it) off `conn`, closing the
+/// descriptors this second read installs.
+pub fn consume(conn: &UnixStream, bytes: usize) -> std::io::Result<()> {
+    let mut buf = vec![0u8; bytes];
+    sock::recv_with_fds(conn.as_fd(), &mut buf, true).map(drop)
+}
+
+/// Reads `handshake` off `conn` if it is what is queued there (a hand-off
+/// deposited by a serve that died before reading it off); anything else
+/// is left.
+pub fn consume_if(conn: &UnixStream, handshake: &[u8]) -> std::io::Result<()> {
+    let mut buf = vec![0u8; handshake.len()];
+    match sock::peek_with_fds(conn.as_fd(), &mut buf, true) {
+        Ok(got) if got.bytes == handshake.len() && buf == handshake => {
+            consume(conn, handshake.len())
+        }
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether `conn` has something to read (or hung up) within `ms`.

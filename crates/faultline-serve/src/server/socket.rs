@@ -10,11 +10,15 @@
 //! 2. Bound, the socket's identity (device, inode) is kept, and the path
 //!    is registered with `faultline_cli_support::cleanup` (a second
 //!    SIGTERM ends the process at once and removes it).
-//! 3. [`Socket::remove`] (at a stop, or on drop) removes the path only if
+//! 3. With `--takeover` the keeper holds a dup of the listener
+//!    ([`crate::keeper`]): a serve that dies leaves it bound, connections
+//!    queue on it, and the next serve takes it from the keeper
+//!    ([`Socket::adopt`]) rather than binding the path again.
+//! 4. [`Socket::remove`] (at a stop, or on drop) removes the path only if
 //!    it still names that socket: one another serve bound there meanwhile
 //!    (after someone removed ours) is left to its owner.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -87,6 +91,31 @@ impl Socket {
             id: (m.dev(), m.ino()),
             guard: Some(guard),
         })
+    }
+
+    /// The listener a keeper held for a dead serve (`--takeover`), bound
+    /// at `path` whose (device, inode) were `id`: taken on (connections
+    /// queued on it are accepted as any other) if `path` still names that
+    /// socket; `None` if not (removed at a stop, or replaced).
+    pub fn adopt(listener: OwnedFd, path: &Path, id: (u64, u64)) -> Option<Socket> {
+        let m = std::fs::symlink_metadata(path).ok()?;
+        if (m.dev(), m.ino()) != id || !m.file_type().is_socket() {
+            return None;
+        }
+        let listener = UnixListener::from(listener);
+        listener.set_nonblocking(true).ok()?;
+        let guard = cleanup::register(path);
+        Some(Socket {
+            listener,
+            path: path.into(),
+            id,
+            guard: Some(guard),
+        })
+    }
+
+    /// The (device, inode) of the socket file bound.
+    pub fn id(&self) -> (u64, u64) {
+        self.id
     }
 
     /// The listener.

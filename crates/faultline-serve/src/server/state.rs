@@ -3,7 +3,8 @@
 //!
 //! Locks (each held for a few instructions, never two at once, never
 //! while calling the engine or the kernel): `recorder`, `served`,
-//! `summaries`, `pidfds` (held across one `pidfd_send_signal`).
+//! `summaries`, `dirty_before`, `pidfds` (held across one
+//! `pidfd_send_signal`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -99,6 +100,12 @@ pub struct State {
     /// The first peer claimed dirty tracking (`--track-dirty` without
     /// `{peer}`: the first peer only).
     pub dirty_claimed: AtomicBool,
+    /// The pages each tracked peer taken over wrote before (by engine
+    /// id): merged into its dirty set (see `dirty.rs`).
+    pub dirty_before: Mutex<Vec<(u64, Vec<u64>)>>,
+    /// The highest connection number given (a serve taking over goes on
+    /// from the keeper's).
+    pub last_n: AtomicUsize,
     /// Each connection's peer process, by connection number ([`State::watch`]):
     /// the pidfd a kill goes through.
     pub pidfds: Mutex<Vec<(usize, Pidfd)>>,
