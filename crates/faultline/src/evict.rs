@@ -55,6 +55,20 @@
 //! evict). Faults on the signal engine mostly do not wait for it: it
 //! works ahead of them when a CPU is free.
 //!
+//! The drain is the budget's, not each evictor's: a charge that takes the
+//! count to the high-water mark counts a crossing, and the evictors drain
+//! while a crossing is newer than the last time the count was down at
+//! the low-water mark. So they drain also when a fault that found the
+//! budget full evicted a batch for itself and took the count back under
+//! the high-water mark before any of them looked, and an evictor that
+//! rested while the others finished does not start again from below it:
+//!
+//! ```text
+//!   count  ──▶ high: crossings += 1 ── kick ──▶ evictors drain (each
+//!              takes on part of what is over low, reserve_drain) ──▶
+//!              at low: drained = crossings, they rest
+//! ```
+//!
 //! Regions built with [`crate::RegionBuilder::shared_budget`] share one
 //! budget ([`SharedBudget`], UMap's one buffer for all regions): the
 //! counts and marks are those of all its regions together; each region's
@@ -184,22 +198,27 @@ fn run(r: &RegionState, stop: &StopFlag) {
         .expect("budget regions have a budget feed");
     let core = feed.core();
     let batch = reclaim::batch_for(core.max(), r.pages.size().bytes());
-    // Set when the count reaches the high-water mark, cleared at low.
-    let mut draining = false;
     let mut idle = false;
+    let mut crossings = core.high_crossings();
     while !stop.is_set() {
-        core.evictor_sleep(IDLE_WAIT, idle);
+        core.evictor_sleep(IDLE_WAIT, idle, crossings);
         feed.evictor_wakeups
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         reclaim::retry_held(r);
-        draining |= core.counted() >= core.high();
+        // At the mark now, with or without a crossing (held pages written
+        // back count again): drain. Then the crossings seen, so a new one
+        // keeps the next sleep short.
+        if core.counted() >= core.high() {
+            core.at_high();
+        }
+        crossings = core.high_crossings();
         // A deferred fault asked for room: make some, unless other
         // evictions already did.
         let mut asked = core.take_demand();
         let mut progress = false;
         loop {
             asked &= core.is_full();
-            if stop.is_set() || !(asked || core.has_waiters() || (draining && core.above_low())) {
+            if stop.is_set() || !(asked || core.has_waiters() || core.drain_due()) {
                 break;
             }
             // Room for a fault: a batch; draining: down to low, not past
@@ -221,7 +240,6 @@ fn run(r: &RegionState, stop: &StopFlag) {
             progress = true;
             asked = false;
         }
-        draining &= core.above_low();
         idle = !progress;
     }
 }

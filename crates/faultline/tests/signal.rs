@@ -5,6 +5,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use faultline::*;
@@ -313,4 +314,111 @@ fn zero_copy_is_the_default_for_a_tmpfs_file() {
         .build(&SignalEngine::new().unwrap())
         .unwrap();
     assert_eq!(region.readahead(), ReadaheadConfig::adaptive(1, 64));
+}
+
+/// A budget of 256 pages with a low-water mark of 64, four evictors
+/// (the signal engine: faults evict for themselves too).
+fn four_evictors(store: Arc<dyn PageStore>, len: usize, low: usize) -> Region {
+    Region::builder(len)
+        .shared_store(store)
+        .readahead(ReadaheadConfig::fixed(1))
+        .budget(EvictionConfig {
+            budget_pages: 256,
+            policy: faultline::policy::PolicyKind::Fifo,
+        })
+        .budget_low_water(low)
+        .evictors(4)
+        .build_dyn(engine_of(EngineKind::Signal))
+        .unwrap()
+}
+
+/// The evictors drain to the low-water mark whenever the count reached
+/// the high-water mark (here the budget), also when a fault that found
+/// the budget full evicted a batch for itself and took the count back
+/// under the mark before any evictor looked. Fifty rounds, each a fresh
+/// region: 256 pages read (the last one takes the count to the mark),
+/// then one more, whose fault finds the budget full unless the evictors
+/// were quicker; either way they bring the count down to the low-water
+/// mark (one past it when that page went in after they drained). Evicted
+/// pages read back.
+#[test]
+fn evictors_drain_after_a_fault_evicted_for_itself() {
+    let _deadline = deadline(300);
+    let (budget, low, touched) = (256usize, 64usize, 257usize);
+    let len = 2 * budget * 4096;
+    let store = Arc::new(MemoryStore::new(pattern(len)));
+    let mut inline = 0;
+    for round in 0..50 {
+        let r = four_evictors(store.clone(), len, low);
+        for pg in 0..touched {
+            assert_eq!(read(r.as_ptr(), pg * 4096 + 7), pat(pg * 4096 + 7));
+        }
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                r.eviction_stats().unwrap().resident <= low as u64 + 1
+            }),
+            "round {round}: the evictors did not drain to the mark: {:?}",
+            r.eviction_stats()
+        );
+        let s = r.eviction_stats().unwrap();
+        assert!(s.max_resident <= budget as u64, "a bound: {s:?}");
+        inline += s.evicted_inline;
+        for pg in 0..touched {
+            assert_eq!(
+                read(r.as_ptr(), pg * 4096 + 7),
+                pat(pg * 4096 + 7),
+                "page {pg}"
+            );
+        }
+    }
+    eprintln!("pages evicted by faults for themselves in 50 rounds: {inline}");
+}
+
+/// Several evictors draining together stop at the low-water mark instead
+/// of each evicting a batch past it (each takes on only what the others
+/// have not). 256 dirty pages and a mark of 216: 40 pages to evict, in
+/// batches of at most 16. The write-backs wait at a closed gate until
+/// three evictors hold a batch, so every evictor chooses its batch before
+/// any page leaves: 16, 16 and 8 then, where each evictor reading the
+/// count for itself would take 16 (48 or 64 pages, past the mark).
+#[test]
+fn evictors_draining_together_stop_at_the_low_water_mark() {
+    let _deadline = deadline(300);
+    let (budget, low) = (256usize, 216usize);
+    let len = 2 * budget * 4096;
+    let store = Arc::new(GateStore::closed(MemoryStore::new(vec![0; len])));
+    let r = four_evictors(store.clone(), len, low);
+    for pg in 0..budget {
+        write(r.as_ptr(), pg * 4096, pg as u8 | 1);
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || store.waiting() >= 3),
+        "three evictors never held a batch each: {:?}",
+        r.eviction_stats()
+    );
+    // A fourth evictor that would take a batch too gets the time to.
+    std::thread::sleep(Duration::from_millis(100));
+    let held = store.waiting();
+    store.open();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            r.eviction_stats().unwrap().resident <= low as u64 && store.waiting() == 0
+        }),
+        "the evictors did not drain to the mark: {:?}",
+        r.eviction_stats()
+    );
+    // Any batch still being evicted is done.
+    std::thread::sleep(Duration::from_millis(50));
+    let s = r.eviction_stats().unwrap();
+    assert_eq!(
+        s.resident, low as u64,
+        "stopped at the mark ({held} evictors held batches at the gate): {s:?}"
+    );
+    assert_eq!(
+        s.written_back, s.evicted,
+        "dirty evictions write back: {s:?}"
+    );
+    for pg in 0..budget {
+        assert_eq!(read(r.as_ptr(), pg * 4096), pg as u8 | 1, "page {pg}");
+    }
 }

@@ -115,6 +115,12 @@ pub(crate) struct BudgetCore {
     /// Pages the evictors took on to evict down to the low-water mark and
     /// have not yet reported done (see [`Self::reserve_drain`]).
     draining: AtomicUsize,
+    /// Times the count rose to the high-water mark from under it (see
+    /// [`Self::drain_due`]).
+    crossings: AtomicU64,
+    /// The last of those crossings the evictors drained to the low-water
+    /// mark after.
+    drained: AtomicU64,
     /// Futex word the evictors sleep on; bumped to wake them.
     evict_seq: AtomicU32,
     evictors_asleep: AtomicU32,
@@ -138,6 +144,8 @@ impl BudgetCore {
             demand: AtomicBool::new(false),
             uncharges: AtomicU64::new(0),
             draining: AtomicUsize::new(0),
+            crossings: AtomicU64::new(0),
+            drained: AtomicU64::new(0),
             evict_seq: AtomicU32::new(0),
             evictors_asleep: AtomicU32::new(0),
             room_seq: AtomicU32::new(0),
@@ -168,21 +176,22 @@ impl BudgetCore {
     /// evictors when it reaches the high-water mark. Async-signal-safe.
     pub fn try_charge(&self, n: usize) -> bool {
         let mut cur = self.charged.load(SeqCst);
-        loop {
+        let before = loop {
             let stuck = self.unwritable.load(SeqCst);
-            if cur.saturating_sub(stuck) + n > self.max {
+            let before = cur.saturating_sub(stuck);
+            if before + n > self.max {
                 return false;
             }
             match self
                 .charged
                 .compare_exchange_weak(cur, cur + n, SeqCst, SeqCst)
             {
-                Ok(_) => break,
+                Ok(_) => break before,
                 Err(now) => cur = now,
             }
-        }
+        };
         self.max_charged.fetch_max(cur + n, Relaxed);
-        if self.counted() >= self.high() {
+        if self.rose(before, before + n) || self.counted() >= self.high() {
             self.kick();
         }
         true
@@ -192,7 +201,57 @@ impl BudgetCore {
     pub fn force_charge(&self, n: usize) {
         let now = self.charged.fetch_add(n, SeqCst) + n;
         self.max_charged.fetch_max(now, Relaxed);
+        let stuck = self.unwritable.load(SeqCst);
+        self.rose(now.saturating_sub(stuck + n), now.saturating_sub(stuck));
         self.kick();
+    }
+
+    /// The count went from `before` to `after` pages: counts a crossing
+    /// of the high-water mark (before the kick that follows it, so an
+    /// evictor that looks at [`Self::high_crossings`] before it sleeps
+    /// never misses one). Returns whether it was one.
+    fn rose(&self, before: usize, after: usize) -> bool {
+        let high = self.high();
+        let crossed = before < high && after >= high;
+        if crossed {
+            self.crossings.fetch_add(1, SeqCst);
+        }
+        crossed
+    }
+
+    /// Times the count rose to the high-water mark from under it.
+    pub fn high_crossings(&self) -> u64 {
+        self.crossings.load(SeqCst)
+    }
+
+    /// An evictor found the count at the high-water mark (it can get
+    /// there without a charge: held pages written back count again):
+    /// drains are due as after a crossing.
+    pub fn at_high(&self) {
+        self.crossings.fetch_add(1, SeqCst);
+    }
+
+    /// Whether the evictors drain toward the low-water mark: the count
+    /// rose to the high-water mark since it was last down at the low one.
+    /// So they drain also when a fault that found the budget full evicted
+    /// a batch for itself and took the count back under the high-water
+    /// mark before any evictor looked (UMap's hysteresis: from the high
+    /// mark down to the low one, whoever else evicts meanwhile). The
+    /// evictors share it: one that rested while the others finished does
+    /// not start again below the high-water mark. Clears it at the
+    /// low-water mark.
+    pub fn drain_due(&self) -> bool {
+        let seen = self.crossings.load(SeqCst);
+        if self.drained.load(SeqCst) >= seen {
+            return false;
+        }
+        if self.above_low() {
+            return true;
+        }
+        // Down at the mark after every crossing up to `seen` (a later one
+        // leaves `drained` behind it: still due).
+        self.drained.fetch_max(seen, SeqCst);
+        false
     }
 
     /// `n` charged pages left (evicted, or reserved and not installed):
@@ -290,11 +349,13 @@ impl BudgetCore {
     }
 
     /// The evictor's sleep: until kicked, or `timeout`; not at all while
-    /// there is work, unless `idle` (it just found nothing to evict).
-    pub fn evictor_sleep(&self, timeout: Duration, idle: bool) {
+    /// there is work, unless `idle` (it just found nothing to evict), nor
+    /// when the count crossed the high-water mark since the evictor saw
+    /// [`Self::high_crossings`] at `crossings`.
+    pub fn evictor_sleep(&self, timeout: Duration, idle: bool, crossings: u64) {
         self.evictors_asleep.fetch_add(1, SeqCst);
         let seq = self.evict_seq.load(SeqCst);
-        if idle || !self.wants_eviction() {
+        if (idle || !self.wants_eviction()) && self.high_crossings() == crossings {
             futex_wait(&self.evict_seq, seq, timeout);
         }
         self.evictors_asleep.fetch_sub(1, SeqCst);

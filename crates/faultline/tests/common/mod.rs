@@ -372,6 +372,65 @@ impl PageStore for SlowStore {
     }
 }
 
+/// A store whose write-backs wait while its gate is closed (each at most
+/// [`GateStore::MAX_WAIT`], so a test that never opens it still ends),
+/// counting the write-backs waiting there. Signal-safe: atomics and
+/// `nanosleep`.
+pub struct GateStore {
+    pub inner: MemoryStore,
+    closed: std::sync::atomic::AtomicBool,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl GateStore {
+    pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+    /// A gate store over `inner`, its gate closed.
+    pub fn closed(inner: MemoryStore) -> GateStore {
+        GateStore {
+            inner,
+            closed: true.into(),
+            waiting: 0.into(),
+        }
+    }
+
+    /// Write-backs waiting at the gate now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets every write-back through, from now on.
+    pub fn open(&self) {
+        self.closed
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl PageStore for GateStore {
+    fn describe(&self) -> &str {
+        "gate-test-store"
+    }
+    fn len(&self) -> Option<u64> {
+        self.inner.len()
+    }
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.inner.fill(offset, buf)
+    }
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.waiting.fetch_add(1, SeqCst);
+        let t0 = Instant::now();
+        while self.closed.load(SeqCst) && t0.elapsed() < Self::MAX_WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.waiting.fetch_sub(1, SeqCst);
+        self.inner.write_back(offset, data)
+    }
+    fn signal_safe(&self) -> bool {
+        true
+    }
+}
+
 /// MOVE from a pool of 2 MiB huge frames refilled in the background: data
 /// intact, every page installed once, most windows moved in whole.
 pub fn huge_frame_pool(e: EngineKind) {
