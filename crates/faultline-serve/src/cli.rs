@@ -185,6 +185,16 @@ pub struct ServeArgs {
     /// to --fault-around).
     #[arg(long, value_parser = initial_window)]
     pub fault_around_initial: Option<usize>,
+    /// Size the window of an isolated fault from the evidence: start at
+    /// --fault-around-initial, halve it while the pages a window leaves
+    /// out (one fault in four installs half the window) are rarely asked
+    /// for, double it while faults keep landing next to earlier windows,
+    /// weighing a fault against the pages installed (copy mode: a fault
+    /// is worth 25 pages, window 1 to 64; --shared: 40, 1 to 256; never
+    /// above --fault-around). Default off: every isolated fault installs
+    /// --fault-around-initial pages.
+    #[arg(long)]
+    pub adaptive_window: bool,
 }
 
 /// Parses `--fault-around-initial`: 1 to 1024 pages.
@@ -336,6 +346,7 @@ impl ServeArgs {
             phase_samples: self.phase_samples,
             workers: self.engine == EngineArg::Workers,
             wake_first: self.wake_first,
+            adaptive_window: self.adaptive_window,
             fault_around_initial: self
                 .fault_around_initial
                 .unwrap_or(crate::config::FAULT_AROUND_INITIAL),

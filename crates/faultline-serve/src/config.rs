@@ -129,6 +129,12 @@ pub struct ServeConfig {
     /// The window of an isolated fault, in pages (at most
     /// `fault_around`). Default [`FAULT_AROUND_INITIAL`].
     pub fault_around_initial: usize,
+    /// Adaptive isolated windows (`--adaptive-window`): sized per peer
+    /// region from where its faults land, weighed by the install mode's
+    /// cost ([`WindowTuning::COPY`](faultline::policy::WindowTuning::COPY),
+    /// [`WindowTuning::SHARED`](faultline::policy::WindowTuning::SHARED)). Default
+    /// false.
+    pub adaptive_window: bool,
     /// Dirty tracking: write each tracked peer's dirty set (the pages it
     /// wrote or dropped since it was served) here, at its hang-up and on
     /// request; `{peer}` is replaced by its connection number (without
@@ -208,6 +214,7 @@ impl ServeConfig {
             workers: false,
             wake_first: false,
             fault_around_initial: FAULT_AROUND_INITIAL,
+            adaptive_window: false,
             track_dirty: None,
         }
     }

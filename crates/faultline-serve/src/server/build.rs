@@ -19,6 +19,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
+use faultline::policy::WindowTuning;
 use faultline::{
     ForeignError, ForeignOptions, ForeignPeer, ForeignRegionSpec, ForeignUffd, ReadaheadConfig,
     SharedSnapshot,
@@ -114,6 +115,13 @@ pub fn build(
         } else {
             state.config.readahead()
         },
+        window_tuning: (state.config.adaptive_window && !record).then(|| {
+            if snapshot.is_some() {
+                WindowTuning::SHARED
+            } else {
+                WindowTuning::COPY
+            }
+        }),
         record,
         shared: snapshot,
         phase_samples: state.config.phase_samples,

@@ -201,7 +201,10 @@ impl ForeignRegion {
             kind,
             op,
             zeropage_reads: false,
-            readahead: Streams::by_address(opts.readahead),
+            readahead: match opts.window_tuning {
+                Some(t) => Streams::tuned(opts.readahead, t),
+                None => Streams::by_address(opts.readahead),
+            },
             max_run_pages,
             store: rstore,
             residency: Residency::new(pages.count()),
@@ -560,6 +563,26 @@ impl ForeignPeer {
         self.phases
             .as_ref()
             .map_or_else(Vec::new, PhaseRing::samples)
+    }
+
+    /// Its adaptive isolated windows ([`ForeignOptions::window_tuning`]):
+    /// the largest region's window now, in pages, and the times the
+    /// regions' windows doubled and halved; `None` without the tuning.
+    pub fn isolated_windows(&self) -> Option<(usize, u64, u64)> {
+        let mut out: Option<(usize, u64, u64, usize)> = None;
+        for r in &self.regions {
+            let Some((size, grows, shrinks)) = r.state.readahead.isolated() else {
+                continue;
+            };
+            let n = r.state.pages.count();
+            let o = out.get_or_insert((size, 0, 0, n));
+            if n > o.3 {
+                (o.0, o.3) = (size, n);
+            }
+            o.1 += grows;
+            o.2 += shrinks;
+        }
+        out.map(|(size, g, s, _)| (size, g, s))
     }
 
     /// Pages of all regions the residency map records as installed.
