@@ -60,6 +60,8 @@ use faultline_sys::uffd::{feature, pagefault_flag};
 #[derive(Debug, Default)]
 pub(super) struct PeerCounters {
     pub reads: AtomicU64,
+    /// Messages read, counted before any of a batch is handled.
+    pub messages: AtomicU64,
     pub removes: AtomicU64,
     pub removed_pages: AtomicU64,
     pub other_events: AtomicU64,
@@ -103,6 +105,12 @@ pub struct PeerStats {
     /// `read(2)`s of its userfaultfd that returned messages (fault
     /// messages per read: `faults / reads`).
     pub reads: u64,
+    /// Messages those reads returned (faults and events), counted as each
+    /// `read(2)` returns, before any of them is handled: once every
+    /// message read is handled, `faults + removes + other_events` equals
+    /// it (the handled ones are counted as each is handled, never
+    /// before it is read).
+    pub messages: u64,
     /// REMOVE events read.
     pub removes: u64,
     /// Whole pages those events dropped.
@@ -626,6 +634,7 @@ impl ForeignPeer {
         PeerStats {
             faults: fault_kinds.total(),
             reads: c.reads.load(Relaxed),
+            messages: c.messages.load(Relaxed),
             removes: c.removes.load(Relaxed),
             removed_pages: c.removed_pages.load(Relaxed),
             other_events: c.other_events.load(Relaxed),
