@@ -841,19 +841,25 @@ mod tests {
             fig.draw(&root, true).unwrap();
             root.present().unwrap();
         }
+        // Every <text x=".." y=".." ...>CONTENT</text> of the SVG.
+        let texts: Vec<(f64, f64, &str)> = svg
+            .split("<text")
+            .skip(1)
+            .map(|t| {
+                let attr = |name: &str| -> f64 {
+                    let v = &t[t.find(&format!(" {name}=\"")).unwrap() + name.len() + 3..];
+                    v[..v.find('"').unwrap()].parse().unwrap()
+                };
+                let body = &t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()];
+                (attr("x"), attr("y"), body.trim())
+            })
+            .collect();
         let mut ys: Vec<(f64, f64)> = Vec::new();
         for l in &labels {
-            let hits: Vec<(f64, f64)> = svg
-                .match_indices(&format!(">{l}</text>"))
-                .map(|(at, _)| {
-                    let open = svg[..at].rfind("<text").unwrap();
-                    let attr = |name: &str| -> f64 {
-                        let tag = &svg[open..at];
-                        let v = &tag[tag.find(&format!(" {name}=\"")).unwrap() + name.len() + 3..];
-                        v[..v.find('"').unwrap()].parse().unwrap()
-                    };
-                    (attr("x"), attr("y"))
-                })
+            let hits: Vec<(f64, f64)> = texts
+                .iter()
+                .filter(|t| t.2 == l)
+                .map(|t| (t.0, t.1))
                 .collect();
             assert_eq!(hits.len(), 2, "{l} drawn {} times", hits.len());
             ys.extend(hits);
