@@ -113,7 +113,7 @@ pub fn build(
         readahead: if record {
             ReadaheadConfig::off()
         } else {
-            state.config.readahead()
+            state.config.readahead_for(snapshot.is_some())
         },
         window_tuning: (state.config.adaptive_window && !record).then(|| {
             if snapshot.is_some() {

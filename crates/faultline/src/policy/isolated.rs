@@ -180,7 +180,7 @@ impl IsolatedWindows {
         // A full window's neighbours on both sides; a probe's the half
         // of the current window it left out.
         let keys = if probe {
-            let buddy = (start / len ^ 1) * len;
+            let buddy = ((start / len) ^ 1) * len;
             [(len, buddy), (len, buddy)]
         } else {
             [(len, start.wrapping_sub(len)), (len, start + len)]
