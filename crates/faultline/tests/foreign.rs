@@ -299,20 +299,7 @@ fn run_ahead_racing_balloon_removes_keeps_dropped_ranges_zero() {
         reader.join().unwrap();
         // SAFETY: the mapping is live; pages still missing fault in here.
         let got = unsafe { std::slice::from_raw_parts(a.as_ptr(), len) };
-        for p in 0..PAGES {
-            let page = &got[p * 4096..(p + 1) * 4096];
-            if dropped.iter().any(|r| r.contains(&p)) {
-                assert!(
-                    page.iter().all(|&x| x == 0),
-                    "round {round}: dropped page {p} holds store bytes"
-                );
-            } else {
-                assert!(
-                    page == &data[p * 4096..(p + 1) * 4096],
-                    "round {round}: page {p} differs"
-                );
-            }
-        }
+        check_dropped_zero(round, got, &data, &dropped);
         let s = peer.stats();
         assert!(s.removes as usize >= dropped.len());
         populated += s.run_ahead_pages;
@@ -321,6 +308,25 @@ fn run_ahead_racing_balloon_removes_keeps_dropped_ranges_zero() {
     }
     assert!(populated > 0, "the run-ahead populators installed nothing");
     assert!(drops > 0, "nothing was dropped ahead of the stream");
+}
+
+/// Every page of `got` holds the store's bytes (`data`), but for the
+/// pages of the `dropped` ranges, which read zeros.
+fn check_dropped_zero(round: u64, got: &[u8], data: &[u8], dropped: &[std::ops::Range<usize>]) {
+    for p in 0..got.len() / 4096 {
+        let page = &got[p * 4096..(p + 1) * 4096];
+        if dropped.iter().any(|r| r.contains(&p)) {
+            assert!(
+                page.iter().all(|&x| x == 0),
+                "round {round}: dropped page {p} holds store bytes"
+            );
+        } else {
+            assert!(
+                page == &data[p * 4096..(p + 1) * 4096],
+                "round {round}: page {p} differs"
+            );
+        }
+    }
 }
 
 /// A file in /dev/shm, removed on drop.
@@ -554,20 +560,7 @@ fn workers_read_each_message_once_through_remove_storms() {
         );
         // SAFETY: the mapping is live; pages still missing fault in here.
         let got = unsafe { std::slice::from_raw_parts(a.as_ptr(), len) };
-        for p in 0..PAGES {
-            let page = &got[p * 4096..(p + 1) * 4096];
-            if dropped.iter().any(|r| r.contains(&p)) {
-                assert!(
-                    page.iter().all(|&x| x == 0),
-                    "round {round}: dropped page {p} holds store bytes"
-                );
-            } else {
-                assert!(
-                    page == &data[p * 4096..(p + 1) * 4096],
-                    "round {round}: page {p} differs"
-                );
-            }
-        }
+        check_dropped_zero(round, got, &data, &dropped);
         let s = peer.stats();
         assert!(s.removes as usize >= dropped.len(), "{s:?}");
         removes += s.removes;
