@@ -6,37 +6,44 @@
 //! see touches of pages it installed, only faults; so the evidence is
 //! where later faults land beside earlier windows:
 //!
-//! 1. Each isolated window of `len` pages is remembered with its *buddy*:
-//!    the other half of the aligned block of `2 * len` pages holding it.
-//!    A later fault in the buddy (within the next [`RING`] isolated
-//!    windows) is a fault a window twice as long would have saved.
+//! 1. Each isolated window of `len` pages is remembered with its
+//!    *neighbours*, the `len` pages before and after it. A later fault
+//!    there (while the window is among the last [`HORIZON`] remembered)
+//!    is a fault a longer window would have saved: a *hit*.
 //! 2. Every [`PROBE_EVERY`]th isolated fault is a *probe*: it installs
-//!    half the current window (the aligned half holding the fault), and
-//!    its buddy is the half left out (the marker). A later fault there is
-//!    a fault the current window saves; none says the current window
-//!    installs pages nobody asks for.
+//!    half the current window (the aligned half holding the fault) and
+//!    leaves the other half out as a *marker*. A later fault on the
+//!    marker is a fault the current window saves; none says the current
+//!    window installs pages nobody asks for.
 //! 3. A fault costs about as much as installing `fault_pages` pages
-//!    (copy mode: a wake, a read and a return against ~2 us a page
+//!    (copy mode: a read, a wake and a return against ~2 us a page
 //!    copied; shared mode maps the page cache's pages, a fault is worth
-//!    more pages). After [`JUDGE`] full windows left the ring, the window
-//!    doubles if `hits / windows > size / fault_pages` (the `size` pages
-//!    more save more faults than they cost); after [`JUDGE`] probes it
-//!    halves if `hits / probes < (size / 2) / fault_pages`.
+//!    more pages). Hits are counted against the windows made at the
+//!    current size: after [`JUDGE`] probes the window halves if
+//!    `hits / probes < (size / 2) / fault_pages`; after `3 * JUDGE` full
+//!    windows it doubles if `hits / windows > size / fault_pages` (the
+//!    `size` pages more save more faults than they cost). A change of
+//!    size starts both counts over.
 //!
 //! ```text
-//!   size 16; fault at 37 (isolated): window [32, 48), buddy [48, 64)
-//!   a later fault at 50 (in the buddy): a 32-page window saved it  -> hit
+//!   size 16; fault at 37 (isolated): window [32, 48), neighbours
+//!   [16, 32) and [48, 64); a later fault at 50: a hit (grow evidence)
 //!   probe at 70: window [64, 72), marker [72, 80)
-//!   no later fault in [72, 80): the 16-page window wasted 8 pages  -> miss
+//!   no later fault in [72, 80): the 16-page window would have wasted
+//!   those 8 pages (shrink evidence)
 //! ```
 //!
-//! Everything here is pure; the fault path keeps one [`IsolatedWindows`]
-//! per peer region under a lock (`fault/readahead.rs`).
+//! What it cannot see: a neighbour the guest touches long after its
+//! window (a dense set touched in random order) is evidence that comes
+//! too late, so on such sets the window shrinks below what pays (see
+//! RESULTS.md, "Isolated windows that pay for themselves"; serve keeps it
+//! opt-in). Everything here is pure; the fault path keeps one
+//! [`IsolatedWindows`] per peer region under a lock (`fault/readahead.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
-/// Isolated windows remembered, waiting for a fault in their buddy.
+/// Isolated windows remembered, waiting for a fault on a neighbour or marker.
 pub const HORIZON: usize = 4096;
 /// One isolated fault in this many is a probe (half the window).
 pub const PROBE_EVERY: u64 = 4;
@@ -84,7 +91,7 @@ impl WindowTuning {
     }
 }
 
-/// One remembered window: is it a probe, was its buddy faulted.
+/// One remembered window: is it a probe, was a neighbour or its marker faulted.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     probe: bool,
@@ -96,9 +103,11 @@ struct Entry {
 pub struct IsolatedWindows {
     tuning: WindowTuning,
     size: usize,
-    /// Remembered windows by their buddy (length, first page), oldest
-    /// first in `order`; at most `horizon`.
-    buddies: HashMap<(usize, usize), u64>,
+    /// The blocks remembered windows wait on (length, first page: the
+    /// neighbours or the marker) to the window's number.
+    waits: HashMap<(usize, usize), u64>,
+    /// Remembered windows by number; their blocks, oldest first in
+    /// `order` (at most `horizon`).
     entries: HashMap<u64, Entry>,
     order: VecDeque<(u64, [(usize, usize); 2])>,
     horizon: usize,
@@ -130,7 +139,7 @@ impl IsolatedWindows {
         IsolatedWindows {
             tuning,
             size,
-            buddies: HashMap::new(),
+            waits: HashMap::new(),
             entries: HashMap::new(),
             order: VecDeque::new(),
             horizon: horizon.max(1),
@@ -148,12 +157,12 @@ impl IsolatedWindows {
     }
 
     /// A fault at `page` (any fault, before its window is chosen): marks
-    /// the remembered windows whose buddy holds it, and counts the hit if
+    /// the remembered windows whose neighbours or marker hold it, and counts the hit if
     /// the window was of the current size (or a probe of it).
     pub fn observe(&mut self, page: usize) {
         let mut len = (self.tuning.min / 2).max(1);
         while len <= self.tuning.max {
-            let id = self.buddies.get(&(len, page - page % len)).copied();
+            let id = self.waits.get(&(len, page - page % len)).copied();
             if let Some(e) = id.and_then(|id| self.entries.get_mut(&id)) {
                 if !e.hit {
                     e.hit = true;
@@ -170,7 +179,7 @@ impl IsolatedWindows {
 
     /// The window of an isolated fault at `page` of a `pages`-page
     /// region: the aligned block of the current size holding it, or of
-    /// half that for a probe; remembered with its buddy.
+    /// half that for a probe; remembered with its neighbours or marker.
     pub fn window(&mut self, page: usize, pages: usize) -> Range<usize> {
         debug_assert!(page < pages);
         self.isolated += 1;
@@ -189,7 +198,7 @@ impl IsolatedWindows {
         self.entries.insert(id, Entry { probe, hit: false });
         for k in keys {
             if k.1 < pages {
-                self.buddies.insert(k, id);
+                self.waits.insert(k, id);
             }
         }
         self.order.push_back((id, keys));
@@ -197,8 +206,8 @@ impl IsolatedWindows {
             let (old, keys) = self.order.pop_front().expect("not empty");
             self.entries.remove(&old);
             for k in keys {
-                if self.buddies.get(&k) == Some(&old) {
-                    self.buddies.remove(&k);
+                if self.waits.get(&k) == Some(&old) {
+                    self.waits.remove(&k);
                 }
             }
         }
@@ -296,7 +305,7 @@ mod tests {
     #[test]
     fn a_probe_whose_marker_is_asked_for_keeps_the_window() {
         // Runs of 16 aligned pages: a probe's left-out half is always
-        // faulted, a full window's buddy never.
+        // faulted, a full window's neighbours never.
         let mut t = IsolatedWindows::new(WindowTuning::COPY, 16);
         run(&mut t, (0..4000).map(|i| i * 4096 % N), |w| {
             if w.len() < 16 {
