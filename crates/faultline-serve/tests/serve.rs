@@ -756,25 +756,21 @@ fn shared_mode_record_then_prefetch_gives_identical_bytes_without_a_copy() {
     );
 }
 
+/// `faultline serve --peers 1 --shared SNAP --json DIR/serve.json EXTRA`.
+fn serve_shared_one(dir: &Dir, snap: &Shm, extra: &[&str]) -> Proc {
+    let json = dir.path("serve.json");
+    let args = [&["--shared", snap.arg()], extra].concat();
+    let mut all = vec!["--peers", "1", "--json", json.to_str().unwrap()];
+    all.extend_from_slice(&args);
+    serve(dir, &all)
+}
+
 /// Serves one shared-mode peer (`--working-set 10`, two vCPUs, its bytes
 /// checked, `peer_extra` too) with `serve_extra`; serve's summary.
 fn shared_once(name: &str, serve_extra: &[&str], peer_extra: &[&str]) -> serde_json::Value {
     let dir = Dir::new(name, 16 * MIB);
     let snap = Shm::new(name);
-    let json = dir.path("serve.json");
-    let args = [
-        &[
-            "--peers",
-            "1",
-            "--shared",
-            snap.arg(),
-            "--json",
-            json.to_str().unwrap(),
-        ],
-        serve_extra,
-    ]
-    .concat();
-    let mut s = serve(&dir, &args);
+    let mut s = serve_shared_one(&dir, &snap, serve_extra);
     let ws = ["--working-set", "10", "--seed", "5", "--threads", "2"];
     let mut p = shared_peer(&dir, "p", &snap, &[&ws[..], peer_extra].concat());
     assert_ok(&mut p, &dir);
@@ -966,18 +962,7 @@ fn a_shared_peer_in_another_pid_namespace_is_served_by_its_declared_backing() {
 fn serve_registers_minor_for_a_shared_peer_that_registered_missing_only() {
     let dir = Dir::new("shared-missing-only", 16 * MIB);
     let snap = Shm::new("missing-only");
-    let json = dir.path("serve.json");
-    let mut s = serve(
-        &dir,
-        &[
-            "--peers",
-            "1",
-            "--shared",
-            snap.arg(),
-            "--json",
-            json.to_str().unwrap(),
-        ],
-    );
+    let mut s = serve_shared_one(&dir, &snap, &[]);
     // The peer registers MISSING only: its touches of cached pages would be
     // the kernel's, and after its balloon the kernel would map the
     // snapshot's page again, not zeros. serve registers MINOR through the

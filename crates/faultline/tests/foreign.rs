@@ -237,26 +237,12 @@ fn run_ahead_racing_balloon_removes_keeps_dropped_ranges_zero() {
     let (engine, _events) = ForeignEngine::new(EngineKind::Poll, Default::default()).unwrap();
     let (mut populated, mut drops) = (0, 0);
     for round in 0..8 {
-        let u = new_uffd(feature::EVENT_REMOVE);
-        let a = Mapping::anon(len).unwrap();
-        a.advise(0, len, Advice::NoHugePage).unwrap();
-        u.register(a.addr(), len as u64, register_mode::MISSING)
-            .unwrap();
         let opts = ForeignOptions {
             readahead: ReadaheadConfig::adaptive(1, 16),
             run_ahead: Some(RunAheadConfig { budget_pages: 256 }),
             ..Default::default()
         };
-        let peer = engine.add(
-            ForeignPeer::new(
-                "self",
-                ForeignUffd::adopt(dup(&u)).unwrap(),
-                &[spec(a.addr(), len, 0)],
-                store.clone(),
-                &opts,
-            )
-            .unwrap(),
-        );
+        let (_u, a, peer) = anon_self_peer(&engine, &store, len, &opts);
         let base = a.addr() as usize;
         let progress = Arc::new(AtomicUsize::new(0));
         let reader = {
@@ -308,6 +294,33 @@ fn run_ahead_racing_balloon_removes_keeps_dropped_ranges_zero() {
     }
     assert!(populated > 0, "the run-ahead populators installed nothing");
     assert!(drops > 0, "nothing was dropped ahead of the stream");
+}
+
+/// `len` bytes of anonymous memory of this process registered MISSING
+/// with a userfaultfd that reads REMOVE events, served by `engine` from
+/// `store` as a peer ("self") with `opts`.
+fn anon_self_peer(
+    engine: &ForeignEngine,
+    store: &Arc<dyn PageStore>,
+    len: usize,
+    opts: &ForeignOptions,
+) -> (Uffd, Mapping, Arc<ForeignPeer>) {
+    let u = new_uffd(feature::EVENT_REMOVE);
+    let a = Mapping::anon(len).unwrap();
+    a.advise(0, len, Advice::NoHugePage).unwrap();
+    u.register(a.addr(), len as u64, register_mode::MISSING)
+        .unwrap();
+    let peer = engine.add(
+        ForeignPeer::new(
+            "self",
+            ForeignUffd::adopt(dup(&u)).unwrap(),
+            &[spec(a.addr(), len, 0)],
+            store.clone(),
+            opts,
+        )
+        .unwrap(),
+    );
+    (u, a, peer)
 }
 
 /// Every page of `got` holds the store's bytes (`data`), but for the
@@ -482,26 +495,12 @@ fn workers_read_each_message_once_through_remove_storms() {
     let (engine, _events) = ForeignEngine::new(EngineKind::Poll, cfg).unwrap();
     let (mut removes, mut faults) = (0, 0);
     for round in 0..4u64 {
-        let u = new_uffd(feature::EVENT_REMOVE);
-        let a = Mapping::anon(len).unwrap();
-        a.advise(0, len, Advice::NoHugePage).unwrap();
-        u.register(a.addr(), len as u64, register_mode::MISSING)
-            .unwrap();
         // Windows overlap between the two threads: claims settle them.
         let opts = ForeignOptions {
             readahead: ReadaheadConfig::adaptive(4, 32),
             ..Default::default()
         };
-        let peer = engine.add(
-            ForeignPeer::new(
-                "self",
-                ForeignUffd::adopt(dup(&u)).unwrap(),
-                &[spec(a.addr(), len, 0)],
-                store.clone(),
-                &opts,
-            )
-            .unwrap(),
-        );
+        let (_u, a, peer) = anon_self_peer(&engine, &store, len, &opts);
         let base = a.addr() as usize;
         let vcpus: Vec<_> = (0..VCPUS)
             .map(|t| {
