@@ -55,8 +55,8 @@ pub struct ServeArgs {
     pub engine: EngineArg,
     /// The cap of a fault's window, in pages (0 or 1: one page per
     /// fault). As the kernel's fault-around and read-ahead: an isolated
-    /// fault installs the aligned 16 pages around it (fewer with a smaller
-    /// cap); a fault where an earlier window ended continues that stream
+    /// fault installs the aligned 16 pages around it (128 in shared mode,
+    /// fewer with a smaller cap; see --fault-around-initial); a fault where an earlier window ended continues that stream
     /// and doubles its window, up to this cap. Default 512 (2 MiB of 4 KiB
     /// pages).
     #[arg(long, default_value_t = crate::config::FAULT_AROUND)]
@@ -188,12 +188,23 @@ pub struct ServeArgs {
     #[arg(long)]
     pub wake_first: bool,
     /// The window of an isolated fault, in pages (1 to 1024; at most
-    /// --fault-around): 16 as the kernel's fault-around by default (or
+    /// --fault-around): 16 as the kernel's fault-around by default, 128 in
+    /// shared mode (--shared: no copy, a page more costs less; or
     /// --fault-around when smaller); 1 installs only the faulting page (a
     /// sequential stream still grows its window from there, doubling up
-    /// to --fault-around).
+    /// to --fault-around). Given, it holds in both modes.
     #[arg(long, value_parser = initial_window)]
     pub fault_around_initial: Option<usize>,
+    /// Size the window of an isolated fault from the evidence: start at
+    /// --fault-around-initial, halve it while the pages a window leaves
+    /// out (one fault in four installs half the window) are rarely asked
+    /// for, double it while faults keep landing next to earlier windows,
+    /// weighing a fault against the pages installed (copy mode: a fault
+    /// is worth 25 pages, window 1 to 64; --shared: 40, 1 to 256; never
+    /// above --fault-around). Default off: every isolated fault installs
+    /// --fault-around-initial pages.
+    #[arg(long)]
+    pub adaptive_window: bool,
 }
 
 /// Parses `--fault-around-initial`: 1 to 1024 pages.
@@ -346,9 +357,13 @@ impl ServeArgs {
             phase_samples: self.phase_samples,
             workers: self.engine == EngineArg::Workers,
             wake_first: self.wake_first,
+            adaptive_window: self.adaptive_window,
             fault_around_initial: self
                 .fault_around_initial
                 .unwrap_or(crate::config::FAULT_AROUND_INITIAL),
+            fault_around_initial_shared: self
+                .fault_around_initial
+                .unwrap_or(crate::config::FAULT_AROUND_INITIAL_SHARED),
             track_dirty: self.track_dirty.clone(),
             ..ServeConfig::new(self.socket.clone(), source)
         })

@@ -47,6 +47,12 @@ pub const FAULT_AROUND: usize = 512;
 /// the kernel's fault-around (`fault_around_bytes`, 64 KiB).
 pub const FAULT_AROUND_INITIAL: usize = 16;
 
+/// The window an isolated fault installs in shared mode: `UFFDIO_CONTINUE`
+/// maps the page cache's pages without a copy, so a page more costs a
+/// third of a copied one (see RESULTS.md, "Isolated windows that pay for
+/// themselves") and the window that pays for itself is larger.
+pub const FAULT_AROUND_INITIAL_SHARED: usize = 128;
+
 /// Where the snapshot's bytes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -134,6 +140,15 @@ pub struct ServeConfig {
     /// The window of an isolated fault, in pages (at most
     /// `fault_around`). Default [`FAULT_AROUND_INITIAL`].
     pub fault_around_initial: usize,
+    /// Adaptive isolated windows (`--adaptive-window`): sized per peer
+    /// region from where its faults land, weighed by the install mode's
+    /// cost ([`WindowTuning::COPY`](faultline::policy::WindowTuning::COPY),
+    /// [`WindowTuning::SHARED`](faultline::policy::WindowTuning::SHARED)). Default
+    /// false.
+    pub adaptive_window: bool,
+    /// The window of an isolated fault in shared mode, in pages (at most
+    /// `fault_around`). Default [`FAULT_AROUND_INITIAL_SHARED`].
+    pub fault_around_initial_shared: usize,
     /// Dirty tracking: write each tracked peer's dirty set (the pages it
     /// wrote or dropped since it was served) here, at its hang-up and on
     /// request; `{peer}` is replaced by its connection number (without
@@ -207,6 +222,8 @@ impl ServeConfig {
             workers: false,
             wake_first: false,
             fault_around_initial: FAULT_AROUND_INITIAL,
+            adaptive_window: false,
+            fault_around_initial_shared: FAULT_AROUND_INITIAL_SHARED,
             track_dirty: None,
         }
     }
@@ -216,11 +233,23 @@ impl ServeConfig {
     /// window doubling up to `fault_around` on a sequential stream; one
     /// page per fault with `fault_around` 0 or 1.
     pub fn readahead(&self) -> ReadaheadConfig {
+        self.readahead_for(false)
+    }
+
+    /// [`ServeConfig::readahead`] of a peer served in shared mode
+    /// (`shared`: its isolated window is `fault_around_initial_shared`)
+    /// or copy mode.
+    pub fn readahead_for(&self, shared: bool) -> ReadaheadConfig {
         if self.fault_around <= 1 {
             ReadaheadConfig::off()
         } else {
             let cap = self.fault_around;
-            ReadaheadConfig::adaptive(self.fault_around_initial.clamp(1, cap), cap)
+            let initial = if shared {
+                self.fault_around_initial_shared
+            } else {
+                self.fault_around_initial
+            };
+            ReadaheadConfig::adaptive(initial.clamp(1, cap), cap)
         }
     }
 

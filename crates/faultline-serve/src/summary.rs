@@ -35,6 +35,14 @@ pub struct PeerSummary {
     /// knows the peer's working set, counts the wasted ones exactly).
     #[serde(default)]
     pub around: u64,
+    /// `--adaptive-window`: the isolated window of the peer's largest
+    /// region when it ended, pages (0: not adaptive).
+    #[serde(default)]
+    pub isolated_window: usize,
+    /// `--adaptive-window`: times its regions' isolated windows doubled
+    /// and halved.
+    #[serde(default)]
+    pub window_changes: [u64; 2],
     /// Bytes read from the memory file (pages installed from it).
     pub bytes_read: u64,
     /// REMOVE events.

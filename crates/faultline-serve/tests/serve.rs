@@ -756,6 +756,63 @@ fn shared_mode_record_then_prefetch_gives_identical_bytes_without_a_copy() {
     );
 }
 
+/// `faultline serve --peers 1 --shared SNAP --json DIR/serve.json EXTRA`.
+fn serve_shared_one(dir: &Dir, snap: &Shm, extra: &[&str]) -> Proc {
+    let json = dir.path("serve.json");
+    let args = [&["--shared", snap.arg()], extra].concat();
+    let mut all = vec!["--peers", "1", "--json", json.to_str().unwrap()];
+    all.extend_from_slice(&args);
+    serve(dir, &all)
+}
+
+/// Serves one shared-mode peer (`--working-set 10`, two vCPUs, its bytes
+/// checked, `peer_extra` too) with `serve_extra`; serve's summary.
+fn shared_once(name: &str, serve_extra: &[&str], peer_extra: &[&str]) -> serde_json::Value {
+    let dir = Dir::new(name, 16 * MIB);
+    let snap = Shm::new(name);
+    let mut s = serve_shared_one(&dir, &snap, serve_extra);
+    let ws = ["--working-set", "10", "--seed", "5", "--threads", "2"];
+    let mut p = shared_peer(&dir, "p", &snap, &[&ws[..], peer_extra].concat());
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    summaries(&dir, "serve.json").remove(0)
+}
+
+#[test]
+fn shared_mode_isolated_faults_take_larger_windows_by_default() {
+    // A page more costs no copy in shared mode: an isolated fault maps 128
+    // pages by default, 16 in copy mode or when asked for. Pages mapped
+    // per fault (the same seeded set, the same vCPUs) say which.
+    let per_fault = |s: &serde_json::Value| {
+        s["installed"].as_u64().unwrap() as f64 / s["faults"].as_u64().unwrap().max(1) as f64
+    };
+    let wide = shared_once("shared-wide", &[], &[]);
+    let narrow = shared_once("shared-narrow", &["--fault-around-initial", "16"], &[]);
+    assert_eq!(wide["mode"], "shared", "{wide}");
+    assert!(
+        per_fault(&wide) > 1.5 * per_fault(&narrow),
+        "{} pages a fault by default, {} with 16: {wide} {narrow}",
+        per_fault(&wide),
+        per_fault(&narrow)
+    );
+}
+
+#[test]
+fn adaptive_windows_serve_every_byte_in_both_modes() {
+    // --adaptive-window: the isolated window moves within its bounds (1 to
+    // 64 copied, 1 to 256 mapped) and every byte is right (--verify-all).
+    let all = ["--working-set", "10", "--verify-all"];
+    let (s, _) = served_once("adaptive-copy", &["--adaptive-window"], &all);
+    let w = s["isolated_window"].as_u64().unwrap();
+    assert!((1..=64).contains(&w), "{s}");
+    let s = shared_once("adaptive-shared", &["--adaptive-window"], &["--verify-all"]);
+    let w = s["isolated_window"].as_u64().unwrap();
+    assert!((1..=256).contains(&w), "{s}");
+    // Without the flag it is not reported.
+    let s = shared_once("fixed-shared", &[], &[]);
+    assert_eq!(s["isolated_window"], 0, "{s}");
+}
+
 #[test]
 fn shared_mode_writes_stay_private_and_removed_pages_read_zeros() {
     let dir = Dir::new("shared-private", 16 * MIB);
@@ -905,18 +962,7 @@ fn a_shared_peer_in_another_pid_namespace_is_served_by_its_declared_backing() {
 fn serve_registers_minor_for_a_shared_peer_that_registered_missing_only() {
     let dir = Dir::new("shared-missing-only", 16 * MIB);
     let snap = Shm::new("missing-only");
-    let json = dir.path("serve.json");
-    let mut s = serve(
-        &dir,
-        &[
-            "--peers",
-            "1",
-            "--shared",
-            snap.arg(),
-            "--json",
-            json.to_str().unwrap(),
-        ],
-    );
+    let mut s = serve_shared_one(&dir, &snap, &[]);
     // The peer registers MISSING only: its touches of cached pages would be
     // the kernel's, and after its balloon the kernel would map the
     // snapshot's page again, not zeros. serve registers MINOR through the

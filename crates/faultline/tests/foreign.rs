@@ -237,26 +237,12 @@ fn run_ahead_racing_balloon_removes_keeps_dropped_ranges_zero() {
     let (engine, _events) = ForeignEngine::new(EngineKind::Poll, Default::default()).unwrap();
     let (mut populated, mut drops) = (0, 0);
     for round in 0..8 {
-        let u = new_uffd(feature::EVENT_REMOVE);
-        let a = Mapping::anon(len).unwrap();
-        a.advise(0, len, Advice::NoHugePage).unwrap();
-        u.register(a.addr(), len as u64, register_mode::MISSING)
-            .unwrap();
         let opts = ForeignOptions {
             readahead: ReadaheadConfig::adaptive(1, 16),
             run_ahead: Some(RunAheadConfig { budget_pages: 256 }),
             ..Default::default()
         };
-        let peer = engine.add(
-            ForeignPeer::new(
-                "self",
-                ForeignUffd::adopt(dup(&u)).unwrap(),
-                &[spec(a.addr(), len, 0)],
-                store.clone(),
-                &opts,
-            )
-            .unwrap(),
-        );
+        let (_u, a, peer) = anon_self_peer(&engine, &store, len, &opts);
         let base = a.addr() as usize;
         let progress = Arc::new(AtomicUsize::new(0));
         let reader = {
@@ -299,20 +285,7 @@ fn run_ahead_racing_balloon_removes_keeps_dropped_ranges_zero() {
         reader.join().unwrap();
         // SAFETY: the mapping is live; pages still missing fault in here.
         let got = unsafe { std::slice::from_raw_parts(a.as_ptr(), len) };
-        for p in 0..PAGES {
-            let page = &got[p * 4096..(p + 1) * 4096];
-            if dropped.iter().any(|r| r.contains(&p)) {
-                assert!(
-                    page.iter().all(|&x| x == 0),
-                    "round {round}: dropped page {p} holds store bytes"
-                );
-            } else {
-                assert!(
-                    page == &data[p * 4096..(p + 1) * 4096],
-                    "round {round}: page {p} differs"
-                );
-            }
-        }
+        check_dropped_zero(round, got, &data, &dropped);
         let s = peer.stats();
         assert!(s.removes as usize >= dropped.len());
         populated += s.run_ahead_pages;
@@ -321,6 +294,52 @@ fn run_ahead_racing_balloon_removes_keeps_dropped_ranges_zero() {
     }
     assert!(populated > 0, "the run-ahead populators installed nothing");
     assert!(drops > 0, "nothing was dropped ahead of the stream");
+}
+
+/// `len` bytes of anonymous memory of this process registered MISSING
+/// with a userfaultfd that reads REMOVE events, served by `engine` from
+/// `store` as a peer ("self") with `opts`.
+fn anon_self_peer(
+    engine: &ForeignEngine,
+    store: &Arc<dyn PageStore>,
+    len: usize,
+    opts: &ForeignOptions,
+) -> (Uffd, Mapping, Arc<ForeignPeer>) {
+    let u = new_uffd(feature::EVENT_REMOVE);
+    let a = Mapping::anon(len).unwrap();
+    a.advise(0, len, Advice::NoHugePage).unwrap();
+    u.register(a.addr(), len as u64, register_mode::MISSING)
+        .unwrap();
+    let peer = engine.add(
+        ForeignPeer::new(
+            "self",
+            ForeignUffd::adopt(dup(&u)).unwrap(),
+            &[spec(a.addr(), len, 0)],
+            store.clone(),
+            opts,
+        )
+        .unwrap(),
+    );
+    (u, a, peer)
+}
+
+/// Every page of `got` holds the store's bytes (`data`), but for the
+/// pages of the `dropped` ranges, which read zeros.
+fn check_dropped_zero(round: u64, got: &[u8], data: &[u8], dropped: &[std::ops::Range<usize>]) {
+    for p in 0..got.len() / 4096 {
+        let page = &got[p * 4096..(p + 1) * 4096];
+        if dropped.iter().any(|r| r.contains(&p)) {
+            assert!(
+                page.iter().all(|&x| x == 0),
+                "round {round}: dropped page {p} holds store bytes"
+            );
+        } else {
+            assert!(
+                page == &data[p * 4096..(p + 1) * 4096],
+                "round {round}: page {p} differs"
+            );
+        }
+    }
 }
 
 /// A file in /dev/shm, removed on drop.
@@ -446,4 +465,110 @@ fn a_shared_snapshot_is_served_with_continue_zero_copy() {
     assert_eq!(peer.stats().removed_pages, (len / 2 / 4096) as u64);
     assert!(events.try_recv().is_err(), "no peer event expected");
     engine.remove(peer.id()).unwrap();
+}
+
+/// Workers (`spread`: both handler threads read the one userfaultfd)
+/// through REMOVE storms: every message the kernel hands out is read by
+/// one thread and handled once. The peer's counters say so: `messages`
+/// counts each `read(2)`'s messages before any is handled, the handled
+/// ones (`faults + removes + other_events`) as each is handled. Read
+/// handled first, then messages: handled is never more (no message
+/// handled twice), and once the vCPUs are done and the handlers quiet
+/// they are equal (none lost: the poll is bounded, as the last vCPU can
+/// be woken by another fault's install while its own message is still
+/// on its way through the other thread). Every byte is checked: pages a
+/// storm dropped read zeros, the others the store's.
+#[test]
+fn workers_read_each_message_once_through_remove_storms() {
+    let _deadline = faultline::testing::child::deadline(240);
+    const PAGES: usize = 8192;
+    const VCPUS: usize = 4;
+    const DROP: usize = 24;
+    let len = PAGES * 4096;
+    let data = pattern(len);
+    let store: Arc<dyn PageStore> = Arc::new(MemoryStore::new(data.clone()));
+    let cfg = ForeignEngineConfig {
+        threads: 2,
+        spread: true,
+        ..Default::default()
+    };
+    let (engine, _events) = ForeignEngine::new(EngineKind::Poll, cfg).unwrap();
+    let (mut removes, mut faults) = (0, 0);
+    for round in 0..4u64 {
+        // Windows overlap between the two threads: claims settle them.
+        let opts = ForeignOptions {
+            readahead: ReadaheadConfig::adaptive(4, 32),
+            ..Default::default()
+        };
+        let (_u, a, peer) = anon_self_peer(&engine, &store, len, &opts);
+        let base = a.addr() as usize;
+        let vcpus: Vec<_> = (0..VCPUS)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    // Scattered over the region, each vCPU its own pages.
+                    for i in (t..PAGES).step_by(VCPUS) {
+                        let p = i * 2654435761 % PAGES;
+                        // SAFETY: inside a live mapping (leaked if a vCPU
+                        // stalls, see below).
+                        unsafe { std::ptr::read_volatile((base + p * 4096) as *const u8) };
+                    }
+                })
+            })
+            .collect();
+        // The storm: drop ranges while the vCPUs fault, each madvise
+        // waiting for its REMOVE to be read.
+        let mut dropped = Vec::new();
+        let mut k = round;
+        while !vcpus.iter().all(|v| v.is_finished()) && dropped.len() < 400 {
+            k = k
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let at = (k >> 33) as usize % (PAGES - DROP);
+            mem::madvise(a.addr() + (at * 4096) as u64, DROP * 4096, Advice::DontNeed).unwrap();
+            dropped.push(at..at + DROP);
+        }
+        if !wait_until(Duration::from_secs(60), || {
+            vcpus.iter().all(|v| v.is_finished())
+        }) {
+            std::mem::forget(a);
+            panic!("round {round}: a vCPU stalled: {:?}", peer.stats());
+        }
+        for v in vcpus {
+            v.join().unwrap();
+        }
+        let handled_and_read = || {
+            let s = peer.stats();
+            let handled = s.faults + s.removes + s.other_events;
+            (handled, peer.stats().messages)
+        };
+        let mut counts = handled_and_read();
+        let settled = wait_until(Duration::from_secs(30), || {
+            counts = handled_and_read();
+            assert!(
+                counts.0 <= counts.1,
+                "round {round}: {} messages handled of {} read: one handled twice",
+                counts.0,
+                counts.1
+            );
+            counts.0 == counts.1
+        });
+        assert!(
+            settled,
+            "round {round}: {} messages handled of {} read: one lost",
+            counts.0, counts.1
+        );
+        // SAFETY: the mapping is live; pages still missing fault in here.
+        let got = unsafe { std::slice::from_raw_parts(a.as_ptr(), len) };
+        check_dropped_zero(round, got, &data, &dropped);
+        let s = peer.stats();
+        assert!(s.removes as usize >= dropped.len(), "{s:?}");
+        removes += s.removes;
+        faults += s.faults;
+        engine.remove(peer.id()).unwrap();
+    }
+    eprintln!("{removes} REMOVE events, {faults} faults over 4 rounds");
+    assert!(
+        removes > 0 && faults > 0,
+        "{removes} REMOVE, {faults} faults"
+    );
 }

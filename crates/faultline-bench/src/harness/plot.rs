@@ -325,7 +325,28 @@ struct PhaseBars<'a> {
 
 const PHASES: [&str; 3] = ["trigger", "resolve", "return"];
 
+/// Height of one bar's row in the phase figure, pixels.
+const PHASE_ROW: u32 = 26;
+
+impl PhaseBars<'_> {
+    /// Pixels the longest label takes (about 8 a character at 14 px).
+    fn label_width(&self) -> u32 {
+        let chars = self.bars.iter().map(|b| b.0.chars().count()).max();
+        (chars.unwrap_or(0) as u32 * 8 + 20).clamp(60, 420)
+    }
+}
+
 impl Figure for PhaseBars<'_> {
+    /// One row a bar: the labels are on the left, one a row, never
+    /// overlapping however many bars there are.
+    fn size(&self) -> (u32, u32) {
+        let k = self.bars.len().max(1) as u32;
+        (
+            SIZE.0.max(2 * self.label_width() + 700),
+            120 + PHASE_ROW * k,
+        )
+    }
+
     fn draw<DB: DrawingBackend>(
         &self,
         root: &DrawingArea<DB, Shift>,
@@ -335,7 +356,8 @@ impl Figure for PhaseBars<'_> {
         let (left, right) = root.split_horizontally(root.dim_in_pixel().0 / 2);
         for (panel, area) in [left, right].iter().enumerate() {
             let percent = panel == 1;
-            let ymax = if percent {
+            // Room on the right of the cycles panel for the legend.
+            let xmax = if percent {
                 100.0
             } else {
                 self.bars
@@ -343,7 +365,7 @@ impl Figure for PhaseBars<'_> {
                     .map(|b| b.1 + b.2 + b.3)
                     .fold(0.0, f64::max)
                     .max(1.0)
-                    * 1.1
+                    * 1.45
             };
             let mut b = ChartBuilder::on(area);
             b.margin(10);
@@ -357,28 +379,31 @@ impl Figure for PhaseBars<'_> {
                     ("sans-serif", 18),
                 )
                 .x_label_area_size(40)
-                .y_label_area_size(70);
+                .y_label_area_size(self.label_width());
             }
             let mut chart = b
-                .build_cartesian_2d((0u32..k - 1).into_segmented(), 0.0..ymax)
+                .build_cartesian_2d(0.0..xmax, (0u32..k - 1).into_segmented())
                 .map_err(perr)?;
+            // The first bar at the top.
+            let row = |i: usize| k - 1 - i as u32;
             let fmt = |v: &SegmentValue<u32>| match v {
-                SegmentValue::CenterOf(i) => self
+                SegmentValue::CenterOf(r) => self
                     .bars
-                    .get(*i as usize)
+                    .get((k - 1 - *r) as usize)
                     .map_or_else(String::new, |b| b.0.clone()),
                 _ => String::new(),
             };
             if text {
                 chart
                     .configure_mesh()
-                    .disable_x_mesh()
+                    .disable_y_mesh()
                     .light_line_style(TRANSPARENT)
                     .label_style(("sans-serif", 14))
-                    .x_labels(k as usize + 1)
-                    .x_label_formatter(&fmt)
-                    .y_label_formatter(&|v| fmt_axis(*v))
-                    .y_desc(if percent { "%" } else { "cycles" })
+                    .y_labels(k as usize + 1)
+                    .y_label_formatter(&fmt)
+                    .x_labels(6)
+                    .x_label_formatter(&|v| fmt_axis(*v))
+                    .x_desc(if percent { "%" } else { "cycles" })
                     .draw()
                     .map_err(perr)?;
             }
@@ -388,26 +413,26 @@ impl Figure for PhaseBars<'_> {
                     let vals = [b.1, b.2, b.3];
                     let total = (b.1 + b.2 + b.3).max(f64::MIN_POSITIVE);
                     let scale = if percent { 100.0 / total } else { 1.0 };
-                    let y0: f64 = vals[..p].iter().sum::<f64>() * scale;
-                    let y1 = y0 + vals[p] * scale;
+                    let x0: f64 = vals[..p].iter().sum::<f64>() * scale;
+                    let x1 = x0 + vals[p] * scale;
                     let mut r = Rectangle::new(
                         [
-                            (SegmentValue::Exact(i as u32), y0),
-                            (SegmentValue::Exact(i as u32 + 1), y1),
+                            (x0, SegmentValue::Exact(row(i))),
+                            (x1, SegmentValue::Exact(row(i) + 1)),
                         ],
                         c.filled(),
                     );
-                    r.set_margin(0, 0, 12, 12);
+                    r.set_margin(4, 4, 0, 0);
                     r
                 });
                 let series = chart.draw_series(rects).map_err(perr)?;
-                if text {
+                if text && !percent {
                     series.label(*phase).legend(move |(x, y)| {
                         Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled())
                     });
                 }
             }
-            if text {
+            if text && !percent {
                 legend(&mut chart, SeriesLabelPosition::UpperRight)?;
             }
         }
@@ -416,8 +441,10 @@ impl Figure for PhaseBars<'_> {
 }
 
 /// Stacked bars of the trigger / resolve / return phases of each mechanism
-/// (`(label, trigger, resolve, return)` in cycles): absolute cycles on the left,
-/// percentage shares on the right. Written as `dir/name.svg` and `dir/name.png`.
+/// (`(label, trigger, resolve, return)` in cycles), one horizontal bar a
+/// row with its label on the left (the figure grows a row a bar):
+/// absolute cycles on the left, percentage shares on the right. Written
+/// as `dir/name.svg` and `dir/name.png`.
 pub fn phase_bars(dir: &Path, name: &str, bars: &[(String, f64, f64, f64)]) -> anyhow::Result<()> {
     write_figure(dir, name, &PhaseBars { bars }, font_available())
 }
@@ -789,6 +816,69 @@ mod tests {
         assert!((lin.bins[1].0 - 125.0).abs() < 1e-9);
         assert!(histogram_bins(&[], 10).bins.is_empty());
         assert_eq!(histogram_bins(&[5.0, 5.0], 4).bins.len(), 4);
+    }
+
+    #[test]
+    fn phase_figure_labels_never_overlap() {
+        if !font_available() {
+            return;
+        }
+        // As many bars as a full `bench restore` run gives, with its
+        // labels: each drawn once a panel, a row apart.
+        let labels: Vec<String> = (0..28)
+            .map(|i| format!("{}% sweep cold on-demand-w{}-shared", 10 * (i % 4), i))
+            .collect();
+        let bars: Vec<(String, f64, f64, f64)> = labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.clone(), 1000.0 + i as f64, 5000.0, 800.0))
+            .collect();
+        let fig = PhaseBars { bars: &bars };
+        let (w, h) = fig.size();
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (w, h)).into_drawing_area();
+            fig.draw(&root, true).unwrap();
+            root.present().unwrap();
+        }
+        // Every <text x=".." y=".." ...>CONTENT</text> of the SVG.
+        let texts: Vec<(f64, f64, &str)> = svg
+            .split("<text")
+            .skip(1)
+            .map(|t| {
+                let attr = |name: &str| -> f64 {
+                    let v = &t[t.find(&format!(" {name}=\"")).unwrap() + name.len() + 3..];
+                    v[..v.find('"').unwrap()].parse().unwrap()
+                };
+                let body = &t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()];
+                (attr("x"), attr("y"), body.trim())
+            })
+            .collect();
+        let mut ys: Vec<(f64, f64)> = Vec::new();
+        for l in &labels {
+            let hits: Vec<(f64, f64)> = texts
+                .iter()
+                .filter(|t| t.2 == l)
+                .map(|t| (t.0, t.1))
+                .collect();
+            assert_eq!(hits.len(), 2, "{l} drawn {} times", hits.len());
+            ys.extend(hits);
+        }
+        for panel in [0.0..w as f64 / 2.0, w as f64 / 2.0..w as f64] {
+            let mut y: Vec<f64> = ys
+                .iter()
+                .filter(|p| panel.contains(&p.0))
+                .map(|p| p.1)
+                .collect();
+            assert_eq!(y.len(), labels.len());
+            y.sort_by(f64::total_cmp);
+            let gap = y
+                .windows(2)
+                .map(|p| p[1] - p[0])
+                .fold(f64::INFINITY, f64::min);
+            // 14 px text: rows at least 18 px apart.
+            assert!(gap >= 18.0, "labels {gap} px apart");
+        }
     }
 
     #[test]

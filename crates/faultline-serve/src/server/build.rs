@@ -20,6 +20,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
+use faultline::policy::WindowTuning;
 use faultline::{
     ForeignError, ForeignOptions, ForeignPeer, ForeignRegionSpec, ForeignUffd, ReadaheadConfig,
     SharedSnapshot,
@@ -145,8 +146,15 @@ pub fn build(
         readahead: if record {
             ReadaheadConfig::off()
         } else {
-            state.config.readahead()
+            state.config.readahead_for(snapshot.is_some())
         },
+        window_tuning: (state.config.adaptive_window && !record).then(|| {
+            if snapshot.is_some() {
+                WindowTuning::SHARED
+            } else {
+                WindowTuning::COPY
+            }
+        }),
         record,
         shared: snapshot,
         phase_samples: state.config.phase_samples,

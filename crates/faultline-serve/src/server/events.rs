@@ -97,6 +97,8 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
         handler_cpu_ms: handler.cpu.as_secs_f64() * 1e3,
         installed: s.regions.installed,
         around: s.regions.around,
+        isolated_window: peer.isolated_windows().map_or(0, |w| w.0),
+        window_changes: peer.isolated_windows().map_or([0; 2], |w| [w.1, w.2]),
         bytes_read: s.bytes_read,
         removes: s.removes,
         removed_pages: s.removed_pages,

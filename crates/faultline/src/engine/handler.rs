@@ -131,9 +131,10 @@ pub(crate) trait Serve {
     type Stop;
     /// The userfaultfd of `owner`'s faults.
     fn uffd<'a>(&'a self, owner: &'a Self::Owner) -> &'a Uffd;
-    /// One `read(2)` returned `n` messages.
-    fn batch_read(&self, n: usize) {
-        let _ = n;
+    /// One `read(2)` of `owner`'s userfaultfd returned `n` messages
+    /// (called before any of them is handled).
+    fn batch_read(&self, owner: &Self::Owner, n: usize) {
+        let _ = (owner, n);
     }
     /// A message other than a fault.
     fn event(&mut self, owner: &Self::Owner, m: Msg);
@@ -251,7 +252,7 @@ impl<S: Serve> Handler<S> {
             Err(e) => return Err(self.serve.read_failed(owner, e)),
         };
         if n > 0 {
-            self.serve.batch_read(n);
+            self.serve.batch_read(owner, n);
         }
         for m in self.msgs[..n].iter().map(UffdMsg::decode) {
             if !matches!(m, Msg::PageFault { .. }) {

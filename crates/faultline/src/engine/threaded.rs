@@ -74,7 +74,7 @@ impl Serve for Local {
         &self.uffd
     }
 
-    fn batch_read(&self, _: usize) {
+    fn batch_read(&self, _: &(), _: usize) {
         self.counters.reads.fetch_add(1, Relaxed);
     }
 

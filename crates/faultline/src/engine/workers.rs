@@ -45,8 +45,8 @@ impl Serve for Sharded {
         self.local.uffd(owner)
     }
 
-    fn batch_read(&self, n: usize) {
-        self.local.batch_read(n)
+    fn batch_read(&self, owner: &(), n: usize) {
+        self.local.batch_read(owner, n)
     }
 
     fn event(&mut self, owner: &(), m: Msg) {

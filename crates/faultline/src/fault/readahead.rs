@@ -24,6 +24,12 @@
 //!      fault 4112  slot b ends at 4112     slot b: [4112, 4144) ...
 //!    ```
 //!
+//! 3. **Tuned** ([`Streams::tuned`], a peer's regions with adaptive
+//!    isolated windows): as by address, but a fault that continues no
+//!    stream takes the window [`IsolatedWindows`] sizes from where the
+//!    earlier faults landed, and a stream grows from that window's length
+//!    (one lock per fault: no signal handler runs this).
+//!
 //! A slot packs the stream into one word, so it is read and written with
 //! one atomic each:
 //!
@@ -35,8 +41,9 @@
 use std::cell::Cell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 
-use crate::policy::{ReadaheadConfig, ReadaheadStream as Stream};
+use crate::policy::{IsolatedWindows, ReadaheadConfig, ReadaheadStream as Stream, WindowTuning};
 
 const NEXT_BITS: u32 = 44;
 const NEXT_NONE: u64 = (1 << NEXT_BITS) - 1;
@@ -79,6 +86,8 @@ pub(crate) struct Streams {
     /// docs); `victim` is the next slot a new stream takes.
     by_address: bool,
     victim: AtomicU32,
+    /// Adaptive isolated windows ([`Streams::tuned`]).
+    tuner: Option<Mutex<IsolatedWindows>>,
 }
 
 impl Streams {
@@ -97,7 +106,69 @@ impl Streams {
             slots: (0..n).map(|_| AtomicU64::new(pack(Stream::NEW))).collect(),
             by_address: false,
             victim: AtomicU32::new(0),
+            tuner: None,
         }
+    }
+
+    /// Streams told apart by where they are, whose isolated windows adapt
+    /// (see the module docs): they start at the configuration's
+    /// `initial` and stay within `tuning`'s bounds and its `max`.
+    pub fn tuned(config: ReadaheadConfig, tuning: WindowTuning) -> Streams {
+        let s = Streams::by_address(config);
+        let c = s.config;
+        let mut tuning = tuning.normalized();
+        // A power of two no larger than the cap.
+        let cap = 1usize << (usize::BITS - 1 - c.max.leading_zeros());
+        tuning.max = tuning.max.min(cap);
+        tuning.min = tuning.min.min(tuning.max);
+        Streams {
+            slots: (0..c.streams)
+                .map(|_| AtomicU64::new(pack(Stream::NEW)))
+                .collect(),
+            tuner: Some(Mutex::new(IsolatedWindows::new(tuning, c.initial))),
+            ..s
+        }
+    }
+
+    /// The adaptive isolated window now, and how often it doubled and
+    /// halved (`None`: not [`Streams::tuned`]).
+    pub fn isolated(&self) -> Option<(usize, u64, u64)> {
+        let t = self.tuner.as_ref()?.lock().expect("isolated windows");
+        Some((t.size(), t.grows, t.shrinks))
+    }
+
+    /// [`Streams::window`] of tuned streams.
+    fn tuned_window(
+        &self,
+        tuner: &Mutex<IsolatedWindows>,
+        page: usize,
+        pages: usize,
+    ) -> Range<usize> {
+        let mut t = tuner.lock().expect("isolated windows");
+        t.observe(page);
+        let (w, next, slot) = match self
+            .slots
+            .iter()
+            .find(|s| unpack(s.load(Relaxed)).next == page)
+        {
+            Some(slot) => {
+                let (w, next) = self
+                    .config
+                    .continued(unpack(slot.load(Relaxed)), page, pages);
+                (w, next, slot)
+            }
+            None => {
+                let w = t.window(page, pages);
+                let i = self.victim.fetch_add(1, Relaxed) as usize;
+                let next = Stream {
+                    next: w.end,
+                    window: w.len(),
+                };
+                (w, next, &self.slots[i % self.slots.len()])
+            }
+        };
+        slot.store(pack(next), Relaxed);
+        w
     }
 
     /// Streams told apart by where they are (a handler reading the faults
@@ -117,6 +188,9 @@ impl Streams {
     /// The pages a fault at `page` of a `pages`-page region resolves; the
     /// calling thread's stream records it. Async-signal-safe.
     pub fn window(&self, page: usize, pages: usize) -> Range<usize> {
+        if let Some(t) = &self.tuner {
+            return self.tuned_window(t, page, pages);
+        }
         if self.slots.is_empty() {
             return self.config.on_fault(Stream::NEW, page, pages).0;
         }

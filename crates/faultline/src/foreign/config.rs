@@ -19,7 +19,7 @@ use super::snapshot::SharedSnapshot;
 use crate::error::Error;
 use crate::evict::EvictionConfig;
 use crate::page::{MemoryKind, PageSize, Pages};
-use crate::policy::ReadaheadConfig;
+use crate::policy::{ReadaheadConfig, WindowTuning};
 use crate::runahead::RunAheadConfig;
 
 /// One range of the peer's memory and where its bytes are in the store.
@@ -71,6 +71,12 @@ impl ForeignRegionSpec {
 pub struct ForeignOptions {
     /// Fault-around / read-ahead (default: the runtime's default).
     pub readahead: ReadaheadConfig,
+    /// Adaptive isolated windows: a fault that continues no stream
+    /// installs a window sized from where the peer's earlier faults
+    /// landed, starting at `readahead.initial` and kept within these
+    /// bounds and `readahead.max` ([`IsolatedWindows`](crate::policy::IsolatedWindows)).
+    /// Default none: always `readahead.initial`.
+    pub window_tuning: Option<WindowTuning>,
     /// A run-ahead populator per region (default: none).
     pub run_ahead: Option<RunAheadConfig>,
     /// A resident budget: refused (see [the foreign path's docs](super)).

@@ -328,8 +328,9 @@ impl Serve for Peers {
         &p.uffd.uffd
     }
 
-    fn batch_read(&self, _: usize) {
+    fn batch_read(&self, p: &Arc<ForeignPeer>, n: usize) {
         self.read_tsc.set(rdtsc());
+        p.stats.messages.fetch_add(n as u64, Relaxed);
     }
 
     fn event(&mut self, p: &Arc<ForeignPeer>, m: Msg) {

@@ -60,6 +60,8 @@ use faultline_sys::uffd::{feature, pagefault_flag};
 #[derive(Debug, Default)]
 pub(super) struct PeerCounters {
     pub reads: AtomicU64,
+    /// Messages read, counted before any of a batch is handled.
+    pub messages: AtomicU64,
     pub removes: AtomicU64,
     pub removed_pages: AtomicU64,
     pub other_events: AtomicU64,
@@ -103,6 +105,12 @@ pub struct PeerStats {
     /// `read(2)`s of its userfaultfd that returned messages (fault
     /// messages per read: `faults / reads`).
     pub reads: u64,
+    /// Messages those reads returned (faults and events), counted as each
+    /// `read(2)` returns, before any of them is handled: once every
+    /// message read is handled, `faults + removes + other_events` equals
+    /// it (the handled ones are counted as each is handled, never
+    /// before it is read).
+    pub messages: u64,
     /// REMOVE events read.
     pub removes: u64,
     /// Whole pages those events dropped.
@@ -201,7 +209,10 @@ impl ForeignRegion {
             kind,
             op,
             zeropage_reads: false,
-            readahead: Streams::by_address(opts.readahead),
+            readahead: match opts.window_tuning {
+                Some(t) => Streams::tuned(opts.readahead, t),
+                None => Streams::by_address(opts.readahead),
+            },
             max_run_pages,
             store: rstore,
             residency: Residency::new(pages.count()),
@@ -562,6 +573,26 @@ impl ForeignPeer {
             .map_or_else(Vec::new, PhaseRing::samples)
     }
 
+    /// Its adaptive isolated windows ([`ForeignOptions::window_tuning`]):
+    /// the largest region's window now, in pages, and the times the
+    /// regions' windows doubled and halved; `None` without the tuning.
+    pub fn isolated_windows(&self) -> Option<(usize, u64, u64)> {
+        let mut out: Option<(usize, u64, u64, usize)> = None;
+        for r in &self.regions {
+            let Some((size, grows, shrinks)) = r.state.readahead.isolated() else {
+                continue;
+            };
+            let n = r.state.pages.count();
+            let o = out.get_or_insert((size, 0, 0, n));
+            if n > o.3 {
+                (o.0, o.3) = (size, n);
+            }
+            o.1 += grows;
+            o.2 += shrinks;
+        }
+        out.map(|(size, g, s, _)| (size, g, s))
+    }
+
     /// Pages of all regions the residency map records as installed.
     pub fn resident_pages(&self) -> usize {
         self.regions.iter().map(|r| r.state.resident_pages()).sum()
@@ -603,6 +634,7 @@ impl ForeignPeer {
         PeerStats {
             faults: fault_kinds.total(),
             reads: c.reads.load(Relaxed),
+            messages: c.messages.load(Relaxed),
             removes: c.removes.load(Relaxed),
             removed_pages: c.removed_pages.load(Relaxed),
             other_events: c.other_events.load(Relaxed),

@@ -56,7 +56,9 @@
 //! faulting where its last window ended, like the kernel's fault-around
 //! plus on-demand read-ahead. A fixed fault-around depth is the special
 //! case `initial == max`. The fault path keeps one [`ReadaheadStream`] per
-//! thread.
+//! thread. [`IsolatedWindows`] sizes the isolated fault's window of a
+//! peer's region from where later faults land (halving or doubling it by
+//! what a fault costs against a page installed, [`WindowTuning`]).
 //!
 //! # Run-ahead
 //!
@@ -66,6 +68,7 @@
 
 mod clock;
 mod fifo;
+mod isolated;
 mod list;
 mod predict;
 mod readahead;
@@ -73,6 +76,7 @@ mod refault;
 
 pub use clock::Clock;
 pub use fifo::Fifo;
+pub use isolated::{IsolatedWindows, WindowTuning};
 pub use predict::StreamPredictor;
 pub use readahead::{ReadaheadConfig, Stream as ReadaheadStream};
 pub use refault::RefaultAware;

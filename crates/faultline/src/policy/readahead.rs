@@ -102,6 +102,17 @@ impl ReadaheadConfig {
         let end = start.saturating_add(window).min(pages);
         (start..end, Stream { next: end, window })
     }
+
+    /// The window of a fault at `page` that continues stream `s` (its
+    /// `next` is `page`) when isolated windows are sized elsewhere
+    /// ([`IsolatedWindows`](super::IsolatedWindows)): the stream's window
+    /// doubled, from 1 page up to `max`, starting at the fault.
+    pub fn continued(&self, s: Stream, page: usize, pages: usize) -> (Range<usize>, Stream) {
+        debug_assert!(page < pages);
+        let window = s.window.saturating_mul(2).clamp(1, self.normalized().max);
+        let end = page.saturating_add(window).min(pages);
+        (page..end, Stream { next: end, window })
+    }
 }
 
 /// What a fault stream remembers between faults.

@@ -36,7 +36,12 @@ pub struct RestoreArgs {
     /// on-demand-workers (serve --engine workers --threads 2: one peer's
     /// faults on two handler threads), on-demand-wake-first (serve
     /// --wake-first), on-demand-single (serve --fault-around-initial 1:
-    /// an isolated fault installs its page alone), on-demand-huge and
+    /// an isolated fault installs its page alone), on-demand-wN (serve
+    /// --fault-around-initial N, N 4, 8 or 32), on-demand-wN-shared (the same
+    /// in shared mode, N 32, 64 or 128), on-demand-adaptive and
+    /// on-demand-adaptive-shared (serve --adaptive-window: the isolated
+    /// window sized from the evidence), on-demand-workers-adaptive (both:
+    /// --engine workers --threads 2 --adaptive-window), on-demand-huge and
     /// prefetch-huge
     /// (they reserve 2 MiB pages for the peer: ask for them).
     #[arg(
@@ -100,7 +105,7 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 18] = [
+pub const CONFIGS: [&str; 27] = [
     "kernel",
     "baseline",
     "on-demand",
@@ -108,6 +113,15 @@ pub const CONFIGS: [&str; 18] = [
     "on-demand-workers",
     "on-demand-wake-first",
     "on-demand-single",
+    "on-demand-w4",
+    "on-demand-w8",
+    "on-demand-w32",
+    "on-demand-adaptive",
+    "on-demand-w32-shared",
+    "on-demand-w64-shared",
+    "on-demand-w128-shared",
+    "on-demand-adaptive-shared",
+    "on-demand-workers-adaptive",
     "prefetch",
     "prefetch-idle",
     "eager",

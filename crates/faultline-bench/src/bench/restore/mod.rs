@@ -57,7 +57,12 @@
 //! with `--wake-first` (the faulting page copied and woken before the rest
 //! of its window); `on-demand-single` (asked for by name) is `on-demand`
 //! with `--fault-around-initial 1` (an isolated fault installs its page
-//! alone; streams still grow). Cold runs drop the file's page cache before each
+//! alone; streams still grow); `on-demand-wN` (N 4, 8, 32) and
+//! `on-demand-wN-shared` (N 32, 64, 128) are `on-demand` and
+//! `on-demand-shared` with `--fault-around-initial N`;
+//! `on-demand-adaptive`, `on-demand-adaptive-shared` and
+//! `on-demand-workers-adaptive` add `--adaptive-window` (the isolated
+//! window sized from where the faults land). Cold runs drop the file's page cache before each
 //! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root).
 //!
 //! How a run goes, and where each step lives:

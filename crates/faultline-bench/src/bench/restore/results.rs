@@ -282,7 +282,7 @@ impl Results {
             &self.rows,
         );
         println!(
-            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages), per working-set page, and per read(2) of the userfaultfd; handler CPU: serve's handler thread (its wait: --engine); wasted: pages installed that no vCPU touched (the peer's resident pages beyond its set, copy mode); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
+            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages), per working-set page, and per read(2) of the userfaultfd; handler CPU: serve's handler thread (its wait: --engine); wasted: pages installed that no vCPU touched (copy mode: the peer's resident pages beyond its set; shared mode: the pages serve installed beyond it); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
         );
         timeline::print(&self.handoff);
         phases::print(&self.phases);

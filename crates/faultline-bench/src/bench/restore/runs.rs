@@ -160,6 +160,15 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         | "on-demand-workers"
         | "on-demand-wake-first"
         | "on-demand-single"
+        | "on-demand-w4"
+        | "on-demand-w8"
+        | "on-demand-w32"
+        | "on-demand-adaptive"
+        | "on-demand-w32-shared"
+        | "on-demand-w64-shared"
+        | "on-demand-w128-shared"
+        | "on-demand-adaptive-shared"
+        | "on-demand-workers-adaptive"
         | "on-demand-shared"
         | "on-demand-huge"
         | "on-demand-shared-huge" => {
@@ -168,6 +177,16 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
                 "on-demand-workers" => &["--engine", "workers", "--threads", "2"],
                 "on-demand-wake-first" => &["--wake-first"],
                 "on-demand-single" => &["--fault-around-initial", "1"],
+                "on-demand-w4" => &["--fault-around-initial", "4"],
+                "on-demand-w8" => &["--fault-around-initial", "8"],
+                "on-demand-w32" => &["--fault-around-initial", "32"],
+                "on-demand-w32-shared" => &["--fault-around-initial", "32"],
+                "on-demand-w64-shared" => &["--fault-around-initial", "64"],
+                "on-demand-w128-shared" => &["--fault-around-initial", "128"],
+                "on-demand-adaptive" | "on-demand-adaptive-shared" => &["--adaptive-window"],
+                "on-demand-workers-adaptive" => {
+                    &["--engine", "workers", "--threads", "2", "--adaptive-window"]
+                }
                 _ => &[],
             };
             let (p, s, _) = l.served(ws, extra, Mode::of(cfg, snap, hsnap))?;
@@ -205,6 +224,9 @@ pub(super) fn served(p: PeerReport, s: PeerSummary, prepare_ms: f64, mode: Mode<
     // 2 MiB at a time: not comparable).
     let wasted = match mode {
         Mode::Copy => p.resident_pages.saturating_sub(p.pages as u64) as f64,
+        // What serve installed (`UFFDIO_CONTINUE` maps page-cache pages:
+        // the peer's residency says nothing) beyond the set.
+        Mode::Shared(_) => s.installed.saturating_sub(p.pages as u64) as f64,
         _ => f64::NAN,
     };
     let page = match mode {
