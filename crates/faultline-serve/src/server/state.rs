@@ -184,6 +184,9 @@ impl State {
                         .times()
                         .prefetch_done_ns
                         .map(|t| t.saturating_sub(handoff.received_ns) as f64 / 1e9),
+                    // The set a request would write now (a WP_ASYNC
+                    // peer's: scanned from its page tables).
+                    dirty_pages: p.dirty_set().ok().flatten().map(|d| d.len() as u64),
                 }
             })
             .collect();
