@@ -66,6 +66,9 @@ pub struct State {
     pub snapshot: Option<Arc<SharedSnapshot>>,
     /// The recorded set was read and mapped (or is being).
     pub prepared: Once,
+    /// A peer is being served: the preparation of the recorded set stops
+    /// mapping it (see `faultline::prepare_store_until`).
+    pub served_one: Arc<AtomicBool>,
     /// The handler threads.
     pub engine: ForeignEngine,
     /// The recorded set's offsets, with `--prefetch`.

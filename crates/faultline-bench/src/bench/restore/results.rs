@@ -293,7 +293,7 @@ impl Results {
         self.writes.print();
         for (label, ms) in &self.prepared {
             println!(
-                "{label}: serve read and mapped the recorded set in {ms:.1} ms from its own start (the peer starts with it; not a pause before the handshake)"
+                "{label}: serve asked for the recorded set's reads and mapped it until the peer was served in {ms:.1} ms from its own start (the peer starts with it; not a pause before the handshake)"
             );
         }
         if !populated.is_empty() {
