@@ -376,7 +376,11 @@ impl Session<'_> {
                     runs.push(run);
                     continue;
                 }
-                let run = runs::one(&self.l, ws, cfg, inputs)?;
+                let run = if tracks_dirty(cfg) {
+                    tracked::one(&self.l, ws, cfg, inputs.rec)?
+                } else {
+                    runs::one(&self.l, ws, cfg, inputs)?
+                };
                 if cfg == "on-demand" {
                     kill_at = (run.faults / 2).max(1);
                 }

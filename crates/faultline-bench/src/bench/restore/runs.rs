@@ -6,7 +6,7 @@
 //! | `baseline` | anonymous, handed over | [`baseline::handler`] in this process |
 //! | `on-demand*` | anonymous, hugetlb, or the shared copy | `faultline serve` |
 //! | `prefetch*`, `eager` | the same | `faultline serve --prefetch` of the recorded set (`eager`: every page; `prefetch-idle`: with `--prefetch-idle`, helpers under SCHED_IDLE) |
-//! | `*-tracked*` | anonymous | `faultline serve --track-dirty` ([`tracked::one`]) |
+//! | `*-tracked*` | anonymous | `faultline serve --track-dirty` (the `tracked` module's `one`) |
 
 use std::os::unix::net::UnixListener;
 use std::path::Path;
@@ -19,7 +19,6 @@ use super::baseline;
 use super::launch::{Backing, Launcher, Mode};
 use super::phases::{self, Phases};
 use super::timeline::{median_finite, steps, STEPS};
-use super::tracked;
 
 /// What one run measured (or the medians of several).
 pub struct Run {
@@ -205,9 +204,6 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
                 Mode::of(cfg, snap, hsnap),
             )?;
             served(p, s, prepare_ms, Mode::of(cfg, snap, hsnap))
-        }
-        "on-demand-tracked" | "on-demand-tracked-async" | "prefetch-tracked" => {
-            tracked::one(l, ws, cfg, rec)?
         }
         other => bail!("unknown configuration {other}"),
     })
