@@ -59,6 +59,16 @@ pub enum Command {
     Store(store::StoreCmd),
 }
 
+/// Blocks the signals `cli`'s command takes on a thread of its own: call
+/// it before any thread starts (`faultline serve --track-dirty`: SIGUSR1).
+pub fn block_signals(cli: &Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        #[cfg(feature = "serve")]
+        Command::Serve(args) => faultline_serve::cli::block_signals(args),
+        _ => Ok(()),
+    }
+}
+
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {

@@ -8,13 +8,20 @@
 use clap::Parser;
 
 fn main() {
-    // First, before any thread starts: SIGINT, SIGTERM and SIGHUP remove
-    // what the command registered (temporaries, partial outputs) before
-    // the process ends as the signal would.
+    // Parsing starts no thread. Then, before any thread starts: the
+    // signals the command takes on a thread of its own are blocked (serve
+    // --track-dirty: SIGUSR1; the signal thread below would otherwise take
+    // it, and its default action ends the process), and SIGINT, SIGTERM
+    // and SIGHUP remove what the command registered (temporaries, partial
+    // outputs) before the process ends as the signal would.
+    let cli = faultline_cli::Cli::parse();
+    if let Err(e) = faultline_cli::block_signals(&cli) {
+        faultline_cli_support::print_error(&e);
+        std::process::exit(1);
+    }
     if let Err(e) = faultline_cli_support::cleanup::install() {
         eprintln!("warning: taking SIGINT, SIGTERM and SIGHUP: {e}");
     }
-    let cli = faultline_cli::Cli::parse();
     if let Err(e) = faultline_cli::run(cli) {
         // Each cause once (see `faultline_cli_support::print_error`).
         faultline_cli_support::print_error(&e);

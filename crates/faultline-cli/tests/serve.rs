@@ -147,6 +147,42 @@ fn bench_restore_sweep_rows_count_faults_per_page_and_wasted_pages() {
     assert!(row["wasted_pages"].as_f64().unwrap() < 2.0 * 512.0, "{row}");
 }
 
+/// `bench restore`'s dirty-tracked rows: the peer writes the same seeded
+/// set in every configuration; the tracked ones (synchronous write-protect
+/// faults, and a `WP_ASYNC` peer whose set `faultline serve` writes on
+/// SIGUSR1 while it holds) have their dirty set checked equal to the
+/// pages written by the bench, and each first-write record names its
+/// untracked twin.
+#[test]
+#[cfg(feature = "bench")]
+fn bench_restore_tracked_rows_check_the_dirty_set_and_time_first_writes() {
+    let dir = Dir::new("bench-tracked", MIB);
+    let (out, _) = bench_restore(
+        &dir,
+        "on-demand,on-demand-tracked,on-demand-tracked-async",
+        &["--write-set", "2"],
+    );
+    let records = out["records"].as_array().unwrap();
+    let row = |cfg: &str| {
+        records
+            .iter()
+            .find(|r| r["bench"] == "restore-write" && r["mechanism"] == cfg)
+            .unwrap_or_else(|| panic!("no {cfg} first-write row: {out}"))
+    };
+    // 2% of 16 MiB's 4096 pages.
+    let written = 4096 * 2 / 100;
+    for cfg in ["on-demand-tracked", "on-demand-tracked-async"] {
+        let r = row(cfg);
+        assert_eq!(r["dirty_pages"].as_f64(), Some(written as f64), "{r}");
+        assert_eq!(r["untracked"], "on-demand", "{r}");
+        assert!(r["write_vs_untracked"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["restore_vs_untracked"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let plain = row("on-demand");
+    assert!(plain["write_median_ns"].as_f64().unwrap() > 0.0, "{plain}");
+    assert!(plain.get("dirty_pages").is_none(), "{plain}");
+}
+
 /// `bench restore`'s shared-mode rows: the tmpfs copy is written (and
 /// timed), the kernel maps it, serve maps its pages into the peer with
 /// CONTINUE (no byte read, no private copy); the copy is removed after.

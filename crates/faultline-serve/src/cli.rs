@@ -370,6 +370,18 @@ impl ServeArgs {
     }
 }
 
+/// Blocks the signals serve takes on threads of its own (SIGUSR1 with
+/// `--track-dirty`): call it before the process starts any thread (a
+/// thread started before would take SIGUSR1's default action, the end of
+/// the process). [`run`] calls it; a front door that starts threads before
+/// `run` (`faultline`'s signal thread) calls it first.
+pub fn block_signals(args: &ServeArgs) -> anyhow::Result<()> {
+    if args.track_dirty.is_some() {
+        signal::set_blocked_all(&[signal::SIGUSR1], true).context("blocking SIGUSR1")?;
+    }
+    Ok(())
+}
+
 /// Runs `faultline-serve ARGS` (`faultline serve ARGS`): SIGINT, SIGTERM
 /// and SIGHUP stop the server gracefully (see `--grace`); a second one
 /// ends it at once. With `--track-dirty`, SIGUSR1 writes the dirty sets of
@@ -383,9 +395,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     // First, before any thread starts: the signals go to a thread of their
     // own (faultline_cli_support::cleanup).
-    if args.track_dirty.is_some() {
-        signal::set_blocked_all(&[signal::SIGUSR1], true).context("blocking SIGUSR1")?;
-    }
+    block_signals(&args)?;
     faultline_cli_support::cleanup::install().context("taking SIGINT, SIGTERM and SIGHUP")?;
     let server = Server::start(args.config()?)?;
     if args.track_dirty.is_some() {

@@ -86,6 +86,25 @@ fn holding_writer(dir: &Dir, extra: &[&str]) -> (Proc, BTreeSet<u64>) {
     (p, expected(&report(dir, "p1.json")))
 }
 
+/// The `faultline_peer_dirty_pages` gauge of peer 1 a scrape of the
+/// metrics socket `sock` reads (the exposition parsed by a Prometheus
+/// text parser).
+fn dirty_gauge(sock: &std::path::Path) -> f64 {
+    use faultline_serve::metrics::{scrape, MetricsAddr};
+    let text = scrape(&MetricsAddr::Unix(sock.into())).expect("scraping --metrics");
+    let m = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("parsing the scrape");
+    let hit = m
+        .samples
+        .iter()
+        .find(|x| x.metric == "faultline_peer_dirty_pages" && x.labels.get("peer") == Some("1"))
+        .unwrap_or_else(|| panic!("no dirty-pages gauge of peer 1 in\n{text}"));
+    match hit.value {
+        prometheus_parse::Value::Gauge(v) => v,
+        ref v => panic!("not a gauge: {v:?}"),
+    }
+}
+
 /// `POST /dirty` to the metrics socket at `sock`, which must answer 200;
 /// waits for serve's line saying it wrote peer 1's set.
 fn post_dirty(dir: &Dir, sock: &std::path::Path) {
@@ -207,6 +226,9 @@ fn the_set_so_far_is_written_on_request_while_the_peer_runs() {
         &["--peers", "1", "--metrics", metrics.to_str().unwrap()],
     );
     let (mut p, want) = holding_writer(&dir, &[]);
+    // Every write was resolved before the peer said it holds: the gauge
+    // counts them all, and the set asked for next has as many.
+    assert_eq!(dirty_gauge(&metrics), want.len() as f64);
     post_dirty(&dir, &metrics);
     assert_same(&dirty(&dir, "dirty.txt"), &want, "POST /dirty");
     std::fs::remove_file(dir.path("dirty.txt")).unwrap();
@@ -241,6 +263,8 @@ fn a_wp_async_peer_is_tracked_from_its_page_tables_while_it_runs() {
     let (mut p, want) = holding_writer(&dir, &["--wp-async", "--balloon"]);
     let err = dir.text("serve.err");
     assert!(err.contains("WP_ASYNC: read from its page tables"), "{err}");
+    // The gauge scans its page tables too.
+    assert_eq!(dirty_gauge(&metrics), want.len() as f64);
     post_dirty(&dir, &metrics);
     assert_same(&dirty(&dir, "dirty.txt"), &want, "WP_ASYNC peer");
     // Its page tables go with it: at hang-up the set is not rewritten

@@ -111,10 +111,11 @@ pub use fault::RegionStats;
 /// got its own folder ([`foreign::snapshot`]).
 pub use foreign::snapshot;
 pub use foreign::{
-    prepare_store, DirtySet, FaultKinds, FaultPhases, ForeignEngine, ForeignEngineConfig,
-    ForeignError, ForeignOptions, ForeignPeer, ForeignRegionSpec, ForeignUffd, HandlerStats,
-    HandlerWait, PeerBacking, PeerEvent, PeerStats, PeerTimes, PrefetchPlan, ServiceTimes,
-    SharedSnapshot, SnapshotError, Verify, DIRTY_PAGE, SERVICE_BOUNDS_NS, SERVICE_BUCKETS,
+    prepare_store, prepare_store_until, DirtySet, FaultKinds, FaultPhases, ForeignEngine,
+    ForeignEngineConfig, ForeignError, ForeignOptions, ForeignPeer, ForeignRegionSpec, ForeignUffd,
+    HandlerStats, HandlerWait, PeerBacking, PeerEvent, PeerStats, PeerTimes, PrefetchPlan,
+    ServiceTimes, SharedSnapshot, SnapshotError, Verify, DIRTY_PAGE, SERVICE_BOUNDS_NS,
+    SERVICE_BUCKETS,
 };
 pub use page::{MemoryKind, PageSize, ResolveOp};
 pub use policy::ReadaheadConfig;

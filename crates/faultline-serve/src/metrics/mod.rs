@@ -32,6 +32,7 @@
 //! | `faultline_peer_fault_service_seconds` | histogram | message read to wake (see `faultline`'s `ServiceTimes`) |
 //! | `faultline_peer_prefetch_queued_pages` | gauge | pages queued for prefetch (progress: `pages_installed{by="prefetch"}` of these) |
 //! | `faultline_peer_prefetch_done_seconds` | gauge | handshake read to the last prefetch install (once done) |
+//! | `faultline_peer_dirty_pages` | gauge | 4 KiB pages of its dirty set so far (`--track-dirty`, tracked peers: what the set written now would hold) |
 //! | `faultline_peers_connected` | gauge | peers being served now |
 //! | `faultline_peers_accepted`, `faultline_peers_finished` | counter | connections accepted; done with |
 //! | `faultline_handoffs_refused{reason}` | counter | hand-offs refused, by the step that refused them |
@@ -63,6 +64,9 @@ pub struct PeerSample {
     pub stats: PeerStats,
     /// Seconds from its handshake to its prefetch's end (once it ended).
     pub prefetch_done_s: Option<f64>,
+    /// Pages of its dirty set so far (`--track-dirty`; `None`: not
+    /// tracked).
+    pub dirty_pages: Option<u64>,
 }
 
 /// What a scrape reads: the peers being served and the process-wide
@@ -304,6 +308,15 @@ impl Collector for Exposition {
             g,
             &[(None, &done)],
         )?;
+        let dirty = |p: &PeerSample| p.dirty_pages.map(|n| n as f64);
+        Self::family(
+            &mut enc,
+            &s,
+            "faultline_peer_dirty_pages",
+            "4 KiB pages of the peer's dirty set so far (written or removed since it was first served)",
+            g,
+            &[(None, &dirty)],
+        )?;
         if !s.peers.is_empty() {
             let mut m = enc.encode_descriptor(
                 "faultline_peer_fault_service_seconds",
@@ -415,6 +428,7 @@ mod tests {
                 pid: 77,
                 stats,
                 prefetch_done_s: Some(0.25),
+                dirty_pages: Some(5),
             }],
             accepted: 4,
             finished: 3,
@@ -452,6 +466,7 @@ mod tests {
         );
         assert_eq!(num(get("faultline_peer_prefetch_queued_pages", None)), 20.0);
         assert_eq!(num(get("faultline_peer_prefetch_done_seconds", None)), 0.25);
+        assert_eq!(num(get("faultline_peer_dirty_pages", None)), 5.0);
         assert_eq!(num(get("faultline_peers_connected", None)), 1.0);
         assert_eq!(
             num(get(

@@ -18,6 +18,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 use faultline::policy::WindowTuning;
@@ -198,7 +199,7 @@ pub fn build(
     let peer = peer.with_hangup(OwnedFd::from(conn));
     if let (Some(offs), false) = (&state.prefetch, peer.is_shared()) {
         state.prepared.call_once(|| {
-            if let Err(e) = prepare(&state.store, offs) {
+            if let Err(e) = prepare(&state.store, offs, &state.served_one) {
                 say(format_args!("preparing the recorded set failed: {e}"));
             }
         });
@@ -212,6 +213,7 @@ pub fn build(
     handoff.queued_ns = faultline_sys::monotonic_ns();
     let peer = state.engine.add(peer);
     handoff.serving_ns = faultline_sys::monotonic_ns();
+    state.served_one.store(true, SeqCst);
     if record {
         state.set_recorder(Recorder::Peer(peer.id()));
     }

@@ -223,13 +223,14 @@ impl Server {
             config.timeout.as_secs_f64()
         ));
         let prepared = Once::new();
+        let served_one = Arc::new(AtomicBool::new(false));
         if let (Some(offs), None) = (&prefetch, &snapshot) {
             // The recorded set is known before any peer connects: read it
             // and map it now, so installs after a handshake only copy.
             // (With --shared, at the first peer served by copy: shared
             // peers never read the memory file.)
             prepared.call_once(|| ());
-            setup::prepare(&store, offs).map_err(|source| ServeError::Spawn {
+            setup::prepare(&store, offs, &served_one).map_err(|source| ServeError::Spawn {
                 what: "the thread preparing the recorded set".into(),
                 source,
             })?;
@@ -240,6 +241,7 @@ impl Server {
             store_len,
             snapshot,
             prepared,
+            served_one,
             engine,
             plan: prefetch.as_deref().map(PrefetchPlan::new),
             prefetch,

@@ -2,6 +2,7 @@
 //! snapshot, the recorded set read and mapped.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,17 +44,25 @@ fn open_remote(url: &str) -> Result<(Arc<dyn PageStore>, String), ServeError> {
 }
 
 /// Reads and maps the recorded set of the memory file on a thread of its
-/// own, so copies into peers never wait for the disk (see
-/// `faultline::prepare_store`).
-pub fn prepare(store: &Arc<dyn PageStore>, offs: &[u64]) -> std::io::Result<()> {
-    let (store, offs) = (store.clone(), offs.to_vec());
+/// own, so copies into peers never wait for the disk; the mapping stops
+/// once `served` (a peer is being served: see
+/// `faultline::prepare_store_until`).
+pub fn prepare(
+    store: &Arc<dyn PageStore>,
+    offs: &[u64],
+    served: &Arc<AtomicBool>,
+) -> std::io::Result<()> {
+    let (store, offs, served) = (store.clone(), offs.to_vec(), served.clone());
     std::thread::Builder::new()
         .name("faultline-prepare".into())
         .spawn(move || {
             let t = Instant::now();
-            let bytes = faultline::prepare_store(&*store, &offs, 4096);
+            // Mapping stops once a peer is served: its copies map what
+            // they read from then on.
+            let bytes =
+                faultline::prepare_store_until(&*store, &offs, 4096, &|| served.load(Relaxed));
             say(format_args!(
-                "prepared the recorded set: {} MiB of the memory file read and mapped in {:.1} ms",
+                "prepared the recorded set: read asked for, {} MiB of the memory file mapped (until a peer was served) in {:.1} ms",
                 bytes >> 20,
                 t.elapsed().as_secs_f64() * 1e3
             ));

@@ -67,6 +67,9 @@ pub struct State {
     pub snapshot: Option<Arc<SharedSnapshot>>,
     /// The recorded set was read and mapped (or is being).
     pub prepared: Once,
+    /// A peer is being served: the preparation of the recorded set stops
+    /// mapping it (see `faultline::prepare_store_until`).
+    pub served_one: Arc<AtomicBool>,
     /// The handler threads.
     pub engine: ForeignEngine,
     /// The recorded set's offsets, with `--prefetch`.
@@ -191,6 +194,9 @@ impl State {
                         .times()
                         .prefetch_done_ns
                         .map(|t| t.saturating_sub(handoff.received_ns) as f64 / 1e9),
+                    // The set a request would write now (a WP_ASYNC
+                    // peer's: scanned from its page tables).
+                    dirty_pages: p.dirty_set().ok().flatten().map(|d| d.len() as u64),
                 }
             })
             .collect();

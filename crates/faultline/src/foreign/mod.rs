@@ -121,7 +121,7 @@ pub use engine::{ForeignEngine, HandlerStats};
 pub use error::ForeignError;
 pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes, RecordJournal, RemoveJournal};
 pub use phases::FaultPhases;
-pub use plan::{prepare_store, PrefetchPlan};
+pub use plan::{prepare_store, prepare_store_until, PrefetchPlan};
 pub use service::{FaultKinds, ServiceTimes, SERVICE_BOUNDS_NS, SERVICE_BUCKETS};
 pub use snapshot::{PeerBacking, Populated, SharedSnapshot, SnapshotError, Verify};
 pub use uffd::ForeignUffd;

@@ -125,6 +125,26 @@ impl PrefetchPlan {
 /// If `page_bytes` is not a page size (a power of two from 4 KiB to
 /// 1 GiB: [`PageSize::new`]).
 pub fn prepare_store(store: &dyn PageStore, offsets: &[u64], page_bytes: u64) -> u64 {
+    prepare_store_until(store, offsets, page_bytes, &|| false)
+}
+
+/// [`prepare_store`] that stops mapping once `served()` says a peer is
+/// being served: from then on the installs' own copies map the source
+/// pages they read (a fault of this process each 16 pages or so), and
+/// mapping the rest meanwhile only takes a CPU and the mapping's locks
+/// from the prefetch that needs them (at 30% of 1 GiB the mapping ran
+/// 205 ms beside the restore, on the same two CPUs). The reads asked for
+/// first ([`PageStore::will_need`], asynchronous) are all issued.
+/// Returns the bytes mapped.
+///
+/// # Panics
+/// As [`prepare_store`].
+pub fn prepare_store_until(
+    store: &dyn PageStore,
+    offsets: &[u64],
+    page_bytes: u64,
+    served: &dyn Fn() -> bool,
+) -> u64 {
     let page = usize::try_from(page_bytes)
         .ok()
         .and_then(|b| PageSize::new(b).ok())
@@ -151,8 +171,78 @@ pub fn prepare_store(store: &dyn PageStore, offsets: &[u64], page_bytes: u64) ->
     }
     let mut mapped = 0;
     for (at, len) in coalesce(0).into_iter().map(bytes) {
+        if served() {
+            break;
+        }
         store.populate(at, len as usize);
         mapped += len;
     }
     mapped
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::store::StoreError;
+
+    /// A store that notes the reads asked for and the ranges mapped.
+    #[derive(Default)]
+    struct Noting {
+        will_need: Mutex<Vec<(u64, usize)>>,
+        populated: Mutex<Vec<(u64, usize)>>,
+    }
+
+    impl PageStore for Noting {
+        fn describe(&self) -> &str {
+            "noting"
+        }
+        fn len(&self) -> Option<u64> {
+            None
+        }
+        fn fill(&self, _: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write_back(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn will_need(&self, offset: u64, len: usize) {
+            self.will_need.lock().unwrap().push((offset, len));
+        }
+        fn populate(&self, offset: u64, len: usize) {
+            self.populated.lock().unwrap().push((offset, len));
+        }
+    }
+
+    #[test]
+    fn preparing_asks_every_read_and_stops_mapping_once_a_peer_is_served() {
+        const P: u64 = 4096;
+        // Three runs 10 pages apart: three reads, three mappings.
+        let offs = [0, P, 20 * P, 40 * P, 41 * P];
+        let all = Noting::default();
+        assert_eq!(prepare_store(&all, &offs, P), 5 * P);
+        assert_eq!(all.will_need.lock().unwrap().len(), 3);
+        assert_eq!(
+            *all.populated.lock().unwrap(),
+            vec![
+                (0, 2 * P as usize),
+                (20 * P, P as usize),
+                (40 * P, 2 * P as usize)
+            ]
+        );
+        // A peer is served after the first mapping: every read is still
+        // asked for, the rest is not mapped.
+        let cut = Noting::default();
+        let asked = Cell::new(0);
+        let served = || {
+            asked.set(asked.get() + 1);
+            asked.get() > 1
+        };
+        assert_eq!(prepare_store_until(&cut, &offs, P, &served), 2 * P);
+        assert_eq!(cut.will_need.lock().unwrap().len(), 3);
+        assert_eq!(*cut.populated.lock().unwrap(), vec![(0, 2 * P as usize)]);
+    }
 }

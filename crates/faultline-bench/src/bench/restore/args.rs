@@ -43,7 +43,9 @@ pub struct RestoreArgs {
     /// window sized from the evidence), on-demand-workers-adaptive (both:
     /// --engine workers --threads 2 --adaptive-window), on-demand-huge and
     /// prefetch-huge
-    /// (they reserve 2 MiB pages for the peer: ask for them).
+    /// (they reserve 2 MiB pages for the peer: ask for them), and the
+    /// dirty-tracked on-demand-tracked, on-demand-tracked-async and
+    /// prefetch-tracked (serve --track-dirty; see --write-set).
     #[arg(
         long,
         value_delimiter = ',',
@@ -102,10 +104,17 @@ pub struct RestoreArgs {
     /// table of its own, `--json`, the figure `restore_takeover`).
     #[arg(long)]
     pub takeover: bool,
+    /// After its restore the peer writes the first byte of a seeded PCT%
+    /// of all pages (`faultline peer --write-set`, working set or not),
+    /// timing each first write as its vCPU threads see it: the first-write
+    /// table, beside the untracked configurations of the same run.
+    /// Default: 2 when a `-tracked` configuration runs, else none.
+    #[arg(long, value_parser = faultline_cli_support::flags::float(0.0, 100.0, true))]
+    pub write_set: Option<f64>,
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 27] = [
+pub const CONFIGS: [&str; 30] = [
     "kernel",
     "baseline",
     "on-demand",
@@ -133,10 +142,28 @@ pub const CONFIGS: [&str; 27] = [
     "kernel-hugetlbfs",
     "on-demand-shared-huge",
     "prefetch-shared-huge",
+    "on-demand-tracked",
+    "on-demand-tracked-async",
+    "prefetch-tracked",
 ];
 
 /// Patterns `--pattern` accepts.
 pub const PATTERNS: [&str; 2] = ["clustered", "sweep"];
+
+/// Configurations served with dirty tracking (`serve --track-dirty`):
+/// `on-demand-tracked` and `prefetch-tracked` (each install
+/// write-protected, a first write a write-protect fault through serve),
+/// `on-demand-tracked-async` (a peer with `UFFD_FEATURE_WP_ASYNC`: the
+/// kernel un-protects a written page itself; serve reads the set from its
+/// page tables on SIGUSR1 while it holds).
+pub fn tracks_dirty(cfg: &str) -> bool {
+    cfg.contains("-tracked")
+}
+
+/// The untracked configuration a tracked one is compared with.
+pub fn untracked(cfg: &str) -> &str {
+    cfg.split("-tracked").next().unwrap_or(cfg)
+}
 
 /// Configurations that use the shared copy on hugetlbfs.
 pub fn uses_huge_snapshot(cfg: &str) -> bool {

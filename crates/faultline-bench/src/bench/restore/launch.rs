@@ -95,11 +95,33 @@ pub struct Launcher<'a> {
     pub compute_us: u64,
     /// `peer --stamps N` and `serve --phase-samples N` (0: off).
     pub stamps: usize,
+    /// `peer --write-set PCT` (`--write-set`; not while recording).
+    pub write_set: Option<f64>,
+}
+
+/// What the peer does once its report is written.
+pub enum Then<'h> {
+    /// Exits.
+    Exit,
+    /// Holds (`--wp-async --hold-ms`: its userfaultfd asks for
+    /// `UFFD_FEATURE_WP_ASYNC`, and its page tables stay for serve to
+    /// read) while this runs with serve's pid; then it is killed.
+    Hold(&'h dyn Fn(i32) -> anyhow::Result<()>),
 }
 
 impl Launcher<'_> {
     /// Runs the peer (against `socket`, or the file backend), returns its report.
     pub fn peer(&self, ws: f64, backing: Backing<'_>) -> anyhow::Result<PeerReport> {
+        self.peer_then(ws, backing, (0, &Then::Exit))
+    }
+
+    /// [`Launcher::peer`], then `then` (with `serve`'s pid).
+    fn peer_then(
+        &self,
+        ws: f64,
+        backing: Backing<'_>,
+        (serve, then): (i32, &Then<'_>),
+    ) -> anyhow::Result<PeerReport> {
         let out = self.dir.join("peer.json");
         let _ = std::fs::remove_file(&out);
         let mut cmd = Command::new(exe()?);
@@ -121,6 +143,9 @@ impl Launcher<'_> {
         if self.stamps > 0 && !matches!(backing, Backing::File(_) | Backing::FileHuge(_)) {
             cmd.args(["--stamps", &self.stamps.to_string()]);
         }
+        if let Some(pct) = self.write_set {
+            cmd.args(["--write-set", &pct.to_string()]);
+        }
         match backing {
             Backing::Uffd(s) => cmd.arg("--socket").arg(s),
             Backing::File(f) => cmd.args(["--backend", "file"]).arg("--map-file").arg(f),
@@ -140,6 +165,10 @@ impl Launcher<'_> {
                 .args(["--backend", "shared", "--huge", "--map-file"])
                 .arg(f),
         };
+        if let Then::Hold(action) = then {
+            cmd.args(["--wp-async", "--hold-ms", "600000"]);
+            return hold_bounded(cmd, &out, || action(serve), Duration::from_secs(600));
+        }
         let st = run_bounded(cmd, Duration::from_secs(600))?;
         if !st {
             bail!("the peer failed (see its messages above)");
@@ -155,6 +184,18 @@ impl Launcher<'_> {
         extra: &[&str],
         mode: Mode<'_>,
     ) -> anyhow::Result<(PeerReport, PeerSummary, f64)> {
+        self.served_then(ws, extra, mode, &Then::Exit)
+    }
+
+    /// [`Launcher::served`], the peer doing `then` once its report is
+    /// written.
+    pub fn served_then(
+        &self,
+        ws: f64,
+        extra: &[&str],
+        mode: Mode<'_>,
+        then: &Then<'_>,
+    ) -> anyhow::Result<(PeerReport, PeerSummary, f64)> {
         let sock = self.dir.join("serve.sock");
         let json = self.dir.join("serve.json");
         let _ = std::fs::remove_file(&sock);
@@ -168,7 +209,7 @@ impl Launcher<'_> {
             Mode::SharedHuge(snap) => Backing::SharedHuge(&sock, snap),
             Mode::Copy => Backing::Uffd(&sock),
         };
-        let rep = self.peer(ws, backing);
+        let rep = self.peer_then(ws, backing, (child.id() as i32, then));
         let st = wait_bounded(&mut child, Duration::from_secs(60));
         let rep = rep?;
         let st = st?;
@@ -217,7 +258,12 @@ impl Launcher<'_> {
 
     /// Records the working set `ws` into `rec` (`serve --record`, copy mode).
     pub fn record(&self, ws: f64, rec: &Path) -> anyhow::Result<()> {
-        self.served(ws, &["--record", rec.to_str().context("path")?], Mode::Copy)?;
+        // The working set only: a write set's pages would join the record.
+        let l = Launcher {
+            write_set: None,
+            ..*self
+        };
+        l.served(ws, &["--record", rec.to_str().context("path")?], Mode::Copy)?;
         Ok(())
     }
 }
@@ -271,6 +317,42 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> anyhow::Result<bool> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Runs `cmd` (a peer that holds after writing its report `out`) until
+/// the report reads whole, runs `action`, then kills it (by its pid); the
+/// report. Bounded by `limit` for the report, and fails if the peer exits
+/// before it.
+fn hold_bounded(
+    mut cmd: Command,
+    out: &Path,
+    action: impl FnOnce() -> anyhow::Result<()>,
+    limit: Duration,
+) -> anyhow::Result<PeerReport> {
+    let mut child = cleanup::spawn(cmd.stdin(Stdio::null()).stdout(Stdio::null()))?;
+    let deadline = Instant::now() + limit;
+    // Written with write(2) before the hold: whole once it parses.
+    let report = loop {
+        if let Ok(r) = std::fs::read_to_string(out)
+            .map_err(anyhow::Error::from)
+            .and_then(|t| Ok(serde_json::from_str::<PeerReport>(&t)?))
+        {
+            break r;
+        }
+        if let Some(s) = child.try_wait()? {
+            bail!("the peer exited ({s}) before its report (see its messages above)");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the peer wrote no report within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let done = action();
+    let _ = child.kill();
+    let _ = child.wait();
+    done.map(|()| report)
 }
 
 /// The ms `serve` said reading and mapping its recorded set took (from its

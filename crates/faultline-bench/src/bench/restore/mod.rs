@@ -27,6 +27,14 @@
 //!   (only when asked for): the shared copy on a hugetlbfs mount the bench
 //!   makes (2 MiB pages, root), mapped by the kernel, or served with
 //!   `UFFDIO_CONTINUE` of 2 MiB pages; its population (warm) is reported.
+//! * `on-demand-tracked`, `prefetch-tracked`, `on-demand-tracked-async`
+//!   (only when asked for): `on-demand` and `prefetch` with `serve
+//!   --track-dirty` (every install write-protected, a first write a
+//!   write-protect fault through serve), and a peer whose userfaultfd has
+//!   `UFFD_FEATURE_WP_ASYNC` (the kernel un-protects written pages; serve
+//!   reads them from its page tables): the peer writes `--write-set`'s
+//!   pages after its restore, the first-write table sets each beside its
+//!   untracked twin (`tracked`).
 //!
 //! The shared tmpfs copy is written once per run, before the
 //! configurations run; how long that takes (the one-time population of the
@@ -91,6 +99,7 @@
 //! | `phases` | where a demand fault's time goes: the peer's and serve's TSC stamps joined |
 //! | `results` | records, tables and the figure |
 //! | `takeover` | `--takeover`: a restore whose serve is killed and taken over |
+//! | `tracked` | dirty-tracked configurations (`serve --track-dirty`), the first-write table |
 
 mod args;
 mod baseline;
@@ -103,6 +112,7 @@ mod results;
 mod runs;
 mod takeover;
 mod timeline;
+mod tracked;
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -112,7 +122,7 @@ use anyhow::{bail, Context};
 use faultline_cli_support::cleanup;
 
 pub use args::RestoreArgs;
-use args::{ws_label, CONFIGS, PATTERNS};
+use args::{tracks_dirty, ws_label, CONFIGS, PATTERNS};
 use floor::Floor;
 use launch::Launcher;
 use memory::{drop_cache, is_root, warm, write_mem, Copies, Evictor};
@@ -170,6 +180,9 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         prefetch_idle: a.prefetch_idle,
         compute_us: a.compute_us,
         stamps: if a.no_phases { 0 } else { phases::SAMPLES },
+        write_set: a
+            .write_set
+            .or_else(|| a.configs.iter().any(|c| tracks_dirty(c)).then_some(2.0)),
     };
     if !a.peers.is_empty() {
         return peers::run(ctx, a, &l);
@@ -368,7 +381,11 @@ impl Session<'_> {
                     runs.push(run);
                     continue;
                 }
-                let run = runs::one(&self.l, ws, cfg, inputs)?;
+                let run = if tracks_dirty(cfg) {
+                    tracked::one(&self.l, ws, cfg, inputs.rec)?
+                } else {
+                    runs::one(&self.l, ws, cfg, inputs)?
+                };
                 if cfg == "on-demand" {
                     kill_at = (run.faults / 2).max(1);
                 }

@@ -17,6 +17,7 @@ use super::floor::{self, Floor};
 use super::phases;
 use super::runs::Run;
 use super::takeover::{self, Gap};
+use super::tracked;
 
 /// Demand faults per working-set page.
 fn per_page(m: &Run) -> f64 {
@@ -42,6 +43,8 @@ pub struct Results {
     groups: Vec<(String, Vec<(String, f64)>)>,
     /// `--takeover`'s table and figure.
     takeover: takeover::Table,
+    /// First writes (`--write-set`, the tracked configurations).
+    writes: tracked::Table,
 }
 
 impl Results {
@@ -210,6 +213,7 @@ impl Results {
                 show(ratio(dem, m)),
             ]);
         }
+        self.writes.add(ctx, (set, cache), medians);
         if let (Some(pre), Some(dem)) = (get("prefetch"), dem) {
             self.rows.push(vec![
                 label.clone(),
@@ -286,9 +290,10 @@ impl Results {
         );
         timeline::print(&self.handoff);
         phases::print(&self.phases);
+        self.writes.print();
         for (label, ms) in &self.prepared {
             println!(
-                "{label}: serve read and mapped the recorded set in {ms:.1} ms from its own start (the peer starts with it; not a pause before the handshake)"
+                "{label}: serve asked for the recorded set's reads and mapped it until the peer was served in {ms:.1} ms from its own start (the peer starts with it; not a pause before the handshake)"
             );
         }
         if !populated.is_empty() {

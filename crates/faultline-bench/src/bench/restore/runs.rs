@@ -6,6 +6,7 @@
 //! | `baseline` | anonymous, handed over | [`baseline::handler`] in this process |
 //! | `on-demand*` | anonymous, hugetlb, or the shared copy | `faultline serve` |
 //! | `prefetch*`, `eager` | the same | `faultline serve --prefetch` of the recorded set (`eager`: every page; `prefetch-idle`: with `--prefetch-idle`, helpers under SCHED_IDLE) |
+//! | `*-tracked*` | anonymous | `faultline serve --track-dirty` (the `tracked` module's `one`) |
 
 use std::os::unix::net::UnixListener;
 use std::path::Path;
@@ -56,6 +57,13 @@ pub struct Run {
     pub slept: u64,
     /// Where a demand fault's time went (served configurations).
     pub phases: Phases,
+    /// `--write-set`: the median first write as the vCPUs saw it, ns, to
+    /// pages of the working set (present when written) and to all pages
+    /// written (NaN: no writes).
+    pub write_ns: (f64, f64),
+    /// Pages in serve's dirty set (tracked configurations; NaN: not
+    /// tracked).
+    pub dirty_pages: f64,
 }
 
 impl Run {
@@ -81,6 +89,8 @@ impl Run {
             preempted: med(&|r| r.preempted as f64) as u64,
             slept: med(&|r| r.slept as f64) as u64,
             phases: Phases::median(&runs.iter().map(|r| &r.phases).collect::<Vec<_>>()),
+            write_ns: (med(&|r| r.write_ns.0), med(&|r| r.write_ns.1)),
+            dirty_pages: med(&|r| r.dirty_pages),
             steps: (0..STEPS.len())
                 .map(|k| median_finite(runs.iter().map(|r| r.steps[k]).collect()))
                 .collect(),
@@ -109,6 +119,8 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         hsnap,
     } = *inputs;
     let from = |p: PeerReport, faults: u64, bytes: u64| Run {
+        write_ns: write_ns(&p),
+        dirty_pages: f64::NAN,
         steps: steps(&p, None),
         preempted: p.vcpu_preempted,
         slept: p.vcpu_slept,
@@ -234,6 +246,8 @@ pub(super) fn served(p: PeerReport, s: PeerSummary, prepare_ms: f64, mode: Mode<
         _ => 4096,
     };
     Run {
+        write_ns: write_ns(&p),
+        dirty_pages: f64::NAN,
         phases: phases::of_run(&p.touch_stamps, &s.phases, page),
         steps: steps(&p, Some(&s)),
         prepare_ms,
@@ -250,4 +264,13 @@ pub(super) fn served(p: PeerReport, s: PeerSummary, prepare_ms: f64, mode: Mode<
         preempted: p.vcpu_preempted,
         slept: p.vcpu_slept,
     }
+}
+
+/// The peer's median first writes (working-set pages, all pages), ns;
+/// NaN without `--write-set`.
+fn write_ns(p: &PeerReport) -> (f64, f64) {
+    if p.written_offsets.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    (p.write_present_median_ns as f64, p.write_median_ns as f64)
 }
