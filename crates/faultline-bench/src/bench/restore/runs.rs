@@ -178,7 +178,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         | "on-demand-adaptive"
         | "on-demand-w32-shared"
         | "on-demand-w64-shared"
-        | "on-demand-w128-shared"
+        | "on-demand-w16-shared"
         | "on-demand-adaptive-shared"
         | "on-demand-workers-adaptive"
         | "on-demand-shared"
@@ -194,7 +194,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
                 "on-demand-w32" => &["--fault-around-initial", "32"],
                 "on-demand-w32-shared" => &["--fault-around-initial", "32"],
                 "on-demand-w64-shared" => &["--fault-around-initial", "64"],
-                "on-demand-w128-shared" => &["--fault-around-initial", "128"],
+                "on-demand-w16-shared" => &["--fault-around-initial", "16"],
                 "on-demand-adaptive" | "on-demand-adaptive-shared" => &["--adaptive-window"],
                 "on-demand-workers-adaptive" => {
                     &["--engine", "workers", "--threads", "2", "--adaptive-window"]
