@@ -385,11 +385,7 @@ pub(crate) fn resolve(
                 r.residency.release(part);
             }
         }
-        let hole_state = if r.write_protects() {
-            PageState::ReadOnly
-        } else {
-            PageState::Writable
-        };
+        let hole_state = r.clean_state();
         let mut around = match step {
             Step::Done if matches!(origin, Origin::Fault) => run.len() - 1 + rest_installed,
             _ => 0,
@@ -457,11 +453,7 @@ fn install_rest(
     // Not the faulting page: a tracked region installs it write-protected
     // (its first write is noted by the WP fault that follows).
     let clean = r.write_protects();
-    let state = if clean {
-        PageState::ReadOnly
-    } else {
-        PageState::Writable
-    };
+    let state = r.clean_state();
     let out = match copy_run(r, &part, dst, offset, bytes, scratch, None, clean) {
         Ok(out) => Ok(out),
         Err(CopyErr::Uffd(e)) => Err(e),

@@ -155,6 +155,17 @@ impl RegionState {
         self.budget.is_some() || self.written.is_some()
     }
 
+    /// The state a page installed clean (not the page of a write fault)
+    /// is recorded in: read-only where [`Self::write_protects`].
+    #[inline]
+    pub fn clean_state(&self) -> PageState {
+        if self.write_protects() {
+            PageState::ReadOnly
+        } else {
+            PageState::Writable
+        }
+    }
+
     /// A fault's write reached `page` (un-protected, or installed
     /// writable): set its bit in the dirty set, if tracked.
     #[inline]
