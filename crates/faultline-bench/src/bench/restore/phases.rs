@@ -34,6 +34,8 @@ use faultline::FaultPhases;
 use crate::harness::report::{print_table, Record};
 use crate::harness::tsc::tsc;
 
+use super::timeline::median_finite;
+
 /// The phases, in the order a fault goes through them.
 pub const PHASES: [&str; 6] = ["read", "batch", "store", "copy", "wake", "return"];
 
@@ -78,13 +80,6 @@ fn quantile(v: &[f64], q: f64) -> f64 {
         return f64::NAN;
     }
     v[((v.len() as f64 * q) as usize).min(v.len() - 1)]
-}
-
-/// The median of the finite values.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    v.sort_by(f64::total_cmp);
-    quantile(&v, 0.5)
 }
 
 /// One run's phases: the peer's `touches` (page address, TSC before,
@@ -133,7 +128,7 @@ pub fn of_run(touches: &[(u64, u64, u64)], samples: &[[u64; 8]], page: u64) -> P
 impl Phases {
     /// Each figure's median over `runs`.
     pub fn median(runs: &[&Phases]) -> Phases {
-        let of = |f: &dyn Fn(&Phases) -> f64| median(runs.iter().map(|p| f(p)).collect());
+        let of = |f: &dyn Fn(&Phases) -> f64| median_finite(runs.iter().map(|p| f(p)).collect());
         Phases {
             samples: of(&|p| p.samples),
             median: std::array::from_fn(|k| of(&|p| p.median[k])),
