@@ -73,6 +73,9 @@ pub use taken::{Handed, Joined, KeeperError, Taken};
 /// serve`) run as the keeper of its `--socket`.
 pub const KEEPER_ENV: &str = "FAULTLINE_SERVE_KEEPER";
 
+/// The keeper process's `argv[0]` (`ps`, `pgrep -a` show it).
+pub const KEEPER_ARG0: &str = "faultline-serve-keeper";
+
 /// The largest message (a handshake is at most 64 KiB).
 const MAX_MESSAGE: usize = 1 << 18;
 
@@ -197,11 +200,15 @@ impl Keeper {
     }
 
     /// Starts a keeper of `socket` (this program, these arguments,
-    /// [`KEEPER_ENV`]) and attaches to it.
+    /// [`KEEPER_ENV`]) and attaches to it. Its `argv[0]` is
+    /// [`KEEPER_ARG0`], so that what an operator matches serve's command
+    /// line with (`pkill -f 'faultline serve'`) does not match the keeper
+    /// too: killing both would leave its VMMs to nobody.
     pub fn start(socket: &Path) -> Result<(Keeper, Joined), KeeperError> {
         let addr = name(socket)?;
         let exe = std::env::current_exe()?;
         std::process::Command::new(exe)
+            .arg0(KEEPER_ARG0)
             .args(std::env::args_os().skip(1))
             .env(KEEPER_ENV, "1")
             .env_remove(faultline_sys::failpoint::ENV)
