@@ -365,11 +365,16 @@ fn eviction_past_the_budget_drains_to_the_low_water_mark() {
         let s = loop {
             let s = r.eviction_stats().unwrap();
             // Settled: every page is evicted or resident, and the evictor
-            // is done (at the mark, or one page past it: the 17th fault
-            // may come after it finished).
+            // is done: at the mark, or up to two pages past it. The 16th
+            // fault crosses the high-water mark, but its COPY can fail
+            // (EAGAIN: a REMOVE of the drain's zaps is pending) and give
+            // its charge back, again at each retry, so the drain may
+            // reach the mark before the 16th page is charged; it and the
+            // 17th then land under the high-water mark, with no drain due
+            // (seen in 4 of 400 loaded repetitions: 6 + 2 resident).
             let settled = match low {
                 None => s.resident == budget as u64,
-                Some(l) => s.resident <= l as u64 + 1,
+                Some(l) => s.resident <= l as u64 + 2,
             };
             if settled && s.evicted + s.resident == touched as u64 {
                 break s;

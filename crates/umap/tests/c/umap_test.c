@@ -192,13 +192,18 @@ static int watermarks(const char *path) {
     size_t pages = len / PAGE;
 
     /* Low water: the 16th page reaches the high-water mark and wakes the
-     * evictor, which stops at 6 (BUFSIZE * LOW / 100), not just under it. */
+     * evictor, which stops at 6 (BUFSIZE * LOW / 100), not just under it.
+     * With fillers (handler threads that read the region's events) the
+     * 16th page can land after the drain: its copy fails with EAGAIN
+     * while a REMOVE of the drain's own zaps is pending, gives its charge
+     * back and is retried, so the drain may reach 6 without it: 7. */
     unsigned char *p = umap(NULL, len, PROT_READ, UMAP_PRIVATE, fd, 0);
     CHECK(p != UMAP_FAILED);
     for (size_t i = 0; i < 16; i++) CHECK(p[i * PAGE] == want[i * PAGE]);
-    size_t r = wait_resident_at_most(p, len, 6);
+    size_t most = getenv("UMAP_PAGE_FILLERS") ? 7 : 6;
+    size_t r = wait_resident_at_most(p, len, most);
     printf("drained_to %zu\n", r);
-    CHECK(r == 6);
+    CHECK(r >= 6 && r <= most);
     /* Prefetched pages are installed clean, as a read installs them: the
      * read-only fd takes no write-back at uunmap (which would fail EBADF). */
     struct umap_prefetch_item item = {p + 40 * PAGE};
