@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::Args;
 
 use crate::config::{LogFormat, MetricsAddr, ServeConfig, Source, Verify};
-use crate::server::Server;
+use crate::server::{RequestHandle, Server};
 use faultline::HandlerWait;
 use faultline_sys::signal;
 
@@ -66,7 +66,10 @@ pub struct ServeArgs {
     /// fault-around is off for a peer that records). With `{peer}` in FILE
     /// every peer records, each to FILE with `{peer}` replaced by its
     /// connection number (merge them: `faultline-serve record merge`).
-    /// The record names the memory file it was made for.
+    /// The record names the memory file it was made for. SIGUSR2 (or
+    /// `POST /record` on --metrics) cuts every recording peer's record:
+    /// written then, not at its hang-up (the last cycle: what the VM
+    /// touched from its restore to, say, the pause before its snapshot).
     #[arg(long)]
     pub record: Option<PathBuf>,
     /// Install the pages listed in FILE (written by --record, or merged)
@@ -370,14 +373,28 @@ impl ServeArgs {
     }
 }
 
-/// Blocks the signals serve takes on threads of its own (SIGUSR1 with
-/// `--track-dirty`): call it before the process starts any thread (a
-/// thread started before would take SIGUSR1's default action, the end of
-/// the process). [`run`] calls it; a front door that starts threads before
-/// `run` (`faultline`'s signal thread) calls it first.
-pub fn block_signals(args: &ServeArgs) -> anyhow::Result<()> {
+/// The signals serve takes on threads of its own with `args`, and what
+/// each asks: SIGUSR1 the dirty sets (`--track-dirty`), SIGUSR2 the
+/// records' cut (`--record`).
+fn requests(args: &ServeArgs) -> Vec<(i32, &'static str, fn(&RequestHandle) -> usize)> {
+    let mut v: Vec<(i32, &'static str, fn(&RequestHandle) -> usize)> = Vec::new();
     if args.track_dirty.is_some() {
-        signal::set_blocked_all(&[signal::SIGUSR1], true).context("blocking SIGUSR1")?;
+        v.push((signal::SIGUSR1, "sigusr1", RequestHandle::write_dirty_sets));
+    }
+    if args.record.is_some() {
+        v.push((signal::SIGUSR2, "sigusr2", RequestHandle::cut_records));
+    }
+    v
+}
+
+/// Blocks the signals serve takes on threads of its own ([`requests`]):
+/// call it before the process starts any thread (a thread started before
+/// would take the signal's default action, the end of the process).
+/// [`run`] calls it; a front door that starts threads before `run`
+/// (`faultline`'s signal thread) calls it first.
+pub fn block_signals(args: &ServeArgs) -> anyhow::Result<()> {
+    for (sig, name, _) in requests(args) {
+        signal::set_blocked_all(&[sig], true).with_context(|| format!("blocking {name}"))?;
     }
     Ok(())
 }
@@ -385,7 +402,8 @@ pub fn block_signals(args: &ServeArgs) -> anyhow::Result<()> {
 /// Runs `faultline-serve ARGS` (`faultline serve ARGS`): SIGINT, SIGTERM
 /// and SIGHUP stop the server gracefully (see `--grace`); a second one
 /// ends it at once. With `--track-dirty`, SIGUSR1 writes the dirty sets of
-/// the tracked peers (taken, like the others, on a thread of its own).
+/// the tracked peers; with `--record`, SIGUSR2 cuts the recording peers'
+/// records (each taken, like the others, on a thread of its own).
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if std::env::var_os(crate::keeper::KEEPER_ENV).is_some() {
         // Started by a serve with --takeover to keep its peers.
@@ -398,17 +416,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     block_signals(&args)?;
     faultline_cli_support::cleanup::install().context("taking SIGINT, SIGTERM and SIGHUP")?;
     let server = Server::start(args.config()?)?;
-    if args.track_dirty.is_some() {
-        let dirty = server.dirty_handle();
+    for (sig, name, ask) in requests(&args) {
+        let handle = server.request_handle();
         std::thread::Builder::new()
-            .name("faultline-sigusr1".into())
+            .name(format!("faultline-{name}"))
             .spawn(move || loop {
-                if let Ok(Some(_)) = signal::wait_any(&[signal::SIGUSR1], Duration::from_secs(3600))
-                {
-                    dirty.write_all();
+                if let Ok(Some(_)) = signal::wait_any(&[sig], Duration::from_secs(3600)) {
+                    ask(&handle);
                 }
             })
-            .context("starting the SIGUSR1 thread")?;
+            .with_context(|| format!("starting the {name} thread"))?;
     }
     let stop = server.stop_handle();
     faultline_cli_support::cleanup::on_stop(move |sig| stop.stop(sig));

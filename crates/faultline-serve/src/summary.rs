@@ -36,13 +36,13 @@ pub struct PeerSummary {
     #[serde(default)]
     pub around: u64,
     /// `--adaptive-window`: the isolated window of the peer's largest
-    /// region when it ended, pages (0: not adaptive).
-    #[serde(default)]
-    pub isolated_window: usize,
+    /// region when it ended, pages (absent: not adaptive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolated_window: Option<usize>,
     /// `--adaptive-window`: times its regions' isolated windows doubled
-    /// and halved.
-    #[serde(default)]
-    pub window_changes: [u64; 2],
+    /// and halved (absent: not adaptive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_changes: Option<[u64; 2]>,
     /// Bytes read from the memory file (pages installed from it).
     pub bytes_read: u64,
     /// REMOVE events.

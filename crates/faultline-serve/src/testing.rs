@@ -265,3 +265,17 @@ pub fn number_after(log: &str, after: &str) -> usize {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no number after {after:?}: {log}"))
 }
+
+/// `POST path` to serve's metrics endpoint on the unix socket `sock`;
+/// the whole answer (status line, head, body), which must be `200`.
+pub fn post(sock: &std::path::Path, path: &str) -> String {
+    use std::io::Read as _;
+    let mut c =
+        std::os::unix::net::UnixStream::connect(sock).expect("connecting to the metrics socket");
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(c, "POST {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.0 200"), "POST {path}: {text}");
+    text
+}

@@ -7,8 +7,6 @@
 //! and no written page missing.
 
 use std::collections::BTreeSet;
-use std::io::{Read as _, Write as _};
-use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use faultline_serve::dirty_set;
@@ -108,12 +106,7 @@ fn dirty_gauge(sock: &std::path::Path) -> f64 {
 /// `POST /dirty` to the metrics socket at `sock`, which must answer 200;
 /// waits for serve's line saying it wrote peer 1's set.
 fn post_dirty(dir: &Dir, sock: &std::path::Path) {
-    let mut c = UnixStream::connect(sock).expect("connecting to the metrics socket");
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.write_all(b"POST /dirty HTTP/1.0\r\n\r\n").unwrap();
-    let mut text = String::new();
-    c.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.0 200"), "POST /dirty: {text}");
+    testing::post(sock, "/dirty");
     dir.wait_for("serve.err", "peer 1: asked:");
 }
 

@@ -156,3 +156,77 @@ fn a_set_merged_from_five_restores_covers_a_sixth() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("recorded for another memory file"), "{err}");
 }
+
+/// The last cycle: SIGUSR2 (or `POST /record`) cuts every recording
+/// peer's record, written then: the pages it touched before, and nothing
+/// after (its hang-up does not write it again). Three restores of one
+/// working set, one vCPU each (the record's order is the touch order):
+/// the first cut by SIGUSR2 and the second by `POST /record`, each while
+/// paused halfway; the third runs through. Each cut record is the third's
+/// first pages, exactly as many as were touched before the pause.
+#[test]
+fn a_record_cut_on_request_holds_what_was_touched_before() {
+    let dir = Dir::new("cut", 16 * MIB);
+    let pattern = dir.path("rec-{peer}.txt");
+    let metrics = dir.path("metrics.sock");
+    let mut s = testing::serve(
+        &dir,
+        SERVE,
+        &[
+            "--peers",
+            "3",
+            "--record",
+            pattern.to_str().unwrap(),
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ],
+    );
+    let args = [
+        "--working-set",
+        "20",
+        "--seed",
+        "4",
+        "--threads",
+        "1",
+        "--pause-at",
+        "50",
+        "--pause-ms",
+        "4000",
+    ];
+    let mut paused = Vec::new();
+    for n in 1..=2 {
+        let name = format!("p{n}");
+        let mut p = testing::peer(&dir, PEER, &name, &args);
+        dir.wait_for(&format!("{name}.err"), "paused after");
+        let before = testing::number_after(&dir.text(&format!("{name}.err")), "paused after ");
+        if n == 1 {
+            faultline_sys::process::kill(s.pid() as i32, faultline_sys::signal::SIGUSR2).unwrap();
+        } else {
+            let answer = testing::post(&metrics, "/record");
+            assert!(answer.ends_with("wrote 1 record(s)\n"), "{answer}");
+        }
+        dir.wait_for("serve.err", &format!("peer {n}: recorded {before} pages"));
+        assert_ok(&mut p, &dir);
+        dir.wait_for("serve.err", &format!("peer {n}: its record was cut"));
+        paused.push(before);
+    }
+    // The pause is the peer's sleep: long enough for the cut to land in
+    // it on a loaded machine.
+    let mut p = testing::peer(&dir, PEER, "p3", &args[..6]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let full = record::read_record(&dir.path("rec-3.txt"))
+        .unwrap()
+        .offsets();
+    for (n, before) in (1..=2).zip(paused) {
+        let cut = record::read_record(&dir.path(&format!("rec-{n}.txt")))
+            .unwrap()
+            .offsets();
+        assert!(
+            before > 0 && before < full.len(),
+            "{before} of {}",
+            full.len()
+        );
+        assert_eq!(cut, full[..before], "peer {n}'s cut record");
+    }
+}

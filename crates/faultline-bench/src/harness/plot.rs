@@ -20,6 +20,7 @@ use anyhow::{anyhow, Context};
 use faultline_cli_support::OutputPath;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::stats::percentile_sorted;
 
@@ -433,6 +434,19 @@ impl Figure for PhaseBars<'_> {
                 }
             }
             if text && !percent {
+                // Each bar's total beside it: a short bar (a clustered
+                // restore's beside a sweep's) stays readable.
+                let style = TextStyle::from(("sans-serif", 12).into_font())
+                    .pos(Pos::new(HPos::Left, VPos::Center));
+                let totals = self.bars.iter().enumerate().map(|(i, b)| {
+                    let total = b.1 + b.2 + b.3;
+                    Text::new(
+                        fmt_axis(total.round()),
+                        (total + xmax * 0.01, SegmentValue::CenterOf(row(i))),
+                        style.clone(),
+                    )
+                });
+                chart.draw_series(totals).map_err(perr)?;
                 legend(&mut chart, SeriesLabelPosition::UpperRight)?;
             }
         }
@@ -854,6 +868,14 @@ mod tests {
                 (attr("x"), attr("y"), body.trim())
             })
             .collect();
+        // Each bar's total beside it in the cycles panel.
+        for b in &bars {
+            let total = fmt_axis((b.1 + b.2 + b.3).round());
+            assert!(
+                texts.iter().any(|t| t.2 == total && t.0 < w as f64 / 2.0),
+                "total {total} not drawn"
+            );
+        }
         let mut ys: Vec<(f64, f64)> = Vec::new();
         for l in &labels {
             let hits: Vec<(f64, f64)> = texts

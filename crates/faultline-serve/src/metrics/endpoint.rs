@@ -10,7 +10,8 @@
 //!    refused, never removed; the socket is removed when serve stops.
 //! 3. Each connection gets one answer and is closed: `GET /metrics` (or
 //!    `/`) the OpenMetrics text of a fresh sample, `POST /dirty` writes
-//!    the tracked peers' dirty sets (`--track-dirty`), any other path 404. A
+//!    the tracked peers' dirty sets (`--track-dirty`), `POST /record` cuts
+//!    the recording peers' records (`--record`), any other path 404. A
 //!    client has one second to send its request; connections are served
 //!    one at a time (a scrape takes well under a millisecond).
 //!
@@ -251,12 +252,16 @@ fn answer(mut c: impl Read + Write, exposition: &Arc<Exposition>) {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             exposition.text(),
         ),
-        ("POST", "/dirty") => match exposition.write_dirty() {
-            Some(n) => ("200 OK", "text/plain", format!("wrote {n} dirty set(s)\n")),
+        ("POST", _) => match exposition.post(path) {
+            Some(answer) => ("200 OK", "text/plain", answer),
             None => (
                 "404 Not Found",
                 "text/plain",
-                "dirty tracking is off (--track-dirty)\n".into(),
+                match path {
+                    "/dirty" => "dirty tracking is off (--track-dirty)\n".into(),
+                    "/record" => "recording is off (--record)\n".into(),
+                    _ => "not found: POST /dirty or /record\n".into(),
+                },
             ),
         },
         ("GET" | "HEAD", _) => (

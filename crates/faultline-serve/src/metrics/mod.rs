@@ -115,10 +115,14 @@ pub type Sampler = Box<dyn Fn() -> Sample + Send + Sync>;
 /// each scrape.
 pub struct Exposition {
     sample: Sampler,
-    /// `POST /dirty` (`--track-dirty`): writes the tracked peers' dirty
-    /// sets, gives how many.
-    dirty: Option<Box<dyn Fn() -> usize + Send + Sync>>,
+    /// What a `POST` to a path does: (path, what it writes, the action,
+    /// which gives how many it wrote). `POST /dirty` with
+    /// `--track-dirty`, `POST /record` with `--record`.
+    posts: Vec<(&'static str, &'static str, Action)>,
 }
+
+/// A `POST` request's action: how many files it wrote.
+pub type Action = Box<dyn Fn() -> usize + Send + Sync>;
 
 impl fmt::Debug for Exposition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -131,20 +135,27 @@ impl Exposition {
     pub fn new(sample: Sampler) -> Exposition {
         Exposition {
             sample,
-            dirty: None,
+            posts: Vec::new(),
         }
     }
 
-    /// Answers `POST /dirty` with `write` (it writes the tracked peers'
-    /// dirty sets and gives how many).
-    pub fn with_dirty(mut self, write: Box<dyn Fn() -> usize + Send + Sync>) -> Exposition {
-        self.dirty = Some(write);
+    /// Answers `POST path` with `action`, which writes files (`what`, for
+    /// the answer: "dirty set(s)") and gives how many.
+    pub fn with_post(
+        mut self,
+        path: &'static str,
+        what: &'static str,
+        action: Action,
+    ) -> Exposition {
+        self.posts.push((path, what, action));
         self
     }
 
-    /// `POST /dirty`: the dirty sets written (`None`: tracking is off).
-    pub fn write_dirty(&self) -> Option<usize> {
-        self.dirty.as_ref().map(|w| w())
+    /// `POST path`: runs its action, the answer's text (`None`: no such
+    /// action here).
+    pub fn post(&self, path: &str) -> Option<String> {
+        let (_, what, action) = self.posts.iter().find(|p| p.0 == path)?;
+        Some(format!("wrote {} {what}\n", action()))
     }
 
     /// The OpenMetrics text of a fresh sample (ends with `# EOF`).

@@ -16,8 +16,9 @@
 //!    between the scan and the new protection hits a page already
 //!    un-protected, so already counted.
 //! 3. **When** ([`write`]): at the peer's hang-up (its final set, [`at_end`]),
-//!    and on request for every tracked peer still served ([`DirtyHandle`]:
-//!    SIGUSR1, or `POST /dirty` on the metrics endpoint): the set so far,
+//!    and on request for every tracked peer still served
+//!    ([`super::RequestHandle`]: SIGUSR1, or `POST /dirty` on the metrics
+//!    endpoint): the set so far,
 //!    read while the peer runs (see `faultline::foreign`'s dirty module). A
 //!    peer whose userfaultfd has `WP_ASYNC` is tracked through its page
 //!    tables, which its exit takes away: its set is written on request
@@ -28,7 +29,6 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::Arc;
 
 use faultline::{ForeignPeer, ForeignRegionSpec};
 use faultline_cli_support::output::OutputPath;
@@ -171,23 +171,4 @@ pub fn write_all(state: &State) -> usize {
         .filter(|p| p.tracks_dirty())
         .filter_map(|p| write(state, p, state.lookup(p.id()).n, "asked"))
         .count()
-}
-
-/// Writes the dirty sets of a running server's tracked peers on request
-/// (from another thread: the binaries' SIGUSR1 thread, the metrics
-/// endpoint's `POST /dirty`).
-#[derive(Clone)]
-pub struct DirtyHandle(pub(super) Arc<State>);
-
-impl DirtyHandle {
-    /// Writes every tracked peer's dirty set now; how many were written.
-    pub fn write_all(&self) -> usize {
-        write_all(&self.0)
-    }
-}
-
-impl std::fmt::Debug for DirtyHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DirtyHandle")
-    }
 }

@@ -9,7 +9,6 @@ use faultline::{ForeignPeer, PeerEvent};
 
 use super::log::say;
 use super::state::{Served, State};
-use crate::record;
 use crate::summary::{Handoff, PeerSummary};
 
 /// Handles one engine event.
@@ -97,8 +96,8 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
         handler_cpu_ms: handler.cpu.as_secs_f64() * 1e3,
         installed: s.regions.installed,
         around: s.regions.around,
-        isolated_window: peer.isolated_windows().map_or(0, |w| w.0),
-        window_changes: peer.isolated_windows().map_or([0; 2], |w| [w.1, w.2]),
+        isolated_window: peer.isolated_windows().map(|w| w.0),
+        window_changes: peer.isolated_windows().map(|w| [w.1, w.2]),
         bytes_read: s.bytes_read,
         removes: s.removes,
         removed_pages: s.removed_pages,
@@ -129,21 +128,7 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
         handler.cpu.as_secs_f64() * 1e3,
         handler.sleeps
     ));
-    if let (true, Some(path), Some(id)) = (
-        state.records(peer.id()),
-        state.record_path(n),
-        state.identity,
-    ) {
-        let rec = record::Record::of_restore(id, &peer.take_record_timed());
-        match record::write_record(&path, &rec) {
-            Ok(()) => say(format_args!(
-                "peer {n}: recorded {} pages to {}",
-                rec.pages.len(),
-                path.display()
-            )),
-            Err(e) => say(format_args!("peer {n}: writing the record failed: {e}")),
-        }
-    }
+    super::recording::at_end(state, peer, n);
     super::dirty::at_end(state, peer, n, &outcome);
     state.engine.remove(peer.id());
     state.unwatch(n);

@@ -50,10 +50,12 @@ mod error;
 mod events;
 mod log;
 mod receive;
+mod recording;
 mod setup;
 mod socket;
 mod state;
 
+use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -65,7 +67,6 @@ use faultline_cli_support::OutputPath;
 use faultline_sys::poll::{self, PollFd};
 use faultline_sys::signal::{SIGHUP, SIGINT, SIGTERM};
 
-pub use dirty::DirtyHandle;
 pub use error::ServeError;
 
 use crate::config::ServeConfig;
@@ -260,6 +261,7 @@ impl Server {
             last_n: AtomicUsize::new(last_n),
             dirty_before: Mutex::new(Vec::new()),
             pidfds: Mutex::new(Vec::new()),
+            records_written: Mutex::new(HashSet::new()),
         });
         let metrics = match &state.config.metrics {
             Some(addr) => {
@@ -267,7 +269,19 @@ impl Server {
                 let mut exposition = Exposition::new(Box::new(move || s.sample()));
                 if state.config.track_dirty.is_some() {
                     let s = state.clone();
-                    exposition = exposition.with_dirty(Box::new(move || dirty::write_all(&s)));
+                    exposition = exposition.with_post(
+                        "/dirty",
+                        "dirty set(s)",
+                        Box::new(move || dirty::write_all(&s)),
+                    );
+                }
+                if state.config.record.is_some() {
+                    let s = state.clone();
+                    exposition = exposition.with_post(
+                        "/record",
+                        "record(s)",
+                        Box::new(move || recording::cut_all(&s)),
+                    );
                 }
                 let exposition = Arc::new(exposition);
                 let e = Endpoint::start(addr, exposition)?;
@@ -287,10 +301,10 @@ impl Server {
         })
     }
 
-    /// A handle that writes the dirty sets of this server's tracked peers
-    /// on request (`--track-dirty`; from another thread).
-    pub fn dirty_handle(&self) -> DirtyHandle {
-        DirtyHandle(self.state.clone())
+    /// A handle that answers an operator's requests (from another
+    /// thread): dirty sets, records.
+    pub fn request_handle(&self) -> RequestHandle {
+        RequestHandle(self.state.clone())
     }
 
     /// A handle that stops this server (from another thread).
@@ -558,5 +572,31 @@ fn accept_all(state: &Arc<State>, sock: &Socket) -> Result<(), ServeError> {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) => say(format_args!("accept failed: {e}")),
         }
+    }
+}
+
+/// Answers an operator's requests to a running server, from another
+/// thread (the binaries' signal threads, the metrics endpoint).
+#[derive(Clone)]
+pub struct RequestHandle(Arc<State>);
+
+impl RequestHandle {
+    /// `--track-dirty` (SIGUSR1, `POST /dirty`): writes every tracked
+    /// peer's dirty set so far; how many were written.
+    pub fn write_dirty_sets(&self) -> usize {
+        dirty::write_all(&self.0)
+    }
+
+    /// `--record` (SIGUSR2, `POST /record`): cuts every recording peer's
+    /// record, written now and not at its hang-up (its last cycle); how
+    /// many were written.
+    pub fn cut_records(&self) -> usize {
+        recording::cut_all(&self.0)
+    }
+}
+
+impl std::fmt::Debug for RequestHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RequestHandle")
     }
 }

@@ -6,6 +6,7 @@
 //! `summaries`, `dirty_before`, `pidfds` (held across one
 //! `pidfd_send_signal`).
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, Once};
@@ -112,6 +113,9 @@ pub struct State {
     /// Each connection's peer process, by connection number ([`State::watch`]):
     /// the pidfd a kill goes through.
     pub pidfds: Mutex<Vec<(usize, Pidfd)>>,
+    /// The peers (engine ids) whose record is written: cut on request, or
+    /// at their hang-up; never written twice (see `recording.rs`).
+    pub records_written: Mutex<HashSet<u64>>,
 }
 
 impl State {

@@ -19,6 +19,28 @@ use super::runs::Run;
 use super::takeover::{self, Gap};
 use super::tracked;
 
+/// The main table's columns.
+const COLUMNS: [&str; 18] = [
+    "ws",
+    "cache",
+    "config",
+    "ms",
+    "vCPU med us",
+    "p99 us",
+    "faults",
+    "faults/page",
+    "faults/read",
+    "handler CPU ms",
+    "wasted pages",
+    "window",
+    "MiB read",
+    "peer anon MiB",
+    "vs baseline",
+    "vs kernel",
+    "vs kernel-tmpfs",
+    "vs on-demand",
+];
+
 /// Demand faults per working-set page.
 fn per_page(m: &Run) -> f64 {
     m.faults as f64 / m.pages.max(1) as f64
@@ -138,6 +160,9 @@ impl Results {
             if m.wasted.is_finite() {
                 rec = rec.with("wasted_pages", m.wasted);
             }
+            if m.window.is_finite() {
+                rec = rec.with("isolated_window_final", m.window);
+            }
             if !uses_huge_snapshot(cfg) {
                 rec = rec.with("peer_anon_kib", m.peer_anon_kib);
             }
@@ -199,6 +224,7 @@ impl Results {
                 },
                 finite(m.handler_cpu_ms, &|v| format!("{v:.1}")),
                 finite(m.wasted, &|v| format!("{v:.0}")),
+                finite(m.window, &|v| format!("{v:.0}")),
                 format!("{}", m.bytes_read >> 20),
                 // A hugetlbfs page-cache page mapped by one process
                 // counts as Private_Hugetlb: no private figure there.
@@ -215,28 +241,16 @@ impl Results {
         }
         self.writes.add(ctx, (set, cache), medians);
         if let (Some(pre), Some(dem)) = (get("prefetch"), dem) {
-            self.rows.push(vec![
-                label.clone(),
-                cache.to_string(),
-                "REAP (paper)".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                format!(
-                    "ours: -{:.0}% (REAP -97%)",
-                    100.0 * (1.0 - pre.faults as f64 / dem.faults.max(1) as f64)
-                ),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                format!("ours {} (REAP 3.70x)", fmt_ratio(dem.seconds / pre.seconds)),
-            ]);
+            // REAP's two figures under the faults and vs-on-demand columns.
+            let mut row = vec!["-".to_string(); COLUMNS.len()];
+            row[..3].clone_from_slice(&[label.clone(), cache.to_string(), "REAP (paper)".into()]);
+            row[6] = format!(
+                "ours: -{:.0}% (REAP -97%)",
+                100.0 * (1.0 - pre.faults as f64 / dem.faults.max(1) as f64)
+            );
+            row[COLUMNS.len() - 1] =
+                format!("ours {} (REAP 3.70x)", fmt_ratio(dem.seconds / pre.seconds));
+            self.rows.push(row);
         }
     }
 
@@ -263,30 +277,9 @@ impl Results {
         populated: &[(&str, f64)],
         floors: &[(f64, String, Floor)],
     ) -> anyhow::Result<()> {
-        print_table(
-            &[
-                "ws",
-                "cache",
-                "config",
-                "ms",
-                "vCPU med us",
-                "p99 us",
-                "faults",
-                "faults/page",
-                "faults/read",
-                "handler CPU ms",
-                "wasted pages",
-                "MiB read",
-                "peer anon MiB",
-                "vs baseline",
-                "vs kernel",
-                "vs kernel-tmpfs",
-                "vs on-demand",
-            ],
-            &self.rows,
-        );
+        print_table(&COLUMNS, &self.rows);
         println!(
-            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages), per working-set page, and per read(2) of the userfaultfd; handler CPU: serve's handler thread (its wait: --engine); wasted: pages installed that no vCPU touched (copy mode: the peer's resident pages beyond its set; shared mode: the pages serve installed beyond it); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
+            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages), per working-set page, and per read(2) of the userfaultfd; handler CPU: serve's handler thread (its wait: --engine); wasted: pages installed that no vCPU touched (copy mode: the peer's resident pages beyond its set; shared mode: the pages serve installed beyond it); window: --adaptive-window's isolated window when the VM ended, pages (median of the runs); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
         );
         timeline::print(&self.handoff);
         phases::print(&self.phases);

@@ -64,6 +64,9 @@ pub struct Run {
     /// Pages in serve's dirty set (tracked configurations; NaN: not
     /// tracked).
     pub dirty_pages: f64,
+    /// `--adaptive-window`: the isolated window serve's handler ended
+    /// with, pages (NaN: not adaptive).
+    pub window: f64,
 }
 
 impl Run {
@@ -91,6 +94,7 @@ impl Run {
             phases: Phases::median(&runs.iter().map(|r| &r.phases).collect::<Vec<_>>()),
             write_ns: (med(&|r| r.write_ns.0), med(&|r| r.write_ns.1)),
             dirty_pages: med(&|r| r.dirty_pages),
+            window: med(&|r| r.window),
             steps: (0..STEPS.len())
                 .map(|k| median_finite(runs.iter().map(|r| r.steps[k]).collect()))
                 .collect(),
@@ -121,6 +125,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
     let from = |p: PeerReport, faults: u64, bytes: u64| Run {
         write_ns: write_ns(&p),
         dirty_pages: f64::NAN,
+        window: f64::NAN,
         steps: steps(&p, None),
         preempted: p.vcpu_preempted,
         slept: p.vcpu_slept,
@@ -248,6 +253,7 @@ pub(super) fn served(p: PeerReport, s: PeerSummary, prepare_ms: f64, mode: Mode<
     Run {
         write_ns: write_ns(&p),
         dirty_pages: f64::NAN,
+        window: s.isolated_window.map_or(f64::NAN, |w| w as f64),
         phases: phases::of_run(&p.touch_stamps, &s.phases, page),
         steps: steps(&p, Some(&s)),
         prepare_ms,
