@@ -195,6 +195,29 @@ pub fn power_of_two(
     }
 }
 
+/// A byte size ([`parse_bytes`]: `256K`, `2M`) from `lo` to `hi` bytes, a
+/// multiple of `unit`.
+pub fn byte_size(
+    lo: u64,
+    hi: u64,
+    unit: u64,
+) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
+    move |s| {
+        let v = parse_bytes(s)?;
+        if v < lo || v > hi {
+            return Err(format!(
+                "{s:?}: from {} to {}",
+                fmt_bytes(lo),
+                fmt_bytes(hi)
+            ));
+        }
+        if v % unit != 0 {
+            return Err(format!("{s:?}: not a multiple of {}", fmt_bytes(unit)));
+        }
+        Ok(v as usize)
+    }
+}
+
 /// A value parser of a count from `lo` to `hi`.
 pub fn range(lo: usize, hi: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
     move |s| Ok(check(parse_u64(s)?, lo as u64, hi as u64, "")? as usize)

@@ -85,6 +85,12 @@ pub struct ServeArgs {
     /// 1/2/3 helpers: ~52/~40/~36 ms).
     #[arg(long)]
     pub prefetch_helpers: Option<usize>,
+    /// Bytes of prefetch a handler thread installs between two looks for
+    /// faults (a demand fault waits at most that long behind prefetch
+    /// there; the helpers install 256 KiB pieces). 4K to 64M, a multiple
+    /// of 4 KiB. Default 2M.
+    #[arg(long, value_parser = faultline_cli_support::flags::byte_size(4096, 64 << 20, 4096))]
+    pub prefetch_chunk: Option<usize>,
     /// Run the prefetch helpers under SCHED_IDLE: they copy only on CPUs
     /// the VMs' vCPUs leave idle (faults are still served first, by the
     /// handler threads at normal priority).
@@ -340,6 +346,7 @@ impl ServeArgs {
             record: self.record.clone(),
             prefetch: self.prefetch.clone(),
             prefetch_helpers: self.prefetch_helpers,
+            prefetch_chunk: self.prefetch_chunk,
             leave_peer_on_error: self.leave_peer_on_error,
             grace: self.grace,
             prefetch_idle: self.prefetch_idle,
@@ -373,11 +380,14 @@ impl ServeArgs {
     }
 }
 
+/// What a signal asks of a running server: how many files it wrote.
+type Request = fn(&RequestHandle) -> usize;
+
 /// The signals serve takes on threads of its own with `args`, and what
 /// each asks: SIGUSR1 the dirty sets (`--track-dirty`), SIGUSR2 the
 /// records' cut (`--record`).
-fn requests(args: &ServeArgs) -> Vec<(i32, &'static str, fn(&RequestHandle) -> usize)> {
-    let mut v: Vec<(i32, &'static str, fn(&RequestHandle) -> usize)> = Vec::new();
+fn requests(args: &ServeArgs) -> Vec<(i32, &'static str, Request)> {
+    let mut v: Vec<(i32, &'static str, Request)> = Vec::new();
     if args.track_dirty.is_some() {
         v.push((signal::SIGUSR1, "sigusr1", RequestHandle::write_dirty_sets));
     }

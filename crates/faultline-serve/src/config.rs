@@ -93,6 +93,9 @@ pub struct ServeConfig {
     pub prefetch: Option<PathBuf>,
     /// Prefetch helper threads (`None`: one per CPU).
     pub prefetch_helpers: Option<usize>,
+    /// Bytes of prefetch a handler thread installs between two looks for
+    /// faults (`None`: the engine's default, 2 MiB).
+    pub prefetch_chunk: Option<usize>,
     /// Leave running a peer whose hand-off is refused or whose serving
     /// fails (or that is still served when a stop's grace period ends);
     /// by default it is killed (SIGKILL): its vCPUs would hang at their
@@ -207,6 +210,7 @@ impl ServeConfig {
             record: None,
             prefetch: None,
             prefetch_helpers: None,
+            prefetch_chunk: None,
             leave_peer_on_error: false,
             grace: Duration::from_secs(30),
             prefetch_idle: false,

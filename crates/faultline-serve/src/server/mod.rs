@@ -210,6 +210,9 @@ impl Server {
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
                 prefetch_idle: config.prefetch_idle,
                 spread: config.workers,
+                prefetch_chunk_bytes: config
+                    .prefetch_chunk
+                    .unwrap_or(ForeignEngineConfig::default().prefetch_chunk_bytes),
                 ..Default::default()
             },
         )

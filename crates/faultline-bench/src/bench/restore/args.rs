@@ -75,6 +75,10 @@ pub struct RestoreArgs {
     /// Default: serve's default.
     #[arg(long, value_parser = faultline_cli_support::flags::threads(0))]
     pub prefetch_helpers: Option<usize>,
+    /// `faultline serve --prefetch-chunk SIZE` for every served
+    /// configuration. Default: serve's default (2M).
+    #[arg(long, value_parser = faultline_cli_support::flags::byte_size(4096, 64 << 20, 4096))]
+    pub prefetch_chunk: Option<usize>,
     /// `faultline serve --prefetch-idle` (helpers under SCHED_IDLE) for
     /// every served configuration.
     #[arg(long)]

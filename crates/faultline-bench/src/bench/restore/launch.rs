@@ -89,6 +89,8 @@ pub struct Launcher<'a> {
     pub store: Option<&'a str>,
     /// `serve --prefetch-helpers N`.
     pub prefetch_helpers: Option<usize>,
+    /// `serve --prefetch-chunk BYTES`.
+    pub prefetch_chunk: Option<usize>,
     /// `serve --prefetch-idle`.
     pub prefetch_idle: bool,
     /// `peer --compute-us N`.
@@ -243,6 +245,9 @@ impl Launcher<'_> {
         cmd.args(extra);
         if let Some(n) = self.prefetch_helpers {
             cmd.args(["--prefetch-helpers", &n.to_string()]);
+        }
+        if let Some(c) = self.prefetch_chunk {
+            cmd.args(["--prefetch-chunk", &c.to_string()]);
         }
         if self.prefetch_idle {
             cmd.arg("--prefetch-idle");

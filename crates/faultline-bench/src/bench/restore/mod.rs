@@ -177,6 +177,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         pattern: a.pattern.first().map_or("clustered", String::as_str),
         store: a.store.as_deref(),
         prefetch_helpers: a.prefetch_helpers,
+        prefetch_chunk: a.prefetch_chunk,
         prefetch_idle: a.prefetch_idle,
         compute_us: a.compute_us,
         stamps: if a.no_phases { 0 } else { phases::SAMPLES },
