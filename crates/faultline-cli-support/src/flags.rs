@@ -450,6 +450,19 @@ mod tests {
     }
 
     #[test]
+    fn byte_sizes_are_bounded_and_whole_units() {
+        let p = byte_size(4096, 64 << 20, 4096);
+        assert_eq!(p("256K"), Ok(256 << 10));
+        assert_eq!(p("2M"), Ok(2 << 20));
+        let e = p("1K").unwrap_err();
+        assert!(e.contains("from 4.0 KiB to 64.0 MiB"), "{e}");
+        assert!(p("128M").is_err());
+        let e = p("6000").unwrap_err();
+        assert!(e.contains("not a multiple of 4.0 KiB"), "{e}");
+        assert!(p("2MB").unwrap_err().contains("2MiB"));
+    }
+
+    #[test]
     fn whole_numbers_say_what_is_wrong() {
         assert_eq!(parse_u64(" 42 "), Ok(42));
         assert_eq!(parse_u64("1_000"), Ok(1000));
