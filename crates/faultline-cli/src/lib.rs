@@ -60,11 +60,11 @@ pub enum Command {
 }
 
 /// Blocks the signals `cli`'s command takes on a thread of its own: call
-/// it before any thread starts (`faultline serve --track-dirty`: SIGUSR1).
+/// it before any thread starts (`faultline serve`: SIGUSR1, SIGUSR2).
 pub fn block_signals(cli: &Cli) -> anyhow::Result<()> {
     match &cli.command {
         #[cfg(feature = "serve")]
-        Command::Serve(args) => faultline_serve::cli::block_signals(args),
+        Command::Serve(_) => faultline_serve::cli::block_signals(),
         _ => Ok(()),
     }
 }

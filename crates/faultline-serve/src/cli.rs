@@ -383,27 +383,23 @@ impl ServeArgs {
 /// What a signal asks of a running server: how many files it wrote.
 type Request = fn(&RequestHandle) -> usize;
 
-/// The signals serve takes on threads of its own with `args`, and what
-/// each asks: SIGUSR1 the dirty sets (`--track-dirty`), SIGUSR2 the
-/// records' cut (`--record`).
-fn requests(args: &ServeArgs) -> Vec<(i32, &'static str, Request)> {
-    let mut v: Vec<(i32, &'static str, Request)> = Vec::new();
-    if args.track_dirty.is_some() {
-        v.push((signal::SIGUSR1, "sigusr1", RequestHandle::write_dirty_sets));
-    }
-    if args.record.is_some() {
-        v.push((signal::SIGUSR2, "sigusr2", RequestHandle::cut_records));
-    }
-    v
-}
+/// The signals serve takes on threads of its own, and what each asks:
+/// SIGUSR1 the dirty sets (`--track-dirty`), SIGUSR2 the records' cut
+/// (`--record`). Taken with or without those flags (then said to do
+/// nothing): their default action would end serve and every VM's
+/// restore with it.
+const REQUESTS: [(i32, &str, Request); 2] = [
+    (signal::SIGUSR1, "sigusr1", RequestHandle::write_dirty_sets),
+    (signal::SIGUSR2, "sigusr2", RequestHandle::cut_records),
+];
 
-/// Blocks the signals serve takes on threads of its own ([`requests`]):
+/// Blocks the signals serve takes on threads of its own ([`REQUESTS`]):
 /// call it before the process starts any thread (a thread started before
 /// would take the signal's default action, the end of the process).
 /// [`run`] calls it; a front door that starts threads before `run`
 /// (`faultline`'s signal thread) calls it first.
-pub fn block_signals(args: &ServeArgs) -> anyhow::Result<()> {
-    for (sig, name, _) in requests(args) {
+pub fn block_signals() -> anyhow::Result<()> {
+    for (sig, name, _) in REQUESTS {
         signal::set_blocked_all(&[sig], true).with_context(|| format!("blocking {name}"))?;
     }
     Ok(())
@@ -413,20 +409,23 @@ pub fn block_signals(args: &ServeArgs) -> anyhow::Result<()> {
 /// and SIGHUP stop the server gracefully (see `--grace`); a second one
 /// ends it at once. With `--track-dirty`, SIGUSR1 writes the dirty sets of
 /// the tracked peers; with `--record`, SIGUSR2 cuts the recording peers'
-/// records (each taken, like the others, on a thread of its own).
+/// records (each taken, like the others, on a thread of its own; without
+/// the flag, said to do nothing).
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // First, before any thread starts: the requests' signals go to
+    // threads of their own (and a keeper, which shares serve's name for
+    // `pidof`, ignores them rather than die of them).
+    block_signals()?;
     if std::env::var_os(crate::keeper::KEEPER_ENV).is_some() {
         // Started by a serve with --takeover to keep its peers.
         let wait = args.keeper_wait.unwrap_or(args.timeout);
         crate::keeper::run(&args.socket, wait, args.leave_peer_on_error)?;
         return Ok(());
     }
-    // First, before any thread starts: the signals go to a thread of their
-    // own (faultline_cli_support::cleanup).
-    block_signals(&args)?;
+    // The stop signals too (faultline_cli_support::cleanup).
     faultline_cli_support::cleanup::install().context("taking SIGINT, SIGTERM and SIGHUP")?;
     let server = Server::start(args.config()?)?;
-    for (sig, name, ask) in requests(&args) {
+    for (sig, name, ask) in REQUESTS {
         let handle = server.request_handle();
         std::thread::Builder::new()
             .name(format!("faultline-{name}"))

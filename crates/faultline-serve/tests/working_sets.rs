@@ -1,7 +1,8 @@
 //! Working sets from many restores: every peer records (`{peer}` in
 //! `--record`), `faultline-serve record merge` keeps the pages of k of n
 //! restores, and the merged set covers a restore it was not made from;
-//! a record made for another memory file is refused.
+//! a record made for another memory file is refused; a record cut on
+//! request (SIGUSR2, `POST /record`) holds what was touched before.
 
 use std::collections::HashSet;
 use std::process::Command;
@@ -229,4 +230,24 @@ fn a_record_cut_on_request_holds_what_was_touched_before() {
         );
         assert_eq!(cut, full[..before], "peer {n}'s cut record");
     }
+}
+
+/// SIGUSR1 and SIGUSR2 without `--track-dirty` / `--record` are said to
+/// do nothing, and do not end serve (their default action would, and
+/// every restore with it): a restore after them is served.
+#[test]
+fn request_signals_without_their_flags_do_not_end_serve() {
+    let dir = Dir::new("no-requests", 8 * MIB);
+    let mut s = testing::serve(&dir, SERVE, &["--peers", "1"]);
+    for (sig, said) in [
+        (faultline_sys::signal::SIGUSR1, "dirty tracking is off"),
+        (faultline_sys::signal::SIGUSR2, "recording is off"),
+    ] {
+        faultline_sys::process::kill(s.pid() as i32, sig).unwrap();
+        dir.wait_for("serve.err", said);
+    }
+    assert!(s.running(), "a request signal ended serve");
+    let mut p = testing::peer(&dir, PEER, "p1", &["--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
 }

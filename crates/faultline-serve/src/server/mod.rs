@@ -587,6 +587,12 @@ impl RequestHandle {
     /// `--track-dirty` (SIGUSR1, `POST /dirty`): writes every tracked
     /// peer's dirty set so far; how many were written.
     pub fn write_dirty_sets(&self) -> usize {
+        if self.0.config.track_dirty.is_none() {
+            say(format_args!(
+                "asked for dirty sets: none, dirty tracking is off (--track-dirty)"
+            ));
+            return 0;
+        }
         dirty::write_all(&self.0)
     }
 
@@ -594,6 +600,12 @@ impl RequestHandle {
     /// record, written now and not at its hang-up (its last cycle); how
     /// many were written.
     pub fn cut_records(&self) -> usize {
+        if self.0.config.record.is_none() {
+            say(format_args!(
+                "asked to cut the records: none, recording is off (--record)"
+            ));
+            return 0;
+        }
         recording::cut_all(&self.0)
     }
 }
