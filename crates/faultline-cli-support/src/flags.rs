@@ -204,15 +204,13 @@ pub fn byte_size(
 ) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
     move |s| {
         let v = parse_bytes(s)?;
-        if v < lo || v > hi {
-            return Err(format!(
-                "{s:?}: from {} to {}",
+        if v < lo || v > hi || v % unit != 0 {
+            let why = format!(
+                "bytes, a multiple of {unit}: {} to {}",
                 fmt_bytes(lo),
                 fmt_bytes(hi)
-            ));
-        }
-        if v % unit != 0 {
-            return Err(format!("{s:?}: not a multiple of {}", fmt_bytes(unit)));
+            );
+            return Err(format!("{s:?}: {}", range_error(lo, hi, &why)));
         }
         Ok(v as usize)
     }
@@ -455,10 +453,14 @@ mod tests {
         assert_eq!(p("256K"), Ok(256 << 10));
         assert_eq!(p("2M"), Ok(2 << 20));
         let e = p("1K").unwrap_err();
-        assert!(e.contains("from 4.0 KiB to 64.0 MiB"), "{e}");
+        assert!(
+            e.contains(
+                "must be from 4096 to 67108864 (bytes, a multiple of 4096: 4.0 KiB to 64.0 MiB)"
+            ),
+            "{e}"
+        );
         assert!(p("128M").is_err());
-        let e = p("6000").unwrap_err();
-        assert!(e.contains("not a multiple of 4.0 KiB"), "{e}");
+        assert!(p("6000").unwrap_err().contains("a multiple of 4096"));
         assert!(p("2MB").unwrap_err().contains("2MiB"));
     }
 

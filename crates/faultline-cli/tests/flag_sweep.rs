@@ -249,6 +249,10 @@ fn every_numeric_flag_has_a_stated_range_and_refuses_nonsense_in_one_line() {
                     if step == 0 {
                         refused(c, &(hi - 1).to_string());
                         accepted(c, &(hi / 2).max(lo).to_string());
+                    } else if step > 1 && hi > lo {
+                        // Whole steps only.
+                        refused(c, &(hi - 1).to_string());
+                        accepted(c, &(hi - step).to_string());
                     } else if hi > lo {
                         accepted(c, &(hi - 1).to_string());
                     }
