@@ -126,6 +126,19 @@ pub struct ServeArgs {
     /// before, by the same process. PATH is never removed by serve.
     #[arg(long)]
     pub shared: Option<PathBuf>,
+    /// With --shared: once a peer is found mapping the shared copy, give
+    /// its memory back to the kernel: serve unregisters its regions
+    /// through its userfaultfd and the kernel serves every fault from the
+    /// copy's page cache itself, as for a VMM that mapped the file
+    /// without one; on a tmpfs mounted `huge=always` that is a 2 MiB
+    /// mapping a fault (UFFDIO_CONTINUE maps 4 KiB a page), the kernel's
+    /// own warm speed. What it gives up: a page the VMM drops (balloon)
+    /// reads the copy's bytes again, not zeros (as with Firecracker's File
+    /// backend); nothing is recorded, tracked or prefetched for it. A
+    /// peer served by copy (its memory is not the copy) is served as
+    /// without the flag.
+    #[arg(long, requires = "shared", conflicts_with_all = ["record", "track_dirty", "prefetch"])]
+    pub hand_back: bool,
     /// How an existing --shared file's content is checked against the
     /// memory file before it is reused: `sample` (64 pages spread over it)
     /// or `full` (every byte; about as long as writing it). Default sample.
@@ -367,6 +380,7 @@ impl ServeArgs {
             phase_samples: self.phase_samples,
             workers: self.engine == EngineArg::Workers,
             wake_first: self.wake_first,
+            hand_back: self.hand_back,
             adaptive_window: self.adaptive_window,
             fault_around_initial: self
                 .fault_around_initial

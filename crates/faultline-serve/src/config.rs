@@ -140,6 +140,9 @@ pub struct ServeConfig {
     /// Install a fault's window faulting page first and wake its thread
     /// before copying the rest (copy mode). Default false.
     pub wake_first: bool,
+    /// Shared mode: hand each peer that maps the shared copy back to the
+    /// kernel once set up (`ForeignPeer::hand_back`).
+    pub hand_back: bool,
     /// The window of an isolated fault, in pages (at most
     /// `fault_around`). Default [`FAULT_AROUND_INITIAL`].
     pub fault_around_initial: usize,
@@ -225,6 +228,7 @@ impl ServeConfig {
             phase_samples: 0,
             workers: false,
             wake_first: false,
+            hand_back: false,
             fault_around_initial: FAULT_AROUND_INITIAL,
             adaptive_window: false,
             fault_around_initial_shared: FAULT_AROUND_INITIAL_SHARED,

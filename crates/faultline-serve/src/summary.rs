@@ -12,7 +12,8 @@ pub struct PeerSummary {
     pub outcome: String,
     /// Regions.
     pub regions: usize,
-    /// How it was served: "copy" or "shared" (zero copy).
+    /// How it was served: "copy", "shared" (zero copy) or "handed back"
+    /// (`--hand-back`: the kernel served its faults).
     #[serde(default)]
     pub mode: String,
     /// Features the peer enabled with UFFDIO_API.

@@ -779,6 +779,32 @@ fn shared_once(name: &str, serve_extra: &[&str], peer_extra: &[&str]) -> serde_j
 }
 
 #[test]
+fn hand_back_gives_a_shared_peer_to_the_kernel_and_every_byte_is_right() {
+    // --hand-back: serve unregisters the peer's regions before it reads
+    // any of its faults; the kernel maps the copy's pages itself: serve
+    // reads no fault and installs nothing, and every byte is right
+    // (--verify-all reads all of memory after the working set).
+    let s = shared_once("hand-back", &["--hand-back"], &["--verify-all"]);
+    assert_eq!(s["mode"], "handed back", "{s}");
+    assert_eq!(s["faults"], 0, "{s}");
+    assert_eq!(s["installed"], 0, "{s}");
+    // Without it the same peer's faults are serve's.
+    let s = shared_once("no-hand-back", &[], &["--verify-all"]);
+    assert_eq!(s["mode"], "shared", "{s}");
+    assert!(s["faults"].as_u64().unwrap() > 0, "{s}");
+    // A peer whose memory is not the copy (anonymous) is served by copy.
+    let dir = Dir::new("hand-back-copy", 16 * MIB);
+    let snap = Shm::new("hand-back-copy");
+    let mut serve = serve_shared_one(&dir, &snap, &["--hand-back"]);
+    let mut p = peer(&dir, "p", &["--working-set", "10", "--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut serve, &dir);
+    let s = summaries(&dir, "serve.json").remove(0);
+    assert_eq!(s["mode"], "copy", "{s}");
+    assert!(s["faults"].as_u64().unwrap() > 0, "{s}");
+}
+
+#[test]
 fn shared_mode_isolated_faults_take_larger_windows_by_default() {
     // A page more costs no copy in shared mode: an isolated fault maps 128
     // pages by default, 16 in copy mode or when asked for. Pages mapped

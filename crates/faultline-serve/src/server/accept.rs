@@ -341,7 +341,7 @@ fn report(
     let uffd = built.peer.uffd();
     let features: Vec<&str> = uffd.feature_names();
     say(format_args!(
-        "peer {} (pid {}): serving {regions} region(s), {bytes} bytes, {mode} mode, {:.2} ms after its handshake was read; features [{}]{}{}{}",
+        "peer {} (pid {}): serving {regions} region(s), {bytes} bytes, {mode} mode, {:.2} ms after its handshake was read; features [{}]{}{}{}{}",
         served.n,
         served.pid,
         served.received.elapsed().as_secs_f64() * 1e3,
@@ -352,6 +352,11 @@ fn report(
             "; no EVENT_REMOVE: pages it drops are re-read from the file"
         },
         if built.record { "; recording" } else { "" },
+        if built.handed_back {
+            "; handed back to the kernel (--hand-back): its faults are the kernel's"
+        } else {
+            ""
+        },
         built
             .queued
             .map_or(String::new(), |q| format!("; prefetching {q} pages")),

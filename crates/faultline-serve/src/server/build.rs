@@ -73,6 +73,9 @@ pub struct Built {
     /// Record entries replayed from its journal (a peer taken over that
     /// recorded).
     pub recorded: usize,
+    /// Handed back to the kernel (`--hand-back`): its faults are the
+    /// kernel's.
+    pub handed_back: bool,
 }
 
 /// Why a peer could not be built.
@@ -196,6 +199,12 @@ pub fn build(
         }
     })?;
     handoff.built_ns = faultline_sys::monotonic_ns();
+    // --hand-back: a peer mapping the shared copy is the kernel's from
+    // here on (one served by copy is served as without the flag).
+    let handed_back = state.config.hand_back && peer.is_shared();
+    if handed_back {
+        peer.hand_back().map_err(BuildError::Peer)?;
+    }
     let peer = peer.with_hangup(OwnedFd::from(conn));
     if let (Some(offs), false) = (&state.prefetch, peer.is_shared()) {
         state.prepared.call_once(|| {
@@ -224,6 +233,7 @@ pub fn build(
         kept,
         replayed,
         recorded,
+        handed_back,
     })
 }
 

@@ -84,7 +84,14 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
         pid,
         outcome: outcome.clone(),
         regions: peer.regions(),
-        mode: if peer.is_shared() { "shared" } else { "copy" }.into(),
+        mode: if peer.is_handed_back() {
+            "handed back"
+        } else if peer.is_shared() {
+            "shared"
+        } else {
+            "copy"
+        }
+        .into(),
         features: peer
             .uffd()
             .feature_names()

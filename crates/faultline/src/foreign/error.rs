@@ -80,6 +80,20 @@ pub enum ForeignError {
         #[source]
         source: UffdError,
     },
+    /// The peer cannot be handed back to the kernel
+    /// ([`super::ForeignPeer::hand_back`]).
+    #[error("the peer cannot be handed back to the kernel: {0}")]
+    NoHandBack(&'static str),
+    /// Handing a region back to the kernel (unregistering it through the
+    /// peer's userfaultfd) failed.
+    #[error("region {index}: unregistering it through the peer's userfaultfd: {source}")]
+    Unregister {
+        /// Region index.
+        index: usize,
+        /// The error.
+        #[source]
+        source: UffdError,
+    },
     /// Arming dirty tracking on a region failed: registering it with
     /// write-protect through the peer's userfaultfd, or write-protecting
     /// the pages already present.

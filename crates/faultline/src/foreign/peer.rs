@@ -288,6 +288,8 @@ pub struct ForeignPeer {
     dirty_scan: Option<Pagemap>,
     /// Told of every page the record logs ([`ForeignPeer::with_record_journal`]).
     record_journal: Option<RecordJournal>,
+    /// Handed back to the kernel ([`ForeignPeer::hand_back`]).
+    handed_back: AtomicBool,
 }
 
 /// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
@@ -390,6 +392,7 @@ impl ForeignPeer {
             phases: PhaseRing::new(opts.phase_samples),
             dropped: AtomicBool::new(false),
             dirty_caveat: armed.caveat,
+            handed_back: AtomicBool::new(false),
             dirty_scan: armed.scan,
             record_journal: None,
         };
@@ -489,6 +492,44 @@ impl ForeignPeer {
     /// Whether the peer is served in shared (zero-copy) mode.
     pub fn is_shared(&self) -> bool {
         self.regions.iter().any(|r| r.state.cached.is_some())
+    }
+
+    /// Hands a shared-mode peer's memory back to the kernel: unregisters
+    /// every region through its userfaultfd (the ioctl acts on the peer's
+    /// mm), waking any thread blocked on them. From then on the kernel
+    /// serves the peer's faults from the shared copy's page cache itself,
+    /// as it would for a VMM that mapped the file without a userfaultfd
+    /// (on a tmpfs mounted `huge=always`, a 2 MiB mapping a fault, which
+    /// `UFFDIO_CONTINUE`, 4 KiB a page, cannot match): nothing more is
+    /// installed, recorded, tracked or masked (a page the VMM drops reads
+    /// the copy's bytes again, not zeros). Refused for a peer served by
+    /// copy (its memory is not the copy) and one that records or tracks
+    /// writes.
+    pub fn hand_back(&self) -> Result<(), ForeignError> {
+        if !self.is_shared() {
+            return Err(ForeignError::NoHandBack(
+                "it is not served in shared mode: its memory is not the shared copy",
+            ));
+        }
+        if self.record.is_some() || self.tracks_dirty() {
+            return Err(ForeignError::NoHandBack(
+                "it records or tracks its writes, which needs its faults",
+            ));
+        }
+        for (index, r) in self.regions.iter().enumerate() {
+            let (base, len) = (r.state.pages.base(), r.state.pages.len());
+            self.uffd
+                .uffd
+                .unregister(base, len as u64)
+                .map_err(|source| ForeignError::Unregister { index, source })?;
+        }
+        self.handed_back.store(true, Relaxed);
+        Ok(())
+    }
+
+    /// Whether it was handed back to the kernel ([`Self::hand_back`]).
+    pub fn is_handed_back(&self) -> bool {
+        self.handed_back.load(Relaxed)
     }
 
     /// Whether its writes are tracked ([`ForeignOptions::track_dirty`]).

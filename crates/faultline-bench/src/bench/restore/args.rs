@@ -45,7 +45,10 @@ pub struct RestoreArgs {
     /// prefetch-huge
     /// (they reserve 2 MiB pages for the peer: ask for them), and the
     /// dirty-tracked on-demand-tracked, on-demand-tracked-async and
-    /// prefetch-tracked (serve --track-dirty; see --write-set).
+    /// prefetch-tracked (serve --track-dirty; see --write-set), and
+    /// hand-back-shared, hand-back-shared-huge (serve --shared
+    /// --hand-back: the peer's faults are the kernel's, from the shared
+    /// copy; on a tmpfs mounted huge=always it maps 2 MiB a fault).
     #[arg(
         long,
         value_delimiter = ',',
@@ -118,7 +121,7 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 30] = [
+pub const CONFIGS: [&str; 32] = [
     "kernel",
     "baseline",
     "on-demand",
@@ -141,11 +144,13 @@ pub const CONFIGS: [&str; 30] = [
     "kernel-tmpfs",
     "on-demand-shared",
     "prefetch-shared",
+    "hand-back-shared",
     "on-demand-huge",
     "prefetch-huge",
     "kernel-hugetlbfs",
     "on-demand-shared-huge",
     "prefetch-shared-huge",
+    "hand-back-shared-huge",
     "on-demand-tracked",
     "on-demand-tracked-async",
     "prefetch-tracked",

@@ -123,7 +123,9 @@ impl Results {
         let ktmp = get("kernel-tmpfs");
         for (cfg, m) in medians {
             let s = Summary::from_ns(&mut [m.median_ns]);
-            let op = if cfg.contains("-shared") {
+            let op = if cfg.starts_with("hand-back") {
+                "kernel (handed back)"
+            } else if cfg.contains("-shared") {
                 "CONTINUE"
             } else if cfg.starts_with("kernel") {
                 "kernel"

@@ -188,7 +188,9 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         | "on-demand-workers-adaptive"
         | "on-demand-shared"
         | "on-demand-huge"
-        | "on-demand-shared-huge" => {
+        | "on-demand-shared-huge"
+        | "hand-back-shared"
+        | "hand-back-shared-huge" => {
             let extra: &[&str] = match cfg {
                 "on-demand-poll" => &["--engine", "poll"],
                 "on-demand-workers" => &["--engine", "workers", "--threads", "2"],
@@ -204,6 +206,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
                 "on-demand-workers-adaptive" => {
                     &["--engine", "workers", "--threads", "2", "--adaptive-window"]
                 }
+                "hand-back-shared" | "hand-back-shared-huge" => &["--hand-back"],
                 _ => &[],
             };
             let (p, s, _) = l.served(ws, extra, Mode::of(cfg, snap, hsnap))?;
