@@ -517,10 +517,16 @@ impl ForeignPeer {
             ));
         }
         for (index, r) in self.regions.iter().enumerate() {
-            let (base, len) = (r.state.pages.base(), r.state.pages.len());
-            self.uffd
-                .uffd
-                .unregister(base, len as u64)
+            let (base, len) = (r.state.pages.base(), r.state.pages.len() as u64);
+            let u = &self.uffd.uffd;
+            // The unregister wakes the range's waiting faults itself, but
+            // before it write-locks the vma: a fault taken under the vma
+            // lock may queue itself just after that wake and sleep on.
+            // Once the unregister returns it is queued (the vma could not
+            // change while it held the lock), so a wake now reaches it,
+            // and it retries as the kernel's fault.
+            u.unregister(base, len)
+                .and_then(|()| u.wake(base, len))
                 .map_err(|source| ForeignError::Unregister { index, source })?;
         }
         self.handed_back.store(true, Relaxed);
