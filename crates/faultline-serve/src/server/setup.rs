@@ -1,7 +1,7 @@
 //! What a server opens before any peer connects: the store, the shared
 //! snapshot, the recorded set read and mapped.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
@@ -120,4 +120,92 @@ pub fn shared_snapshot(
         done.elapsed.as_secs_f64() * 1e3
     ));
     Ok(snap)
+}
+
+/// Why the shared copy at `path` is mapped in 4 KiB pages (`None`: it is
+/// not, or it cannot be told): a tmpfs mounted without `huge=always` or
+/// `huge=within_size` (and shmem THPs not forced machine-wide). Read from
+/// `/proc/self/mountinfo`: the last mount (the top of a stack) at the
+/// longest mount point above `path`.
+pub fn small_pages(path: &Path) -> Option<String> {
+    let path = std::fs::canonicalize(path).ok()?;
+    let forced = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .is_ok_and(|s| s.contains("[force]"));
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // (mount point, file system type, super options) of the best match.
+    let mut best: Option<(PathBuf, String, String)> = None;
+    for line in info.lines() {
+        let mut halves = line.splitn(2, " - ");
+        let (Some(head), Some(tail)) = (halves.next(), halves.next()) else {
+            continue;
+        };
+        let Some(at) = head.split(' ').nth(4) else {
+            continue;
+        };
+        // Mount points escape spaces and the like as octal.
+        let at = PathBuf::from(at.replace("\\040", " "));
+        let mut t = tail.split(' ');
+        let (fstype, opts) = (t.next().unwrap_or(""), t.nth(1).unwrap_or(""));
+        if path.starts_with(&at)
+            && best
+                .as_ref()
+                .is_none_or(|b| at.as_os_str().len() >= b.0.as_os_str().len())
+        {
+            best = Some((at, fstype.to_string(), opts.to_string()));
+        }
+    }
+    let (at, fstype, opts) = best?;
+    let huge = opts
+        .split(',')
+        .any(|o| o == "huge=always" || o == "huge=within_size");
+    (fstype == "tmpfs" && !huge && !forced).then(|| {
+        format!(
+            "is on a tmpfs ({}) mounted without huge=always",
+            at.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    /// Two tmpfs mounted by the test, without and with `huge=always`: the
+    /// first is said to map 4 KiB pages, the second not; a file under
+    /// /proc (not tmpfs) neither. Skipped where mounting is not allowed.
+    #[test]
+    fn small_pages_tells_a_tmpfs_without_huge_pages() {
+        let base =
+            std::env::temp_dir().join(format!("faultline-small-pages-{}", std::process::id()));
+        let mut mounted = Vec::new();
+        for (name, opts) in [("small", "size=4m"), ("huge", "size=4m,huge=always")] {
+            let at = base.join(name);
+            std::fs::create_dir_all(&at).unwrap();
+            let ok = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", opts, "none"])
+                .arg(&at)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                eprintln!("skipped: cannot mount a tmpfs here");
+                break;
+            }
+            std::fs::write(at.join("copy"), b"x").unwrap();
+            mounted.push(at);
+        }
+        if mounted.len() == 2 {
+            let forced =
+                std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+                    .is_ok_and(|s| s.contains("[force]"));
+            let small = small_pages(&mounted[0].join("copy"));
+            assert_eq!(small.is_some(), !forced, "{small:?}");
+            assert_eq!(small_pages(&mounted[1].join("copy")), None);
+        }
+        assert_eq!(small_pages(Path::new("/proc/self/status")), None);
+        for at in &mounted {
+            let _ = Command::new("umount").arg(at).status();
+        }
+        let _ = std::fs::remove_dir_all(&base);
+    }
 }
