@@ -407,7 +407,7 @@ const REQUESTS: [(i32, &str, Request); 2] = [
     (signal::SIGUSR2, "sigusr2", RequestHandle::cut_records),
 ];
 
-/// Blocks the signals serve takes on threads of its own ([`REQUESTS`]):
+/// Blocks the signals serve takes on threads of its own (SIGUSR1, SIGUSR2):
 /// call it before the process starts any thread (a thread started before
 /// would take the signal's default action, the end of the process).
 /// [`run`] calls it; a front door that starts threads before `run`
