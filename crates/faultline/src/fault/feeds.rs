@@ -191,7 +191,8 @@ impl BudgetCore {
             }
         };
         self.max_charged.fetch_max(cur + n, Relaxed);
-        if self.rose(before, before + n) || self.counted() >= self.high() {
+        if before + n >= self.high() {
+            self.rose(before, before + n);
             self.kick();
         }
         true
@@ -209,14 +210,12 @@ impl BudgetCore {
     /// The count went from `before` to `after` pages: counts a crossing
     /// of the high-water mark (before the kick that follows it, so an
     /// evictor that looks at [`Self::high_crossings`] before it sleeps
-    /// never misses one). Returns whether it was one.
-    fn rose(&self, before: usize, after: usize) -> bool {
+    /// never misses one).
+    fn rose(&self, before: usize, after: usize) {
         let high = self.high();
-        let crossed = before < high && after >= high;
-        if crossed {
+        if before < high && after >= high {
             self.crossings.fetch_add(1, SeqCst);
         }
-        crossed
     }
 
     /// Times the count rose to the high-water mark from under it.
