@@ -220,7 +220,7 @@ impl Server {
                 spread: config.workers,
                 prefetch_chunk_bytes: config
                     .prefetch_chunk
-                    .unwrap_or(ForeignEngineConfig::default().prefetch_chunk_bytes),
+                    .unwrap_or(faultline::foreign::PREFETCH_CHUNK),
                 ..Default::default()
             },
         )
