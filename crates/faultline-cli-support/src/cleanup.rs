@@ -157,17 +157,8 @@ fn unmount(at: &Path) {
 /// is `{prefix}PID` with a PID that no longer runs (what a killed run
 /// left), and removes their directories when empty. Returns how many.
 pub fn sweep_mounts(prefix: &str) -> usize {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return 0;
-    };
     let mut n = 0;
-    for line in info.lines() {
-        // Field 5 is the mount point, with space, tab, newline and
-        // backslash written as octal escapes.
-        let Some(at) = line.split(' ').nth(4).map(unescape_mount_point) else {
-            continue;
-        };
-        let at = PathBuf::from(at);
+    for Mount { at, .. } in mounts() {
         let pid = at
             .file_name()
             .and_then(|n| n.to_str()?.strip_prefix(prefix)?.parse::<i32>().ok());
@@ -180,6 +171,41 @@ pub fn sweep_mounts(prefix: &str) -> usize {
         }
     }
     n
+}
+
+/// A mount of this machine, as `/proc/self/mountinfo` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// Its mount point.
+    pub at: PathBuf,
+    /// Its file system type (`tmpfs`, `ext4`, ...).
+    pub fstype: String,
+    /// Its file system's options (`size=4m,huge=always`).
+    pub options: String,
+}
+
+/// The mounts of this machine in `/proc/self/mountinfo`'s order (a mount
+/// over another at the same point comes after it); empty when it cannot
+/// be read.
+pub fn mounts() -> Vec<Mount> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|line| {
+            let (head, tail) = line.split_once(" - ")?;
+            // Field 5 is the mount point, with space, tab, newline and
+            // backslash written as octal escapes; after the separator the
+            // type, the source and the file system's options.
+            let at = PathBuf::from(unescape_mount_point(head.split(' ').nth(4)?));
+            let mut t = tail.split(' ');
+            let fstype = t.next()?.to_string();
+            let options = t.nth(1).unwrap_or("").to_string();
+            Some(Mount {
+                at,
+                fstype,
+                options,
+            })
+        })
+        .collect()
 }
 
 fn unescape_mount_point(s: &str) -> String {

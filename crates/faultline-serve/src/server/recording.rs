@@ -20,15 +20,11 @@ use super::log::say;
 use super::state::State;
 use crate::record;
 
-/// Writes peer `peer`'s (connection `n`) record so far, taking it; `why`
-/// is said with it. Returns the pages written (`None`: the peer does not
-/// record, or the write failed, said).
+/// Writes recording peer `peer`'s (connection `n`) record so far,
+/// taking it; `why` is said with it. Returns the pages written (`None`:
+/// the write failed, said).
 fn write(state: &State, peer: &ForeignPeer, n: usize, why: &str) -> Option<usize> {
-    let (true, Some(path), Some(id)) = (
-        state.records(peer.id()),
-        state.record_path(n),
-        state.identity,
-    ) else {
+    let (Some(path), Some(id)) = (state.record_path(n), state.identity) else {
         return None;
     };
     let rec = record::Record::of_restore(id, &peer.take_record_timed());

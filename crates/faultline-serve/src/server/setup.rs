@@ -1,7 +1,7 @@
 //! What a server opens before any peer connects: the store, the shared
 //! snapshot, the recorded set read and mapped.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
@@ -131,37 +131,19 @@ pub fn small_pages(path: &Path) -> Option<String> {
     let path = std::fs::canonicalize(path).ok()?;
     let forced = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
         .is_ok_and(|s| s.contains("[force]"));
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    // (mount point, file system type, super options) of the best match.
-    let mut best: Option<(PathBuf, String, String)> = None;
-    for line in info.lines() {
-        let mut halves = line.splitn(2, " - ");
-        let (Some(head), Some(tail)) = (halves.next(), halves.next()) else {
-            continue;
-        };
-        let Some(at) = head.split(' ').nth(4) else {
-            continue;
-        };
-        // Mount points escape spaces and the like as octal.
-        let at = PathBuf::from(at.replace("\\040", " "));
-        let mut t = tail.split(' ');
-        let (fstype, opts) = (t.next().unwrap_or(""), t.nth(1).unwrap_or(""));
-        if path.starts_with(&at)
-            && best
-                .as_ref()
-                .is_none_or(|b| at.as_os_str().len() >= b.0.as_os_str().len())
-        {
-            best = Some((at, fstype.to_string(), opts.to_string()));
-        }
-    }
-    let (at, fstype, opts) = best?;
-    let huge = opts
+    // The longest mount point above it; of equals the last (the top).
+    let m = faultline_cli_support::cleanup::mounts()
+        .into_iter()
+        .filter(|m| path.starts_with(&m.at))
+        .max_by_key(|m| m.at.as_os_str().len())?;
+    let huge = m
+        .options
         .split(',')
         .any(|o| o == "huge=always" || o == "huge=within_size");
-    (fstype == "tmpfs" && !huge && !forced).then(|| {
+    (m.fstype == "tmpfs" && !huge && !forced).then(|| {
         format!(
             "is on a tmpfs ({}) mounted without huge=always",
-            at.display()
+            m.at.display()
         )
     })
 }
