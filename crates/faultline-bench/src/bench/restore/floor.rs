@@ -23,19 +23,33 @@
 //!   set touches: the least shared-mode prefetch can spend, with nothing
 //!   else running.
 //!
-//! Everything runs warm (the file is in the page cache).
+//! Everything above runs warm (the file is in the page cache). With
+//! `--cache cold`, two disk floors beside them, each the median of three
+//! reads with the file's page cache dropped first:
+//!
+//! * the recorded set read as serve prepares it for prefetch
+//!   ([`faultline::prepare_store`]: the kernel's reads of its runs all
+//!   asked for at once, then its exact runs mapped): the least a cold
+//!   prefetch can take, with the disk as it is;
+//! * the whole memory file read in order (`read(2)`, 8 MiB at a time):
+//!   what the kernel's own cold restore approaches when its read-ahead
+//!   ends up reading the file.
 
 use std::path::Path;
 use std::time::Instant;
 
+use std::io::Read as _;
+
 use faultline::caps::open_uffd;
-use faultline::PrefetchPlan;
+use faultline::{prepare_store, FileStore, PrefetchPlan};
 use faultline_sys::mem::{Advice, Mapping};
 use faultline_sys::uffd::{feature, mode, register_mode, Outcome};
 
 use crate::harness::report::{print_table, Record};
 use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
+
+use super::memory::{drop_cache, warm};
 
 /// Throughputs measured, bytes per second.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
@@ -77,6 +91,13 @@ pub struct Floor {
     /// UFFDIO_CONTINUE of those 2 MiB pages, one thread, s (0: not
     /// measured).
     pub continue_huge_set_s: f64,
+    /// The recorded set read cold as serve prepares it, s (0: not
+    /// measured).
+    pub cold_set_s: f64,
+    /// The whole memory file read cold, in order, s (0: not measured).
+    pub cold_file_s: f64,
+    /// Its bytes.
+    pub file_bytes: usize,
 }
 
 /// CONTINUE of a plan's runs (pieces of at most 2 MiB, as prefetch
@@ -141,17 +162,25 @@ fn continue_set(
 /// The floors of one working set of `ws_bytes` of `mem` (warm, in 2 MiB
 /// runs), and of its recorded set `rec` (its runs, as shared-mode
 /// prefetch installs them) on the shared tmpfs copy `shared` and the
-/// hugetlbfs copy `hshared` when they exist.
+/// hugetlbfs copy `hshared` when they exist; with `cold` (`Some(root)`:
+/// whether `drop_caches` may be used), the disk floors too.
 pub fn of_set(
     mem: &Path,
     shared: Option<&Path>,
     hshared: Option<&Path>,
     ws_bytes: usize,
     rec: &Path,
+    cold: Option<bool>,
 ) -> anyhow::Result<Floor> {
     let mut f = measure(mem, shared, ws_bytes, 2 << 20)?;
+    let offsets = faultline_serve::record::read(rec)?;
+    if let Some(root) = cold {
+        (f.cold_set_s, f.cold_file_s, f.file_bytes) = cold_reads(mem, &offsets, root)?;
+        // The floors above assume the file warm, as the runs after do.
+        warm(mem)?;
+    }
     // The recorded set's own runs: shared-mode prefetch's floor.
-    let plan = PrefetchPlan::new(&faultline_serve::record::read(rec)?);
+    let plan = PrefetchPlan::new(&offsets);
     f.set_bytes = plan.pages() * 4096;
     if let Some(snap) = shared {
         (f.continue_set_s, f.set_runs) = continue_set(snap, &plan, 1, false)?;
@@ -161,6 +190,44 @@ pub fn of_set(
         (f.continue_huge_set_s, f.huge_set_pages) = continue_set(h, &plan, 1, true)?;
     }
     Ok(f)
+}
+
+/// The disk floors (see the module's docs): seconds to read the recorded
+/// set at `offsets` as serve prepares it, and the whole of `mem` in order,
+/// each the median of three reads after [`drop_cache`]; and the file's
+/// bytes.
+fn cold_reads(mem: &Path, offsets: &[u64], root: bool) -> anyhow::Result<(f64, f64, usize)> {
+    const REPS: usize = 3;
+    let mut set = Vec::with_capacity(REPS);
+    let mut file = Vec::with_capacity(REPS);
+    let mut buf = vec![0u8; 8 << 20];
+    let mut bytes = 0;
+    for _ in 0..REPS {
+        // A store of its own each time: the pages its mapping maps stay
+        // cached until it is gone.
+        let store = FileStore::open(mem)?;
+        drop_cache(mem, root)?;
+        let t = Instant::now();
+        prepare_store(&store, offsets, 4096);
+        set.push(t.elapsed().as_secs_f64());
+        drop(store);
+        drop_cache(mem, root)?;
+        let mut f = std::fs::File::open(mem)?;
+        let t = Instant::now();
+        bytes = 0;
+        loop {
+            match f.read(&mut buf)? {
+                0 => break,
+                n => bytes += n,
+            }
+        }
+        file.push(t.elapsed().as_secs_f64());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(&mut set), median(&mut file), bytes))
 }
 
 /// Measures the floor for `bytes` of `mem` (warm), in runs of `run_bytes`;
@@ -302,11 +369,13 @@ pub fn print(ctx: &mut BenchCtx, floors: &[(f64, String, Floor)]) {
                     "UFFDIO_CONTINUE of the recorded set's {} runs (tmpfs)",
                     f.set_runs
                 ),
+                "CONTINUE",
                 f.continue_set_s,
                 f.set_bytes,
             ),
             (
                 format!("the same, 2 threads ({} runs)", f.set_runs),
+                "CONTINUE",
                 f.continue_set_2t_s,
                 f.set_bytes,
             ),
@@ -315,15 +384,28 @@ pub fn print(ctx: &mut BenchCtx, floors: &[(f64, String, Floor)]) {
                     "UFFDIO_CONTINUE of the {} huge pages the set touches (hugetlbfs)",
                     f.huge_set_pages
                 ),
+                "CONTINUE",
                 f.continue_huge_set_s,
                 f.huge_set_pages << 21,
             ),
+            (
+                "the recorded set read cold, as serve prepares it".to_string(),
+                "disk",
+                f.cold_set_s,
+                f.set_bytes,
+            ),
+            (
+                "the whole memory file read cold, in order".to_string(),
+                "disk",
+                f.cold_file_s,
+                f.file_bytes,
+            ),
         ];
-        for (what, secs, bytes) in set.into_iter().filter(|c| c.1 > 0.0) {
+        for (what, op, secs, bytes) in set.into_iter().filter(|c| c.2 > 0.0) {
             let bps = bytes as f64 / secs;
             let s = Summary::from_ns(&mut [secs * 1e9]);
             ctx.report.push(
-                Record::new("restore-floor", &what, "CONTINUE", "read", &s)
+                Record::new("restore-floor", &what, op, "read", &s)
                     .with("working_set_pct", *ws)
                     .with("working_set", label.as_str())
                     .with("bytes", bytes as u64)
@@ -357,9 +439,6 @@ pub fn print(ctx: &mut BenchCtx, floors: &[(f64, String, Floor)]) {
             ]);
         }
     }
-    print_table(
-        &["ws", "floor (warm, one process)", "MiB", "GB/s", "ms"],
-        &rows,
-    );
-    println!("(the working set's bytes moved in 2 MiB runs: the least any copying handler spends; CONTINUE: mapped from the shared page cache, no copy)");
+    print_table(&["ws", "floor (one process)", "MiB", "GB/s", "ms"], &rows);
+    println!("(warm but for the rows that say cold; the working set's bytes moved in 2 MiB runs: the least any copying handler spends; CONTINUE: mapped from the shared page cache, no copy; cold: medians of 3 reads from the disk)");
 }

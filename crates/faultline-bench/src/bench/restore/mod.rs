@@ -334,7 +334,10 @@ impl Session<'_> {
         self.l.record(ws, &rec)?;
         let hsnap = self.copies.hsnap.as_path();
         let hshared = (!hsnap.as_os_str().is_empty()).then_some(hsnap);
-        let floor = progress.suspend(|| floor::of_set(mem, shared, hshared, ws_bytes, &rec))?;
+        let floor = progress.suspend(|| {
+            let cold = a.cache.iter().any(|c| c == "cold").then_some(self.root);
+            floor::of_set(mem, shared, hshared, ws_bytes, &rec, cold)
+        })?;
         let inputs = Inputs {
             rec: &rec,
             all: self.all,

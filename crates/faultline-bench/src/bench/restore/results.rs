@@ -87,7 +87,16 @@ impl Results {
             .iter()
             .map(|(c, m)| (c.clone(), m.seconds * 1e3))
             .collect();
-        if !cold {
+        if cold {
+            for (what, secs) in [
+                ("floor: the recorded set read cold", floor.cold_set_s),
+                ("floor: the whole file read cold", floor.cold_file_s),
+            ] {
+                if secs > 0.0 {
+                    bars.push((what.into(), secs * 1e3));
+                }
+            }
+        } else {
             bars.push((
                 "floor: UFFDIO_COPY of the set, 1 thread".into(),
                 floor.bytes as f64 / floor.copy_populated_bps * 1e3,
