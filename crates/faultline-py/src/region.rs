@@ -28,7 +28,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use faultline::policy::PolicyKind;
-use faultline::{EngineKind, EvictionConfig, PageState, RunAheadConfig};
+use faultline::{EngineKind, EvictionConfig, MemoryKind, PageState, RunAheadConfig};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -87,7 +87,8 @@ fn lock(life: &Mutex<Life>) -> MutexGuard<'_, Life> {
 static LIVE: Mutex<Vec<Weak<Mutex<Life>>>> = Mutex::new(Vec::new());
 
 /// Region(length=None, store=None, *, page_size=4096, budget=None,
-/// policy="clock", fault_around=None, engine=None, mode=None, run_ahead=None)
+/// policy="clock", fault_around=None, engine=None, mode=None, run_ahead=None,
+/// memory=None)
 ///
 /// Memory whose pages come from `store` on first touch, exported through
 /// the buffer protocol: `numpy.frombuffer(region, dtype)`,
@@ -114,6 +115,11 @@ static LIVE: Mutex<Vec<Weak<Mutex<Life>>>> = Mutex::new(Vec::new());
 ///   the default for a `ZeroStore`).
 /// * `run_ahead`: a background thread installs up to this many pages
 ///   ahead of a sequential stream.
+/// * `memory`: what backs the region: "private-anon" (the default),
+///   "shmem" (a memfd), or "hugetlb" (a memfd of 2 MiB pages from the
+///   system's pool, `/proc/sys/vm/nr_hugepages`; `page_size` defaults to
+///   2 MiB): one fault and one copy per 2 MiB, what a long sequential
+///   scan of a file wants. Budgets and `mode="r+"` need private-anon.
 ///
 /// A context manager. `close()` writes dirty pages back and unmaps once
 /// no view is left: a view that outlives it keeps the memory mapped.
@@ -336,7 +342,7 @@ impl Region {
     #[new]
     #[pyo3(signature = (length = None, store = None, *, page_size = 4096, budget = None,
                         policy = "clock", fault_around = None, engine = None, mode = None,
-                        run_ahead = None))]
+                        run_ahead = None, memory = None))]
     #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
         py: Python<'_>,
@@ -349,7 +355,21 @@ impl Region {
         engine: Option<&str>,
         mode: Option<&str>,
         run_ahead: Option<usize>,
+        memory: Option<&str>,
     ) -> PyResult<Region> {
+        let kind_of_memory = match memory {
+            None => None,
+            Some(m) => Some(
+                MemoryKind::ALL
+                    .into_iter()
+                    .find(|k| k.name() == m)
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!(
+                            "unknown memory {m:?}: expected \"private-anon\", \"shmem\" or \"hugetlb\""
+                        ))
+                    })?,
+            ),
+        };
         let (store_obj, store) = resolve_store(py, store)?;
         let store = store.get();
         let inner = store.inner.clone();
@@ -377,6 +397,16 @@ impl Region {
         if len == 0 {
             return Err(PyValueError::new_err("a region's length must be positive"));
         }
+        if mode == Mode::ReadWrite && kind_of_memory.is_some_and(|k| k != MemoryKind::PrivateAnon) {
+            return Err(PyValueError::new_err(
+                "mode=\"r+\" tracks dirty pages with the budget's machinery, which supports private anonymous memory only: use memory=\"private-anon\" (the default)",
+            ));
+        }
+        let page_size = match kind_of_memory {
+            // Hugetlb pages are 2 MiB: the default 4096 means "the kind's page".
+            Some(k) if page_size == 4096 => k.min_page_size().bytes(),
+            _ => page_size,
+        };
         if page_size == 0 || !page_size.is_power_of_two() || page_size < 4096 {
             return Err(PyValueError::new_err(format!(
                 "page_size must be a power of two of at least 4096 bytes, not {page_size}"
@@ -420,6 +450,9 @@ impl Region {
         let mut builder = faultline::Region::builder(mapped)
             .shared_store(inner)
             .page_size(page_size);
+        if let Some(k) = kind_of_memory {
+            builder = builder.kind(k);
+        }
         if let Some(n) = fault_around {
             builder = builder.fault_around(n);
         }

@@ -11,6 +11,7 @@ import pytest
 
 import faultline
 from conftest import write_f64
+from faultline.testing import huge_pages_free
 
 
 def mapped(addr: int) -> bool:
@@ -130,11 +131,29 @@ def test_stats_of_a_budget_region(f64_file):
         (dict(length=4096, budget=1 << 20), 'mode="c"'),
         (dict(length=4096, policy="lru", budget=8192, mode="r"), "unknown policy"),
         (dict(length=4096, fault_around=0), "at least 1"),
+        (dict(length=4096, memory="ram"), "unknown memory"),
+        (dict(store=faultline.MemoryStore(bytes(4096)), memory="hugetlb", mode="r+"), "private anonymous"),
     ],
 )
 def test_bad_arguments_are_value_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         faultline.Region(**kwargs)
+
+
+@pytest.mark.parametrize("engine", ["signal", "poll"])
+def test_a_hugetlb_region_pages_a_file_2mib_a_fault(f64_file, engine):
+    # 3 MiB + 808 bytes: two 2 MiB pages, the second partly past the file.
+    if huge_pages_free() < 2:
+        pytest.skip("needs 2 free huge pages (/proc/sys/vm/nr_hugepages; CI reserves 48)")
+    want = np.fromfile(f64_file, np.float64)
+    with faultline.Region(store=faultline.FileStore(f64_file), memory="hugetlb", engine=engine) as r:
+        assert r.page_size == 2 << 20
+        a = r.as_array(np.float64)
+        assert np.array_equal(a, want)
+        st = r.stats()
+        # Two 2 MiB pages installed (one fault, or two without fault-around).
+        assert st["installed"] == 2 and 1 <= st["faults"] <= 2, st
+        del a
 
 
 def test_budget_units(f64_file):

@@ -14,6 +14,7 @@ _SIGNAL_REFUSAL: str
 EngineName = Literal["signal", "poll", "spin", "workers"]
 PolicyName = Literal["fifo", "clock", "refault"]
 Mode = Literal["r", "r+", "c"]
+MemoryName = Literal["private-anon", "shmem", "hugetlb"]
 
 class Store:
     """Where a region's pages come from (the base class of every store)."""
@@ -97,7 +98,10 @@ class Region:
     ``mode`` is ``"r"`` (read-only views; the default), ``"r+"`` (writes go
     back to the store: ``flush()``, eviction, ``close()``) or ``"c"``
     (private writes; the default for a ``ZeroStore``); ``run_ahead`` pages
-    are installed ahead of a sequential stream by a background thread.
+    are installed ahead of a sequential stream by a background thread;
+    ``memory`` is ``"private-anon"`` (the default), ``"shmem"`` or
+    ``"hugetlb"`` (2 MiB pages from the system's pool: one fault and one
+    copy per 2 MiB; budgets and ``"r+"`` need private-anon).
 
     A context manager: ``close()`` writes dirty pages back and unmaps once
     no view of the region is left (a view that outlives it keeps the
@@ -115,6 +119,7 @@ class Region:
         engine: EngineName | None = None,
         mode: Mode | None = None,
         run_ahead: int | None = None,
+        memory: MemoryName | None = None,
     ) -> None: ...
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...

@@ -86,3 +86,12 @@ def drop_page_cache(path: str | os.PathLike[str]) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def huge_pages_free() -> int:
+    """HugePages_Free of /proc/meminfo (0 when absent)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("HugePages_Free:"):
+                return int(line.split()[1])
+    return 0

@@ -615,9 +615,20 @@ fn map_memory(
             let hugetlb = kind == MemoryKind::Hugetlb;
             let fd = mem::memfd("faultline-region", hugetlb)?;
             mem::ftruncate(&fd, len as u64)?;
+            // A hugetlb mapping reserves its pages from the pool when it
+            // is made: ENOMEM here is a pool too small, not a lack of memory.
+            let pool = |e: mem::MemError| {
+                match e.source.raw_os_error() {
+                Some(n) if hugetlb && n == faultline_sys::Errno::ENOMEM.0 => mem::MemError {
+                    op: "mmap of a hugetlb memfd (the pool has fewer free 2 MiB pages than the region: see HugePages_Free in /proc/meminfo, raise /proc/sys/vm/nr_hugepages)",
+                    source: e.source,
+                },
+                _ => e,
+            }
+            };
             let m = match at {
-                Some(a) => mem::shared_at(a, &fd, len)?,
-                None => Mapping::shared(&fd, len, 0)?,
+                Some(a) => mem::shared_at(a, &fd, len).map_err(pool)?,
+                None => Mapping::shared(&fd, len, 0).map_err(pool)?,
             };
             let alias = Mapping::shared(&fd, len, 0)?;
             if !hugetlb {
