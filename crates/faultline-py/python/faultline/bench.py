@@ -177,30 +177,15 @@ def installed_run(store: Callable[[], Any], work: Work, engine: str | None) -> R
     return run
 
 
-def prewarm(nbytes: int) -> None:
-    """Writes and frees `nbytes` of fresh memory, so the run after it is
-    given pages the hypervisor backs. On a guest with free page reporting
-    (virtio-balloon; the project's machines report free 2 MiB blocks), the
-    host drops memory the guest freed a few seconds ago, and the next
-    process to touch it pays a fault in the host per block: a run that
-    frees and reallocates 512 MiB took 0.6 s or 1.6 s by luck."""
-    if nbytes > 0:
-        w = np.ones(nbytes, np.uint8)
-        del w
-
-
-def measure(name: str, runs: dict[str, Run], reps: int, before: Callable[[], None] | None,
-            warm_bytes: int = 0) -> dict[str, Any]:
-    """Alternates the runs `reps` times (`before` and `prewarm(warm_bytes)`
-    ahead of each); returns the samples (seconds) and the value each
-    computed."""
+def measure(name: str, runs: dict[str, Run], reps: int, before: Callable[[], None] | None) -> dict[str, Any]:
+    """Alternates the runs `reps` times (`before` ahead of each); returns
+    the samples (seconds) and the value each computed."""
     samples: dict[str, list[float]] = {k: [] for k in runs}
     values: dict[str, float] = {}
     for _ in range(reps):
         for k, run in runs.items():
             if before is not None:
                 before()
-            prewarm(warm_bytes)
             dt, v = run()
             samples[k].append(dt)
             values.setdefault(k, v)
@@ -219,8 +204,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-python", action="store_true", help="skip the Python-store case")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache cases")
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--no-prewarm", action="store_true",
-                    help="do not write and free twice --size of memory before each run (see prewarm())")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be at least 1")
@@ -255,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         eng = args.engine
 
         def case(name: str, runs: dict[str, Run], before: Callable[[], None] | None = None, **meta: Any) -> None:
-            r = measure(name, runs, args.reps, before, 0 if args.no_prewarm else 2 * args.size)
+            r = measure(name, runs, args.reps, before)
             r.update(meta)
             vals = list(r["values"].values())
             if not all(np.isclose(v, vals[0]) for v in vals):
@@ -325,8 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
 
     print(f"\nfaultline {faultline.__version__} beside numpy.memmap: {args.size >> 20} MiB of float64, "
-          f"{args.reps} repetitions, medians; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
-          f"{'no prewarm' if args.no_prewarm else f'{2 * args.size >> 20} MiB prewarmed before each run'}")
+          f"{args.reps} repetitions, medians; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"{'case':<18} {'baseline':<12} {'median':>10} {'against':<15} {'median':>10} {'ratio':>7} {'target':>7}")
     for r in results:
         base = next(iter(r["median"]))
@@ -344,7 +326,6 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "size_bytes": args.size,
             "reps": args.reps,
-            "prewarm_bytes": 0 if args.no_prewarm else 2 * args.size,
             "engine": args.engine,
             "load_before": load_before,
             "load_after": load_after,
