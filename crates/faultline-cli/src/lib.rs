@@ -6,7 +6,7 @@
 //! ```text
 //!   main.rs ─► cleanup::install ─► Cli::parse ─► run ─┬─ info, store (here)
 //!                                                      ├─ bench, graph, bfs, vpri (faultline-bench)
-//!                                                      └─ serve, peer (faultline-serve)
+//!                                                      └─ serve, peer, record (faultline-serve)
 //! ```
 
 mod info;
@@ -54,6 +54,10 @@ pub enum Command {
     #[cfg(feature = "serve")]
     #[command(hide = true)]
     Peer(faultline_serve::peer::PeerArgs),
+    /// Working-set records of `serve --record`: inspect one, merge several into a prefetch set.
+    #[cfg(feature = "serve")]
+    #[command(subcommand)]
+    Record(faultline_serve::record_tool::RecordCmd),
     /// Remote page stores (Redis, Redis Cluster): upload a file, download it, describe it.
     #[command(subcommand)]
     Store(store::StoreCmd),
@@ -85,6 +89,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => faultline_serve::cli::run(args),
         #[cfg(feature = "serve")]
         Command::Peer(args) => faultline_serve::peer::run(args),
+        #[cfg(feature = "serve")]
+        Command::Record(cmd) => faultline_serve::record_tool::run(cmd),
         Command::Store(cmd) => store::run(cmd),
     }
 }

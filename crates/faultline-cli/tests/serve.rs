@@ -276,3 +276,48 @@ fn bench_restore_on_hugetlbfs_rows_floor_and_peer_rounds() {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
     assert!(!mounts.contains("faultline-restore-"), "{mounts}");
 }
+
+/// `faultline record` forwards to the record tool: a record written by
+/// `faultline serve --record` is inspected and merged through the front
+/// door, and the merged set is the record's pages.
+#[test]
+fn records_are_inspected_and_merged_through_the_front_door() {
+    let dir = Dir::new("record", 8 * MIB);
+    let rec = dir.path("rec.txt");
+    let mut s = testing::serve(
+        &dir,
+        SERVE,
+        &["--peers", "1", "--record", rec.to_str().unwrap()],
+    );
+    let mut p = testing::peer(&dir, PEER, "peer", &["--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .arg("record")
+            .args(args)
+            .output()
+            .expect("running faultline record");
+        assert!(
+            out.status.success(),
+            "faultline record {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap_or_default()
+    };
+    let one = run(&["inspect", "--json", rec.to_str().unwrap()]);
+    let pages = one["pages"].as_u64().expect("inspect --json gives pages");
+    assert!(pages > 0, "{one}");
+    assert_eq!(one["recordings"].as_u64(), Some(1), "{one}");
+    let merged = dir.path("merged.txt");
+    run(&[
+        "merge",
+        "-k",
+        "1",
+        "-o",
+        merged.to_str().unwrap(),
+        rec.to_str().unwrap(),
+    ]);
+    let m = run(&["inspect", "--json", merged.to_str().unwrap()]);
+    assert_eq!(m["pages"].as_u64(), Some(pages), "{m}");
+}
