@@ -397,10 +397,14 @@ impl Region {
         if len == 0 {
             return Err(PyValueError::new_err("a region's length must be positive"));
         }
-        if mode == Mode::ReadWrite && kind_of_memory.is_some_and(|k| k != MemoryKind::PrivateAnon) {
-            return Err(PyValueError::new_err(
-                "mode=\"r+\" tracks dirty pages with the budget's machinery, which supports private anonymous memory only: use memory=\"private-anon\" (the default)",
-            ));
+        if let Some(k) = kind_of_memory.filter(|&k| k != MemoryKind::PrivateAnon) {
+            // Dirty tracking (r+) is the budget's machinery.
+            if budget.is_some() || mode == Mode::ReadWrite {
+                return Err(PyValueError::new_err(format!(
+                    "a budget and mode=\"r+\" (which tracks dirty pages as a budget does) need private anonymous memory, not memory={:?}: leave memory at \"private-anon\"",
+                    k.name()
+                )));
+            }
         }
         let page_size = match kind_of_memory {
             // Hugetlb pages are 2 MiB: the default 4096 means "the kind's page".
