@@ -269,13 +269,26 @@ fn bad_input_gets_typed_errors() {
             ..
         })
     ));
-    if faultline_sys::mem::hugetlb_free_pages() == 0 {
+    let free = faultline_sys::mem::hugetlb_free_pages();
+    if free == 0 {
         assert!(matches!(
             Region::builder(2 << 20)
                 .kind(MemoryKind::Hugetlb)
                 .build_dyn(e.clone()),
             Err(Error::Unsupported { .. })
         ));
+    } else {
+        // A pool with pages, but fewer than the region: the reservation
+        // at mmap fails, and the error says it is the pool.
+        let short = Region::builder(((free + 64) as usize) << 21)
+            .kind(MemoryKind::Hugetlb)
+            .build_dyn(e.clone())
+            .unwrap_err();
+        match &short {
+            Error::Mem(m) => assert_eq!(m.source.raw_os_error(), Some(libc::ENOMEM), "{short}"),
+            other => panic!("expected the mmap's ENOMEM, got {other:?}"),
+        }
+        assert!(short.to_string().contains("nr_hugepages"), "{short}");
     }
     // Errors read well.
     let msg = Region::builder(16 * 4096)

@@ -576,6 +576,9 @@ fn op_bit(op: ResolveOp) -> u32 {
     }
 }
 
+/// What a hugetlb region's `mmap` failing with `ENOMEM` means.
+const HUGETLB_POOL_SHORT: &str = "mmap of a hugetlb memfd (the pool has fewer free 2 MiB pages than the region: see HugePages_Free in /proc/meminfo, raise /proc/sys/vm/nr_hugepages)";
+
 /// Maps a region's memory: the mapping, the memfd behind it (shmem,
 /// hugetlb), and the unregistered alias view through which a memfd's page
 /// cache is filled.
@@ -617,14 +620,12 @@ fn map_memory(
             mem::ftruncate(&fd, len as u64)?;
             // A hugetlb mapping reserves its pages from the pool when it
             // is made: ENOMEM here is a pool too small, not a lack of memory.
-            let pool = |e: mem::MemError| {
-                match e.source.raw_os_error() {
+            let pool = |e: mem::MemError| match e.source.raw_os_error() {
                 Some(n) if hugetlb && n == faultline_sys::Errno::ENOMEM.0 => mem::MemError {
-                    op: "mmap of a hugetlb memfd (the pool has fewer free 2 MiB pages than the region: see HugePages_Free in /proc/meminfo, raise /proc/sys/vm/nr_hugepages)",
+                    op: HUGETLB_POOL_SHORT,
                     source: e.source,
                 },
                 _ => e,
-            }
             };
             let m = match at {
                 Some(a) => mem::shared_at(a, &fd, len).map_err(pool)?,
