@@ -321,3 +321,20 @@ fn records_are_inspected_and_merged_through_the_front_door() {
     let m = run(&["inspect", "--json", merged.to_str().unwrap()]);
     assert_eq!(m["pages"].as_u64(), Some(pages), "{m}");
 }
+
+/// `bench restore --serve-lead-ms` reaches the runs: the served peer
+/// (every byte checked) starts after the lead, and the record says it.
+#[test]
+#[cfg(feature = "bench")]
+fn bench_restore_starts_peers_after_the_serve_lead() {
+    let dir = Dir::new("bench-lead", MIB);
+    let (out, _) = bench_restore(&dir, "prefetch", &["--serve-lead-ms", "300"]);
+    let rows: Vec<_> = out["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["bench"] == "restore")
+        .collect();
+    assert_eq!(rows.len(), 1, "{out}");
+    assert_eq!(rows[0]["serve_lead_ms"].as_u64(), Some(300), "{}", rows[0]);
+}

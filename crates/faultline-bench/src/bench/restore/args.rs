@@ -86,6 +86,13 @@ pub struct RestoreArgs {
     /// every served configuration.
     #[arg(long)]
     pub prefetch_idle: bool,
+    /// Start each served configuration's peer this many milliseconds
+    /// after its `faultline serve`, as a platform that starts the handler
+    /// ahead of the restore does: serve reads (and maps) the recorded set
+    /// meanwhile, so a cold prefetch finds it read. The restore is still
+    /// timed from the hand-off. Default 0: the peer starts with serve.
+    #[arg(long, default_value_t = 0, value_parser = faultline_cli_support::flags::range_u64(0, 60_000))]
+    pub serve_lead_ms: u64,
     /// The peer's vCPUs compute (spin) this many microseconds after each
     /// touch, keeping every CPU busy as a booting guest does (`faultline
     /// peer --compute-us`). Default 0: touch only.

@@ -93,6 +93,8 @@ pub struct Launcher<'a> {
     pub prefetch_chunk: Option<usize>,
     /// `serve --prefetch-idle`.
     pub prefetch_idle: bool,
+    /// How long after serve each peer starts (`--serve-lead-ms`).
+    pub serve_lead: Duration,
     /// `peer --compute-us N`.
     pub compute_us: u64,
     /// `peer --stamps N` and `serve --phase-samples N` (0: off).
@@ -205,6 +207,9 @@ impl Launcher<'_> {
         let mut child = self
             .serve_command(&sock, &json, extra, &mode)?
             .spawn_logged(&err)?;
+        if !self.serve_lead.is_zero() {
+            std::thread::sleep(self.serve_lead);
+        }
         let backing = match mode {
             Mode::Shared(snap) => Backing::Shared(&sock, snap),
             Mode::Huge => Backing::Huge(&sock),
@@ -266,6 +271,7 @@ impl Launcher<'_> {
         // The working set only: a write set's pages would join the record.
         let l = Launcher {
             write_set: None,
+            serve_lead: Duration::ZERO,
             ..*self
         };
         l.served(ws, &["--record", rec.to_str().context("path")?], Mode::Copy)?;

@@ -71,7 +71,9 @@
 //! `on-demand-adaptive`, `on-demand-adaptive-shared` and
 //! `on-demand-workers-adaptive` add `--adaptive-window` (the isolated
 //! window sized from where the faults land). Cold runs drop the file's page cache before each
-//! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root).
+//! run (`posix_fadvise(DONTNEED)`, plus `drop_caches` as root, after which
+//! the faultline executable is read back: the snapshot is cold, not the
+//! handler's code).
 //!
 //! How a run goes, and where each step lives:
 //!
@@ -116,7 +118,7 @@ mod tracked;
 
 use std::cell::RefCell;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use faultline_cli_support::cleanup;
@@ -179,6 +181,7 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         prefetch_helpers: a.prefetch_helpers,
         prefetch_chunk: a.prefetch_chunk,
         prefetch_idle: a.prefetch_idle,
+        serve_lead: Duration::from_millis(a.serve_lead_ms),
         compute_us: a.compute_us,
         stamps: if a.no_phases { 0 } else { phases::SAMPLES },
         write_set: a
@@ -288,7 +291,11 @@ fn print_setup(a: &RestoreArgs, root: bool) {
         a.size >> 20,
         a.vcpus,
         a.reps,
-        if root { " + drop_caches" } else { " (not root: drop_caches skipped)" },
+        if root {
+            " + drop_caches, the faultline executable read back"
+        } else {
+            " (not root: drop_caches skipped)"
+        },
         if a.keep_caches {
             "kept between runs (--keep-caches)"
         } else {
@@ -297,6 +304,12 @@ fn print_setup(a: &RestoreArgs, root: bool) {
     );
     if let Some(url) = &a.store {
         println!("restore: faultline's configurations are served from {url} (kernel and baseline read the file)");
+    }
+    if a.serve_lead_ms > 0 {
+        println!(
+            "restore: each served peer starts {} ms after its serve (--serve-lead-ms; not timed: the restore is timed from the hand-off)",
+            a.serve_lead_ms
+        );
     }
 }
 

@@ -155,6 +155,7 @@ impl Results {
                     },
                 )
                 .with("reps", a.reps as u64)
+                .with("serve_lead_ms", a.serve_lead_ms)
                 .with("seconds", m.seconds)
                 .with("vcpu_median_ns", m.median_ns)
                 .with("vcpu_p99_ns", m.p99_ns)
