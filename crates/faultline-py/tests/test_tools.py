@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from faultline.bench import free_page_reporting
 from faultline.testing import huge_pages_free
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "numpy_budget.py"
@@ -53,6 +54,7 @@ def test_the_benchmark_writes_its_table_and_json(tmp_path):
     assert set(warm["median"]) == rows
     assert warm["ratio"]["faultline"] > 0 and warm["target"] == 1.3
     assert len(doc["load_before"]) == 3
+    assert doc["free_page_reporting"] == free_page_reporting()
     assert "seq-sum warm" in out.stdout and "ratio" in out.stdout
     assert not any(p.name.startswith("faultline-bench-") for p in tmp_path.iterdir()), "work files removed"
     assert not os.path.exists(str(out_json) + ".tmp")

@@ -102,6 +102,12 @@ pub struct Machine {
     pub tsc_overhead_cycles: u64,
     /// UTC date and time of the run, ISO 8601.
     pub date: String,
+    /// Whether this guest reports freed memory to its host (a
+    /// virtio-balloon device with free page reporting): the host drops
+    /// that memory, and the next process to allocate it pays a host fault
+    /// per page, seen as its own system time. None: no balloon device.
+    #[serde(default)]
+    pub free_page_reporting: Option<bool>,
 }
 
 impl Machine {
@@ -118,8 +124,24 @@ impl Machine {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs()),
             ),
+            free_page_reporting: free_page_reporting(),
         }
     }
+}
+
+/// `VIRTIO_BALLOON_F_REPORTING` of this machine's virtio-balloon devices
+/// (sysfs `features`: one character per feature bit); None without one.
+pub fn free_page_reporting() -> Option<bool> {
+    const F_REPORTING: usize = 5;
+    let dir = std::fs::read_dir("/sys/bus/virtio/drivers/virtio_balloon").ok()?;
+    let mut found = None;
+    for e in dir.flatten() {
+        if let Ok(bits) = std::fs::read_to_string(e.path().join("features")) {
+            let on = bits.as_bytes().get(F_REPORTING) == Some(&b'1');
+            found = Some(found.unwrap_or(false) || on);
+        }
+    }
+    found
 }
 
 fn cpu_model() -> String {
@@ -419,7 +441,14 @@ mod tests {
         assert_eq!(v["records"][1]["threads"], 1);
         assert_eq!(v["records"][1]["op"], "COPY");
         assert!(v["machine"]["tsc_ghz"].as_f64().unwrap() == 2.0);
+        let mut v = v;
+        // Reports written before the field existed still read.
+        v["machine"]
+            .as_object_mut()
+            .unwrap()
+            .remove("free_page_reporting");
         let back: Report = serde_json::from_value(v).unwrap();
         assert_eq!(back.records[1].extra_f64("threads"), Some(1.0));
+        assert_eq!(back.machine.free_page_reporting, None);
     }
 }

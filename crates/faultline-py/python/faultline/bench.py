@@ -177,6 +177,27 @@ def installed_run(store: Callable[[], Any], work: Work, engine: str | None) -> R
     return run
 
 
+def free_page_reporting() -> bool | None:
+    """Whether this guest reports freed memory to its host (a virtio-balloon
+    device with VIRTIO_BALLOON_F_REPORTING, feature bit 5): the host drops
+    it, and a run that allocates what an earlier one freed pays a host
+    fault per page, as system time. None without a balloon device."""
+    base = "/sys/bus/virtio/drivers/virtio_balloon"
+    found = None
+    try:
+        devices = [d for d in os.listdir(base) if d.startswith("virtio")]
+    except OSError:
+        return None
+    for d in devices:
+        try:
+            with open(os.path.join(base, d, "features")) as f:
+                bits = f.read()
+        except OSError:
+            continue
+        found = bool(found) or bits[5:6] == "1"
+    return found
+
+
 def measure(name: str, runs: dict[str, Run], reps: int, before: Callable[[], None] | None) -> dict[str, Any]:
     """Alternates the runs `reps` times (`before` ahead of each); returns
     the samples (seconds) and the value each computed."""
@@ -309,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nfaultline {faultline.__version__} beside numpy.memmap: {args.size >> 20} MiB of float64, "
           f"{args.reps} repetitions, medians; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    if free_page_reporting():
+        print("this guest reports freed memory to its host (virtio-balloon free page reporting): a run that allocates "
+              "what an earlier one freed may pay a host fault per page (RESULTS.md, the Redis rows)")
     print(f"{'case':<18} {'baseline':<12} {'median':>10} {'against':<15} {'median':>10} {'ratio':>7} {'target':>7}")
     for r in results:
         base = next(iter(r["median"]))
@@ -329,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             "engine": args.engine,
             "load_before": load_before,
             "load_after": load_after,
+            "free_page_reporting": free_page_reporting(),
             "cases": results,
         }
         tmp = args.json + ".tmp"

@@ -305,6 +305,9 @@ fn print_setup(a: &RestoreArgs, root: bool) {
     if let Some(url) = &a.store {
         println!("restore: faultline's configurations are served from {url} (kernel and baseline read the file)");
     }
+    if crate::harness::report::free_page_reporting() == Some(true) {
+        println!("restore: this guest reports freed memory to its host (virtio-balloon free page reporting): a run that allocates what an earlier run freed may pay a host fault per page, as system time (RESULTS.md, the Redis rows)");
+    }
     if a.serve_lead_ms > 0 {
         println!(
             "restore: each served peer starts {} ms after its serve (--serve-lead-ms; not timed: the restore is timed from the hand-off)",
