@@ -95,6 +95,17 @@ fn bench_restore(dir: &Dir, configs: &str, extra: &[&str]) -> (serde_json::Value
     (out, pid)
 }
 
+/// The `restore` records of a `bench restore` JSON (not its floors).
+#[cfg(feature = "bench")]
+fn restore_rows(out: &serde_json::Value) -> Vec<&serde_json::Value> {
+    out["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["bench"] == "restore")
+        .collect()
+}
+
 /// `bench restore --store`: the memory file is uploaded to a real Redis
 /// server, faultline's configurations are served from it (every byte
 /// checked by the peer), and the records say which store served them.
@@ -105,12 +116,7 @@ fn bench_restore_serves_from_redis() {
     let server = faultline_redis::server::RedisServer::start().unwrap();
     let url = server.store_url("restore");
     let (out, _) = bench_restore(&dir, "on-demand,prefetch", &["--store", &url]);
-    let rows: Vec<_> = out["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["bench"] == "restore")
-        .collect();
+    let rows = restore_rows(&out);
     assert_eq!(rows.len(), 2, "{out}");
     for r in rows {
         assert_eq!(r["store"], url.as_str(), "{r}");
@@ -329,12 +335,7 @@ fn records_are_inspected_and_merged_through_the_front_door() {
 fn bench_restore_starts_peers_after_the_serve_lead() {
     let dir = Dir::new("bench-lead", MIB);
     let (out, _) = bench_restore(&dir, "prefetch", &["--serve-lead-ms", "300"]);
-    let rows: Vec<_> = out["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["bench"] == "restore")
-        .collect();
+    let rows = restore_rows(&out);
     assert_eq!(rows.len(), 1, "{out}");
     assert_eq!(rows[0]["serve_lead_ms"].as_u64(), Some(300), "{}", rows[0]);
 }
