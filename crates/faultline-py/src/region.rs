@@ -86,7 +86,7 @@ fn lock(life: &Mutex<Life>) -> MutexGuard<'_, Life> {
 /// Every region not yet dropped, for `close_all` at interpreter exit.
 static LIVE: Mutex<Vec<Weak<Mutex<Life>>>> = Mutex::new(Vec::new());
 
-/// Region(length=None, store=None, *, page_size=4096, budget=None,
+/// Region(length=None, store=None, *, page_size=None, budget=None,
 /// policy="clock", fault_around=None, engine=None, mode=None, run_ahead=None,
 /// memory=None)
 ///
@@ -340,7 +340,7 @@ impl Region {
 #[pymethods]
 impl Region {
     #[new]
-    #[pyo3(signature = (length = None, store = None, *, page_size = 4096, budget = None,
+    #[pyo3(signature = (length = None, store = None, *, page_size = None, budget = None,
                         policy = "clock", fault_around = None, engine = None, mode = None,
                         run_ahead = None, memory = None))]
     #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
@@ -348,7 +348,7 @@ impl Region {
         py: Python<'_>,
         length: Option<usize>,
         store: Option<Bound<'_, PyAny>>,
-        page_size: usize,
+        page_size: Option<usize>,
         budget: Option<Bound<'_, PyAny>>,
         policy: &str,
         fault_around: Option<usize>,
@@ -406,11 +406,13 @@ impl Region {
                 )));
             }
         }
-        let page_size = match kind_of_memory {
-            // Hugetlb pages are 2 MiB: the default 4096 means "the kind's page".
-            Some(k) if page_size == 4096 => k.min_page_size().bytes(),
-            _ => page_size,
-        };
+        // Default: the memory's own page (4 KiB; 2 MiB for hugetlb).
+        let page_size = page_size.unwrap_or_else(|| {
+            kind_of_memory
+                .unwrap_or(MemoryKind::PrivateAnon)
+                .min_page_size()
+                .bytes()
+        });
         if page_size == 0 || !page_size.is_power_of_two() || page_size < 4096 {
             return Err(PyValueError::new_err(format!(
                 "page_size must be a power of two of at least 4096 bytes, not {page_size}"

@@ -132,6 +132,7 @@ def test_stats_of_a_budget_region(f64_file):
         (dict(length=4096, policy="lru", budget=8192, mode="r"), "unknown policy"),
         (dict(length=4096, fault_around=0), "at least 1"),
         (dict(length=4096, memory="ram"), "unknown memory"),
+        (dict(length=4096, memory="hugetlb", page_size=4096), "at least 2 MiB"),
         (dict(store=faultline.MemoryStore(bytes(4096)), memory="hugetlb", mode="r+"), "private anonymous"),
         (dict(store=faultline.MemoryStore(bytes(4096)), memory="shmem", budget=4096), "private anonymous"),
     ],

@@ -112,7 +112,7 @@ class Region:
         length: int | None = None,
         store: Store | Any | None = None,
         *,
-        page_size: int = 4096,
+        page_size: int | None = None,
         budget: int | str | None = None,
         policy: PolicyName = "clock",
         fault_around: int | None = None,
