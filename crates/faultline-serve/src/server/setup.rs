@@ -129,8 +129,7 @@ pub fn shared_snapshot(
 /// longest mount point above `path`.
 pub fn small_pages(path: &Path) -> Option<String> {
     let path = std::fs::canonicalize(path).ok()?;
-    let forced = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-        .is_ok_and(|s| s.contains("[force]"));
+    let forced = shmem_thp_forced();
     // The longest mount point above it; of equals the last (the top).
     let m = faultline_cli_support::cleanup::mounts()
         .into_iter()
@@ -146,6 +145,13 @@ pub fn small_pages(path: &Path) -> Option<String> {
             m.at.display()
         )
     })
+}
+
+/// Whether shmem huge pages are forced machine-wide (`shmem_enabled`
+/// `[force]`): every tmpfs then maps 2 MiB pages whatever its options.
+fn shmem_thp_forced() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .is_ok_and(|s| s.contains("[force]"))
 }
 
 #[cfg(test)]
@@ -177,11 +183,8 @@ mod tests {
             mounted.push(at);
         }
         if mounted.len() == 2 {
-            let forced =
-                std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-                    .is_ok_and(|s| s.contains("[force]"));
             let small = small_pages(&mounted[0].join("copy"));
-            assert_eq!(small.is_some(), !forced, "{small:?}");
+            assert_eq!(small.is_some(), !shmem_thp_forced(), "{small:?}");
             assert_eq!(small_pages(&mounted[1].join("copy")), None);
         }
         assert_eq!(small_pages(Path::new("/proc/self/status")), None);

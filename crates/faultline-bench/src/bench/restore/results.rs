@@ -254,13 +254,14 @@ impl Results {
         self.writes.add(ctx, (set, cache), medians);
         if let (Some(pre), Some(dem)) = (get("prefetch"), dem) {
             // REAP's two figures under the faults and vs-on-demand columns.
+            let col = |name: &str| COLUMNS.iter().position(|c| *c == name).expect("a column");
             let mut row = vec!["-".to_string(); COLUMNS.len()];
             row[..3].clone_from_slice(&[label.clone(), cache.to_string(), "REAP (paper)".into()]);
-            row[6] = format!(
+            row[col("faults")] = format!(
                 "ours: -{:.0}% (REAP -97%)",
                 100.0 * (1.0 - pre.faults as f64 / dem.faults.max(1) as f64)
             );
-            row[COLUMNS.len() - 1] =
+            row[col("vs on-demand")] =
                 format!("ours {} (REAP 3.70x)", fmt_ratio(dem.seconds / pre.seconds));
             self.rows.push(row);
         }
