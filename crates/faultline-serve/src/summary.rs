@@ -70,6 +70,20 @@ pub struct PeerSummary {
     /// filled, resolved, woken, done, pages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phases: Vec<[u64; 8]>,
+    /// The stalls its vCPUs reported (absent: it reported none; see
+    /// `faultline_serve::server`'s stall reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpu_stalls: Option<StallSummary>,
+}
+
+/// The stalls a peer's vCPUs reported: accesses that waited for a missing
+/// page, as the VMM timed them.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, Default, PartialEq)]
+pub struct StallSummary {
+    /// Stalls reported.
+    pub count: u64,
+    /// Their durations summed, ms.
+    pub sum_ms: f64,
 }
 
 /// When serve reached each step of a peer's hand-off, `CLOCK_MONOTONIC`

@@ -1,6 +1,7 @@
 //! `--metrics` during a real restore (serve and `faultline-peer` as
 //! processes): the counters a scrape reads equal what the peer reports of
-//! its restore and what serve's summary says at its end; the exposition
+//! its restore and what serve's summary says at its end, and the vCPU
+//! stalls the peer sent serve equal the ones it measured; the exposition
 //! parses with a Prometheus text parser; `--log-format json` lines parse.
 
 use faultline_serve::metrics::{scrape, MetricsAddr};
@@ -67,18 +68,52 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
             "2",
             "--hold-ms",
             "4000",
+            "--stall-ns",
+            "1000",
             "--json",
             report_path.to_str().unwrap(),
         ],
     );
     dir.wait_for("peer.err", "holding for");
-    let text = scrape(&MetricsAddr::Unix(msock.clone())).expect("scraping --metrics");
-    assert!(text.ends_with("# EOF\n"), "not OpenMetrics text:\n{text}");
-    let m = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("parsing the scrape");
     let report: PeerReport =
         serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap()).unwrap();
     let pid = p.pid().to_string();
     let me = [("peer", "2"), ("pid", pid.as_str())];
+    // The stall report was written before "holding for"; serve reads it
+    // on its own time: scrape until it is in.
+    let deadline = std::time::Instant::now() + testing::WAIT;
+    let (text, m) = loop {
+        let text = scrape(&MetricsAddr::Unix(msock.clone())).expect("scraping --metrics");
+        assert!(text.ends_with("# EOF\n"), "not OpenMetrics text:\n{text}");
+        let m = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("parsing the scrape");
+        let in_ = m.samples.iter().any(|x| {
+            x.metric == "faultline_peer_vcpu_stall_seconds_count"
+                && matches!(x.value, Value::Untyped(n) | Value::Counter(n) if n as u64 == report.stalls)
+        });
+        if in_ {
+            break (text, m);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the peer's {} stalls never showed:\n{text}\n{}",
+            report.stalls,
+            dir.text("serve.err")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // With one page per fault every first touch waits for serve.
+    assert!(
+        report.stalls as usize > report.pages * 9 / 10,
+        "{} stalls for {} pages",
+        report.stalls,
+        report.pages
+    );
+    let stall_sum = value(&m, "faultline_peer_vcpu_stall_seconds_sum", &me);
+    assert!(
+        (stall_sum - report.stall_sum_ns as f64 / 1e9).abs() < 1e-6,
+        "{stall_sum} s against the peer's {} ns",
+        report.stall_sum_ns
+    );
     let with = |k: &'static str, v: &'static str| [me[0], me[1], (k, v)];
     let pages = report.pages as f64;
     assert!(pages > 500.0, "{report:?}");
@@ -136,6 +171,7 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
     assert_eq!(sum["faults"].as_f64(), Some(faults));
     assert_eq!(sum["installed"].as_f64(), Some(pages));
     assert_eq!(sum["bytes_read"].as_f64(), Some(pages * 4096.0));
+    assert_eq!(sum["vcpu_stalls"]["count"].as_u64(), Some(report.stalls));
     // Every line serve printed is a JSON object with a message; the
     // socket is gone.
     let log = dir.text("serve.err");

@@ -30,6 +30,7 @@
 //! | `faultline_peer_eagain_retries`, `faultline_peer_deferred_faults` | counter | resolve ioctls that met EAGAIN; faults deferred by it |
 //! | `faultline_peer_eexist` | counter | resolutions that found the page there |
 //! | `faultline_peer_fault_service_seconds` | histogram | message read to wake (see `faultline`'s `ServiceTimes`) |
+//! | `faultline_peer_vcpu_stall_seconds` | histogram | the stalls the peer's vCPUs reported (peers that report them: see the server's stall reports), same buckets |
 //! | `faultline_peer_prefetch_queued_pages` | gauge | pages queued for prefetch (progress: `pages_installed{by="prefetch"}` of these) |
 //! | `faultline_peer_prefetch_done_seconds` | gauge | handshake read to the last prefetch install (once done) |
 //! | `faultline_peer_dirty_pages` | gauge | 4 KiB pages of its dirty set so far (`--track-dirty`, tracked peers: what the set written now would hold) |
@@ -43,7 +44,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
 
-use faultline::{PeerStats, SERVICE_BOUNDS_NS};
+use faultline::{PeerStats, ServiceTimes, SERVICE_BOUNDS_NS};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -67,6 +68,8 @@ pub struct PeerSample {
     /// Pages of its dirty set so far (`--track-dirty`; `None`: not
     /// tracked).
     pub dirty_pages: Option<u64>,
+    /// The stalls its vCPUs reported so far (`None`: none reported).
+    pub vcpu_stalls: Option<ServiceTimes>,
 }
 
 /// What a scrape reads: the peers being served and the process-wide
@@ -221,6 +224,39 @@ impl Exposition {
     }
 }
 
+impl Exposition {
+    /// Encodes a histogram family over the peers that have one.
+    fn histogram(
+        enc: &mut DescriptorEncoder,
+        s: &Sample,
+        name: &str,
+        help: &str,
+        of: &dyn Fn(&PeerSample) -> Option<&ServiceTimes>,
+    ) -> fmt::Result {
+        if !s.peers.iter().any(|p| of(p).is_some()) {
+            return Ok(());
+        }
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+        for p in &s.peers {
+            let Some(t) = of(p) else { continue };
+            let buckets: Vec<(f64, u64)> = SERVICE_BOUNDS_NS
+                .iter()
+                .map(|&b| b as f64 / 1e9)
+                .chain([f64::INFINITY])
+                .zip(t.counts)
+                .collect();
+            let labels = Self::peer_labels(&s.snapshot, p, None);
+            m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+                t.sum_ns as f64 / 1e9,
+                t.count(),
+                &buckets,
+                None,
+            )?;
+        }
+        Ok(())
+    }
+}
+
 impl Collector for Exposition {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
         let s = (self.sample)();
@@ -328,30 +364,20 @@ impl Collector for Exposition {
             g,
             &[(None, &dirty)],
         )?;
-        if !s.peers.is_empty() {
-            let mut m = enc.encode_descriptor(
-                "faultline_peer_fault_service_seconds",
-                "Fault service time: the message read to the wake",
-                None,
-                MetricType::Histogram,
-            )?;
-            for p in &s.peers {
-                let t = &p.stats.service;
-                let buckets: Vec<(f64, u64)> = SERVICE_BOUNDS_NS
-                    .iter()
-                    .map(|&b| b as f64 / 1e9)
-                    .chain([f64::INFINITY])
-                    .zip(t.counts)
-                    .collect();
-                let labels = Self::peer_labels(&s.snapshot, p, None);
-                m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
-                    t.sum_ns as f64 / 1e9,
-                    t.count(),
-                    &buckets,
-                    None,
-                )?;
-            }
-        }
+        Self::histogram(
+            &mut enc,
+            &s,
+            "faultline_peer_fault_service_seconds",
+            "Fault service time: the message read to the wake",
+            &|p| Some(&p.stats.service),
+        )?;
+        Self::histogram(
+            &mut enc,
+            &s,
+            "faultline_peer_vcpu_stall_seconds",
+            "vCPU stalls the peer reported: an access that waited for a missing page, to its retirement",
+            &|p| p.vcpu_stalls.as_ref(),
+        )?;
         let process: [(&str, &str, MetricType, f64); 3] = [
             (
                 "faultline_peers_connected",
@@ -428,6 +454,10 @@ mod tests {
         stats.service.counts[0] = 5;
         stats.service.counts[3] = 2;
         stats.service.sum_ns = 15_000;
+        let mut stalls = ServiceTimes::default();
+        [30_000, 40_000, 2_000_000]
+            .iter()
+            .for_each(|&ns| stalls.record(ns));
         let counters = ServerCounters::default();
         counters.refused("handshake");
         counters.refused("handshake");
@@ -440,6 +470,7 @@ mod tests {
                 stats,
                 prefetch_done_s: Some(0.25),
                 dirty_pages: Some(5),
+                vcpu_stalls: Some(stalls),
             }],
             accepted: 4,
             finished: 3,
@@ -499,6 +530,17 @@ mod tests {
         assert_eq!(
             num(get("faultline_peer_fault_service_seconds_count", None)),
             7.0
+        );
+        let Value::Histogram(b) = get("faultline_peer_vcpu_stall_seconds", None) else {
+            panic!("no stall histogram:\n{text}")
+        };
+        // Cumulative: 30 µs at most 32 µs (bucket 5), 40 µs at most 64,
+        // 2 ms at most 2.05 ms (bucket 11).
+        let counts: Vec<f64> = [4, 5, 6, 10, 11].iter().map(|&i| b[i].count).collect();
+        assert_eq!(counts, [0.0, 1.0, 2.0, 2.0, 3.0]);
+        assert_eq!(
+            num(get("faultline_peer_vcpu_stall_seconds_count", None)),
+            3.0
         );
         let s = m
             .samples

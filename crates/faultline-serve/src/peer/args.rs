@@ -173,6 +173,12 @@ pub struct PeerArgs {
     /// Stay alive this many ms after finishing (others run meanwhile).
     #[arg(long, default_value_t = 0)]
     pub hold_ms: u64,
+    /// Report the first touches that took longer than this many ns to the
+    /// handler as vCPU stalls, on the hand-off connection once the
+    /// touches are done (`{"vcpu_stall_ns":[...]}` lines, which `faultline
+    /// serve` reads; other handlers may not); 0: report nothing.
+    #[arg(long, default_value_t = 0)]
+    pub stall_ns: u64,
     /// Wait this many ms after the touches before counting the resident
     /// pages (`resident_pages`): a handler that wakes a vCPU before it
     /// installs the rest of the window (`serve --wake-first`) may still

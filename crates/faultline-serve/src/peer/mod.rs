@@ -121,7 +121,10 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
-    let report = workload::touch_and_check(&args, &file, &layout, t0)?;
+    let (report, stalls) = workload::touch_and_check(&args, &file, &layout, t0)?;
+    if let (Some((conn, _)), false) = (&_conn, stalls.is_empty()) {
+        report_stalls(conn, &stalls)?;
+    }
     say(format_args!(
         "{} pages in {:.3} ms (median {} ns, p99 {} ns); {} bytes verified",
         report.pages,
@@ -137,6 +140,29 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
         say(format_args!("holding for {} ms", args.hold_ms));
         std::thread::sleep(Duration::from_millis(args.hold_ms));
     }
+    Ok(())
+}
+
+/// Sends `stalls` to the handler as stall report lines (see
+/// `faultline_serve::server`'s reports), at most 1024 a line. A handler
+/// that does not read them would block the write: it gives up after 5 s.
+fn report_stalls(conn: &UnixStream, stalls: &[u64]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut text = String::new();
+    for chunk in stalls.chunks(1024) {
+        text.push_str(&serde_json::to_string(
+            &serde_json::json!({ "vcpu_stall_ns": chunk }),
+        )?);
+        text.push('\n');
+    }
+    conn.set_write_timeout(Some(Duration::from_secs(5)))?;
+    (&*conn)
+        .write_all(text.as_bytes())
+        .context("reporting the vCPUs' stalls to the handler")?;
+    say(format_args!(
+        "reported {} vCPU stalls to the handler",
+        stalls.len()
+    ));
     Ok(())
 }
 

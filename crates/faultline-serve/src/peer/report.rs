@@ -19,6 +19,12 @@ pub struct PeerReport {
     pub max_ns: u64,
     /// Bytes compared with the file.
     pub verified_bytes: u64,
+    /// `--stall-ns`: the first touches slower than it (the stalls reported
+    /// to the handler), and their durations summed, ns.
+    #[serde(default)]
+    pub stalls: u64,
+    #[serde(default)]
+    pub stall_sum_ns: u64,
     /// Base pages of its regions resident once the working set was
     /// touched, before any check (`mincore`; uffd backend only, else 0):
     /// beyond the working set's pages, what the handler installed that no

@@ -583,13 +583,14 @@ pub fn scribble(layout: &Layout, ws: &[(usize, usize)]) -> anyhow::Result<()> {
 }
 
 /// Runs the restore (steps 1-4 of the module docs) on `layout`, timed
-/// from `t0` (`sent_ns` in `CLOCK_MONOTONIC` ns).
+/// from `t0` (`sent_ns` in `CLOCK_MONOTONIC` ns); returns the report and
+/// the stalls (`--stall-ns`: the first touches slower than it, ns).
 pub fn touch_and_check(
     args: &PeerArgs,
     file: &std::fs::File,
     layout: &Layout,
     (t0, sent_ns): (Instant, u64),
-) -> anyhow::Result<PeerReport> {
+) -> anyhow::Result<(PeerReport, Vec<u64>)> {
     let mut ws = working_set(layout, args.working_set, args.seed, args.pattern);
     if args.jitter > 0.0 {
         ws = jittered(layout, &ws, args.jitter, args.run_seed);
@@ -614,6 +615,10 @@ pub fn touch_and_check(
             .copied()
             .unwrap_or(0)
     };
+    let stalls: Vec<u64> = match args.stall_ns {
+        0 => Vec::new(),
+        min => lat[lat.partition_point(|&ns| ns <= min)..].to_vec(),
+    };
     let verified_bytes = verify(args, file, layout, &ws, storm)?;
     if args.scribble {
         scribble(layout, &ws)?;
@@ -635,13 +640,15 @@ pub fn touch_and_check(
         median_ns: 0,
         present_median_ns: 0,
     });
-    Ok(PeerReport {
+    let report = PeerReport {
         seconds,
         pages: ws.len(),
         median_ns: pick(0.5),
         p99_ns: pick(0.99),
         max_ns: lat.last().copied().unwrap_or(0),
         verified_bytes,
+        stalls: stalls.len() as u64,
+        stall_sum_ns: stalls.iter().sum(),
         resident_pages,
         rss_anon_kib,
         rss_shmem_kib,
@@ -659,7 +666,8 @@ pub fn touch_and_check(
         dropped_offsets,
         write_median_ns: written.median_ns,
         write_present_median_ns: written.present_median_ns,
-    })
+    };
+    Ok((report, stalls))
 }
 
 #[cfg(test)]

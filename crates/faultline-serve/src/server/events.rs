@@ -9,7 +9,7 @@ use faultline::{ForeignPeer, PeerEvent};
 
 use super::log::say;
 use super::state::{Served, State};
-use crate::summary::{Handoff, PeerSummary};
+use crate::summary::{Handoff, PeerSummary, StallSummary};
 
 /// Handles one engine event.
 pub fn on_event(state: &State, ev: PeerEvent) {
@@ -23,11 +23,20 @@ pub fn on_event(state: &State, ev: PeerEvent) {
             let fate = state.kill(n, pid, "serve can no longer serve it");
             finish(state, &peer, format!("failed ({fate}): {error}"));
         }
-        PeerEvent::Message { peer, bytes, fds } => {
-            let Served { n, pid, .. } = state.lookup(peer.id());
-            say(format_args!(
-                "peer {n} (pid {pid}): sent a second message ({bytes} bytes, {fds} descriptor(s)); ignored: the hand-off is one message"
-            ));
+        PeerEvent::Message { peer, data, fds } => {
+            let fed = state
+                .reports
+                .lock()
+                .expect("reports")
+                .entry(peer.id())
+                .or_default()
+                .feed(&data, fds);
+            if let Some((bytes, why)) = fed.dropped {
+                let Served { n, pid, .. } = state.lookup(peer.id());
+                say(format_args!(
+                    "peer {n} (pid {pid}): sent a second message ({bytes} bytes, {fds} descriptor(s)); ignored ({why}): the hand-off is one message, and what may follow it is stall reports"
+                ));
+            }
         }
         PeerEvent::PrefetchDone { peer, at } => {
             let Served {
@@ -79,6 +88,12 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
     let s = peer.stats();
     let times = peer.times();
     let handler = state.engine.handler_stats();
+    let stalls = state
+        .reports
+        .lock()
+        .expect("reports")
+        .remove(&peer.id())
+        .and_then(|r| r.stalls);
     let summary = PeerSummary {
         peer: n,
         pid,
@@ -120,6 +135,10 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
             ..handoff
         },
         phases: peer.phases().iter().map(|f| f.fields()).collect(),
+        vcpu_stalls: stalls.map(|h| StallSummary {
+            count: h.count(),
+            sum_ms: h.sum_ns as f64 / 1e6,
+        }),
     };
     say(format_args!(
         "peer {n} (pid {pid}): {outcome}; {} faults in {} reads, {} pages installed ({} around faulting pages), {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched; handler threads' CPU so far {:.1} ms ({} sleeps)",
@@ -135,6 +154,13 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
         handler.cpu.as_secs_f64() * 1e3,
         handler.sleeps
     ));
+    if let Some(h) = stalls {
+        say(format_args!(
+            "peer {n} (pid {pid}): its vCPUs reported {} stalls, {:.1} ms in all",
+            h.count(),
+            h.sum_ns as f64 / 1e6
+        ));
+    }
     super::recording::at_end(state, peer, n);
     super::dirty::at_end(state, peer, n, &outcome);
     state.engine.remove(peer.id());

@@ -12,8 +12,9 @@
 //!     │                                                 3 build the peer
 //!     │                                                 4 report
 //!     ▼
-//!  engine events (hang-up, failure, second message, prefetch done) ─► stderr,
-//!     the record file, the summaries (events.rs)
+//!  engine events (hang-up, failure, prefetch done, what the peer sends
+//!     after its hand-off: stall reports, reports.rs) ─► stderr, the record
+//!     file, the summaries (events.rs)
 //!     ▼
 //!  stop: --peers served, or no peer for --timeout, or a StopHandle
 //!        (SIGTERM/SIGINT/SIGHUP in the binaries): the socket removed, the
@@ -51,6 +52,7 @@ mod events;
 mod log;
 mod receive;
 mod recording;
+mod reports;
 mod setup;
 mod socket;
 mod state;
@@ -273,6 +275,7 @@ impl Server {
             dirty_before: Mutex::new(Vec::new()),
             pidfds: Mutex::new(Vec::new()),
             records_written: Mutex::new(HashSet::new()),
+            reports: Mutex::default(),
         });
         let metrics = match &state.config.metrics {
             Some(addr) => {

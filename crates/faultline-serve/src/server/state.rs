@@ -6,7 +6,7 @@
 //! `summaries`, `dirty_before`, `pidfds` (held across one
 //! `pidfd_send_signal`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, Once};
@@ -19,6 +19,7 @@ use faultline_sys::process::{self, Pidfd};
 use faultline_sys::sock;
 
 use super::log::say;
+use super::reports::PeerReports;
 use crate::config::{ServeConfig, Source};
 use crate::keeper::Keeper;
 use crate::metrics::{PeerSample, Sample, ServerCounters};
@@ -116,6 +117,9 @@ pub struct State {
     /// The peers (engine ids) whose record is written: cut on request, or
     /// at their hang-up; never written twice (see `recording.rs`).
     pub records_written: Mutex<HashSet<u64>>,
+    /// What the peers report of themselves (by engine id; see
+    /// `reports.rs`).
+    pub reports: Mutex<HashMap<u64, PeerReports>>,
 }
 
 impl State {
@@ -179,6 +183,11 @@ impl State {
             })
     }
 
+    /// The stalls peer `id` reported so far (`None`: none).
+    pub fn stalls(&self, id: u64) -> Option<faultline::ServiceTimes> {
+        self.reports.lock().expect("reports").get(&id)?.stalls
+    }
+
     /// What a metrics scrape reads now: every peer being served (the
     /// engine's counters) and the server's own.
     pub fn sample(&self) -> Sample {
@@ -201,6 +210,7 @@ impl State {
                     // The set a request would write now (a WP_ASYNC
                     // peer's: scanned from its page tables).
                     dirty_pages: p.dirty_set().ok().flatten().map(|d| d.len() as u64),
+                    vcpu_stalls: self.stalls(p.id()),
                 }
             })
             .collect();

@@ -304,8 +304,9 @@ impl Drop for ForeignEngine {
 /// The longest a handler thread sleeps in `poll(2)`.
 const IDLE_MS: i32 = 200;
 
-/// Bytes read (and dropped) of a message on a peer's hang-up descriptor.
-const HANGUP_MSG_BYTES: usize = 4096;
+/// Bytes read at most per wake-up of a peer's hang-up descriptor (what
+/// the peer sends after its hand-off: [`PeerEvent::Message`]).
+const HANGUP_MSG_BYTES: usize = 16 << 10;
 
 /// A peer worker's faults: each belongs to a peer (its regions, counters
 /// and record), is resolved with the worker's scratch buffer, and what
@@ -588,17 +589,18 @@ impl Worker {
         let _ = self.handler.serve.tx.send(ev);
     }
 
-    /// Something on the peer's hang-up descriptor: a message (reported,
-    /// dropped; the peer is still served) or a hang-up.
+    /// Something on the peer's hang-up descriptor: a message (its bytes
+    /// reported; the peer is still served) or a hang-up.
     fn on_hangup_fd(&mut self, p: &Arc<ForeignPeer>, revents: i16) -> Option<PeerEvent> {
         let fd = p.hangup.as_ref()?;
         if revents & events::IN != 0 {
-            let mut buf = [0u8; HANGUP_MSG_BYTES];
+            let mut buf = vec![0u8; HANGUP_MSG_BYTES];
             match sock::recv_with_fds(fd.as_fd(), &mut buf, true) {
                 Ok(got) if got.bytes > 0 || !got.fds.is_empty() => {
+                    buf.truncate(got.bytes);
                     let _ = self.handler.serve.tx.send(PeerEvent::Message {
                         peer: p.clone(),
-                        bytes: got.bytes,
+                        data: buf,
                         fds: got.fds.len(),
                     });
                     return None;

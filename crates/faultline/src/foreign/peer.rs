@@ -872,14 +872,16 @@ pub enum PeerEvent {
         /// The peer.
         peer: Arc<ForeignPeer>,
     },
-    /// Something arrived on its hang-up descriptor (a second message).
-    /// Bytes and descriptors were read and dropped; the peer is still
-    /// served.
+    /// Something arrived on its hang-up descriptor after the hand-off: a
+    /// second message, or what the peer reports of itself (`faultline
+    /// serve` reads its vCPUs' stalls there). On a stream socket one
+    /// event may hold part of what the peer sent, or several of its
+    /// sends. Descriptors were closed; the peer is still served.
     Message {
         /// The peer.
         peer: Arc<ForeignPeer>,
-        /// Bytes received.
-        bytes: usize,
+        /// The bytes received (at most 16 KiB an event).
+        data: Vec<u8>,
         /// Descriptors received (closed).
         fds: usize,
     },

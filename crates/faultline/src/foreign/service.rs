@@ -77,6 +77,13 @@ impl ServiceTimes {
     pub fn count(&self) -> u64 {
         self.counts.iter().sum()
     }
+
+    /// Counts one duration of `ns` (the histogram is used for other
+    /// durations than services too: a peer's reported vCPU stalls).
+    pub fn record(&mut self, ns: u64) {
+        self.counts[SERVICE_BOUNDS_NS.partition_point(|&b| b < ns)] += 1;
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+    }
 }
 
 /// The counters behind [`FaultKinds`], [`ServiceTimes`] and demand pages
@@ -110,6 +117,7 @@ impl ServiceCounters {
     /// A fault's resolution is final after `ns`; `present`: its page is
     /// there (one demand page).
     pub(super) fn served(&self, ns: u64, present: bool) {
+        // The bucket as `ServiceTimes::record` picks it.
         let i = SERVICE_BOUNDS_NS.partition_point(|&b| b < ns);
         self.counts[i].fetch_add(1, Relaxed);
         self.sum_ns.fetch_add(ns, Relaxed);
@@ -158,6 +166,12 @@ mod tests {
         assert_eq!(t.counts[SERVICE_BUCKETS], 1, "2 s: +Inf");
         assert_eq!(t.count(), 6);
         assert_eq!(t.sum_ns, 2_000_010_001);
+        // `record` bins as the counters do.
+        let mut r = ServiceTimes::default();
+        for ns in [0, 1000, 1001, 3000, 2_000_000_000, 5000] {
+            r.record(ns);
+        }
+        assert_eq!(r, t);
         assert_eq!(c.demand(), 5);
         for f in [
             0,
