@@ -1,7 +1,8 @@
 //! `--metrics` during a real restore (serve and `faultline-peer` as
 //! processes): the counters a scrape reads equal what the peer reports of
 //! its restore and what serve's summary says at its end, and the vCPU
-//! stalls the peer sent serve equal the ones it measured; the exposition
+//! stalls the peer sent serve show mid-restore and in the end equal the
+//! ones it measured; the exposition
 //! parses with a Prometheus text parser; `--log-format json` lines parse.
 
 use faultline_serve::metrics::{scrape, MetricsAddr};
@@ -65,7 +66,11 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
             "--working-set",
             "20",
             "--threads",
-            "2",
+            "1",
+            "--pause-at",
+            "50",
+            "--pause-ms",
+            "3000",
             "--hold-ms",
             "4000",
             "--stall-ns",
@@ -74,6 +79,30 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
             report_path.to_str().unwrap(),
         ],
     );
+    // Mid-restore (the vCPU paused half-way): its stalls so far are in.
+    dir.wait_for("peer.err", "paused after");
+    let stalls_now = || {
+        let text = scrape(&MetricsAddr::Unix(msock.clone())).expect("scraping --metrics");
+        let m = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("parsing");
+        m.samples.iter().find_map(|x| match x.value {
+            Value::Untyped(n) | Value::Counter(n)
+                if x.metric == "faultline_peer_vcpu_stall_seconds_count" =>
+            {
+                Some(n as u64)
+            }
+            _ => None,
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mid = loop {
+        match stalls_now() {
+            Some(n) if n > 0 => break n,
+            _ if std::time::Instant::now() > deadline => {
+                panic!("no stalls while the vCPU paused: {}", dir.text("serve.err"))
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    };
     dir.wait_for("peer.err", "holding for");
     let report: PeerReport =
         serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap()).unwrap();
@@ -101,6 +130,11 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
+    assert!(
+        mid < report.stalls,
+        "{mid} stalls mid-restore, {} in all",
+        report.stalls
+    );
     // With one page per fault every first touch waits for serve.
     assert!(
         report.stalls as usize > report.pages * 9 / 10,

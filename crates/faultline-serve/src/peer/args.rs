@@ -174,8 +174,8 @@ pub struct PeerArgs {
     #[arg(long, default_value_t = 0)]
     pub hold_ms: u64,
     /// Report the first touches that took longer than this many ns to the
-    /// handler as vCPU stalls, on the hand-off connection once the
-    /// touches are done (`{"vcpu_stall_ns":[...]}` lines, which `faultline
+    /// handler as vCPU stalls, on the hand-off connection while the vCPUs
+    /// run (`{"vcpu_stall_ns":[...]}` lines each 50 ms, which `faultline
     /// serve` reads; other handlers may not); 0: report nothing.
     #[arg(long, default_value_t = 0)]
     pub stall_ns: u64,

@@ -33,6 +33,7 @@ pub mod workload;
 use std::io::Read as _;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -121,9 +122,22 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
-    let (report, stalls) = workload::touch_and_check(&args, &file, &layout, t0)?;
-    if let (Some((conn, _)), false) = (&_conn, stalls.is_empty()) {
-        report_stalls(conn, &stalls)?;
+    // The stalls go to the handler while the vCPUs run.
+    let (stalls, reporter) = match &_conn {
+        Some((conn, _)) if args.stall_ns > 0 => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let conn = conn.try_clone()?;
+            (
+                Some(tx),
+                Some(std::thread::spawn(move || report_stalls(&conn, &rx))),
+            )
+        }
+        _ => (None, None),
+    };
+    let report = workload::touch_and_check(&args, &file, &layout, t0, stalls)?;
+    if let Some(r) = reporter {
+        let n = r.join().expect("stall reporter")?;
+        say(format_args!("reported {n} vCPU stalls to the handler"));
     }
     say(format_args!(
         "{} pages in {:.3} ms (median {} ns, p99 {} ns); {} bytes verified",
@@ -143,28 +157,43 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends `stalls` to the handler as stall report lines (see
-/// `faultline_serve::server`'s reports), at most 1024 a line. A handler
-/// that does not read them would block the write: it gives up after 5 s.
-fn report_stalls(conn: &UnixStream, stalls: &[u64]) -> anyhow::Result<()> {
+/// Sends the stalls `rx` receives to the handler as stall report lines
+/// (docs/serve.md, "The stall a vCPU sees"): what came in each 50 ms, at
+/// most 1024 a line, until the vCPU threads drop their senders. A handler
+/// that does not read them would block a write: it gives up after 5 s.
+/// Returns the stalls sent.
+fn report_stalls(conn: &UnixStream, rx: &Receiver<u64>) -> anyhow::Result<usize> {
     use std::io::Write as _;
-    let mut text = String::new();
-    for chunk in stalls.chunks(1024) {
-        text.push_str(&serde_json::to_string(
-            &serde_json::json!({ "vcpu_stall_ns": chunk }),
-        )?);
-        text.push('\n');
-    }
     conn.set_write_timeout(Some(Duration::from_secs(5)))?;
-    (&*conn)
-        .write_all(text.as_bytes())
-        .context("reporting the vCPUs' stalls to the handler")?;
-    say(format_args!(
-        "reported {} vCPU stalls to the handler",
-        stalls.len()
-    ));
-    Ok(())
+    let (mut batch, mut sent, mut open) = (Vec::new(), 0, true);
+    while open {
+        let until = Instant::now() + STALL_REPORT_EVERY;
+        while batch.len() < 1024 {
+            match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(ns) => batch.push(ns),
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let mut line = serde_json::to_string(&serde_json::json!({ "vcpu_stall_ns": batch }))?;
+        line.push('\n');
+        (&*conn)
+            .write_all(line.as_bytes())
+            .context("reporting the vCPUs' stalls to the handler")?;
+        sent += batch.len();
+        batch.clear();
+    }
+    Ok(sent)
 }
+
+/// How often the vCPUs' stalls go to the handler while they run.
+const STALL_REPORT_EVERY: Duration = Duration::from_millis(50);
 
 fn connect(args: &PeerArgs) -> anyhow::Result<UnixStream> {
     let path = args

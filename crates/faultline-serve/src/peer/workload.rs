@@ -17,6 +17,7 @@
 
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -245,11 +246,13 @@ impl TouchRing {
 
 /// Touches `ws` from `args.threads` vCPU threads (pausing once at
 /// `--pause-at`), while a storm thread drops `storm` `args.storm` times.
+/// Each touch slower than `--stall-ns` goes to `stalls` as it happens.
 pub fn touch(
     args: &PeerArgs,
     layout: &Layout,
     ws: &Arc<Vec<(usize, usize)>>,
     storm: Range,
+    stalls: Option<Sender<u64>>,
 ) -> Touched {
     let regions = Arc::new(layout.regions.clone());
     let nthreads = args.threads.max(1);
@@ -283,9 +286,10 @@ pub fn touch(
     });
     let mut handles = Vec::new();
     let vcpus_ns = faultline_sys::monotonic_ns();
+    let stall_ns = args.stall_ns;
     for t in 0..nthreads {
         let (ws, regions, touched) = (ws.clone(), regions.clone(), touched.clone());
-        let paused = paused.clone();
+        let (paused, stalls) = (paused.clone(), stalls.clone());
         handles.push(std::thread::spawn(move || {
             let mut lat = Vec::with_capacity(ws.len() / nthreads + 1);
             let mut first_ns = u64::MAX;
@@ -319,6 +323,10 @@ pub fn touch(
                 let c1 = tsc();
                 let ns = s.elapsed().as_nanos() as u64;
                 lat.push(ns);
+                if let Some(tx) = stalls.as_ref().filter(|_| ns > stall_ns) {
+                    // The reporter gone (its write failed) stops nothing.
+                    let _ = tx.send(ns);
+                }
                 if stamps > 0 && ns > SLOW_TOUCH_NS {
                     ring.push((addr, c0, c1));
                 }
@@ -583,14 +591,15 @@ pub fn scribble(layout: &Layout, ws: &[(usize, usize)]) -> anyhow::Result<()> {
 }
 
 /// Runs the restore (steps 1-4 of the module docs) on `layout`, timed
-/// from `t0` (`sent_ns` in `CLOCK_MONOTONIC` ns); returns the report and
-/// the stalls (`--stall-ns`: the first touches slower than it, ns).
+/// from `t0` (`sent_ns` in `CLOCK_MONOTONIC` ns); the first touches
+/// slower than `--stall-ns` go to `stalls` as they happen.
 pub fn touch_and_check(
     args: &PeerArgs,
     file: &std::fs::File,
     layout: &Layout,
     (t0, sent_ns): (Instant, u64),
-) -> anyhow::Result<(PeerReport, Vec<u64>)> {
+    stalls: Option<Sender<u64>>,
+) -> anyhow::Result<PeerReport> {
     let mut ws = working_set(layout, args.working_set, args.seed, args.pattern);
     if args.jitter > 0.0 {
         ws = jittered(layout, &ws, args.jitter, args.run_seed);
@@ -598,7 +607,7 @@ pub fn touch_and_check(
     let ws = Arc::new(ws);
     let minflt0 = procfs::minor_faults();
     let storm = storm_range(layout, args.page_size());
-    let t = touch(args, layout, &ws, storm);
+    let t = touch(args, layout, &ws, storm, stalls);
     let seconds = t.end.max(t0).duration_since(t0).as_secs_f64();
     let minor_faults = procfs::minor_faults() - minflt0;
     let mut resident_pages = 0;
@@ -615,9 +624,10 @@ pub fn touch_and_check(
             .copied()
             .unwrap_or(0)
     };
-    let stalls: Vec<u64> = match args.stall_ns {
-        0 => Vec::new(),
-        min => lat[lat.partition_point(|&ns| ns <= min)..].to_vec(),
+    // What went to `stalls`.
+    let stalls = match args.stall_ns {
+        0 => &[][..],
+        min => &lat[lat.partition_point(|&ns| ns <= min)..],
     };
     let verified_bytes = verify(args, file, layout, &ws, storm)?;
     if args.scribble {
@@ -667,7 +677,7 @@ pub fn touch_and_check(
         write_median_ns: written.median_ns,
         write_present_median_ns: written.present_median_ns,
     };
-    Ok((report, stalls))
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -16,8 +16,8 @@
 //! from the access to its retirement, in ns. serve adds them to the peer's
 //! stall histogram (the metrics' `faultline_peer_vcpu_stall_seconds`, the
 //! summary's `vcpu_stalls`). `faultline peer` sends its touches slower than
-//! `--stall-ns` once its vCPUs are done; Firecracker sends nothing, and a
-//! peer that sends nothing has no stall series.
+//! `--stall-ns` while its vCPUs run (a line each 50 ms); Firecracker sends
+//! nothing, and a peer that sends nothing has no stall series.
 //!
 //! 1. The connection is a stream: a line may arrive in pieces, several in
 //!    one read; a piece is kept until its line ends (up to
