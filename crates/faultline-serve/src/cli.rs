@@ -217,6 +217,12 @@ pub struct ServeArgs {
     /// to --fault-around). Given, it holds in both modes.
     #[arg(long, value_parser = initial_window)]
     pub fault_around_initial: Option<usize>,
+    /// Shared mode on hugetlbfs (guest memory in 2 MiB pages): the 2 MiB
+    /// pages one fault maps, the aligned block holding it (1 to 512).
+    /// CONTINUE maps a huge page with one page-table entry and no copy,
+    /// so mapping its neighbours costs less than the faults they save.
+    #[arg(long, default_value_t = faultline::HUGE_WINDOW, value_parser = huge_window)]
+    pub fault_around_huge: usize,
     /// Size the window of an isolated fault from the evidence: start at
     /// --fault-around-initial, halve it while the pages a window leaves
     /// out (one fault in four installs half the window) are rarely asked
@@ -231,11 +237,18 @@ pub struct ServeArgs {
 
 /// Parses `--fault-around-initial`: 1 to 1024 pages.
 fn initial_window(s: &str) -> Result<usize, String> {
+    pages_between(s, 1, 1024)
+}
+
+/// Parses `--fault-around-huge`: 1 to 512 pages of 2 MiB (1 GiB).
+fn huge_window(s: &str) -> Result<usize, String> {
+    pages_between(s, 1, 512)
+}
+
+fn pages_between(s: &str, lo: u64, hi: u64) -> Result<usize, String> {
     let v = faultline_cli_support::flags::parse_u64(s)?;
-    if !(1..=1024).contains(&v) {
-        return Err(faultline_cli_support::flags::range_error(
-            1u64, 1024u64, "pages",
-        ));
+    if !(lo..=hi).contains(&v) {
+        return Err(faultline_cli_support::flags::range_error(lo, hi, "pages"));
     }
     Ok(v as usize)
 }
@@ -388,6 +401,7 @@ impl ServeArgs {
             fault_around_initial_shared: self
                 .fault_around_initial
                 .unwrap_or(crate::config::FAULT_AROUND_INITIAL_SHARED),
+            fault_around_huge: self.fault_around_huge,
             track_dirty: self.track_dirty.clone(),
             ..ServeConfig::new(self.socket.clone(), source)
         })

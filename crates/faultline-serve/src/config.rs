@@ -155,6 +155,10 @@ pub struct ServeConfig {
     /// The window of an isolated fault in shared mode, in pages (at most
     /// `fault_around`). Default [`FAULT_AROUND_INITIAL_SHARED`].
     pub fault_around_initial_shared: usize,
+    /// Shared mode over 2 MiB pages: the huge pages one fault maps
+    /// ([`faultline::ForeignOptions::huge_window`]). Default
+    /// [`faultline::HUGE_WINDOW`].
+    pub fault_around_huge: usize,
     /// Dirty tracking: write each tracked peer's dirty set (the pages it
     /// wrote or dropped since it was served) here, at its hang-up and on
     /// request; `{peer}` is replaced by its connection number (without
@@ -232,6 +236,7 @@ impl ServeConfig {
             fault_around_initial: FAULT_AROUND_INITIAL,
             adaptive_window: false,
             fault_around_initial_shared: FAULT_AROUND_INITIAL_SHARED,
+            fault_around_huge: faultline::HUGE_WINDOW,
             track_dirty: None,
         }
     }

@@ -1153,6 +1153,72 @@ fn shared_mode_on_hugetlbfs_maps_2m_pages_and_keeps_writes_private() {
     drop(pool);
 }
 
+#[test]
+fn shared_mode_on_hugetlbfs_maps_a_block_of_huge_pages_a_fault() {
+    // Two regions of 4 huge pages swept by one vCPU: a fault maps the
+    // aligned block of --fault-around-huge pages holding it.
+    let dir = Dir::new("shared-huge-window", 16 * MIB);
+    // The snapshot (8), the peer's private mapping's reservation (8).
+    let pool = match faultline::testing::HugePool::get(16) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("SKIPPED: hugetlbfs shared mode: {why}");
+            return;
+        }
+    };
+    let mount = match HugeMount::new(&dir) {
+        Ok(m) => m,
+        Err(why) => {
+            eprintln!("SKIPPED: hugetlbfs shared mode: {why}");
+            return;
+        }
+    };
+    let snap = mount.0.join("snap");
+    let snap = snap.to_str().unwrap();
+    for (window, faults) in [("1", 8), ("2", 4), ("16", 2)] {
+        let json = dir.path(&format!("serve-{window}.json"));
+        let mut s = serve(
+            &dir,
+            &[
+                "--peers",
+                "1",
+                "--shared",
+                snap,
+                "--fault-around-huge",
+                window,
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        );
+        let mut p = peer(
+            &dir,
+            &format!("huge-{window}"),
+            &[
+                "--backend",
+                "shared",
+                "--huge",
+                "--map-file",
+                snap,
+                "--working-set",
+                "100",
+                "--pattern",
+                "sweep",
+                "--threads",
+                "1",
+            ],
+        );
+        assert_ok(&mut p, &dir);
+        assert_ok(&mut s, &dir);
+        let sum = &summaries(&dir, &format!("serve-{window}.json"))[0];
+        assert_eq!(sum["mode"], "shared", "{sum}");
+        assert_eq!(sum["faults"], faults, "window {window}: {sum}");
+        assert_eq!(sum["installed"], 8, "window {window}: {sum}");
+        assert_eq!(sum["bytes_read"], 0, "nothing copied: {sum}");
+    }
+    drop(mount);
+    drop(pool);
+}
+
 /// `kill -9` of serve with `--takeover` when `kill_at` appears in the
 /// peer's stderr (plus `delay`), then the same command again: the peer
 /// (`peer_args`) is taken over from the keeper and verifies every byte,

@@ -51,7 +51,13 @@ pub fn map_anon(sizes: &[usize], gap: usize, huge: bool) -> anyhow::Result<Layou
                     regions.push((at, len, off));
                     maps.push(m);
                 }
-                Err(e) if huge => bail!("mapping {len} bytes of 2 MiB hugetlb memory: {e}"),
+                // Another thread mapped into the hole since the probe
+                // (glibc makes a new thread's malloc arena with mmap):
+                // probe again. Any other hugetlb failure (a short pool) is
+                // final.
+                Err(e) if huge && e.source.kind() != std::io::ErrorKind::AlreadyExists => {
+                    bail!("mapping {len} bytes of 2 MiB hugetlb memory: {e}")
+                }
                 Err(_) => {
                     ok = false;
                     break;

@@ -159,6 +159,12 @@ pub fn build(
                 WindowTuning::COPY
             }
         }),
+        // One fault, one huge page, while recording (as `readahead`).
+        huge_window: Some(if record {
+            1
+        } else {
+            state.config.fault_around_huge
+        }),
         record,
         shared: snapshot,
         phase_samples: state.config.phase_samples,

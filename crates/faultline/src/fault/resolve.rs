@@ -672,6 +672,24 @@ fn install(
             }
             r.residency.release(run.start..start);
             r.residency.release(end..run.end);
+            let (mut start, mut end) = (start, end);
+            // Pages to copy from a store without a view go through the
+            // scratch buffer: at most its length (the piece of the run
+            // holding `page`).
+            let ps = r.pages.size().bytes();
+            let fits = (scratch.len() / ps).max(1);
+            if !hit
+                && end - start > fits
+                && (r
+                    .store
+                    .view(r.pages.offset(start), r.pages.bytes(end - start)))
+                .is_none()
+            {
+                let piece = start + (page - start) / fits * fits;
+                r.residency.release(start..piece);
+                r.residency.release((piece + fits).min(end)..end);
+                (start, end) = (piece, (piece + fits).min(end));
+            }
             (start..end, Some(hit))
         }
         _ => (run, None),

@@ -114,8 +114,8 @@ mod store;
 mod uffd;
 
 pub use config::{
-    ForeignEngineConfig, ForeignOptions, ForeignRegionSpec, HandlerWait, PREFETCH_CHUNK,
-    PREFETCH_HELPER_PIECE,
+    ForeignEngineConfig, ForeignOptions, ForeignRegionSpec, HandlerWait, HUGE_WINDOW,
+    PREFETCH_CHUNK, PREFETCH_HELPER_PIECE,
 };
 pub use dirty::{DirtySet, DIRTY_PAGE};
 pub use engine::{ForeignEngine, HandlerStats};

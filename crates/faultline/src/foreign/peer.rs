@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
-use super::config::{check_layout, ForeignOptions, ForeignRegionSpec};
+use super::config::{check_layout, ForeignOptions, ForeignRegionSpec, HUGE_WINDOW};
 use super::dirty::{self, DirtySet};
 use super::error::ForeignError;
 use super::phases::{FaultPhases, PhaseRing};
@@ -51,6 +51,7 @@ use crate::fault::readahead::Streams;
 use crate::fault::resolve::Resolution;
 use crate::fault::{Delivery, RegionState, RegionStats};
 use crate::page::{MemoryKind, PageSize, ResolveOp};
+use crate::policy::ReadaheadConfig;
 use crate::residency::{PageBits, PageState, Residency};
 use crate::store::PageStore;
 use faultline_sys::pagemap::Pagemap;
@@ -188,8 +189,13 @@ impl ForeignRegion {
         ));
         // Shared mode: which pages the snapshot's page cache holds
         // (CONTINUE); the others (holes, and later removed pages) are
-        // copied, at most 2 MiB per ioctl (the handler threads' scratch
-        // holds that much).
+        // copied. A run is at most 2 MiB of base pages, or `huge_window`
+        // huge pages (a copied part of one is cut to the handler's scratch
+        // when the store has no view: `resolve::install`).
+        let huge_window = match opts.huge_window {
+            None | Some(0) => HUGE_WINDOW,
+            Some(n) => n,
+        };
         let (kind, op, cached, max_run_pages) = match &opts.shared {
             Some(snap) => (
                 if size == PageSize::BASE {
@@ -199,9 +205,18 @@ impl ForeignRegion {
                 },
                 ResolveOp::Continue,
                 Some(snap.cached_bits(spec.store_offset, pages.count())),
-                (PageSize::HUGE_2M.bytes() / size.bytes()).max(1),
+                if size == PageSize::BASE {
+                    PageSize::HUGE_2M.bytes() / size.bytes()
+                } else {
+                    huge_window
+                },
             ),
             None => (kind, ResolveOp::Copy, None, usize::MAX),
+        };
+        // Shared regions of huge pages: fixed windows of `huge_window`.
+        let readahead = match (&opts.shared, size == PageSize::BASE) {
+            (Some(_), false) => ReadaheadConfig::fixed(huge_window),
+            _ => opts.readahead,
         };
         let state = Box::new(RegionState {
             id: NEXT_REGION.fetch_add(1, Relaxed),
@@ -210,8 +225,8 @@ impl ForeignRegion {
             op,
             zeropage_reads: false,
             readahead: match opts.window_tuning {
-                Some(t) => Streams::tuned(opts.readahead, t),
-                None => Streams::by_address(opts.readahead),
+                Some(t) if readahead == opts.readahead => Streams::tuned(readahead, t),
+                _ => Streams::by_address(readahead),
             },
             max_run_pages,
             store: rstore,
