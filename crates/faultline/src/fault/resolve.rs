@@ -674,16 +674,13 @@ fn install(
             r.residency.release(end..run.end);
             let (mut start, mut end) = (start, end);
             // Pages to copy from a store without a view go through the
-            // scratch buffer: at most its length (the piece of the run
-            // holding `page`).
+            // scratch buffer (`copy_run`; a zero store copies from the
+            // zero source): at most its length, the piece of the run
+            // holding `page`.
             let ps = r.pages.size().bytes();
             let fits = (scratch.len() / ps).max(1);
-            if !hit
-                && end - start > fits
-                && (r
-                    .store
-                    .view(r.pages.offset(start), r.pages.bytes(end - start)))
-                .is_none()
+            let (at, bytes) = (r.pages.offset(start), r.pages.bytes(end - start));
+            if !hit && end - start > fits && !r.store.is_zero() && r.store.view(at, bytes).is_none()
             {
                 let piece = start + (page - start) / fits * fits;
                 r.residency.release(start..piece);
