@@ -650,7 +650,7 @@ pub fn touch_and_check(
         median_ns: 0,
         present_median_ns: 0,
     });
-    let report = PeerReport {
+    Ok(PeerReport {
         seconds,
         pages: ws.len(),
         median_ns: pick(0.5),
@@ -676,8 +676,7 @@ pub fn touch_and_check(
         dropped_offsets,
         write_median_ns: written.median_ns,
         write_present_median_ns: written.present_median_ns,
-    };
-    Ok(report)
+    })
 }
 
 #[cfg(test)]

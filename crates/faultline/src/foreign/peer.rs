@@ -196,6 +196,8 @@ impl ForeignRegion {
             None | Some(0) => HUGE_WINDOW,
             Some(n) => n,
         };
+        // Shared regions of huge pages: fixed windows of `huge_window`.
+        let huge_blocks = opts.shared.is_some() && size != PageSize::BASE;
         let (kind, op, cached, max_run_pages) = match &opts.shared {
             Some(snap) => (
                 if size == PageSize::BASE {
@@ -205,18 +207,13 @@ impl ForeignRegion {
                 },
                 ResolveOp::Continue,
                 Some(snap.cached_bits(spec.store_offset, pages.count())),
-                if size == PageSize::BASE {
-                    PageSize::HUGE_2M.bytes() / size.bytes()
-                } else {
+                if huge_blocks {
                     huge_window
+                } else {
+                    PageSize::HUGE_2M.bytes() / size.bytes()
                 },
             ),
             None => (kind, ResolveOp::Copy, None, usize::MAX),
-        };
-        // Shared regions of huge pages: fixed windows of `huge_window`.
-        let readahead = match (&opts.shared, size == PageSize::BASE) {
-            (Some(_), false) => ReadaheadConfig::fixed(huge_window),
-            _ => opts.readahead,
         };
         let state = Box::new(RegionState {
             id: NEXT_REGION.fetch_add(1, Relaxed),
@@ -225,8 +222,9 @@ impl ForeignRegion {
             op,
             zeropage_reads: false,
             readahead: match opts.window_tuning {
-                Some(t) if readahead == opts.readahead => Streams::tuned(readahead, t),
-                _ => Streams::by_address(readahead),
+                _ if huge_blocks => Streams::by_address(ReadaheadConfig::fixed(huge_window)),
+                Some(t) => Streams::tuned(opts.readahead, t),
+                None => Streams::by_address(opts.readahead),
             },
             max_run_pages,
             store: rstore,
