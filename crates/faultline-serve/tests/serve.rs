@@ -1077,6 +1077,16 @@ impl HugeMount {
     }
 }
 
+/// A hugetlbfs mount in `dir` and a pool of at least `pages` free huge
+/// pages, in the order they are dropped (unmounted, then the pool put
+/// back); `None` (said) where the machine has neither.
+fn huge_snapshot(dir: &Dir, pages: u64) -> Option<(HugeMount, faultline::testing::HugePool)> {
+    let pool =
+        faultline::testing::HugePool::get(pages).and_then(|pool| Ok((HugeMount::new(dir)?, pool)));
+    pool.map_err(|why| eprintln!("SKIPPED: hugetlbfs shared mode: {why}"))
+        .ok()
+}
+
 impl Drop for HugeMount {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(self.0.join("snap"));
@@ -1090,21 +1100,10 @@ fn shared_mode_on_hugetlbfs_maps_2m_pages_and_keeps_writes_private() {
     // balloon reads zeros (a private 2 MiB page), writes stay private.
     let dir = Dir::new("shared-huge", 8 * MIB);
     // The snapshot (4), each peer's private mapping's reservation (4), spare.
-    let pool = match faultline::testing::HugePool::get(12) {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("SKIPPED: hugetlbfs shared mode: {why}");
-            return;
-        }
+    let Some(huge) = huge_snapshot(&dir, 12) else {
+        return;
     };
-    let mount = match HugeMount::new(&dir) {
-        Ok(m) => m,
-        Err(why) => {
-            eprintln!("SKIPPED: hugetlbfs shared mode: {why}");
-            return;
-        }
-    };
-    let snap = mount.0.join("snap");
+    let snap = huge.0 .0.join("snap");
     let snap = snap.to_str().unwrap();
     let json = dir.path("serve.json");
     let mut s = serve(
@@ -1149,8 +1148,7 @@ fn shared_mode_on_hugetlbfs_maps_2m_pages_and_keeps_writes_private() {
         std::fs::read(dir.path("mem")).unwrap(),
         "the peer's writes reached the snapshot"
     );
-    drop(mount);
-    drop(pool);
+    drop(huge);
 }
 
 #[test]
@@ -1159,21 +1157,10 @@ fn shared_mode_on_hugetlbfs_maps_a_block_of_huge_pages_a_fault() {
     // aligned block of --fault-around-huge pages holding it.
     let dir = Dir::new("shared-huge-window", 16 * MIB);
     // The snapshot (8), the peer's private mapping's reservation (8).
-    let pool = match faultline::testing::HugePool::get(16) {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("SKIPPED: hugetlbfs shared mode: {why}");
-            return;
-        }
+    let Some(huge) = huge_snapshot(&dir, 16) else {
+        return;
     };
-    let mount = match HugeMount::new(&dir) {
-        Ok(m) => m,
-        Err(why) => {
-            eprintln!("SKIPPED: hugetlbfs shared mode: {why}");
-            return;
-        }
-    };
-    let snap = mount.0.join("snap");
+    let snap = huge.0 .0.join("snap");
     let snap = snap.to_str().unwrap();
     for (window, faults) in [("1", 8), ("2", 4), ("16", 2)] {
         let json = dir.path(&format!("serve-{window}.json"));
@@ -1215,8 +1202,7 @@ fn shared_mode_on_hugetlbfs_maps_a_block_of_huge_pages_a_fault() {
         assert_eq!(sum["installed"], 8, "window {window}: {sum}");
         assert_eq!(sum["bytes_read"], 0, "nothing copied: {sum}");
     }
-    drop(mount);
-    drop(pool);
+    drop(huge);
 }
 
 /// `kill -9` of serve with `--takeover` when `kill_at` appears in the
