@@ -357,19 +357,19 @@ impl Region {
         run_ahead: Option<usize>,
         memory: Option<&str>,
     ) -> PyResult<Region> {
-        let kind_of_memory = match memory {
-            None => None,
-            Some(m) => Some(
+        let kind_of_memory = memory
+            .map(|m| {
                 MemoryKind::ALL
                     .into_iter()
                     .find(|k| k.name() == m)
                     .ok_or_else(|| {
+                        let names: Vec<_> = MemoryKind::ALL.iter().map(|k| k.name()).collect();
                         PyValueError::new_err(format!(
-                            "unknown memory {m:?}: expected \"private-anon\", \"shmem\" or \"hugetlb\""
+                            "unknown memory {m:?}: expected one of {names:?}"
                         ))
-                    })?,
-            ),
-        };
+                    })
+            })
+            .transpose()?;
         let (store_obj, store) = resolve_store(py, store)?;
         let store = store.get();
         let inner = store.inner.clone();

@@ -192,10 +192,7 @@ impl ForeignRegion {
         // copied. A run is at most 2 MiB of base pages, or `huge_window`
         // huge pages (a copied part of one is cut to the handler's scratch
         // when the store has no view: `resolve::install`).
-        let huge_window = match opts.huge_window {
-            None | Some(0) => HUGE_WINDOW,
-            Some(n) => n,
-        };
+        let huge_window = opts.huge_window.filter(|&n| n > 0).unwrap_or(HUGE_WINDOW);
         // Shared regions of huge pages: fixed windows of `huge_window`.
         let huge_blocks = opts.shared.is_some() && size != PageSize::BASE;
         let (kind, op, cached, max_run_pages) = match &opts.shared {

@@ -48,6 +48,7 @@ use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
 
 use super::memory::{drop_cache, warm};
+use super::timeline::median_finite;
 
 /// Throughputs measured, bytes per second.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
@@ -212,11 +213,7 @@ fn cold_reads(mem: &Path, offsets: &[u64], root: bool) -> anyhow::Result<(f64, f
         set.push(read(offsets)?);
         file.push(read(&every)?);
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    Ok((median(&mut set), median(&mut file), bytes))
+    Ok((median_finite(set), median_finite(file), bytes))
 }
 
 /// Measures the floor for `bytes` of `mem` (warm), in runs of `run_bytes`;
