@@ -17,7 +17,6 @@
 //!    (`ahead` pages never touched).
 
 use std::ops::Range;
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::background::{Background, StopFlag};
@@ -42,18 +41,16 @@ impl Default for RunAheadConfig {
 }
 
 /// Starts the populator thread of `state` (a region with a run-ahead
-/// feed). With a `gate`, each install (store read and copy) holds it
-/// shared: the owner of the region's userfaultfd takes it exclusively
-/// around reading events, so none is read while an install is in flight
-/// (a peer's memory: see `ForeignPeer::copy_gate`).
+/// feed). On a peer's memory each install holds the peer's copy gate
+/// (the resolve path takes it: `CopyGate`), so no REMOVE is read while
+/// an install is in flight.
 pub(crate) fn start(
     state: &RegionState,
     cfg: RunAheadConfig,
     scratch_bytes: usize,
-    gate: Option<Arc<RwLock<()>>>,
 ) -> std::io::Result<Background> {
     state.spawn_worker("faultline-runahead", move |r, stop| {
-        run(r, cfg, stop, scratch_bytes, gate.as_deref())
+        run(r, cfg, stop, scratch_bytes)
     })
 }
 
@@ -73,13 +70,7 @@ fn merge(windows: Vec<Range<usize>>, span: usize) -> Vec<Range<usize>> {
     out
 }
 
-fn run(
-    r: &RegionState,
-    cfg: RunAheadConfig,
-    stop: &StopFlag,
-    scratch_bytes: usize,
-    gate: Option<&RwLock<()>>,
-) {
+fn run(r: &RegionState, cfg: RunAheadConfig, stop: &StopFlag, scratch_bytes: usize) {
     let feed = r.runahead.as_ref().expect("run-ahead regions have a feed");
     // Predict in windows of the largest read-ahead window: what one fault
     // of a sequential stream installs.
@@ -115,7 +106,6 @@ fn run(
             let Some(first) = first else { continue };
             // Installs the window (claims keep it exclusive with the
             // application's own faults) and marks it installed ahead.
-            let _gate = gate.map(|g| g.read().expect("run-ahead gate"));
             let _ = resolve(r, first, Access::WRITE, &Origin::RunAhead(w), &mut scratch);
         }
     }

@@ -202,7 +202,7 @@ fn prefetch_installs_the_set_before_any_fault() {
     assert_eq!(s.prefetched, set.len() as u64);
     assert_eq!(s.faults, 0);
     // Large runs: no more ioctls than pieces of a helper's hold.
-    let pieces = (len / 2).div_ceil(faultline::foreign::PREFETCH_HELPER_PIECE) as u64;
+    let pieces = (len / 2).div_ceil(faultline::foreign::GATE_PIECE) as u64;
     assert!(s.prefetch_ioctls <= pieces + 1, "{s:?}");
     // SAFETY: the prefetched half is installed: reading it cannot fault.
     let got = unsafe { std::slice::from_raw_parts(a.as_ptr(), len / 2) };
@@ -571,4 +571,94 @@ fn workers_read_each_message_once_through_remove_storms() {
         removes > 0 && faults > 0,
         "{removes} REMOVE, {faults} faults"
     );
+}
+
+/// Workers copy one peer's sweeping windows at once, in pieces of the
+/// copy gate, through its balloon: two vCPUs each sweep their half of a
+/// region (windows grow to 512 pages, eight pieces of `GATE_PIECE`), the
+/// second round while this thread drops ranges just ahead of them (where
+/// the other worker is copying a window piece by piece). Every dropped
+/// page reads zeros, every other page the store's bytes; the first round
+/// (no drops) shows the windows were cut: more ioctls than windows, none
+/// installing more than a piece.
+#[test]
+fn workers_copy_sweeping_windows_in_pieces_through_removes() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let _deadline = faultline::testing::child::deadline(240);
+    const PAGES: usize = 16384;
+    const DROP: usize = 16;
+    let piece = faultline::foreign::GATE_PIECE / 4096;
+    let len = PAGES * 4096;
+    let data = pattern(len);
+    let store: Arc<dyn PageStore> = Arc::new(MemoryStore::new(data.clone()));
+    let cfg = ForeignEngineConfig {
+        threads: 2,
+        spread: true,
+        ..Default::default()
+    };
+    let (engine, _events) = ForeignEngine::new(EngineKind::Poll, cfg).unwrap();
+    let mut drops = 0;
+    for round in 0..4u64 {
+        let opts = ForeignOptions {
+            readahead: ReadaheadConfig::adaptive(16, 512),
+            ..Default::default()
+        };
+        let (_u, a, peer) = anon_self_peer(&engine, &store, len, &opts);
+        let base = a.addr() as usize;
+        let progress: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let vcpus: Vec<_> = (0..2)
+            .map(|t| {
+                let progress = progress.clone();
+                std::thread::spawn(move || {
+                    for p in t * PAGES / 2..(t + 1) * PAGES / 2 {
+                        // SAFETY: inside a live mapping (leaked if a vCPU
+                        // stalls, see below).
+                        unsafe { std::ptr::read_volatile((base + p * 4096) as *const u8) };
+                        progress[t].store(p, SeqCst);
+                    }
+                })
+            })
+            .collect();
+        let mut dropped = Vec::new();
+        let mut k = round;
+        while round > 0 && !vcpus.iter().all(|v| v.is_finished()) && dropped.len() < 200 {
+            // A range 64-448 pages ahead of one vCPU: inside the window
+            // being copied, or the next.
+            k = k
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let t = (k >> 40) as usize % 2;
+            let at = progress[t].load(SeqCst).max(t * PAGES / 2) + 64 + (k >> 33) as usize % 384;
+            if at + DROP <= (t + 1) * PAGES / 2 {
+                mem::madvise(a.addr() + (at * 4096) as u64, DROP * 4096, Advice::DontNeed).unwrap();
+                dropped.push(at..at + DROP);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if !wait_until(Duration::from_secs(60), || {
+            vcpus.iter().all(|v| v.is_finished())
+        }) {
+            std::mem::forget(a);
+            panic!("round {round}: a vCPU stalled: {:?}", peer.stats());
+        }
+        for v in vcpus {
+            v.join().unwrap();
+        }
+        let s = peer.stats();
+        if round == 0 {
+            let r = &s.regions;
+            assert_eq!(r.installed, PAGES as u64, "{s:?}");
+            assert!(r.ioctls * piece as u64 >= r.installed, "{s:?}");
+            assert!(
+                s.faults * (piece as u64) < r.installed,
+                "windows no longer than a piece: {s:?}"
+            );
+        }
+        // SAFETY: the mapping is live; pages still missing fault in here.
+        let got = unsafe { std::slice::from_raw_parts(a.as_ptr(), len) };
+        check_dropped_zero(round, got, &data, &dropped);
+        drops += dropped.len();
+        engine.remove(peer.id()).unwrap();
+    }
+    assert!(drops > 0, "nothing was dropped ahead of the vCPUs");
 }

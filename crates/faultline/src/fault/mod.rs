@@ -32,7 +32,8 @@
 //! * [`report`]: allocation-free messages and the fail-closed exit.
 //!
 //! Everything here is async-signal-safe when the store is: no allocation,
-//! no locks, only atomics and system calls. Nothing here knows which
+//! no locks (but a peer's copy gate, `state::CopyGate`, which no signal
+//! handler meets), only atomics and system calls. Nothing here knows which
 //! engine delivered the fault: what differs between engines is described
 //! by a [`Delivery`], which each engine declares.
 

@@ -26,7 +26,10 @@
 //!    WAKE). With [`Delivery::wake_first`] (a peer's copy mode) a fault's
 //!    window goes in two steps: the faulting page alone, its thread woken,
 //!    then the rest of the window (still claimed) in up to two ioctls;
-//!    what fails there only releases its claims.
+//!    what fails there only releases its claims. A peer's region holds
+//!    the peer's copy gate shared around each install (`CopyGate`: no
+//!    REMOVE is read meanwhile), a window copied from the store in pieces
+//!    of a hold each, its thread woken once all are in.
 //!
 //!    Each step is stamped on the thread ([`stamps`]: bytes ready, ioctl
 //!    returned, wake returned), the foreign engine's phase samples.
@@ -34,7 +37,8 @@
 //!    faulting thread gets SIGBUS instead of a zero page.
 //!
 //! Everything here is async-signal-safe when the store is: no allocation,
-//! no locks, only atomics and system calls.
+//! no locks (but a peer's copy gate, never in a signal handler), only
+//! atomics and system calls.
 //!
 //! [`Delivery::faulter_sleeps`]: super::Delivery::faulter_sleeps
 //! [`Delivery::wake_first`]: super::Delivery::wake_first
@@ -46,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use super::feeds::BudgetFeed;
 use super::holes::Holes;
+use super::state::CopyGate;
 use super::{reclaim, zero, RegionState};
 use crate::error::{Error, Result};
 use crate::page::{MemoryKind, ResolveOp};
@@ -294,20 +299,47 @@ pub(crate) fn resolve(
             r.residency.release(page + 1..run.end);
             run = page..page + 1;
         }
-        // Wake first (Delivery::wake_first): the faulting page alone now,
-        // its thread woken; the rest of the window, still claimed, after.
+        // The rest of the window goes in after the part holding the
+        // faulting page, still claimed meanwhile: with wake first
+        // (Delivery::wake_first) the faulting page alone, its thread woken,
+        // then the rest; under a peer's copy gate, a run longer than a
+        // hold's piece in pieces, the thread woken once all are in.
+        let cuttable = r.budget.is_none()
+            && matches!(r.op, ResolveOp::Copy | ResolveOp::Auto)
+            && !r.batches_fills();
+        let piece = r.copy_gate.as_ref().map_or(usize::MAX, |g| g.piece_pages);
         let mut rest = None;
+        let (mut wake_first, mut cut) = (false, false);
+        let whole = run.clone();
         if wake
             && r.delivery.wake_first
             && run.len() > 1
             && matches!(origin, Origin::Fault)
-            && r.budget.is_none()
-            && matches!(r.op, ResolveOp::Copy | ResolveOp::Auto)
-            && !r.batches_fills()
+            && cuttable
         {
             rest = Some([run.start..page, page + 1..run.end]);
             run = page..page + 1;
+            wake_first = true;
+        } else if run.len() > piece && cuttable {
+            let start = (page - page % piece).max(run.start);
+            let end = (start + piece).min(run.end);
+            rest = Some([run.start..start, end..run.end]);
+            run = start..end;
+            cut = true;
         }
+        // A batched store reads the window's holes before the install and
+        // copies them after it: one hold of the copy gate for all of it.
+        let held = r
+            .copy_gate
+            .as_ref()
+            .filter(|_| r.batches_fills())
+            .map(CopyGate::hold);
+        let hold = || {
+            r.copy_gate
+                .as_ref()
+                .filter(|_| held.is_none())
+                .map(CopyGate::hold)
+        };
         // A store that pays per request: the window's other absent holes
         // come in the same round trip (installed after the faulting run).
         let mut holes = Holes::NONE;
@@ -324,6 +356,7 @@ pub(crate) fn resolve(
         let ahead = matches!(origin, Origin::RunAhead(_));
         let run_pages = run.len();
         let installed = &mut charge.installed;
+        let gate = hold();
         let mut step = install(
             r,
             run.clone(),
@@ -349,6 +382,7 @@ pub(crate) fn resolve(
                 installed,
             );
         }
+        drop(gate);
         if matches!(step, Step::Done) && access.write && r.write_protects() {
             if r.residency.get(page) == PageState::ReadOnly {
                 // Installed clean (with its read-ahead window); this fault
@@ -360,9 +394,17 @@ pub(crate) fn resolve(
                 r.note_write(page);
             }
         }
+        let placed = matches!(step, Step::Done | Step::Exists);
+        let mut rest_installed = 0;
+        if !wake_first {
+            rest_installed = install_parts(r, rest.take(), placed, piece, scratch, installed);
+        }
         if wake {
             let woken = match &step {
-                Step::Done => Some((r.pages.addr(run.start), r.pages.bytes(run.len()) as u64)),
+                Step::Done => {
+                    let all = if cut { &whole } else { &run };
+                    Some((r.pages.addr(all.start), r.pages.bytes(all.len()) as u64))
+                }
                 // A store failure is woken by the engine after it has
                 // printed its message (the thread is about to die).
                 Step::Exists => Some((r.pages.addr(page), ps as u64)),
@@ -377,14 +419,7 @@ pub(crate) fn resolve(
                 }
             }
         }
-        let mut rest_installed = 0;
-        for part in rest.into_iter().flatten().filter(|p| !p.is_empty()) {
-            if matches!(step, Step::Done | Step::Exists) {
-                rest_installed += install_rest(r, part, scratch, installed);
-            } else {
-                r.residency.release(part);
-            }
-        }
+        rest_installed += install_parts(r, rest, placed, piece, scratch, installed);
         let hole_state = r.clean_state();
         let mut around = match step {
             Step::Done if matches!(origin, Origin::Fault) => run.len() - 1 + rest_installed,
@@ -420,6 +455,7 @@ pub(crate) fn resolve(
                 installed,
             );
         }
+        drop(held);
         if around > 0 {
             r.stats.around.fetch_add(around as u64, Relaxed);
         }
@@ -435,8 +471,37 @@ pub(crate) fn resolve(
     Resolution::Busy
 }
 
+/// Installs the `rest` of a fault's window (claimed, absent) after the
+/// part holding its faulting page, in pieces of at most `piece` pages, a
+/// hold of the copy gate each; only releases the claims when that part
+/// was not `placed`. Returns the pages installed.
+fn install_parts(
+    r: &RegionState,
+    rest: Option<[Range<usize>; 2]>,
+    placed: bool,
+    piece: usize,
+    scratch: &mut [u8],
+    installed: &mut usize,
+) -> usize {
+    let mut n = 0;
+    for part in rest.into_iter().flatten().filter(|p| !p.is_empty()) {
+        if !placed {
+            r.residency.release(part);
+            continue;
+        }
+        let mut start = part.start;
+        while start < part.end {
+            let end = part.end.min(start.saturating_add(piece));
+            let _gate = r.copy_gate.as_ref().map(CopyGate::hold);
+            n += install_rest(r, start..end, scratch, installed);
+            start = end;
+        }
+    }
+    n
+}
+
 /// Installs `part` of a fault's window after its faulting page (wake
-/// first): its pages are claimed and absent; whatever fails (a store
+/// first, or a piece under a copy gate): its pages are claimed and absent; whatever fails (a store
 /// error, EAGAIN, EEXIST part-way) only releases the claims of what was
 /// not installed, leaving those pages to their own faults (a neighbour's
 /// failure never poisons a page). Returns the pages installed.

@@ -11,15 +11,17 @@
 //!           ├── alias view + page-cache bits     (shmem, hugetlb)
 //!           ├── frame pool                       (ResolveOp::Move)
 //!           ├── feeds: budget log, run-ahead     (background threads)
-//!           └── written: pages written since     (a peer's dirty tracking)
+//!           ├── written: pages written since     (a peer's dirty tracking)
+//!           └── copy gate                        (a peer's: see CopyGate)
 //! ```
 //!
-//! Everything here is immutable after the region is built, or an atomic:
-//! the fault path reads it from any thread and from signal handlers.
+//! Everything here is immutable after the region is built, or an atomic
+//! (or, for a peer's region only, the peer's copy gate): the fault path
+//! reads it from any thread and from signal handlers.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use super::feeds::{BudgetFeed, RunAheadFeed};
 use super::readahead::Streams;
@@ -104,6 +106,33 @@ impl Counters {
     }
 }
 
+/// A peer's copy gate as its regions' fault path holds it
+/// (`crate::foreign`). The kernel wakes a `madvise` that dropped a range
+/// of the peer's memory once its REMOVE event is read, and then zaps the
+/// range; a copy whose bytes were decided before that read (the removed
+/// pages read zeros only after it) must therefore be in the memory before
+/// the read. So every install holds the gate shared from the store read
+/// that decides its bytes to the ioctl that maps them and the residency
+/// map's update, and whoever reads the peer's userfaultfd holds it
+/// exclusively around the read and the REMOVE bookkeeping that follows.
+///
+/// A hold is short: a window copied from the store goes in pieces of at
+/// most `piece_pages`, a hold each, so a thread waiting to read waits for
+/// one piece, not for another thread's whole window, and several threads
+/// (workers, prefetch helpers) copy one peer's windows at once.
+pub(crate) struct CopyGate {
+    pub lock: Arc<RwLock<()>>,
+    /// Pages one hold installs at most, when a run can be cut (at least 1).
+    pub piece_pages: usize,
+}
+
+impl CopyGate {
+    /// Holds the gate shared (one install).
+    pub fn hold(&self) -> RwLockReadGuard<'_, ()> {
+        self.lock.read().expect("copy gate")
+    }
+}
+
 /// The region state the fault path reads. Lives at a stable heap address
 /// referenced by the region table. See the module docs.
 pub(crate) struct RegionState {
@@ -137,6 +166,8 @@ pub(crate) struct RegionState {
     /// write-protected, as a budget region's clean pages are, and a fault's
     /// write un-protects its page and sets its bit.
     pub written: Option<PageBits>,
+    /// A peer's region: the peer's copy gate (`None` for our own memory).
+    pub copy_gate: Option<CopyGate>,
     pub timing_start: AtomicU64,
     pub timing_resolved: AtomicU64,
 }

@@ -177,7 +177,7 @@ pub struct ForeignEngineConfig {
     pub prefetch_chunk_bytes: usize,
     /// Prefetch helper threads (shared by all peers) that install queued
     /// prefetch runs beside the handler threads, in pieces of
-    /// [`PREFETCH_HELPER_PIECE`] bytes. Default 1.
+    /// [`GATE_PIECE`] bytes. Default 1.
     pub prefetch_helpers: usize,
     /// Run the prefetch helpers under `SCHED_IDLE`: they install only on
     /// CPUs the peers' vCPUs (and everything else) leave idle, so prefetch
@@ -253,9 +253,12 @@ impl Default for HandlerWait {
     }
 }
 
-/// Bytes a prefetch helper installs per hold of a peer's copy gate (the
-/// longest its handler thread waits to read the peer's userfaultfd).
-pub const PREFETCH_HELPER_PIECE: usize = 256 << 10;
+/// Bytes installed per hold of a peer's copy gate, at most (at least one
+/// page): a demand fault's window copied from the store goes in pieces of
+/// this size, and a prefetch helper takes this much of a queue at a time.
+/// It bounds how long a thread waits to read the peer's userfaultfd
+/// behind another thread's copy (about 0.1 ms here).
+pub const GATE_PIECE: usize = 256 << 10;
 
 /// The default [`ForeignEngineConfig::prefetch_chunk_bytes`]: 2 MiB (256
 /// KiB was 1.04-1.46x slower in `bench restore`: more demand faults).

@@ -27,10 +27,13 @@
 //!    **Workers** ([`ForeignEngineConfig::spread`]): every thread reads
 //!    every peer's userfaultfd (the kernel hands each message to one
 //!    reader), so one peer's copies run on several CPUs. The rule above
-//!    then holds through the peer's copy gate: a thread reads (and handles
-//!    the events of its batch) holding it exclusively, and resolves each
-//!    fault holding it shared, so no copy is in flight when a REMOVE is
-//!    read. Overlapping windows of two threads are settled by the
+//!    then holds through the peer's copy gate (`CopyGate`): a thread reads
+//!    (and handles the events of its batch) holding it exclusively, and
+//!    each install holds it shared, so no copy is in flight when a REMOVE
+//!    is read. A window copied from the store goes in pieces of
+//!    [`GATE_PIECE`](super::GATE_PIECE), a hold each, so the other thread
+//!    reads the next fault after one piece, not after the whole window,
+//!    and two sweeping vCPUs' windows are copied at once. Overlapping windows of two threads are settled by the
 //!    residency map's claims (a page claimed by the other thread: the
 //!    vCPU is woken to retry; one installed meanwhile: EEXIST, done). The
 //!    first thread alone watches the peer's hang-up descriptor and runs
@@ -317,8 +320,6 @@ struct Peers {
     scratch: Vec<u8>,
     /// TSC when the last `read(2)` returned messages (phase samples).
     read_tsc: Cell<u64>,
-    /// Other threads read the same peers: resolve under the copy gate.
-    spread: bool,
 }
 
 impl Serve for Peers {
@@ -352,9 +353,8 @@ impl Serve for Peers {
         attempt: Attempt,
     ) -> Action<String> {
         let started_ns = faultline_sys::monotonic_ns();
-        // Workers: no REMOVE is read (by another thread) while this
-        // fault's copy is in flight.
-        let _gate = self.spread.then(|| p.copy_gate.read().expect("copy gate"));
+        // Each install holds the peer's copy gate (`CopyGate`), so no
+        // REMOVE is read by another thread while its copy is in flight.
         let (reg, page) = match p.on_fault(addr, flags, attempt != Attempt::Retry) {
             Ok(found) => found,
             Err(why) => return Action::Stop(why),
@@ -429,7 +429,6 @@ impl Worker {
         cfg: &ForeignEngineConfig,
     ) -> Worker {
         let peers = Peers {
-            spread: cfg.spread,
             tx,
             scratch: vec![0u8; cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes())],
             read_tsc: Cell::new(0),
@@ -631,9 +630,8 @@ impl Worker {
         }
     }
 
-    /// Installs up to one chunk of one peer's prefetch queue (its handler
-    /// thread: no copy gate needed, it is the one reading the events;
-    /// workers: under the gate, the others read them too).
+    /// Installs up to one chunk of one peer's prefetch queue (each
+    /// install under the peer's copy gate, as a fault's).
     fn prefetch_step(&mut self) {
         let n = self.peers.len();
         for k in 0..n {
@@ -642,7 +640,6 @@ impl Worker {
             if p.prefetch_pending() {
                 self.next_prefetch = i + 1;
                 let peers = &mut self.handler.serve;
-                let _gate = self.spread.then(|| p.copy_gate.read().expect("copy gate"));
                 prefetch_chunk(&p, self.chunk, &mut peers.scratch, &peers.tx);
                 return;
             }

@@ -29,7 +29,7 @@
 //!   engine     ForeignEngine: handler threads (one reader per peer uffd),
 //!              the peer's Serve of the handler loop, PeerEvent reports
 //!   prefetch   installing queued runs ahead of faults: the peer's handler
-//!              thread between polls, helper threads under its copy gate
+//!              thread between polls, helper threads beside it
 //!   peer       ForeignPeer: its regions, their lookup, what a fault and a
 //!              REMOVE change before and beside the resolve path; its
 //!              counters (PeerStats) and milestones (PeerTimes)
@@ -114,8 +114,8 @@ mod store;
 mod uffd;
 
 pub use config::{
-    ForeignEngineConfig, ForeignOptions, ForeignRegionSpec, HandlerWait, HUGE_WINDOW,
-    PREFETCH_CHUNK, PREFETCH_HELPER_PIECE,
+    ForeignEngineConfig, ForeignOptions, ForeignRegionSpec, HandlerWait, GATE_PIECE, HUGE_WINDOW,
+    PREFETCH_CHUNK,
 };
 pub use dirty::{DirtySet, DIRTY_PAGE};
 pub use engine::{ForeignEngine, HandlerStats};

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
-use super::config::{check_layout, ForeignOptions, ForeignRegionSpec, HUGE_WINDOW};
+use super::config::{check_layout, ForeignOptions, ForeignRegionSpec, GATE_PIECE, HUGE_WINDOW};
 use super::dirty::{self, DirtySet};
 use super::error::ForeignError;
 use super::phases::{FaultPhases, PhaseRing};
@@ -49,6 +49,7 @@ use crate::background::Background;
 use crate::fault::feeds::RunAheadFeed;
 use crate::fault::readahead::Streams;
 use crate::fault::resolve::Resolution;
+use crate::fault::state::CopyGate;
 use crate::fault::{Delivery, RegionState, RegionStats};
 use crate::page::{MemoryKind, PageSize, ResolveOp};
 use crate::policy::ReadaheadConfig;
@@ -177,6 +178,7 @@ impl ForeignRegion {
         uffd: &ForeignUffd,
         store: &Arc<dyn PageStore>,
         opts: &ForeignOptions,
+        copy_gate: &Arc<RwLock<()>>,
     ) -> Result<ForeignRegion, ForeignError> {
         let (pages, kind) = spec.pages(index)?;
         let size = pages.size();
@@ -244,6 +246,10 @@ impl ForeignRegion {
             budget: None,
             runahead: opts.run_ahead.map(|_| RunAheadFeed::new(pages.count())),
             written: opts.track_dirty.then(|| dirty::bits(pages.count())),
+            copy_gate: Some(CopyGate {
+                lock: copy_gate.clone(),
+                piece_pages: size.pages_in(GATE_PIECE).max(1),
+            }),
             timing_start: AtomicU64::new(0),
             timing_resolved: AtomicU64::new(0),
         });
@@ -276,11 +282,12 @@ pub struct ForeignPeer {
     pub(super) prefetch_pending: AtomicBool,
     /// Prefetch helpers installing this peer's runs now.
     pub(super) helpers: AtomicUsize,
-    /// Held shared by prefetch helpers (and run-ahead populators) around
-    /// each install, exclusively by the peer's handler thread around each
-    /// read of its userfaultfd and the REMOVE bookkeeping that follows: a
-    /// REMOVE is never read while a helper's copy is in flight, so none
-    /// can put the store's bytes into a range after the peer dropped it.
+    /// Held shared by every install into this peer's regions (the resolve
+    /// path: `CopyGate`, a copied window in pieces of [`GATE_PIECE`]),
+    /// exclusively by each thread reading its userfaultfd around the read
+    /// and the REMOVE bookkeeping that follows: a REMOVE is never read
+    /// while a copy is in flight, so none can put the store's bytes into a
+    /// range after the peer dropped it.
     pub(super) copy_gate: Arc<RwLock<()>>,
     pub(super) store: Arc<dyn PageStore>,
     pub(super) stats: PeerCounters,
@@ -379,9 +386,10 @@ impl ForeignPeer {
         }
         let mut order: Vec<usize> = (0..specs.len()).collect();
         order.sort_by_key(|&i| specs[i].base);
+        let copy_gate = Arc::new(RwLock::new(()));
         let regions = order
             .into_iter()
-            .map(|i| ForeignRegion::new(i, &specs[i], &uffd, &store, opts))
+            .map(|i| ForeignRegion::new(i, &specs[i], &uffd, &store, opts, &copy_gate))
             .collect::<Result<Vec<_>, _>>()?;
         let peer = ForeignPeer {
             id: NEXT_PEER.fetch_add(1, Relaxed),
@@ -394,7 +402,7 @@ impl ForeignPeer {
             prefetch: Mutex::new(PrefetchQueue::default()),
             prefetch_pending: AtomicBool::new(false),
             helpers: AtomicUsize::new(0),
-            copy_gate: Arc::new(RwLock::new(())),
+            copy_gate,
             store,
             stats: PeerCounters::default(),
             clock: PeerClock::default(),
@@ -410,15 +418,11 @@ impl ForeignPeer {
             let mut pop = peer.populators.lock().expect("populators");
             for r in &peer.regions {
                 pop.push(
-                    crate::runahead::start(
-                        &r.state,
-                        cfg,
-                        RUN_AHEAD_SCRATCH,
-                        Some(peer.copy_gate.clone()),
-                    )
-                    .map_err(|source| ForeignError::Spawn {
-                        what: "a run-ahead thread",
-                        source,
+                    crate::runahead::start(&r.state, cfg, RUN_AHEAD_SCRATCH).map_err(|source| {
+                        ForeignError::Spawn {
+                            what: "a run-ahead thread",
+                            source,
+                        }
                     })?,
                 );
             }

@@ -5,7 +5,7 @@
 //!                                    │ PREFETCH_BATCH runs per hold of its lock
 //!        ┌───────────────────────────┴────────────────────────┐
 //!   the peer's handler thread                       prefetch helpers (shared by all peers)
-//!   one chunk per poll round,                       pieces of PREFETCH_HELPER_PIECE,
+//!   one chunk per poll round,                       pieces of GATE_PIECE,
 //!   after that round's faults                       each under the peer's copy gate (shared)
 //!        └────────────► prefetch_chunk ─► install_run ─► fault::resolve (Populate)
 //! ```
@@ -19,10 +19,10 @@
 //!    chunk ([`ForeignEngineConfig::prefetch_chunk_bytes`]) per poll round,
 //!    after the faults read in that round, and polls again without waiting
 //!    while prefetch is pending.
-//! 3. **Helpers** install pieces beside it, each under the peer's copy
-//!    gate held shared (the handler thread holds it exclusively while it
-//!    reads events), so a REMOVE is never read while a helper's copy is in
-//!    flight. A shared-mode peer takes one helper at a time (CONTINUE
+//! 3. **Helpers** install pieces beside it; each install holds the peer's
+//!    copy gate shared (the resolve path: `CopyGate`; the handler thread
+//!    holds it exclusively while it reads events), so a REMOVE is never
+//!    read while a helper's copy is in flight. A shared-mode peer takes one helper at a time (CONTINUE
 //!    contends in the peer's mm); a copy-mode peer takes every helper.
 //! 4. **EAGAIN** (an event is pending) stops an install where it is; the
 //!    rest of the run goes back to the front of the queue, in order, and
@@ -50,7 +50,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::config::PREFETCH_HELPER_PIECE;
+use super::config::GATE_PIECE;
 use super::peer::{ForeignPeer, PeerEvent};
 use super::plan::{PrefetchPlan, PLAN_PAGE};
 use crate::background::StopFlag;
@@ -232,9 +232,7 @@ pub(super) fn helper(
                 continue;
             }
             helped = true;
-            let gate = p.copy_gate.read().expect("copy gate");
-            blocked |= prefetch_chunk(p, PREFETCH_HELPER_PIECE, &mut scratch, tx);
-            drop(gate);
+            blocked |= prefetch_chunk(p, GATE_PIECE, &mut scratch, tx);
             p.helpers.fetch_sub(1, Relaxed);
         }
         if !helped {

@@ -532,6 +532,7 @@ impl RegionBuilder {
             runahead: self.run_ahead.map(|_| RunAheadFeed::new(pages.count())),
             timing_start: AtomicU64::new(0),
             written: None,
+            copy_gate: None,
             timing_resolved: AtomicU64::new(0),
         });
         if let Err(e) = table::publish(&state) {
@@ -554,7 +555,7 @@ impl RegionBuilder {
         if let Some(cfg) = self.run_ahead {
             let scratch = region.engine.scratch_bytes();
             region.populator = Some(
-                crate::runahead::start(region.state(), cfg, scratch, None)
+                crate::runahead::start(region.state(), cfg, scratch)
                     .map_err(spawn_err("spawn run-ahead thread"))?,
             );
         }
