@@ -618,9 +618,7 @@ impl Worker {
     /// dropped.
     fn serve(&mut self, p: &Arc<ForeignPeer>) -> Result<(), String> {
         loop {
-            let n = self
-                .handler
-                .read(p, || p.copy_gate.write().expect("copy gate"))?;
+            let n = self.handler.read(p, || p.copy_gate.write())?;
             if n > 0 {
                 p.stats.reads.fetch_add(1, Relaxed);
             }

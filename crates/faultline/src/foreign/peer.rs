@@ -34,7 +34,9 @@
 use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use parking_lot::RwLock;
 use std::time::Instant;
 
 use super::config::{check_layout, ForeignOptions, ForeignRegionSpec, GATE_PIECE, HUGE_WINDOW};
