@@ -290,7 +290,9 @@ pub enum EngineArg {
     Spin,
     /// Spin while a peer faults, sleep once it is idle.
     Adaptive,
-    /// Adaptive, every handler thread serving every peer.
+    /// Adaptive, every handler thread serving every peer: one VM's windows
+    /// copied on several CPUs at once (faster on a sweeping guest, slower
+    /// on scattered faults).
     Workers,
 }
 
