@@ -296,6 +296,36 @@ fn run_ahead_racing_balloon_removes_keeps_dropped_ranges_zero() {
     assert!(drops > 0, "nothing was dropped ahead of the stream");
 }
 
+/// Joins the `vcpus` of `round` within a minute and gives their memory
+/// back; a vCPU stuck in a fault fails the test, its memory leaked.
+fn join_vcpus(
+    round: u64,
+    vcpus: Vec<std::thread::JoinHandle<()>>,
+    a: Mapping,
+    peer: &ForeignPeer,
+) -> Mapping {
+    if !wait_until(Duration::from_secs(60), || {
+        vcpus.iter().all(|v| v.is_finished())
+    }) {
+        std::mem::forget(a);
+        panic!("round {round}: a vCPU stalled: {:?}", peer.stats());
+    }
+    for v in vcpus {
+        v.join().unwrap();
+    }
+    a
+}
+
+/// A foreign engine of two workers (every thread reads every peer).
+fn two_workers() -> (ForeignEngine, std::sync::mpsc::Receiver<PeerEvent>) {
+    let cfg = ForeignEngineConfig {
+        threads: 2,
+        spread: true,
+        ..Default::default()
+    };
+    ForeignEngine::new(EngineKind::Poll, cfg).unwrap()
+}
+
 /// `len` bytes of anonymous memory of this process registered MISSING
 /// with a userfaultfd that reads REMOVE events, served by `engine` from
 /// `store` as a peer ("self") with `opts`.
@@ -487,12 +517,7 @@ fn workers_read_each_message_once_through_remove_storms() {
     let len = PAGES * 4096;
     let data = pattern(len);
     let store: Arc<dyn PageStore> = Arc::new(MemoryStore::new(data.clone()));
-    let cfg = ForeignEngineConfig {
-        threads: 2,
-        spread: true,
-        ..Default::default()
-    };
-    let (engine, _events) = ForeignEngine::new(EngineKind::Poll, cfg).unwrap();
+    let (engine, _events) = two_workers();
     let (mut removes, mut faults) = (0, 0);
     for round in 0..4u64 {
         // Windows overlap between the two threads: claims settle them.
@@ -527,15 +552,7 @@ fn workers_read_each_message_once_through_remove_storms() {
             mem::madvise(a.addr() + (at * 4096) as u64, DROP * 4096, Advice::DontNeed).unwrap();
             dropped.push(at..at + DROP);
         }
-        if !wait_until(Duration::from_secs(60), || {
-            vcpus.iter().all(|v| v.is_finished())
-        }) {
-            std::mem::forget(a);
-            panic!("round {round}: a vCPU stalled: {:?}", peer.stats());
-        }
-        for v in vcpus {
-            v.join().unwrap();
-        }
+        let a = join_vcpus(round, vcpus, a, &peer);
         let handled_and_read = || {
             let s = peer.stats();
             let handled = s.faults + s.removes + s.other_events;
@@ -591,12 +608,7 @@ fn workers_copy_sweeping_windows_in_pieces_through_removes() {
     let len = PAGES * 4096;
     let data = pattern(len);
     let store: Arc<dyn PageStore> = Arc::new(MemoryStore::new(data.clone()));
-    let cfg = ForeignEngineConfig {
-        threads: 2,
-        spread: true,
-        ..Default::default()
-    };
-    let (engine, _events) = ForeignEngine::new(EngineKind::Poll, cfg).unwrap();
+    let (engine, _events) = two_workers();
     let mut drops = 0;
     for round in 0..4u64 {
         let opts = ForeignOptions {
@@ -635,15 +647,7 @@ fn workers_copy_sweeping_windows_in_pieces_through_removes() {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        if !wait_until(Duration::from_secs(60), || {
-            vcpus.iter().all(|v| v.is_finished())
-        }) {
-            std::mem::forget(a);
-            panic!("round {round}: a vCPU stalled: {:?}", peer.stats());
-        }
-        for v in vcpus {
-            v.join().unwrap();
-        }
+        let a = join_vcpus(round, vcpus, a, &peer);
         let s = peer.stats();
         if round == 0 {
             let r = &s.regions;
