@@ -13,7 +13,9 @@
 //! `return` runs from the install ioctl's end to the touch retiring: the
 //! handler's `UFFDIO_WAKE` and the vCPU's wake-up, which overlap (a woken
 //! vCPU often retires its touch before the handler's wake call returns);
-//! `wake` is that call alone, as the handler sees it.
+//! `wake` runs from the same ioctl's end to that call's, as the handler
+//! sees it: the call alone, or, for a window serve copies in pieces (a
+//! peer's, over 256 KiB), the other pieces and then the call.
 //!
 //! 1. [`of_run`] keys the peer's stamps by page, and keeps each serve
 //!    sample whose page the peer stamped and whose stamps are in order
@@ -194,7 +196,7 @@ pub fn print(rows: &[Vec<String>]) {
     println!("\nwhere a demand fault's time goes, as the vCPU sees it (medians per phase, us; median of the reps):");
     print_table(&headers, rows);
     println!(
-        "(read: touch to serve's read(2) returning its message; batch: waiting behind the batch's earlier messages; store: lookup, window, store read up to the install ioctl; copy: the ioctl (its window); return: the ioctl's end to the touch retiring (the handler's UFFDIO_WAKE and the vCPU's wake-up); wake: the UFFDIO_WAKE call alone (it overlaps return). Faults whose page another fault's window installed first (no copy of their own) are left out. Samples: serve's last {SAMPLES} faults joined by page with the vCPUs' last {SAMPLES} slow touches each; touch: the whole touch of those samples. Each column is its own median: they need not add up to the touch's)"
+        "(read: touch to serve's read(2) returning its message; batch: waiting behind the batch's earlier messages; store: lookup, window, store read up to the install ioctl; copy: the ioctl (its window; of a window over 256 KiB, the piece holding the page); return: the ioctl's end to the touch retiring (the handler's UFFDIO_WAKE and the vCPU's wake-up); wake: the ioctl's end to the UFFDIO_WAKE call's (the window's other pieces, then the call; it overlaps return). Faults whose page another fault's window installed first (no copy of their own) are left out. Samples: serve's last {SAMPLES} faults joined by page with the vCPUs' last {SAMPLES} slow touches each; touch: the whole touch of those samples. Each column is its own median: they need not add up to the touch's)"
     );
 }
 
