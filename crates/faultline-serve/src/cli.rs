@@ -79,8 +79,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub prefetch: Option<PathBuf>,
     /// Prefetch helper threads beside the handler threads (each installs
-    /// queued prefetch runs of any peer, under that peer's copy gate; 0:
-    /// the handler threads alone). Default: the number of CPUs (more
+    /// pieces of a fault's long window beside the handler thread copying
+    /// it, and queued prefetch runs of any peer, under that peer's copy
+    /// gate; 0: the handler threads alone). Default: the number of CPUs (more
     /// copiers than CPUs still helped: `bench restore` 10% warm, 2 CPUs,
     /// 1/2/3 helpers: ~52/~40/~36 ms).
     #[arg(long)]

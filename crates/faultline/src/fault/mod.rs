@@ -37,6 +37,7 @@
 //! engine delivered the fault: what differs between engines is described
 //! by a [`Delivery`], which each engine declares.
 
+pub(crate) mod crew;
 pub(crate) mod feeds;
 mod holes;
 pub(crate) mod readahead;

@@ -473,8 +473,9 @@ pub(crate) fn resolve(
 
 /// Installs the `rest` of a fault's window (claimed, absent) after the
 /// part holding its faulting page, in pieces of at most `piece` pages, a
-/// hold of the copy gate each; only releases the claims when that part
-/// was not `placed`. Returns the pages installed.
+/// hold of the copy gate each (with the gate's crew, if it has one, when
+/// there are several); only releases the claims when that part was not
+/// `placed`. Returns the pages installed.
 fn install_parts(
     r: &RegionState,
     rest: Option<[Range<usize>; 2]>,
@@ -483,21 +484,38 @@ fn install_parts(
     scratch: &mut [u8],
     installed: &mut usize,
 ) -> usize {
-    let mut n = 0;
-    for part in rest.into_iter().flatten().filter(|p| !p.is_empty()) {
-        if !placed {
-            r.residency.release(part);
-            continue;
-        }
-        let mut start = part.start;
-        while start < part.end {
-            let end = part.end.min(start.saturating_add(piece));
-            let _gate = r.copy_gate.as_ref().map(CopyGate::hold);
-            n += install_rest(r, start..end, scratch, installed);
-            start = end;
-        }
+    let parts = rest.into_iter().flatten().filter(|p| !p.is_empty());
+    if !placed {
+        parts.for_each(|p| r.residency.release(p));
+        return 0;
     }
-    n
+    let pieces = parts.flat_map(|p| {
+        (p.start..p.end)
+            .step_by(piece.max(1))
+            .map(move |s| s..p.end.min(s.saturating_add(piece)))
+    });
+    if let Some(crew) = r.copy_gate.as_ref().and_then(|g| g.crew.get()) {
+        let pieces: Vec<Range<usize>> = pieces.collect();
+        let n = crew.install(r, pieces, scratch);
+        *installed += n;
+        return n;
+    }
+    pieces
+        .map(|p| install_piece(r, p, scratch, installed))
+        .sum()
+}
+
+/// Installs one piece of a fault's window (its pages claimed and absent)
+/// under the copy gate, if the region has one; returns the pages
+/// installed (see [`install_rest`]).
+pub(super) fn install_piece(
+    r: &RegionState,
+    piece: Range<usize>,
+    scratch: &mut [u8],
+    installed: &mut usize,
+) -> usize {
+    let _gate = r.copy_gate.as_ref().map(CopyGate::hold);
+    install_rest(r, piece, scratch, installed)
 }
 
 /// Installs `part` of a fault's window after its faulting page (wake

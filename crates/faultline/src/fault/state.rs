@@ -21,9 +21,11 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{RwLock, RwLockReadGuard};
+
+use super::crew::Crew;
 
 use super::feeds::{BudgetFeed, RunAheadFeed};
 use super::readahead::Streams;
@@ -131,6 +133,9 @@ pub(crate) struct CopyGate {
     pub lock: Arc<RwLock<()>>,
     /// Pages one hold installs at most, when a run can be cut (at least 1).
     pub piece_pages: usize,
+    /// Threads that install a cut window's pieces beside the resolving
+    /// thread (set when the peer is served: its engine's helpers).
+    pub crew: OnceLock<Arc<Crew>>,
 }
 
 impl CopyGate {

@@ -87,6 +87,7 @@ use super::prefetch::{self, prefetch_chunk, Work};
 use crate::background::{Background, StopFlag};
 use crate::engine::handler::{poll_timeout, settle, Action, Attempt, Handler, Serve};
 use crate::engine::EngineKind;
+use crate::fault::crew::Crew;
 use crate::fault::resolve::{self, resolve, Access, Origin};
 use crate::page::PageSize;
 use faultline_sys::poll::{self, events, PollFd};
@@ -146,6 +147,8 @@ pub struct ForeignEngine {
     threads: Vec<Background>,
     helpers: Vec<Background>,
     work: Arc<Work>,
+    /// The helpers as a crew for long windows (none without helpers).
+    crew: Option<Arc<Crew>>,
     /// Every thread serves every peer (workers).
     spread: bool,
 }
@@ -202,14 +205,27 @@ impl ForeignEngine {
             );
         }
         let work = Arc::new(Work::default());
+        // The helpers install pieces of long windows beside the thread
+        // resolving the fault (fault/crew.rs).
+        let crew = (cfg.prefetch_helpers > 0).then(|| {
+            let work = work.clone();
+            Arc::new(Crew::new(move || work.notify()))
+        });
         let mut helpers = Vec::new();
         for i in 0..cfg.prefetch_helpers {
             let (slots, work, tx) = (slots.clone(), work.clone(), tx.clone());
+            let crew = crew.clone().expect("helpers have a crew");
             let scratch = cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes());
             let idle = cfg.prefetch_idle;
             helpers.push(
                 Background::spawn(format!("faultline-prefetch-{i}"), move |stop| {
-                    prefetch::helper(|| prefetching(&slots), &work, &tx, (scratch, idle), stop)
+                    prefetch::helper(
+                        || prefetching(&slots),
+                        (&work, &crew),
+                        &tx,
+                        (scratch, idle),
+                        stop,
+                    )
                 })
                 .map_err(|source| ForeignError::Spawn {
                     what: "a prefetch helper thread",
@@ -223,6 +239,7 @@ impl ForeignEngine {
                 threads,
                 helpers,
                 work,
+                crew,
                 spread: cfg.spread,
             },
             rx,
@@ -232,6 +249,9 @@ impl ForeignEngine {
     /// Starts serving `peer` (on the least loaded thread; workers: on
     /// every thread).
     pub fn add(&self, peer: ForeignPeer) -> Arc<ForeignPeer> {
+        if let Some(crew) = &self.crew {
+            peer.join_crew(crew);
+        }
         let peer = Arc::new(peer);
         let on: Vec<&Arc<Slot>> = if self.spread {
             self.slots.iter().collect()

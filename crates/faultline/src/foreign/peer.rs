@@ -48,6 +48,7 @@ use super::service::{FaultKinds, ServiceCounters, ServiceTimes};
 use super::store::{RegionStore, Removed};
 use super::uffd::ForeignUffd;
 use crate::background::Background;
+use crate::fault::crew::Crew;
 use crate::fault::feeds::RunAheadFeed;
 use crate::fault::readahead::Streams;
 use crate::fault::resolve::Resolution;
@@ -251,6 +252,7 @@ impl ForeignRegion {
             copy_gate: Some(CopyGate {
                 lock: copy_gate.clone(),
                 piece_pages: size.pages_in(GATE_PIECE).max(1),
+                crew: OnceLock::new(),
             }),
             timing_start: AtomicU64::new(0),
             timing_resolved: AtomicU64::new(0),
@@ -430,6 +432,16 @@ impl ForeignPeer {
             }
         }
         Ok(peer)
+    }
+
+    /// Lets `crew` install pieces of this peer's long windows beside the
+    /// thread resolving a fault (its engine's helpers: `fault::crew`).
+    pub(super) fn join_crew(&self, crew: &Arc<Crew>) {
+        for r in &self.regions {
+            if let Some(gate) = &r.state.copy_gate {
+                let _ = gate.crew.set(crew.clone());
+            }
+        }
     }
 
     /// Watches `fd` (the connection the peer handed its userfaultfd over):

@@ -55,6 +55,7 @@ use super::peer::{ForeignPeer, PeerEvent};
 use super::plan::{PrefetchPlan, PLAN_PAGE};
 use crate::background::StopFlag;
 use crate::engine::handler::BACKOFF_MIN;
+use crate::fault::crew::Crew;
 use crate::fault::resolve::{resolve, Access, Origin, Resolution};
 use crate::fault::RegionState;
 use crate::residency::{PageBits, PageState};
@@ -191,14 +192,15 @@ impl Work {
     }
 }
 
-/// A prefetch helper thread's body: installs pieces of the queues of the
-/// peers `pending` lists (those with prefetch pending), each under the
-/// peer's copy gate; sleeps while there are none. `(scratch, idle)`: its
+/// A prefetch helper thread's body: installs the pieces of faults'
+/// windows its `crew` is asked to help with, first, and pieces of the
+/// queues of the peers `pending` lists (those with prefetch pending);
+/// sleeps while there are neither (`work` wakes it). `(scratch, idle)`: its
 /// copy buffer's bytes, and whether it runs under `SCHED_IDLE` (see step
 /// 6 of the module docs).
 pub(super) fn helper(
     pending: impl Fn() -> Vec<Arc<ForeignPeer>>,
-    work: &Work,
+    (work, crew): (&Work, &Crew),
     tx: &Sender<PeerEvent>,
     (scratch, idle): (usize, bool),
     stop: &StopFlag,
@@ -210,6 +212,8 @@ pub(super) fn helper(
     let mut scratch = vec![0u8; scratch];
     while !stop.is_set() {
         let seen = *work.generation.lock().expect("work");
+        // A fault's window first: its vCPU waits for it.
+        while crew.help(&mut scratch) {}
         let pending = pending();
         if pending.is_empty() {
             let g = work.generation.lock().expect("work");
@@ -232,6 +236,7 @@ pub(super) fn helper(
                 continue;
             }
             helped = true;
+            while crew.help(&mut scratch) {}
             blocked |= prefetch_chunk(p, GATE_PIECE, &mut scratch, tx);
             p.helpers.fetch_sub(1, Relaxed);
         }

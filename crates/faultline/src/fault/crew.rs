@@ -1,0 +1,119 @@
+//! A crew: threads that help install one fault's window, piece by piece.
+//!
+//! A peer's window copied from the store goes in pieces, a hold of the
+//! peer's copy gate each (`CopyGate`). With a crew, the thread resolving
+//! the fault posts the pieces after its own as a [`Batch`] and installs
+//! them beside the crew's idle members (the foreign engine's prefetch
+//! helpers), each taking the next piece, and wakes the faulting thread
+//! once every piece is in: two CPUs copy one sweeping vCPU's window.
+//!
+//! ```text
+//!   resolve ── its piece ── Batch [p1 p2 p3 p4 ...] ── takes p1, p3, ... ─┐
+//!                              └─ crew member takes p2, p4, ...           ├─ all done ─► WAKE
+//!                                                                          ┘
+//! ```
+//!
+//! The poster waits for the pieces others took before it returns, so a
+//! batch never outlives the region it points at; a member that finds a
+//! batch drained touches nothing of it. Small windows (one piece) never
+//! reach the crew, so scattered faults cost nothing more.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::{Arc, Mutex};
+
+use super::resolve::install_piece;
+use super::RegionState;
+
+/// The pieces of one window, taken one at a time by index.
+pub(crate) struct Batch {
+    /// The region being installed; valid while the batch has pieces not
+    /// yet done (its poster waits for them).
+    region: *const RegionState,
+    pieces: Vec<Range<usize>>,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    installed: AtomicUsize,
+}
+
+// SAFETY: `region` is only dereferenced for a piece taken before `done`
+// reaches the piece count, while the poster (which borrows the region)
+// waits in `Crew::install`; `RegionState` is shared by the fault path's
+// threads already (its fields are immutable or atomic).
+unsafe impl Send for Batch {}
+// SAFETY: as above; every field but `region` is an atomic or immutable.
+unsafe impl Sync for Batch {}
+
+impl Batch {
+    /// Takes and installs the next piece, if one is left; whether it did.
+    fn take(&self, scratch: &mut [u8]) -> bool {
+        let i = self.next.fetch_add(1, Relaxed);
+        let Some(piece) = self.pieces.get(i) else {
+            return false;
+        };
+        // SAFETY: piece `i` is not done yet, so the poster is still
+        // waiting and the region is alive (see the `Send` impl).
+        let r = unsafe { &*self.region };
+        let mut n = 0;
+        install_piece(r, piece.clone(), scratch, &mut n);
+        self.installed.fetch_add(n, Relaxed);
+        self.done.fetch_add(1, Release);
+        true
+    }
+}
+
+/// The windows being installed that crew members may help with, and how
+/// to call idle members.
+pub(crate) struct Crew {
+    batches: Mutex<Vec<Arc<Batch>>>,
+    call: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Crew {
+    /// A crew whose idle members `call` wakes.
+    pub(crate) fn new(call: impl Fn() + Send + Sync + 'static) -> Crew {
+        Crew {
+            batches: Mutex::new(Vec::new()),
+            call: Box::new(call),
+        }
+    }
+
+    /// Installs `pieces` of `r` (claimed and absent) with the crew's help;
+    /// returns the pages installed. Every piece is done when it returns.
+    pub(crate) fn install(
+        &self,
+        r: &RegionState,
+        pieces: Vec<Range<usize>>,
+        scratch: &mut [u8],
+    ) -> usize {
+        let count = pieces.len();
+        let batch = Arc::new(Batch {
+            region: r,
+            pieces,
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            installed: AtomicUsize::new(0),
+        });
+        if count > 1 {
+            self.batches.lock().expect("crew").push(batch.clone());
+            (self.call)();
+        }
+        while batch.take(scratch) {}
+        self.batches
+            .lock()
+            .expect("crew")
+            .retain(|b| !Arc::ptr_eq(b, &batch));
+        // The pieces members took: at most one each, a piece's copy.
+        while batch.done.load(Acquire) < count {
+            std::thread::yield_now();
+        }
+        batch.installed.load(Relaxed)
+    }
+
+    /// A member's turn: installs one piece of a posted window, if any;
+    /// whether it did.
+    pub(crate) fn help(&self, scratch: &mut [u8]) -> bool {
+        let batches = self.batches.lock().expect("crew").clone();
+        batches.iter().any(|b| b.take(scratch))
+    }
+}
