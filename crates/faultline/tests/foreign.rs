@@ -590,16 +590,17 @@ fn workers_read_each_message_once_through_remove_storms() {
     );
 }
 
-/// Workers copy one peer's sweeping windows at once, in pieces of the
-/// copy gate, through its balloon: two vCPUs each sweep their half of a
-/// region (windows grow to 512 pages, eight pieces of `GATE_PIECE`), the
-/// second round while this thread drops ranges just ahead of them (where
-/// the other worker is copying a window piece by piece). Every dropped
+/// Workers, and one handler thread with its helper as a crew, copy one
+/// peer's sweeping windows at once, in pieces of the copy gate, through
+/// its balloon: two vCPUs each sweep their half of a region (windows grow
+/// to 512 pages, eight pieces of `GATE_PIECE`), from the second round on
+/// while this thread drops ranges just ahead of them (where another thread
+/// is copying a window piece by piece). Every dropped
 /// page reads zeros, every other page the store's bytes; the first round
 /// (no drops) shows the windows were cut: more ioctls than windows, none
 /// installing more than a piece.
 #[test]
-fn workers_copy_sweeping_windows_in_pieces_through_removes() {
+fn sweeping_windows_go_in_pieces_on_several_threads_through_removes() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     let _deadline = faultline::testing::child::deadline(240);
     const PAGES: usize = 16384;
@@ -608,61 +609,78 @@ fn workers_copy_sweeping_windows_in_pieces_through_removes() {
     let len = PAGES * 4096;
     let data = pattern(len);
     let store: Arc<dyn PageStore> = Arc::new(MemoryStore::new(data.clone()));
-    let (engine, _events) = two_workers();
     let mut drops = 0;
-    for round in 0..4u64 {
-        let opts = ForeignOptions {
-            readahead: ReadaheadConfig::adaptive(16, 512),
-            ..Default::default()
-        };
-        let (_u, a, peer) = anon_self_peer(&engine, &store, len, &opts);
-        let base = a.addr() as usize;
-        let progress: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
-        let vcpus: Vec<_> = (0..2)
-            .map(|t| {
-                let progress = progress.clone();
-                std::thread::spawn(move || {
-                    for p in t * PAGES / 2..(t + 1) * PAGES / 2 {
-                        // SAFETY: inside a live mapping (leaked if a vCPU
-                        // stalls, see below).
-                        unsafe { std::ptr::read_volatile((base + p * 4096) as *const u8) };
-                        progress[t].store(p, SeqCst);
-                    }
+    // Workers, then one handler thread whose prefetch helper is its crew.
+    let crew = ForeignEngineConfig {
+        prefetch_helpers: 1,
+        ..Default::default()
+    };
+    let engines = [
+        (false, two_workers()),
+        (true, ForeignEngine::new(EngineKind::Poll, crew).unwrap()),
+    ];
+    for (crewed, (engine, _events)) in engines {
+        let mut helped = 0;
+        for round in 0..4u64 {
+            let opts = ForeignOptions {
+                readahead: ReadaheadConfig::adaptive(16, 512),
+                ..Default::default()
+            };
+            let (_u, a, peer) = anon_self_peer(&engine, &store, len, &opts);
+            let base = a.addr() as usize;
+            let progress: Arc<[AtomicUsize; 2]> =
+                Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+            let vcpus: Vec<_> = (0..2)
+                .map(|t| {
+                    let progress = progress.clone();
+                    std::thread::spawn(move || {
+                        for p in t * PAGES / 2..(t + 1) * PAGES / 2 {
+                            // SAFETY: inside a live mapping (leaked if a vCPU
+                            // stalls, see below).
+                            unsafe { std::ptr::read_volatile((base + p * 4096) as *const u8) };
+                            progress[t].store(p, SeqCst);
+                        }
+                    })
                 })
-            })
-            .collect();
-        let mut dropped = Vec::new();
-        let mut k = round;
-        while round > 0 && !vcpus.iter().all(|v| v.is_finished()) && dropped.len() < 200 {
-            // A range 64-448 pages ahead of one vCPU: inside the window
-            // being copied, or the next.
-            k = k
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let t = (k >> 40) as usize % 2;
-            let at = progress[t].load(SeqCst).max(t * PAGES / 2) + 64 + (k >> 33) as usize % 384;
-            if at + DROP <= (t + 1) * PAGES / 2 {
-                mem::madvise(a.addr() + (at * 4096) as u64, DROP * 4096, Advice::DontNeed).unwrap();
-                dropped.push(at..at + DROP);
+                .collect();
+            let mut dropped = Vec::new();
+            let mut k = round;
+            while round > 0 && !vcpus.iter().all(|v| v.is_finished()) && dropped.len() < 200 {
+                // A range 64-448 pages ahead of one vCPU: inside the window
+                // being copied, or the next.
+                k = k
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let t = (k >> 40) as usize % 2;
+                let at =
+                    progress[t].load(SeqCst).max(t * PAGES / 2) + 64 + (k >> 33) as usize % 384;
+                if at + DROP <= (t + 1) * PAGES / 2 {
+                    mem::madvise(a.addr() + (at * 4096) as u64, DROP * 4096, Advice::DontNeed)
+                        .unwrap();
+                    dropped.push(at..at + DROP);
+                }
+                std::thread::sleep(Duration::from_micros(200));
             }
-            std::thread::sleep(Duration::from_micros(200));
+            let a = join_vcpus(round, vcpus, a, &peer);
+            let s = peer.stats();
+            if round == 0 {
+                let r = &s.regions;
+                assert_eq!(r.installed, PAGES as u64, "{s:?}");
+                assert!(r.ioctls * piece as u64 >= r.installed, "{s:?}");
+                assert!(
+                    s.faults * (piece as u64) < r.installed,
+                    "windows no longer than a piece: {s:?}"
+                );
+            }
+            // SAFETY: the mapping is live; pages still missing fault in here.
+            let got = unsafe { std::slice::from_raw_parts(a.as_ptr(), len) };
+            check_dropped_zero(round, got, &data, &dropped);
+            drops += dropped.len();
+            helped += s.regions.helped;
+            engine.remove(peer.id()).unwrap();
         }
-        let a = join_vcpus(round, vcpus, a, &peer);
-        let s = peer.stats();
-        if round == 0 {
-            let r = &s.regions;
-            assert_eq!(r.installed, PAGES as u64, "{s:?}");
-            assert!(r.ioctls * piece as u64 >= r.installed, "{s:?}");
-            assert!(
-                s.faults * (piece as u64) < r.installed,
-                "windows no longer than a piece: {s:?}"
-            );
-        }
-        // SAFETY: the mapping is live; pages still missing fault in here.
-        let got = unsafe { std::slice::from_raw_parts(a.as_ptr(), len) };
-        check_dropped_zero(round, got, &data, &dropped);
-        drops += dropped.len();
-        engine.remove(peer.id()).unwrap();
+        // One handler thread: its helper took pieces of its windows.
+        assert!(!crewed || helped > 0, "the crew never helped");
     }
     assert!(drops > 0, "nothing was dropped ahead of the vCPUs");
 }

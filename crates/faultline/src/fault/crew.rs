@@ -46,7 +46,9 @@ unsafe impl Sync for Batch {}
 
 impl Batch {
     /// Takes and installs the next piece, if one is left; whether it did.
-    fn take(&self, scratch: &mut [u8]) -> bool {
+    /// `member`: a crew member's (counted in the region's `helped`), not
+    /// the poster's.
+    fn take(&self, scratch: &mut [u8], member: bool) -> bool {
         let i = self.next.fetch_add(1, Relaxed);
         let Some(piece) = self.pieces.get(i) else {
             return false;
@@ -56,6 +58,9 @@ impl Batch {
         let r = unsafe { &*self.region };
         let mut n = 0;
         install_piece(r, piece.clone(), scratch, &mut n);
+        if member {
+            r.stats.helped.fetch_add(1, Relaxed);
+        }
         self.installed.fetch_add(n, Relaxed);
         self.done.fetch_add(1, Release);
         true
@@ -98,7 +103,7 @@ impl Crew {
             self.batches.lock().expect("crew").push(batch.clone());
             (self.call)();
         }
-        while batch.take(scratch) {}
+        while batch.take(scratch, false) {}
         self.batches
             .lock()
             .expect("crew")
@@ -114,6 +119,6 @@ impl Crew {
     /// whether it did.
     pub(crate) fn help(&self, scratch: &mut [u8]) -> bool {
         let batches = self.batches.lock().expect("crew").clone();
-        batches.iter().any(|b| b.take(scratch))
+        batches.iter().any(|b| b.take(scratch, true))
     }
 }

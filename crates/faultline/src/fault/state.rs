@@ -54,6 +54,7 @@ pub(crate) struct Counters {
     pub busy: AtomicU64,
     pub poisoned: AtomicU64,
     pub pool_misses: AtomicU64,
+    pub helped: AtomicU64,
     pub handler_cycles: AtomicU64,
 }
 
@@ -86,6 +87,9 @@ pub struct RegionStats {
     pub poisoned: u64,
     /// MOVE resolutions that found the pool empty and fell back to COPY.
     pub pool_misses: u64,
+    /// Pieces of a fault's window installed by a crew member (a peer's
+    /// region: a prefetch helper) beside the thread resolving the fault.
+    pub helped: u64,
     /// TSC cycles spent inside the resolve path.
     pub handler_cycles: u64,
 }
@@ -105,6 +109,7 @@ impl Counters {
             busy: self.busy.load(Relaxed),
             poisoned: self.poisoned.load(Relaxed),
             pool_misses: self.pool_misses.load(Relaxed),
+            helped: self.helped.load(Relaxed),
             handler_cycles: self.handler_cycles.load(Relaxed),
         }
     }

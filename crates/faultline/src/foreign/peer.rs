@@ -703,6 +703,7 @@ impl ForeignPeer {
             regions.gone += s.gone;
             regions.busy += s.busy;
             regions.poisoned += s.poisoned;
+            regions.helped += s.helped;
             regions.handler_cycles += s.handler_cycles;
         }
         let fault_kinds = c.service.kinds();
