@@ -16,7 +16,9 @@
 //!     retry the deferred faults that are due
 //!     one prefetch chunk of one peer (prefetch.rs), then poll again
 //!
-//!   prefetch helpers (threads shared by all slots): prefetch.rs
+//!   prefetch helpers (threads shared by all slots): first the pieces of
+//!     faults' long windows, beside the thread resolving them (the
+//!     engine's crew, fault/crew.rs), then prefetch (prefetch.rs)
 //! ```
 //!
 //! 1. **One reader per userfaultfd** (by default). Each peer is served by

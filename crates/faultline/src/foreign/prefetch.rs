@@ -24,6 +24,8 @@
 //!    holds it exclusively while it reads events), so a REMOVE is never
 //!    read while a helper's copy is in flight. A shared-mode peer takes one helper at a time (CONTINUE
 //!    contends in the peer's mm); a copy-mode peer takes every helper.
+//!    Before any prefetch a helper takes pieces of a fault's long window
+//!    posted to the engine's crew (`fault::crew`): a vCPU waits for those.
 //! 4. **EAGAIN** (an event is pending) stops an install where it is; the
 //!    rest of the run goes back to the front of the queue, in order, and
 //!    the helper backs off for the handler loop's first backoff.
