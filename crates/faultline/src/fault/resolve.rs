@@ -489,12 +489,17 @@ fn install_parts(
         parts.for_each(|p| r.residency.release(p));
         return 0;
     }
+    let piece = piece.max(1);
+    let count: usize = parts.clone().map(|p| p.len().div_ceil(piece)).sum();
     let pieces = parts.flat_map(|p| {
         (p.start..p.end)
-            .step_by(piece.max(1))
+            .step_by(piece)
             .map(move |s| s..p.end.min(s.saturating_add(piece)))
     });
-    if let Some(crew) = r.copy_gate.as_ref().and_then(|g| g.crew.get()) {
+    // The crew for several pieces (a batch is allocated: long windows
+    // only); one piece, or none, on this thread alone.
+    let crew = r.copy_gate.as_ref().and_then(|g| g.crew.get());
+    if let Some(crew) = crew.filter(|_| count > 1) {
         let pieces: Vec<Range<usize>> = pieces.collect();
         let n = crew.install(r, pieces, scratch);
         *installed += n;
