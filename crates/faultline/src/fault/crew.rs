@@ -16,51 +16,55 @@
 //! The poster waits for the pieces others took before it returns, so a
 //! batch never outlives the region it points at; a member that finds a
 //! batch drained touches nothing of it. Small windows (one piece) never
-//! reach the crew, so scattered faults cost nothing more.
+//! reach the crew, so scattered faults cost nothing more. The crew knows
+//! nothing of regions: a batch carries the poster's context and the
+//! function that installs a piece of it (`resolve.rs`).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::sync::{Arc, Mutex};
 
-use super::resolve::install_piece;
-use super::RegionState;
+/// How a batch's pieces are installed: `run(ctx, piece, scratch, member)`
+/// installs `piece` of the poster's `ctx` with the caller's `scratch`
+/// (`member`: a crew member's call, not the poster's) and returns the
+/// pages installed.
+///
+/// # Safety
+///
+/// `ctx` must be what the poster passed to [`Crew::install`]; it is valid
+/// only while that call runs (a run is never made after it returns).
+pub(crate) type Run = unsafe fn(*const (), Range<usize>, &mut [u8], bool) -> usize;
 
 /// The pieces of one window, taken one at a time by index.
-pub(crate) struct Batch {
-    /// The region being installed; valid while the batch has pieces not
-    /// yet done (its poster waits for them).
-    region: *const RegionState,
+struct Batch {
+    /// The poster's context (its region), valid while the batch has
+    /// pieces not yet done: the poster waits for them.
+    ctx: *const (),
+    run: Run,
     pieces: Vec<Range<usize>>,
     next: AtomicUsize,
     done: AtomicUsize,
     installed: AtomicUsize,
 }
 
-// SAFETY: `region` is only dereferenced for a piece taken before `done`
-// reaches the piece count, while the poster (which borrows the region)
-// waits in `Crew::install`; `RegionState` is shared by the fault path's
-// threads already (its fields are immutable or atomic).
+// SAFETY: `ctx` is only passed to `run` for a piece taken before `done`
+// reaches the piece count, while the poster (which borrows what it points
+// at, a `RegionState` shared by the fault path's threads already) waits in
+// `Crew::install`; every other field is an atomic or immutable.
 unsafe impl Send for Batch {}
-// SAFETY: as above; every field but `region` is an atomic or immutable.
+// SAFETY: as for `Send`.
 unsafe impl Sync for Batch {}
 
 impl Batch {
     /// Takes and installs the next piece, if one is left; whether it did.
-    /// `member`: a crew member's (counted in the region's `helped`), not
-    /// the poster's.
     fn take(&self, scratch: &mut [u8], member: bool) -> bool {
         let i = self.next.fetch_add(1, Relaxed);
         let Some(piece) = self.pieces.get(i) else {
             return false;
         };
-        // SAFETY: piece `i` is not done yet, so the poster is still
-        // waiting and the region is alive (see the `Send` impl).
-        let r = unsafe { &*self.region };
-        let mut n = 0;
-        install_piece(r, piece.clone(), scratch, &mut n);
-        if member {
-            r.stats.helped.fetch_add(1, Relaxed);
-        }
+        // SAFETY: piece `i` is not done yet, so the poster is still in
+        // `Crew::install` and `ctx` is valid (see `Run`).
+        let n = unsafe { (self.run)(self.ctx, piece.clone(), scratch, member) };
         self.installed.fetch_add(n, Relaxed);
         self.done.fetch_add(1, Release);
         true
@@ -83,17 +87,20 @@ impl Crew {
         }
     }
 
-    /// Installs `pieces` of `r` (claimed and absent) with the crew's help;
-    /// returns the pages installed. Every piece is done when it returns.
+    /// Installs `pieces` of `ctx` by `run` (see [`Run`]) with the crew's
+    /// help; returns the pages installed. Every piece is done, and no
+    /// member calls `run` for this batch any more, when it returns.
     pub(crate) fn install(
         &self,
-        r: &RegionState,
+        ctx: *const (),
+        run: Run,
         pieces: Vec<Range<usize>>,
         scratch: &mut [u8],
     ) -> usize {
         let count = pieces.len();
         let batch = Arc::new(Batch {
-            region: r,
+            ctx,
+            run,
             pieces,
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),

@@ -501,7 +501,8 @@ fn install_parts(
     let crew = r.copy_gate.as_ref().and_then(|g| g.crew.get());
     if let Some(crew) = crew.filter(|_| count > 1) {
         let pieces: Vec<Range<usize>> = pieces.collect();
-        let n = crew.install(r, pieces, scratch);
+        let ctx = (r as *const RegionState).cast::<()>();
+        let n = crew.install(ctx, crew_piece, pieces, scratch);
         *installed += n;
         return n;
     }
@@ -510,10 +511,34 @@ fn install_parts(
         .sum()
 }
 
+/// A crew's install of one piece of the `RegionState` at `ctx` (the
+/// crew's [`Run`](super::crew::Run)); a member's pieces are counted in
+/// the region's `helped`.
+///
+/// # Safety
+///
+/// `ctx` points at a live `RegionState` (the poster's, which waits).
+unsafe fn crew_piece(
+    ctx: *const (),
+    piece: Range<usize>,
+    scratch: &mut [u8],
+    member: bool,
+) -> usize {
+    // SAFETY: the caller's contract (`Crew::install` calls it only while
+    // the poster, which borrows the region, waits).
+    let r = unsafe { &*ctx.cast::<RegionState>() };
+    let mut n = 0;
+    install_piece(r, piece, scratch, &mut n);
+    if member {
+        r.stats.helped.fetch_add(1, Relaxed);
+    }
+    n
+}
+
 /// Installs one piece of a fault's window (its pages claimed and absent)
 /// under the copy gate, if the region has one; returns the pages
 /// installed (see [`install_rest`]).
-pub(super) fn install_piece(
+fn install_piece(
     r: &RegionState,
     piece: Range<usize>,
     scratch: &mut [u8],
