@@ -8,6 +8,10 @@
 use clap::Parser;
 
 fn main() {
+    // A keeper started by `faultline serve --takeover` runs and exits here
+    // (it has no arguments to parse).
+    #[cfg(feature = "serve")]
+    faultline_serve::cli::main_if_keeper();
     // Parsing starts no thread. Then, before any thread starts: the
     // signals the command takes on a thread of its own are blocked (serve
     // --track-dirty: SIGUSR1; the signal thread below would otherwise take

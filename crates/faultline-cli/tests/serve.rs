@@ -55,6 +55,47 @@ fn a_snapshot_in_redis_is_served_byte_for_byte() {
     assert_eq!(log.matches("hung up;").count(), 1, "{log}");
 }
 
+/// `faultline serve --takeover` started its keeper through the front
+/// door (which runs it before parsing arguments: it has none); `pkill -f
+/// 'serve --socket SOCK'`, as an operator stops the serve of one socket,
+/// kills serve and not the keeper, and `faultline serve --takeover` again
+/// takes the paused VMM over, which verifies every byte.
+#[test]
+fn pkill_of_serve_by_its_socket_leaves_the_keeper_to_the_next_serve() {
+    let dir = Dir::new("front-pkill", 8 * MIB);
+    let args = ["--takeover", "--peers", "1"];
+    let mut s = testing::serve(&dir, SERVE, &args);
+    let keeper = testing::keeper_pid(&dir);
+    let mut p = testing::peer(
+        &dir,
+        PEER,
+        "p",
+        &["--verify-all", "--pause-at", "30", "--pause-ms", "300"],
+    );
+    dir.wait_for("p.err", "paused");
+    let sock = dir.sock();
+    let killed = testing::pkill_f(&format!("serve --socket {}", sock.display()));
+    assert_eq!(
+        killed,
+        [s.pid() as i32],
+        "the pattern matched besides serve"
+    );
+    assert!(!s.wait(testing::WAIT).success(), "serve outlived SIGKILL");
+    dir.wait_for("serve.err", "holding 1 peer(s) for the next serve");
+    let mut again = testing::start(
+        &dir,
+        "again",
+        SERVE,
+        &[&["--timeout", "20"][..], &args].concat(),
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut again, &dir);
+    let log = dir.text("again.err");
+    assert!(log.contains("taken over from the keeper"), "{log}");
+    dir.wait_for("serve.err", "no peer and no serve: exiting");
+    testing::wait_exited(keeper, "the keeper");
+}
+
 /// Runs `bench restore` on a 16 MiB file (10% working set, clustered
 /// unless `extra` names a `--pattern`, warm, one rep) with `configs` and
 /// `extra` arguments; its JSON and its pid.

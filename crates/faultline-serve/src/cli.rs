@@ -377,6 +377,7 @@ impl ServeArgs {
             prefetch_helpers: self.prefetch_helpers,
             prefetch_chunk: self.prefetch_chunk,
             leave_peer_on_error: self.leave_peer_on_error,
+            keeper_wait: self.keeper_wait.unwrap_or(self.timeout),
             grace: self.grace,
             prefetch_idle: self.prefetch_idle,
             handshake_timeout: self.handshake_timeout,
@@ -436,6 +437,25 @@ pub fn block_signals() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs this process as a takeover keeper and exits when a serve started
+/// it as one ([`keeper::Spec`](crate::keeper::Spec) in
+/// [`KEEPER_ENV`](crate::keeper::KEEPER_ENV): a keeper has no arguments,
+/// see [`Keeper::start`](crate::keeper::Keeper::start)); returns at once
+/// otherwise. `faultline-serve` and `faultline` call it first in `main`.
+/// The keeper blocks serve's request signals (SIGUSR1, SIGUSR2): one sent
+/// to serve's and its keeper's pids ignores the keeper rather than end it.
+pub fn main_if_keeper() {
+    let Some(spec) = crate::keeper::Spec::of_this_process() else {
+        return;
+    };
+    let done = block_signals().and_then(|()| Ok(crate::keeper::run(&spec?)?));
+    if let Err(e) = done {
+        faultline_cli_support::print_error(&e);
+        std::process::exit(1);
+    }
+    std::process::exit(0);
+}
+
 /// Runs `faultline-serve ARGS` (`faultline serve ARGS`): SIGINT, SIGTERM
 /// and SIGHUP stop the server gracefully (see `--grace`); a second one
 /// ends it at once. With `--track-dirty`, SIGUSR1 writes the dirty sets of
@@ -444,15 +464,8 @@ pub fn block_signals() -> anyhow::Result<()> {
 /// the flag, said to do nothing).
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // First, before any thread starts: the requests' signals go to
-    // threads of their own (and a keeper, which shares serve's name for
-    // `pidof`, ignores them rather than die of them).
+    // threads of their own.
     block_signals()?;
-    if std::env::var_os(crate::keeper::KEEPER_ENV).is_some() {
-        // Started by a serve with --takeover to keep its peers.
-        let wait = args.keeper_wait.unwrap_or(args.timeout);
-        crate::keeper::run(&args.socket, wait, args.leave_peer_on_error)?;
-        return Ok(());
-    }
     // The stop signals too (faultline_cli_support::cleanup).
     faultline_cli_support::cleanup::install().context("taking SIGINT, SIGTERM and SIGHUP")?;
     let server = Server::start(args.config()?)?;

@@ -116,10 +116,16 @@ pub struct ServeConfig {
     /// Write every peer's summary here (JSON) on exit.
     pub json: Option<PathBuf>,
     /// Takeover: deposit every peer with a keeper process (started by the
-    /// first serve: this program run again with the same arguments, see
-    /// [`keeper`](crate::keeper)), and take the peers a dead serve left
-    /// there over at start.
+    /// first serve: this program run again as a keeper, see
+    /// [`keeper`](crate::keeper); a program that sets this calls
+    /// [`cli::main_if_keeper`](crate::cli::main_if_keeper) first in
+    /// its `main`), and take the peers a dead serve left there over at
+    /// start.
     pub takeover: bool,
+    /// Takeover: how long the keeper waits for a serve once none is
+    /// attached, before it kills its peers (or leaves them, with
+    /// `leave_peer_on_error`). Default 30 s.
+    pub keeper_wait: Duration,
     /// Takeover with systemd's file-descriptor store as the keeper
     /// (`$NOTIFY_SOCKET`, see [`keeper::fdstore`](crate::keeper::fdstore)):
     /// what the keeper process would hold is stored there, and taken back
@@ -226,6 +232,7 @@ impl ServeConfig {
             verify: Verify::Sample,
             json: None,
             takeover: false,
+            keeper_wait: Duration::from_secs(30),
             fd_store: false,
             metrics: None,
             log_format: LogFormat::Text,

@@ -234,6 +234,40 @@ pub fn keeper_pid(dir: &Dir) -> i32 {
         .unwrap_or_else(|| panic!("no pid in {line:?}"))
 }
 
+/// The arguments of process `pid` (`/proc/PID/cmdline`; `None` once it
+/// is gone).
+pub fn cmdline(pid: i32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
+}
+
+/// What `pkill -KILL -f PATTERN` does with a fixed-string `pattern`:
+/// SIGKILLs every other process whose command line (arguments joined by
+/// spaces) contains it, and gives their pids.
+pub fn pkill_f(pattern: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut killed = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc") {
+        let Some(pid) = e
+            .ok()
+            .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Some(args) = cmdline(pid) else { continue };
+        if pid != me && args.join(" ").contains(pattern) {
+            let _ = faultline_sys::process::kill(pid, faultline_sys::process::SIGKILL);
+            killed.push(pid);
+        }
+    }
+    killed
+}
+
 /// The kernel functions the threads of process `pid` sleep in
 /// (`/proc/PID/task/TID/wchan`): `handle_userfault` for a vCPU blocked on
 /// a missing page.

@@ -1220,6 +1220,15 @@ fn kill_and_take_over(
     let args = ["--takeover", "--peers", "1"];
     let mut s = serve(&dir, &args);
     let keeper = testing::keeper_pid(&dir);
+    // Nothing of serve's command line or name is the keeper's: what
+    // matches serve (`pkill -f 'faultline-serve --socket SOCK'`, `pkill
+    // faultline-serve`) does not match its keeper.
+    assert_eq!(
+        testing::cmdline(keeper).expect("the keeper's command line"),
+        ["faultline-serve-keeper"]
+    );
+    let comm = std::fs::read_to_string(format!("/proc/{keeper}/comm")).unwrap();
+    assert_eq!(comm.trim_end(), "fl-serve-keeper");
     let mut p = peer(&dir, "p", peer_args);
     dir.wait_for("p.err", kill_at);
     std::thread::sleep(delay);

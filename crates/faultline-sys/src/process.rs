@@ -194,6 +194,19 @@ pub fn die_with_parent(sig: i32, parent: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Names the calling thread `name` (`prctl(PR_SET_NAME)`; at most 15
+/// bytes are kept). On the main thread this is the process's name as
+/// `/proc/PID/comm`, `ps -o comm`, `pgrep` and `pkill` without `-f` see it.
+pub fn set_name(name: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16
+    // bytes from the pointer; `name` is NUL-terminated and outlives the
+    // call (the kernel copies at most 16 bytes and stops at the NUL).
+    if unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Has `cmd` start with `fds` at descriptors 3, 4, ... (as a service
 /// manager passes them, `sd_listen_fds(3)`): each is duplicated above the
 /// targets now (close-on-exec), and `dup2`ed onto its target between fork

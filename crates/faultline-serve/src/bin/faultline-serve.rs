@@ -26,6 +26,8 @@ struct RecordCli {
 }
 
 fn main() {
+    // A keeper started by a serve with --takeover runs and exits here.
+    cli::main_if_keeper();
     // The daemon's flags are top-level (`faultline-serve --socket ...`),
     // so the one tool is recognised by its first word.
     let done = if std::env::args_os().nth(1).is_some_and(|a| a == "record") {

@@ -3,7 +3,7 @@
 //! command serves its peers on.
 //!
 //! ```text
-//!  serve ──spawns──► keeper (same program and arguments, FAULTLINE_SERVE_KEEPER=1;
+//!  serve ──spawns──► keeper (same program, no arguments, FAULTLINE_SERVE_KEEPER=spec;
 //!    │                      abstract socket "faultline-serve-keeper-<hash of --socket>")
 //!    ├─ attach ─────► held open: the keeper knows a serve is there
 //!    ├─ listen ─────► SCM_RIGHTS: serve's listening socket (connections queue
@@ -69,12 +69,76 @@ pub use fdstore::FdStore;
 pub use journal::Journal;
 pub use taken::{Handed, Joined, KeeperError, Taken};
 
-/// The environment variable that makes `faultline-serve` (and `faultline
-/// serve`) run as the keeper of its `--socket`.
+/// The environment variable that makes `faultline-serve` (and
+/// `faultline`) run as a keeper, and says what it keeps ([`Spec`]).
 pub const KEEPER_ENV: &str = "FAULTLINE_SERVE_KEEPER";
 
-/// The keeper process's `argv[0]` (`ps`, `pgrep -a` show it).
+/// The keeper process's whole command line (`ps`, `pgrep -a` show it).
 pub const KEEPER_ARG0: &str = "faultline-serve-keeper";
+
+/// The keeper process's name (`/proc/PID/comm`: `ps`, `pgrep` and
+/// `pkill` without `-f`); a name is at most 15 bytes, and the first 15 of
+/// [`KEEPER_ARG0`] are serve's own name.
+pub const KEEPER_COMM: &std::ffi::CStr = c"fl-serve-keeper";
+
+/// What a keeper keeps, passed in [`KEEPER_ENV`] (not on its command line:
+/// see [`Keeper::start`]) as `WAIT_MS:LEAVE:SOCKET` (`LEAVE` 0 or 1; the
+/// socket's absolute path last, any bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// The serve socket whose peers it keeps.
+    pub socket: std::path::PathBuf,
+    /// How long it waits for a serve before it gives its peers up.
+    pub wait: Duration,
+    /// Give them up by leaving them (`--leave-peer-on-error`), not by
+    /// killing them.
+    pub leave: bool,
+}
+
+impl Spec {
+    /// The value of [`KEEPER_ENV`] for this keeper.
+    pub fn to_env(&self) -> std::ffi::OsString {
+        let mut v = std::ffi::OsString::from(format!(
+            "{}:{}:",
+            self.wait.as_millis(),
+            u8::from(self.leave)
+        ));
+        v.push(&self.socket);
+        v
+    }
+
+    /// Reads a value of [`KEEPER_ENV`].
+    pub fn from_env(v: &std::ffi::OsStr) -> Result<Spec, KeeperError> {
+        use std::os::unix::ffi::OsStrExt;
+        let bad = || KeeperError::Start(format!("{KEEPER_ENV}={v:?}: not WAIT_MS:LEAVE:SOCKET"));
+        let mut parts = v.as_bytes().splitn(3, |b| *b == b':');
+        let mut field = || parts.next().ok_or_else(bad);
+        let (wait, leave, socket) = (field()?, field()?, field()?);
+        let wait: u64 = std::str::from_utf8(wait)
+            .ok()
+            .and_then(|w| w.parse().ok())
+            .ok_or_else(bad)?;
+        let leave = match leave {
+            b"0" => false,
+            b"1" => true,
+            _ => return Err(bad()),
+        };
+        if socket.is_empty() {
+            return Err(bad());
+        }
+        Ok(Spec {
+            socket: std::ffi::OsStr::from_bytes(socket).into(),
+            wait: Duration::from_millis(wait),
+            leave,
+        })
+    }
+
+    /// The keeper this process was started as ([`KEEPER_ENV`] set), or
+    /// `None`.
+    pub fn of_this_process() -> Option<Result<Spec, KeeperError>> {
+        std::env::var_os(KEEPER_ENV).map(|v| Spec::from_env(&v))
+    }
+}
 
 /// The largest message (a handshake is at most 64 KiB).
 const MAX_MESSAGE: usize = 1 << 18;
@@ -199,18 +263,29 @@ impl Keeper {
         }
     }
 
-    /// Starts a keeper of `socket` (this program, these arguments,
-    /// [`KEEPER_ENV`]) and attaches to it. Its `argv[0]` is
-    /// [`KEEPER_ARG0`], so that what an operator matches serve's command
-    /// line with (`pkill -f 'faultline serve'`) does not match the keeper
-    /// too: killing both would leave its VMMs to nobody.
-    pub fn start(socket: &Path) -> Result<(Keeper, Joined), KeeperError> {
+    /// Starts a keeper of `socket` (this program, [`KEEPER_ENV`] saying
+    /// what to keep: see [`Spec`]) and attaches to it. Its command line
+    /// is [`KEEPER_ARG0`] alone and its name (`comm`) [`KEEPER_COMM`]: what
+    /// an operator matches serve with (`pkill -f 'serve --socket
+    /// /run/vm1.sock'`, `pkill -f vm1.sock`, `pkill faultline-serve`)
+    /// matches no keeper, whose death would leave its VMMs to nobody.
+    /// The keeper waits `wait` for a serve (then `leave`s or kills its
+    /// peers, as `--leave-peer-on-error` says).
+    pub fn start(
+        socket: &Path,
+        wait: Duration,
+        leave: bool,
+    ) -> Result<(Keeper, Joined), KeeperError> {
         let addr = name(socket)?;
         let exe = std::env::current_exe()?;
+        let spec = Spec {
+            socket: std::path::absolute(socket)?,
+            wait,
+            leave,
+        };
         std::process::Command::new(exe)
             .arg0(KEEPER_ARG0)
-            .args(std::env::args_os().skip(1))
-            .env(KEEPER_ENV, "1")
+            .env(KEEPER_ENV, spec.to_env())
             .env_remove(faultline_sys::failpoint::ENV)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -419,11 +494,14 @@ fn queued(listener: &UnixListener) -> bool {
     poll::poll(&mut fds, 0).is_ok_and(|n| n == 1)
 }
 
-/// Runs the keeper of `socket` (see the module docs) until it has no peer,
-/// no serve and no connection queued on the listener it holds, or no serve
-/// attached for `wait` (then its peers, and the connections queued, are
-/// killed unless `leave`).
-pub fn run(socket: &Path, wait: Duration, leave: bool) -> Result<(), KeeperError> {
+/// Runs the keeper of `spec.socket` (see the module docs) until it has no
+/// peer, no serve and no connection queued on the listener it holds, or
+/// no serve attached for `spec.wait` (then its peers, and the connections
+/// queued, are killed unless `spec.leave`). Names the process
+/// [`KEEPER_COMM`].
+pub fn run(spec: &Spec) -> Result<(), KeeperError> {
+    let (socket, wait, leave) = (spec.socket.as_path(), spec.wait, spec.leave);
+    process::set_name(KEEPER_COMM)?;
     let addr = name(socket)?;
     let listener = match UnixListener::bind_addr(&addr) {
         Ok(l) => l,
@@ -633,4 +711,34 @@ fn serve_request(conn: UnixStream, k: &mut Kept) -> Result<(), KeeperError> {
 fn send_reply(conn: &UnixStream, reply: &Reply, fds: &[BorrowedFd<'_>]) -> Result<(), KeeperError> {
     sock::send_with_fds(conn.as_fd(), &serde_json::to_vec(reply)?, fds)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    #[test]
+    fn a_spec_goes_through_the_environment_whole() {
+        for spec in [
+            Spec {
+                socket: "/run/vm1.sock".into(),
+                wait: Duration::from_millis(30_000),
+                leave: false,
+            },
+            // Colons and bytes that are not UTF-8 in the path.
+            Spec {
+                socket: OsStr::from_bytes(b"/tmp/a:b/\xff.sock").into(),
+                wait: Duration::from_millis(1),
+                leave: true,
+            },
+        ] {
+            assert_eq!(Spec::from_env(&spec.to_env()).unwrap(), spec);
+        }
+        for bad in ["1", "1:0", "1:0:", "x:0:/s", "1:2:/s", "-1:0:/s", "1"] {
+            let e = Spec::from_env(OsStr::new(bad)).unwrap_err();
+            assert!(e.to_string().contains("WAIT_MS:LEAVE:SOCKET"), "{bad}: {e}");
+        }
+    }
 }

@@ -541,7 +541,13 @@ fn join_keeper(config: &ServeConfig) -> Result<Option<(Keeper, Joined)>, ServeEr
         return Ok(Some(j));
     }
     Socket::check(&config.socket)?;
-    Keeper::start(&config.socket).map(Some).map_err(in_use)
+    Keeper::start(
+        &config.socket,
+        config.keeper_wait,
+        config.leave_peer_on_error,
+    )
+    .map(Some)
+    .map_err(in_use)
 }
 
 /// The listening socket: the one the keeper held for a dead serve when
