@@ -174,7 +174,8 @@ fn bench_restore_serves_from_redis() {
 
 /// `bench restore`'s sweep rows: serve's windows grow on the vCPUs'
 /// sweeps (far fewer faults than pages), and each row says its faults per
-/// page, per read(2), the handler's CPU time and the pages it wasted.
+/// page, per read(2), the handler's and the helpers' CPU time and the
+/// pages it wasted.
 #[test]
 #[cfg(feature = "bench")]
 fn bench_restore_sweep_rows_count_faults_per_page_and_wasted_pages() {
@@ -189,6 +190,8 @@ fn bench_restore_sweep_rows_count_faults_per_page_and_wasted_pages() {
     assert!(row["faults_per_page"].as_f64().unwrap() < 0.1, "{row}");
     assert!(row["faults_per_read"].as_f64().unwrap() >= 1.0, "{row}");
     assert!(row["handler_cpu_ms"].as_f64().unwrap() > 0.0, "{row}");
+    // The helpers' share (pieces of the sweep's windows) is its own column.
+    assert!(row["helpers_cpu_ms"].as_f64().unwrap() >= 0.0, "{row}");
     // The set is the first 10% of memory: a window may run past its end,
     // by less than the largest window (512 pages) per vCPU.
     assert!(row["wasted_pages"].as_f64().unwrap() < 2.0 * 512.0, "{row}");

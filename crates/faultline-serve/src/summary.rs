@@ -28,6 +28,11 @@ pub struct PeerSummary {
     /// ended, ms: what waiting for faults cost (see `--engine`).
     #[serde(default)]
     pub handler_cpu_ms: f64,
+    /// CPU time of serve's prefetch helpers (shared by all peers) when
+    /// this peer ended, ms: prefetch, and the pieces of long fault windows
+    /// they copy beside the handler threads.
+    #[serde(default)]
+    pub helpers_cpu_ms: f64,
     /// Pages installed (faults, fault-around, prefetch).
     pub installed: u64,
     /// Of those, pages a fault installed beside its own (fault-around and

@@ -185,6 +185,11 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
     assert_eq!(value(&m, "faultline_peer_remove_events_total", &me), 0.0);
     assert_eq!(value(&m, "faultline_peers_connected", &[]), 1.0);
     assert_eq!(value(&m, "faultline_peers_accepted_total", &[]), 2.0);
+    // The handler thread served every fault (its CPU published when it
+    // slept, the vCPU holding); the helpers' counter is there beside it.
+    let handler_cpu = value(&m, "faultline_handler_cpu_seconds_total", &[]);
+    assert!(handler_cpu > 0.0, "{text}");
+    assert!(value(&m, "faultline_prefetch_helpers_cpu_seconds_total", &[]) >= 0.0);
     assert_eq!(
         value(
             &m,
@@ -206,6 +211,11 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
     assert_eq!(sum["installed"].as_f64(), Some(pages));
     assert_eq!(sum["bytes_read"].as_f64(), Some(pages * 4096.0));
     assert_eq!(sum["vcpu_stalls"]["count"].as_u64(), Some(report.stalls));
+    // CPU time only grows: the summary's is at least the scrape's.
+    assert!(
+        sum["handler_cpu_ms"].as_f64().unwrap() / 1e3 >= handler_cpu - 1e-9,
+        "{sum} against {handler_cpu} s scraped"
+    );
     // Every line serve printed is a JSON object with a message; the
     // socket is gone.
     let log = dir.text("serve.err");

@@ -679,8 +679,18 @@ fn sweeping_windows_go_in_pieces_on_several_threads_through_removes() {
             helped += s.regions.helped;
             engine.remove(peer.id()).unwrap();
         }
-        // One handler thread: its helper took pieces of its windows.
+        // One handler thread: its helper took pieces of its windows. The
+        // CPU the pieces cost is the helpers' (each engine has the default
+        // one; published at its next wait): at least 10 us a piece of 256
+        // KiB copied.
         assert!(!crewed || helped > 0, "the crew never helped");
+        let floor = Duration::from_micros(10 * helped);
+        let mut cpu = Duration::ZERO;
+        let counted = wait_until(Duration::from_secs(5), || {
+            cpu = engine.handler_stats().helpers_cpu;
+            cpu >= floor
+        });
+        assert!(counted, "helpers' CPU {cpu:?} for {helped} pieces");
     }
     assert!(drops > 0, "nothing was dropped ahead of the vCPUs");
 }

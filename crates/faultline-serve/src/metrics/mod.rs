@@ -37,6 +37,7 @@
 //! | `faultline_peers_connected` | gauge | peers being served now |
 //! | `faultline_peers_accepted`, `faultline_peers_finished` | counter | connections accepted; done with |
 //! | `faultline_handoffs_refused{reason}` | counter | hand-offs refused, by the step that refused them |
+//! | `faultline_handler_cpu_seconds`, `faultline_prefetch_helpers_cpu_seconds` | counter | CPU time of the handler threads (the price of `--engine`'s spinning) and of the prefetch helpers (prefetch, pieces of long windows), all peers |
 
 mod endpoint;
 
@@ -86,6 +87,10 @@ pub struct Sample {
     pub finished: u64,
     /// Hand-offs refused, by reason.
     pub refused: BTreeMap<&'static str, u64>,
+    /// CPU time of the handler threads so far, seconds.
+    pub handler_cpu_s: f64,
+    /// CPU time of the prefetch helpers so far, seconds.
+    pub helpers_cpu_s: f64,
 }
 
 /// The server's own counters (the engine keeps the peers').
@@ -405,6 +410,21 @@ impl Collector for Exposition {
                 _ => ConstGauge::new(v).encode(m)?,
             }
         }
+        let cpu = [
+            (
+                "faultline_handler_cpu_seconds",
+                "CPU time of the handler threads (as of each one's last sleep or last 256 empty polls): what waiting for faults costs (--engine)",
+                s.handler_cpu_s,
+            ),
+            (
+                "faultline_prefetch_helpers_cpu_seconds",
+                "CPU time of the prefetch helpers (as of each one's last wait or pass over the queues): prefetch, and pieces of long fault windows",
+                s.helpers_cpu_s,
+            ),
+        ];
+        for (name, help, v) in cpu {
+            ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, c)?)?;
+        }
         let mut m = enc.encode_descriptor(
             "faultline_handoffs_refused",
             "Hand-offs refused, by the step that refused them",
@@ -475,6 +495,8 @@ mod tests {
             accepted: 4,
             finished: 3,
             refused: refused.clone(),
+            handler_cpu_s: 0.25,
+            helpers_cpu_s: 1.5,
         })));
         let text = e.text();
         assert!(text.ends_with("# EOF\n"), "{text}");
@@ -510,6 +532,11 @@ mod tests {
         assert_eq!(num(get("faultline_peer_prefetch_done_seconds", None)), 0.25);
         assert_eq!(num(get("faultline_peer_dirty_pages", None)), 5.0);
         assert_eq!(num(get("faultline_peers_connected", None)), 1.0);
+        assert_eq!(num(get("faultline_handler_cpu_seconds_total", None)), 0.25);
+        assert_eq!(
+            num(get("faultline_prefetch_helpers_cpu_seconds_total", None)),
+            1.5
+        );
         assert_eq!(
             num(get(
                 "faultline_handoffs_refused_total",

@@ -116,6 +116,7 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
         faults: s.faults,
         reads: s.reads,
         handler_cpu_ms: handler.cpu.as_secs_f64() * 1e3,
+        helpers_cpu_ms: handler.helpers_cpu.as_secs_f64() * 1e3,
         installed: s.regions.installed,
         around: s.regions.around,
         isolated_window: peer.isolated_windows().map(|w| w.0),
@@ -141,7 +142,7 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
         }),
     };
     say(format_args!(
-        "peer {n} (pid {pid}): {outcome}; {} faults in {} reads, {} pages installed ({} around faulting pages), {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched; handler threads' CPU so far {:.1} ms ({} sleeps)",
+        "peer {n} (pid {pid}): {outcome}; {} faults in {} reads, {} pages installed ({} around faulting pages), {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched; handler threads' CPU so far {:.1} ms ({} sleeps), prefetch helpers' {:.1} ms",
         s.faults,
         s.reads,
         s.regions.installed,
@@ -152,7 +153,8 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
         s.regions.exists,
         s.prefetched,
         handler.cpu.as_secs_f64() * 1e3,
-        handler.sleeps
+        handler.sleeps,
+        handler.helpers_cpu.as_secs_f64() * 1e3
     ));
     if let Some(h) = stalls {
         say(format_args!(

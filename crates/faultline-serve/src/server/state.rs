@@ -217,6 +217,7 @@ impl State {
         // Connections that hung up without a handshake (another serve
         // checking whether the socket is in use) are not peers.
         let (accepted, finished) = self.counts();
+        let cpu = self.engine.handler_stats();
         Sample {
             snapshot: match &self.config.source {
                 Source::Mem(p) => p.display().to_string(),
@@ -226,6 +227,8 @@ impl State {
             accepted: accepted as u64,
             finished: finished as u64,
             refused: self.counters.refusals(),
+            handler_cpu_s: cpu.cpu.as_secs_f64(),
+            helpers_cpu_s: cpu.helpers_cpu.as_secs_f64(),
         }
     }
 

@@ -124,6 +124,10 @@ pub struct HandlerStats {
     pub sleeps: u64,
     /// Polls with a zero timeout that found nothing (the spinning).
     pub empty_spins: u64,
+    /// CPU time (user + system) of the prefetch helpers, which install
+    /// prefetch queues and pieces of faults' long windows (`fault::crew`),
+    /// as of each helper's last wait or last pass over the queues.
+    pub helpers_cpu: Duration,
 }
 
 /// The peers of every slot with prefetch pending.
@@ -148,6 +152,8 @@ pub struct ForeignEngine {
     slots: Vec<Arc<Slot>>,
     threads: Vec<Background>,
     helpers: Vec<Background>,
+    /// Each helper's CPU time, microseconds (see [`prefetch::helper`]).
+    helper_cpu_us: Vec<Arc<AtomicU64>>,
     work: Arc<Work>,
     /// The helpers as a crew for long windows (none without helpers).
     crew: Option<Arc<Crew>>,
@@ -213,9 +219,11 @@ impl ForeignEngine {
             let work = work.clone();
             Arc::new(Crew::new(move || work.notify()))
         });
-        let mut helpers = Vec::new();
+        let (mut helpers, mut helper_cpu_us) = (Vec::new(), Vec::new());
         for i in 0..cfg.prefetch_helpers {
             let (slots, work, tx) = (slots.clone(), work.clone(), tx.clone());
+            let cpu_us = Arc::new(AtomicU64::new(0));
+            helper_cpu_us.push(cpu_us.clone());
             let crew = crew.clone().expect("helpers have a crew");
             let scratch = cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes());
             let idle = cfg.prefetch_idle;
@@ -226,7 +234,7 @@ impl ForeignEngine {
                         (&work, &crew),
                         &tx,
                         (scratch, idle),
-                        stop,
+                        (&cpu_us, stop),
                     )
                 })
                 .map_err(|source| ForeignError::Spawn {
@@ -240,6 +248,7 @@ impl ForeignEngine {
                 slots,
                 threads,
                 helpers,
+                helper_cpu_us,
                 work,
                 crew,
                 spread: cfg.spread,
@@ -292,13 +301,16 @@ impl ForeignEngine {
     }
 
     /// What the handler threads cost so far (CPU time, sleeps, empty
-    /// spins).
+    /// spins), and the prefetch helpers' CPU time.
     pub fn handler_stats(&self) -> HandlerStats {
         let mut h = HandlerStats::default();
         for s in &self.slots {
             h.cpu += Duration::from_micros(s.cpu_us.load(Relaxed));
             h.sleeps += s.sleeps.load(Relaxed);
             h.empty_spins += s.empty_spins.load(Relaxed);
+        }
+        for c in &self.helper_cpu_us {
+            h.helpers_cpu += Duration::from_micros(c.load(Relaxed));
         }
         h
     }

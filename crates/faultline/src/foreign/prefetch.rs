@@ -47,7 +47,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -199,18 +199,25 @@ impl Work {
 /// queues of the peers `pending` lists (those with prefetch pending);
 /// sleeps while there are neither (`work` wakes it). `(scratch, idle)`: its
 /// copy buffer's bytes, and whether it runs under `SCHED_IDLE` (see step
-/// 6 of the module docs).
+/// 6 of the module docs). `cpu_us`: its CPU time (microseconds, user +
+/// system), published before each wait and after each pass over the
+/// queues.
 pub(super) fn helper(
     pending: impl Fn() -> Vec<Arc<ForeignPeer>>,
     (work, crew): (&Work, &Crew),
     tx: &Sender<PeerEvent>,
     (scratch, idle): (usize, bool),
-    stop: &StopFlag,
+    (cpu_us, stop): (&AtomicU64, &StopFlag),
 ) {
     if idle {
         // Unprivileged; a failure leaves the helper a normal thread.
         let _ = faultline_sys::thread::set_idle();
     }
+    let account = || {
+        if let Ok(u) = faultline_sys::process::thread_usage() {
+            cpu_us.store(((u.user_seconds + u.system_seconds) * 1e6) as u64, Relaxed);
+        }
+    };
     let mut scratch = vec![0u8; scratch];
     while !stop.is_set() {
         let seen = *work.generation.lock().expect("work");
@@ -218,6 +225,7 @@ pub(super) fn helper(
         while crew.help(&mut scratch) {}
         let pending = pending();
         if pending.is_empty() {
+            account();
             let g = work.generation.lock().expect("work");
             if *g == seen {
                 let _ = work.cv.wait_timeout(g, HELPER_IDLE).expect("work");
@@ -242,6 +250,7 @@ pub(super) fn helper(
             blocked |= prefetch_chunk(p, GATE_PIECE, &mut scratch, tx);
             p.helpers.fetch_sub(1, Relaxed);
         }
+        account();
         if !helped {
             // Every pending peer has its helper: wait for more work.
             let g = work.generation.lock().expect("work");

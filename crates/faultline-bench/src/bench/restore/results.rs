@@ -20,7 +20,7 @@ use super::takeover::{self, Gap};
 use super::tracked;
 
 /// The main table's columns.
-const COLUMNS: [&str; 18] = [
+const COLUMNS: [&str; 19] = [
     "ws",
     "cache",
     "config",
@@ -31,6 +31,7 @@ const COLUMNS: [&str; 18] = [
     "faults/page",
     "faults/read",
     "handler CPU ms",
+    "helpers CPU ms",
     "wasted pages",
     "window",
     "MiB read",
@@ -169,6 +170,9 @@ impl Results {
             if m.handler_cpu_ms.is_finite() {
                 rec = rec.with("handler_cpu_ms", m.handler_cpu_ms);
             }
+            if m.helpers_cpu_ms.is_finite() {
+                rec = rec.with("helpers_cpu_ms", m.helpers_cpu_ms);
+            }
             if m.wasted.is_finite() {
                 rec = rec.with("wasted_pages", m.wasted);
             }
@@ -235,6 +239,7 @@ impl Results {
                     "-".to_string()
                 },
                 finite(m.handler_cpu_ms, &|v| format!("{v:.1}")),
+                finite(m.helpers_cpu_ms, &|v| format!("{v:.1}")),
                 finite(m.wasted, &|v| format!("{v:.0}")),
                 finite(m.window, &|v| format!("{v:.0}")),
                 format!("{}", m.bytes_read >> 20),
@@ -292,7 +297,7 @@ impl Results {
     ) -> anyhow::Result<()> {
         print_table(&COLUMNS, &self.rows);
         println!(
-            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages), per working-set page, and per read(2) of the userfaultfd; handler CPU: serve's handler thread (its wait: --engine); wasted: pages installed that no vCPU touched (copy mode: the peer's resident pages beyond its set; shared mode: the pages serve installed beyond it); window: --adaptive-window's isolated window when the VM ended, pages (median of the runs); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
+            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages), per working-set page, and per read(2) of the userfaultfd; handler CPU: serve's handler threads (their wait: --engine); helpers CPU: serve's prefetch helpers (prefetch, and the pieces of long fault windows they copy beside the handler thread); wasted: pages installed that no vCPU touched (copy mode: the peer's resident pages beyond its set; shared mode: the pages serve installed beyond it); window: --adaptive-window's isolated window when the VM ended, pages (median of the runs); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
         );
         timeline::print(&self.handoff);
         phases::print(&self.phases);

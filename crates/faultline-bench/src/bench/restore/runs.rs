@@ -40,6 +40,8 @@ pub struct Run {
     /// CPU time of serve's handler thread over the run, ms (NaN: not
     /// serve).
     pub handler_cpu_ms: f64,
+    /// serve's prefetch helpers' CPU time, ms (NaN for kernel rows).
+    pub helpers_cpu_ms: f64,
     /// Pages installed that no vCPU touched (the peer's resident pages
     /// beyond its working set; anonymous copy mode only, else NaN).
     pub wasted: f64,
@@ -86,6 +88,7 @@ impl Run {
             pages: med(&|r| r.pages as f64) as u64,
             reads: med(&|r| r.reads as f64) as u64,
             handler_cpu_ms: med(&|r| r.handler_cpu_ms),
+            helpers_cpu_ms: med(&|r| r.helpers_cpu_ms),
             wasted: med(&|r| r.wasted),
             prepare_ms: med(&|r| r.prepare_ms),
             peer_anon_kib: med(&|r| r.peer_anon_kib as f64) as u64,
@@ -137,6 +140,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         pages: p.pages as u64,
         reads: 0,
         handler_cpu_ms: f64::NAN,
+        helpers_cpu_ms: f64::NAN,
         wasted: f64::NAN,
         prepare_ms: f64::NAN,
         peer_anon_kib: p.rss_anon_kib + p.hugetlb_kib,
@@ -262,6 +266,7 @@ pub(super) fn served(p: PeerReport, s: PeerSummary, prepare_ms: f64, mode: Mode<
         prepare_ms,
         reads: s.reads,
         handler_cpu_ms: s.handler_cpu_ms,
+        helpers_cpu_ms: s.helpers_cpu_ms,
         wasted,
         pages: p.pages as u64,
         seconds: p.seconds,

@@ -154,10 +154,11 @@ pub fn one(l: &Launcher<'_>, ws: f64, kill_at: u64) -> anyhow::Result<(Run, Gap)
             kill_at,
         };
         let mut run = served(rep, s, f64::NAN, Mode::Copy);
-        // Faults of both serves; handler CPU of the second only: not
-        // comparable.
+        // Faults of both serves; handler and helper CPU of the second
+        // only: not comparable.
         run.faults += kill_at;
         run.handler_cpu_ms = f64::NAN;
+        run.helpers_cpu_ms = f64::NAN;
         Ok((run, gap))
     });
     reap_keeper(&std::fs::read_to_string(&err).unwrap_or_default());
