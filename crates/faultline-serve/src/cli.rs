@@ -201,7 +201,7 @@ pub struct ServeArgs {
     /// path (message read, store read, copy, wake) and write them in its
     /// --json summary (`phases`): what `bench restore` breaks a demand
     /// fault down with, joined with the peer's own stamps of its touches.
-    /// 0 to 1048576; 56 bytes a sample. Default 0: off.
+    /// 0 to 1048576; 64 bytes a sample. Default 0: off.
     #[arg(long, default_value_t = 0, value_parser = phase_samples)]
     pub phase_samples: usize,
     /// Copy mode: install a fault's window faulting page first and wake

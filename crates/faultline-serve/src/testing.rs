@@ -218,6 +218,19 @@ pub fn peer(dir: &Dir, cmd: &[&str], name: &str, extra: &[&str]) -> Proc {
     start(dir, name, cmd, extra)
 }
 
+/// After `dir`'s serve (`--takeover`, started with `args`) died: waits
+/// until its keeper holds one peer for the next serve, then starts the
+/// same command again (`cmd`, as `again`).
+pub fn serve_again(dir: &Dir, cmd: &[&str], args: &[&str]) -> Proc {
+    dir.wait_for("serve.err", "holding 1 peer(s) for the next serve");
+    start(
+        dir,
+        "again",
+        cmd,
+        &[&["--timeout", "20"][..], args].concat(),
+    )
+}
+
 /// The pid of the keeper of `dir`'s serve (`--takeover`), from serve's
 /// stderr (which the keeper shares).
 pub fn keeper_pid(dir: &Dir) -> i32 {

@@ -308,13 +308,7 @@ fn a_peer_taken_over_mid_restore_keeps_an_exact_dirty_set() {
     );
     dir.wait_for("p1.err", "paused writing");
     s.kill();
-    dir.wait_for("serve.err", "holding 1 peer(s) for the next serve");
-    let mut again = testing::start(
-        &dir,
-        "again",
-        SERVE,
-        &[&["--timeout", "20"][..], &args].concat(),
-    );
+    let mut again = testing::serve_again(&dir, SERVE, &args);
     assert_ok(&mut p, &dir);
     let st = again.wait(WAIT);
     let log = dir.text("again.err");

@@ -1233,9 +1233,7 @@ fn kill_and_take_over(
     dir.wait_for("p.err", kill_at);
     std::thread::sleep(delay);
     stop(&mut s);
-    dir.wait_for("serve.err", "holding 1 peer(s) for the next serve");
-    let again_args = [&["--timeout", "20"][..], &args].concat();
-    let mut again = testing::start(&dir, "again", SERVE, &again_args);
+    let mut again = testing::serve_again(&dir, SERVE, &args);
     assert_ok(&mut p, &dir);
     let st = again.wait(WAIT);
     let log = dir.text("again.err");

@@ -66,8 +66,8 @@ pub struct RestoreArgs {
     #[arg(long, value_delimiter = ',', value_parser = faultline_cli_support::flags::threads(1))]
     pub peers: Vec<usize>,
     /// Serve faultline's configurations (on-demand, prefetch, eager) from
-    /// this Redis store (`redis://HOST:PORT/NAME`, `unix:///PATH?name=NAME`
-    /// or `redis+unix://...`): the memory file is uploaded there first,
+    /// this Redis store (`redis://HOST:PORT#NAME`, `redis+unix:///PATH#NAME`
+    /// or `unix:///PATH#NAME`): the memory file is uploaded there first,
     /// replacing a store of that name. The kernel and the baseline handler
     /// still read the file, and the peer checks bytes against it. "cold"
     /// then only drops the file's cache (Redis keeps its data in memory).
