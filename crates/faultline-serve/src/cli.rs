@@ -148,12 +148,14 @@ pub struct ServeArgs {
     /// Write every peer's statistics to FILE (JSON) on exit.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Survive a crash: a keeper process (this command run again, started
-    /// by the first serve) holds every peer's userfaultfd, connection and
-    /// REMOVE journal; after `kill -9` of serve, the same command started
-    /// again takes the peers over (wakes their blocked vCPUs, serves on).
-    /// The keeper exits when its peers are gone, or kills them after
-    /// --timeout without a serve (see --leave-peer-on-error).
+    /// Survive a crash: a keeper process (this program run again, started
+    /// by the first serve; its command line `faultline-serve-keeper`, its
+    /// name `fl-serve-keeper`, so `pkill -f` of serve's command line spares
+    /// it) holds every peer's userfaultfd, connection and REMOVE journal;
+    /// after `kill -9` of serve, the same command started again takes the
+    /// peers over (wakes their blocked vCPUs, serves on). The keeper exits
+    /// when its peers are gone, or kills them after --keeper-wait without
+    /// a serve (see --leave-peer-on-error).
     #[arg(long)]
     pub takeover: bool,
     /// Survive a crash under systemd: as --takeover, with the service
