@@ -147,6 +147,13 @@ pub struct Usage {
     pub user_seconds: f64,
 }
 
+impl Usage {
+    /// User + system CPU time, in whole microseconds.
+    pub fn cpu_us(&self) -> u64 {
+        ((self.user_seconds + self.system_seconds) * 1e6) as u64
+    }
+}
+
 /// `getrusage(RUSAGE_SELF)` of the whole process.
 pub fn usage() -> io::Result<Usage> {
     rusage(libc::RUSAGE_SELF)

@@ -98,9 +98,10 @@ pub struct Spec {
 impl Spec {
     /// The value of [`KEEPER_ENV`] for this keeper.
     pub fn to_env(&self) -> std::ffi::OsString {
+        // Whole milliseconds, rounded up: a wait is never shortened to 0.
         let mut v = std::ffi::OsString::from(format!(
             "{}:{}:",
-            self.wait.as_millis(),
+            self.wait.as_nanos().div_ceil(1_000_000),
             u8::from(self.leave)
         ));
         v.push(&self.socket);
@@ -736,7 +737,16 @@ mod tests {
         ] {
             assert_eq!(Spec::from_env(&spec.to_env()).unwrap(), spec);
         }
-        for bad in ["1", "1:0", "1:0:", "x:0:/s", "1:2:/s", "-1:0:/s", "1"] {
+        // Less than a millisecond is a millisecond, not no wait at all.
+        let short = Spec {
+            wait: Duration::from_micros(10),
+            ..Spec::from_env(OsStr::new("5:0:/s")).unwrap()
+        };
+        assert_eq!(
+            Spec::from_env(&short.to_env()).unwrap().wait,
+            Duration::from_millis(1)
+        );
+        for bad in ["1", "1:0", "1:0:", "x:0:/s", "1:2:/s", "-1:0:/s", ":0:/s"] {
             let e = Spec::from_env(OsStr::new(bad)).unwrap_err();
             assert!(e.to_string().contains("WAIT_MS:LEAVE:SOCKET"), "{bad}: {e}");
         }

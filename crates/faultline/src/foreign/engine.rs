@@ -484,8 +484,7 @@ impl Worker {
     /// Publishes this thread's CPU time so far.
     fn account(&self) {
         if let Ok(u) = faultline_sys::process::thread_usage() {
-            let us = ((u.user_seconds + u.system_seconds) * 1e6) as u64;
-            self.slot.cpu_us.store(us, Relaxed);
+            self.slot.cpu_us.store(u.cpu_us(), Relaxed);
         }
     }
 

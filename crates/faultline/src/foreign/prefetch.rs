@@ -215,7 +215,7 @@ pub(super) fn helper(
     }
     let account = || {
         if let Ok(u) = faultline_sys::process::thread_usage() {
-            cpu_us.store(((u.user_seconds + u.system_seconds) * 1e6) as u64, Relaxed);
+            cpu_us.store(u.cpu_us(), Relaxed);
         }
     };
     let mut scratch = vec![0u8; scratch];
