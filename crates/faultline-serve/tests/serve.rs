@@ -1246,6 +1246,44 @@ fn kill_and_take_over(
     log
 }
 
+/// The keeper killed while serve runs: the next VMM is neither refused
+/// nor killed; serve starts another keeper, deposits the VMM with it,
+/// and after `kill -9` of serve the same command takes it over from the
+/// new keeper, every byte verified.
+#[test]
+fn a_keeper_that_dies_is_replaced_and_the_next_peer_is_kept() {
+    let dir = Dir::new("keeper-replaced", 16 * MIB);
+    let args = ["--takeover", "--peers", "1"];
+    let mut s = serve(&dir, &args);
+    let first = testing::keeper_pid(&dir);
+    faultline_sys::process::kill(first, faultline_sys::process::SIGKILL).unwrap();
+    testing::wait_dead(first, "the killed keeper");
+    let mut p = peer(
+        &dir,
+        "p",
+        &["--verify-all", "--pause-at", "30", "--pause-ms", "300"],
+    );
+    dir.wait_for("serve.err", "started another, pid");
+    let log = dir.text("serve.err");
+    let second: i32 = log
+        .split("started another, pid ")
+        .nth(1)
+        .map_or("", |t| {
+            t.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("")
+        })
+        .parse()
+        .unwrap_or_else(|_| panic!("no pid of the new keeper: {log}"));
+    assert!(faultline_sys::process::alive(second), "the new keeper");
+    dir.wait_for("p.err", "paused");
+    s.kill();
+    let mut again = testing::serve_again(&dir, SERVE, &args);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut again, &dir);
+    let log = dir.text("again.err");
+    assert!(log.contains("taken over from the keeper"), "{log}");
+    testing::wait_exited(second, "the new keeper");
+}
+
 /// `kill -9` of serve mid-restore (4 vCPUs faulting, REMOVE storms racing
 /// them), and right after a balloon's REMOVE was read: the same command
 /// started again takes the peer over; it verifies every byte, zeros where

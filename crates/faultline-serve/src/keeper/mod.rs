@@ -60,6 +60,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use faultline_sys::poll::{self, PollFd};
@@ -96,6 +97,16 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// The keeper of `socket` (made absolute: the keeper's name is the
+    /// absolute path's hash) that waits `wait`, then `leave`s or kills.
+    pub fn new(socket: &Path, wait: Duration, leave: bool) -> std::io::Result<Spec> {
+        Ok(Spec {
+            socket: std::path::absolute(socket)?,
+            wait,
+            leave,
+        })
+    }
+
     /// The value of [`KEEPER_ENV`] for this keeper.
     pub fn to_env(&self) -> std::ffi::OsString {
         // Whole milliseconds, rounded up: a wait is never shortened to 0.
@@ -213,32 +224,215 @@ fn exchange(
     Ok((reply, got.fds))
 }
 
-/// A serve's side of its keeper: the keeper process (its attach
-/// connection) or systemd's file-descriptor store.
+/// A serve's side of its keeper: the keeper process or systemd's
+/// file-descriptor store.
 pub enum Keeper {
-    /// The keeper process.
-    Process {
-        /// Its socket.
-        addr: SocketAddr,
-        /// Held open: "a serve is there".
-        _attached: UnixStream,
-    },
+    /// The keeper process (replaced if it dies: see [`Linked`]).
+    Process(Box<Linked>),
     /// systemd's file-descriptor store (`--fd-store`).
     FdStore(FdStore),
 }
 
+/// Serve's link to its keeper process. A keeper that dies while serve
+/// runs (an operator's `kill`, the OOM killer) is replaced by the first
+/// request that finds it gone: another keeper is started and attached and
+/// given the listener again, and the request goes to it. The peers the
+/// dead keeper held are served on without takeover (said, through the
+/// `notice` serve gave); the ids the link gives carry the keeper's
+/// generation, so a dead keeper's id is never taken for its successor's.
+pub struct Linked {
+    addr: SocketAddr,
+    spec: Spec,
+    notice: fn(std::fmt::Arguments<'_>),
+    link: Mutex<Link>,
+}
+
+/// The keeper process serve is attached to now.
+struct Link {
+    /// Held open: "a serve is there".
+    _attached: UnixStream,
+    /// Keepers replaced so far (the high bits of the ids given out).
+    generation: u64,
+    /// The listener the keeper holds (a duplicate), and its path's
+    /// identity: deposited again with a replacement.
+    listener: Option<(OwnedFd, (u64, u64))>,
+    /// The keeper process when this serve started it (reaped once dead).
+    child: Option<std::process::Child>,
+}
+
+/// The bits of an id that are the keeper's own (below them: the
+/// generation).
+const GENERATION_SHIFT: u32 = 40;
+
+impl Linked {
+    fn new(
+        addr: SocketAddr,
+        spec: Spec,
+        notice: fn(std::fmt::Arguments<'_>),
+        (attached, child): (UnixStream, Option<std::process::Child>),
+    ) -> Linked {
+        Linked {
+            addr,
+            spec,
+            notice,
+            link: Mutex::new(Link {
+                _attached: attached,
+                generation: 0,
+                listener: None,
+                child,
+            }),
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.link.lock().expect("keeper link").generation
+    }
+
+    /// The keeper's own id of link id `id`, if the keeper that gave it is
+    /// the one attached now.
+    fn local(&self, id: u64) -> Option<u64> {
+        (id >> GENERATION_SHIFT == self.generation()).then_some(id & ((1 << GENERATION_SHIFT) - 1))
+    }
+
+    /// Sends `req` with `fds` to the keeper, replacing a dead one first;
+    /// the reply, its descriptors and the generation that served it.
+    fn request(
+        &self,
+        req: &Request,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(Reply, Vec<OwnedFd>, u64), KeeperError> {
+        let seen = self.generation();
+        let conn = match UnixStream::connect_addr(&self.addr) {
+            Ok(c) => c,
+            // Nothing listens on the keeper's name: it is gone.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                self.replace(seen)?;
+                UnixStream::connect_addr(&self.addr)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let generation = self.generation();
+        match exchange(&conn, req, fds)? {
+            (Reply { ok: false, .. }, _) => Err(KeeperError::Refused),
+            (reply, fds) => Ok((reply, fds, generation)),
+        }
+    }
+
+    /// Starts and attaches another keeper in place of generation `seen`,
+    /// unless another thread did already.
+    fn replace(&self, seen: u64) -> Result<(), KeeperError> {
+        let mut link = self.link.lock().expect("keeper link");
+        if link.generation != seen {
+            return Ok(());
+        }
+        if let Some(dead) = link.child.as_mut() {
+            // Reaped: no zombie left behind.
+            let _ = dead.try_wait();
+        }
+        let child = spawn(&self.spec)?;
+        let pid = child.id();
+        let (attached, _, _) = attach_within(&self.addr)?;
+        if let Some((fd, (dev, ino))) = &link.listener {
+            let conn = UnixStream::connect_addr(&self.addr)?;
+            if !exchange(
+                &conn,
+                &Request::Listen {
+                    dev: *dev,
+                    ino: *ino,
+                },
+                &[fd.as_fd()],
+            )?
+            .0
+            .ok
+            {
+                return Err(KeeperError::Refused);
+            }
+        }
+        link._attached = attached;
+        link.child = Some(child);
+        link.generation += 1;
+        (self.notice)(format_args!(
+            "the keeper of {} is gone (killed?): started another, pid {pid}; the peers deposited with the one that died are served on without takeover (should this serve die, they hang at their next missing page)",
+            self.spec.socket.display()
+        ));
+        Ok(())
+    }
+}
+
+/// Starts a keeper process for `spec`.
+fn spawn(spec: &Spec) -> Result<std::process::Child, KeeperError> {
+    let exe = std::env::current_exe()?;
+    std::process::Command::new(exe)
+        .arg0(KEEPER_ARG0)
+        .env(KEEPER_ENV, spec.to_env())
+        .env_remove(faultline_sys::failpoint::ENV)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| KeeperError::Start(e.to_string()))
+}
+
+/// Attaches to the keeper at `addr`, waiting up to [`REQUEST_TIMEOUT`]
+/// for one just started to listen.
+fn attach_within(addr: &SocketAddr) -> Result<(UnixStream, Reply, Vec<OwnedFd>), KeeperError> {
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    loop {
+        if let Some(attached) = attach(addr)? {
+            return Ok(attached);
+        }
+        if Instant::now() > deadline {
+            return Err(KeeperError::Start(format!(
+                "no answer within {}s",
+                REQUEST_TIMEOUT.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Attaches to the keeper at `addr`: its attach connection (held open:
+/// "a serve is there"), its reply and descriptors. `None`: no keeper.
+fn attach(addr: &SocketAddr) -> Result<Option<(UnixStream, Reply, Vec<OwnedFd>)>, KeeperError> {
+    let conn = match UnixStream::connect_addr(addr) {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let (reply, fds) = exchange(
+        &conn,
+        &Request::Attach {
+            pid: std::process::id(),
+        },
+        &[],
+    )?;
+    if !reply.ok {
+        return Err(KeeperError::InUse(reply.pid));
+    }
+    Ok(Some((conn, reply, fds)))
+}
+
 impl Keeper {
-    /// Attaches to the keeper of `socket` if one answers: what a dead
-    /// serve left with it. `None`: no keeper.
-    pub fn join(socket: &Path) -> Result<Option<(Keeper, Joined)>, KeeperError> {
-        let addr = name(socket)?;
-        let Some((keeper, reply, mut fds)) = Keeper::attach(&addr)? else {
+    /// Attaches to the keeper of `spec.socket` if one answers: what a dead
+    /// serve left with it. `None`: no keeper. `notice` says what serve
+    /// should say when the keeper is replaced (see [`Linked`]).
+    pub fn join(
+        spec: &Spec,
+        notice: fn(std::fmt::Arguments<'_>),
+    ) -> Result<Option<(Keeper, Joined)>, KeeperError> {
+        let addr = name(&spec.socket)?;
+        let Some((attached, reply, mut fds)) = attach(&addr)? else {
             return Ok(None);
         };
+        let linked = Linked::new(addr, spec.clone(), notice, (attached, None));
         let listener = match (reply.listener, fds.pop()) {
-            (Some(id), Some(fd)) => Some((fd, id)),
+            (Some(id), Some(fd)) => {
+                linked.link.lock().expect("keeper link").listener = Some((fd.try_clone()?, id));
+                Some((fd, id))
+            }
             _ => None,
         };
+        let keeper = Keeper::Process(Box::new(linked));
         let taken = keeper.take_all()?;
         let joined = Joined {
             taken,
@@ -260,100 +454,43 @@ impl Keeper {
     pub fn ready(&self) -> Result<(), KeeperError> {
         match self {
             Keeper::FdStore(s) => s.ready(),
-            Keeper::Process { .. } => Ok(()),
+            Keeper::Process(_) => Ok(()),
         }
     }
 
-    /// Starts a keeper of `socket` (this program, [`KEEPER_ENV`] saying
-    /// what to keep: see [`Spec`]) and attaches to it. Its command line
-    /// is [`KEEPER_ARG0`] alone and its name (`comm`) [`KEEPER_COMM`]: what
+    /// Starts a keeper for `spec` (this program, [`KEEPER_ENV`] saying
+    /// what to keep) and attaches to it. Its command line is
+    /// [`KEEPER_ARG0`] alone and its name (`comm`) [`KEEPER_COMM`]: what
     /// an operator matches serve with (`pkill -f 'serve --socket
     /// /run/vm1.sock'`, `pkill -f vm1.sock`, `pkill faultline-serve`)
-    /// matches no keeper, whose death would leave its VMMs to nobody.
-    /// The keeper waits `wait` for a serve (then `leave`s or kills its
-    /// peers, as `--leave-peer-on-error` says).
+    /// matches no keeper, whose death would leave its VMMs to nobody (and
+    /// one that dies anyway is replaced: see [`Linked`], `notice`).
     pub fn start(
-        socket: &Path,
-        wait: Duration,
-        leave: bool,
+        spec: &Spec,
+        notice: fn(std::fmt::Arguments<'_>),
     ) -> Result<(Keeper, Joined), KeeperError> {
-        let addr = name(socket)?;
-        let exe = std::env::current_exe()?;
-        let spec = Spec {
-            socket: std::path::absolute(socket)?,
-            wait,
-            leave,
+        let addr = name(&spec.socket)?;
+        let child = spawn(spec)?;
+        let (attached, reply, _) = attach_within(&addr)?;
+        let joined = Joined {
+            taken: Vec::new(),
+            listener: None,
+            last_n: reply.n,
         };
-        std::process::Command::new(exe)
-            .arg0(KEEPER_ARG0)
-            .env(KEEPER_ENV, spec.to_env())
-            .env_remove(faultline_sys::failpoint::ENV)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .process_group(0)
-            .spawn()
-            .map_err(|e| KeeperError::Start(e.to_string()))?;
-        let deadline = Instant::now() + REQUEST_TIMEOUT;
-        loop {
-            if let Some((keeper, reply, _)) = Keeper::attach(&addr)? {
-                let joined = Joined {
-                    taken: Vec::new(),
-                    listener: None,
-                    last_n: reply.n,
-                };
-                return Ok((keeper, joined));
-            }
-            if Instant::now() > deadline {
-                return Err(KeeperError::Start(format!(
-                    "no answer within {}s",
-                    REQUEST_TIMEOUT.as_secs()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let keeper = Keeper::Process(Box::new(Linked::new(
+            addr,
+            spec.clone(),
+            notice,
+            (attached, Some(child)),
+        )));
+        Ok((keeper, joined))
     }
 
-    fn attach(addr: &SocketAddr) -> Result<Option<(Keeper, Reply, Vec<OwnedFd>)>, KeeperError> {
-        let conn = match UnixStream::connect_addr(addr) {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let (reply, fds) = exchange(
-            &conn,
-            &Request::Attach {
-                pid: std::process::id(),
-            },
-            &[],
-        )?;
-        if !reply.ok {
-            return Err(KeeperError::InUse(reply.pid));
-        }
-        let keeper = Keeper::Process {
-            addr: addr.clone(),
-            _attached: conn,
-        };
-        Ok(Some((keeper, reply, fds)))
-    }
-
-    /// The keeper process's socket (`None`: the fd store).
-    fn addr(&self) -> Option<&SocketAddr> {
+    /// The keeper process (`None`: the fd store).
+    fn linked(&self) -> Result<&Linked, KeeperError> {
         match self {
-            Keeper::Process { addr, .. } => Some(addr),
-            Keeper::FdStore(_) => None,
-        }
-    }
-
-    fn request(
-        &self,
-        req: &Request,
-        fds: &[BorrowedFd<'_>],
-    ) -> Result<(Reply, Vec<OwnedFd>), KeeperError> {
-        let addr = self.addr().ok_or(KeeperError::Refused)?;
-        let conn = UnixStream::connect_addr(addr)?;
-        match exchange(&conn, req, fds)? {
-            (Reply { ok: false, .. }, _) => Err(KeeperError::Refused),
-            ok => Ok(ok),
+            Keeper::Process(l) => Ok(l),
+            Keeper::FdStore(_) => Err(KeeperError::Refused),
         }
     }
 
@@ -363,9 +500,11 @@ impl Keeper {
         if let Keeper::FdStore(s) = self {
             return s.listen(listener, id);
         }
+        let l = self.linked()?;
         let (dev, ino) = id;
-        self.request(&Request::Listen { dev, ino }, &[listener])
-            .map(drop)
+        l.request(&Request::Listen { dev, ino }, &[listener])?;
+        l.link.lock().expect("keeper link").listener = Some((listener.try_clone_to_owned()?, id));
+        Ok(())
     }
 
     /// Deposits connection `n` (from pid `pid`), just accepted; gives its
@@ -374,41 +513,53 @@ impl Keeper {
         if let Keeper::FdStore(s) = self {
             return s.deposit(n, conn);
         }
-        let (r, _) = self.request(&Request::Deposit { n, pid }, &[conn])?;
-        Ok(r.id)
+        let (r, _, generation) = self
+            .linked()?
+            .request(&Request::Deposit { n, pid }, &[conn])?;
+        Ok(generation << GENERATION_SHIFT | r.id)
     }
 
     /// Deposits the hand-off of connection `id`: its `handshake`, its
-    /// userfaultfd and its journal.
+    /// userfaultfd and its journal. `false`: the keeper that held the
+    /// connection died since (see [`Linked`]): nothing is kept for it.
     pub fn hand(
         &self,
         id: u64,
         handshake: &str,
         fds: [BorrowedFd<'_>; 2],
-    ) -> Result<(), KeeperError> {
+    ) -> Result<bool, KeeperError> {
         if let Keeper::FdStore(s) = self {
-            return s.hand(id, handshake, fds);
+            return s.hand(id, handshake, fds).map(|()| true);
         }
+        let l = self.linked()?;
+        let Some(id) = l.local(id) else {
+            return Ok(false);
+        };
         let req = Request::Hand {
             id,
             handshake: handshake.into(),
         };
-        self.request(&req, &fds).map(drop)
+        l.request(&req, &fds).map(|_| true)
     }
 
-    /// Tells the keeper peer `id` is done with.
+    /// Tells the keeper peer `id` is done with (nothing to tell when the
+    /// keeper that held it died since).
     pub fn forget(&self, id: u64) -> Result<(), KeeperError> {
         if let Keeper::FdStore(s) = self {
             return s.forget(id);
         }
-        self.request(&Request::Forget { id }, &[]).map(drop)
+        let l = self.linked()?;
+        match l.local(id) {
+            Some(id) => l.request(&Request::Forget { id }, &[]).map(drop),
+            None => Ok(()),
+        }
     }
 
     /// Every peer it holds.
     fn take_all(&self) -> Result<Vec<Taken>, KeeperError> {
         let mut out = Vec::new();
         let mut next = 0;
-        let addr = self.addr().ok_or(KeeperError::Refused)?;
+        let addr = &self.linked()?.addr;
         loop {
             let conn = UnixStream::connect_addr(addr)?;
             let (r, fds) = exchange(&conn, &Request::Take { next }, &[])?;

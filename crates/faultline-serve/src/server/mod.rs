@@ -72,7 +72,7 @@ use faultline_sys::signal::{SIGHUP, SIGINT, SIGTERM};
 pub use error::ServeError;
 
 use crate::config::ServeConfig;
-use crate::keeper::{Joined, Keeper, KeeperError, Taken};
+use crate::keeper::{Joined, Keeper, KeeperError, Spec, Taken};
 use crate::metrics::{Endpoint, Exposition, ServerCounters};
 use crate::record;
 use crate::summary::PeerSummary;
@@ -537,17 +537,17 @@ fn join_keeper(config: &ServeConfig) -> Result<Option<(Keeper, Joined)>, ServeEr
         },
         e => ServeError::Keeper(e),
     };
-    if let Some(j) = Keeper::join(&config.socket).map_err(in_use)? {
-        return Ok(Some(j));
-    }
-    Socket::check(&config.socket)?;
-    Keeper::start(
+    let spec = Spec::new(
         &config.socket,
         config.keeper_wait,
         config.leave_peer_on_error,
     )
-    .map(Some)
-    .map_err(in_use)
+    .map_err(|e| ServeError::Keeper(e.into()))?;
+    if let Some(j) = Keeper::join(&spec, say).map_err(in_use)? {
+        return Ok(Some(j));
+    }
+    Socket::check(&config.socket)?;
+    Keeper::start(&spec, say).map(Some).map_err(in_use)
 }
 
 /// The listening socket: the one the keeper held for a dead serve when
