@@ -1246,25 +1246,29 @@ fn kill_and_take_over(
     log
 }
 
-/// The keeper killed while serve runs: the next VMM is neither refused
-/// nor killed; serve starts another keeper, deposits the VMM with it,
-/// and after `kill -9` of serve the same command takes it over from the
-/// new keeper, every byte verified.
+/// The keeper killed while serve runs: serve starts another at its next
+/// request to it (here: the second VMM connecting, which is neither
+/// refused nor killed) and deposits with it the VMM the dead one held;
+/// after `kill -9` of serve the same command takes both VMMs over from
+/// the new keeper, every byte of each verified.
 #[test]
-fn a_keeper_that_dies_is_replaced_and_the_next_peer_is_kept() {
+fn a_keeper_that_dies_is_replaced_and_keeps_every_peer() {
     let dir = Dir::new("keeper-replaced", 16 * MIB);
-    let args = ["--takeover", "--peers", "1"];
+    let args = ["--takeover", "--peers", "2"];
     let mut s = serve(&dir, &args);
     let first = testing::keeper_pid(&dir);
+    let pause = ["--verify-all", "--pause-at", "30", "--pause-ms", "600"];
+    let mut a = peer(&dir, "a", &pause);
+    dir.wait_for("a.err", "paused");
     faultline_sys::process::kill(first, faultline_sys::process::SIGKILL).unwrap();
     testing::wait_dead(first, "the killed keeper");
-    let mut p = peer(
-        &dir,
-        "p",
-        &["--verify-all", "--pause-at", "30", "--pause-ms", "300"],
-    );
+    let mut b = peer(&dir, "b", &pause);
     dir.wait_for("serve.err", "started another, pid");
     let log = dir.text("serve.err");
+    assert!(
+        log.contains("deposited with it the 1 peer(s) the dead one held"),
+        "{log}"
+    );
     let second: i32 = log
         .split("started another, pid ")
         .nth(1)
@@ -1273,14 +1277,23 @@ fn a_keeper_that_dies_is_replaced_and_the_next_peer_is_kept() {
         })
         .parse()
         .unwrap_or_else(|_| panic!("no pid of the new keeper: {log}"));
-    assert!(faultline_sys::process::alive(second), "the new keeper");
-    dir.wait_for("p.err", "paused");
+    dir.wait_for("b.err", "paused");
     s.kill();
-    let mut again = testing::serve_again(&dir, SERVE, &args);
-    assert_ok(&mut p, &dir);
+    dir.wait_for("serve.err", "holding 2 peer(s) for the next serve");
+    let mut again = testing::start(
+        &dir,
+        "again",
+        SERVE,
+        &[&["--timeout", "20"][..], &args].concat(),
+    );
+    assert_ok(&mut a, &dir);
+    assert_ok(&mut b, &dir);
     assert_ok(&mut again, &dir);
     let log = dir.text("again.err");
-    assert!(log.contains("taken over from the keeper"), "{log}");
+    assert!(
+        log.contains("taking 2 peer(s) over from the keeper"),
+        "{log}"
+    );
     testing::wait_exited(second, "the new keeper");
 }
 

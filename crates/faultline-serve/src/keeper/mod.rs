@@ -55,6 +55,7 @@ pub mod fdstore;
 pub mod journal;
 mod taken;
 
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -235,11 +236,14 @@ pub enum Keeper {
 
 /// Serve's link to its keeper process. A keeper that dies while serve
 /// runs (an operator's `kill`, the OOM killer) is replaced by the first
-/// request that finds it gone: another keeper is started and attached and
-/// given the listener again, and the request goes to it. The peers the
-/// dead keeper held are served on without takeover (said, through the
-/// `notice` serve gave); the ids the link gives carry the keeper's
-/// generation, so a dead keeper's id is never taken for its successor's.
+/// request that finds it gone: another keeper is started and attached,
+/// and given again what the dead one held for this serve (the listener,
+/// every peer's connection and hand-off: the link keeps a duplicate of
+/// each descriptor it deposited), then the request goes to it. The ids
+/// the link gives serve are its own, so they stay valid across
+/// replacements; the link maps each to the current keeper's. Every
+/// request runs under the link's lock, a replacement included, so none
+/// is sent to a keeper the replacement has not given everything to.
 pub struct Linked {
     addr: SocketAddr,
     spec: Spec,
@@ -247,22 +251,33 @@ pub struct Linked {
     link: Mutex<Link>,
 }
 
-/// The keeper process serve is attached to now.
+/// The keeper process serve is attached to now, and what it holds for
+/// this serve.
 struct Link {
     /// Held open: "a serve is there".
     _attached: UnixStream,
-    /// Keepers replaced so far (the high bits of the ids given out).
-    generation: u64,
-    /// The listener the keeper holds (a duplicate), and its path's
-    /// identity: deposited again with a replacement.
-    listener: Option<(OwnedFd, (u64, u64))>,
     /// The keeper process when this serve started it (reaped once dead).
     child: Option<std::process::Child>,
+    /// The listener the keeper holds (a duplicate), and its path's
+    /// identity.
+    listener: Option<(OwnedFd, (u64, u64))>,
+    /// The peers it holds, by the link's id.
+    deposited: BTreeMap<u64, Deposited>,
+    /// The next link id.
+    next: u64,
 }
 
-/// The bits of an id that are the keeper's own (below them: the
-/// generation).
-const GENERATION_SHIFT: u32 = 40;
+/// A peer the keeper holds for this serve, as deposited (duplicates of
+/// the descriptors).
+struct Deposited {
+    /// Its id at the current keeper.
+    local: u64,
+    n: usize,
+    pid: i32,
+    conn: OwnedFd,
+    /// Its handshake, userfaultfd and journal, once handed.
+    handed: Option<(String, [OwnedFd; 2])>,
+}
 
 impl Linked {
     fn new(
@@ -277,54 +292,50 @@ impl Linked {
             notice,
             link: Mutex::new(Link {
                 _attached: attached,
-                generation: 0,
-                listener: None,
                 child,
+                listener: None,
+                deposited: BTreeMap::new(),
+                next: 1,
             }),
         }
     }
 
-    fn generation(&self) -> u64 {
-        self.link.lock().expect("keeper link").generation
-    }
-
-    /// The keeper's own id of link id `id`, if the keeper that gave it is
-    /// the one attached now.
-    fn local(&self, id: u64) -> Option<u64> {
-        (id >> GENERATION_SHIFT == self.generation()).then_some(id & ((1 << GENERATION_SHIFT) - 1))
-    }
-
-    /// Sends `req` with `fds` to the keeper, replacing a dead one first;
-    /// the reply, its descriptors and the generation that served it.
+    /// Sends the request `req` builds (from the link: ids may change with
+    /// a replacement) with `fds` to the keeper, replacing a dead one
+    /// first; the reply and its descriptors.
     fn request(
         &self,
-        req: &Request,
+        link: &mut Link,
+        req: impl Fn(&Link) -> Request,
         fds: &[BorrowedFd<'_>],
-    ) -> Result<(Reply, Vec<OwnedFd>, u64), KeeperError> {
-        let seen = self.generation();
+    ) -> Result<(Reply, Vec<OwnedFd>), KeeperError> {
         let conn = match UnixStream::connect_addr(&self.addr) {
             Ok(c) => c,
             // Nothing listens on the keeper's name: it is gone.
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                self.replace(seen)?;
+                self.replace(link)?;
                 UnixStream::connect_addr(&self.addr)?
             }
             Err(e) => return Err(e.into()),
         };
-        let generation = self.generation();
-        match exchange(&conn, req, fds)? {
+        match exchange(&conn, &req(link), fds)? {
             (Reply { ok: false, .. }, _) => Err(KeeperError::Refused),
-            (reply, fds) => Ok((reply, fds, generation)),
+            ok => Ok(ok),
         }
     }
 
-    /// Starts and attaches another keeper in place of generation `seen`,
-    /// unless another thread did already.
-    fn replace(&self, seen: u64) -> Result<(), KeeperError> {
-        let mut link = self.link.lock().expect("keeper link");
-        if link.generation != seen {
-            return Ok(());
+    /// One request to the keeper attached now (no replacement).
+    fn send(&self, req: &Request, fds: &[BorrowedFd<'_>]) -> Result<Reply, KeeperError> {
+        let conn = UnixStream::connect_addr(&self.addr)?;
+        match exchange(&conn, req, fds)? {
+            (Reply { ok: false, .. }, _) => Err(KeeperError::Refused),
+            (reply, _) => Ok(reply),
         }
+    }
+
+    /// Starts and attaches another keeper and gives it what the dead one
+    /// held for this serve.
+    fn replace(&self, link: &mut Link) -> Result<(), KeeperError> {
         if let Some(dead) = link.child.as_mut() {
             // Reaped: no zombie left behind.
             let _ = dead.try_wait();
@@ -332,30 +343,54 @@ impl Linked {
         let child = spawn(&self.spec)?;
         let pid = child.id();
         let (attached, _, _) = attach_within(&self.addr)?;
+        link._attached = attached;
+        link.child = Some(child);
         if let Some((fd, (dev, ino))) = &link.listener {
-            let conn = UnixStream::connect_addr(&self.addr)?;
-            if !exchange(
-                &conn,
+            self.send(
                 &Request::Listen {
                     dev: *dev,
                     ino: *ino,
                 },
                 &[fd.as_fd()],
-            )?
-            .0
-            .ok
-            {
-                return Err(KeeperError::Refused);
+            )?;
+        }
+        for d in link.deposited.values_mut() {
+            let (n, pid) = (d.n, d.pid);
+            d.local = self
+                .send(&Request::Deposit { n, pid }, &[d.conn.as_fd()])?
+                .id;
+            if let Some((handshake, [uffd, journal])) = &d.handed {
+                let req = Request::Hand {
+                    id: d.local,
+                    handshake: handshake.clone(),
+                };
+                self.send(&req, &[uffd.as_fd(), journal.as_fd()])?;
             }
         }
-        link._attached = attached;
-        link.child = Some(child);
-        link.generation += 1;
         (self.notice)(format_args!(
-            "the keeper of {} is gone (killed?): started another, pid {pid}; the peers deposited with the one that died are served on without takeover (should this serve die, they hang at their next missing page)",
-            self.spec.socket.display()
+            "the keeper of {} is gone (killed?): started another, pid {pid}, and deposited with it the {} peer(s) the dead one held",
+            self.spec.socket.display(),
+            link.deposited.len()
         ));
         Ok(())
+    }
+
+    /// Registers a peer the keeper holds under keeper id `local`; its link
+    /// id.
+    fn register(link: &mut Link, local: u64, n: usize, pid: i32, conn: OwnedFd) -> u64 {
+        let id = link.next;
+        link.next += 1;
+        link.deposited.insert(
+            id,
+            Deposited {
+                local,
+                n,
+                pid,
+                conn,
+                handed: None,
+            },
+        );
+        id
     }
 }
 
@@ -432,8 +467,8 @@ impl Keeper {
             }
             _ => None,
         };
+        let taken = linked.take_all()?;
         let keeper = Keeper::Process(Box::new(linked));
-        let taken = keeper.take_all()?;
         let joined = Joined {
             taken,
             listener,
@@ -486,82 +521,91 @@ impl Keeper {
         Ok((keeper, joined))
     }
 
-    /// The keeper process (`None`: the fd store).
-    fn linked(&self) -> Result<&Linked, KeeperError> {
-        match self {
-            Keeper::Process(l) => Ok(l),
-            Keeper::FdStore(_) => Err(KeeperError::Refused),
-        }
-    }
-
     /// Has the keeper hold `listener`, bound at the path whose (device,
     /// inode) are `id`: connections queued on it outlive this serve.
     pub fn listen(&self, listener: BorrowedFd<'_>, id: (u64, u64)) -> Result<(), KeeperError> {
-        if let Keeper::FdStore(s) = self {
-            return s.listen(listener, id);
-        }
-        let l = self.linked()?;
+        let l = match self {
+            Keeper::FdStore(s) => return s.listen(listener, id),
+            Keeper::Process(l) => l,
+        };
+        let mut link = l.link.lock().expect("keeper link");
         let (dev, ino) = id;
-        l.request(&Request::Listen { dev, ino }, &[listener])?;
-        l.link.lock().expect("keeper link").listener = Some((listener.try_clone_to_owned()?, id));
+        l.request(&mut link, |_| Request::Listen { dev, ino }, &[listener])?;
+        link.listener = Some((listener.try_clone_to_owned()?, id));
         Ok(())
     }
 
     /// Deposits connection `n` (from pid `pid`), just accepted; gives its
     /// id.
     pub fn deposit(&self, n: usize, pid: i32, conn: BorrowedFd<'_>) -> Result<u64, KeeperError> {
-        if let Keeper::FdStore(s) = self {
-            return s.deposit(n, conn);
-        }
-        let (r, _, generation) = self
-            .linked()?
-            .request(&Request::Deposit { n, pid }, &[conn])?;
-        Ok(generation << GENERATION_SHIFT | r.id)
+        let l = match self {
+            Keeper::FdStore(s) => return s.deposit(n, conn),
+            Keeper::Process(l) => l,
+        };
+        let mut link = l.link.lock().expect("keeper link");
+        let dup = conn.try_clone_to_owned()?;
+        let (r, _) = l.request(&mut link, |_| Request::Deposit { n, pid }, &[conn])?;
+        Ok(Linked::register(&mut link, r.id, n, pid, dup))
     }
 
     /// Deposits the hand-off of connection `id`: its `handshake`, its
-    /// userfaultfd and its journal. `false`: the keeper that held the
-    /// connection died since (see [`Linked`]): nothing is kept for it.
+    /// userfaultfd and its journal.
     pub fn hand(
         &self,
         id: u64,
         handshake: &str,
         fds: [BorrowedFd<'_>; 2],
-    ) -> Result<bool, KeeperError> {
-        if let Keeper::FdStore(s) = self {
-            return s.hand(id, handshake, fds).map(|()| true);
-        }
-        let l = self.linked()?;
-        let Some(id) = l.local(id) else {
-            return Ok(false);
+    ) -> Result<(), KeeperError> {
+        let l = match self {
+            Keeper::FdStore(s) => return s.hand(id, handshake, fds),
+            Keeper::Process(l) => l,
         };
-        let req = Request::Hand {
-            id,
+        let mut link = l.link.lock().expect("keeper link");
+        let dups = [fds[0].try_clone_to_owned()?, fds[1].try_clone_to_owned()?];
+        if !link.deposited.contains_key(&id) {
+            return Err(KeeperError::Refused);
+        }
+        // The id at the keeper as of the request (a replacement it
+        // triggers deposits the connection again under a new one).
+        let req = |link: &Link| Request::Hand {
+            id: link.deposited.get(&id).map_or(0, |d| d.local),
             handshake: handshake.into(),
         };
-        l.request(&req, &fds).map(|_| true)
+        l.request(&mut link, req, &fds)?;
+        if let Some(d) = link.deposited.get_mut(&id) {
+            d.handed = Some((handshake.into(), dups));
+        }
+        Ok(())
     }
 
-    /// Tells the keeper peer `id` is done with (nothing to tell when the
-    /// keeper that held it died since).
+    /// Tells the keeper peer `id` is done with.
     pub fn forget(&self, id: u64) -> Result<(), KeeperError> {
-        if let Keeper::FdStore(s) = self {
-            return s.forget(id);
+        let l = match self {
+            Keeper::FdStore(s) => return s.forget(id),
+            Keeper::Process(l) => l,
+        };
+        let mut link = l.link.lock().expect("keeper link");
+        if !link.deposited.contains_key(&id) {
+            return Err(KeeperError::Refused);
         }
-        let l = self.linked()?;
-        match l.local(id) {
-            Some(id) => l.request(&Request::Forget { id }, &[]).map(drop),
-            None => Ok(()),
-        }
+        // Still registered while the request runs: a replacement it
+        // triggers deposits it again, and the forget goes to the new id.
+        let local = |link: &Link| link.deposited.get(&id).map_or(0, |d| d.local);
+        let done = l.request(&mut link, |link| Request::Forget { id: local(link) }, &[]);
+        link.deposited.remove(&id);
+        done.map(drop)
     }
+}
 
-    /// Every peer it holds.
+impl Linked {
+    /// Every peer the keeper holds (a dead serve's), registered with the
+    /// link: their ids are the link's.
     fn take_all(&self) -> Result<Vec<Taken>, KeeperError> {
         let mut out = Vec::new();
         let mut next = 0;
-        let addr = &self.linked()?.addr;
+        let mut link = self.link.lock().expect("keeper link");
         loop {
-            let conn = UnixStream::connect_addr(addr)?;
+            let conn = UnixStream::connect_addr(&self.addr)?;
             let (r, fds) = exchange(&conn, &Request::Take { next }, &[])?;
             if !r.ok {
                 return Ok(out);
@@ -578,8 +622,13 @@ impl Keeper {
                 _ => return Err(KeeperError::Refused),
             };
             next = r.id + 1;
+            let id = Linked::register(&mut link, r.id, r.n, r.pid, conn.try_clone()?);
+            if let (Some(h), Some(d)) = (&handed, link.deposited.get_mut(&id)) {
+                let fds = [h.uffd.try_clone()?, h.journal.try_clone()?];
+                d.handed = Some((h.handshake.clone(), fds));
+            }
             out.push(Taken {
-                id: r.id,
+                id,
                 n: r.n,
                 pid: r.pid,
                 conn,

@@ -274,11 +274,7 @@ fn journal(
                 journal.set_tracks_dirty();
             }
             let fds = [peer.uffd().as_fd(), journal.fd()];
-            if !keeper.hand(id, raw, fds).map_err(BuildError::Deposit)? {
-                say(format_args!(
-                    "peer {n}: the keeper it was deposited with died before its hand-off: served without takeover"
-                ));
-            }
+            keeper.hand(id, raw, fds).map_err(BuildError::Deposit)?;
             // Deposited, not yet read off nor served: the next serve
             // takes it over.
             faultline_sys::failpoint::hit("handoff-deposited");
