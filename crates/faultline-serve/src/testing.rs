@@ -303,25 +303,6 @@ pub fn wait_exited(pid: i32, what: &str) {
     }
 }
 
-/// Waits (at most [`WAIT`]) until process `pid` (`what`, in the message)
-/// is dead: gone, or a zombie its parent has not reaped yet (its
-/// descriptors and sockets are closed).
-pub fn wait_dead(pid: i32, what: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next());
-        if matches!(state, None | Some("Z")) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what} {pid} is still alive");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// The number `log` says right after `after` (panics, with the log, when
 /// it says none).
 pub fn number_after(log: &str, after: &str) -> usize {

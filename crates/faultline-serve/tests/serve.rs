@@ -1246,11 +1246,11 @@ fn kill_and_take_over(
     log
 }
 
-/// The keeper killed while serve runs: serve starts another at its next
-/// request to it (here: the second VMM connecting, which is neither
-/// refused nor killed) and deposits with it the VMM the dead one held;
-/// after `kill -9` of serve the same command takes both VMMs over from
-/// the new keeper, every byte of each verified.
+/// The keeper killed while serve runs: serve starts another at once (its
+/// watcher sees the keeper's end of the attach connection close) and
+/// deposits with it the VMM the dead one held; a second VMM is deposited
+/// with the new one; after `kill -9` of serve the same command takes both
+/// VMMs over from the new keeper, every byte of each verified.
 #[test]
 fn a_keeper_that_dies_is_replaced_and_keeps_every_peer() {
     let dir = Dir::new("keeper-replaced", 16 * MIB);
@@ -1261,9 +1261,8 @@ fn a_keeper_that_dies_is_replaced_and_keeps_every_peer() {
     let mut a = peer(&dir, "a", &pause);
     dir.wait_for("a.err", "paused");
     faultline_sys::process::kill(first, faultline_sys::process::SIGKILL).unwrap();
-    testing::wait_dead(first, "the killed keeper");
-    let mut b = peer(&dir, "b", &pause);
     dir.wait_for("serve.err", "started another, pid");
+    let mut b = peer(&dir, "b", &pause);
     let log = dir.text("serve.err");
     assert!(
         log.contains("deposited with it the 1 peer(s) the dead one held"),

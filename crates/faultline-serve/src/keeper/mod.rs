@@ -61,10 +61,11 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use faultline_sys::poll::{self, PollFd};
+use faultline_sys::thread::EventFd;
 use faultline_sys::{process, sock};
 
 pub use fdstore::FdStore;
@@ -153,6 +154,10 @@ impl Spec {
     }
 }
 
+/// How often the keeper watcher looks again at the link (ms): a keeper's
+/// death and the link's drop wake it at once.
+const WATCH_MS: i32 = 500;
+
 /// The largest message (a handshake is at most 64 KiB).
 const MAX_MESSAGE: usize = 1 << 18;
 
@@ -229,14 +234,15 @@ fn exchange(
 /// file-descriptor store.
 pub enum Keeper {
     /// The keeper process (replaced if it dies: see [`Linked`]).
-    Process(Box<Linked>),
+    Process(Arc<Linked>),
     /// systemd's file-descriptor store (`--fd-store`).
     FdStore(FdStore),
 }
 
 /// Serve's link to its keeper process. A keeper that dies while serve
-/// runs (an operator's `kill`, the OOM killer) is replaced by the first
-/// request that finds it gone: another keeper is started and attached,
+/// runs (an operator's `kill`, the OOM killer) is replaced as soon as a
+/// watcher thread sees its end of the attach connection close, or by the
+/// first request that finds it gone: another keeper is started and attached,
 /// and given again what the dead one held for this serve (the listener,
 /// every peer's connection and hand-off: the link keeps a duplicate of
 /// each descriptor it deposited), then the request goes to it. The ids
@@ -249,6 +255,15 @@ pub struct Linked {
     spec: Spec,
     notice: fn(std::fmt::Arguments<'_>),
     link: Mutex<Link>,
+    /// Ends the watcher thread when the link is dropped (so the attach
+    /// connection it polls closes with the link).
+    stop: Arc<EventFd>,
+}
+
+impl Drop for Linked {
+    fn drop(&mut self) {
+        self.stop.notify();
+    }
 }
 
 /// The keeper process serve is attached to now, and what it holds for
@@ -265,6 +280,8 @@ struct Link {
     deposited: BTreeMap<u64, Deposited>,
     /// The next link id.
     next: u64,
+    /// Keepers replaced so far.
+    replaced: u64,
 }
 
 /// A peer the keeper holds for this serve, as deposited (duplicates of
@@ -285,19 +302,75 @@ impl Linked {
         spec: Spec,
         notice: fn(std::fmt::Arguments<'_>),
         (attached, child): (UnixStream, Option<std::process::Child>),
-    ) -> Linked {
-        Linked {
+    ) -> Result<Linked, KeeperError> {
+        Ok(Linked {
             addr,
             spec,
             notice,
+            stop: Arc::new(EventFd::new()?),
             link: Mutex::new(Link {
                 _attached: attached,
                 child,
                 listener: None,
                 deposited: BTreeMap::new(),
                 next: 1,
+                replaced: 0,
             }),
-        }
+        })
+    }
+
+    /// Shares `linked` with a watcher thread that replaces the keeper as
+    /// soon as it dies (its end of the attach connection closes), so the
+    /// peers it held are protected again without waiting for a request.
+    /// The thread ends when the link is dropped.
+    fn watched(linked: Linked) -> Arc<Linked> {
+        let linked = Arc::new(linked);
+        let weak = Arc::downgrade(&linked);
+        let stop = linked.stop.clone();
+        let watch = move || loop {
+            let Some((attached, seen)) = weak.upgrade().and_then(|l| {
+                let link = l.link.lock().expect("keeper link");
+                Some((link._attached.try_clone().ok()?, link.replaced))
+            }) else {
+                return;
+            };
+            let mut fds = [
+                PollFd {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(&attached),
+                    events: poll::events::RDHUP,
+                    revents: 0,
+                },
+                PollFd {
+                    fd: stop.raw(),
+                    events: poll::events::IN,
+                    revents: 0,
+                },
+            ];
+            if poll::poll(&mut fds, WATCH_MS).is_err() || fds[1].revents != 0 {
+                return;
+            }
+            if fds[0].revents == 0 {
+                continue;
+            }
+            let Some(l) = weak.upgrade() else { return };
+            let failed = {
+                let mut link = l.link.lock().expect("keeper link");
+                // A request may have replaced it already.
+                (link.replaced == seen)
+                    .then(|| l.replace(&mut link).err())
+                    .flatten()
+            };
+            if let Some(e) = failed {
+                (l.notice)(format_args!("replacing the keeper failed: {e}"));
+                drop(l);
+                std::thread::sleep(Duration::from_millis(WATCH_MS as u64));
+            }
+        };
+        // Without the thread, a request still replaces a dead keeper.
+        let _ = std::thread::Builder::new()
+            .name("faultline-keeper-watch".into())
+            .spawn(watch);
+        linked
     }
 
     /// Sends the request `req` builds (from the link: ids may change with
@@ -345,6 +418,7 @@ impl Linked {
         let (attached, _, _) = attach_within(&self.addr)?;
         link._attached = attached;
         link.child = Some(child);
+        link.replaced += 1;
         if let Some((fd, (dev, ino))) = &link.listener {
             self.send(
                 &Request::Listen {
@@ -459,7 +533,7 @@ impl Keeper {
         let Some((attached, reply, mut fds)) = attach(&addr)? else {
             return Ok(None);
         };
-        let linked = Linked::new(addr, spec.clone(), notice, (attached, None));
+        let linked = Linked::new(addr, spec.clone(), notice, (attached, None))?;
         let listener = match (reply.listener, fds.pop()) {
             (Some(id), Some(fd)) => {
                 linked.link.lock().expect("keeper link").listener = Some((fd.try_clone()?, id));
@@ -468,7 +542,7 @@ impl Keeper {
             _ => None,
         };
         let taken = linked.take_all()?;
-        let keeper = Keeper::Process(Box::new(linked));
+        let keeper = Keeper::Process(Linked::watched(linked));
         let joined = Joined {
             taken,
             listener,
@@ -512,12 +586,12 @@ impl Keeper {
             listener: None,
             last_n: reply.n,
         };
-        let keeper = Keeper::Process(Box::new(Linked::new(
+        let keeper = Keeper::Process(Linked::watched(Linked::new(
             addr,
             spec.clone(),
             notice,
             (attached, Some(child)),
-        )));
+        )?));
         Ok((keeper, joined))
     }
 
