@@ -1296,6 +1296,31 @@ fn a_keeper_that_dies_is_replaced_and_keeps_every_peer() {
     testing::wait_exited(second, "the new keeper");
 }
 
+/// serve's executable replaced on disk (an upgrade) and its keeper killed:
+/// no keeper can be started again; a VMM connecting then is served
+/// without takeover (said), not refused and killed, every byte verified.
+#[test]
+fn a_vmm_is_served_without_takeover_when_no_keeper_can_start() {
+    let dir = Dir::new("keeper-unstartable", 16 * MIB);
+    let exe = dir.path("faultline-serve-old");
+    std::fs::copy(SERVE[0], &exe).unwrap();
+    let mut s = testing::serve(
+        &dir,
+        &[exe.to_str().unwrap()],
+        &["--takeover", "--peers", "1"],
+    );
+    let keeper = testing::keeper_pid(&dir);
+    std::fs::remove_file(&exe).unwrap();
+    faultline_sys::process::kill(keeper, faultline_sys::process::SIGKILL).unwrap();
+    dir.wait_for("serve.err", "replacing the keeper of");
+    let mut p = peer(&dir, "p", &["--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(log.contains("served without takeover"), "{log}");
+    assert!(!log.contains("refused"), "{log}");
+}
+
 /// `kill -9` of serve mid-restore (4 vCPUs faulting, REMOVE storms racing
 /// them), and right after a balloon's REMOVE was read: the same command
 /// started again takes the peer over; it verifies every byte, zeros where

@@ -361,9 +361,12 @@ impl Linked {
                     .flatten()
             };
             if let Some(e) = failed {
-                (l.notice)(format_args!("replacing the keeper failed: {e}"));
-                drop(l);
-                std::thread::sleep(Duration::from_millis(WATCH_MS as u64));
+                // Said once: each later request to the keeper tries again.
+                (l.notice)(format_args!(
+                    "replacing the keeper of {} failed: {e}; each VMM connecting tries again, and is served without takeover if that fails",
+                    l.spec.socket.display()
+                ));
+                return;
             }
         };
         // Without the thread, a request still replaces a dead keeper.

@@ -115,9 +115,13 @@ pub fn handle(
     let held = conn.try_clone();
     let kept = match kept {
         Ok(kept) => kept,
+        // Killing it would be sure to lose it; serving it loses it only if
+        // this serve dies.
         Err(e) => {
-            let why = Refusal::Build(BuildError::Deposit(e));
-            return refuse(state, n, pid, &why, held.ok(), None);
+            say(format_args!(
+                "peer {n} (pid {pid}): depositing it with the keeper failed ({e}): served without takeover (should this serve die, it hangs at its next missing page)"
+            ));
+            None
         }
     };
     let Err(why) = accept(state, n, pid, conn, handoff, kept) else {
