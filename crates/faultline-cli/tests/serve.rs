@@ -81,7 +81,7 @@ fn pkill_of_serve_by_its_socket_leaves_the_keeper_to_the_next_serve() {
         "the pattern matched besides serve"
     );
     assert!(!s.wait(testing::WAIT).success(), "serve outlived SIGKILL");
-    let mut again = testing::serve_again(&dir, SERVE, &args);
+    let mut again = testing::serve_again(&dir, SERVE, &args, 1);
     assert_ok(&mut p, &dir);
     assert_ok(&mut again, &dir);
     let log = dir.text("again.err");

@@ -219,10 +219,13 @@ pub fn peer(dir: &Dir, cmd: &[&str], name: &str, extra: &[&str]) -> Proc {
 }
 
 /// After `dir`'s serve (`--takeover`, started with `args`) died: waits
-/// until its keeper holds one peer for the next serve, then starts the
-/// same command again (`cmd`, as `again`).
-pub fn serve_again(dir: &Dir, cmd: &[&str], args: &[&str]) -> Proc {
-    dir.wait_for("serve.err", "holding 1 peer(s) for the next serve");
+/// until its keeper holds `held` peers for the next serve, then starts
+/// the same command again (`cmd`, as `again`).
+pub fn serve_again(dir: &Dir, cmd: &[&str], args: &[&str], held: usize) -> Proc {
+    dir.wait_for(
+        "serve.err",
+        &format!("holding {held} peer(s) for the next serve"),
+    );
     start(
         dir,
         "again",

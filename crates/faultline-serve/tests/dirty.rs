@@ -308,7 +308,7 @@ fn a_peer_taken_over_mid_restore_keeps_an_exact_dirty_set() {
     );
     dir.wait_for("p1.err", "paused writing");
     s.kill();
-    let mut again = testing::serve_again(&dir, SERVE, &args);
+    let mut again = testing::serve_again(&dir, SERVE, &args, 1);
     assert_ok(&mut p, &dir);
     let st = again.wait(WAIT);
     let log = dir.text("again.err");

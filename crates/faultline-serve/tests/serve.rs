@@ -1233,7 +1233,7 @@ fn kill_and_take_over(
     dir.wait_for("p.err", kill_at);
     std::thread::sleep(delay);
     stop(&mut s);
-    let mut again = testing::serve_again(&dir, SERVE, &args);
+    let mut again = testing::serve_again(&dir, SERVE, &args, 1);
     assert_ok(&mut p, &dir);
     let st = again.wait(WAIT);
     let log = dir.text("again.err");
@@ -1278,13 +1278,7 @@ fn a_keeper_that_dies_is_replaced_and_keeps_every_peer() {
         .unwrap_or_else(|_| panic!("no pid of the new keeper: {log}"));
     dir.wait_for("b.err", "paused");
     s.kill();
-    dir.wait_for("serve.err", "holding 2 peer(s) for the next serve");
-    let mut again = testing::start(
-        &dir,
-        "again",
-        SERVE,
-        &[&["--timeout", "20"][..], &args].concat(),
-    );
+    let mut again = testing::serve_again(&dir, SERVE, &args, 2);
     assert_ok(&mut a, &dir);
     assert_ok(&mut b, &dir);
     assert_ok(&mut again, &dir);

@@ -378,25 +378,20 @@ impl Linked {
 
     /// Sends the request `req` builds (from the link: ids may change with
     /// a replacement) with `fds` to the keeper, replacing a dead one
-    /// first; the reply and its descriptors.
+    /// first; its reply.
     fn request(
         &self,
         link: &mut Link,
         req: impl Fn(&Link) -> Request,
         fds: &[BorrowedFd<'_>],
-    ) -> Result<(Reply, Vec<OwnedFd>), KeeperError> {
-        let conn = match UnixStream::connect_addr(&self.addr) {
-            Ok(c) => c,
+    ) -> Result<Reply, KeeperError> {
+        match self.send(&req(link), fds) {
             // Nothing listens on the keeper's name: it is gone.
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err(KeeperError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 self.replace(link)?;
-                UnixStream::connect_addr(&self.addr)?
+                self.send(&req(link), fds)
             }
-            Err(e) => return Err(e.into()),
-        };
-        match exchange(&conn, &req(link), fds)? {
-            (Reply { ok: false, .. }, _) => Err(KeeperError::Refused),
-            ok => Ok(ok),
+            done => done,
         }
     }
 
@@ -621,7 +616,7 @@ impl Keeper {
         };
         let mut link = l.link.lock().expect("keeper link");
         let dup = conn.try_clone_to_owned()?;
-        let (r, _) = l.request(&mut link, |_| Request::Deposit { n, pid }, &[conn])?;
+        let r = l.request(&mut link, |_| Request::Deposit { n, pid }, &[conn])?;
         Ok(Linked::register(&mut link, r.id, n, pid, dup))
     }
 

@@ -56,6 +56,11 @@ unsafe impl Send for Batch {}
 unsafe impl Sync for Batch {}
 
 impl Batch {
+    /// Whether a piece is left to take.
+    fn open(&self) -> bool {
+        self.next.load(Relaxed) < self.pieces.len()
+    }
+
     /// Takes and installs the next piece, if one is left; whether it did.
     fn take(&self, scratch: &mut [u8], member: bool) -> bool {
         let i = self.next.fetch_add(1, Relaxed);
@@ -89,7 +94,8 @@ impl Crew {
 
     /// Installs `pieces` of `ctx` by `run` (see [`Run`]) with the crew's
     /// help; returns the pages installed. Every piece is done, and no
-    /// member calls `run` for this batch any more, when it returns.
+    /// member calls `run` for this batch any more, when it returns. Worth
+    /// it for several pieces only (a batch is allocated and posted).
     pub(crate) fn install(
         &self,
         ctx: *const (),
@@ -106,10 +112,8 @@ impl Crew {
             done: AtomicUsize::new(0),
             installed: AtomicUsize::new(0),
         });
-        if count > 1 {
-            self.batches.lock().expect("crew").push(batch.clone());
-            (self.call)();
-        }
+        self.batches.lock().expect("crew").push(batch.clone());
+        (self.call)();
         while batch.take(scratch, false) {}
         self.batches
             .lock()
@@ -125,7 +129,13 @@ impl Crew {
     /// A member's turn: installs one piece of a posted window, if any;
     /// whether it did.
     pub(crate) fn help(&self, scratch: &mut [u8]) -> bool {
-        let batches = self.batches.lock().expect("crew").clone();
-        batches.iter().any(|b| b.take(scratch, true))
+        let open = self
+            .batches
+            .lock()
+            .expect("crew")
+            .iter()
+            .find(|b| b.open())
+            .cloned();
+        open.is_some_and(|b| b.take(scratch, true))
     }
 }

@@ -309,7 +309,7 @@ pub(crate) fn resolve(
             && !r.batches_fills();
         let piece = r.copy_gate.as_ref().map_or(usize::MAX, |g| g.piece_pages);
         let mut rest = None;
-        let (mut wake_first, mut cut) = (false, false);
+        let mut wake_first = false;
         let whole = run.clone();
         if wake
             && r.delivery.wake_first
@@ -325,7 +325,6 @@ pub(crate) fn resolve(
             let end = (start + piece).min(run.end);
             rest = Some([run.start..start, end..run.end]);
             run = start..end;
-            cut = true;
         }
         // A batched store reads the window's holes before the install and
         // copies them after it: one hold of the copy gate for all of it.
@@ -401,8 +400,10 @@ pub(crate) fn resolve(
         }
         if wake {
             let woken = match &step {
+                // The whole window (cut in pieces or not), but the faulting
+                // page alone when the rest goes in after the wake.
                 Step::Done => {
-                    let all = if cut { &whole } else { &run };
+                    let all = if wake_first { &run } else { &whole };
                     Some((r.pages.addr(all.start), r.pages.bytes(all.len()) as u64))
                 }
                 // A store failure is woken by the engine after it has
