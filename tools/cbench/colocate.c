@@ -13,6 +13,8 @@
 //     WAIT   poll: handlers sleep in poll(2) between messages
 //            spin: handlers read the non-blocking fd in a loop
 //     PAGES  per faulting thread (default 20000)
+//     awake  (optional, after PAGES) a SCHED_IDLE thread spinning on each
+//            CPU: no CPU halts while a faulting thread sleeps
 // Prints the wall time per fault, the median and p99 touch (TSC cycles)
 // and the CPU time of the whole process.
 #define _GNU_SOURCE
@@ -66,6 +68,14 @@ static void *handler(void *arg) {
   return 0;
 }
 
+static void *awake(void *arg) {
+  pin((long)arg);
+  struct sched_param p = {0};
+  if (sched_setscheduler(0, SCHED_IDLE, &p)) perror("SCHED_IDLE");
+  while (!atomic_load(&stop)) _mm_pause();
+  return 0;
+}
+
 static void *faulter(void *arg) {
   long id = (long)arg;
   pin(id % ncpu);
@@ -91,7 +101,7 @@ static double now(clockid_t c) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 4) { fprintf(stderr, "usage: colocate F other|same|percpu|free poll|spin [PAGES]\n"); return 2; }
+  if (argc < 4) { fprintf(stderr, "usage: colocate F other|same|percpu|free poll|spin [PAGES [awake]]\n"); return 2; }
   int f = atoi(argv[1]);
   const char *place = argv[2];
   spin = !strcmp(argv[3], "spin");
@@ -110,8 +120,10 @@ int main(int argc, char **argv) {
                                 .mode = UFFDIO_REGISTER_MODE_MISSING};
   if (ioctl(uffd, UFFDIO_REGISTER, &reg)) { perror("register"); return 1; }
   touch = calloc(n, sizeof *touch);
-  pthread_t h[64], t[64];
-  int nh = 0;
+  pthread_t h[64], t[64], a[64];
+  int nh = 0, na = 0;
+  if (argc > 5 && !strcmp(argv[5], "awake"))
+    for (long c = 0; c < ncpu && na < 64; c++) pthread_create(&a[na++], 0, awake, (void *)c);
   if (!strcmp(place, "percpu"))
     for (long c = 0; c < ncpu && nh < 64; c++) pthread_create(&h[nh++], 0, handler, (void *)c);
   else if (!strcmp(place, "other"))
@@ -128,8 +140,9 @@ int main(int argc, char **argv) {
   double wall = now(CLOCK_MONOTONIC) - t0, cpu = now(CLOCK_PROCESS_CPUTIME_ID) - c0;
   atomic_store(&stop, 1);
   for (int i = 0; i < nh; i++) pthread_join(h[i], 0);
+  for (int i = 0; i < na; i++) pthread_join(a[i], 0);
   qsort(touch, n, sizeof *touch, cmp);
-  printf("F=%d %s %s: %.2f us a fault per faulting thread, touch median %lu p99 %lu cycles, CPU %.0f ms over %.0f ms\n",
-         f, place, argv[3], wall / per * 1e6, touch[n / 2], touch[n * 99 / 100], cpu * 1e3, wall * 1e3);
+  printf("F=%d %s %s%s: %.2f us a fault per faulting thread, touch median %lu p99 %lu cycles, CPU %.0f ms over %.0f ms\n",
+         f, place, argv[3], na ? " awake" : "", wall / per * 1e6, touch[n / 2], touch[n * 99 / 100], cpu * 1e3, wall * 1e3);
   return 0;
 }
