@@ -40,17 +40,23 @@ pub struct ServeArgs {
     /// Default: serve until killed (or the timeout).
     #[arg(long, value_parser = faultline_cli_support::at_least_one)]
     pub peers: Option<usize>,
-    /// Handler threads (each peer is served by one of them). Default 1.
-    #[arg(long, default_value_t = 1, value_parser = faultline_cli_support::at_least_one)]
-    pub threads: usize,
+    /// Handler threads (each peer is served by one of them). Default 1
+    /// (workers: one per CPU, at least 2; per-cpu: one per CPU, not
+    /// settable).
+    #[arg(long, value_parser = faultline_cli_support::at_least_one)]
+    pub threads: Option<usize>,
     /// How a handler thread waits for its peers' faults: `adaptive` spins
     /// (polls without sleeping) while a peer faults and sleeps in poll(2)
     /// 1 ms after its last message; `spin` never sleeps (a whole CPU per
     /// handler thread); `poll` always sleeps (every fault pays the
     /// handler's wake-up); `workers` waits as `adaptive` and has every
     /// handler thread read every peer's userfaultfd, so one peer's faults
-    /// are copied on several CPUs at once (--threads of them; left at 1,
-    /// one per CPU, at least 2). Default adaptive.
+    /// are copied on several CPUs at once (--threads of them; by default
+    /// one per CPU, at least 2); `per-cpu` pins one handler thread on
+    /// each CPU, each asleep in poll(2) and reading every peer's
+    /// userfaultfd: the one on the faulting vCPU's CPU runs as soon as
+    /// the vCPU sleeps, with no inter-processor wake-up. Default
+    /// adaptive.
     #[arg(long, value_enum, default_value_t = EngineArg::Adaptive)]
     pub engine: EngineArg,
     /// The cap of a fault's window, in pages (0 or 1: one page per
@@ -297,6 +303,10 @@ pub enum EngineArg {
     /// copied on several CPUs at once (faster on a sweeping guest, slower
     /// on scattered faults).
     Workers,
+    /// One handler thread pinned on each CPU, asleep in poll(2), every one
+    /// serving every peer: a fault is read by the thread on its vCPU's
+    /// CPU, woken without an inter-processor wake-up.
+    PerCpu,
 }
 
 impl EngineArg {
@@ -306,18 +316,25 @@ impl EngineArg {
             EngineArg::Poll => HandlerWait::Poll,
             EngineArg::Spin => HandlerWait::Spin,
             EngineArg::Adaptive | EngineArg::Workers => HandlerWait::ADAPTIVE,
+            EngineArg::PerCpu => HandlerWait::Poll,
         }
     }
 
-    /// The handler threads of `threads` asked for: workers left at one
-    /// get one per CPU (at least 2).
-    pub fn threads(self, threads: usize) -> usize {
-        match self {
-            EngineArg::Workers if threads == 1 => {
-                std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
-            }
-            _ => threads,
+    /// The handler threads for `--threads` (`None`: not given): workers
+    /// default to one per CPU (at least 2), per-cpu has one per CPU.
+    pub fn threads(self, threads: Option<usize>) -> usize {
+        let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get());
+        match (self, threads) {
+            (EngineArg::PerCpu, _) => cpus(),
+            (_, Some(n)) => n,
+            (EngineArg::Workers, None) => cpus().max(2),
+            (_, None) => 1,
         }
+    }
+
+    /// Every handler thread serves every peer.
+    pub fn spreads(self) -> bool {
+        matches!(self, EngineArg::Workers | EngineArg::PerCpu)
     }
 }
 
@@ -360,6 +377,12 @@ impl ServeArgs {
             (None, Some(mem)) => Source::Mem(mem.clone()),
             (None, None) => anyhow::bail!("--mem or --store is required"),
         };
+        if let (EngineArg::PerCpu, Some(n)) = (self.engine, self.threads) {
+            anyhow::bail!(
+                "--threads {n} with --engine per-cpu: that engine has one handler thread on each \
+                 CPU serve may use (restrict those with taskset to have fewer)"
+            );
+        }
         if let Some(n) = self.fault_around_initial {
             anyhow::ensure!(
                 n <= self.fault_around.max(1),
@@ -397,7 +420,8 @@ impl ServeArgs {
                 LogFormatArg::Json => LogFormat::Json,
             },
             phase_samples: self.phase_samples,
-            workers: self.engine == EngineArg::Workers,
+            workers: self.engine.spreads(),
+            pin: self.engine == EngineArg::PerCpu,
             wake_first: self.wake_first,
             hand_back: self.hand_back,
             adaptive_window: self.adaptive_window,

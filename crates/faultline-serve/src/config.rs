@@ -143,6 +143,10 @@ pub struct ServeConfig {
     /// peer's faults served on all of them at once); else each peer is
     /// served by one thread. Default false.
     pub workers: bool,
+    /// Pin handler thread `i` to the `i`-th CPU serve may run on
+    /// (`ForeignEngineConfig::pin`), each reading one message per
+    /// `read(2)` (`--engine per-cpu`). Default false.
+    pub pin: bool,
     /// Install a fault's window faulting page first and wake its thread
     /// before copying the rest (copy mode). Default false.
     pub wake_first: bool,
@@ -238,6 +242,7 @@ impl ServeConfig {
             log_format: LogFormat::Text,
             phase_samples: 0,
             workers: false,
+            pin: false,
             wake_first: false,
             hand_back: false,
             fault_around_initial: FAULT_AROUND_INITIAL,

@@ -494,6 +494,10 @@ fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
         (&["--engine", "signal"][..], "invalid value 'signal'"),
         (&["--kill-peer-on-error"][..], "unexpected argument"),
         (&["--threads", "0"][..], "must be at least 1"),
+        (
+            &["--engine", "per-cpu", "--threads", "2"][..],
+            "--threads 2 with --engine per-cpu",
+        ),
         (&["--threads", "100000"][..], "100000 is more than the 1024"),
         (
             &["--prefetch-helpers", "5000"][..],
@@ -1460,15 +1464,15 @@ fn handler_cpu_while_idle(name: &str, engine: &str) -> (f64, f64, serde_json::Va
     dir.wait_for("p.err", "holding for");
     // Past the adaptive idle interval (1 ms) with a wide margin.
     std::thread::sleep(Duration::from_millis(200));
-    let (before, threads) = threads_cpu_ms(s.pid(), "faultline-peer");
+    let (before, threads) = threads_cpu_ms(s.pid(), "fl-handler-");
     assert_eq!(threads, 1, "one handler thread");
     let mut runnable = 0;
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(20));
-        let states = thread_states(s.pid(), "faultline-peer");
+        let states = thread_states(s.pid(), "fl-handler-");
         runnable += usize::from(states == ['R']);
     }
-    let (after, _) = threads_cpu_ms(s.pid(), "faultline-peer");
+    let (after, _) = threads_cpu_ms(s.pid(), "fl-handler-");
     assert_ok(&mut p, &dir);
     assert_ok(&mut s, &dir);
     let summary = summaries(&dir, "serve.json").remove(0);
@@ -1579,7 +1583,7 @@ fn workers_serve_one_peer_on_two_threads_through_remove_storms() {
     ];
     let mut p = peer(&dir, "p", &sweep);
     dir.wait_for("p.err", "holding for");
-    let (_, threads) = threads_cpu_ms(s.pid(), "faultline-peer");
+    let (_, threads) = threads_cpu_ms(s.pid(), "fl-handler-");
     assert_eq!(threads, 2, "two handler threads");
     assert_ok(&mut p, &dir);
     assert_ok(&mut s, &dir);
@@ -1587,6 +1591,62 @@ fn workers_serve_one_peer_on_two_threads_through_remove_storms() {
     let faults = summary["faults"].as_u64().unwrap();
     assert!(faults > 0 && faults <= 256, "{summary}");
     assert!(dir.text("serve.err").contains("hung up;"));
+}
+
+/// The CPUs each of `pid`'s handler threads (`fl-handler-N`) may run on
+/// (`Cpus_allowed_list`), in thread order.
+fn handler_cpus(pid: u32) -> Vec<String> {
+    let mut threads = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the task list") {
+        let t = t.expect("a task").path();
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(t.join("comm")),
+            std::fs::read_to_string(t.join("status")),
+        ) else {
+            continue;
+        };
+        let Some(n) = comm.trim().strip_prefix("fl-handler-") else {
+            continue;
+        };
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .expect("Cpus_allowed_list");
+        threads.push((n.parse::<usize>().unwrap(), cpus.trim().to_string()));
+    }
+    threads.sort();
+    threads.into_iter().map(|(_, cpus)| cpus).collect()
+}
+
+#[test]
+fn per_cpu_handlers_are_pinned_one_per_cpu_and_serve_through_remove_storms() {
+    // One handler thread on each CPU, every one reading every peer's
+    // userfaultfd: the storming peers check every byte (dropped ranges
+    // read zeros).
+    let dir = Dir::new("per-cpu-storm", 8 * MIB);
+    two_storming_peers(&dir, &["--engine", "per-cpu"], &[]);
+    // A clustered working set on 4 vCPUs: every byte right, and serve ran
+    // a handler thread pinned on each CPU it may use, each on its own.
+    let dir = Dir::new("per-cpu-clustered", 16 * MIB);
+    let mut s = serve_one(&dir, &["--engine", "per-cpu"]);
+    let args = [
+        "--threads",
+        "4",
+        "--working-set",
+        "30",
+        "--verify-all",
+        "--hold-ms",
+        "300",
+    ];
+    let mut p = peer(&dir, "p", &args);
+    dir.wait_for("p.err", "holding for");
+    let cpus = faultline_sys::thread::allowed_cpus().unwrap();
+    let want: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
+    assert_eq!(handler_cpus(s.pid()), want, "one handler thread per CPU");
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let summary = summaries(&dir, "serve.json").remove(0);
+    assert!(summary["faults"].as_u64().unwrap() > 0, "{summary}");
 }
 
 #[test]

@@ -511,13 +511,58 @@ fn a_shared_snapshot_is_served_with_continue_zero_copy() {
 #[test]
 fn workers_read_each_message_once_through_remove_storms() {
     let _deadline = faultline::testing::child::deadline(240);
+    let (engine, _events) = two_workers();
+    remove_storms(&engine);
+}
+
+/// The per-CPU engine (serve's `--engine per-cpu`): one handler thread
+/// pinned on each CPU this process may use, each asleep in `poll(2)` and
+/// reading one message at a time; the kernel has each thread where it
+/// was asked to be, and the REMOVE storms below are served as by workers,
+/// without a thread ever spinning on the userfaultfd.
+#[test]
+fn pinned_threads_one_per_cpu_read_each_message_once_through_remove_storms() {
+    let _deadline = faultline::testing::child::deadline(240);
+    let cpus = faultline_sys::thread::allowed_cpus().unwrap();
+    let cfg = ForeignEngineConfig {
+        threads: cpus.len(),
+        spread: true,
+        pin: true,
+        wait: HandlerWait::Poll,
+        batch: 1,
+        ..Default::default()
+    };
+    let (engine, _events) = ForeignEngine::new(EngineKind::Poll, cfg).unwrap();
+    let tids = engine.handler_tids();
+    assert_eq!(tids.len(), cpus.len());
+    for (i, tid) in tids.iter().enumerate() {
+        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+        let allowed = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim();
+        assert_eq!(allowed, cpus[i].to_string(), "thread {i} (tid {tid})");
+        let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap();
+        assert_eq!(comm.trim(), format!("fl-handler-{i}"));
+    }
+    remove_storms(&engine);
+    let h = engine.handler_stats();
+    assert_eq!(h.empty_spins, 0, "a poll thread spun: {h:?}");
+    assert!(h.sleeps > 0, "{h:?}");
+}
+
+/// Four rounds of four vCPU threads faulting scattered pages of a peer
+/// served by `engine` while this thread drops ranges of it: every message
+/// is handled once, every dropped page reads zeros, every other the
+/// store's bytes.
+fn remove_storms(engine: &ForeignEngine) {
     const PAGES: usize = 8192;
     const VCPUS: usize = 4;
     const DROP: usize = 24;
     let len = PAGES * 4096;
     let data = pattern(len);
     let store: Arc<dyn PageStore> = Arc::new(MemoryStore::new(data.clone()));
-    let (engine, _events) = two_workers();
     let (mut removes, mut faults) = (0, 0);
     for round in 0..4u64 {
         // Windows overlap between the two threads: claims settle them.
@@ -525,7 +570,7 @@ fn workers_read_each_message_once_through_remove_storms() {
             readahead: ReadaheadConfig::adaptive(4, 32),
             ..Default::default()
         };
-        let (_u, a, peer) = anon_self_peer(&engine, &store, len, &opts);
+        let (_u, a, peer) = anon_self_peer(engine, &store, len, &opts);
         let base = a.addr() as usize;
         let vcpus: Vec<_> = (0..VCPUS)
             .map(|t| {

@@ -192,6 +192,14 @@ pub struct ForeignEngineConfig {
     /// runs its prefetch steps. Default false: each peer is served by
     /// one thread.
     pub spread: bool,
+    /// Pin handler thread `i` to the `i`-th CPU this process may run on
+    /// (round robin). With [`spread`](Self::spread), one thread per CPU
+    /// and [`HandlerWait::Poll`] this is the co-located design: a fault
+    /// wakes every thread asleep on the peer's userfaultfd, and the one on
+    /// the faulting thread's CPU runs as soon as that thread sleeps, with
+    /// no inter-processor wake-up (RESULTS.md, "A handler on the faulting
+    /// CPU"). Default false.
+    pub pin: bool,
 }
 
 /// How a peer handler thread waits for its peers' messages (see [the
@@ -275,6 +283,7 @@ impl Default for ForeignEngineConfig {
             prefetch_idle: false,
             wait: HandlerWait::default(),
             spread: false,
+            pin: false,
         }
     }
 }

@@ -72,13 +72,35 @@
 //!    does. Each thread's CPU time (`getrusage(RUSAGE_THREAD)`, updated
 //!    before it sleeps and every 256 empty polls) is in
 //!    [`ForeignEngine::handler_stats`].
+//! 5. **Or a handler on the faulting CPU** ([`ForeignEngineConfig::pin`]):
+//!    what a wake-up costs here is the other CPU's (an inter-processor
+//!    interrupt to a halted vCPU), not the sleeping itself. A fault wakes
+//!    every thread asleep on the peer's userfaultfd; with one thread
+//!    pinned on each CPU, all reading every peer (`spread`) and asleep in
+//!    `poll(2)`, the one on the faulting thread's CPU runs as soon as that
+//!    thread sleeps, reads its message, copies, and wakes it on the same
+//!    CPU: no wake-up crosses CPUs when the fault's own thread reads it
+//!    (the others find nothing or another CPU's fault). Such threads read
+//!    one message per `read(2)` (serve's `--engine per-cpu`).
+//!
+//!    ```text
+//!      CPU 0: vCPU ─fault─► sleeps ─► fl-handler-0: read, COPY, wake ─► vCPU
+//!      CPU 1: (other vCPU)            fl-handler-1: woken, reads nothing, sleeps
+//!    ```
+//!
+//!    A thread that is to read a peer's userfaultfd while another holds
+//!    the peer's copy gate spins for it (up to `GATE_SPIN`, longer than
+//!    one piece's copy) before it sleeps on it: the holder's unlock would
+//!    wake it from another CPU.
 
 use std::cell::Cell;
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI32, AtomicU64};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+
+use parking_lot::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use super::config::{ForeignEngineConfig, HandlerWait};
@@ -95,7 +117,7 @@ use crate::page::PageSize;
 use faultline_sys::poll::{self, events, PollFd};
 use faultline_sys::rdtsc;
 use faultline_sys::sock;
-use faultline_sys::thread::EventFd;
+use faultline_sys::thread::{self, EventFd};
 use faultline_sys::uffd::{Msg, Uffd, UffdError};
 
 /// One handler thread's share of the peers (with `spread`: every peer).
@@ -111,6 +133,8 @@ struct Slot {
     sleeps: AtomicU64,
     /// Polls with a zero timeout that found nothing (spinning).
     empty_spins: AtomicU64,
+    /// The thread's id, once it runs (0 before).
+    tid: AtomicI32,
 }
 
 /// What the handler threads of a [`ForeignEngine`] cost, summed over the
@@ -196,21 +220,48 @@ impl ForeignEngine {
                 cpu_us: AtomicU64::new(0),
                 sleeps: AtomicU64::new(0),
                 empty_spins: AtomicU64::new(0),
+                tid: AtomicI32::new(0),
             }));
         }
         let all = Arc::new(slots.clone());
+        let cpus = if cfg.pin {
+            thread::allowed_cpus().map_err(|source| ForeignError::Spawn {
+                what: "a pinned handler thread (the CPUs this process may use)",
+                source,
+            })?
+        } else {
+            Vec::new()
+        };
         let mut threads = Vec::new();
+        let (pinned_tx, pinned) = channel();
         for i in 0..slots.len() {
             let (all, tx, cfg) = (all.clone(), tx.clone(), cfg.clone());
+            let (cpu, pinned_tx) = (cpus.get(i % cpus.len().max(1)).copied(), pinned_tx.clone());
             threads.push(
-                Background::spawn(format!("faultline-peer-{i}"), move |stop| {
-                    Worker::new(all, i, tx, &cfg).run(stop)
+                Background::spawn(format!("fl-handler-{i}"), move |stop| {
+                    all[i].tid.store(thread::gettid(), Relaxed);
+                    let pin = cpu.map_or(Ok(()), thread::pin_to_cpu);
+                    let ok = pin.is_ok();
+                    let _ = pinned_tx.send(pin);
+                    if ok {
+                        Worker::new(all, i, tx, &cfg).run(stop)
+                    }
                 })
                 .map_err(|source| ForeignError::Spawn {
                     what: "a handler thread",
                     source,
                 })?,
             );
+        }
+        drop(pinned_tx);
+        // Each thread says whether it is where it was asked to be before
+        // it serves anything; one that could not be pinned ends, and so
+        // does the engine.
+        for pin in pinned.iter().take(threads.len()) {
+            pin.map_err(|source| ForeignError::Spawn {
+                what: "a pinned handler thread (sched_setaffinity)",
+                source,
+            })?;
         }
         let work = Arc::new(Work::default());
         // The helpers install pieces of long windows beside the thread
@@ -228,7 +279,7 @@ impl ForeignEngine {
             let scratch = cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes());
             let idle = cfg.prefetch_idle;
             helpers.push(
-                Background::spawn(format!("faultline-prefetch-{i}"), move |stop| {
+                Background::spawn(format!("fl-helper-{i}"), move |stop| {
                     prefetch::helper(
                         || prefetching(&slots),
                         (&work, &crew),
@@ -313,6 +364,12 @@ impl ForeignEngine {
             h.helpers_cpu += Duration::from_micros(c.load(Relaxed));
         }
         h
+    }
+
+    /// The handler threads' ids (`gettid`), in thread order: to find them
+    /// in `/proc` (their CPUs, their names `fl-handler-N`).
+    pub fn handler_tids(&self) -> Vec<i32> {
+        self.slots.iter().map(|s| s.tid.load(Relaxed)).collect()
     }
 
     /// The peers being served.
@@ -450,6 +507,29 @@ struct Worker {
     wait: HandlerWait,
     /// When a read last returned messages.
     last_msg: Instant,
+}
+
+/// How long a thread that is to read a peer's userfaultfd spins for its
+/// copy gate before it sleeps on it: longer than a hold (one piece, about
+/// 0.1 ms here). A sleeping reader is woken by the holder's unlock from
+/// another CPU, an inter-processor wake-up of tens of microseconds here,
+/// while the vCPU whose fault it is to read waits; its CPU has nothing
+/// else to do meanwhile (RESULTS.md, "A handler on the faulting CPU").
+const GATE_SPIN: Duration = Duration::from_micros(200);
+
+/// Takes a peer's copy gate exclusively (to read its userfaultfd),
+/// spinning up to [`GATE_SPIN`] before sleeping on it.
+fn write_soon(gate: &RwLock<()>) -> RwLockWriteGuard<'_, ()> {
+    let until = Instant::now() + GATE_SPIN;
+    loop {
+        if let Some(g) = gate.try_write() {
+            return g;
+        }
+        if Instant::now() > until {
+            return gate.write();
+        }
+        std::hint::spin_loop();
+    }
 }
 
 /// Empty spins between two updates of a spinning thread's CPU time.
@@ -651,7 +731,7 @@ impl Worker {
     /// dropped.
     fn serve(&mut self, p: &Arc<ForeignPeer>) -> Result<(), String> {
         loop {
-            let n = self.handler.read(p, || p.copy_gate.write())?;
+            let n = self.handler.read(p, || write_soon(&p.copy_gate))?;
             if n > 0 {
                 p.stats.reads.fetch_add(1, Relaxed);
             }

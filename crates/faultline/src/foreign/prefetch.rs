@@ -155,7 +155,7 @@ impl ForeignPeer {
                 .collect();
             let store = self.store.clone();
             let _ = std::thread::Builder::new()
-                .name("faultline-prefetch-read".into())
+                .name("fl-prefetch-rd".into())
                 .spawn(move || hints.into_iter().for_each(|(o, l)| store.will_need(o, l)));
         }
         self.stats.prefetch_queued.fetch_add(n as u64, Relaxed);
@@ -404,7 +404,8 @@ mod tests {
             .filter_map(|e| {
                 let tid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
                 let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
-                name.starts_with(comm.trim())
+                comm.trim()
+                    .starts_with(name)
                     .then(|| faultline_sys::thread::policy(tid).ok())
                     .flatten()
             })
@@ -426,7 +427,7 @@ mod tests {
         // Each helper sets its policy as it starts.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let idle = policies_of("faultline-prefetch-")
+            let idle = policies_of("fl-helper-")
                 .iter()
                 .filter(|&&p| p == SCHED_IDLE)
                 .count();
@@ -438,10 +439,7 @@ mod tests {
         }
         // The handler thread serves faults at the normal policy (once it
         // has named itself: it starts beside the helpers, not before).
-        while !policies_of("faultline-peer-")
-            .iter()
-            .any(|&p| p != SCHED_IDLE)
-        {
+        while !policies_of("fl-handler-").iter().any(|&p| p != SCHED_IDLE) {
             assert!(
                 Instant::now() < deadline,
                 "no handler thread at the normal policy"

@@ -34,7 +34,9 @@ pub struct RestoreArgs {
     /// on-demand). Default: all but on-demand-poll (serve's handler
     /// sleeping in poll(2) between faults, as before the adaptive engine),
     /// on-demand-workers (serve --engine workers --threads 2: one peer's
-    /// faults on two handler threads), on-demand-wake-first (serve
+    /// faults on two handler threads), on-demand-per-cpu (serve --engine
+    /// per-cpu: a handler thread asleep on each CPU, the faulting vCPU's
+    /// own reads its fault), on-demand-wake-first (serve
     /// --wake-first), on-demand-single (serve --fault-around-initial 1:
     /// an isolated fault installs its page alone), on-demand-wN (serve
     /// --fault-around-initial N, N 4, 8 or 32), on-demand-wN-shared (the same
@@ -128,12 +130,13 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 32] = [
+pub const CONFIGS: [&str; 33] = [
     "kernel",
     "baseline",
     "on-demand",
     "on-demand-poll",
     "on-demand-workers",
+    "on-demand-per-cpu",
     "on-demand-wake-first",
     "on-demand-single",
     "on-demand-w4",

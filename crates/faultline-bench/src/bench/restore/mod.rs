@@ -61,7 +61,10 @@
 //! between faults, the engine before the adaptive one; `on-demand-workers`
 //! (asked for by name) is `on-demand` with `--engine workers --threads 2`:
 //! both handler threads read the peer's userfaultfd, its copies run on
-//! two CPUs; `on-demand-wake-first` (asked for by name) is `on-demand`
+//! two CPUs; `on-demand-per-cpu` (asked for by name) is `on-demand` with
+//! `--engine per-cpu`: a handler thread pinned and asleep on each CPU, so
+//! the one on the faulting vCPU's CPU reads its fault without a wake-up
+//! across CPUs; `on-demand-wake-first` (asked for by name) is `on-demand`
 //! with `--wake-first` (the faulting page copied and woken before the rest
 //! of its window); `on-demand-single` (asked for by name) is `on-demand`
 //! with `--fault-around-initial 1` (an isolated fault installs its page

@@ -179,6 +179,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         "on-demand"
         | "on-demand-poll"
         | "on-demand-workers"
+        | "on-demand-per-cpu"
         | "on-demand-wake-first"
         | "on-demand-single"
         | "on-demand-w4"
@@ -198,6 +199,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
             let extra: &[&str] = match cfg {
                 "on-demand-poll" => &["--engine", "poll"],
                 "on-demand-workers" => &["--engine", "workers", "--threads", "2"],
+                "on-demand-per-cpu" => &["--engine", "per-cpu"],
                 "on-demand-wake-first" => &["--wake-first"],
                 "on-demand-single" => &["--fault-around-initial", "1"],
                 "on-demand-w4" => &["--fault-around-initial", "4"],
