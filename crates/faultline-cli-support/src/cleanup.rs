@@ -410,7 +410,7 @@ pub fn install() -> std::io::Result<()> {
     }
     signal::set_blocked_all(&STOP_SIGNALS, true)?;
     std::thread::Builder::new()
-        .name("faultline-signals".into())
+        .name("fl-signals".into())
         .spawn(|| {
             let mut stopping = false;
             loop {

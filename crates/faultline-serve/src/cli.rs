@@ -498,7 +498,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     for (sig, name, ask) in REQUESTS {
         let handle = server.request_handle();
         std::thread::Builder::new()
-            .name(format!("faultline-{name}"))
+            .name(format!("fl-{name}"))
             .spawn(move || loop {
                 if let Ok(Some(_)) = signal::wait_any(&[sig], Duration::from_secs(3600)) {
                     ask(&handle);

@@ -172,7 +172,7 @@ impl FramePool {
         let refiller = if cfg.background {
             let inner = inner.clone();
             Some(
-                Background::spawn("faultline-frame-refill", move |stop| {
+                Background::spawn("fl-frame-refill", move |stop| {
                     while !stop.is_set() {
                         let ready = inner
                             .prepared

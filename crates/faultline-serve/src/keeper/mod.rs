@@ -371,7 +371,7 @@ impl Linked {
         };
         // Without the thread, a request still replaces a dead keeper.
         let _ = std::thread::Builder::new()
-            .name("faultline-keeper-watch".into())
+            .name("fl-keeper-watch".into())
             .spawn(watch);
         linked
     }

@@ -171,7 +171,7 @@ impl Endpoint {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::Builder::new()
-            .name("faultline-metrics".into())
+            .name("fl-metrics".into())
             .spawn(move || serve(&listener, &exposition, &s))
             .map_err(EndpointError::Spawn)?;
         Ok(Endpoint {

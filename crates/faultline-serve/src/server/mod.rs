@@ -519,7 +519,7 @@ fn dispatch(
     }
     let s = state.clone();
     std::thread::Builder::new()
-        .name(format!("faultline-handshake-{n}"))
+        .name(format!("fl-handoff-{n}"))
         .spawn(move || accept::handle(&s, n, conn, accepted_ns, kept))
         .map_err(|source| ServeError::Spawn {
             what: format!("the handshake thread of peer {n}"),

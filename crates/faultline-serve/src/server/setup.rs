@@ -54,7 +54,7 @@ pub fn prepare(
 ) -> std::io::Result<()> {
     let (store, offs, served) = (store.clone(), offs.to_vec(), served.clone());
     std::thread::Builder::new()
-        .name("faultline-prepare".into())
+        .name("fl-prepare".into())
         .spawn(move || {
             let t = Instant::now();
             // Mapping stops once a peer is served: its copies map what

@@ -291,7 +291,7 @@ impl ThreadCore {
     ) -> Result<()> {
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         for (i, body) in bodies.into_iter().enumerate() {
-            let t = Background::spawn_with(format!("faultline-{name}-{i}"), &self.stop, |stop| {
+            let t = Background::spawn_with(format!("fl-{name}-{i}"), &self.stop, |stop| {
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(stop))).is_err() {
                     fail_closed(|w| {
                         let _ = std::fmt::Write::write_str(w, "a fault handler thread panicked");

@@ -187,7 +187,7 @@ pub(crate) fn watchdog(
     timeout: Duration,
 ) -> std::io::Result<Background> {
     let tick = (timeout / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
-    Background::spawn(format!("faultline-{name}-watchdog"), move |stop| {
+    Background::spawn(format!("fl-wd-{name}"), move |stop| {
         while !stop.is_set() {
             std::thread::park_timeout(tick);
             let now = epoch.elapsed().as_nanos() as u64;
