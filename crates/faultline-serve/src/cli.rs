@@ -325,7 +325,10 @@ impl EngineArg {
     pub fn threads(self, threads: Option<usize>) -> usize {
         let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get());
         match (self, threads) {
-            (EngineArg::PerCpu, _) => cpus(),
+            // Every CPU serve may run on (a CPU quota does not remove any).
+            (EngineArg::PerCpu, _) => {
+                faultline_sys::thread::allowed_cpus().map_or_else(|_| cpus(), |c| c.len().max(1))
+            }
             (_, Some(n)) => n,
             (EngineArg::Workers, None) => cpus().max(2),
             (_, None) => 1,

@@ -1645,6 +1645,15 @@ fn per_cpu_handlers_are_pinned_one_per_cpu_and_serve_through_remove_storms() {
     assert_eq!(handler_cpus(s.pid()), want, "one handler thread per CPU");
     assert_ok(&mut p, &dir);
     assert_ok(&mut s, &dir);
+    let said = format!(
+        "per-cpu: {} handler thread(s), one asleep on each of CPUs {}",
+        cpus.len(),
+        want.join(",")
+    );
+    assert!(
+        dir.text("serve.err").contains(&said),
+        "serve never said {said:?}"
+    );
     let summary = summaries(&dir, "serve.json").remove(0);
     assert!(summary["faults"].as_u64().unwrap() > 0, "{summary}");
 }

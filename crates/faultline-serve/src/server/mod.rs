@@ -247,6 +247,9 @@ impl Server {
             config.socket.display(),
             config.timeout.as_secs_f64()
         ));
+        if config.pin {
+            say_per_cpu(config.threads);
+        }
         let prepared = Once::new();
         let served_one = Arc::new(AtomicBool::new(false));
         if let (Some(offs), None) = (&prefetch, &snapshot) {
@@ -643,3 +646,23 @@ impl std::fmt::Debug for RequestHandle {
         f.write_str("RequestHandle")
     }
 }
+
+/// Says where `--engine per-cpu` put its `threads` handler threads, and
+/// what that costs on a host of many CPUs: a fault wakes them all.
+fn say_per_cpu(threads: usize) {
+    let cpus = faultline_sys::thread::allowed_cpus().unwrap_or_default();
+    let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
+    say(format_args!(
+        "per-cpu: {threads} handler thread(s), one asleep on each of CPUs {}",
+        list.join(",")
+    ));
+    if threads > PER_CPU_HERD {
+        say(format_args!(
+            "per-cpu: every fault wakes all {threads} handler threads; restrict serve to the \
+             CPUs its VMs' vCPUs run on (taskset, a cpuset), or use --engine adaptive"
+        ));
+    }
+}
+
+/// Handler threads past which `--engine per-cpu` warns at start.
+const PER_CPU_HERD: usize = 8;
