@@ -222,10 +222,11 @@ impl Server {
                 spread: config.workers,
                 pin: config.pin,
                 // Pinned threads read one message at a time: the messages
-                // queued behind it are most likely other CPUs' faults,
-                // whose own threads are already woken (a batch of 64
-                // served them here, their wake-ups across CPUs: 1.2x
-                // against 1.6x faster than adaptive, RESULTS.md).
+                // queued behind one are most likely other CPUs' faults,
+                // whose own threads are already woken (batches of 64
+                // served them too and woke their vCPUs across CPUs: 1.2x
+                // faster than adaptive at one page a fault, against 1.6x
+                // reading one at a time; RESULTS.md).
                 batch: if config.pin {
                     1
                 } else {

@@ -99,9 +99,9 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::atomic::{AtomicI32, AtomicU64};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use parking_lot::{RwLock, RwLockWriteGuard};
-use std::time::{Duration, Instant};
 
 use super::config::{ForeignEngineConfig, HandlerWait};
 use super::error::ForeignError;
