@@ -149,40 +149,39 @@ fn the_dirty_set_is_exactly_the_pages_written_and_dropped() {
 }
 
 /// The other ways serve installs a fault's window keep the set exact: the
-/// faulting page first and the rest after (`--wake-first`), and one
-/// peer's faults spread over two handler threads (`--engine workers`).
+/// faulting page first and the rest after (`--wake-first`), one peer's
+/// faults spread over two handler threads (`--engine workers`), and a
+/// handler asleep on each CPU reading every fault (`--engine per-cpu`).
 #[test]
-fn wake_first_windows_and_workers_keep_the_dirty_set_exact() {
-    let dir = Dir::new("dirty-wake-first", 16 * MIB);
-    let mut s = serve(
-        &dir,
-        "dirty-{peer}.txt",
-        &[
-            "--peers",
-            "1",
-            "--wake-first",
-            "--engine",
-            "workers",
-            "--threads",
-            "2",
-        ],
-    );
-    let mut p = writer(
-        &dir,
-        "p1",
-        "5",
-        "21",
-        &["--threads", "3", "--working-set", "30"],
-    );
-    assert_ok(&mut p, &dir);
-    assert_ok(&mut s, &dir);
-    let r = report(&dir, "p1.json");
-    assert!(!r.written_offsets.is_empty(), "the peer wrote nothing");
-    assert_same(
-        &dirty(&dir, "dirty-1.txt"),
-        &expected(&r),
-        "wake-first, workers",
-    );
+fn wake_first_windows_workers_and_per_cpu_keep_the_dirty_set_exact() {
+    let engines: [(&str, &[&str]); 2] = [
+        (
+            "wake-first, workers",
+            &["--wake-first", "--engine", "workers", "--threads", "2"],
+        ),
+        ("per-cpu", &["--engine", "per-cpu"]),
+    ];
+    for (i, (what, extra)) in engines.into_iter().enumerate() {
+        let dir = Dir::new(&format!("dirty-engine-{i}"), 16 * MIB);
+        let mut args = vec!["--peers", "1"];
+        args.extend_from_slice(extra);
+        let mut s = serve(&dir, "dirty-{peer}.txt", &args);
+        let mut p = writer(
+            &dir,
+            "p1",
+            "5",
+            "21",
+            &["--threads", "3", "--working-set", "30"],
+        );
+        assert_ok(&mut p, &dir);
+        assert_ok(&mut s, &dir);
+        let r = report(&dir, "p1.json");
+        assert!(
+            !r.written_offsets.is_empty(),
+            "{what}: the peer wrote nothing"
+        );
+        assert_same(&dirty(&dir, "dirty-1.txt"), &expected(&r), what);
+    }
 }
 
 #[test]
