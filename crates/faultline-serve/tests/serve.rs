@@ -1294,26 +1294,86 @@ fn a_keeper_that_dies_is_replaced_and_keeps_every_peer() {
     testing::wait_exited(second, "the new keeper");
 }
 
-/// serve's executable replaced on disk (an upgrade) and its keeper killed:
-/// no keeper can be started again; a VMM connecting then is served
+/// serve's executable replaced on disk (an upgrade: the path now holds a
+/// file that cannot run) and its keeper killed: serve starts another keeper
+/// from its own running binary (`/proc/self/exe`), deposits a VMM with it,
+/// and the VMM is taken over when serve is killed, every byte verified.
+#[test]
+fn a_serve_whose_executable_was_replaced_still_replaces_its_keeper() {
+    let dir = Dir::new("keeper-upgraded", 16 * MIB);
+    let exe = dir.path("faultline-serve-old");
+    std::fs::copy(SERVE[0], &exe).unwrap();
+    let args = ["--takeover", "--peers", "1"];
+    let mut s = testing::serve(&dir, &[exe.to_str().unwrap()], &args);
+    let first = testing::keeper_pid(&dir);
+    // The upgrade: the file replaced by one that fails if executed.
+    std::fs::remove_file(&exe).unwrap();
+    std::fs::write(&exe, "#!/bin/sh\nexit 3\n").unwrap();
+    std::os::unix::fs::PermissionsExt::set_mode(
+        &mut std::fs::metadata(&exe).unwrap().permissions(),
+        0o755,
+    );
+    faultline_sys::process::kill(first, faultline_sys::process::SIGKILL).unwrap();
+    dir.wait_for("serve.err", "started another, pid");
+    let pause = ["--verify-all", "--pause-at", "30", "--pause-ms", "600"];
+    let mut p = peer(&dir, "p", &pause);
+    dir.wait_for("p.err", "paused");
+    s.kill();
+    let mut again = testing::serve_again(&dir, SERVE, &args, 1);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut again, &dir);
+    let log = dir.text("again.err");
+    assert!(
+        log.contains("taking 1 peer(s) over from the keeper"),
+        "{log}"
+    );
+}
+
+/// No keeper can be started (its name is taken by something that answers
+/// nothing) after the keeper is killed: a VMM connecting then is served
 /// without takeover (said), not refused and killed, every byte verified.
 #[test]
 fn a_vmm_is_served_without_takeover_when_no_keeper_can_start() {
+    use std::os::linux::net::SocketAddrExt;
     let dir = Dir::new("keeper-unstartable", 16 * MIB);
-    let exe = dir.path("faultline-serve-old");
-    std::fs::copy(SERVE[0], &exe).unwrap();
-    let mut s = testing::serve(
-        &dir,
-        &[exe.to_str().unwrap()],
-        &["--takeover", "--peers", "1"],
-    );
+    let mut s = serve(&dir, &["--takeover", "--peers", "1"]);
     let keeper = testing::keeper_pid(&dir);
-    std::fs::remove_file(&exe).unwrap();
+    // Frozen, serve cannot replace the keeper before the name is taken.
+    faultline_sys::process::kill(s.pid() as i32, faultline_sys::process::SIGSTOP).unwrap();
     faultline_sys::process::kill(keeper, faultline_sys::process::SIGKILL).unwrap();
+    // Free once the keeper has exited (a zombie until serve reaps it).
+    let addr = faultline_serve::keeper::address(&dir.sock()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let squatter = loop {
+        match std::os::unix::net::UnixListener::bind_addr(&addr) {
+            Ok(l) => break l,
+            Err(e) if std::time::Instant::now() > deadline => {
+                panic!("binding {:?}: {e}", addr.as_abstract_name())
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    squatter.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let squat = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // Every connection closed unanswered.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match squatter.accept() {
+                    Ok((conn, _)) => drop(conn),
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        })
+    };
+    faultline_sys::process::kill(s.pid() as i32, faultline_sys::process::SIGCONT).unwrap();
     dir.wait_for("serve.err", "replacing the keeper of");
     let mut p = peer(&dir, "p", &["--verify-all"]);
     assert_ok(&mut p, &dir);
     assert_ok(&mut s, &dir);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    squat.join().unwrap();
     let log = dir.text("serve.err");
     assert!(log.contains("served without takeover"), "{log}");
     assert!(!log.contains("refused"), "{log}");

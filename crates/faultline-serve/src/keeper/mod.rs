@@ -204,8 +204,9 @@ struct Reply {
     listener: Option<(u64, u64)>,
 }
 
-/// The keeper's abstract socket name for serve socket `socket`.
-fn name(socket: &Path) -> std::io::Result<SocketAddr> {
+/// The keeper's abstract socket name for serve socket `socket` (`ss -xl`
+/// lists it as `@faultline-serve-keeper-...`).
+pub fn address(socket: &Path) -> std::io::Result<SocketAddr> {
     let abs = std::path::absolute(socket)?;
     // FNV-1a of the absolute path: abstract names are short.
     let mut h = 0xcbf2_9ce4_8422_2325u64;
@@ -468,8 +469,7 @@ impl Linked {
 
 /// Starts a keeper process for `spec`.
 fn spawn(spec: &Spec) -> Result<std::process::Child, KeeperError> {
-    let exe = std::env::current_exe()?;
-    std::process::Command::new(exe)
+    std::process::Command::new(own_exe()?)
         .arg0(KEEPER_ARG0)
         .env(KEEPER_ENV, spec.to_env())
         .env_remove(faultline_sys::failpoint::ENV)
@@ -478,6 +478,19 @@ fn spawn(spec: &Spec) -> Result<std::process::Child, KeeperError> {
         .process_group(0)
         .spawn()
         .map_err(|e| KeeperError::Start(e.to_string()))
+}
+
+/// The executable a keeper runs: this process's own, through
+/// `/proc/self/exe`, which names the running binary even once an upgrade
+/// has replaced or deleted the file serve was started from (a keeper must
+/// speak this serve's protocol, and the path may hold another version or
+/// nothing); the path where /proc is not mounted.
+fn own_exe() -> std::io::Result<std::path::PathBuf> {
+    let running = Path::new("/proc/self/exe");
+    if running.exists() {
+        return Ok(running.into());
+    }
+    std::env::current_exe()
 }
 
 /// Attaches to the keeper at `addr`, waiting up to [`REQUEST_TIMEOUT`]
@@ -527,7 +540,7 @@ impl Keeper {
         spec: &Spec,
         notice: fn(std::fmt::Arguments<'_>),
     ) -> Result<Option<(Keeper, Joined)>, KeeperError> {
-        let addr = name(&spec.socket)?;
+        let addr = address(&spec.socket)?;
         let Some((attached, reply, mut fds)) = attach(&addr)? else {
             return Ok(None);
         };
@@ -576,7 +589,7 @@ impl Keeper {
         spec: &Spec,
         notice: fn(std::fmt::Arguments<'_>),
     ) -> Result<(Keeper, Joined), KeeperError> {
-        let addr = name(&spec.socket)?;
+        let addr = address(&spec.socket)?;
         let child = spawn(spec)?;
         let (attached, reply, _) = attach_within(&addr)?;
         let joined = Joined {
@@ -775,7 +788,7 @@ fn queued(listener: &UnixListener) -> bool {
 pub fn run(spec: &Spec) -> Result<(), KeeperError> {
     let (socket, wait, leave) = (spec.socket.as_path(), spec.wait, spec.leave);
     process::set_name(KEEPER_COMM)?;
-    let addr = name(socket)?;
+    let addr = address(socket)?;
     let listener = match UnixListener::bind_addr(&addr) {
         Ok(l) => l,
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
