@@ -10,7 +10,7 @@ use crate::background::StopFlag;
 use crate::error::Result;
 use crate::fault::report::fail_closed;
 use faultline_sys::poll::{self, poll_in};
-use faultline_sys::thread::{online_cpus, pin_to_cpu};
+use faultline_sys::thread::pin_within;
 
 /// Handler thread blocking in `poll()` + `read()`. See the module docs.
 pub struct PollEngine {
@@ -33,9 +33,9 @@ impl PollEngine {
         let pin = core.config.pin;
         let body = move |stop: &StopFlag| {
             if pin {
-                // The handler's own CPU: the last one, away from CPU 0 where
-                // applications usually start.
-                let _ = pin_to_cpu(online_cpus() - 1);
+                // The handler's own CPU: the last one it may use, away from
+                // CPU 0 where applications usually start.
+                let _ = pin_within(|cpus| cpus.last().copied());
             }
             let mut rev = [0i16; 2];
             while !stop.is_set() {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{EngineConfig, EngineKind, ThreadCore, Threaded};
 use crate::background::StopFlag;
 use crate::error::Result;
-use faultline_sys::thread::{online_cpus, pin_to_cpu};
+use faultline_sys::thread::pin_within;
 
 /// Busy-polling handler thread. See the module docs.
 pub struct SpinEngine {
@@ -28,7 +28,7 @@ impl SpinEngine {
         let pin = core.config.pin;
         let body = move |stop: &StopFlag| {
             if pin {
-                let _ = pin_to_cpu(online_cpus() - 1);
+                let _ = pin_within(|cpus| cpus.last().copied());
             }
             let mut idle = 0u32;
             while !stop.is_set() {

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::fault::report::fail_closed;
 use crate::fault::table::enter;
 use faultline_sys::poll::poll_in;
-use faultline_sys::thread::{online_cpus, pin_to_cpu, EventFd};
+use faultline_sys::thread::{pin_within, EventFd};
 use faultline_sys::uffd::{Msg, Uffd, UffdError};
 
 /// Faults handed to a worker by the others: (address, flags, TSC read).
@@ -129,7 +129,6 @@ impl WorkersEngine {
         let mut slots = Vec::new();
         let mut bodies: Vec<HandlerBody> = Vec::new();
         let fd = std::os::fd::AsRawFd::as_raw_fd(&*core.uffd);
-        let ncpu = online_cpus();
         for me in 0..n {
             let sharded = Sharded {
                 local: core.local(&mut slots),
@@ -141,7 +140,7 @@ impl WorkersEngine {
             let pin = core.config.pin;
             bodies.push(Box::new(move |stop: &StopFlag| {
                 if pin {
-                    let _ = pin_to_cpu(me % ncpu);
+                    let _ = pin_within(|cpus| cpus.get(me % cpus.len().max(1)).copied());
                 }
                 let mine = h.serve.inboxes[me].clone();
                 let mut rev = [0i16; 3];
