@@ -110,7 +110,10 @@ pub struct EngineConfig {
     pub batch: usize,
     /// Worker threads (`workers` engine). Default: number of CPUs.
     pub workers: usize,
-    /// Pin handler threads to CPUs. Default true.
+    /// Pin handler threads to CPUs, within those the thread creating the
+    /// engine may use: poll and spin to the last of them (a thread
+    /// faulting on that CPU is answered without a wake-up across CPUs),
+    /// workers round robin. Default true.
     pub pin: bool,
     /// Abort the process, with a message, if one resolution takes longer
     /// than this (thread engines). Default: none.
