@@ -192,8 +192,8 @@ pub struct ForeignEngineConfig {
     /// runs its prefetch steps. Default false: each peer is served by
     /// one thread.
     pub spread: bool,
-    /// Pin handler thread `i` to the `i`-th CPU this process may run on
-    /// (round robin). With [`spread`](Self::spread), one thread per CPU
+    /// Pin handler thread `i` to the `i`-th CPU the thread creating the
+    /// engine may run on (round robin). With [`spread`](Self::spread), one thread per CPU
     /// and [`HandlerWait::Poll`] this is the co-located design: a fault
     /// wakes every thread asleep on the peer's userfaultfd, and the one on
     /// the faulting thread's CPU runs as soon as that thread sleeps, with

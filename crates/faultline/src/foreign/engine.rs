@@ -224,23 +224,21 @@ impl ForeignEngine {
             }));
         }
         let all = Arc::new(slots.clone());
-        let cpus = if cfg.pin {
-            thread::allowed_cpus().map_err(|source| ForeignError::Spawn {
-                what: "a pinned handler thread (the CPUs this process may use)",
-                source,
-            })?
-        } else {
-            Vec::new()
-        };
         let mut threads = Vec::new();
         let (pinned_tx, pinned) = channel();
         for i in 0..slots.len() {
             let (all, tx, cfg) = (all.clone(), tx.clone(), cfg.clone());
-            let (cpu, pinned_tx) = (cpus.get(i % cpus.len().max(1)).copied(), pinned_tx.clone());
+            let pinned_tx = pinned_tx.clone();
             threads.push(
                 Background::spawn(format!("fl-handler-{i}"), move |stop| {
                     all[i].tid.store(thread::gettid(), Relaxed);
-                    let pin = cpu.map_or(Ok(()), thread::pin_to_cpu);
+                    // Round robin over the CPUs its creator may use.
+                    let pin = if cfg.pin {
+                        thread::pin_within(|cpus| cpus.get(i % cpus.len().max(1)).copied())
+                            .map(drop)
+                    } else {
+                        Ok(())
+                    };
                     let ok = pin.is_ok();
                     let _ = pinned_tx.send(pin);
                     if ok {
