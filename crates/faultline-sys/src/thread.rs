@@ -60,15 +60,13 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 
 /// Pins the calling thread to the CPU `pick` chooses among those it may
 /// run on now (its inherited mask: a `taskset` or a caller's own
-/// affinity), so it stays inside them; the CPU, or `None` if `pick`
-/// chose none.
-pub fn pin_within(pick: impl FnOnce(&[usize]) -> Option<usize>) -> io::Result<Option<usize>> {
-    let cpus = allowed_cpus()?;
-    let Some(cpu) = pick(&cpus) else {
-        return Ok(None);
-    };
-    pin_to_cpu(cpu)?;
-    Ok(Some(cpu))
+/// affinity), so it stays inside them; left as it is if `pick` chooses
+/// none.
+pub fn pin_within(pick: impl FnOnce(&[usize]) -> Option<usize>) -> io::Result<()> {
+    match pick(&allowed_cpus()?) {
+        Some(cpu) => pin_to_cpu(cpu),
+        None => Ok(()),
+    }
 }
 
 /// Lets the calling thread run only on `cpus` (`sched_setaffinity`; CPUs

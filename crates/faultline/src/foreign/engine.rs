@@ -235,7 +235,6 @@ impl ForeignEngine {
                     // Round robin over the CPUs its creator may use.
                     let pin = if cfg.pin {
                         thread::pin_within(|cpus| cpus.get(i % cpus.len().max(1)).copied())
-                            .map(drop)
                     } else {
                         Ok(())
                     };
@@ -257,7 +256,7 @@ impl ForeignEngine {
         // does the engine.
         for pin in pinned.iter().take(threads.len()) {
             pin.map_err(|source| ForeignError::Spawn {
-                what: "a pinned handler thread (sched_setaffinity)",
+                what: "a pinned handler thread (its CPU affinity)",
                 source,
             })?;
         }
@@ -518,15 +517,19 @@ const GATE_SPIN: Duration = Duration::from_micros(200);
 /// Takes a peer's copy gate exclusively (to read its userfaultfd),
 /// spinning up to [`GATE_SPIN`] before sleeping on it.
 fn write_soon(gate: &RwLock<()>) -> RwLockWriteGuard<'_, ()> {
+    // Free (the common case): no clock read on the way to the read.
+    if let Some(g) = gate.try_write() {
+        return g;
+    }
     let until = Instant::now() + GATE_SPIN;
     loop {
+        std::hint::spin_loop();
         if let Some(g) = gate.try_write() {
             return g;
         }
         if Instant::now() > until {
             return gate.write();
         }
-        std::hint::spin_loop();
     }
 }
 
