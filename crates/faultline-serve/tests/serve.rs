@@ -1656,24 +1656,15 @@ fn workers_serve_one_peer_on_two_threads_through_remove_storms() {
 /// The CPUs each of `pid`'s handler threads (`fl-handler-N`) may run on
 /// (`Cpus_allowed_list`), in thread order.
 fn handler_cpus(pid: u32) -> Vec<String> {
-    let mut threads = Vec::new();
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the task list") {
-        let t = t.expect("a task").path();
-        let (Ok(comm), Ok(status)) = (
-            std::fs::read_to_string(t.join("comm")),
-            std::fs::read_to_string(t.join("status")),
-        ) else {
-            continue;
-        };
-        let Some(n) = comm.trim().strip_prefix("fl-handler-") else {
-            continue;
-        };
-        let cpus = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .expect("Cpus_allowed_list");
-        threads.push((n.parse::<usize>().unwrap(), cpus.trim().to_string()));
-    }
+    let mut threads: Vec<_> = faultline::testing::threads(pid, "fl-handler-")
+        .into_iter()
+        .map(|t| {
+            (
+                t.name["fl-handler-".len()..].parse::<usize>().unwrap(),
+                t.cpus,
+            )
+        })
+        .collect();
     threads.sort();
     threads.into_iter().map(|(_, cpus)| cpus).collect()
 }

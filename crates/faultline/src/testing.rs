@@ -1,6 +1,7 @@
 //! Test support, usable by users to test their own programs: a store that
 //! injects failures, ([`child`]) tests run in child processes with
-//! deadlines, and a pool of free hugetlb pages ([`HugePool`]).
+//! deadlines, a pool of free hugetlb pages ([`HugePool`]), and a process's
+//! threads with their CPUs ([`threads`]).
 //!
 //! [`FaultyStore`] wraps any [`PageStore`] and, following the [`Fault`]
 //! rules it was built with, makes `fill` or `write_back` fail, panic,
@@ -41,7 +42,9 @@
 
 pub mod child;
 mod hugepool;
+mod threads;
 pub use hugepool::HugePool;
+pub use threads::{threads, ProcThread};
 
 use std::ops::{Bound, Range, RangeBounds};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};

@@ -487,25 +487,6 @@ fn signal_engine_chains_foreign_sigbus_and_preserves_errno() {
 
 // ------------------------------------------------------------ handler CPUs
 
-/// The CPUs (`Cpus_allowed_list`) of this process's threads named `name`.
-fn cpus_of_threads(name: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for t in std::fs::read_dir("/proc/self/task").unwrap() {
-        let t = t.unwrap().path();
-        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
-        if comm.trim() != name {
-            continue;
-        }
-        let status = std::fs::read_to_string(t.join("status")).unwrap();
-        let cpus = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .unwrap();
-        out.push(cpus.trim().to_string());
-    }
-    out
-}
-
 /// The thread engines pin their handlers within the CPUs the thread that
 /// starts them may use (a `taskset`, or the caller's own affinity): started
 /// from a thread restricted to the last CPU, the poll, spin and workers
@@ -538,7 +519,11 @@ fn thread_engine_handlers_stay_within_their_creators_cpus() {
             // Read once the handlers have run (a handler not yet started
             // would show the mask it inherited, the expected one).
             std::thread::sleep(Duration::from_millis(20));
-            let got = cpus_of_threads(thread);
+            let got: Vec<String> = faultline::testing::threads(std::process::id(), thread)
+                .into_iter()
+                .filter(|t| t.name == *thread)
+                .map(|t| t.cpus)
+                .collect();
             say(&format!("{thread} {got:?} want {last}"));
         }
         return;

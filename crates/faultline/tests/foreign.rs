@@ -535,16 +535,14 @@ fn pinned_threads_one_per_cpu_read_each_message_once_through_remove_storms() {
     let (engine, _events) = ForeignEngine::new(EngineKind::Poll, cfg).unwrap();
     let tids = engine.handler_tids();
     assert_eq!(tids.len(), cpus.len());
+    let handlers = faultline::testing::threads(std::process::id(), "fl-handler-");
     for (i, tid) in tids.iter().enumerate() {
-        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
-        let allowed = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .unwrap()
-            .trim();
-        assert_eq!(allowed, cpus[i].to_string(), "thread {i} (tid {tid})");
-        let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap();
-        assert_eq!(comm.trim(), format!("fl-handler-{i}"));
+        let t = handlers
+            .iter()
+            .find(|t| t.tid == *tid)
+            .expect("the handler thread");
+        assert_eq!(t.cpus, cpus[i].to_string(), "thread {i} (tid {tid})");
+        assert_eq!(t.name, format!("fl-handler-{i}"));
     }
     remove_storms(&engine);
     let h = engine.handler_stats();
