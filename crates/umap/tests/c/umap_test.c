@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -429,14 +430,17 @@ struct sampler {
     size_t max, samples;
 };
 
+/* The waits yield: on one CPU (a taskset) the thread waited for must run
+ * for the wait to end, and a wait spinning out its time slice left the
+ * sweep too few samples. */
 static void *sample_resident(void *arg) {
     struct sampler *s = arg;
     while (!atomic_load(&s->stop)) {
         atomic_store(&s->want_pause, 1);
-        while (!atomic_load(&s->paused) && !atomic_load(&s->stop)) {}
+        while (!atomic_load(&s->paused) && !atomic_load(&s->stop)) sched_yield();
         size_t r = resident(s->p, s->len);
         atomic_store(&s->want_pause, 0);
-        while (atomic_load(&s->paused) && !atomic_load(&s->stop)) {}
+        while (atomic_load(&s->paused) && !atomic_load(&s->stop)) sched_yield();
         if (r > s->max) s->max = r;
         s->samples++;
     }
@@ -447,7 +451,7 @@ static void *sample_resident(void *arg) {
 static void hold_still(struct sampler *s) {
     if (!atomic_load(&s->want_pause)) return;
     atomic_store(&s->paused, 1);
-    while (atomic_load(&s->want_pause)) {}
+    while (atomic_load(&s->want_pause)) sched_yield();
     atomic_store(&s->paused, 0);
 }
 
