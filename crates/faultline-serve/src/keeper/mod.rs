@@ -49,7 +49,8 @@
 //! takeover); one killed between reading a REMOVE and journaling it (one
 //! `read(2)` return to one store) leaves that range to be served from the
 //! snapshot again instead of zeros. Both need a kill in a window of
-//! microseconds.
+//! microseconds. A keeper that dies is replaced, and while none can be
+//! started serve keeps what it would deposit (see [`Linked`]).
 
 pub mod fdstore;
 pub mod journal;
@@ -158,6 +159,14 @@ impl Spec {
 /// death and the link's drop wake it at once.
 const WATCH_MS: i32 = 500;
 
+/// How long after a failed start of a keeper another is tried (by the
+/// watcher, or a request if the watcher is not running); the wait doubles
+/// after each failure, up to [`RETRY_MAX`] (each try starts a process).
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The longest wait between two tries to start a keeper.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
 /// The largest message (a handshake is at most 64 KiB).
 const MAX_MESSAGE: usize = 1 << 18;
 
@@ -251,6 +260,14 @@ pub enum Keeper {
 /// replacements; the link maps each to the current keeper's. Every
 /// request runs under the link's lock, a replacement included, so none
 /// is sent to a keeper the replacement has not given everything to.
+///
+/// When no keeper can be started in a dead one's place (its name taken,
+/// `fork` failing), the link is *down*: requests are not sent, peers are
+/// still deposited and handed with the link (their descriptors kept, their
+/// REMOVEs journaled), and the watcher tries another keeper every
+/// [`RETRY`]; the first that starts is given everything, so a VMM that
+/// connected meanwhile is protected from then on, not left served without
+/// takeover for good.
 pub struct Linked {
     addr: SocketAddr,
     spec: Spec,
@@ -283,12 +300,16 @@ struct Link {
     next: u64,
     /// Keepers replaced so far.
     replaced: u64,
+    /// The keeper is gone and starting another failed: why, when it was
+    /// last tried, and the wait before the next try. What `deposited`
+    /// holds waits for the next keeper.
+    down: Option<(String, Instant, Duration)>,
 }
 
 /// A peer the keeper holds for this serve, as deposited (duplicates of
 /// the descriptors).
 struct Deposited {
-    /// Its id at the current keeper.
+    /// Its id at the current keeper (none while the link is down).
     local: u64,
     n: usize,
     pid: i32,
@@ -316,58 +337,62 @@ impl Linked {
                 deposited: BTreeMap::new(),
                 next: 1,
                 replaced: 0,
+                down: None,
             }),
         })
     }
 
     /// Shares `linked` with a watcher thread that replaces the keeper as
     /// soon as it dies (its end of the attach connection closes), so the
-    /// peers it held are protected again without waiting for a request.
-    /// The thread ends when the link is dropped.
+    /// peers it held are protected again without waiting for a request,
+    /// and that tries again while the link is down (after [`RETRY`], the
+    /// wait doubling up to [`RETRY_MAX`]). The thread ends when the link
+    /// is dropped.
     fn watched(linked: Linked) -> Arc<Linked> {
         let linked = Arc::new(linked);
         let weak = Arc::downgrade(&linked);
         let stop = linked.stop.clone();
         let watch = move || loop {
-            let Some((attached, seen)) = weak.upgrade().and_then(|l| {
+            // Up: the keeper's end of the attach connection is watched;
+            // down: only the stop, until the next try is due.
+            let Some((attached, seen, wait)) = weak.upgrade().map(|l| {
                 let link = l.link.lock().expect("keeper link");
-                Some((link._attached.try_clone().ok()?, link.replaced))
+                match &link.down {
+                    None => (Some(link._attached.try_clone()), link.replaced, WATCH_MS),
+                    Some((_, at, wait)) => {
+                        let left = wait.saturating_sub(at.elapsed()).as_millis();
+                        (None, link.replaced, left.clamp(1, i32::MAX as u128) as i32)
+                    }
+                }
             }) else {
                 return;
             };
             let mut fds = [
                 PollFd {
-                    fd: std::os::fd::AsRawFd::as_raw_fd(&attached),
-                    events: poll::events::RDHUP,
-                    revents: 0,
-                },
-                PollFd {
                     fd: stop.raw(),
                     events: poll::events::IN,
                     revents: 0,
                 },
+                PollFd {
+                    fd: match &attached {
+                        Some(Ok(a)) => std::os::fd::AsRawFd::as_raw_fd(a),
+                        _ => -1,
+                    },
+                    events: poll::events::RDHUP,
+                    revents: 0,
+                },
             ];
-            if poll::poll(&mut fds, WATCH_MS).is_err() || fds[1].revents != 0 {
+            if poll::poll(&mut fds, wait).is_err() || fds[0].revents != 0 {
                 return;
             }
-            if fds[0].revents == 0 {
+            if attached.is_some() && fds[1].revents == 0 {
                 continue;
             }
             let Some(l) = weak.upgrade() else { return };
-            let failed = {
-                let mut link = l.link.lock().expect("keeper link");
-                // A request may have replaced it already.
-                (link.replaced == seen)
-                    .then(|| l.replace(&mut link).err())
-                    .flatten()
-            };
-            if let Some(e) = failed {
-                // Said once: each later request to the keeper tries again.
-                (l.notice)(format_args!(
-                    "replacing the keeper of {} failed: {e}; each VMM connecting tries again, and is served without takeover if that fails",
-                    l.spec.socket.display()
-                ));
-                return;
+            let mut link = l.link.lock().expect("keeper link");
+            // A request may have replaced it already.
+            if link.replaced == seen && l.due(&link) {
+                let _ = l.replace(&mut link);
             }
         };
         // Without the thread, a request still replaces a dead keeper.
@@ -375,6 +400,14 @@ impl Linked {
             .name("fl-keeper-watch".into())
             .spawn(watch);
         linked
+    }
+
+    /// Whether another keeper should be tried now: the link is up (the
+    /// keeper just found dead), or its wait since the last try is over.
+    fn due(&self, link: &Link) -> bool {
+        link.down
+            .as_ref()
+            .is_none_or(|(_, at, wait)| at.elapsed() >= *wait)
     }
 
     /// Sends the request `req` builds (from the link: ids may change with
@@ -386,6 +419,13 @@ impl Linked {
         req: impl Fn(&Link) -> Request,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Reply, KeeperError> {
+        if let Some((why, ..)) = &link.down {
+            if !self.due(link) {
+                return Err(KeeperError::Down(why.clone()));
+            }
+            self.replace(link)?;
+            return self.send(&req(link), fds);
+        }
         match self.send(&req(link), fds) {
             // Nothing listens on the keeper's name: it is gone.
             Err(KeeperError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
@@ -406,18 +446,71 @@ impl Linked {
     }
 
     /// Starts and attaches another keeper and gives it what the dead one
-    /// held for this serve.
+    /// held for this serve (and what was deposited while the link was
+    /// down); on failure the link is down (said once) and the error is
+    /// [`KeeperError::Down`].
     fn replace(&self, link: &mut Link) -> Result<(), KeeperError> {
+        let socket = self.spec.socket.display();
+        match self.start_another(link) {
+            Ok(pid) => {
+                match link.down.take() {
+                    None => (self.notice)(format_args!(
+                        "the keeper of {socket} is gone (killed?): started another, pid {pid}, and deposited with it the {} peer(s) the dead one held",
+                        link.deposited.len()
+                    )),
+                    Some(_) => (self.notice)(format_args!(
+                        "started a keeper of {socket} at last, pid {pid}, and deposited with it the {} peer(s) served meanwhile: a kill of this serve leaves them to the next again",
+                        link.deposited.len()
+                    )),
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let why = e.to_string();
+                let wait = match &link.down {
+                    Some((.., wait)) => (*wait * 2).min(RETRY_MAX),
+                    None => {
+                        (self.notice)(format_args!(
+                            "replacing the keeper of {socket} failed: {why}; trying again after {}s, then at longer intervals up to {}s; until one starts, VMMs are served on, but should this serve die they hang",
+                            RETRY.as_secs(),
+                            RETRY_MAX.as_secs()
+                        ));
+                        RETRY
+                    }
+                };
+                link.down = Some((why.clone(), Instant::now(), wait));
+                Err(KeeperError::Down(why))
+            }
+        }
+    }
+
+    /// Starts and attaches another keeper and gives it everything the link
+    /// holds; its pid. One that fails half way is killed (it holds
+    /// nothing the link does not, and would keep the name from the next).
+    fn start_another(&self, link: &mut Link) -> Result<u32, KeeperError> {
         if let Some(dead) = link.child.as_mut() {
             // Reaped: no zombie left behind.
             let _ = dead.try_wait();
         }
-        let child = spawn(&self.spec)?;
+        let mut child = spawn(&self.spec)?;
         let pid = child.id();
-        let (attached, _, _) = attach_within(&self.addr)?;
-        link._attached = attached;
+        let given = attach_within(&self.addr).and_then(|(attached, _, _)| {
+            link._attached = attached;
+            self.give_all(link)
+        });
+        if let Err(e) = given {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
         link.child = Some(child);
         link.replaced += 1;
+        Ok(pid)
+    }
+
+    /// Gives the keeper just attached the listener and every peer the link
+    /// holds.
+    fn give_all(&self, link: &mut Link) -> Result<(), KeeperError> {
         if let Some((fd, (dev, ino))) = &link.listener {
             self.send(
                 &Request::Listen {
@@ -440,11 +533,6 @@ impl Linked {
                 self.send(&req, &[uffd.as_fd(), journal.as_fd()])?;
             }
         }
-        (self.notice)(format_args!(
-            "the keeper of {} is gone (killed?): started another, pid {pid}, and deposited with it the {} peer(s) the dead one held",
-            self.spec.socket.display(),
-            link.deposited.len()
-        ));
         Ok(())
     }
 
@@ -629,8 +717,17 @@ impl Keeper {
         };
         let mut link = l.link.lock().expect("keeper link");
         let dup = conn.try_clone_to_owned()?;
-        let r = l.request(&mut link, |_| Request::Deposit { n, pid }, &[conn])?;
-        Ok(Linked::register(&mut link, r.id, n, pid, dup))
+        let local = match l.request(&mut link, |_| Request::Deposit { n, pid }, &[conn]) {
+            Ok(r) => r.id,
+            Err(KeeperError::Down(why)) => {
+                (l.notice)(format_args!(
+                    "peer {n} (pid {pid}): no keeper to deposit it with ({why}): it goes to the next one started; should this serve die before, it hangs at its next missing page"
+                ));
+                0
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Linked::register(&mut link, local, n, pid, dup))
     }
 
     /// Deposits the hand-off of connection `id`: its `handshake`, its
@@ -656,7 +753,11 @@ impl Keeper {
             id: link.deposited.get(&id).map_or(0, |d| d.local),
             handshake: handshake.into(),
         };
-        l.request(&mut link, req, &fds)?;
+        match l.request(&mut link, req, &fds) {
+            // Given to the next keeper with the connection.
+            Ok(_) | Err(KeeperError::Down(_)) => {}
+            Err(e) => return Err(e),
+        }
         if let Some(d) = link.deposited.get_mut(&id) {
             d.handed = Some((handshake.into(), dups));
         }
@@ -678,7 +779,11 @@ impl Keeper {
         let local = |link: &Link| link.deposited.get(&id).map_or(0, |d| d.local);
         let done = l.request(&mut link, |link| Request::Forget { id: local(link) }, &[]);
         link.deposited.remove(&id);
-        done.map(drop)
+        match done {
+            // No keeper holds it.
+            Ok(_) | Err(KeeperError::Down(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 

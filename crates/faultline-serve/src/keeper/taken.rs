@@ -58,4 +58,8 @@ pub enum KeeperError {
     /// Starting it failed, or it never answered.
     #[error("starting the keeper: {0}")]
     Start(String),
+    /// The keeper is gone and none could be started in its place (why):
+    /// what serve deposits waits for the next one.
+    #[error("no keeper ({0})")]
+    Down(String),
 }
