@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use faultline_serve::metrics::{scrape, MetricsAddr};
 use faultline_serve::testing::{self, assert_ok, Dir, Proc, WAIT};
 
 const SERVE: &[&str] = &[env!("CARGO_BIN_EXE_faultline-serve")];
@@ -1340,8 +1341,32 @@ fn a_vmm_served_while_no_keeper_can_start_goes_to_the_next_keeper() {
     use faultline_sys::process::{kill, SIGCONT, SIGKILL, SIGSTOP};
     use std::os::linux::net::SocketAddrExt;
     let dir = Dir::new("keeper-unstartable", 16 * MIB);
-    let args = ["--takeover", "--peers", "1"];
+    let metrics = dir.path("metrics.sock");
+    let args = [
+        "--takeover",
+        "--peers",
+        "1",
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ];
     let mut s = serve(&dir, &args);
+    // What a scrape says of the keeper now: down, peers deposited,
+    // keepers replaced, peers taken over.
+    let keeper_metrics = || {
+        let text = scrape(&MetricsAddr::Unix(metrics.clone())).expect("a scrape");
+        let at = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        };
+        [
+            at("faultline_keeper_down"),
+            at("faultline_keeper_peers"),
+            at("faultline_keepers_replaced_total"),
+            at("faultline_peers_taken_over_total"),
+        ]
+    };
+    assert_eq!(keeper_metrics(), [0.0, 0.0, 0.0, 0.0]);
     let keeper = testing::keeper_pid(&dir);
     // Frozen, serve cannot replace the keeper before the name is taken.
     kill(s.pid() as i32, SIGSTOP).unwrap();
@@ -1382,15 +1407,18 @@ fn a_vmm_served_while_no_keeper_can_start_goes_to_the_next_keeper() {
     kill(p.pid() as i32, SIGSTOP).unwrap();
     let log = dir.text("serve.err");
     assert!(log.contains("no keeper to deposit it with"), "{log}");
+    assert_eq!(keeper_metrics(), [1.0, 1.0, 0.0, 0.0]);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     squat.join().unwrap();
     dir.wait_for(
         "serve.err",
         "deposited with it the 1 peer(s) served meanwhile",
     );
+    assert_eq!(keeper_metrics(), [0.0, 1.0, 1.0, 0.0]);
     s.kill();
     let mut again = testing::serve_again(&dir, SERVE, &args, 1);
-    dir.wait_for("again.err", "taking 1 peer(s) over from the keeper");
+    dir.wait_for("again.err", "its regions are woken");
+    assert_eq!(keeper_metrics(), [0.0, 1.0, 0.0, 1.0]);
     kill(p.pid() as i32, SIGCONT).unwrap();
     assert_ok(&mut p, &dir);
     assert_ok(&mut again, &dir);

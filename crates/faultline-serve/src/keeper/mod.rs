@@ -249,6 +249,18 @@ pub enum Keeper {
     FdStore(FdStore),
 }
 
+/// The keeper process as serve's link sees it (a metrics scrape).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeeperStatus {
+    /// It is gone and none could be started in its place: the peers are
+    /// served on, but would hang should this serve die.
+    pub down: bool,
+    /// Keepers started in place of dead ones.
+    pub replaced: u64,
+    /// Peers deposited (held by the keeper, or by the link while down).
+    pub peers: usize,
+}
+
 /// Serve's link to its keeper process. A keeper that dies while serve
 /// runs (an operator's `kill`, the OOM killer) is replaced as soon as a
 /// watcher thread sees its end of the attach connection close, or by the
@@ -762,6 +774,20 @@ impl Keeper {
             d.handed = Some((handshake.into(), dups));
         }
         Ok(())
+    }
+
+    /// What the link knows of the keeper now (`None`: systemd's store,
+    /// which has no process to lose).
+    pub fn status(&self) -> Option<KeeperStatus> {
+        let Keeper::Process(l) = self else {
+            return None;
+        };
+        let link = l.link.lock().expect("keeper link");
+        Some(KeeperStatus {
+            down: link.down.is_some(),
+            replaced: link.replaced,
+            peers: link.deposited.len(),
+        })
     }
 
     /// Tells the keeper peer `id` is done with.

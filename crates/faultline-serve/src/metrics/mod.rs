@@ -46,6 +46,8 @@ use std::fmt;
 use std::sync::Mutex;
 
 use faultline::{PeerStats, ServiceTimes, SERVICE_BOUNDS_NS};
+
+use crate::keeper::KeeperStatus;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -91,6 +93,10 @@ pub struct Sample {
     pub handler_cpu_s: f64,
     /// CPU time of the prefetch helpers so far, seconds.
     pub helpers_cpu_s: f64,
+    /// Peers taken over from the keeper (a serve before this one died).
+    pub taken_over: u64,
+    /// The keeper process (`--takeover`; `None` without one).
+    pub keeper: Option<KeeperStatus>,
 }
 
 /// The server's own counters (the engine keeps the peers').
@@ -383,7 +389,7 @@ impl Collector for Exposition {
             "vCPU stalls the peer reported: an access that waited for a missing page, to its retirement",
             &|p| p.vcpu_stalls.as_ref(),
         )?;
-        let process: [(&str, &str, MetricType, f64); 3] = [
+        let mut process: Vec<(&str, &str, MetricType, f64)> = vec![
             (
                 "faultline_peers_connected",
                 "Peers being served",
@@ -403,6 +409,34 @@ impl Collector for Exposition {
                 s.finished as f64,
             ),
         ];
+        process.push((
+            "faultline_peers_taken_over",
+            "Peers taken over from the keeper (a serve before this one died)",
+            c,
+            s.taken_over as f64,
+        ));
+        if let Some(k) = s.keeper {
+            process.extend([
+                (
+                    "faultline_keeper_down",
+                    "1 while the keeper is gone and none could be started (retried): the peers are served on, but would hang should this serve die",
+                    g,
+                    f64::from(u8::from(k.down)),
+                ),
+                (
+                    "faultline_keeper_peers",
+                    "Peers deposited for takeover (held by the keeper, or waiting for the next one while it is down)",
+                    g,
+                    k.peers as f64,
+                ),
+                (
+                    "faultline_keepers_replaced",
+                    "Keepers started in place of dead ones",
+                    c,
+                    k.replaced as f64,
+                ),
+            ]);
+        }
         for (name, help, kind, v) in process {
             let m = enc.encode_descriptor(name, help, None, kind)?;
             match kind {
@@ -497,6 +531,12 @@ mod tests {
             refused: refused.clone(),
             handler_cpu_s: 0.25,
             helpers_cpu_s: 1.5,
+            taken_over: 2,
+            keeper: Some(KeeperStatus {
+                down: true,
+                replaced: 1,
+                peers: 6,
+            }),
         })));
         let text = e.text();
         assert!(text.ends_with("# EOF\n"), "{text}");
@@ -532,6 +572,10 @@ mod tests {
         assert_eq!(num(get("faultline_peer_prefetch_done_seconds", None)), 0.25);
         assert_eq!(num(get("faultline_peer_dirty_pages", None)), 5.0);
         assert_eq!(num(get("faultline_peers_connected", None)), 1.0);
+        assert_eq!(num(get("faultline_peers_taken_over_total", None)), 2.0);
+        assert_eq!(num(get("faultline_keeper_down", None)), 1.0);
+        assert_eq!(num(get("faultline_keeper_peers", None)), 6.0);
+        assert_eq!(num(get("faultline_keepers_replaced_total", None)), 1.0);
         assert_eq!(num(get("faultline_handler_cpu_seconds_total", None)), 0.25);
         assert_eq!(
             num(get("faultline_prefetch_helpers_cpu_seconds_total", None)),

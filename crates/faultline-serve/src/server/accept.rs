@@ -330,6 +330,7 @@ fn report(
 ) {
     state.served.lock().expect("served").push(served);
     if taken {
+        state.taken_over.fetch_add(1, SeqCst);
         say(format_args!(
             "peer {} (pid {}): taken over from the keeper: {} REMOVE'd range(s) replayed from its journal{}; its regions are woken",
             served.n,

@@ -278,6 +278,7 @@ impl Server {
             finished: AtomicUsize::new(0),
             ignored: AtomicUsize::new(0),
             shared_peers: AtomicUsize::new(0),
+            taken_over: AtomicUsize::new(0),
             said_fallback: AtomicBool::new(false),
             keeper,
             recorder: Mutex::new(Recorder::Free),

@@ -87,6 +87,8 @@ pub struct State {
     pub ignored: AtomicUsize,
     /// Peers served in shared mode.
     pub shared_peers: AtomicUsize,
+    /// Peers taken over from the keeper.
+    pub taken_over: AtomicUsize,
     /// The note that shared mode fell back to copy for a peer was said.
     pub said_fallback: AtomicBool,
     /// The keeper the peers are deposited with (`--takeover`).
@@ -229,6 +231,8 @@ impl State {
             refused: self.counters.refusals(),
             handler_cpu_s: cpu.cpu.as_secs_f64(),
             helpers_cpu_s: cpu.helpers_cpu.as_secs_f64(),
+            taken_over: self.taken_over.load(SeqCst) as u64,
+            keeper: self.keeper.as_ref().and_then(Keeper::status),
         }
     }
 
