@@ -12,7 +12,9 @@
 //! 2. **By address** ([`Streams::by_address`], a peer's regions): one
 //!    handler thread reads the faults of all the peer's threads, so the
 //!    reading thread says nothing of the faulting one. A fault continues
-//!    the stream whose window ended at its page (any slot); a fault that
+//!    the stream whose window ended at its page or just before
+//!    ([`STRIDE_SLACK`](crate::policy::STRIDE_SLACK); any
+//!    slot); a fault that
 //!    continues none takes the next slot round-robin, as the kernel's
 //!    read-ahead tells streams apart by where they are, not by who reads.
 //!
@@ -149,7 +151,7 @@ impl Streams {
         let (w, next, slot) = match self
             .slots
             .iter()
-            .find(|s| unpack(s.load(Relaxed)).next == page)
+            .find(|s| unpack(s.load(Relaxed)).continued_by(page, self.config.max))
         {
             Some(slot) => {
                 let (w, next) = self
@@ -198,7 +200,7 @@ impl Streams {
             let ends_here = self
                 .slots
                 .iter()
-                .find(|s| unpack(s.load(Relaxed)).next == page);
+                .find(|s| unpack(s.load(Relaxed)).continued_by(page, self.config.max));
             ends_here.unwrap_or_else(|| {
                 let i = self.victim.fetch_add(1, Relaxed) as usize;
                 &self.slots[i % self.slots.len()]
@@ -252,6 +254,28 @@ mod tests {
         // Another thread's stream starts from scratch.
         let other = std::thread::scope(|t| t.spawn(|| s.window(60 - 1, 60)).join().unwrap());
         assert_eq!(other, 58..60);
+    }
+
+    #[test]
+    fn threads_taking_turns_out_of_step_grow_one_stream() {
+        // Pages 0.. of a run, page i on vCPU i % 2; vCPU 1 lags, so every
+        // fault is vCPU 0's, one page past the end of the last window.
+        let s = Streams::by_address(ReadaheadConfig::adaptive(1, 64));
+        let (mut page, mut lens, mut installed) = (0, Vec::new(), vec![false; 200]);
+        while page < 200 {
+            let w = s.window(page, 200);
+            assert!(w.contains(&page), "{w:?} {page}");
+            w.clone().for_each(|p| installed[p] = true);
+            lens.push(w.len());
+            // vCPU 0's next page of its own that no window installed.
+            page = (page + 2..200)
+                .step_by(2)
+                .find(|&p| !installed[p])
+                .unwrap_or(200);
+        }
+        assert_eq!(lens[..7], [1, 2, 4, 8, 16, 32, 64], "{lens:?}");
+        // vCPU 1's pages were installed on the way: it never faults.
+        assert!(installed.iter().all(|&i| i), "{installed:?}");
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub use clock::Clock;
 pub use fifo::Fifo;
 pub use isolated::{IsolatedWindows, WindowTuning};
 pub use predict::StreamPredictor;
-pub use readahead::{ReadaheadConfig, Stream as ReadaheadStream};
+pub use readahead::{ReadaheadConfig, Stream as ReadaheadStream, STRIDE_SLACK};
 pub use refault::RefaultAware;
 
 use std::fmt;

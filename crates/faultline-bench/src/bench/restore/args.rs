@@ -36,7 +36,9 @@ pub struct RestoreArgs {
     /// on-demand-workers (serve --engine workers --threads 2: one peer's
     /// faults on two handler threads), on-demand-per-cpu (serve --engine
     /// per-cpu: a handler thread asleep on each CPU, the faulting vCPU's
-    /// own reads its fault), on-demand-wake-first (serve
+    /// own reads its fault), on-demand-per-cpu-w4 and
+    /// on-demand-per-cpu-adaptive (per-cpu with --fault-around-initial 4,
+    /// or with --adaptive-window), on-demand-wake-first (serve
     /// --wake-first), on-demand-single (serve --fault-around-initial 1:
     /// an isolated fault installs its page alone), on-demand-wN (serve
     /// --fault-around-initial N, N 4, 8 or 32), on-demand-wN-shared (the same
@@ -130,13 +132,15 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 33] = [
+pub const CONFIGS: [&str; 35] = [
     "kernel",
     "baseline",
     "on-demand",
     "on-demand-poll",
     "on-demand-workers",
     "on-demand-per-cpu",
+    "on-demand-per-cpu-w4",
+    "on-demand-per-cpu-adaptive",
     "on-demand-wake-first",
     "on-demand-single",
     "on-demand-w4",

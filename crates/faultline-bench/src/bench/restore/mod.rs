@@ -64,7 +64,9 @@
 //! two CPUs; `on-demand-per-cpu` (asked for by name) is `on-demand` with
 //! `--engine per-cpu`: a handler thread pinned and asleep on each CPU, so
 //! the one on the faulting vCPU's CPU reads its fault without a wake-up
-//! across CPUs; `on-demand-wake-first` (asked for by name) is `on-demand`
+//! across CPUs (`on-demand-per-cpu-w4` and `on-demand-per-cpu-adaptive`
+//! add `--fault-around-initial 4` or `--adaptive-window`);
+//! `on-demand-wake-first` (asked for by name) is `on-demand`
 //! with `--wake-first` (the faulting page copied and woken before the rest
 //! of its window); `on-demand-single` (asked for by name) is `on-demand`
 //! with `--fault-around-initial 1` (an isolated fault installs its page

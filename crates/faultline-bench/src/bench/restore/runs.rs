@@ -180,6 +180,8 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         | "on-demand-poll"
         | "on-demand-workers"
         | "on-demand-per-cpu"
+        | "on-demand-per-cpu-w4"
+        | "on-demand-per-cpu-adaptive"
         | "on-demand-wake-first"
         | "on-demand-single"
         | "on-demand-w4"
@@ -200,6 +202,8 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
                 "on-demand-poll" => &["--engine", "poll"],
                 "on-demand-workers" => &["--engine", "workers", "--threads", "2"],
                 "on-demand-per-cpu" => &["--engine", "per-cpu"],
+                "on-demand-per-cpu-w4" => &["--engine", "per-cpu", "--fault-around-initial", "4"],
+                "on-demand-per-cpu-adaptive" => &["--engine", "per-cpu", "--adaptive-window"],
                 "on-demand-wake-first" => &["--wake-first"],
                 "on-demand-single" => &["--fault-around-initial", "1"],
                 "on-demand-w4" => &["--fault-around-initial", "4"],
