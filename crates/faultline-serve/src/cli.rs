@@ -62,7 +62,7 @@ pub struct ServeArgs {
     /// The cap of a fault's window, in pages (0 or 1: one page per
     /// fault). As the kernel's fault-around and read-ahead: an isolated
     /// fault installs the aligned 16 pages around it (128 in shared mode,
-    /// fewer with a smaller cap; see --fault-around-initial); a fault where an earlier window ended continues that stream
+    /// fewer with a smaller cap; see --fault-around-initial); a fault where an earlier window ended (or up to 3 pages past it) continues that stream
     /// and doubles its window, up to this cap. Default 512 (2 MiB of 4 KiB
     /// pages).
     #[arg(long, default_value_t = crate::config::FAULT_AROUND)]
