@@ -1178,33 +1178,20 @@ fn log_drainer_keeps_off_the_queue_cpu() {
     assert!(q.complete(Duration::from_millis(1)).is_none());
     q.read_at(&f, 0, 0, 64, 0).unwrap();
     assert!(q.complete(WAIT).unwrap().result.is_ok());
-    let allowed = |tid: &str| -> Option<String> {
-        let st = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
-        st.lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .map(|s| s.trim().to_string())
-    };
     // The drain thread names itself when it starts running (the name is
     // set from inside the new thread), and applies the placement at its
     // next drain (every 1 ms): both within a bounded wait.
     let drainer = || {
-        std::fs::read_dir("/proc/self/task")
-            .ok()?
-            .filter_map(|e| {
-                let tid = e.ok()?.file_name().into_string().ok()?;
-                let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
-                (comm.trim() == "fl-io-pal-koff").then_some(tid)
-            })
-            .next()
+        faultline::testing::threads(std::process::id(), "fl-io-pal-koff")
+            .pop()
+            .map(|t| parse_cpu_list(&t.cpus))
     };
     let end = Instant::now() + WAIT;
     let list = loop {
-        let cpus = drainer()
-            .and_then(|tid| allowed(&tid))
-            .map(|l| parse_cpu_list(&l));
+        let cpus = drainer();
         match cpus {
             Some(cpus) if !cpus.contains(&mine) => break cpus,
-            _ if Instant::now() > end => panic!("drain thread {:?}: {cpus:?}", drainer()),
+            _ if Instant::now() > end => panic!("drain thread's CPUs: {cpus:?}"),
             _ => std::thread::sleep(Duration::from_millis(2)),
         }
     };

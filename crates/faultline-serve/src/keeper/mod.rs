@@ -276,8 +276,9 @@ pub struct KeeperStatus {
 /// When no keeper can be started in a dead one's place (its name taken,
 /// `fork` failing), the link is *down*: requests are not sent, peers are
 /// still deposited and handed with the link (their descriptors kept, their
-/// REMOVEs journaled), and the watcher tries another keeper every
-/// [`RETRY`]; the first that starts is given everything, so a VMM that
+/// REMOVEs journaled), and the watcher tries another keeper after 1 s,
+/// then at doubling intervals up to 30 s; the first that starts is given
+/// everything, so a VMM that
 /// connected meanwhile is protected from then on, not left served without
 /// takeover for good.
 pub struct Linked {
