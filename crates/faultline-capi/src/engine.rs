@@ -18,6 +18,10 @@ pub const FL_ENGINE_SPIN: u32 = 2;
 /// N handler threads (`fl_engine_options.workers`), faults sharded by page
 /// window.
 pub const FL_ENGINE_WORKERS: u32 = 3;
+/// A handler thread pinned on each CPU the caller may use, each resolving
+/// the faults it reads: the one on the faulting thread's CPU answers
+/// without a wake-up across CPUs. Every fault wakes every thread.
+pub const FL_ENGINE_PER_CPU: u32 = 4;
 
 /// An engine (opaque). Create with [`fl_engine_new`], free with
 /// [`fl_engine_free`]; regions keep their engine alive.
@@ -78,6 +82,7 @@ pub fn engine_kind(kind: u32) -> Result<EngineKind, CError> {
         FL_ENGINE_POLL => EngineKind::Poll,
         FL_ENGINE_SPIN => EngineKind::Spin,
         FL_ENGINE_WORKERS => EngineKind::Workers,
+        FL_ENGINE_PER_CPU => EngineKind::PerCpu,
         k => return Err(CError::invalid(format!("unknown engine kind {k}"))),
     })
 }

@@ -12,7 +12,7 @@
 //! ```text
 //!   error    negative errno + thread-local message; the panic guard every
 //!            entry point runs in
-//!   engine   fl_engine_new / fl_engine_free (signal, poll, spin, workers)
+//!   engine   fl_engine_new / fl_engine_free (signal, poll, spin, workers, per-cpu)
 //!   store    fl_store_zero / _memory / _file / _from_callbacks, fl_store_free
 //!   region   fl_region_new and its queries (stats, residency, flush, populate)
 //! ```

@@ -19,9 +19,9 @@ from faultline.testing import RedisServer
 HERE = Path(__file__).resolve().parent
 #: Engines the Python tests run on (spin busy-polls a CPU: used where a
 #: test is short).
-ENGINES = ["signal", "poll", "workers"]
+ENGINES = ["signal", "poll", "workers", "per-cpu"]
 #: Engines that can serve Redis and Python stores.
-THREAD_ENGINES = ["poll", "workers"]
+THREAD_ENGINES = ["poll", "workers", "per-cpu"]
 
 
 def write_f64(path: Path, n: int, seed: int = 1) -> np.ndarray:

@@ -35,11 +35,12 @@ def limit(budget: int, window: int, resolvers: int = 1) -> int:
 BOUNDS = {
     "poll": limit(BUDGET, FAULT_AROUND),
     "workers": limit(BUDGET, FAULT_AROUND, resolvers=os.cpu_count() or 1),
+    "per-cpu": limit(BUDGET, FAULT_AROUND, resolvers=len(os.sched_getaffinity(0))),
     "signal": limit(BUDGET, FAULT_AROUND) * 3 // 2,
 }
 
 
-@pytest.mark.parametrize("engine", ["signal", "poll", "workers"])
+@pytest.mark.parametrize("engine", ["signal", "poll", "workers", "per-cpu"])
 def test_a_budget_holds_while_a_10x_larger_array_is_summed(tmp_path, engine):
     p = tmp_path / "big.f64"
     n = 10 * BUDGET * 4096 // 8
@@ -85,7 +86,7 @@ def test_a_budget_holds_while_a_10x_larger_array_is_summed(tmp_path, engine):
         assert len(samples) > 80
 
 
-@pytest.mark.parametrize("engine", ["signal", "poll", "workers"])
+@pytest.mark.parametrize("engine", ["signal", "poll", "workers", "per-cpu"])
 def test_four_threads_read_one_region(tmp_path, engine):
     p = tmp_path / "t.f64"
     n = (16 << 20) // 8

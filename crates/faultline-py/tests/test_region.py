@@ -172,7 +172,7 @@ def test_not_a_store_is_a_type_error():
 
 def test_info_names_engines_and_capabilities():
     i = faultline.info()
-    assert set(i["engines"]) == {"signal", "poll", "spin", "workers"}
+    assert set(i["engines"]) == {"signal", "poll", "spin", "workers", "per-cpu"}
     assert i["engines"]["signal"]["python_stores"] is False
     assert i["engines"]["poll"]["python_stores"] is True
     assert i["userfaultfd"] is not None

@@ -13,6 +13,7 @@
 //! | [`SpinEngine`] | a thread busy-polling a non-blocking fd | 1 (faulting thread) |
 //! | [`SignalEngine`] | the faulting thread itself, in a SIGBUS handler | 0 |
 //! | [`WorkersEngine`] | N pinned threads, faults sharded by page window | 2 |
+//! | [`PerCpuEngine`] | a thread pinned on each CPU, each resolving what it reads | 2, the handler's on the faulting CPU |
 //!
 //! The `signal` engine is the software form of seed 000's user-interrupt
 //! page-fault forwarding: the fault is delivered on the faulting thread
@@ -100,8 +101,8 @@ pub mod testing;
 
 pub use caps::{capabilities, Capabilities};
 pub use engine::{
-    Delivery, Engine, EngineConfig, EngineKind, EngineStats, PollEngine, SignalEngine, SpinEngine,
-    WorkersEngine,
+    Delivery, Engine, EngineConfig, EngineKind, EngineStats, PerCpuEngine, PollEngine,
+    SignalEngine, SpinEngine, WorkersEngine,
 };
 pub use error::{Error, Result};
 pub use evict::{EvictionConfig, EvictionStats, ReclaimWatch, SharedBudget};

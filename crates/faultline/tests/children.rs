@@ -489,8 +489,8 @@ fn signal_engine_chains_foreign_sigbus_and_preserves_errno() {
 
 /// The thread engines pin their handlers within the CPUs the thread that
 /// starts them may use (a `taskset`, or the caller's own affinity): started
-/// from a thread restricted to the last CPU, the poll, spin and workers
-/// handlers all run there (they used to pin to CPU "count - 1" or
+/// from a thread restricted to the last CPU, the poll, spin, workers and
+/// per-cpu handlers all run there (they used to pin to CPU "count - 1" or
 /// "i % count" of the count of allowed CPUs: CPU 0 here, outside the
 /// mask). Each engine still serves a fault.
 #[test]
@@ -507,6 +507,7 @@ fn thread_engine_handlers_stay_within_their_creators_cpus() {
             (PollEngine::new().unwrap(), "fl-poll-0"),
             (SpinEngine::new().unwrap(), "fl-spin-0"),
             (WorkersEngine::new().unwrap(), "fl-workers-0"),
+            (PerCpuEngine::new().unwrap(), "fl-per-cpu-0"),
         ];
         for (engine, thread) in &engines {
             let region = Region::builder(1 << 20)
@@ -536,7 +537,7 @@ fn thread_engine_handlers_stay_within_their_creators_cpus() {
         .last()
         .copied()
         .unwrap();
-    for thread in ["fl-poll-0", "fl-spin-0", "fl-workers-0"] {
+    for thread in ["fl-poll-0", "fl-spin-0", "fl-workers-0", "fl-per-cpu-0"] {
         assert!(
             r.stdout
                 .contains(&format!("{thread} [\"{last}\"] want {last}")),
@@ -549,4 +550,66 @@ fn thread_engine_handlers_stay_within_their_creators_cpus() {
             r.stdout
         );
     }
+}
+
+/// The per-cpu engine puts one handler thread on each CPU its creator may
+/// use, pinned there, and a thread faulting on each CPU is served (every
+/// byte of its pages checked).
+#[test]
+fn per_cpu_engine_pins_one_handler_on_each_cpu() {
+    const NAME: &str = "per_cpu_engine_pins_one_handler_on_each_cpu";
+    if let Some(s) = child_scenario() {
+        if s != NAME {
+            return;
+        }
+        let engine = PerCpuEngine::new().unwrap();
+        let cpus = faultline_sys::thread::allowed_cpus().unwrap();
+        let data: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
+        let region = Region::builder(4 << 20)
+            .store(MemoryStore::new(data.clone()))
+            .build(&engine)
+            .unwrap();
+        let base = region.as_ptr() as usize;
+        let share = (4 << 20) / cpus.len();
+        std::thread::scope(|t| {
+            for (i, &cpu) in cpus.iter().enumerate() {
+                let data = &data;
+                t.spawn(move || {
+                    faultline_sys::thread::pin_to_cpu(cpu).unwrap();
+                    // Every other page of its own share.
+                    for off in (i * share..(i + 1) * share).step_by(8192) {
+                        // SAFETY: inside the live region.
+                        let v = unsafe { std::ptr::read_volatile((base + off) as *const u8) };
+                        assert_eq!(v, data[off], "byte {off}");
+                    }
+                });
+            }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let mut got: Vec<(String, String)> =
+            faultline::testing::threads(std::process::id(), "fl-per-cpu-")
+                .into_iter()
+                .map(|t| (t.name, t.cpus))
+                .collect();
+        got.sort();
+        say(&format!("threads {} {got:?}", engine.threads()));
+        say(&format!("cpus {cpus:?} faults {}", engine.stats().faults));
+        return;
+    }
+    let r = run_child(NAME, NAME, CHILD_TIMEOUT);
+    assert!(!r.timed_out, "child hung\n{}", r.stderr);
+    assert!(r.success(), "{:?}\n{}\n{}", r.status, r.stdout, r.stderr);
+    let cpus = faultline_sys::thread::allowed_cpus().unwrap();
+    let want: Vec<(String, String)> = cpus
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("fl-per-cpu-{i}"), c.to_string()))
+        .collect();
+    assert!(
+        r.stdout
+            .contains(&format!("threads {} {want:?}", cpus.len())),
+        "want {want:?}: {}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains("faults 0"), "{}", r.stdout);
 }

@@ -1,5 +1,5 @@
-//! Thread engines (poll, spin, workers) against the real kernel. No signal
-//! handlers are installed in this binary.
+//! Thread engines (poll, spin, workers, per-cpu) against the real kernel.
+//! No signal handlers are installed in this binary.
 
 mod common;
 
@@ -9,7 +9,12 @@ use std::time::Duration;
 use common::*;
 use faultline::*;
 
-const THREAD_ENGINES: [EngineKind; 3] = [EngineKind::Poll, EngineKind::Spin, EngineKind::Workers];
+const THREAD_ENGINES: [EngineKind; 4] = [
+    EngineKind::Poll,
+    EngineKind::Spin,
+    EngineKind::Workers,
+    EngineKind::PerCpu,
+];
 
 #[test]
 fn matrix_engines_stores_kinds_64mib_8_threads() {

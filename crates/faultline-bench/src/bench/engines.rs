@@ -45,13 +45,15 @@ fn parse_engines(names: &[String]) -> anyhow::Result<Vec<EngineKind>> {
             EngineKind::Spin,
             EngineKind::Poll,
             EngineKind::Workers,
+            EngineKind::PerCpu,
         ]);
     }
     names
         .iter()
         .map(|n| {
-            EngineKind::from_name(n)
-                .with_context(|| format!("unknown engine {n:?} (poll, spin, signal, workers)"))
+            EngineKind::from_name(n).with_context(|| {
+                format!("unknown engine {n:?} (poll, spin, signal, workers, per-cpu)")
+            })
         })
         .collect()
 }

@@ -52,6 +52,11 @@
 // window.
 #define FL_ENGINE_WORKERS 3
 
+// A handler thread pinned on each CPU the caller may use, each resolving
+// the faults it reads: the one on the faulting thread's CPU answers
+// without a wake-up across CPUs. Every fault wakes every thread.
+#define FL_ENGINE_PER_CPU 4
+
 // Evict the page installed first.
 #define FL_POLICY_FIFO 0
 

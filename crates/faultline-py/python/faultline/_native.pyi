@@ -11,7 +11,7 @@ import numpy.typing as npt
 __version__: str
 _SIGNAL_REFUSAL: str
 
-EngineName = Literal["signal", "poll", "spin", "workers"]
+EngineName = Literal["signal", "poll", "spin", "workers", "per-cpu"]
 PolicyName = Literal["fifo", "clock", "refault"]
 Mode = Literal["r", "r+", "c"]
 MemoryName = Literal["private-anon", "shmem", "hugetlb"]

@@ -1,6 +1,6 @@
 //! Fault-delivery engines: how a fault reaches the resolve path.
 //!
-//! All four engines share the fault path (`fault/`); they differ
+//! All five engines share the fault path (`fault/`); they differ
 //! only in who runs it and how that thread learns about the fault:
 //!
 //! ```text
@@ -9,6 +9,8 @@
 //!  spin     same, but the handler never sleeps: read() in a loop
 //!  workers  N poll-style threads on one fd; a fault is handled by the
 //!           worker that owns its fault-around window (hand-off via eventfd)
+//!  per-cpu  one poll-style thread pinned on each CPU, one fd; each resolves
+//!           what it reads: the one on the faulting thread's CPU runs first
 //!  signal   app thread ──fault──► SIGBUS on the same thread ─► resolve ─► return, retry access
 //! ```
 //!
@@ -31,7 +33,7 @@ mod workers;
 pub use poll::PollEngine;
 pub use signal::SignalEngine;
 pub use spin::SpinEngine;
-pub use workers::WorkersEngine;
+pub use workers::{PerCpuEngine, WorkersEngine};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -45,7 +47,7 @@ use crate::page::MemoryKind;
 use faultline_sys::thread::EventFd;
 use faultline_sys::uffd::{feature, Uffd};
 
-/// The four engines.
+/// The five engines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EngineKind {
     /// Handler thread blocking in `poll()`+`read()`.
@@ -56,15 +58,18 @@ pub enum EngineKind {
     Signal,
     /// Pinned worker threads, sharded by page window.
     Workers,
+    /// A handler thread pinned on each CPU, each resolving what it reads.
+    PerCpu,
 }
 
 impl EngineKind {
     /// Every engine.
-    pub const ALL: [EngineKind; 4] = [
+    pub const ALL: [EngineKind; 5] = [
         EngineKind::Poll,
         EngineKind::Spin,
         EngineKind::Signal,
         EngineKind::Workers,
+        EngineKind::PerCpu,
     ];
     /// Name for reports and the CLI.
     pub fn name(self) -> &'static str {
@@ -73,6 +78,7 @@ impl EngineKind {
             EngineKind::Spin => "spin",
             EngineKind::Signal => "signal",
             EngineKind::Workers => "workers",
+            EngineKind::PerCpu => "per-cpu",
         }
     }
     /// Parses a name.
@@ -182,7 +188,8 @@ impl Counters {
 }
 
 /// A fault-delivery engine. Implemented by [`PollEngine`], [`SpinEngine`],
-/// [`SignalEngine`] and [`WorkersEngine`]; regions hold an `Arc<dyn Engine>`.
+/// [`SignalEngine`], [`WorkersEngine`] and [`PerCpuEngine`]; regions hold an
+/// `Arc<dyn Engine>`.
 pub trait Engine: Send + Sync + 'static {
     /// Which engine this is (for reports).
     fn kind(&self) -> EngineKind;
@@ -213,6 +220,7 @@ pub fn create(kind: EngineKind, config: EngineConfig) -> Result<Arc<dyn Engine>>
         EngineKind::Spin => SpinEngine::with_config(config)?,
         EngineKind::Signal => SignalEngine::with_config(config)?,
         EngineKind::Workers => WorkersEngine::with_config(config)?,
+        EngineKind::PerCpu => PerCpuEngine::with_config(config)?,
     })
 }
 

@@ -1,10 +1,22 @@
-//! N handler threads, pinned to CPUs, all polling one userfaultfd. A fault
-//! belongs to the worker that owns its fault-around window (the aligned
-//! block of the region's initial read-ahead window: `hash(region, block) % N`), so one page is only ever resolved by one
+//! N handler threads, pinned to CPUs, all polling one userfaultfd: the
+//! `workers` and `per-cpu` engines.
+//!
+//! `workers`: a fault belongs to the worker that owns its fault-around
+//! window (the aligned block of the region's initial read-ahead window:
+//! `hash(region, block) % N`), so one page is only ever resolved by one
 //! worker and concurrent faults on a window never race (seed 000's
 //! "forwarding to other cores", seed 003 §6.1's affinity-aware fault
 //! scheduling). A worker that reads a message for another worker's window
 //! hands it over through that worker's inbox and eventfd.
+//!
+//! `per-cpu`: one thread pinned on each CPU the creating thread may use,
+//! each resolving what it reads, one message a `read(2)`. The kernel wakes
+//! every thread asleep on the userfaultfd at a fault; the one on the
+//! faulting thread's CPU runs as soon as that thread sleeps, with no wake-up
+//! across CPUs (tens of microseconds on a VM without IPI virtualization:
+//! RESULTS.md, "A handler on the faulting CPU"). Concurrent resolutions of
+//! one window are settled by the residency map's claims, as the signal
+//! engine's are. Every fault wakes every thread: on many CPUs, a herd.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -29,11 +41,12 @@ struct Inbox {
 }
 
 /// One worker's faults: its own are resolved as every thread engine's
-/// ([`Local`]); a fault of another worker's window, read here, goes to
-/// that worker's inbox.
+/// ([`Local`]); with `shard`, a fault of another worker's window, read
+/// here, goes to that worker's inbox.
 struct Sharded {
     local: Local,
     me: usize,
+    shard: bool,
     inboxes: Arc<Vec<Arc<Inbox>>>,
 }
 
@@ -61,7 +74,7 @@ impl Serve for Sharded {
         t0: u64,
         attempt: Attempt,
     ) -> Action<Infallible> {
-        if attempt == Attempt::Read {
+        if self.shard && attempt == Attempt::Read {
             let to = shard_of(addr, self.inboxes.len());
             if to != self.me {
                 self.local.counters.forwarded.fetch_add(1, Relaxed);
@@ -115,58 +128,9 @@ impl WorkersEngine {
     pub fn with_config(config: EngineConfig) -> Result<Arc<WorkersEngine>> {
         let n = config.workers.max(1);
         let core = ThreadCore::new(config)?;
-        let mut inboxes = Vec::new();
-        for _ in 0..n {
-            inboxes.push(Arc::new(Inbox {
-                queue: Mutex::new(VecDeque::new()),
-                bell: EventFd::new().map_err(|e| Error::Io {
-                    op: "eventfd",
-                    source: e,
-                })?,
-            }));
-        }
-        let inboxes = Arc::new(inboxes);
-        let mut slots = Vec::new();
-        let mut bodies: Vec<HandlerBody> = Vec::new();
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&*core.uffd);
-        for me in 0..n {
-            let sharded = Sharded {
-                local: core.local(&mut slots),
-                me,
-                inboxes: inboxes.clone(),
-            };
-            let mut h = Handler::new(sharded, core.config.batch);
-            let wake = core.wake.clone();
-            let pin = core.config.pin;
-            bodies.push(Box::new(move |stop: &StopFlag| {
-                if pin {
-                    let _ = pin_within(|cpus| cpus.get(me % cpus.len().max(1)).copied());
-                }
-                let mine = h.serve.inboxes[me].clone();
-                let mut rev = [0i16; 3];
-                let mut handed = VecDeque::new();
-                while !stop.is_set() {
-                    let Ok(next_due) = h.retry_deferred();
-                    let timeout = poll_timeout(next_due, 1000);
-                    if let Err(e) = poll_in(&[fd, mine.bell.raw(), wake.raw()], timeout, &mut rev) {
-                        fail_closed(|w| {
-                            use std::fmt::Write;
-                            let _ = write!(w, "poll on the userfaultfd failed: {e}");
-                        });
-                    }
-                    mine.bell.drain();
-                    while let Ok(1..) = h.read(&(), || ()) {}
-                    std::mem::swap(
-                        &mut handed,
-                        &mut *mine.queue.lock().unwrap_or_else(|p| p.into_inner()),
-                    );
-                    while let Some((addr, flags, t0)) = handed.pop_front() {
-                        let Ok(()) = h.fault(&(), addr, flags, t0, Attempt::Handed);
-                    }
-                }
-            }));
-        }
-        core.start("workers", bodies, slots)?;
+        start(&core, n, true, |me, cpus| {
+            cpus.get(me % cpus.len().max(1)).copied()
+        })?;
         Ok(Arc::new(WorkersEngine { core, workers: n }))
     }
 
@@ -174,6 +138,111 @@ impl WorkersEngine {
     pub fn workers(&self) -> usize {
         self.workers
     }
+}
+
+/// One handler thread pinned on each CPU, each resolving the faults it
+/// reads. See the module docs.
+pub struct PerCpuEngine {
+    core: ThreadCore,
+    threads: usize,
+}
+
+impl PerCpuEngine {
+    /// With the default [`EngineConfig`].
+    pub fn new() -> Result<Arc<PerCpuEngine>> {
+        Self::with_config(EngineConfig::default())
+    }
+
+    /// With `config`, but one message a `read(2)` (`config.batch` is
+    /// ignored: a batch would take the other CPUs' faults) and one thread
+    /// per CPU the calling thread may use (`config.workers` is ignored),
+    /// pinned there unless `config.pin` is false.
+    pub fn with_config(config: EngineConfig) -> Result<Arc<PerCpuEngine>> {
+        let n = faultline_sys::thread::allowed_cpus()
+            .map(|c| c.len())
+            .unwrap_or_else(|_| faultline_sys::thread::online_cpus())
+            .max(1);
+        let core = ThreadCore::new(EngineConfig { batch: 1, ..config })?;
+        start(&core, n, false, |me, cpus| cpus.get(me).copied())?;
+        Ok(Arc::new(PerCpuEngine { core, threads: n }))
+    }
+
+    /// Number of handler threads (the CPUs it was created on).
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+}
+
+impl Threaded for PerCpuEngine {
+    const KIND: EngineKind = EngineKind::PerCpu;
+    fn core(&self) -> &ThreadCore {
+        &self.core
+    }
+}
+
+/// Starts `n` handler threads over `core`'s userfaultfd, thread `me`
+/// pinned (with `config.pin`) to the CPU `cpu(me, allowed CPUs)` picks;
+/// `shard`: a fault of another thread's window is handed to it.
+fn start(
+    core: &ThreadCore,
+    n: usize,
+    shard: bool,
+    cpu: fn(usize, &[usize]) -> Option<usize>,
+) -> Result<()> {
+    let mut inboxes = Vec::new();
+    for _ in 0..n {
+        inboxes.push(Arc::new(Inbox {
+            queue: Mutex::new(VecDeque::new()),
+            bell: EventFd::new().map_err(|e| Error::Io {
+                op: "eventfd",
+                source: e,
+            })?,
+        }));
+    }
+    let inboxes = Arc::new(inboxes);
+    let mut slots = Vec::new();
+    let mut bodies: Vec<HandlerBody> = Vec::new();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&*core.uffd);
+    for me in 0..n {
+        let sharded = Sharded {
+            local: core.local(&mut slots),
+            me,
+            shard,
+            inboxes: inboxes.clone(),
+        };
+        let mut h = Handler::new(sharded, core.config.batch);
+        let wake = core.wake.clone();
+        let pin = core.config.pin;
+        bodies.push(Box::new(move |stop: &StopFlag| {
+            if pin {
+                let _ = pin_within(|cpus| cpu(me, cpus));
+            }
+            let mine = h.serve.inboxes[me].clone();
+            let mut rev = [0i16; 3];
+            let mut handed = VecDeque::new();
+            while !stop.is_set() {
+                let Ok(next_due) = h.retry_deferred();
+                let timeout = poll_timeout(next_due, 1000);
+                if let Err(e) = poll_in(&[fd, mine.bell.raw(), wake.raw()], timeout, &mut rev) {
+                    fail_closed(|w| {
+                        use std::fmt::Write;
+                        let _ = write!(w, "poll on the userfaultfd failed: {e}");
+                    });
+                }
+                mine.bell.drain();
+                while let Ok(1..) = h.read(&(), || ()) {}
+                std::mem::swap(
+                    &mut handed,
+                    &mut *mine.queue.lock().unwrap_or_else(|p| p.into_inner()),
+                );
+                while let Some((addr, flags, t0)) = handed.pop_front() {
+                    let Ok(()) = h.fault(&(), addr, flags, t0, Attempt::Handed);
+                }
+            }
+        }));
+    }
+    let name = if shard { "workers" } else { "per-cpu" };
+    core.start(name, bodies, slots)
 }
 
 impl Threaded for WorkersEngine {
