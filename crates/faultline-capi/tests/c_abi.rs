@@ -180,7 +180,7 @@ fn a_failing_store_is_sigbus_never_a_zero_page() {
 #[test]
 fn many_threads_fault_at_once() {
     let Some(exe) = program() else { return };
-    for engine in ["signal", "workers"] {
+    for engine in ["signal", "workers", "per-cpu"] {
         assert_ok(&run(exe, &["threads", engine], &[], LIMIT), "threads");
     }
 }

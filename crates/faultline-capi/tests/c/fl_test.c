@@ -249,7 +249,9 @@ static void *hammer(void *arg) {
 }
 
 static int threads(const char *engine_name) {
-    uint32_t kind = strcmp(engine_name, "signal") == 0 ? FL_ENGINE_SIGNAL : FL_ENGINE_WORKERS;
+    uint32_t kind = strcmp(engine_name, "signal") == 0    ? FL_ENGINE_SIGNAL
+                    : strcmp(engine_name, "per-cpu") == 0 ? FL_ENGINE_PER_CPU
+                                                          : FL_ENGINE_WORKERS;
     enum { PAGES = 4096, THREADS = 8 };
     unsigned char *snapshot = malloc((size_t)PAGES * PAGE);
     for (size_t i = 0; i < (size_t)PAGES * PAGE; i++) snapshot[i] = pattern(i);
