@@ -46,7 +46,7 @@
 //!              view of the store), uffd (the adopted descriptor), config,
 //!              snapshot (the shared zero-copy snapshot), error
 //!   engine     how a fault reaches the runtime: signal (SIGBUS on the faulting
-//!              thread), and poll, spin, workers (threaded.rs) over the one
+//!              thread), and poll, spin, workers, per-cpu (threaded.rs) over the one
 //!              handler loop (handler.rs), which the foreign engine runs too
 //!   fault      the shared fault path: region table, resolve, feeds, reports
 //!   store      where pages come from (zeros, memory, files)

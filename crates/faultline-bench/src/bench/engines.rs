@@ -432,7 +432,7 @@ fn headline(records: &[Record]) {
         return;
     };
     println!("\n== targets (medians of this run) ==");
-    let best = ["signal", "spin", "poll", "workers"]
+    let best = ["signal", "spin", "poll", "workers", "per-cpu"]
         .iter()
         .filter_map(|e| med(e, "COPY", "write").map(|m| (*e, m)))
         .min_by(|a, b| a.1.total_cmp(&b.1));

@@ -1,5 +1,5 @@
 //! The one handler loop: what a thread that reads a userfaultfd does with
-//! what it reads. The thread engines' handlers (poll, spin, workers:
+//! what it reads. The thread engines' handlers (poll, spin, workers, per-cpu:
 //! `threaded.rs`) and the foreign engine's peer workers
 //! (`foreign/engine.rs`) all run this code; they differ only in a
 //! [`Serve`]: who owns a fault, how it is looked up and resolved, and how

@@ -346,7 +346,7 @@ impl Drop for ThreadCore {
 /// The body of one handler thread.
 pub(crate) type HandlerBody = Box<dyn FnOnce(&StopFlag) + Send>;
 
-/// The engines built on [`ThreadCore`] (poll, spin, workers): one
+/// The engines built on [`ThreadCore`] (poll, spin, workers, per-cpu): one
 /// implementation of [`Engine`] serves all three.
 pub(crate) trait Threaded: Send + Sync + 'static {
     const KIND: EngineKind;

@@ -1,4 +1,4 @@
-//! What the thread engines (poll, spin, workers) share: their [`Serve`]
+//! What the thread engines (poll, spin, workers, per-cpu) share: their [`Serve`]
 //! of the one handler loop (`handler.rs`), which looks a fault up in the
 //! region table and resolves it under the stall watchdog's eye, and the
 //! watchdog itself.
