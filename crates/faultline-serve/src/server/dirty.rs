@@ -169,6 +169,7 @@ pub fn write_all(state: &State) -> usize {
         .peers()
         .iter()
         .filter(|p| p.tracks_dirty())
-        .filter_map(|p| write(state, p, state.lookup(p.id()).n, "asked"))
+        // One that hung up meanwhile wrote its own set.
+        .filter_map(|p| write(state, p, state.find(p.id())?.n, "asked"))
         .count()
 }

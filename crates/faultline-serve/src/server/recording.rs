@@ -78,6 +78,6 @@ pub fn cut_all(state: &State) -> usize {
         .peers()
         .iter()
         .filter(|p| state.records(p.id()) && claim(state, p.id()))
-        .filter_map(|p| write(state, p, state.lookup(p.id()).n, "cut when asked"))
+        .filter_map(|p| write(state, p, state.find(p.id())?.n, "cut when asked"))
         .count()
 }

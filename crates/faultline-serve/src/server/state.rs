@@ -116,8 +116,9 @@ pub struct State {
     /// Each connection's peer process, by connection number ([`State::watch`]):
     /// the pidfd a kill goes through.
     pub pidfds: Mutex<Vec<(usize, Pidfd)>>,
-    /// The peers (engine ids) whose record is written: cut on request, or
-    /// at their hang-up; never written twice (see `recording.rs`).
+    /// The peers (engine ids) still served whose record is written: cut
+    /// on request, or at their hang-up; never written twice (see
+    /// `recording.rs`; a peer leaves the set once the engine dropped it).
     pub records_written: Mutex<HashSet<u64>>,
     /// What the peers report of themselves (by engine id; see
     /// `reports.rs`).
@@ -166,23 +167,33 @@ impl State {
         self.record_every() || *self.recorder.lock().expect("recorder") == Recorder::Peer(id)
     }
 
-    /// Peer `id` as it was when its serving started (connection 0, pid 0
-    /// if unknown).
-    pub fn lookup(&self, id: u64) -> Served {
+    /// Drops what serve kept of peer `id` while it was served ([`State::find`]
+    /// then finds nothing).
+    pub fn forget(&self, id: u64) {
+        self.served.lock().expect("served").retain(|p| p.id != id);
+    }
+
+    /// Peer `id` as it was when its serving started, while it is served.
+    pub fn find(&self, id: u64) -> Option<Served> {
         self.served
             .lock()
             .expect("served")
             .iter()
             .find(|p| p.id == id)
             .copied()
-            .unwrap_or(Served {
-                id,
-                n: 0,
-                pid: 0,
-                received: Instant::now(),
-                handoff: Handoff::default(),
-                kept: None,
-            })
+    }
+
+    /// Peer `id` as it was when its serving started (connection 0, pid 0
+    /// if unknown).
+    pub fn lookup(&self, id: u64) -> Served {
+        self.find(id).unwrap_or(Served {
+            id,
+            n: 0,
+            pid: 0,
+            received: Instant::now(),
+            handoff: Handoff::default(),
+            kept: None,
+        })
     }
 
     /// The stalls peer `id` reported so far (`None`: none).
