@@ -53,11 +53,12 @@ const FAULTS: [FaultKind; 6] = [
     FaultKind::ErrorThenRecovery,
 ];
 
-const ENGINES: [EngineKind; 4] = [
+const ENGINES: [EngineKind; 5] = [
     EngineKind::Signal,
     EngineKind::Poll,
     EngineKind::Spin,
     EngineKind::Workers,
+    EngineKind::PerCpu,
 ];
 
 #[derive(Debug, Clone, Copy)]
