@@ -12,10 +12,9 @@
 //! 2. **By address** ([`Streams::by_address`], a peer's regions): one
 //!    handler thread reads the faults of all the peer's threads, so the
 //!    reading thread says nothing of the faulting one. A fault continues
-//!    the stream whose window ended at its page or just before
-//!    ([`STRIDE_SLACK`](crate::policy::STRIDE_SLACK); any
-//!    slot); a fault that
-//!    continues none takes the next slot round-robin, as the kernel's
+//!    the stream whose window ended at its page, or a few pages before it
+//!    ([`STRIDE_SLACK`](crate::policy::STRIDE_SLACK); any slot); a fault
+//!    that continues none takes the next slot round-robin, as the kernel's
 //!    read-ahead tells streams apart by where they are, not by who reads.
 //!
 //!    ```text
