@@ -149,7 +149,7 @@ pub struct LatencyArgs {
     /// pages and a MOVE pool take 3 pages each).
     #[arg(short = 'n', long, default_value_t = 100_000, value_parser = faultline_cli_support::flags::fits_memory(100, 3 * PAGE as u64, "pages of 4 KiB, 3 copies each"))]
     pub pages: usize,
-    /// Engines to measure (default: all four).
+    /// Engines to measure (default: all five).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
     /// Only the headline configurations (COPY write/read, ZEROPAGE read).
@@ -746,7 +746,7 @@ pub struct ScaleArgs {
     /// Thread counts (each 1 to the threads this machine can still start).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: Vec<usize>,
-    /// Engines (default: all four).
+    /// Engines (default: all five).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
 }

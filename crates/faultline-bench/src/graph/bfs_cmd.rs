@@ -57,11 +57,20 @@ pub enum Engine {
     Signal,
     /// A pool of handler threads.
     Workers,
+    /// A handler thread asleep on each CPU, the faulting thread's answering.
+    #[serde(rename = "per-cpu")]
+    PerCpu,
 }
 
 impl Engine {
     /// Every engine, in the order `--compare` runs them by default.
-    pub const ALL: [Engine; 4] = [Engine::Poll, Engine::Spin, Engine::Signal, Engine::Workers];
+    pub const ALL: [Engine; 5] = [
+        Engine::Poll,
+        Engine::Spin,
+        Engine::Signal,
+        Engine::Workers,
+        Engine::PerCpu,
+    ];
 
     /// The library's engine kind.
     pub fn kind(self) -> faultline::EngineKind {
@@ -70,6 +79,7 @@ impl Engine {
             Engine::Spin => faultline::EngineKind::Spin,
             Engine::Signal => faultline::EngineKind::Signal,
             Engine::Workers => faultline::EngineKind::Workers,
+            Engine::PerCpu => faultline::EngineKind::PerCpu,
         }
     }
 
@@ -150,7 +160,7 @@ pub struct BfsArgs {
     pub mode: Mode,
     /// faultline engine(s), comma-separated. Faultline mode runs each one
     /// listed (default: signal, the fastest); --compare runs each one
-    /// listed, or all four when the option is not given.
+    /// listed, or all five when the option is not given.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub engine: Vec<Engine>,
     /// faultline region page size: a power of two from 4K to 2M.
@@ -191,11 +201,11 @@ pub struct BfsArgs {
     /// Drop the file's cached pages before each run (cold cache).
     #[arg(long)]
     pub cold: bool,
-    /// Run mmap, then each chosen faultline engine (all four unless
+    /// Run mmap, then each chosen faultline engine (all five unless
     /// --engine is given), on the same file, and report each run's time
     /// relative to mmap. The `handler` column is system CPU time for mmap,
     /// time in the SIGBUS handler on the BFS threads for `signal`, and time
-    /// on the handler threads for poll, spin and workers.
+    /// on the handler threads for poll, spin, workers and per-cpu.
     #[arg(long)]
     pub compare: bool,
     /// Write one JSON record per run to this file (JSON lines), replacing
@@ -623,7 +633,7 @@ fn report(
 }
 
 /// The faultline engines to run: those given with `--engine`; if none,
-/// all four under `--compare`, signal in faultline mode, none in mmap mode.
+/// all five under `--compare`, signal in faultline mode, none in mmap mode.
 fn selected_engines(args: &BfsArgs) -> Vec<Engine> {
     if !args.engine.is_empty() {
         if args.compare || args.mode == Mode::Faultline {
