@@ -349,7 +349,7 @@ fn print_row(r: &RunRecord) {
     println!(
         "{:<9} {:<7} {:>6} {:>9} {:>7} {:>9.3} {:>7.1}% {:>11} {:>10} {:>7} {:>5}",
         format!("{:?}", r.mode).to_lowercase(),
-        opt(r.engine.map(|e| format!("{e:?}").to_lowercase())),
+        opt(r.engine.map(|e| e.kind().name().to_string())),
         format_size(r.page_size),
         opt(r.budget_bytes.map(format_size)),
         r.threads,
@@ -546,7 +546,8 @@ fn median_run(
                     Mode::Mmap => "mmap",
                     Mode::Faultline => "faultline",
                 },
-                spec.engine.map_or(String::new(), |e| format!(" {e:?}")),
+                spec.engine
+                    .map_or(String::new(), |e| format!(" {}", e.kind().name())),
                 rep + 1,
                 args.reps
             ),
