@@ -5,7 +5,7 @@
 //! `PROT_READ`, faults resolved by the kernel from the page cache.
 //! [`FaultlineSource`] maps the same file as a faultline region backed by a
 //! `File` store: every first touch of a region page faults and one of the
-//! four engines installs it from the file.
+//! five engines installs it from the file.
 //!
 //! Page-cache state is set up per run, independent of the source:
 //! [`warm_file`] reads the file once; [`drop_file_cache`] asks the kernel
