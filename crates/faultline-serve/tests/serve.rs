@@ -1759,6 +1759,62 @@ fn per_cpu_handlers_are_pinned_one_per_cpu_and_serve_through_remove_storms() {
     assert!(summary["faults"].as_u64().unwrap() > 0, "{summary}");
 }
 
+/// Voluntary context switches of `pid`'s thread named `name` (each a
+/// sleep it woke from).
+fn wakeups(pid: u32, name: &str) -> u64 {
+    let t = faultline::testing::threads(pid, name)
+        .into_iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no thread {name}"));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{}/status", t.tid)).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("voluntary_ctxt_switches")
+}
+
+#[test]
+fn per_cpu_handlers_elsewhere_sleep_through_a_vm_held_to_one_cpu() {
+    // A VM whose threads may run on one CPU only: serve's handler on that
+    // CPU reads its faults; the handler on the other CPU is not woken by
+    // them (it still watches the VM's hang-up).
+    let cpus = faultline_sys::thread::allowed_cpus().unwrap();
+    if cpus.len() < 2 {
+        eprintln!("skipping: one CPU, one handler thread");
+        return;
+    }
+    let (held, other) = (cpus.len() - 1, 0);
+    let dir = Dir::new("per-cpu-held", 64 * MIB);
+    let mut s = serve_one(&dir, &["--engine", "per-cpu", "--fault-around", "0"]);
+    dir.wait_for("serve.err", "per-cpu:");
+    let names = [format!("fl-handler-{held}"), format!("fl-handler-{other}")];
+    let before = names.clone().map(|n| wakeups(s.pid(), &n));
+    let cpu = cpus[held].to_string();
+    let cmd = ["taskset", "-c", &cpu, PEER[0]];
+    let args = ["--threads", "2", "--working-set", "30", "--hold-ms", "300"];
+    let mut p = testing::peer(&dir, &cmd, "p", &args);
+    dir.wait_for("p.err", "holding for");
+    let after = names.clone().map(|n| wakeups(s.pid(), &n));
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let faults = summaries(&dir, "serve.json")[0]["faults"].as_u64().unwrap();
+    let (on, off) = (after[0] - before[0], after[1] - before[1]);
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains(&format!("its threads may run on CPUs {cpu}:")),
+        "{log}"
+    );
+    // One page a fault: thousands of faults, each a wake-up of the
+    // handler on the VM's CPU at most; the other wakes at its poll
+    // timeouts (200 ms) and the hang-up.
+    assert!(faults > 2000, "{faults} faults");
+    assert!(
+        off * 20 < faults,
+        "{off} wake-ups off the VM's CPU for {faults} faults (on it: {on})"
+    );
+}
+
 #[test]
 fn wake_first_installs_the_whole_window_and_keeps_every_byte_right() {
     // The faulting page first, then the rest of its window: the windows

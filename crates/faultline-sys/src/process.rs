@@ -124,6 +124,22 @@ impl AsFd for Pidfd {
     }
 }
 
+/// The CPUs any thread of process `pid` may run on: the union of its
+/// threads' affinities (`/proc/PID/task`, `sched_getaffinity`), sorted. A
+/// thread that ends while they are read is left out.
+pub fn allowed_cpus(pid: i32) -> io::Result<Vec<usize>> {
+    let mut cpus = std::collections::BTreeSet::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Some(tid) = t?.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if let Ok(c) = crate::thread::allowed_cpus_of(tid) {
+            cpus.extend(c);
+        }
+    }
+    Ok(cpus.into_iter().collect())
+}
+
 /// Whether process `pid` exists (`kill(pid, 0)`; a process we may not
 /// signal exists too).
 pub fn alive(pid: i32) -> bool {

@@ -40,10 +40,16 @@ pub fn at_fork_in_child(f: extern "C" fn()) -> io::Result<()> {
 
 /// The CPUs the calling thread may run on (`sched_getaffinity`).
 pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    allowed_cpus_of(0)
+}
+
+/// The CPUs thread `tid` (of any process; 0: the caller) may run on.
+pub fn allowed_cpus_of(tid: i32) -> io::Result<Vec<usize>> {
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0
+    if unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
+        != 0
     {
         return Err(io::Error::last_os_error());
     }

@@ -212,6 +212,7 @@ pub fn build(
         peer.hand_back().map_err(BuildError::Peer)?;
     }
     let peer = peer.with_hangup(OwnedFd::from(conn));
+    let peer = on_its_cpus(state, n, opts.pid, peer);
     if let (Some(offs), false) = (&state.prefetch, peer.is_shared()) {
         state.prepared.call_once(|| {
             if let Err(e) = prepare(&state.store, offs, &state.served_one) {
@@ -241,6 +242,29 @@ pub fn build(
         recorded,
         handed_back,
     })
+}
+
+/// `--engine per-cpu`: the handler threads on the CPUs the peer's threads
+/// may use (read now from /proc) are the ones that read its faults, so a
+/// fault of a VM held to a few CPUs wakes the handlers there, not every
+/// one (see `ForeignPeer::with_cpus`).
+fn on_its_cpus(state: &State, n: usize, pid: Option<i32>, peer: ForeignPeer) -> ForeignPeer {
+    let Some(pid) = pid.filter(|&p| state.config.pin && p > 0) else {
+        return peer;
+    };
+    match faultline_sys::process::allowed_cpus(pid) {
+        Ok(cpus) if !cpus.is_empty() => {
+            let mine = faultline_sys::thread::allowed_cpus().unwrap_or_default();
+            if mine.iter().any(|c| !cpus.contains(c)) {
+                say(format_args!(
+                    "peer {n} (pid {pid}): its threads may run on CPUs {}: the handlers there read its faults",
+                    super::cpu_list(&cpus)
+                ));
+            }
+            peer.with_cpus(cpus)
+        }
+        _ => peer,
+    }
 }
 
 /// What [`journal`] gives: the peer, its id at the keeper, and the

@@ -650,7 +650,8 @@ impl std::fmt::Debug for RequestHandle {
 }
 
 /// Says where `--engine per-cpu` put its `threads` handler threads, and
-/// what that costs on a host of many CPUs: a fault wakes them all.
+/// what that costs on a host of many CPUs: a fault of a VM that may run
+/// anywhere wakes them all.
 fn say_per_cpu(threads: usize) {
     let cpus = faultline_sys::thread::allowed_cpus().unwrap_or_default();
     let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
@@ -660,10 +661,29 @@ fn say_per_cpu(threads: usize) {
     ));
     if threads > PER_CPU_HERD {
         say(format_args!(
-            "per-cpu: every fault wakes all {threads} handler threads; restrict serve to the \
-             CPUs its VMs' vCPUs run on (taskset, a cpuset), or use --engine adaptive"
+            "per-cpu: a fault of a VM whose threads may run on every CPU wakes all {threads} \
+             handler threads (a VM held to some CPUs wakes the handlers there): hold VMs to \
+             their CPUs, restrict serve (taskset, a cpuset), or use --engine adaptive"
         ));
     }
+}
+
+/// `0-3,8` style.
+pub(super) fn cpu_list(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(match j > i {
+            true => format!("{}-{}", cpus[i], cpus[j]),
+            false => cpus[i].to_string(),
+        });
+        i = j + 1;
+    }
+    out.join(",")
 }
 
 /// Handler threads past which `--engine per-cpu` warns at start.

@@ -135,6 +135,8 @@ struct Slot {
     empty_spins: AtomicU64,
     /// The thread's id, once it runs (0 before).
     tid: AtomicI32,
+    /// The CPU it is pinned to ([`ForeignEngineConfig::pin`]).
+    cpu: Option<usize>,
 }
 
 /// What the handler threads of a [`ForeignEngine`] cost, summed over the
@@ -209,7 +211,12 @@ impl ForeignEngine {
         }
         let (tx, rx) = channel();
         let mut slots = Vec::new();
-        for _ in 0..cfg.threads.max(1) {
+        // Where each thread pins itself (see below).
+        let allowed = match cfg.pin {
+            true => thread::allowed_cpus().unwrap_or_default(),
+            false => Vec::new(),
+        };
+        for i in 0..cfg.threads.max(1) {
             slots.push(Arc::new(Slot {
                 peers: Mutex::new(Vec::new()),
                 changed: AtomicBool::new(false),
@@ -221,6 +228,7 @@ impl ForeignEngine {
                 sleeps: AtomicU64::new(0),
                 empty_spins: AtomicU64::new(0),
                 tid: AtomicI32::new(0),
+                cpu: allowed.get(i % allowed.len().max(1)).copied(),
             }));
         }
         let all = Arc::new(slots.clone());
@@ -562,6 +570,21 @@ impl Worker {
         }
     }
 
+    /// Whether this thread reads `p`'s userfaultfd: yes unless every
+    /// thread reads every peer (`spread`), the peer said where its threads
+    /// run ([`ForeignPeer::with_cpus`]), this thread is pinned elsewhere,
+    /// and another thread is pinned there.
+    fn reads(&self, p: &ForeignPeer) -> bool {
+        let (true, Some(cpus), Some(mine)) = (self.spread, &p.cpus, self.slot.cpu) else {
+            return true;
+        };
+        cpus.contains(&mine)
+            || !self
+                .all
+                .iter()
+                .any(|s| s.cpu.is_some_and(|c| cpus.contains(&c)))
+    }
+
     /// Publishes this thread's CPU time so far.
     fn account(&self) {
         if let Ok(u) = faultline_sys::process::thread_usage() {
@@ -585,7 +608,7 @@ impl Worker {
             });
             for p in &self.peers {
                 fds.push(PollFd {
-                    fd: p.uffd.raw_fd(),
+                    fd: if self.reads(p) { p.uffd.raw_fd() } else { -1 },
                     events: events::IN,
                     revents: 0,
                 });

@@ -311,6 +311,8 @@ pub struct ForeignPeer {
     record_journal: Option<RecordJournal>,
     /// Handed back to the kernel ([`ForeignPeer::hand_back`]).
     handed_back: AtomicBool,
+    /// The CPUs its threads may run on ([`ForeignPeer::with_cpus`]).
+    pub(super) cpus: Option<Vec<usize>>,
 }
 
 /// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
@@ -417,6 +419,7 @@ impl ForeignPeer {
             handed_back: AtomicBool::new(false),
             dirty_scan: armed.scan,
             record_journal: None,
+            cpus: None,
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
@@ -448,6 +451,18 @@ impl ForeignPeer {
     /// when it reports a hang-up the peer is dropped and reported gone.
     pub fn with_hangup(mut self, fd: OwnedFd) -> ForeignPeer {
         self.hangup = Some(fd);
+        self
+    }
+
+    /// The CPUs the peer's threads may run on (its vCPUs'): with handler
+    /// threads pinned one per CPU ([`ForeignEngineConfig::pin`]), only the
+    /// ones on these CPUs read its userfaultfd, so a fault wakes those
+    /// alone, not every handler (all of them do when none is on these
+    /// CPUs). The others still watch its hang-up and run its prefetch.
+    ///
+    /// [`ForeignEngineConfig::pin`]: super::ForeignEngineConfig::pin
+    pub fn with_cpus(mut self, cpus: Vec<usize>) -> ForeignPeer {
+        self.cpus = Some(cpus);
         self
     }
 
