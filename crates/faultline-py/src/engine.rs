@@ -33,7 +33,9 @@ static ENGINES: Mutex<Vec<(EngineKind, Weak<dyn Engine>)>> = Mutex::new(Vec::new
 /// is running.
 pub fn shared(kind: EngineKind) -> Result<Arc<dyn Engine>, faultline::Error> {
     let mut engines = ENGINES.lock().unwrap_or_else(|p| p.into_inner());
-    engines.retain(|(_, w)| w.strong_count() > 0);
+    // A forked child's table holds its parent's engines, whose
+    // userfaultfds serve the parent's memory: never reused.
+    engines.retain(|(_, w)| w.upgrade().is_some_and(|e| !e.uffd().inherited()));
     if let Some(e) = engines
         .iter()
         .find(|(k, _)| *k == kind)

@@ -422,6 +422,8 @@ fn classify(op: &'static str, ret: i32, field: i64, len: u64) -> Result<Outcome,
 #[derive(Debug)]
 pub struct Uffd {
     fd: OwnedFd,
+    /// The process this wrapper was made in (see [`Uffd::inherited`]).
+    pid: u32,
 }
 
 impl std::os::fd::AsFd for Uffd {
@@ -439,7 +441,10 @@ impl AsRawFd for Uffd {
 impl Uffd {
     /// Wraps an fd created by one of [`crate::caps`]'s creation paths.
     pub(crate) fn from_owned(fd: OwnedFd) -> Self {
-        Uffd { fd }
+        Uffd {
+            fd,
+            pid: std::process::id(),
+        }
     }
 
     /// Adopts a userfaultfd created elsewhere (received from another
@@ -447,7 +452,18 @@ impl Uffd {
     /// cannot be repeated; [`fdinfo_features`](Self::fdinfo_features)
     /// tells what it chose.
     pub fn adopt(fd: OwnedFd) -> Self {
-        Uffd { fd }
+        Uffd {
+            fd,
+            pid: std::process::id(),
+        }
+    }
+
+    /// Whether this process got the userfaultfd by `fork` from the one
+    /// that opened it (the wrapper is a copy of the parent's). A
+    /// userfaultfd serves the memory of the process that opened it: a
+    /// region of this process cannot be registered with it (`EINVAL`).
+    pub fn inherited(&self) -> bool {
+        self.pid != std::process::id()
     }
 
     /// The features the fd's creator enabled with `UFFDIO_API`, read from

@@ -43,6 +43,9 @@ impl StopFlag {
 pub(crate) struct Background {
     flag: StopFlag,
     thread: Option<JoinHandle<()>>,
+    /// The process that started the thread: a forked child has a copy of
+    /// this handle but not the thread (see [`Background::stop`]).
+    pid: u32,
 }
 
 impl Background {
@@ -68,6 +71,7 @@ impl Background {
         Ok(Background {
             flag: flag.clone(),
             thread: Some(thread),
+            pid: std::process::id(),
         })
     }
 
@@ -78,9 +82,20 @@ impl Background {
 
     /// Sets the flag, calls `wake` to interrupt whatever the thread waits
     /// on, unparks and joins it. Idempotent.
+    ///
+    /// In a forked child (a process other than the one that started the
+    /// thread) the thread does not exist: the handle is a copy of the
+    /// parent's, and glibc hands the dead thread's descriptor to the next
+    /// thread the child starts, so joining (or detaching, as dropping the
+    /// handle does) would act on that one (a join that never returns was
+    /// seen). The handle is forgotten instead.
     pub fn stop(&mut self, wake: impl FnOnce()) {
         self.flag.set();
         if let Some(t) = self.thread.take() {
+            if self.pid != std::process::id() {
+                std::mem::forget(t);
+                return;
+            }
             wake();
             t.thread().unpark();
             let _ = t.join();

@@ -67,13 +67,22 @@ pub(crate) fn enter(addr: u64) -> Option<InFlight<'static>> {
     Some(InFlight { state })
 }
 
+/// Whether the region of table entry `value` was inherited from the
+/// parent of a forked child: not mapped in this process (its entry is
+/// stale here, a copy of the parent's table).
+fn inherited(value: usize) -> bool {
+    // SAFETY: the table only holds pointers to live states (a forked
+    // child's copies of its parent's are never freed: see `retire`).
+    unsafe { &*(value as *const RegionState) }.uffd.inherited()
+}
+
 /// Fails if `[start, start + len)` overlaps a published region.
 pub(crate) fn check_free(start: u64, len: u64) -> Result<()> {
     let g = TABLE.read();
     match g
         .items()
         .iter()
-        .find(|i| i.start < start + len && i.end > start)
+        .find(|i| i.start < start + len && i.end > start && !inherited(i.value))
     {
         Some(o) => Err(Error::Overlap(crate::interval::IntervalError::Overlap {
             start,
@@ -89,6 +98,17 @@ pub(crate) fn check_free(start: u64, len: u64) -> Result<()> {
 /// must stay at its address until [`retire`]d.
 pub(crate) fn publish(state: &RegionState) -> Result<()> {
     let p = &state.pages;
+    // A forked child may map its own region where its parent's was.
+    let stale: Vec<(u64, u64)> = TABLE
+        .read()
+        .items()
+        .iter()
+        .filter(|i| i.start < p.end() && i.end > p.base() && inherited(i.value))
+        .map(|i| (i.start, i.end))
+        .collect();
+    for (start, end) in stale {
+        TABLE.remove(start, end);
+    }
     TABLE
         .insert(p.base(), p.end(), state as *const RegionState as usize)
         .map_err(Error::Overlap)
@@ -99,6 +119,16 @@ pub(crate) fn publish(state: &RegionState) -> Result<()> {
 /// resolution is still in flight after `drain_timeout`, leaks it with a
 /// message (a stuck store must not become a use-after-free).
 pub(crate) fn retire(state: Box<RegionState>, drain_timeout: Duration) {
+    if state.uffd.inherited() {
+        // A forked child's copy of a parent's region: its userfaultfd
+        // acts on the parent's memory (a poison or unregister from here
+        // would break the parent's region), and no fault of this process
+        // reaches it (not mapped here: `MADV_DONTFORK`). Nothing to undo;
+        // its entry may already stand for a region of this process (see
+        // `publish`), so it stays (and is skipped) rather than removed.
+        std::mem::forget(state);
+        return;
+    }
     let p = state.pages;
     TABLE.remove(p.base(), p.end());
     let deadline = Instant::now() + drain_timeout;

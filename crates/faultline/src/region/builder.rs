@@ -443,6 +443,12 @@ impl RegionBuilder {
     pub fn build_dyn(mut self, engine: Arc<dyn Engine>) -> Result<Region> {
         let plan = self.validate(&*engine)?;
         engine.check_alive()?;
+        if engine.uffd().inherited() {
+            return Err(Error::Unsupported {
+                what: "this engine in this process",
+                reason: "it was created before a fork, in the parent: a userfaultfd serves the memory of the process that opened it (create an engine in this process)".into(),
+            });
+        }
         crate::fault::zero_init()?;
         let (len, ps, op) = (self.len, plan.page_size, plan.op);
         if let Some(a) = self.at {
@@ -452,6 +458,10 @@ impl RegionBuilder {
         let huge_frames = op == ResolveOp::Move && self.pool.as_ref().is_some_and(|p| p.huge);
         let (map, memfd, alias) =
             map_memory(plan.kind, len, ps, self.at, plan.page_cache, huge_frames)?;
+        // A forked child gets no copy: its userfaultfd registration would
+        // not follow (the kernel drops it in the child), so every page not
+        // yet present would read zeros there. Touching one is SIGSEGV.
+        map.advise(0, len, Advice::DontFork)?;
         let pages = Pages::new(map.addr(), len, ps)?;
         // Pages already in the page cache (a tmpfs file's data; nothing for a
         // fresh memfd) need no fill: mincore of a file mapping reports the

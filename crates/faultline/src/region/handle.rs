@@ -300,8 +300,10 @@ impl Drop for Region {
                     .wake_all()
             });
         }
-        // Stop evicting, then write every dirty page back.
-        if !self.evictors.is_empty() {
+        // Stop evicting, then write every dirty page back (not from a
+        // forked child's copy: the parent writes its pages back itself).
+        let inherited = self.engine.uffd().inherited();
+        if !self.evictors.is_empty() && !inherited {
             self.evictors.iter_mut().for_each(|e| e.stop(|| ()));
             if let Err(err) = self.flush() {
                 report(|w| {
@@ -316,6 +318,12 @@ impl Drop for Region {
         let state = self.state.take().expect("live region");
         table::retire(state, self.drain_timeout);
         self.engine.region_removed();
-        drop(self.map.take());
+        if inherited {
+            // Not mapped in this forked child (`MADV_DONTFORK`): the range
+            // may hold a region of the child's own by now.
+            std::mem::forget(self.map.take());
+        } else {
+            drop(self.map.take());
+        }
     }
 }
