@@ -613,3 +613,84 @@ fn per_cpu_engine_pins_one_handler_on_each_cpu() {
     );
     assert!(!r.stdout.contains("faults 0"), "{}", r.stdout);
 }
+
+/// fork, from Rust (what the C ABI and UMap users get too): a forked
+/// child makes a region of its own and reads it right, drops its copy of
+/// the parent's region and exits; the parent's region then still serves
+/// a page it never touched; a child touching the parent's region dies of
+/// SIGSEGV (the memory is `MADV_DONTFORK`), not reading zeros.
+#[test]
+fn a_forked_child_never_reads_or_breaks_its_parents_region() {
+    const NAME: &str = "a_forked_child_never_reads_or_breaks_its_parents_region";
+    if let Some(s) = child_scenario() {
+        if s != NAME {
+            return;
+        }
+        let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8 | 1).collect();
+        let engine = PollEngine::new().unwrap();
+        let parent = Region::builder(1 << 20)
+            .store(MemoryStore::new(data.clone()))
+            .fault_around(1)
+            .build(&engine)
+            .unwrap();
+        let base = parent.as_ptr() as usize;
+        // SAFETY: inside the live region.
+        let first = unsafe { std::ptr::read_volatile(base as *const u8) };
+        assert_eq!(first, data[0]);
+        let wait = |pid: i32| {
+            let mut st = 0;
+            // SAFETY: waits for our own child.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+            st
+        };
+        // SAFETY: the child only maps, reads and exits (no lock the
+        // parent's other threads might hold is taken on the way: the
+        // library makes its engine anew, and the allocator is fork-safe).
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let engine = PollEngine::new().unwrap();
+            let own = Region::builder(1 << 20)
+                .store(MemoryStore::new(data.clone()))
+                .build(&engine)
+                .unwrap();
+            // SAFETY: inside the live region.
+            let ok = (0..1 << 20)
+                .step_by(4096)
+                .all(|o| unsafe { std::ptr::read_volatile(own.as_ptr().add(o)) } == data[o]);
+            drop(own);
+            // The parent's region (this process's copy) goes too.
+            drop(parent);
+            // SAFETY: ends the child.
+            unsafe { libc::_exit(if ok { 0 } else { 3 }) };
+        }
+        say(&format!("own region {}", wait(pid)));
+        let last = (1 << 20) - 4096;
+        // SAFETY: inside the live region.
+        let v = unsafe { std::ptr::read_volatile((base + last) as *const u8) };
+        say(&format!("parent after {}", v == data[last]));
+        // SAFETY: as above.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: the parent's page, not mapped here.
+            let v = unsafe { std::ptr::read_volatile((base + 8192) as *const u8) };
+            // SAFETY: ends the child.
+            unsafe { libc::_exit(if v == 0 { 4 } else { 5 }) };
+        }
+        let st = wait(pid);
+        say(&format!(
+            "touch {}",
+            if libc::WIFSIGNALED(st) {
+                libc::WTERMSIG(st)
+            } else {
+                -libc::WEXITSTATUS(st)
+            }
+        ));
+        return;
+    }
+    let r = run_child(NAME, NAME, CHILD_TIMEOUT);
+    assert!(!r.timed_out, "child hung\n{}", r.stderr);
+    assert!(r.success(), "{:?}\n{}\n{}", r.status, r.stdout, r.stderr);
+    for line in ["own region 0", "parent after true", "touch 11"] {
+        assert!(r.stdout.contains(line), "{line:?}: {}", r.stdout);
+    }
+}
