@@ -510,12 +510,15 @@ fn run_ahead_attempt(e: EngineKind) -> Result<(), String> {
             assert_eq!(read(p, pg * 4096 + k), expect[pg * 4096 + k], "page {pg}");
         }
     }
-    // The populator may still be finishing its last window.
+    // The populator may still be finishing its last window: its ioctl
+    // can be done (the scan read the pages) while the thread, preempted,
+    // has not yet counted them (seen once in CI: installed 8176 of 8192).
     let count = || (0..r.pages()).filter(|&pg| r.populated_ahead(pg)).count();
-    assert!(wait_until(
-        Duration::from_secs(5),
-        || r.run_ahead_stats().unwrap().pages_populated as usize == count()
-    ));
+    // (Bounded: the asserts below say what was missing.)
+    wait_until(Duration::from_secs(5), || {
+        r.stats().installed as usize == r.pages()
+            && r.run_ahead_stats().unwrap().pages_populated as usize == count()
+    });
     let ra = r.run_ahead_stats().unwrap();
     let ahead = count();
     let st = r.stats();
