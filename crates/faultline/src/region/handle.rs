@@ -152,6 +152,19 @@ impl Region {
         self.state().budget.as_ref().map(|e| e.stats())
     }
 
+    /// Fails in a forked child for a region of its parent: not mapped
+    /// here (`MADV_DONTFORK`), and its userfaultfd installs into the
+    /// parent's memory.
+    fn made_here(&self) -> Result<()> {
+        match self.engine.uffd().inherited() {
+            true => Err(Error::Unsupported {
+                what: "this region in this process",
+                reason: "it was made by the parent of this forked process (not mapped here); make a region of this process's own".into(),
+            }),
+            false => Ok(()),
+        }
+    }
+
     /// Writes every dirty page back to the store (they stay resident,
     /// clean and write-protected). Regions without a budget do not track
     /// dirtiness: `Ok(0)`. Returns the pages written; on a store error the
@@ -162,6 +175,7 @@ impl Region {
         if s.budget.is_none() {
             return Ok(0);
         }
+        self.made_here()?;
         // Claimed dirty pages go back in batches: one store call (one round
         // trip for a remote store) per batch.
         const BATCH: usize = 64;
@@ -252,6 +266,7 @@ impl Region {
     /// populate the range before handing it to the kernel.
     pub fn populate(&self, offset: usize, len: usize) -> Result<()> {
         const POPULATE_WAIT: Duration = Duration::from_secs(30);
+        self.made_here()?;
         let s = self.state();
         if len == 0 {
             return Err(Error::ZeroLength);
