@@ -33,14 +33,14 @@ static ENGINES: Mutex<Vec<(EngineKind, Weak<dyn Engine>)>> = Mutex::new(Vec::new
 /// is running.
 pub fn shared(kind: EngineKind) -> Result<Arc<dyn Engine>, faultline::Error> {
     let mut engines = ENGINES.lock().unwrap_or_else(|p| p.into_inner());
-    // A forked child's table holds its parent's engines, whose
-    // userfaultfds serve the parent's memory: never reused.
-    engines.retain(|(_, w)| w.upgrade().is_some_and(|e| !e.uffd().inherited()));
+    engines.retain(|(_, w)| w.strong_count() > 0);
     if let Some(e) = engines
         .iter()
         .find(|(k, _)| *k == kind)
         .and_then(|(_, w)| w.upgrade())
     {
+        // Replaced when its threads are gone, or in a forked child (its
+        // parent's engine serves the parent's memory).
         if e.check_alive().is_ok() {
             return Ok(e);
         }

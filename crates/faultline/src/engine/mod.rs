@@ -203,14 +203,28 @@ pub trait Engine: Send + Sync + 'static {
     fn scratch_bytes(&self) -> usize;
     /// Counters.
     fn stats(&self) -> EngineStats;
-    /// Fails if the engine cannot take new regions (its threads are gone).
+    /// Fails if the engine cannot take new regions (its threads are gone,
+    /// or it was made before a fork: [`made_here`]).
     fn check_alive(&self) -> Result<()> {
-        Ok(())
+        made_here(self.uffd())
     }
     /// Called when a region starts using the engine.
     fn region_added(&self) {}
     /// Called when a region stops using the engine.
     fn region_removed(&self) {}
+}
+
+/// Fails in a forked child for a userfaultfd its parent opened (an
+/// engine, or a region of the parent's, copied by the fork): it serves the
+/// parent's memory, and its ioctls act there.
+pub(crate) fn made_here(uffd: &Uffd) -> Result<()> {
+    match uffd.inherited() {
+        true => Err(Error::Unsupported {
+            what: "an engine or region in this process",
+            reason: "it was made by the parent of this forked process: a userfaultfd serves the memory of the process that opened it (make engines and regions in this process)".into(),
+        }),
+        false => Ok(()),
+    }
 }
 
 /// Creates an engine by kind with `config`.
@@ -367,6 +381,7 @@ impl<T: Threaded> Engine for T {
         self.core().counters.snapshot()
     }
     fn check_alive(&self) -> Result<()> {
+        made_here(&self.core().uffd)?;
         let threads = self
             .core()
             .threads

@@ -442,13 +442,8 @@ impl RegionBuilder {
     /// [`build`](Self::build) for an engine chosen at run time.
     pub fn build_dyn(mut self, engine: Arc<dyn Engine>) -> Result<Region> {
         let plan = self.validate(&*engine)?;
+        // (Also refuses an engine made before a fork.)
         engine.check_alive()?;
-        if engine.uffd().inherited() {
-            return Err(Error::Unsupported {
-                what: "this engine in this process",
-                reason: "it was created before a fork, in the parent: a userfaultfd serves the memory of the process that opened it (create an engine in this process)".into(),
-            });
-        }
         crate::fault::zero_init()?;
         let (len, ps, op) = (self.len, plan.page_size, plan.op);
         if let Some(a) = self.at {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::background::Background;
-use crate::engine::Engine;
+use crate::engine::{made_here, Engine};
 use crate::error::{Error, Result};
 use crate::evict::EvictionStats;
 use crate::fault::report::report;
@@ -152,19 +152,6 @@ impl Region {
         self.state().budget.as_ref().map(|e| e.stats())
     }
 
-    /// Fails in a forked child for a region of its parent: not mapped
-    /// here (`MADV_DONTFORK`), and its userfaultfd installs into the
-    /// parent's memory.
-    fn made_here(&self) -> Result<()> {
-        match self.engine.uffd().inherited() {
-            true => Err(Error::Unsupported {
-                what: "this region in this process",
-                reason: "it was made by the parent of this forked process (not mapped here); make a region of this process's own".into(),
-            }),
-            false => Ok(()),
-        }
-    }
-
     /// Writes every dirty page back to the store (they stay resident,
     /// clean and write-protected). Regions without a budget do not track
     /// dirtiness: `Ok(0)`. Returns the pages written; on a store error the
@@ -175,7 +162,8 @@ impl Region {
         if s.budget.is_none() {
             return Ok(0);
         }
-        self.made_here()?;
+        // A forked child's copy of a parent's region is not mapped here.
+        made_here(self.engine.uffd())?;
         // Claimed dirty pages go back in batches: one store call (one round
         // trip for a remote store) per batch.
         const BATCH: usize = 64;
@@ -266,7 +254,8 @@ impl Region {
     /// populate the range before handing it to the kernel.
     pub fn populate(&self, offset: usize, len: usize) -> Result<()> {
         const POPULATE_WAIT: Duration = Duration::from_secs(30);
-        self.made_here()?;
+        // A forked child's copy of a parent's region is not mapped here.
+        made_here(self.engine.uffd())?;
         let s = self.state();
         if len == 0 {
             return Err(Error::ZeroLength);
