@@ -654,10 +654,9 @@ impl std::fmt::Debug for RequestHandle {
 /// anywhere wakes them all.
 fn say_per_cpu(threads: usize) {
     let cpus = faultline_sys::thread::allowed_cpus().unwrap_or_default();
-    let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
     say(format_args!(
         "per-cpu: {threads} handler thread(s), one asleep on each of CPUs {}",
-        list.join(",")
+        cpu_list(&cpus)
     ));
     if threads > PER_CPU_HERD {
         say(format_args!(
@@ -668,22 +667,10 @@ fn say_per_cpu(threads: usize) {
     }
 }
 
-/// `0-3,8` style.
+/// `0,1,5`.
 pub(super) fn cpu_list(cpus: &[usize]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < cpus.len() {
-        let mut j = i;
-        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
-            j += 1;
-        }
-        out.push(match j > i {
-            true => format!("{}-{}", cpus[i], cpus[j]),
-            false => cpus[i].to_string(),
-        });
-        i = j + 1;
-    }
-    out.join(",")
+    let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
+    list.join(",")
 }
 
 /// Handler threads past which `--engine per-cpu` warns at start.

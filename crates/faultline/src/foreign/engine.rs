@@ -211,9 +211,13 @@ impl ForeignEngine {
         }
         let (tx, rx) = channel();
         let mut slots = Vec::new();
-        // Where each thread pins itself (see below).
+        // Round robin over the CPUs the creating thread may use (the mask
+        // its threads inherit).
         let allowed = match cfg.pin {
-            true => thread::allowed_cpus().unwrap_or_default(),
+            true => thread::allowed_cpus().map_err(|source| ForeignError::Spawn {
+                what: "a pinned handler thread (the CPUs it may use)",
+                source,
+            })?,
             false => Vec::new(),
         };
         for i in 0..cfg.threads.max(1) {
@@ -240,12 +244,7 @@ impl ForeignEngine {
             threads.push(
                 Background::spawn(format!("fl-handler-{i}"), move |stop| {
                     all[i].tid.store(thread::gettid(), Relaxed);
-                    // Round robin over the CPUs its creator may use.
-                    let pin = if cfg.pin {
-                        thread::pin_within(|cpus| cpus.get(i % cpus.len().max(1)).copied())
-                    } else {
-                        Ok(())
-                    };
+                    let pin = all[i].cpu.map_or(Ok(()), thread::pin_to_cpu);
                     let ok = pin.is_ok();
                     let _ = pinned_tx.send(pin);
                     if ok {
@@ -315,10 +314,11 @@ impl ForeignEngine {
 
     /// Starts serving `peer` (on the least loaded thread; workers: on
     /// every thread).
-    pub fn add(&self, peer: ForeignPeer) -> Arc<ForeignPeer> {
+    pub fn add(&self, mut peer: ForeignPeer) -> Arc<ForeignPeer> {
         if let Some(crew) = &self.crew {
             peer.join_crew(crew);
         }
+        peer.read_by = self.readers(&peer);
         let peer = Arc::new(peer);
         let on: Vec<&Arc<Slot>> = if self.spread {
             self.slots.iter().collect()
@@ -339,6 +339,21 @@ impl ForeignEngine {
             self.work.notify();
         }
         peer
+    }
+
+    /// Which threads read `peer`'s userfaultfd (`None`: all of its
+    /// threads): with every thread reading every peer (`spread`) and the
+    /// threads pinned, a peer that said where its threads run
+    /// ([`ForeignPeer::with_cpus`]) is read by the threads on those CPUs,
+    /// or by all when none is there.
+    fn readers(&self, peer: &ForeignPeer) -> Option<Vec<bool>> {
+        let cpus = peer.cpus.as_ref().filter(|_| self.spread)?;
+        let on: Vec<bool> = self
+            .slots
+            .iter()
+            .map(|s| s.cpu.is_some_and(|c| cpus.contains(&c)))
+            .collect();
+        on.contains(&true).then_some(on)
     }
 
     /// Stops serving peer `id`; returns it (the caller decides when its
@@ -498,6 +513,8 @@ impl Serve for Peers {
 /// userfaultfds and hang-up descriptors, runs the handler loop over each
 /// peer with messages, and one bounded prefetch step per round.
 struct Worker {
+    /// Its place among the engine's threads.
+    index: usize,
     slot: Arc<Slot>,
     /// Every thread's slot (workers: a dropped peer leaves them all).
     all: Arc<Vec<Arc<Slot>>>,
@@ -557,6 +574,7 @@ impl Worker {
             read_tsc: Cell::new(0),
         };
         Worker {
+            index,
             slot: all[index].clone(),
             all,
             primary: !cfg.spread || index == 0,
@@ -568,21 +586,6 @@ impl Worker {
             wait: cfg.wait,
             last_msg: Instant::now(),
         }
-    }
-
-    /// Whether this thread reads `p`'s userfaultfd: yes unless every
-    /// thread reads every peer (`spread`), the peer said where its threads
-    /// run ([`ForeignPeer::with_cpus`]), this thread is pinned elsewhere,
-    /// and another thread is pinned there.
-    fn reads(&self, p: &ForeignPeer) -> bool {
-        let (true, Some(cpus), Some(mine)) = (self.spread, &p.cpus, self.slot.cpu) else {
-            return true;
-        };
-        cpus.contains(&mine)
-            || !self
-                .all
-                .iter()
-                .any(|s| s.cpu.is_some_and(|c| cpus.contains(&c)))
     }
 
     /// Publishes this thread's CPU time so far.
@@ -608,7 +611,11 @@ impl Worker {
             });
             for p in &self.peers {
                 fds.push(PollFd {
-                    fd: if self.reads(p) { p.uffd.raw_fd() } else { -1 },
+                    // (See `ForeignEngine::readers`.)
+                    fd: match p.read_by.as_ref().is_none_or(|r| r[self.index]) {
+                        true => p.uffd.raw_fd(),
+                        false => -1,
+                    },
                     events: events::IN,
                     revents: 0,
                 });

@@ -313,6 +313,9 @@ pub struct ForeignPeer {
     handed_back: AtomicBool,
     /// The CPUs its threads may run on ([`ForeignPeer::with_cpus`]).
     pub(super) cpus: Option<Vec<usize>>,
+    /// Which handler threads read its userfaultfd, by index (`None`: all
+    /// of its engine's; set when the engine takes it).
+    pub(super) read_by: Option<Vec<bool>>,
 }
 
 /// What [`ForeignPeer::with_journal`] calls with each REMOVE'd range
@@ -420,6 +423,7 @@ impl ForeignPeer {
             dirty_scan: armed.scan,
             record_journal: None,
             cpus: None,
+            read_by: None,
         };
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
