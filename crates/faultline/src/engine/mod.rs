@@ -204,7 +204,8 @@ pub trait Engine: Send + Sync + 'static {
     /// Counters.
     fn stats(&self) -> EngineStats;
     /// Fails if the engine cannot take new regions (its threads are gone,
-    /// or it was made before a fork: [`made_here`]).
+    /// or this is a forked child and the engine its parent's: its
+    /// userfaultfd serves the parent's memory).
     fn check_alive(&self) -> Result<()> {
         made_here(self.uffd())
     }
