@@ -4,7 +4,9 @@
 //! ```text
 //!  Server::start: check the config; open the store (--mem or --store); read
 //!     │           the recorded set (--prefetch); open or write the shared
-//!     │           snapshot (--shared); start the handler threads; bind
+//!     │           snapshot (--shared); start the handler threads and the
+//!     │           metrics endpoint (--metrics); bind the socket last, so
+//!     │           that once it exists serve is up
 //!     ▼
 //!  Server::run, listener (this thread) ── accept ──► a connection (accept.rs):
 //!     │    on this thread when its handshake is         1 receive the hand-off
@@ -239,18 +241,6 @@ impl Server {
             },
         )
         .map_err(ServeError::Engine)?;
-        let socket = listen(&config, keeper.as_ref(), inherited)?;
-        if let Some(k) = &keeper {
-            k.ready().map_err(ServeError::Keeper)?;
-        }
-        say(format_args!(
-            "listening on {} for peers of {source} ({store_len} bytes); timeout {}s",
-            config.socket.display(),
-            config.timeout.as_secs_f64()
-        ));
-        if config.pin {
-            say_per_cpu(config.threads);
-        }
         let prepared = Once::new();
         let served_one = Arc::new(AtomicBool::new(false));
         if let (Some(offs), None) = (&prefetch, &snapshot) {
@@ -320,6 +310,21 @@ impl Server {
             }
             None => None,
         };
+        // Bound last: once the socket exists, serve is up (its metrics
+        // answer), which is what a launcher waiting for the path expects.
+        let config = &state.config;
+        let socket = listen(config, state.keeper.as_ref(), inherited)?;
+        if let Some(k) = &state.keeper {
+            k.ready().map_err(ServeError::Keeper)?;
+        }
+        say(format_args!(
+            "listening on {} for peers of {source} ({store_len} bytes); timeout {}s",
+            config.socket.display(),
+            config.timeout.as_secs_f64()
+        ));
+        if config.pin {
+            say_per_cpu(config.threads);
+        }
         Ok(Server {
             state,
             socket,
