@@ -115,9 +115,43 @@ impl Proc {
         env: &[(&str, &str)],
         stderr: &std::path::Path,
     ) -> Proc {
-        let child = Command::new(cmd[0])
+        Proc::spawn(
+            name,
+            Command::new(cmd[0]).envs(env.iter().copied()),
+            cmd,
+            args,
+            stderr,
+        )
+    }
+
+    /// [`Proc::start`] with its descriptor limit set to `limit`.
+    pub fn start_with_fd_limit(
+        name: &str,
+        cmd: &[&str],
+        args: &[&str],
+        limit: faultline_sys::process::FdLimit,
+        stderr: &std::path::Path,
+    ) -> Proc {
+        let mut c = Command::new(cmd[0]);
+        // SAFETY: the closure makes one system call (setrlimit) and
+        // allocates nothing: async-signal-safe between fork and exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut c, move || {
+                faultline_sys::process::set_fd_limit(limit)
+            })
+        };
+        Proc::spawn(name, &mut c, cmd, args, stderr)
+    }
+
+    fn spawn(
+        name: &str,
+        c: &mut Command,
+        cmd: &[&str],
+        args: &[&str],
+        stderr: &std::path::Path,
+    ) -> Proc {
+        let child = c
             .args(&cmd[1..])
-            .envs(env.iter().copied())
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -204,7 +238,24 @@ pub fn start(dir: &Dir, name: &str, cmd: &[&str], extra: &[&str]) -> Proc {
 pub fn serve(dir: &Dir, cmd: &[&str], extra: &[&str]) -> Proc {
     let mut args = vec!["--timeout", "20"];
     args.extend_from_slice(extra);
-    let p = start(dir, "serve", cmd, &args);
+    bound(dir, start(dir, "serve", cmd, &args))
+}
+
+/// [`serve`] started with its descriptor limit set to `limit`.
+pub fn serve_with_fd_limit(
+    dir: &Dir,
+    cmd: &[&str],
+    extra: &[&str],
+    limit: faultline_sys::process::FdLimit,
+) -> Proc {
+    let args = command(dir, &[&["--timeout", "20"][..], extra].concat());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let p = Proc::start_with_fd_limit("serve", cmd, &args, limit, &dir.path("serve.err"));
+    bound(dir, p)
+}
+
+/// `p`, once `dir`'s serve socket is bound.
+fn bound(dir: &Dir, p: Proc) -> Proc {
     let deadline = Instant::now() + WAIT;
     while !dir.sock().exists() {
         assert!(Instant::now() < deadline, "serve never bound its socket");

@@ -1,5 +1,6 @@
 //! Processes: signals to other processes and process groups, resource
-//! usage of this process and of the calling thread, and [`Pidfd`]: a
+//! usage of this process and of the calling thread, its descriptor limit
+//! ([`raise_fd_limit`]), and [`Pidfd`]: a
 //! process held by a descriptor, so a signal never reaches another
 //! process that was given its pid after it exited.
 
@@ -195,6 +196,92 @@ fn rusage(who: libc::c_int) -> io::Result<Usage> {
         system_seconds: ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 * 1e-6,
         user_seconds: ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 * 1e-6,
     })
+}
+
+/// This process's limit on open descriptors (`RLIMIT_NOFILE`): soft
+/// (what `open`, `accept` and `recvmsg` run into) and hard (how far the
+/// soft one may be raised without privilege).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdLimit {
+    /// The soft limit: the lowest descriptor number that cannot be used.
+    pub soft: u64,
+    /// The hard limit.
+    pub hard: u64,
+}
+
+/// `getrlimit(RLIMIT_NOFILE)`.
+pub fn fd_limit() -> io::Result<FdLimit> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `l` is valid for writes of one `rlimit`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(FdLimit {
+        soft: l.rlim_cur,
+        hard: l.rlim_max,
+    })
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard one, as a daemon holding
+/// descriptors per client should (service managers start processes with
+/// a soft limit of 1024 for `select(2)`'s sake, and a much higher hard
+/// one; nothing here uses `select`). Gives the limit before and after.
+pub fn raise_fd_limit() -> io::Result<(FdLimit, FdLimit)> {
+    let before = fd_limit()?;
+    if before.soft >= before.hard {
+        return Ok((before, before));
+    }
+    set_fd_limit(FdLimit {
+        soft: before.hard,
+        hard: before.hard,
+    })?;
+    Ok((before, fd_limit()?))
+}
+
+/// `setrlimit(RLIMIT_NOFILE)`. Async-signal-safe (one system call), so a
+/// child may set its limit between `fork` and `exec`
+/// (`CommandExt::pre_exec`).
+pub fn set_fd_limit(limit: FdLimit) -> io::Result<()> {
+    let l = libc::rlimit {
+        rlim_cur: limit.soft,
+        rlim_max: limit.hard,
+    };
+    // SAFETY: `l` is a valid `rlimit`, only read.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `e` says a process (`EMFILE`) or the system (`ENFILE`) has
+/// no descriptor left to give.
+pub fn out_of_fds(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// How many descriptors this process has open (the entries of
+/// `/proc/self/fd`, less the one reading it).
+pub fn open_fds() -> io::Result<u64> {
+    Ok(std::fs::read_dir("/proc/self/fd")?
+        .count()
+        .saturating_sub(1) as u64)
+}
+
+/// How many descriptor numbers below the soft limit are free: what
+/// `open`, `accept` and `recvmsg` can still be given (descriptors above
+/// the limit, inherited before it was lowered, take none of them).
+pub fn fds_free() -> io::Result<u64> {
+    let limit = fd_limit()?.soft;
+    let dir = std::fs::read_dir("/proc/self/fd")?;
+    let below = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+        .filter(|&fd| fd < limit)
+        .count() as u64;
+    // Less the one reading the directory.
+    Ok((limit + 1).saturating_sub(below))
 }
 
 /// Makes the calling process receive `sig` when the thread that started it

@@ -165,7 +165,7 @@ const WATCH_MS: i32 = 500;
 const RETRY: Duration = Duration::from_secs(1);
 
 /// The longest wait between two tries to start a keeper.
-const RETRY_MAX: Duration = Duration::from_secs(30);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// The largest message (a handshake is at most 64 KiB).
 const MAX_MESSAGE: usize = 1 << 18;
@@ -277,7 +277,7 @@ pub struct KeeperStatus {
 /// `fork` failing), the link is *down*: requests are not sent, peers are
 /// still deposited and handed with the link (their descriptors kept, their
 /// REMOVEs journaled), and the watcher tries another keeper after 1 s,
-/// then at doubling intervals up to 30 s; the first that starts is given
+/// then at doubling intervals up to 5 s; the first that starts is given
 /// everything, so a VMM that
 /// connected meanwhile is protected from then on, not left served without
 /// takeover for good.
@@ -920,6 +920,9 @@ fn queued(listener: &UnixListener) -> bool {
 pub fn run(spec: &Spec) -> Result<(), KeeperError> {
     let (socket, wait, leave) = (spec.socket.as_path(), spec.wait, spec.leave);
     process::set_name(KEEPER_COMM)?;
+    // It holds 4 descriptors a VMM (serve raised its own limit already,
+    // which this process inherits, unless an older serve started it).
+    let _ = process::raise_fd_limit();
     let addr = address(socket)?;
     let listener = match UnixListener::bind_addr(&addr) {
         Ok(l) => l,

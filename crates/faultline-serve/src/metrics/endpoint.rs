@@ -210,10 +210,15 @@ fn serve(listener: &Listener, exposition: &Arc<Exposition>, stop: &AtomicBool) {
         if !poll::poll(&mut fds, TICK_MS).is_ok_and(|n| n > 0) {
             continue;
         }
-        let _ = match listener {
+        let accepted = match listener {
             Listener::Unix(l, _) => l.accept().map(|(c, _)| answer_unix(c, exposition)),
             Listener::Tcp(l) => l.accept().map(|(c, _)| answer_tcp(c, exposition)),
         };
+        // Out of descriptors (EMFILE) the scrape stays queued and the
+        // listener readable: tried again a tick later, not at once.
+        if accepted.is_err_and(|e| e.kind() != std::io::ErrorKind::WouldBlock) {
+            std::thread::sleep(std::time::Duration::from_millis(TICK_MS as u64));
+        }
     }
 }
 

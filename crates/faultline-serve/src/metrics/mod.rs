@@ -37,6 +37,7 @@
 //! | `faultline_peers_connected` | gauge | peers being served now |
 //! | `faultline_peers_accepted`, `faultline_peers_finished` | counter | connections accepted; done with |
 //! | `faultline_handoffs_refused{reason}` | counter | hand-offs refused, by the step that refused them |
+//! | `process_open_fds`, `process_max_fds` | gauge | descriptors open, and the limit (Prometheus's own process metrics): serve refuses VMMs at the limit |
 //! | `faultline_handler_cpu_seconds`, `faultline_prefetch_helpers_cpu_seconds` | counter | CPU time of the handler threads (the price of `--engine`'s spinning) and of the prefetch helpers (prefetch, pieces of long windows), all peers |
 
 mod endpoint;
@@ -97,6 +98,8 @@ pub struct Sample {
     pub taken_over: u64,
     /// The keeper process (`--takeover`; `None` without one).
     pub keeper: Option<KeeperStatus>,
+    /// Descriptors open and the soft limit (`None`: not read).
+    pub fds: Option<(u64, u64)>,
 }
 
 /// The server's own counters (the engine keeps the peers').
@@ -415,6 +418,24 @@ impl Collector for Exposition {
             c,
             s.taken_over as f64,
         ));
+        if let Some((open, max)) = s.fds {
+            // The names of Prometheus's own process collector, which
+            // alerts on running out of descriptors already use.
+            process.extend([
+                (
+                    "process_open_fds",
+                    "Number of open file descriptors (a VMM served takes 3, 4 with --takeover)",
+                    g,
+                    open as f64,
+                ),
+                (
+                    "process_max_fds",
+                    "Maximum number of open file descriptors (RLIMIT_NOFILE, soft)",
+                    g,
+                    max as f64,
+                ),
+            ]);
+        }
         if let Some(k) = s.keeper {
             process.extend([
                 (
@@ -537,6 +558,7 @@ mod tests {
                 replaced: 1,
                 peers: 6,
             }),
+            fds: Some((40, 1024)),
         })));
         let text = e.text();
         assert!(text.ends_with("# EOF\n"), "{text}");
@@ -574,6 +596,8 @@ mod tests {
         assert_eq!(num(get("faultline_peers_connected", None)), 1.0);
         assert_eq!(num(get("faultline_peers_taken_over_total", None)), 2.0);
         assert_eq!(num(get("faultline_keeper_down", None)), 1.0);
+        assert_eq!(num(get("process_open_fds", None)), 40.0);
+        assert_eq!(num(get("process_max_fds", None)), 1024.0);
         assert_eq!(num(get("faultline_keeper_peers", None)), 6.0);
         assert_eq!(num(get("faultline_keepers_replaced_total", None)), 1.0);
         assert_eq!(num(get("faultline_handler_cpu_seconds_total", None)), 0.25);

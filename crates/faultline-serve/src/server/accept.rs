@@ -58,6 +58,28 @@ impl Refusal {
         )
     }
 
+    /// This refusal, or, when its cause is serve's own descriptors
+    /// running out (`EMFILE`, `ENFILE` anywhere in its chain: receiving,
+    /// inspecting the userfaultfd, opening a pidfd or a journal), that
+    /// (with this one's text), so the operator reads the cause and the
+    /// metrics count it as such.
+    fn out_of_fds(self) -> Refusal {
+        if matches!(self, Refusal::Receive(ReceiveError::OutOfFds(_))) {
+            return self;
+        }
+        let mut e: Option<&(dyn std::error::Error + 'static)> = Some(&self);
+        while let Some(x) = e {
+            if x.downcast_ref::<std::io::Error>()
+                .is_some_and(faultline_sys::process::out_of_fds)
+            {
+                let o = receive::OutOfFds::said(Some(self.to_string()));
+                return Refusal::Receive(ReceiveError::OutOfFds(o));
+            }
+            e = x.source();
+        }
+        self
+    }
+
     /// The reason label of the metrics' `faultline_handoffs_refused`.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -67,6 +89,7 @@ impl Refusal {
                 ReceiveError::HungUp => "hung_up",
                 ReceiveError::TooLong => "too_long",
                 ReceiveError::DescriptorsLost | ReceiveError::Descriptors(_) => "descriptors",
+                ReceiveError::OutOfFds(_) => "out_of_fds",
                 ReceiveError::Handshake(_) => "handshake",
                 ReceiveError::Adopt(_) => "userfaultfd",
             },
@@ -124,19 +147,34 @@ pub fn handle(
             None
         }
     };
-    let Err(why) = accept(state, n, pid, conn, handoff, kept) else {
-        return;
-    };
-    if matches!(why, Refusal::Receive(ReceiveError::HungUp)) {
-        state.ignored.fetch_add(1, SeqCst);
-        say(format_args!(
-            "connection {n} (pid {pid}): hung up without a handshake; not a peer (another serve checking whether this socket is in use does this)"
-        ));
-        state.unwatch(n);
-        forget(state, n, kept);
-        return;
+    if let Err(why) = accept(state, n, pid, conn, handoff, kept) {
+        refuse(state, n, pid, &why.out_of_fds(), held.ok(), kept);
     }
-    refuse(state, n, pid, &why, held.ok(), kept);
+}
+
+/// How long a connection accepted with serve's reserve descriptor may
+/// take to show whether it handed something over.
+const SHED_WAIT_MS: i32 = 100;
+
+/// Connection `n`, accepted with the descriptor serve keeps in reserve
+/// because it had no other (`e`: `EMFILE`): the userfaultfd it sends cannot be
+/// received (the kernel drops descriptors a process cannot install), and
+/// left queued its VMM would hang. Refused: killed if it sent its
+/// hand-off (within [`SHED_WAIT_MS`]), as any peer whose hand-off failed;
+/// not a peer if it hung up. Nothing here takes a descriptor.
+pub fn shed(state: &State, n: usize, conn: UnixStream, e: &std::io::Error) {
+    let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
+    let why = match receive::readable_within(&conn, SHED_WAIT_MS) {
+        false => ReceiveError::Silent(std::time::Duration::from_millis(SHED_WAIT_MS as u64)),
+        // Its bytes only: at the limit, the kernel installs none of the
+        // descriptors a peek would duplicate.
+        true => match sock::peek_with_fds(conn.as_fd(), &mut [0u8; 1], true) {
+            Ok(got) if got.bytes == 0 && got.fds.is_empty() => ReceiveError::HungUp,
+            Ok(_) => ReceiveError::OutOfFds(receive::OutOfFds::said(Some(format!("accept: {e}")))),
+            Err(e) => ReceiveError::Recv(e),
+        },
+    };
+    refuse(state, n, pid, &why.into(), Some(conn), None);
 }
 
 /// Tells the keeper connection `n` (its id there: `kept`) is done with.
@@ -152,7 +190,8 @@ fn forget(state: &State, n: usize, kept: Option<u64>) {
 
 /// Peer `n` (pid `pid`) is refused because `why`: said, killed (unless it
 /// handed nothing over), its summary, forgotten by the keeper (`kept`);
-/// `held` (a clone of its connection) is closed after the kill.
+/// `held` (a clone of its connection) is closed after the kill. One that
+/// hung up without a handshake is no peer: said, not counted.
 fn refuse(
     state: &State,
     n: usize,
@@ -161,6 +200,15 @@ fn refuse(
     held: Option<UnixStream>,
     kept: Option<u64>,
 ) {
+    if matches!(why, Refusal::Receive(ReceiveError::HungUp)) {
+        state.ignored.fetch_add(1, SeqCst);
+        say(format_args!(
+            "connection {n} (pid {pid}): hung up without a handshake; not a peer (another serve checking whether this socket is in use does this)"
+        ));
+        state.unwatch(n);
+        forget(state, n, kept);
+        return;
+    }
     say(format_args!("peer {n} (pid {pid}): refused: {why}"));
     let fate = if why.waits() {
         state.kill(n, pid, "its hand-off was refused")

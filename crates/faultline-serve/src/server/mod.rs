@@ -69,6 +69,7 @@ use std::time::{Duration, Instant};
 use faultline::{EngineKind, ForeignEngine, ForeignEngineConfig, PeerEvent, PrefetchPlan};
 use faultline_cli_support::OutputPath;
 use faultline_sys::poll::{self, PollFd};
+use faultline_sys::process;
 use faultline_sys::signal::{SIGHUP, SIGINT, SIGTERM};
 
 pub use error::ServeError;
@@ -153,6 +154,8 @@ impl Server {
     pub fn start(config: ServeConfig) -> Result<Server, ServeError> {
         config.check()?;
         log::set_format(config.log_format);
+        // Before the keeper starts: it inherits the limit.
+        fd_limit(config.takeover);
         let json = match &config.json {
             Some(p) => Some(OutputPath::check(p, "--json").map_err(ServeError::CheckOutput)?),
             None => None,
@@ -448,7 +451,7 @@ fn serve(
     let mut socket = Some(socket);
     let mut stopping: Option<(i32, Instant)> = None;
     loop {
-        match &socket {
+        match &mut socket {
             Some(sock) => {
                 let mut fds = [PollFd {
                     fd: sock.listener().as_raw_fd(),
@@ -474,7 +477,7 @@ fn serve(
             // accepted.
             if let Some(mut sock) = socket.take() {
                 sock.remove();
-                accept_all(state, &sock)?;
+                accept_all(state, &mut sock)?;
             }
             let (c, f) = state.counts();
             say(format_args!(
@@ -597,7 +600,7 @@ fn listen(
 }
 
 /// Accepts every pending connection.
-fn accept_all(state: &Arc<State>, sock: &Socket) -> Result<(), ServeError> {
+fn accept_all(state: &Arc<State>, sock: &mut Socket) -> Result<(), ServeError> {
     loop {
         match sock.listener().accept() {
             Ok((conn, _)) => {
@@ -611,9 +614,66 @@ fn accept_all(state: &Arc<State>, sock: &Socket) -> Result<(), ServeError> {
                 dispatch(state, n, conn, accepted_ns, kept, HANDSHAKE_INLINE_MS)?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
-            Err(e) => say(format_args!("accept failed: {e}")),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::ConnectionAborted
+                ) => {}
+            // Left queued, its VMM would hang (see `socket.rs`).
+            Err(e) if process::out_of_fds(&e) => {
+                let shed = match sock.accept_with_reserve() {
+                    Some(Ok(conn)) => {
+                        state.connected.fetch_add(1, SeqCst);
+                        let n = state.last_n.fetch_add(1, SeqCst) + 1;
+                        accept::shed(state, n, conn, &e);
+                        true
+                    }
+                    Some(Err(w)) if w.kind() == std::io::ErrorKind::WouldBlock => {
+                        sock.restock();
+                        return Ok(());
+                    }
+                    Some(Err(_)) | None => false,
+                };
+                // Another thread may have taken the descriptor freed.
+                if !sock.restock() || !shed {
+                    pause();
+                    return Ok(());
+                }
+            }
+            // Not retried at once: the listener stays readable.
+            Err(e) => {
+                say(format_args!("accept failed: {e}"));
+                pause();
+                return Ok(());
+            }
         }
     }
+}
+
+/// Raises the descriptor limit to the hard one (each VMM served holds 3
+/// descriptors, 4 with `takeover`) and says so, or says how many VMMs the
+/// limit allows when it cannot be raised and is low.
+fn fd_limit(takeover: bool) {
+    let per_vmm = if takeover { 4 } else { 3 };
+    match process::raise_fd_limit() {
+        Ok((before, now)) if now.soft > before.soft => say(format_args!(
+            "open files: limit raised from {} to {} (a VMM takes {per_vmm})",
+            before.soft, now.soft
+        )),
+        Ok((_, now)) if now.soft < 1024 * per_vmm => say(format_args!(
+            "open files: limit {} (hard): about {} VMMs at once (a VMM takes {per_vmm}); more are refused (LimitNOFILE= of serve's unit, ulimit -Hn)",
+            now.soft,
+            now.soft.saturating_sub(16) / per_vmm
+        )),
+        Ok(_) => {}
+        Err(e) => say(format_args!("open files: raising the limit failed: {e}")),
+    }
+}
+
+/// Waits a tick before the listener is polled again (it stays readable
+/// while a connection that cannot be accepted is queued).
+fn pause() {
+    std::thread::sleep(Duration::from_millis(TICK_MS as u64));
 }
 
 /// Answers an operator's requests to a running server, from another

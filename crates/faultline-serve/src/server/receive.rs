@@ -39,6 +39,60 @@ pub struct Received {
     pub raw: String,
 }
 
+/// Serve has (about) as many descriptors open as its `RLIMIT_NOFILE`
+/// allows: a hand-off's userfaultfd cannot be received.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "serve is out of file descriptors ({} open, limit {limit}; a VMM takes 3, 4 with --takeover): raise serve's limit (LimitNOFILE= of its unit, ulimit -Hn){}",
+    open.map_or("all".to_string(), |n| n.to_string()),
+    during.as_ref().map_or(String::new(), |d| format!(" ({d})"))
+)]
+pub struct OutOfFds {
+    /// Descriptors open below the limit (`None`: all, not even
+    /// `/proc/self/fd` could be opened).
+    pub open: Option<u64>,
+    /// The soft limit.
+    pub limit: u64,
+    /// The step that ran out, as its error said.
+    pub during: Option<String>,
+}
+
+impl OutOfFds {
+    /// Descriptors this close to the limit count as out of them (another
+    /// thread may have closed one since the failure).
+    const MARGIN: u64 = 4;
+
+    /// `Some` when this process is out of descriptors now.
+    pub fn now() -> Option<OutOfFds> {
+        let limit = faultline_sys::process::fd_limit().ok()?.soft;
+        let open = match faultline_sys::process::fds_free() {
+            Ok(free) if free <= Self::MARGIN => Some(limit - free),
+            Ok(_) => return None,
+            Err(e) if faultline_sys::process::out_of_fds(&e) => None,
+            Err(_) => return None,
+        };
+        Some(OutOfFds {
+            open,
+            limit,
+            during: None,
+        })
+    }
+
+    /// Out of descriptors, as a failure just said (`during`): the counts
+    /// now.
+    pub fn said(during: Option<String>) -> OutOfFds {
+        let limit = faultline_sys::process::fd_limit().map_or(0, |l| l.soft);
+        OutOfFds {
+            during,
+            ..OutOfFds::now().unwrap_or(OutOfFds {
+                open: None,
+                limit,
+                during: None,
+            })
+        }
+    }
+}
+
 /// Why a hand-off could not be received (each a refusal of the peer).
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiveError {
@@ -57,6 +111,11 @@ pub enum ReceiveError {
     /// More descriptors than the ancillary buffer holds.
     #[error("it attached more descriptors than one (some were lost)")]
     DescriptorsLost,
+    /// Serve is out of descriptors: the kernel dropped the userfaultfd
+    /// attached (or the connection was accepted with the one serve
+    /// keeps in reserve, [`OutOfFds`]).
+    #[error(transparent)]
+    OutOfFds(OutOfFds),
     /// Not exactly one descriptor.
     #[error("expected exactly one descriptor (the userfaultfd) attached with SCM_RIGHTS, got {0}")]
     Descriptors(usize),
@@ -96,7 +155,12 @@ pub fn receive(
         return Err(ReceiveError::TooLong);
     }
     if got.control_truncated {
-        return Err(ReceiveError::DescriptorsLost);
+        // The kernel also truncates when it cannot install the
+        // descriptors: serve at its limit.
+        return Err(match OutOfFds::now() {
+            Some(o) => ReceiveError::OutOfFds(o),
+            None => ReceiveError::DescriptorsLost,
+        });
     }
     let fd: OwnedFd = match <[OwnedFd; 1]>::try_from(got.fds) {
         Ok([fd]) => fd,

@@ -17,6 +17,11 @@
 //! 4. [`Socket::remove`] (at a stop, or on drop) removes the path only if
 //!    it still names that socket: one another serve bound there meanwhile
 //!    (after someone removed ours) is left to its owner.
+//! 5. One descriptor is held in reserve (`/dev/null`): when serve runs out
+//!    (`accept` fails with `EMFILE`), a connection left queued would leave
+//!    its VMM hung, so the reserve is closed to accept it
+//!    ([`Socket::accept_with_reserve`]), the peer is refused, and the
+//!    reserve taken back ([`Socket::restock`]).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -37,6 +42,10 @@ pub struct Socket {
     id: (u64, u64),
     /// Removes the path if the process ends on a second signal.
     guard: Option<cleanup::Guard>,
+    /// The descriptor held in reserve (step 5 of the module docs).
+    reserve: Option<std::fs::File>,
+    /// Whether no descriptor could be taken back in reserve (said once).
+    short: bool,
 }
 
 impl Socket {
@@ -90,6 +99,8 @@ impl Socket {
             path: path.into(),
             id: (m.dev(), m.ino()),
             guard: Some(guard),
+            reserve: reserve(),
+            short: false,
         })
     }
 
@@ -110,6 +121,8 @@ impl Socket {
             path: path.into(),
             id,
             guard: Some(guard),
+            reserve: reserve(),
+            short: false,
         })
     }
 
@@ -121,6 +134,32 @@ impl Socket {
     /// The listener.
     pub fn listener(&self) -> &UnixListener {
         &self.listener
+    }
+
+    /// When serve is out of descriptors: closes the one held in reserve
+    /// and accepts the connection at the head of the queue with it.
+    /// `None` if no reserve is held; `WouldBlock` if nothing is queued
+    /// (at the limit `accept` fails with `EMFILE` before it looks).
+    pub fn accept_with_reserve(&mut self) -> Option<std::io::Result<UnixStream>> {
+        drop(self.reserve.take()?);
+        Some(self.listener.accept().map(|(conn, _)| conn))
+    }
+
+    /// Takes a descriptor back in reserve if none is held; whether one is.
+    /// The first failure (after a success) is said.
+    pub fn restock(&mut self) -> bool {
+        if self.reserve.is_none() {
+            self.reserve = reserve();
+            if self.reserve.is_none() && !std::mem::replace(&mut self.short, true) {
+                say(format_args!(
+                    "out of file descriptors, with none left in reserve to refuse the connections queued with: they wait until one is free"
+                ));
+            }
+        }
+        if self.reserve.is_some() {
+            self.short = false;
+        }
+        self.reserve.is_some()
     }
 
     /// Removes the path if it still names the socket bound (once; later
@@ -152,4 +191,9 @@ impl Drop for Socket {
     fn drop(&mut self) {
         self.remove();
     }
+}
+
+/// A descriptor to hold in reserve (`None` when none is free).
+fn reserve() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
 }

@@ -244,6 +244,9 @@ impl State {
             helpers_cpu_s: cpu.helpers_cpu.as_secs_f64(),
             taken_over: self.taken_over.load(SeqCst) as u64,
             keeper: self.keeper.as_ref().and_then(Keeper::status),
+            fds: process::open_fds()
+                .ok()
+                .zip(process::fd_limit().ok().map(|l| l.soft)),
         }
     }
 
