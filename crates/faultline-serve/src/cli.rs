@@ -415,6 +415,7 @@ impl ServeArgs {
                 VerifyArg::Full => Verify::Full,
             },
             json: self.json.clone(),
+            summaries: self.json.is_some(),
             takeover: self.takeover,
             fd_store: self.fd_store,
             metrics: self.metrics.clone(),

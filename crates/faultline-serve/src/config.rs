@@ -115,6 +115,11 @@ pub struct ServeConfig {
     pub verify: Verify,
     /// Write every peer's summary here (JSON) on exit.
     pub json: Option<PathBuf>,
+    /// Keep every peer's summary for [`Server::run`](crate::Server::run)
+    /// to give (with `json` they are kept anyway). Off, a serve that runs
+    /// for months keeps nothing of each VM it served once it is gone
+    /// (`faultline-serve` keeps them only with `--json`). Default on.
+    pub summaries: bool,
     /// Takeover: deposit every peer with a keeper process (started by the
     /// first serve: this program run again as a keeper, see
     /// [`keeper`](crate::keeper); a program that sets this calls
@@ -235,6 +240,7 @@ impl ServeConfig {
             shared: None,
             verify: Verify::Sample,
             json: None,
+            summaries: true,
             takeover: false,
             keeper_wait: Duration::from_secs(30),
             fd_store: false,

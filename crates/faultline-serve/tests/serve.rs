@@ -1896,3 +1896,32 @@ fn phase_samples_stamp_each_fault_in_order_and_join_the_peers_touches() {
     }
     assert!(joined > 0, "no sampled fault joined a stamped touch");
 }
+
+/// The library's `Server::run` gives every peer's summary when the config
+/// asks (the default), and keeps none when it does not (a serve that runs
+/// for months without `--json`).
+#[test]
+fn summaries_are_kept_only_when_asked_for() {
+    use faultline_serve::{ServeConfig, Server, Source};
+    for keep in [true, false] {
+        let dir = Dir::new(&format!("summaries-{keep}"), 8 * MIB);
+        let mut config = ServeConfig::new(dir.sock(), Source::Mem(dir.path("mem")));
+        config.peers = Some(2);
+        config.timeout = Duration::from_secs(20);
+        config.summaries = keep;
+        let server = Server::start(config).expect("starting serve in process");
+        let run = std::thread::spawn(move || server.run());
+        for name in ["a", "b"] {
+            let mut p = peer(&dir, name, &["--threads", "2", "--verify-all"]);
+            assert_ok(&mut p, &dir);
+        }
+        let summaries = run.join().unwrap().expect("serve's run");
+        match keep {
+            true => {
+                assert_eq!(summaries.len(), 2);
+                assert!(summaries.iter().all(|s| s.outcome.starts_with("hung up")));
+            }
+            false => assert!(summaries.is_empty()),
+        }
+    }
+}

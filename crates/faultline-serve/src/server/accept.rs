@@ -219,16 +219,12 @@ fn refuse(
     drop(held);
     state.unwatch(n);
     state.counters.refused(why.reason());
-    state
-        .summaries
-        .lock()
-        .expect("summaries")
-        .push(PeerSummary {
-            peer: n,
-            pid,
-            outcome: format!("refused ({fate}): {why}"),
-            ..Default::default()
-        });
+    state.keep(PeerSummary {
+        peer: n,
+        pid,
+        outcome: format!("refused ({fate}): {why}"),
+        ..Default::default()
+    });
     state.finished.fetch_add(1, SeqCst);
 }
 

@@ -166,10 +166,10 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
     super::recording::at_end(state, peer, n);
     super::dirty::at_end(state, peer, n, &outcome);
     state.engine.remove(peer.id());
-    // Served no more: what serve keeps of it is its summary (a serve that
-    // runs for months keeps no list of every VM it served to look in).
+    // Served no more: what serve keeps of it is at most its summary (see
+    // `State::keep`).
     state.forget(peer.id());
     state.unwatch(n);
-    state.summaries.lock().expect("summaries").push(summary);
+    state.keep(summary);
     state.finished.fetch_add(1, SeqCst);
 }

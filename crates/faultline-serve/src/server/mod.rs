@@ -354,7 +354,8 @@ impl Server {
     /// connected for the timeout (an error), or a stop was asked and its
     /// grace period is over; then ends the peers still served (see the
     /// module docs), removes the socket and writes the summaries
-    /// (`json`). Gives the summaries.
+    /// (`json`). Gives the summaries (empty unless `summaries` or `json`
+    /// is set in the config).
     pub fn run(self) -> Result<Vec<PeerSummary>, ServeError> {
         let Server {
             state,

@@ -257,6 +257,15 @@ impl State {
         (connected, self.finished.load(SeqCst))
     }
 
+    /// Keeps the summary of a peer done with, for `--json` and
+    /// [`Server::run`](super::Server::run), when the config asks for them:
+    /// otherwise a serve that runs for months keeps nothing per VM.
+    pub fn keep(&self, summary: PeerSummary) {
+        if self.config.summaries || self.config.json.is_some() {
+            self.summaries.lock().expect("summaries").push(summary);
+        }
+    }
+
     /// Holds the process at the other end of connection `n` (`conn`) as a
     /// pidfd (`SO_PEERPIDFD`), so a kill of peer `n` reaches that process
     /// and never one that was given its pid after it exited.
