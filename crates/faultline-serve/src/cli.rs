@@ -498,6 +498,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     block_signals()?;
     // The stop signals too (faultline_cli_support::cleanup).
     faultline_cli_support::cleanup::install().context("taking SIGINT, SIGTERM and SIGHUP")?;
+    end_on_panic();
     let server = Server::start(args.config()?)?;
     for (sig, name, ask) in REQUESTS {
         let handle = server.request_handle();
@@ -514,4 +515,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     faultline_cli_support::cleanup::on_stop(move |sig| stop.stop(sig));
     server.run()?;
     Ok(())
+}
+
+/// A panic on any of serve's threads is a bug, and a handler thread that
+/// unwinds leaves the VMMs it served with nobody reading their faults
+/// while serve looks alive: hung, and no keeper steps in. The process
+/// ends at once instead (`abort`, after the panic's message), so its
+/// supervisor sees it die and, with `--takeover`, the next serve takes
+/// every VMM over. (A program that embeds [`Server`] should do the same.)
+fn end_on_panic() {
+    let said = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        said(info);
+        crate::server::say(format_args!(
+            "a thread panicked (a bug: please report it): serve ends now rather than leave the VMMs that thread served hanging; with --takeover the next serve takes them over"
+        ));
+        std::process::abort();
+    }));
 }

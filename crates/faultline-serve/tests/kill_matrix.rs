@@ -15,6 +15,7 @@
 //! | `prefetch-run:N` | mid-prefetch of the 4th peer (N past 3 peers' runs) |
 //! | `remove-journaled:30` | right after a REMOVE was journaled, before serve acted on it; REMOVE storms and balloons |
 //! | `connection-accepted:3` | the window takeover leaves: a connection accepted and not deposited; that peer hangs |
+//! | `fault-read:40!panic` | a handler thread panics (a bug) with a fault read: serve aborts rather than leave that thread's peers unserved |
 //!
 //! Every wait is bounded; every process (the keeper too) is stopped by its
 //! pid at the end, also when an assertion fails. `FAULTLINE_KILL_LOOPS=20`
@@ -110,6 +111,16 @@ fn assert_died_at(s: &mut Proc, dir: &Dir, name: &str) {
     assert!(log.contains(&format!("failpoint {name}: SIGKILL")), "{log}");
 }
 
+/// Waits for serve to end of a panic at failpoint `name` on one of its
+/// threads: aborted (SIGABRT), having said the panic and why it ends.
+fn assert_panicked_at(s: &mut Proc, dir: &Dir, name: &str) {
+    let st = s.wait(WAIT);
+    let log = dir.text("serve.err");
+    assert_eq!(st.signal(), Some(6), "serve should abort ({st}):\n{log}");
+    assert!(log.contains(&format!("failpoint {name}: a panic")), "{log}");
+    assert!(log.contains("a thread panicked (a bug"), "{log}");
+}
+
 /// Starts peer `i` with `PEER_ARGS` and `extra`.
 fn peer(dir: &Dir, i: usize, extra: &[&str]) -> Proc {
     let args = [PEER_ARGS, extra].concat();
@@ -182,7 +193,8 @@ fn loops() -> usize {
 }
 
 /// 4 peers handed off and waiting on a go file (their vCPUs not started),
-/// then `go` created: serve dies at `failpoint` while they run.
+/// then `go` created: serve dies at `failpoint` while they run (killed by
+/// it, or of its panic with `!panic`).
 fn four_running_peers(name: &str, failpoint: &str, serve_extra: &[&str], peer_extra: &[&str]) {
     for round in 0..loops() {
         let dir = Dir::new(&format!("{name}-{round}"), MEM);
@@ -194,8 +206,11 @@ fn four_running_peers(name: &str, failpoint: &str, serve_extra: &[&str], peer_ex
         let peers: Vec<Proc> = (1..=4).map(|i| peer(&dir, i, &extra)).collect();
         wait_count(&dir, "serve.err", "): serving ", 4);
         std::fs::write(&go, b"").expect("the go file");
-        let fp = failpoint.split(':').next().expect("a name");
-        assert_died_at(&mut s, &dir, fp);
+        let fp = failpoint.split([':', '!']).next().expect("a name");
+        match failpoint.ends_with("!panic") {
+            true => assert_panicked_at(&mut s, &dir, fp),
+            false => assert_died_at(&mut s, &dir, fp),
+        }
         take_over_and_finish(&dir, &keeper, 4, peers, &[], serve_extra, None);
     }
 }
@@ -205,6 +220,15 @@ fn four_running_peers(name: &str, failpoint: &str, serve_extra: &[&str], peer_ex
 #[test]
 fn killed_with_faults_in_flight_every_peer_finishes() {
     four_running_peers("kill-fault-read", "fault-read:40", &[], &[]);
+}
+
+/// A handler thread panics (a bug) with fault messages read and not
+/// answered: serve ends (its VMMs would otherwise hang with no one
+/// reading their faults while serve looked alive), and the next serve
+/// takes every peer over.
+#[test]
+fn a_handler_thread_that_panics_ends_serve_and_the_next_takes_over() {
+    four_running_peers("panic-fault-read", "fault-read:40!panic", &[], &[]);
 }
 
 /// Serve dies right after journaling a REMOVE, before its bookkeeping (the

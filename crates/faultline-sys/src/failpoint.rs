@@ -13,6 +13,9 @@
 //! 3. Without the variable, a hit is one relaxed atomic load (the state
 //!    is cached after the first read), so the points stay compiled in
 //!    release builds.
+//! 4. `NAME!panic` (or `NAME:N!panic`) panics at that hit instead, on the
+//!    thread that hit it: a bug's panic, for tests of what a process does
+//!    when one of its threads dies.
 //!
 //! ```text
 //!  FAULTLINE_FAILPOINT=fault-read:200
@@ -29,13 +32,24 @@ pub const ENV: &str = "FAULTLINE_FAILPOINT";
 
 /// 0: not read yet; 1: no failpoint armed; 2: one is (see [`ARMED`]).
 static STATE: AtomicU8 = AtomicU8::new(0);
-/// The armed point's name and the hit that fires.
-static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
+/// The armed point's name, the hit that fires, and whether it panics
+/// (rather than kill the process).
+static ARMED: OnceLock<Option<(String, u64, bool)>> = OnceLock::new();
 /// Hits of the armed point so far.
 static HITS: AtomicU64 = AtomicU64::new(0);
 
+/// Parses `NAME` or `NAME:N` (N at least 1), either followed by `!panic`.
+fn parse(v: &str) -> Option<(String, u64, bool)> {
+    let (v, panics) = match v.strip_suffix("!panic") {
+        Some(v) => (v, true),
+        None => (v, false),
+    };
+    let (name, n) = parse_count(v)?;
+    Some((name, n, panics))
+}
+
 /// Parses `NAME` or `NAME:N` (N at least 1).
-fn parse(v: &str) -> Option<(String, u64)> {
+fn parse_count(v: &str) -> Option<(String, u64)> {
     match v.rsplit_once(':') {
         Some((name, n)) => {
             let n: u64 = n.parse().ok().filter(|&n| n >= 1)?;
@@ -45,12 +59,12 @@ fn parse(v: &str) -> Option<(String, u64)> {
     }
 }
 
-fn armed() -> Option<&'static (String, u64)> {
+fn armed() -> Option<&'static (String, u64, bool)> {
     let a = ARMED.get_or_init(|| {
         let v = std::env::var(ENV).ok()?;
         let parsed = parse(&v);
         if parsed.is_none() {
-            eprintln!("{ENV}={v:?}: not NAME or NAME:N (N >= 1); no failpoint armed");
+            eprintln!("{ENV}={v:?}: not NAME or NAME:N (N >= 1), with or without !panic; no failpoint armed");
         }
         parsed
     });
@@ -59,7 +73,8 @@ fn armed() -> Option<&'static (String, u64)> {
 }
 
 /// Failpoint `name` (see the module docs): kills this process with
-/// `SIGKILL` when it is the armed point and this is its `N`th hit.
+/// `SIGKILL` (or panics) when it is the armed point and this is its
+/// `N`th hit.
 #[inline]
 pub fn hit(name: &str) {
     if STATE.load(Relaxed) == 1 {
@@ -70,11 +85,14 @@ pub fn hit(name: &str) {
 
 #[cold]
 fn fire(name: &str) {
-    let Some((armed, at)) = armed() else {
+    let Some((armed, at, panics)) = armed() else {
         return;
     };
     if armed != name || HITS.fetch_add(1, Relaxed) + 1 != *at {
         return;
+    }
+    if *panics {
+        panic!("failpoint {name}: a panic, as asked ({ENV})");
     }
     eprintln!(
         "failpoint {name}: SIGKILL at {} ns (CLOCK_MONOTONIC)",
@@ -98,8 +116,20 @@ mod tests {
 
     #[test]
     fn names_and_counts_parse_and_nonsense_is_refused() {
-        assert_eq!(parse("fault-read"), Some(("fault-read".into(), 1)));
-        assert_eq!(parse("fault-read:200"), Some(("fault-read".into(), 200)));
+        assert_eq!(parse("fault-read"), Some(("fault-read".into(), 1, false)));
+        assert_eq!(
+            parse("fault-read:200"),
+            Some(("fault-read".into(), 200, false))
+        );
+        assert_eq!(
+            parse("fault-read:7!panic"),
+            Some(("fault-read".into(), 7, true))
+        );
+        assert_eq!(
+            parse("fault-read!panic"),
+            Some(("fault-read".into(), 1, true))
+        );
+        assert_eq!(parse("!panic"), None);
         assert_eq!(parse("fault-read:0"), None);
         assert_eq!(parse("fault-read:x"), None);
         assert_eq!(parse(":3"), None);

@@ -79,7 +79,7 @@ use crate::keeper::{Joined, Keeper, KeeperError, Spec, Taken};
 use crate::metrics::{Endpoint, Exposition, ServerCounters};
 use crate::record;
 use crate::summary::PeerSummary;
-use log::say;
+pub(crate) use log::say;
 use socket::Socket;
 use state::{Recorder, State};
 
