@@ -987,9 +987,22 @@ pub fn run(spec: &Spec) -> Result<(), KeeperError> {
             }
             keep
         });
-        while let Ok((conn, _)) = listener.accept() {
-            if let Err(e) = serve_request(conn, &mut k) {
-                say(format_args!("a request failed: {e}"));
+        loop {
+            match listener.accept() {
+                Ok((conn, _)) => {
+                    if let Err(e) = serve_request(conn, &mut k) {
+                        say(format_args!("a request failed: {e}"));
+                    }
+                }
+                // Out of descriptors the request stays queued and the
+                // listener readable: tried again a while later, not in a
+                // loop around poll (serve's request times out meanwhile,
+                // and serve says so).
+                Err(e) if process::out_of_fds(&e) => {
+                    std::thread::sleep(Duration::from_millis(50));
+                    break;
+                }
+                Err(_) => break,
             }
         }
         let waiting = k.listener.as_ref().is_some_and(|(l, _)| queued(l));
