@@ -189,8 +189,10 @@ fn start(
     shard: bool,
     cpu: fn(usize, &[usize]) -> Option<usize>,
 ) -> Result<()> {
+    // Only sharded threads hand faults over (per-cpu threads resolve what
+    // they read): no inbox, no eventfd, for them.
     let mut inboxes = Vec::new();
-    for _ in 0..n {
+    for _ in 0..if shard { n } else { 0 } {
         inboxes.push(Arc::new(Inbox {
             queue: Mutex::new(VecDeque::new()),
             bell: EventFd::new().map_err(|e| Error::Io {
@@ -217,20 +219,23 @@ fn start(
             if pin {
                 let _ = pin_within(|cpus| cpu(me, cpus));
             }
-            let mine = h.serve.inboxes[me].clone();
+            let mine = h.serve.inboxes.get(me).cloned();
+            // Without an inbox, its slot polls nothing (a negative fd).
+            let bell = mine.as_ref().map_or(-1, |ib| ib.bell.raw());
             let mut rev = [0i16; 3];
             let mut handed = VecDeque::new();
             while !stop.is_set() {
                 let Ok(next_due) = h.retry_deferred();
                 let timeout = poll_timeout(next_due, 1000);
-                if let Err(e) = poll_in(&[fd, mine.bell.raw(), wake.raw()], timeout, &mut rev) {
+                if let Err(e) = poll_in(&[fd, bell, wake.raw()], timeout, &mut rev) {
                     fail_closed(|w| {
                         use std::fmt::Write;
                         let _ = write!(w, "poll on the userfaultfd failed: {e}");
                     });
                 }
-                mine.bell.drain();
                 while let Ok(1..) = h.read(&(), || ()) {}
+                let Some(mine) = &mine else { continue };
+                mine.bell.drain();
                 std::mem::swap(
                     &mut handed,
                     &mut *mine.queue.lock().unwrap_or_else(|p| p.into_inner()),
