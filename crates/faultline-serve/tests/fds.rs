@@ -14,6 +14,18 @@ const SERVE: &[&str] = &[env!("CARGO_BIN_EXE_faultline-serve")];
 const PEER: &[&str] = &[env!("CARGO_BIN_EXE_faultline-peer")];
 const MIB: usize = 1 << 20;
 
+/// The keeper (serve's child, not ours), killed by its pid on drop if it
+/// is still there.
+struct KeeperGuard(i32);
+
+impl Drop for KeeperGuard {
+    fn drop(&mut self) {
+        if process::alive(self.0) {
+            let _ = process::kill(self.0, process::SIGKILL);
+        }
+    }
+}
+
 /// A peer that verifies every byte of its memory on one vCPU, then stays
 /// connected (served) for `hold_ms`.
 fn holding_peer(dir: &Dir, name: &str, hold_ms: &str) -> Proc {
@@ -106,18 +118,31 @@ fn serve_raises_its_descriptor_limit_and_serves_more_vmms_than_the_soft_one_allo
 #[test]
 fn a_vmm_past_serves_descriptor_limit_is_refused_and_killed_and_later_ones_served() {
     for max in [48, 49, 50] {
-        at_the_limit(max);
+        at_the_limit(max, false);
     }
 }
 
-/// One round of the test above at a hard limit of `max`.
-fn at_the_limit(max: u64) {
-    let dir = Dir::new(&format!("fd-limit-{max}"), 8 * MIB);
+/// The same with `--takeover` (7 descriptors a VMM in serve, 4 in its
+/// keeper, which inherits the limit) at 60, 61, ... 66: a VMM serve
+/// cannot take is refused whichever step runs out, depositing it with
+/// the keeper too (never "served without takeover").
+#[test]
+fn with_takeover_a_vmm_past_the_limit_is_refused_not_served_unprotected() {
+    for max in 60..67 {
+        at_the_limit(max, true);
+    }
+}
+
+/// One round of the tests above at a hard limit of `max`.
+fn at_the_limit(max: u64, takeover: bool) {
+    let dir = Dir::new(&format!("fd-limit-{max}-{takeover}"), 8 * MIB);
     let limit = FdLimit {
         soft: max,
         hard: max,
     };
-    let mut s = testing::serve_with_fd_limit(&dir, SERVE, &[], limit);
+    let extra: &[&str] = if takeover { &["--takeover"] } else { &[] };
+    let mut s = testing::serve_with_fd_limit(&dir, SERVE, extra, limit);
+    let keeper = takeover.then(|| KeeperGuard(testing::keeper_pid(&dir)));
     dir.wait_for(
         "serve.err",
         &format!("open files: limit {max} (hard): about"),
@@ -167,7 +192,14 @@ fn at_the_limit(max: u64) {
         silent.push(std::os::unix::net::UnixStream::connect(dir.sock()).unwrap());
     }
     let mut refused = holding_peer(&dir, "at-accept", "0");
-    killed(&mut refused, "(accept: Too many open files");
+    // With a keeper the deposit (a connection to it, duplicates) may be
+    // the step that runs out: a silent connection refused there frees
+    // what `accept` then takes.
+    let step = match takeover {
+        false => "(accept: Too many open files",
+        true => "",
+    };
+    killed(&mut refused, step);
     drop(silent);
     let log = dir.text("serve.err");
     // Said once, not a line per poll round.
@@ -191,4 +223,10 @@ fn at_the_limit(max: u64) {
     }
     process::kill(s.pid() as i32, SIGTERM).unwrap();
     assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(!log.contains("served without takeover"), "{log}");
+    if let Some(k) = keeper {
+        // Its peers gone, it exits.
+        testing::wait_exited(k.0, "the keeper");
+    }
 }

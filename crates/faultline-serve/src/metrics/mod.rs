@@ -424,7 +424,7 @@ impl Collector for Exposition {
             process.extend([
                 (
                     "process_open_fds",
-                    "Number of open file descriptors (a VMM served takes 3, 4 with --takeover)",
+                    "Number of open file descriptors (a VMM served takes 3, 7 with --takeover)",
                     g,
                     open as f64,
                 ),

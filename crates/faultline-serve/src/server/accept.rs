@@ -67,17 +67,11 @@ impl Refusal {
         if matches!(self, Refusal::Receive(ReceiveError::OutOfFds(_))) {
             return self;
         }
-        let mut e: Option<&(dyn std::error::Error + 'static)> = Some(&self);
-        while let Some(x) = e {
-            if x.downcast_ref::<std::io::Error>()
-                .is_some_and(faultline_sys::process::out_of_fds)
-            {
-                let o = receive::OutOfFds::said(Some(self.to_string()));
-                return Refusal::Receive(ReceiveError::OutOfFds(o));
-            }
-            e = x.source();
+        if !receive::out_of_fds(&self) {
+            return self;
         }
-        self
+        let o = receive::OutOfFds::said(Some(self.to_string()));
+        Refusal::Receive(ReceiveError::OutOfFds(o))
     }
 
     /// The reason label of the metrics' `faultline_handoffs_refused`.
@@ -138,6 +132,11 @@ pub fn handle(
     let held = conn.try_clone();
     let kept = match kept {
         Ok(kept) => kept,
+        // Out of descriptors, its hand-off cannot be received either.
+        Err(e) if receive::out_of_fds(&e) => {
+            let why = refusal_out_of_fds(&conn, format!("depositing it with the keeper: {e}"));
+            return refuse(state, n, pid, &why, held.ok(), None);
+        }
         // Killing it would be sure to lose it; serving it loses it only if
         // this serve dies.
         Err(e) => {
@@ -152,29 +151,38 @@ pub fn handle(
     }
 }
 
-/// How long a connection accepted with serve's reserve descriptor may
-/// take to show whether it handed something over.
+/// How long a connection serve cannot take a hand-off from may take to
+/// show whether it handed something over.
 const SHED_WAIT_MS: i32 = 100;
 
 /// Connection `n`, accepted with the descriptor serve keeps in reserve
 /// because it had no other (`e`: `EMFILE`): the userfaultfd it sends cannot be
 /// received (the kernel drops descriptors a process cannot install), and
-/// left queued its VMM would hang. Refused: killed if it sent its
-/// hand-off (within [`SHED_WAIT_MS`]), as any peer whose hand-off failed;
-/// not a peer if it hung up. Nothing here takes a descriptor.
+/// left queued its VMM would hang. Refused ([`refusal_out_of_fds`]). Nothing here
+/// takes a descriptor.
 pub fn shed(state: &State, n: usize, conn: UnixStream, e: &std::io::Error) {
     let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
-    let why = match receive::readable_within(&conn, SHED_WAIT_MS) {
+    let why = refusal_out_of_fds(&conn, format!("accept: {e}"));
+    refuse(state, n, pid, &why, Some(conn), None);
+}
+
+/// Why `conn` is refused when serve, out of descriptors (at the step
+/// `during` says), cannot take its hand-off: as one whose hand-off failed
+/// (killed) if it sent it within [`SHED_WAIT_MS`]; no peer if it hung up
+/// (another serve checking whether the socket is in use); silent (not
+/// killed) if nothing came.
+fn refusal_out_of_fds(conn: &UnixStream, during: String) -> Refusal {
+    let why = match receive::readable_within(conn, SHED_WAIT_MS) {
         false => ReceiveError::Silent(std::time::Duration::from_millis(SHED_WAIT_MS as u64)),
         // Its bytes only: at the limit, the kernel installs none of the
         // descriptors a peek would duplicate.
         true => match sock::peek_with_fds(conn.as_fd(), &mut [0u8; 1], true) {
             Ok(got) if got.bytes == 0 && got.fds.is_empty() => ReceiveError::HungUp,
-            Ok(_) => ReceiveError::OutOfFds(receive::OutOfFds::said(Some(format!("accept: {e}")))),
+            Ok(_) => ReceiveError::OutOfFds(receive::OutOfFds::said(Some(during))),
             Err(e) => ReceiveError::Recv(e),
         },
     };
-    refuse(state, n, pid, &why.into(), Some(conn), None);
+    why.into()
 }
 
 /// Tells the keeper connection `n` (its id there: `kept`) is done with.

@@ -43,7 +43,7 @@ pub struct Received {
 /// allows: a hand-off's userfaultfd cannot be received.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "serve is out of file descriptors ({} open, limit {limit}; a VMM takes 3, 4 with --takeover): raise serve's limit (LimitNOFILE= of its unit, ulimit -Hn){}",
+    "serve is out of file descriptors ({} open, limit {limit}; a VMM takes 3, 7 with --takeover): raise serve's limit (LimitNOFILE= of its unit, ulimit -Hn){}",
     open.map_or("all".to_string(), |n| n.to_string()),
     during.as_ref().map_or(String::new(), |d| format!(" ({d})"))
 )]
@@ -91,6 +91,21 @@ impl OutOfFds {
             })
         }
     }
+}
+
+/// Whether `e` was caused by this process's descriptors running out
+/// (`EMFILE`, `ENFILE` anywhere in its chain of sources).
+pub fn out_of_fds(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut e = Some(e);
+    while let Some(x) = e {
+        if x.downcast_ref::<std::io::Error>()
+            .is_some_and(faultline_sys::process::out_of_fds)
+        {
+            return true;
+        }
+        e = x.source();
+    }
+    false
 }
 
 /// Why a hand-off could not be received (each a refusal of the peer).
