@@ -227,3 +227,31 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
     assert!(log.contains("metrics on unix:"), "{log}");
     assert!(!msock.exists(), "the metrics socket outlived serve");
 }
+
+/// A handler thread held on one fault (its store read not returning: a
+/// failpoint sleeps 2.5 s in it): serve says so once it has been a
+/// second, `faultline_handler_busy_seconds` shows it meanwhile, serve
+/// says when the thread is back, and the peer finishes with every byte
+/// right.
+#[test]
+fn a_handler_thread_held_on_one_fault_is_said_and_shown() {
+    let dir = Dir::new("stuck", 16 * MIB);
+    let msock = dir.path("metrics.sock");
+    let extra = ["--timeout", "20", "--peers", "1", "--metrics"];
+    let args = testing::command(&dir, &[&extra[..], &[msock.to_str().unwrap()]].concat());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env = [(faultline_sys::failpoint::ENV, "fault-read:20!sleep=2500")];
+    let mut s = testing::Proc::start_with_env("serve", SERVE, &args, &env, &dir.path("serve.err"));
+    dir.wait_for("serve.err", "listening on");
+    let mut p = testing::peer(&dir, PEER, "p", &["--threads", "2", "--verify-all"]);
+    dir.wait_for("serve.err", "has been on one fault of peer 1");
+    let text = scrape(&MetricsAddr::Unix(msock.clone())).expect("scraping --metrics");
+    let m = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("parsing the scrape");
+    let busy = value(&m, "faultline_handler_busy_seconds", &[]);
+    assert!((1.0..2.5).contains(&busy), "{busy}\n{text}");
+    dir.wait_for("serve.err", "handler thread 0 is back, after 2.");
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert_eq!(log.matches("has been on one fault").count(), 1, "{log}");
+}

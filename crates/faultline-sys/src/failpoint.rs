@@ -15,7 +15,9 @@
 //!    release builds.
 //! 4. `NAME!panic` (or `NAME:N!panic`) panics at that hit instead, on the
 //!    thread that hit it: a bug's panic, for tests of what a process does
-//!    when one of its threads dies.
+//!    when one of its threads dies. `NAME!sleep=MS` blocks that thread for
+//!    MS milliseconds: a read that does not return (a hung disk, a store
+//!    that stopped answering), for tests of what is said meanwhile.
 //!
 //! ```text
 //!  FAULTLINE_FAILPOINT=fault-read:200
@@ -32,20 +34,32 @@ pub const ENV: &str = "FAULTLINE_FAILPOINT";
 
 /// 0: not read yet; 1: no failpoint armed; 2: one is (see [`ARMED`]).
 static STATE: AtomicU8 = AtomicU8::new(0);
-/// The armed point's name, the hit that fires, and whether it panics
-/// (rather than kill the process).
-static ARMED: OnceLock<Option<(String, u64, bool)>> = OnceLock::new();
+/// The armed point's name, the hit that fires, and what it does.
+static ARMED: OnceLock<Option<(String, u64, Action)>> = OnceLock::new();
 /// Hits of the armed point so far.
 static HITS: AtomicU64 = AtomicU64::new(0);
 
-/// Parses `NAME` or `NAME:N` (N at least 1), either followed by `!panic`.
-fn parse(v: &str) -> Option<(String, u64, bool)> {
-    let (v, panics) = match v.strip_suffix("!panic") {
-        Some(v) => (v, true),
-        None => (v, false),
+/// What an armed point does at the hit that fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    /// `SIGKILL` to its own process.
+    Kill,
+    /// A panic on the thread that hit it (`!panic`).
+    Panic,
+    /// That thread sleeps this many milliseconds (`!sleep=MS`).
+    Sleep(u64),
+}
+
+/// Parses `NAME` or `NAME:N` (N at least 1), either followed by `!panic`
+/// or `!sleep=MS`.
+fn parse(v: &str) -> Option<(String, u64, Action)> {
+    let (v, action) = match v.split_once('!') {
+        None => (v, Action::Kill),
+        Some((v, "panic")) => (v, Action::Panic),
+        Some((v, a)) => (v, Action::Sleep(a.strip_prefix("sleep=")?.parse().ok()?)),
     };
     let (name, n) = parse_count(v)?;
-    Some((name, n, panics))
+    Some((name, n, action))
 }
 
 /// Parses `NAME` or `NAME:N` (N at least 1).
@@ -59,12 +73,12 @@ fn parse_count(v: &str) -> Option<(String, u64)> {
     }
 }
 
-fn armed() -> Option<&'static (String, u64, bool)> {
+fn armed() -> Option<&'static (String, u64, Action)> {
     let a = ARMED.get_or_init(|| {
         let v = std::env::var(ENV).ok()?;
         let parsed = parse(&v);
         if parsed.is_none() {
-            eprintln!("{ENV}={v:?}: not NAME or NAME:N (N >= 1), with or without !panic; no failpoint armed");
+            eprintln!("{ENV}={v:?}: not NAME or NAME:N (N >= 1), then nothing, !panic or !sleep=MS; no failpoint armed");
         }
         parsed
     });
@@ -73,8 +87,8 @@ fn armed() -> Option<&'static (String, u64, bool)> {
 }
 
 /// Failpoint `name` (see the module docs): kills this process with
-/// `SIGKILL` (or panics) when it is the armed point and this is its
-/// `N`th hit.
+/// `SIGKILL` (or panics, or sleeps) when it is the armed point and this
+/// is its `N`th hit.
 #[inline]
 pub fn hit(name: &str) {
     if STATE.load(Relaxed) == 1 {
@@ -85,14 +99,20 @@ pub fn hit(name: &str) {
 
 #[cold]
 fn fire(name: &str) {
-    let Some((armed, at, panics)) = armed() else {
+    let Some((armed, at, action)) = armed() else {
         return;
     };
     if armed != name || HITS.fetch_add(1, Relaxed) + 1 != *at {
         return;
     }
-    if *panics {
-        panic!("failpoint {name}: a panic, as asked ({ENV})");
+    match *action {
+        Action::Kill => {}
+        Action::Panic => panic!("failpoint {name}: a panic, as asked ({ENV})"),
+        Action::Sleep(ms) => {
+            eprintln!("failpoint {name}: this thread sleeps {ms} ms");
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            return;
+        }
     }
     eprintln!(
         "failpoint {name}: SIGKILL at {} ns (CLOCK_MONOTONIC)",
@@ -116,19 +136,14 @@ mod tests {
 
     #[test]
     fn names_and_counts_parse_and_nonsense_is_refused() {
-        assert_eq!(parse("fault-read"), Some(("fault-read".into(), 1, false)));
-        assert_eq!(
-            parse("fault-read:200"),
-            Some(("fault-read".into(), 200, false))
-        );
-        assert_eq!(
-            parse("fault-read:7!panic"),
-            Some(("fault-read".into(), 7, true))
-        );
-        assert_eq!(
-            parse("fault-read!panic"),
-            Some(("fault-read".into(), 1, true))
-        );
+        let fr = |n, a| Some(("fault-read".to_string(), n, a));
+        assert_eq!(parse("fault-read"), fr(1, Action::Kill));
+        assert_eq!(parse("fault-read:200"), fr(200, Action::Kill));
+        assert_eq!(parse("fault-read:7!panic"), fr(7, Action::Panic));
+        assert_eq!(parse("fault-read!panic"), fr(1, Action::Panic));
+        assert_eq!(parse("fault-read:3!sleep=2500"), fr(3, Action::Sleep(2500)));
+        assert_eq!(parse("fault-read!sleep"), None);
+        assert_eq!(parse("fault-read!stop"), None);
         assert_eq!(parse("!panic"), None);
         assert_eq!(parse("fault-read:0"), None);
         assert_eq!(parse("fault-read:x"), None);

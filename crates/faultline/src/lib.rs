@@ -114,8 +114,8 @@ pub use foreign::snapshot;
 pub use foreign::{
     prepare_store, prepare_store_until, DirtySet, FaultKinds, FaultPhases, ForeignEngine,
     ForeignEngineConfig, ForeignError, ForeignOptions, ForeignPeer, ForeignRegionSpec, ForeignUffd,
-    HandlerStats, HandlerWait, PeerBacking, PeerEvent, PeerStats, PeerTimes, PrefetchPlan,
-    ServiceTimes, SharedSnapshot, SnapshotError, Verify, DIRTY_PAGE, HUGE_WINDOW,
+    HandlerBusy, HandlerStats, HandlerWait, PeerBacking, PeerEvent, PeerStats, PeerTimes,
+    PrefetchPlan, ServiceTimes, SharedSnapshot, SnapshotError, Verify, DIRTY_PAGE, HUGE_WINDOW,
     SERVICE_BOUNDS_NS, SERVICE_BUCKETS,
 };
 pub use page::{MemoryKind, PageSize, ResolveOp};

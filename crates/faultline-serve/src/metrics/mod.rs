@@ -37,6 +37,7 @@
 //! | `faultline_peers_connected` | gauge | peers being served now |
 //! | `faultline_peers_accepted`, `faultline_peers_finished` | counter | connections accepted; done with |
 //! | `faultline_handoffs_refused{reason}` | counter | hand-offs refused, by the step that refused them |
+//! | `faultline_handler_busy_seconds` | gauge | the longest a handler thread has been on its current fault (0: none): the alert for a store read or kernel call that does not return |
 //! | `process_open_fds`, `process_max_fds` | gauge | descriptors open, and the limit (Prometheus's own process metrics): serve refuses VMMs at the limit |
 //! | `faultline_handler_cpu_seconds`, `faultline_prefetch_helpers_cpu_seconds` | counter | CPU time of the handler threads (the price of `--engine`'s spinning) and of the prefetch helpers (prefetch, pieces of long windows), all peers |
 
@@ -100,6 +101,9 @@ pub struct Sample {
     pub keeper: Option<KeeperStatus>,
     /// Descriptors open and the soft limit (`None`: not read).
     pub fds: Option<(u64, u64)>,
+    /// The longest a handler thread has been on the fault it resolves now,
+    /// seconds (0: none is on one).
+    pub longest_fault_s: f64,
 }
 
 /// The server's own counters (the engine keeps the peers').
@@ -418,6 +422,12 @@ impl Collector for Exposition {
             c,
             s.taken_over as f64,
         ));
+        process.push((
+            "faultline_handler_busy_seconds",
+            "The longest a handler thread has been on the fault it resolves now (0: none): above a second, its store read or the kernel is not returning, and the faults it would read next wait",
+            g,
+            s.longest_fault_s,
+        ));
         if let Some((open, max)) = s.fds {
             // The names of Prometheus's own process collector, which
             // alerts on running out of descriptors already use.
@@ -559,6 +569,7 @@ mod tests {
                 peers: 6,
             }),
             fds: Some((40, 1024)),
+            longest_fault_s: 2.5,
         })));
         let text = e.text();
         assert!(text.ends_with("# EOF\n"), "{text}");
@@ -597,6 +608,7 @@ mod tests {
         assert_eq!(num(get("faultline_peers_taken_over_total", None)), 2.0);
         assert_eq!(num(get("faultline_keeper_down", None)), 1.0);
         assert_eq!(num(get("process_open_fds", None)), 40.0);
+        assert_eq!(num(get("faultline_handler_busy_seconds", None)), 2.5);
         assert_eq!(num(get("process_max_fds", None)), 1024.0);
         assert_eq!(num(get("faultline_keeper_peers", None)), 6.0);
         assert_eq!(num(get("faultline_keepers_replaced_total", None)), 1.0);

@@ -173,3 +173,58 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
     state.keep(summary);
     state.finished.fetch_add(1, SeqCst);
 }
+
+/// How long a handler thread may stay on one fault before serve says so.
+pub const STUCK_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The handler threads serve said were stuck on one fault: (thread, when
+/// it took the fault up, the peer's number).
+#[derive(Default)]
+pub struct Stuck(Vec<(usize, u64, usize)>);
+
+impl Stuck {
+    /// Says of each handler thread on one fault for [`STUCK_AFTER`] or more
+    /// that it is (once), and of each said before that it is back: a
+    /// thread whose store read or kernel call does not return holds up
+    /// every fault it would read next, which nothing else would show.
+    pub fn look(&mut self, state: &State) {
+        let now = faultline_sys::monotonic_ns();
+        let busy = state.engine.busy();
+        self.0.retain(|&(thread, since, n)| {
+            let still = busy
+                .iter()
+                .any(|b| b.thread == thread && b.since_ns == since);
+            if !still {
+                say(format_args!(
+                    "handler thread {thread} is back, after {:.1}s on one fault of peer {n}",
+                    now.saturating_sub(since) as f64 / 1e9
+                ));
+            }
+            still
+        });
+        for b in busy {
+            let age = now.saturating_sub(b.since_ns);
+            let said = self
+                .0
+                .iter()
+                .any(|&(t, since, _)| t == b.thread && since == b.since_ns);
+            if said || age < STUCK_AFTER.as_nanos() as u64 {
+                continue;
+            }
+            let Served { n, pid, .. } = state.lookup(b.peer);
+            let others = state
+                .engine
+                .peers()
+                .iter()
+                .filter(|p| p.id() != b.peer)
+                .count();
+            say(format_args!(
+                "handler thread {} has been on one fault of peer {n} (pid {pid}) for {:.1}s: the store (or the kernel) has not returned; until it does, the faults that thread would read next wait ({} other peer(s) served)",
+                b.thread,
+                age as f64 / 1e9,
+                others
+            ));
+            self.0.push((b.thread, b.since_ns, n));
+        }
+    }
+}

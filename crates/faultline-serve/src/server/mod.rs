@@ -451,7 +451,9 @@ fn serve(
     let mut idle_since = Some(Instant::now());
     let mut socket = Some(socket);
     let mut stopping: Option<(i32, Instant)> = None;
+    let mut stuck = events::Stuck::default();
     loop {
+        stuck.look(state);
         match &mut socket {
             Some(sock) => {
                 let mut fds = [PollFd {

@@ -244,6 +244,14 @@ impl State {
             helpers_cpu_s: cpu.helpers_cpu.as_secs_f64(),
             taken_over: self.taken_over.load(SeqCst) as u64,
             keeper: self.keeper.as_ref().and_then(Keeper::status),
+            longest_fault_s: {
+                let now = faultline_sys::monotonic_ns();
+                let busy = self.engine.busy().into_iter();
+                busy.map(|b| now.saturating_sub(b.since_ns))
+                    .max()
+                    .unwrap_or(0) as f64
+                    / 1e9
+            },
             fds: process::open_fds()
                 .ok()
                 .zip(process::fd_limit().ok().map(|l| l.soft)),

@@ -95,7 +95,7 @@
 
 use std::cell::Cell;
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::sync::atomic::{AtomicI32, AtomicU64};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -137,6 +137,29 @@ struct Slot {
     tid: AtomicI32,
     /// The CPU it is pinned to ([`ForeignEngineConfig::pin`]).
     cpu: Option<usize>,
+    /// The fault it is resolving now (see [`ForeignEngine::busy`]).
+    busy: Arc<BusyOn>,
+}
+
+/// What a handler thread is resolving now: `CLOCK_MONOTONIC` ns when it
+/// took the fault up (0: none) and the peer's id. Written at the start
+/// and end of every fault (two relaxed stores each), read by whoever
+/// watches for a thread that does not come back.
+#[derive(Default)]
+struct BusyOn {
+    since_ns: AtomicU64,
+    peer: AtomicU64,
+}
+
+/// A handler thread busy on one fault ([`ForeignEngine::busy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandlerBusy {
+    /// The thread (`fl-handler-N`).
+    pub thread: usize,
+    /// The peer whose fault it is.
+    pub peer: u64,
+    /// When it took the fault up (`CLOCK_MONOTONIC` ns).
+    pub since_ns: u64,
 }
 
 /// What the handler threads of a [`ForeignEngine`] cost, summed over the
@@ -233,6 +256,7 @@ impl ForeignEngine {
                 empty_spins: AtomicU64::new(0),
                 tid: AtomicI32::new(0),
                 cpu: allowed.get(i % allowed.len().max(1)).copied(),
+                busy: Arc::default(),
             }));
         }
         let all = Arc::new(slots.clone());
@@ -386,6 +410,26 @@ impl ForeignEngine {
         h
     }
 
+    /// The handler threads resolving a fault now, each with the peer and
+    /// when it took the fault up. A thread on one fault for long (its
+    /// store read, or the kernel, not returning) holds up every other
+    /// fault it would read: whoever watches (serve) says so.
+    pub fn busy(&self) -> Vec<HandlerBusy> {
+        let mut busy = Vec::new();
+        for (thread, s) in self.slots.iter().enumerate() {
+            let peer = s.busy.peer.load(Relaxed);
+            let since_ns = s.busy.since_ns.load(Acquire);
+            if since_ns != 0 {
+                busy.push(HandlerBusy {
+                    thread,
+                    peer,
+                    since_ns,
+                });
+            }
+        }
+        busy
+    }
+
     /// The handler threads' ids (`gettid`), in thread order: to find them
     /// in `/proc` (their CPUs, their names `fl-handler-N`).
     pub fn handler_tids(&self) -> Vec<i32> {
@@ -431,6 +475,26 @@ struct Peers {
     scratch: Vec<u8>,
     /// TSC when the last `read(2)` returned messages (phase samples).
     read_tsc: Cell<u64>,
+    /// The fault this thread resolves now.
+    busy: Arc<BusyOn>,
+}
+
+/// Marks its thread busy on one fault until dropped (every way out of
+/// [`Peers::fault`]).
+struct BusyGuard<'a>(&'a BusyOn);
+
+impl<'a> BusyGuard<'a> {
+    fn on(busy: &'a BusyOn, peer: u64, now_ns: u64) -> BusyGuard<'a> {
+        busy.peer.store(peer, Relaxed);
+        busy.since_ns.store(now_ns, Release);
+        BusyGuard(busy)
+    }
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.since_ns.store(0, Release);
+    }
 }
 
 impl Serve for Peers {
@@ -464,6 +528,7 @@ impl Serve for Peers {
         attempt: Attempt,
     ) -> Action<String> {
         let started_ns = faultline_sys::monotonic_ns();
+        let _busy = BusyGuard::on(&self.busy, p.id(), started_ns);
         // Each install holds the peer's copy gate (`CopyGate`), so no
         // REMOVE is read by another thread while its copy is in flight.
         let (reg, page) = match p.on_fault(addr, flags, attempt != Attempt::Retry) {
@@ -572,6 +637,7 @@ impl Worker {
             tx,
             scratch: vec![0u8; cfg.scratch_bytes.max(PageSize::HUGE_2M.bytes())],
             read_tsc: Cell::new(0),
+            busy: all[index].busy.clone(),
         };
         Worker {
             index,

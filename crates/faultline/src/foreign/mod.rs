@@ -118,7 +118,7 @@ pub use config::{
     PREFETCH_CHUNK,
 };
 pub use dirty::{DirtySet, DIRTY_PAGE};
-pub use engine::{ForeignEngine, HandlerStats};
+pub use engine::{ForeignEngine, HandlerBusy, HandlerStats};
 pub use error::ForeignError;
 pub use peer::{ForeignPeer, PeerEvent, PeerStats, PeerTimes, RecordJournal, RemoveJournal};
 pub use phases::FaultPhases;
