@@ -1925,3 +1925,41 @@ fn summaries_are_kept_only_when_asked_for() {
         }
     }
 }
+
+/// The memory file truncated while serve serves a VM from it (an operator
+/// copying a new snapshot over it in place): the VM whose pages are gone
+/// is killed, and serve says what happened to the file rather than only
+/// "UFFDIO_COPY: Bad address"; serve itself goes on (no SIGBUS).
+#[test]
+fn a_memory_file_truncated_under_serve_is_said() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = Dir::new("truncated", 32 * MIB);
+    let mut s = serve(&dir, &["--peers", "1"]);
+    let args = [
+        "--threads",
+        "2",
+        "--working-set",
+        "60",
+        "--pause-at",
+        "20",
+        "--pause-ms",
+        "1000",
+    ];
+    let mut p = peer(&dir, "p", &args);
+    dir.wait_for("p.err", "paused after");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path("mem"))
+        .and_then(|f| f.set_len(0))
+        .expect("truncating the memory file");
+    let st = p.wait(WAIT);
+    assert_eq!(st.signal(), Some(9), "{st}: {}", dir.text("serve.err"));
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    let said = format!(
+        "is 0 bytes now, {} when serve started: truncated",
+        32 * MIB
+    );
+    assert!(log.contains(&said), "{log}");
+    assert_eq!(log.matches("the memory file").count(), 1, "{log}");
+}

@@ -20,6 +20,9 @@ pub fn on_event(state: &State, ev: PeerEvent) {
             say(format_args!(
                 "peer {n} (pid {pid}): serving failed: {error}"
             ));
+            if let Some(m) = &state.mem {
+                m.say_if_changed();
+            }
             let fate = state.kill(n, pid, "serve can no longer serve it");
             finish(state, &peer, format!("failed ({fate}): {error}"));
         }
@@ -53,6 +56,9 @@ pub fn on_event(state: &State, ev: PeerEvent) {
         PeerEvent::StoreError { peer, error } => {
             let Served { n, pid, .. } = state.lookup(peer.id());
             say(format_args!("peer {n} (pid {pid}): {error}"));
+            if let Some(m) = &state.mem {
+                m.say_if_changed();
+            }
         }
     }
 }

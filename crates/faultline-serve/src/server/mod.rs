@@ -173,6 +173,10 @@ impl Server {
         };
         let (store, source) = setup::open_store(&config.source)?;
         let store_len = store.len().unwrap_or(0);
+        let mem = match &config.source {
+            crate::config::Source::Mem(path) => setup::MemFile::of(path),
+            crate::config::Source::Store(_) => None,
+        };
         // Records name the memory file they were made for: one made for
         // another is refused.
         let identity = match config.record.is_some()
@@ -261,6 +265,7 @@ impl Server {
             config,
             store,
             store_len,
+            mem,
             snapshot,
             prepared,
             served_one,

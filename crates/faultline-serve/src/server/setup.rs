@@ -17,12 +17,13 @@ use crate::config::Source;
 pub fn open_store(source: &Source) -> Result<(Arc<dyn PageStore>, String), ServeError> {
     match source {
         Source::Mem(mem) => {
-            let store = FileStore::open_with(mem, 0, FileAccess::Mmap).map_err(|source| {
-                ServeError::OpenMem {
+            // Read-only: serve never writes the snapshot it serves.
+            let store = std::fs::File::open(mem)
+                .and_then(|f| FileStore::from_file(f, mem, 0, FileAccess::Mmap, false))
+                .map_err(|source| ServeError::OpenMem {
                     path: mem.clone(),
                     source,
-                }
-            })?;
+                })?;
             Ok((Arc::new(store), mem.display().to_string()))
         }
         Source::Store(url) => open_remote(url),
@@ -152,6 +153,55 @@ pub fn small_pages(path: &Path) -> Option<String> {
 fn shmem_thp_forced() -> bool {
     std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
         .is_ok_and(|s| s.contains("[force]"))
+}
+
+/// The memory file as serve opened it: to tell, when serving fails, that
+/// it was truncated or replaced since.
+pub struct MemFile {
+    path: std::path::PathBuf,
+    id: (u64, u64),
+    len: u64,
+    said: std::sync::atomic::AtomicBool,
+}
+
+impl MemFile {
+    /// `path` as it is now (serve has just opened it).
+    pub fn of(path: &std::path::Path) -> Option<MemFile> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(MemFile {
+            path: path.into(),
+            id: (m.dev(), m.ino()),
+            len: m.len(),
+            said: Default::default(),
+        })
+    }
+
+    /// Says (once) what changed in the file since serve opened it, if
+    /// anything did: a truncation makes the pages past its new end
+    /// unreadable (the `UFFDIO_COPY` from them fails, `EFAULT`), which
+    /// alone would read as serve's fault.
+    pub fn say_if_changed(&self) {
+        use std::os::unix::fs::MetadataExt;
+        let why = match std::fs::metadata(&self.path) {
+            Ok(m) if (m.dev(), m.ino()) != self.id => {
+                "is another file now (replaced while serve ran): serve reads the one it opened; VMs restored from the new one need a serve started on it".to_string()
+            }
+            Ok(m) if m.len() < self.len => format!(
+                "is {} bytes now, {} when serve started: truncated (or being rewritten in place) while serve ran, so the pages past its end are gone; serve reads it as it is, and the VMs whose pages are gone fail",
+                m.len(),
+                self.len
+            ),
+            Ok(_) => return,
+            Err(e) => format!("cannot be looked at now ({e})"),
+        };
+        if !self.said.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            say(format_args!(
+                "the memory file {} {why}",
+                self.path.display()
+            ));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -65,6 +65,8 @@ pub struct State {
     pub store: Arc<dyn PageStore>,
     /// Their length (0 when the store does not say).
     pub store_len: u64,
+    /// The memory file as opened (`--mem`).
+    pub mem: Option<super::setup::MemFile>,
     /// The shared (zero-copy) snapshot, with `--shared`.
     pub snapshot: Option<Arc<SharedSnapshot>>,
     /// The recorded set was read and mapped (or is being).
