@@ -1956,10 +1956,7 @@ fn a_memory_file_truncated_under_serve_is_said() {
     assert_eq!(st.signal(), Some(9), "{st}: {}", dir.text("serve.err"));
     assert_ok(&mut s, &dir);
     let log = dir.text("serve.err");
-    let said = format!(
-        "is 0 bytes now, {} when serve started: truncated",
-        32 * MIB
-    );
+    let said = format!("is 0 bytes now, {} when serve started: truncated", 32 * MIB);
     assert!(log.contains(&said), "{log}");
     assert_eq!(log.matches("the memory file").count(), 1, "{log}");
 }

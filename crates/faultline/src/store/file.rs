@@ -112,11 +112,13 @@ impl PageStore for FileStore {
     fn len(&self) -> Option<u64> {
         Some(self.len)
     }
+    /// Always `pread(2)`, also with a mapping: a copy out of the mapping of
+    /// a file truncated since it was opened would be a SIGBUS in this
+    /// process (the mapping stays for [`PageStore::view`], whose reader is
+    /// the kernel's `UFFDIO_COPY`: `EFAULT` there). Bytes past the file's
+    /// length when opened read as zeros; bytes before it that are gone
+    /// now (the file truncated since) are an error, never zeros.
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        if let Some(v) = self.view(offset, buf.len()) {
-            buf.copy_from_slice(v);
-            return Ok(());
-        }
         let n = pread_full(self.fd.as_raw_fd(), buf, self.base + offset).map_err(|e| {
             StoreError::Io {
                 what: self.what.clone(),
@@ -125,6 +127,15 @@ impl PageStore for FileStore {
                 errno: Errno(e),
             }
         })?;
+        if offset + (n as u64) < self.len.min(offset + buf.len() as u64) {
+            // No allocation: this may run in a SIGBUS handler.
+            return Err(StoreError::Io {
+                what: self.what.clone(),
+                op: "pread (the file ends before the length it had when opened: truncated since)",
+                offset: offset + n as u64,
+                errno: Errno::EIO,
+            });
+        }
         buf[n..].fill(0);
         Ok(())
     }
@@ -217,5 +228,42 @@ impl PageStore for FileStore {
     }
     fn signal_safe(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes past the file's length when opened read as zeros; bytes it
+    /// had then and lost to a truncation since are an error (never zeros,
+    /// never a SIGBUS out of the mapping).
+    #[test]
+    fn a_file_truncated_after_it_was_opened_fails_its_lost_bytes() {
+        let path = std::env::temp_dir().join(format!("fl-trunc-{}", std::process::id()));
+        let data: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8 + 1).collect();
+        std::fs::write(&path, &data).unwrap();
+        let store = FileStore::open(&path).unwrap();
+        let mut buf = vec![0u8; 4096];
+        store.fill(8192, &mut buf).unwrap();
+        assert_eq!(buf, data[8192..12288]);
+        // Past the end it had: zeros.
+        store.fill(64 * 1024, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(16 * 1024))
+            .unwrap();
+        store.fill(8192, &mut buf).unwrap();
+        assert_eq!(buf, data[8192..12288]);
+        let e = store.fill(32 * 1024, &mut buf).unwrap_err();
+        assert!(e.to_string().contains("truncated since"), "{e}");
+        assert_eq!(e.offset(), 32 * 1024);
+        // A read across the new end: its lost part is the error.
+        let mut two = vec![0u8; 8192];
+        let e = store.fill(12 * 1024, &mut two).unwrap_err();
+        assert_eq!(e.offset(), 16 * 1024);
+        std::fs::remove_file(&path).unwrap();
     }
 }
