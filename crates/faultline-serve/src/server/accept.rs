@@ -64,9 +64,7 @@ impl Refusal {
     /// (with this one's text), so the operator reads the cause and the
     /// metrics count it as such.
     fn out_of_fds(self) -> Refusal {
-        if matches!(self, Refusal::Receive(ReceiveError::OutOfFds(_))) {
-            return self;
-        }
+        // (One said as such already has no `io::Error` in its chain.)
         if !receive::out_of_fds(&self) {
             return self;
         }
@@ -156,10 +154,10 @@ pub fn handle(
 const SHED_WAIT_MS: i32 = 100;
 
 /// Connection `n`, accepted with the descriptor serve keeps in reserve
-/// because it had no other (`e`: `EMFILE`): the userfaultfd it sends cannot be
-/// received (the kernel drops descriptors a process cannot install), and
-/// left queued its VMM would hang. Refused ([`refusal_out_of_fds`]). Nothing here
-/// takes a descriptor.
+/// because it had no other (`e`: `EMFILE`): the userfaultfd it sends
+/// cannot be received (the kernel drops descriptors a process cannot
+/// install), and left queued its VMM would hang. Refused
+/// ([`refusal_out_of_fds`]). Nothing here takes a descriptor.
 pub fn shed(state: &State, n: usize, conn: UnixStream, e: &std::io::Error) {
     let pid = sock::peer_cred(conn.as_fd()).map(|c| c.pid).unwrap_or(0);
     let why = refusal_out_of_fds(&conn, format!("accept: {e}"));

@@ -658,10 +658,11 @@ fn accept_all(state: &Arc<State>, sock: &mut Socket) -> Result<(), ServeError> {
     }
 }
 
-/// Raises the descriptor limit to the hard one (each VMM served holds 3
-/// descriptors, 7 with `takeover`: its journal, and duplicates of what is
-/// deposited with the keeper, to give another should it die) and says so, or says how many VMMs the
-/// limit allows when it cannot be raised and is low.
+/// Raises the descriptor limit to the hard one and says so, or says how
+/// many VMMs the limit allows when it cannot be raised and is low. Each
+/// VMM served holds 3 descriptors, 7 with `takeover` (its journal, and
+/// duplicates of what is deposited with the keeper, to give another
+/// keeper should that one die).
 fn fd_limit(takeover: bool) {
     let per_vmm = if takeover { 7 } else { 3 };
     match process::raise_fd_limit() {

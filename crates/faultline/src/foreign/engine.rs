@@ -143,7 +143,7 @@ struct Slot {
 
 /// What a handler thread is resolving now: `CLOCK_MONOTONIC` ns when it
 /// took the fault up (0: none) and the peer's id. Written at the start
-/// and end of every fault (two relaxed stores each), read by whoever
+/// and end of every fault (a store or two, no lock), read by whoever
 /// watches for a thread that does not come back.
 #[derive(Default)]
 struct BusyOn {
