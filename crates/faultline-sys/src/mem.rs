@@ -303,6 +303,18 @@ pub fn ftruncate(fd: &OwnedFd, len: u64) -> Result<(), MemError> {
     Ok(())
 }
 
+/// The length of the file open at `fd` now (`fstat`). Async-signal-safe.
+pub fn file_len(fd: i32) -> Result<u64, i32> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is valid for writes of one `stat`; fstat touches nothing
+    // else of ours.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    // SAFETY: fstat succeeded, so it filled `st`.
+    Ok(unsafe { st.assume_init() }.st_size as u64)
+}
+
 /// `pread` until `buf` is full or EOF; returns the bytes read. Async-signal-safe.
 pub fn pread_full(fd: i32, buf: &mut [u8], mut offset: u64) -> Result<usize, i32> {
     let mut done = 0;

