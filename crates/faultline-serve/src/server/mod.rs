@@ -458,7 +458,6 @@ fn serve(
     let mut stopping: Option<(i32, Instant)> = None;
     let mut stuck = events::Stuck::default();
     loop {
-        stuck.look(state);
         match &mut socket {
             Some(sock) => {
                 let mut fds = [PollFd {
@@ -480,6 +479,9 @@ fn serve(
         while let Ok(ev) = events.try_recv() {
             events::on_event(state, ev);
         }
+        // Before any way out below: a thread back just before its peer
+        // ended is said too.
+        stuck.look(state);
         if let (None, Some(sig)) = (stopping, stop.asked()) {
             // Steps 1 and 2 of a stop: no new connection, the queued ones
             // accepted.
