@@ -406,33 +406,76 @@ fn record_then_prefetch_gives_identical_bytes() {
     assert!(!log.contains(" 0 prefetched"), "{log}");
 }
 
-/// A snapshot uploaded to a real `redis-server` (the test's own, on a
-/// unix socket) is served with `--store`, every byte checked by the peer.
+/// `dir`'s memory file (`bytes` long) put in `server` as "snap", and
+/// serve started on it (`--store`, one peer); its URL.
 #[cfg(feature = "redis")]
-#[test]
-fn a_snapshot_in_redis_is_served_byte_for_byte() {
+fn serve_from_redis(
+    dir: &Dir,
+    server: &faultline_redis::server::RedisServer,
+    bytes: usize,
+) -> (Proc, String) {
     use faultline_redis::{RedisConfig, RedisStore};
-    let dir = Dir::new("redis", 8 * MIB);
-    let server = faultline_redis::server::RedisServer::start().unwrap();
     let url = server.store_url("snap");
     let mem = std::fs::File::open(dir.path("mem")).unwrap();
-    RedisStore::put(
-        &url,
-        RedisConfig::default(),
-        std::io::BufReader::new(mem),
-        8 * MIB as u64,
-        |_| {},
-    )
-    .unwrap();
+    let mem = std::io::BufReader::new(mem);
+    RedisStore::put(&url, RedisConfig::default(), mem, bytes as u64, |_| {}).unwrap();
     let sock = dir.sock();
     let args = ["--socket", sock.to_str().unwrap(), "--store", &url];
-    let mut s = Proc::start(
+    let s = Proc::start(
         "serve",
         SERVE,
         &[&args[..], &["--timeout", "20", "--peers", "1"]].concat(),
         &dir.path("serve.err"),
     );
     dir.wait_for("serve.err", "listening on");
+    (s, url)
+}
+
+/// The store stops answering while a VM faults (its `redis-server`
+/// SIGSTOPped, as a paused container or a host thrashing does): serve
+/// says its handler thread is held once it has been a second, and that
+/// it is back when the server answers again (SIGCONT, within the
+/// store's 5 s deadline); the VM verifies every byte.
+#[cfg(feature = "redis")]
+#[test]
+fn a_store_that_stops_answering_is_said_and_the_vm_served_when_it_answers() {
+    use faultline_sys::process::{kill, SIGCONT, SIGSTOP};
+    let dir = Dir::new("redis-stopped", 16 * MIB);
+    let server = faultline_redis::server::RedisServer::start().unwrap();
+    let pid = server.pid().expect("redis-server's pid") as i32;
+    let (mut s, _) = serve_from_redis(&dir, &server, 16 * MIB);
+    let args = [
+        "--verify-all",
+        "--threads",
+        "2",
+        "--working-set",
+        "50",
+        "--pause-at",
+        "30",
+        "--pause-ms",
+        "1000",
+    ];
+    let mut p = peer(&dir, "peer", &args);
+    dir.wait_for("peer.err", "paused after");
+    kill(pid, SIGSTOP).unwrap();
+    // Said whatever happens next; the server answers again either way.
+    let held =
+        std::panic::catch_unwind(|| dir.wait_for("serve.err", "has been on one fault of peer 1"));
+    kill(pid, SIGCONT).unwrap();
+    held.unwrap();
+    dir.wait_for("serve.err", "handler thread 0 is back, after");
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+}
+
+/// A snapshot uploaded to a real `redis-server` (the test's own, on a
+/// unix socket) is served with `--store`, every byte checked by the peer.
+#[cfg(feature = "redis")]
+#[test]
+fn a_snapshot_in_redis_is_served_byte_for_byte() {
+    let dir = Dir::new("redis", 8 * MIB);
+    let server = faultline_redis::server::RedisServer::start().unwrap();
+    let (mut s, url) = serve_from_redis(&dir, &server, 8 * MIB);
     let mut p = peer(&dir, "peer", &["--verify-all", "--threads", "2"]);
     assert_ok(&mut p, &dir);
     assert_ok(&mut s, &dir);
