@@ -63,7 +63,7 @@ impl Refusal {
     /// inspecting the userfaultfd, opening a pidfd or a journal), that
     /// (with this one's text), so the operator reads the cause and the
     /// metrics count it as such.
-    fn out_of_fds(self) -> Refusal {
+    fn or_out_of_fds(self) -> Refusal {
         // (One said as such already has no `io::Error` in its chain.)
         if !receive::out_of_fds(&self) {
             return self;
@@ -145,7 +145,7 @@ pub fn handle(
         }
     };
     if let Err(why) = accept(state, n, pid, conn, handoff, kept) {
-        refuse(state, n, pid, &why.out_of_fds(), held.ok(), kept);
+        refuse(state, n, pid, &why.or_out_of_fds(), held.ok(), kept);
     }
 }
 

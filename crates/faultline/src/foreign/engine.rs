@@ -417,8 +417,10 @@ impl ForeignEngine {
     pub fn busy(&self) -> Vec<HandlerBusy> {
         let mut busy = Vec::new();
         for (thread, s) in self.slots.iter().enumerate() {
-            let peer = s.busy.peer.load(Relaxed);
+            // `since_ns` first: its Acquire pairs with the Release that
+            // published it after `peer`.
             let since_ns = s.busy.since_ns.load(Acquire);
+            let peer = s.busy.peer.load(Relaxed);
             if since_ns != 0 {
                 busy.push(HandlerBusy {
                     thread,
