@@ -141,7 +141,7 @@ impl PageStore for FileStore {
     }
     /// Copies out of the mapping (1.1x faster than `pread(2)` for 2 MiB
     /// fills of a warm file) when the file still holds the bytes
-    /// ([`FileStore::holds`]): a copy out of the mapping past the end of a
+    /// (`FileStore::holds`): a copy out of the mapping past the end of a
     /// file truncated since it was opened is a SIGBUS in this process
     /// (only a truncation less than a millisecond before the copy is one
     /// now). Else `pread`: bytes past the file's length when opened read
