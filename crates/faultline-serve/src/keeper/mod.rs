@@ -236,6 +236,10 @@ fn exchange(
     sock::send_with_fds(conn.as_fd(), &text, fds)?;
     let mut buf = vec![0u8; MAX_MESSAGE];
     let got = sock::recv_with_fds(conn.as_fd(), &mut buf, false)?;
+    if got.bytes == 0 {
+        // Closed without a reply: the keeper died mid-request.
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
     let reply: Reply = serde_json::from_slice(&buf[..got.bytes])?;
     Ok((reply, got.fds))
 }
@@ -440,8 +444,22 @@ impl Linked {
             return self.send(&req(link), fds);
         }
         match self.send(&req(link), fds) {
-            // Nothing listens on the keeper's name: it is gone.
+            // Nothing listens on the keeper's name, or it died during the
+            // request (its attach connection closed with it): it is gone.
+            // A request it took before dying goes again to the one started
+            // in its place, with everything it held.
             Err(KeeperError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                self.replace(link)?;
+                self.send(&req(link), fds)
+            }
+            Err(KeeperError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::UnexpectedEof
+                ) && hung_up(link._attached.as_fd()) =>
+            {
                 self.replace(link)?;
                 self.send(&req(link), fds)
             }
