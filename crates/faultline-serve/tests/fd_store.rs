@@ -3,7 +3,9 @@
 //! service manager as `sd_notify(3)`, `sd_listen_fds(3)` and
 //! `systemd.service(5)` describe it: a datagram socket (`$NOTIFY_SOCKET`)
 //! that keeps the descriptors of each `FDSTORE=1` message under its
-//! `FDNAME=` and drops those of `FDSTOREREMOVE=1`; when serve dies
+//! `FDNAME=` (past `FileDescriptorStoreMax=`, when a test sets one, it
+//! drops them with no word to serve, as systemd does, and says the max in
+//! `$FDSTORE`) and drops those of `FDSTOREREMOVE=1`; when serve dies
 //! (`SIGKILL`, at a failpoint) it starts it again with the store at fd 3,
 //! 4, ... and `$LISTEN_FDS`, `$LISTEN_FDNAMES`, `$LISTEN_PID` set. 4 peers
 //! (`faultline-peer`, 4 vCPU threads each) verify every byte.
@@ -29,6 +31,8 @@ const PEER_ARGS: &[&str] = &["--threads", "4", "--working-set", "30", "--verify-
 /// The service manager's side: the notify socket and the store.
 struct Manager {
     path: std::path::PathBuf,
+    /// `FileDescriptorStoreMax=` (`None`: not said, no limit).
+    max: Option<usize>,
     store: Arc<Mutex<Vec<(String, OwnedFd)>>>,
     /// Reads that found the socket empty (the store is up to date with
     /// every message sent before the last one).
@@ -39,6 +43,11 @@ struct Manager {
 
 impl Manager {
     fn start(dir: &Dir) -> Manager {
+        Manager::with_max(dir, None)
+    }
+
+    /// The service manager of a unit with `FileDescriptorStoreMax=max`.
+    fn with_max(dir: &Dir, max: Option<usize>) -> Manager {
         let path = dir.path("notify");
         let sock = UnixDatagram::bind(&path).expect("the notify socket");
         sock.set_read_timeout(Some(Duration::from_millis(20)))
@@ -65,7 +74,11 @@ impl Manager {
                 let name = var("FDNAME=").unwrap_or_else(|| "stored".into());
                 let mut store = s.lock().expect("the store");
                 if var("FDSTORE=").as_deref() == Some("1") {
-                    store.extend(got.fds.into_iter().map(|fd| (name.clone(), fd)));
+                    // Past the max, closed ("Hit fd store limit", logged
+                    // at debug level only).
+                    let room = max.map_or(usize::MAX, |m| m.saturating_sub(store.len()));
+                    let fds = got.fds.into_iter().take(room);
+                    store.extend(fds.map(|fd| (name.clone(), fd)));
                 } else if var("FDSTOREREMOVE=").as_deref() == Some("1") {
                     store.retain(|(n, _)| *n != name);
                 }
@@ -73,6 +86,7 @@ impl Manager {
         });
         Manager {
             path,
+            max,
             store,
             idle,
             stop,
@@ -105,7 +119,7 @@ impl Manager {
             .arg("LISTEN_PID=$$; export LISTEN_PID; exec \"$0\" \"$@\"")
             .arg(SERVE)
             .args(args)
-            .env("NOTIFY_SOCKET", &self.path)
+            .envs(self.env())
             .env("LISTEN_FDS", fds.len().to_string())
             .env("LISTEN_FDNAMES", names.join(":"))
             .stdin(Stdio::null())
@@ -117,6 +131,17 @@ impl Manager {
             child,
             name: name.into(),
         }
+    }
+}
+
+impl Manager {
+    /// What the service manager sets in serve's environment.
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![("NOTIFY_SOCKET", self.path.display().to_string())];
+        if let Some(max) = self.max {
+            env.push(("FDSTORE", max.to_string()));
+        }
+        env
     }
 }
 
@@ -277,5 +302,129 @@ fn fd_store_without_a_service_manager_is_refused() {
     let err = dir.text("serve.err");
     assert!(!st.success(), "{err}");
     assert!(err.contains("NOTIFY_SOCKET"), "{err}");
+    assert!(!dir.sock().exists());
+}
+
+/// A unit whose store has room for 2 VMMs (`FileDescriptorStoreMax=13`:
+/// the listener and the counter take 2, each VMM 4) and 4 VMMs at once:
+/// the first 2 are stored whole; the other 2 are served, said to be served
+/// without takeover and shown as unprotected, and none of their
+/// descriptors is stored (a store filled to its max would have kept the
+/// 3rd's connection, userfaultfd and journal and dropped its handshake,
+/// leaving the next serve a peer it cannot take over). After a kill, the
+/// next serve takes the 2 stored over (every byte verified); the other 2
+/// hang at their next missing page, as said.
+#[test]
+fn a_store_with_room_for_two_vmms_keeps_two_whole_and_says_the_others_are_unprotected() {
+    use faultline_serve::metrics::{scrape, MetricsAddr};
+    let dir = Dir::new("fdstore-full", MEM);
+    let manager = Manager::with_max(&dir, Some(13));
+    let metrics = dir.path("metrics.sock");
+    let args = testing::command(
+        &dir,
+        &[
+            "--fd-store",
+            "--metrics",
+            metrics.to_str().expect("a UTF-8 path"),
+        ],
+    );
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env = manager.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut s = Proc::start_with_env("serve", &[SERVE], &argv, &env, &dir.path("serve.err"));
+    dir.wait_for("serve.err", "room for 2 VMM(s) at once");
+    let go = dir.path("go");
+    let go_arg = ["--go-file", go.to_str().expect("a UTF-8 path")];
+    let mut peers: Vec<Proc> = (1..=4).map(|i| peer(&dir, i, &go_arg)).collect();
+    let deadline = Instant::now() + WAIT;
+    while dir.text("serve.err").matches("): serving ").count() < 4 {
+        assert!(Instant::now() < deadline, "{}", dir.text("serve.err"));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let log = dir.text("serve.err");
+    let unprotected: Vec<u32> = log
+        .lines()
+        .filter(|l| l.contains("depositing it with the keeper failed"))
+        .map(|l| {
+            assert!(
+                l.contains("store is full: FileDescriptorStoreMax=13 holds 2 VMM(s)"),
+                "{l}"
+            );
+            l.split("(pid ")
+                .nth(1)
+                .and_then(|t| t.split(')').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("no pid in {l}"))
+        })
+        .collect();
+    assert_eq!(unprotected.len(), 2, "{log}");
+    let text = scrape(&MetricsAddr::Unix(metrics)).expect("a scrape");
+    let at = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
+    assert_eq!(at("faultline_peers_unprotected"), 2.0, "{text}");
+    assert_eq!(at("faultline_keeper_peers"), 2.0, "{text}");
+    assert_eq!(at("faultline_keeper_room_peers"), 2.0, "{text}");
+    // Each peer stored, stored whole; nothing of the others.
+    let stored = manager.drained();
+    let conns: Vec<&str> = stored
+        .iter()
+        .filter_map(|n| n.strip_prefix("faultline-conn-"))
+        .collect();
+    assert_eq!(conns.len(), 2, "{stored:?}");
+    for kind in ["uffd", "journal", "handshake"] {
+        let of: Vec<&str> = stored
+            .iter()
+            .filter_map(|n| n.strip_prefix(&format!("faultline-{kind}-")))
+            .collect();
+        assert_eq!(of, conns, "{kind}: {stored:?}");
+    }
+    assert_eq!(stored.len(), 10, "{stored:?}");
+    s.kill();
+    let again = testing::command(&dir, &["--fd-store", "--timeout", "20"]);
+    let mut again = manager.restart(&dir, "again", &again);
+    dir.wait_for("again.err", "room for 2 VMM(s) at once");
+    let deadline = Instant::now() + WAIT;
+    while dir
+        .text("again.err")
+        .matches("taken over from the keeper:")
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "{}", dir.text("again.err"));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::fs::write(&go, b"").expect("the go file");
+    let (mut lost, kept): (Vec<Proc>, Vec<Proc>) = peers
+        .drain(..)
+        .partition(|p| unprotected.contains(&p.pid()));
+    for mut p in kept {
+        assert_ok(&mut p, &dir);
+    }
+    // Their serve is gone and no keeper held them: nobody answers their
+    // faults.
+    for p in &mut lost {
+        assert!(p.running(), "an unprotected VMM finished without its serve");
+        p.kill();
+    }
+    again.kill();
+}
+
+/// `FileDescriptorStoreMax=` too small for one VMM is refused at start,
+/// before the socket is bound.
+#[test]
+fn a_store_with_no_room_for_one_vmm_is_refused() {
+    let dir = Dir::new("fdstore-no-room", 1 << 20);
+    let manager = Manager::with_max(&dir, Some(5));
+    let env = manager.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = testing::command(&dir, &["--fd-store"]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut p = Proc::start_with_env("serve", &[SERVE], &argv, &env, &dir.path("serve.err"));
+    let st = p.wait(WAIT);
+    let err = dir.text("serve.err");
+    assert!(!st.success(), "{err}");
+    assert!(err.contains("no room for one VMM"), "{err}");
     assert!(!dir.sock().exists());
 }

@@ -20,7 +20,13 @@
 //! ```
 //!
 //! One datagram per descriptor, as `FDNAME=` names every descriptor of its
-//! message alike; a datagram sent survives its sender. The ordering rule
+//! message alike; a datagram sent survives its sender. The service manager
+//! keeps at most `FileDescriptorStoreMax=` descriptors (it says how many in
+//! `$FDSTORE`, systemd 254 and later) and drops, with no word to the
+//! sender, those past it: serve counts its own ([`OWN`], and [`PER_PEER`]
+//! for each peer from its deposit on) and deposits no peer past the
+//! room, so a peer is either stored whole or said to be served without
+//! takeover ([`KeeperError::Full`]), never stored in part. The ordering rule
 //! is the keeper process's (see [`crate::keeper`]); the handshake is
 //! stored last so a peer is "handed" only with its userfaultfd and journal
 //! stored. Written from `sd_notify(3)`, `sd_listen_fds(3)` and
@@ -28,11 +34,12 @@
 //! test as those pages describe (real systemd is not PID 1 where it was
 //! written).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Mutex;
 
 use faultline_sys::{mem, sock};
 
@@ -40,6 +47,18 @@ use super::taken::{Handed, Joined, KeeperError, Taken};
 
 /// The environment variable naming the service manager's socket.
 pub const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
+
+/// The environment variable in which systemd (254 and later) gives the
+/// unit's `FileDescriptorStoreMax=` (unset when it is 0).
+pub const FDSTORE: &str = "FDSTORE";
+
+/// The store's descriptors serve keeps whatever it serves: the counter and
+/// the listener.
+pub const OWN: usize = 2;
+
+/// The store's descriptors a peer takes: its connection, userfaultfd,
+/// journal and handshake.
+pub const PER_PEER: usize = 4;
 
 const PREFIX: &str = "faultline-";
 
@@ -52,6 +71,15 @@ pub struct FdStore {
     /// started again numbers on past peers already gone from the store
     /// (a `{peer}` path is never reused).
     counter: std::fs::File,
+    /// `$FDSTORE`: the most descriptors the service manager keeps for
+    /// serve (`None`: not said).
+    max: Option<usize>,
+    /// The peers stored now (by id), each counted as [`PER_PEER`]
+    /// descriptors from its deposit on.
+    held: Mutex<BTreeSet<u64>>,
+    /// The name the listener is stored under (the old one is removed when
+    /// another is stored).
+    listener: Mutex<Option<String>>,
 }
 
 impl FdStore {
@@ -65,6 +93,7 @@ impl FdStore {
                 socket.display()
             ))
         })?;
+        let max = store_max()?;
         let passed = sock::listen_fds()?;
         let mut counter = None;
         let mut listener = None;
@@ -99,19 +128,24 @@ impl FdStore {
             };
             peers.entry(n).or_default()[slot] = Some(fd);
         }
-        let store = match counter {
-            Some(counter) => FdStore { notify, counter },
-            None => {
-                let memfd = mem::memfd("faultline-serve-counter", false)
-                    .map_err(|e| KeeperError::Io(std::io::Error::other(e)))?;
-                let store = FdStore {
-                    notify,
-                    counter: std::fs::File::from(memfd),
-                };
-                store.store("counter", store.counter.as_fd())?;
-                store
-            }
+        let stored_counter = counter.is_some();
+        let counter = match counter {
+            Some(counter) => counter,
+            None => std::fs::File::from(
+                mem::memfd("faultline-serve-counter", false)
+                    .map_err(|e| KeeperError::Io(std::io::Error::other(e)))?,
+            ),
         };
+        let store = FdStore {
+            notify,
+            counter,
+            max,
+            held: Mutex::default(),
+            listener: Mutex::new(listener.as_ref().map(|(_, id)| listener_name(*id))),
+        };
+        if !stored_counter {
+            store.store("counter", store.counter.as_fd())?;
+        }
         let mut word = [0u8; 8];
         let counted = match store.counter.read_at(&mut word, 0) {
             Ok(8) => u64::from_le_bytes(word) as usize,
@@ -126,6 +160,7 @@ impl FdStore {
                 continue;
             };
             let pid = sock::peer_cred(conn.as_fd()).map_or(0, |c| c.pid);
+            store.held.lock().expect("held").insert(n as u64);
             let handed = match (uffd, journal, handshake) {
                 (Some(uffd), Some(journal), Some(hs)) => Some(Handed {
                     handshake: read_memfd(hs)?,
@@ -163,16 +198,59 @@ impl FdStore {
         self.send("READY=1", &[])
     }
 
-    /// Stores the listener (bound at the path whose (device, inode) are `id`).
-    pub fn listen(&self, listener: BorrowedFd<'_>, id: (u64, u64)) -> Result<(), KeeperError> {
-        self.store(&format!("listener-{}-{}", id.0, id.1), listener)
+    /// How many peers the store has room for at once (`None`: the
+    /// service manager did not say how many descriptors it keeps).
+    pub fn room(&self) -> Option<usize> {
+        self.max.map(|m| m.saturating_sub(OWN) / PER_PEER)
     }
 
-    /// Stores connection `n`; its id is `n`.
+    /// The peers stored now.
+    pub fn peers(&self) -> usize {
+        self.held.lock().expect("held").len()
+    }
+
+    /// What serve says of the store at start.
+    pub fn describe(&self) -> String {
+        match (self.max, self.room()) {
+            (Some(max), Some(room)) => format!(
+                "--fd-store: the service manager keeps up to {max} descriptors for serve (${FDSTORE}, FileDescriptorStoreMax=): room for {room} VMM(s) at once ({OWN} for serve, {PER_PEER} a VMM); VMMs past that are served without takeover (said)"
+            ),
+            _ => format!(
+                "--fd-store: warning: ${FDSTORE} is not set: either the unit sets no FileDescriptorStoreMax= (then the service manager keeps nothing, and a restart of serve loses every VMM) or systemd is older than 254 (it does not say); size it {OWN} + {PER_PEER} x the VMMs served at once"
+            ),
+        }
+    }
+
+    /// Stores the listener (bound at the path whose (device, inode) are
+    /// `id`), and removes the one stored before (bound at a path since
+    /// replaced) from the store.
+    pub fn listen(&self, listener: BorrowedFd<'_>, id: (u64, u64)) -> Result<(), KeeperError> {
+        let name = listener_name(id);
+        self.store(&name, listener)?;
+        let old = self
+            .listener
+            .lock()
+            .expect("listener")
+            .replace(name.clone());
+        match old {
+            Some(old) if old != name => self.remove(&old),
+            _ => Ok(()),
+        }
+    }
+
+    /// Stores connection `n`; its id is `n`. Refused ([`KeeperError::Full`])
+    /// when the store has no room for another peer's descriptors.
     pub fn deposit(&self, n: usize, conn: BorrowedFd<'_>) -> Result<u64, KeeperError> {
+        let mut held = self.held.lock().expect("held");
+        if let (Some(max), Some(room)) = (self.max, self.room()) {
+            if held.len() >= room {
+                return Err(KeeperError::Full { max, peers: room });
+            }
+        }
         // Deposits come from the listener's thread, in number order.
         self.counter.write_all_at(&(n as u64).to_le_bytes(), 0)?;
         self.store(&format!("conn-{n}"), conn)?;
+        held.insert(n as u64);
         Ok(n as u64)
     }
 
@@ -196,10 +274,39 @@ impl FdStore {
     /// Removes peer `id`'s descriptors from the store.
     pub fn forget(&self, id: u64) -> Result<(), KeeperError> {
         for kind in ["conn", "uffd", "journal", "handshake"] {
-            self.send(&format!("FDSTOREREMOVE=1\nFDNAME={PREFIX}{kind}-{id}"), &[])?;
+            self.remove(&format!("{kind}-{id}"))?;
         }
+        self.held.lock().expect("held").remove(&id);
         Ok(())
     }
+
+    fn remove(&self, name: &str) -> Result<(), KeeperError> {
+        self.send(&format!("FDSTOREREMOVE=1\nFDNAME={PREFIX}{name}"), &[])
+    }
+}
+
+/// The name the listener bound at the path whose (device, inode) are `id`
+/// is stored under (without [`PREFIX`]).
+fn listener_name((dev, ino): (u64, u64)) -> String {
+    format!("listener-{dev}-{ino}")
+}
+
+/// `$FDSTORE` (`None`: unset); a store with no room for one peer is an
+/// error.
+fn store_max() -> Result<Option<usize>, KeeperError> {
+    let Some(v) = std::env::var_os(FDSTORE) else {
+        return Ok(None);
+    };
+    let max: usize = v
+        .to_str()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| KeeperError::Start(format!("--fd-store: ${FDSTORE}={v:?}: not a number")))?;
+    if max < OWN + PER_PEER {
+        return Err(KeeperError::Start(format!(
+            "--fd-store: the service manager keeps {max} descriptor(s) for serve (${FDSTORE}, FileDescriptorStoreMax=): no room for one VMM (serve keeps {OWN} there, each VMM {PER_PEER}); set FileDescriptorStoreMax= to {OWN} + {PER_PEER} x the VMMs served at once"
+        )));
+    }
+    Ok(Some(max))
 }
 
 /// The text a handshake memfd holds.

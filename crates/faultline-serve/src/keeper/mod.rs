@@ -253,7 +253,7 @@ pub enum Keeper {
     FdStore(FdStore),
 }
 
-/// The keeper process as serve's link sees it (a metrics scrape).
+/// The keeper as serve sees it (a metrics scrape).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KeeperStatus {
     /// It is gone and none could be started in its place: the peers are
@@ -263,6 +263,9 @@ pub struct KeeperStatus {
     pub replaced: u64,
     /// Peers deposited (held by the keeper, or by the link while down).
     pub peers: usize,
+    /// The peers it has room for (systemd's store, when `$FDSTORE` says;
+    /// `None`: no limit known).
+    pub room: Option<usize>,
 }
 
 /// Serve's link to its keeper process. A keeper that dies while serve
@@ -795,18 +798,25 @@ impl Keeper {
         Ok(())
     }
 
-    /// What the link knows of the keeper now (`None`: systemd's store,
-    /// which has no process to lose).
-    pub fn status(&self) -> Option<KeeperStatus> {
-        let Keeper::Process(l) = self else {
-            return None;
-        };
-        let link = l.link.lock().expect("keeper link");
-        Some(KeeperStatus {
-            down: link.down.is_some(),
-            replaced: link.replaced,
-            peers: link.deposited.len(),
-        })
+    /// What serve knows of the keeper now (systemd's store has no process
+    /// to lose: never down, never replaced).
+    pub fn status(&self) -> KeeperStatus {
+        match self {
+            Keeper::FdStore(s) => KeeperStatus {
+                peers: s.peers(),
+                room: s.room(),
+                ..Default::default()
+            },
+            Keeper::Process(l) => {
+                let link = l.link.lock().expect("keeper link");
+                KeeperStatus {
+                    down: link.down.is_some(),
+                    replaced: link.replaced,
+                    peers: link.deposited.len(),
+                    room: None,
+                }
+            }
+        }
     }
 
     /// Tells the keeper peer `id` is done with.

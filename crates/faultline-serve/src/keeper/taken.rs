@@ -62,4 +62,12 @@ pub enum KeeperError {
     /// what serve deposits waits for the next one.
     #[error("no keeper ({0})")]
     Down(String),
+    /// systemd's store has no room for another peer's descriptors.
+    #[error("the service manager's store is full: FileDescriptorStoreMax={max} holds {peers} VMM(s) at once (serve keeps {own} descriptors there, each VMM {per}); raise it", own = super::fdstore::OWN, per = super::fdstore::PER_PEER)]
+    Full {
+        /// `FileDescriptorStoreMax=` (`$FDSTORE`).
+        max: usize,
+        /// The peers it holds.
+        peers: usize,
+    },
 }

@@ -97,8 +97,11 @@ pub struct Sample {
     pub helpers_cpu_s: f64,
     /// Peers taken over from the keeper (a serve before this one died).
     pub taken_over: u64,
-    /// The keeper process (`--takeover`; `None` without one).
+    /// The keeper (`--takeover`, `--fd-store`; `None` without one).
     pub keeper: Option<KeeperStatus>,
+    /// Peers served that the keeper does not hold (their deposit failed;
+    /// `None` without a keeper).
+    pub unprotected: Option<u64>,
     /// Descriptors open and the soft limit (`None`: not read).
     pub fds: Option<(u64, u64)>,
     /// The longest a handler thread has been on the fault it resolves now,
@@ -467,6 +470,22 @@ impl Collector for Exposition {
                     k.replaced as f64,
                 ),
             ]);
+            if let Some(room) = k.room {
+                process.push((
+                    "faultline_keeper_room_peers",
+                    "Peers the keeper has room for at once (--fd-store: from FileDescriptorStoreMax=, 2 descriptors for serve and 4 a VMM); those past it are served without takeover",
+                    g,
+                    room as f64,
+                ));
+            }
+        }
+        if let Some(n) = s.unprotected {
+            process.push((
+                "faultline_peers_unprotected",
+                "Peers served that the keeper does not hold (depositing them failed, said): should this serve die, they hang at their next missing page",
+                g,
+                n as f64,
+            ));
         }
         for (name, help, kind, v) in process {
             let m = enc.encode_descriptor(name, help, None, kind)?;
@@ -567,7 +586,9 @@ mod tests {
                 down: true,
                 replaced: 1,
                 peers: 6,
+                room: Some(9),
             }),
+            unprotected: Some(1),
             fds: Some((40, 1024)),
             longest_fault_s: 2.5,
         })));
@@ -611,6 +632,8 @@ mod tests {
         assert_eq!(num(get("faultline_handler_busy_seconds", None)), 2.5);
         assert_eq!(num(get("process_max_fds", None)), 1024.0);
         assert_eq!(num(get("faultline_keeper_peers", None)), 6.0);
+        assert_eq!(num(get("faultline_keeper_room_peers", None)), 9.0);
+        assert_eq!(num(get("faultline_peers_unprotected", None)), 1.0);
         assert_eq!(num(get("faultline_keepers_replaced_total", None)), 1.0);
         assert_eq!(num(get("faultline_handler_cpu_seconds_total", None)), 0.25);
         assert_eq!(

@@ -556,9 +556,11 @@ fn dispatch(
 /// answers: checks the socket path first) starts one.
 fn join_keeper(config: &ServeConfig) -> Result<Option<(Keeper, Joined)>, ServeError> {
     if config.fd_store {
-        return Keeper::fd_store(&config.socket)
-            .map(Some)
-            .map_err(ServeError::Keeper);
+        let (keeper, joined) = Keeper::fd_store(&config.socket).map_err(ServeError::Keeper)?;
+        if let Keeper::FdStore(s) = &keeper {
+            say(format_args!("{}", s.describe()));
+        }
+        return Ok(Some((keeper, joined)));
     }
     if !config.takeover {
         Socket::check(&config.socket)?;

@@ -245,7 +245,13 @@ impl State {
             handler_cpu_s: cpu.cpu.as_secs_f64(),
             helpers_cpu_s: cpu.helpers_cpu.as_secs_f64(),
             taken_over: self.taken_over.load(SeqCst) as u64,
-            keeper: self.keeper.as_ref().and_then(Keeper::status),
+            keeper: self.keeper.as_ref().map(Keeper::status),
+            // Served although serve keeps its peers for takeover: their
+            // deposit failed (said).
+            unprotected: self.keeper.as_ref().map(|_| {
+                let served = self.served.lock().expect("served");
+                served.iter().filter(|p| p.kept.is_none()).count() as u64
+            }),
             longest_fault_s: {
                 let now = faultline_sys::monotonic_ns();
                 let busy = self.engine.busy().into_iter();
