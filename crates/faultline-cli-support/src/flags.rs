@@ -348,29 +348,10 @@ fn nproc_limit() -> Option<u64> {
 
 /// Tasks the process's cgroup may still start (`None`: no limit found).
 fn cgroup_pids_left() -> Option<u64> {
-    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let mut dirs = Vec::new();
-    for l in cg.lines() {
-        let mut f = l.splitn(3, ':');
-        let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-        if ctrl.is_empty() {
-            dirs.push(format!("/sys/fs/cgroup{path}"));
-        } else if ctrl.split(',').any(|c| c == "pids") {
-            dirs.push(format!("/sys/fs/cgroup/pids{path}"));
-        }
-    }
-    dirs.iter()
-        .filter_map(|d| {
-            let max = std::fs::read_to_string(format!("{d}/pids.max")).ok()?;
-            let max: u64 = max.trim().parse().ok()?; // "max": no limit
-            let cur: u64 = std::fs::read_to_string(format!("{d}/pids.current"))
-                .ok()?
-                .trim()
-                .parse()
-                .ok()?;
-            Some(max.saturating_sub(cur))
-        })
-        .min()
+    let g = faultline_sys::cgroup::of(0, "pids").ok()??;
+    // "max": no limit.
+    let max = g.number("pids.max")?;
+    Some(max.saturating_sub(g.number("pids.current")?))
 }
 
 /// Refuses `need` bytes of memory past `MemAvailable`, saying what needs

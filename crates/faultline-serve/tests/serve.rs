@@ -2003,3 +2003,70 @@ fn a_memory_file_truncated_under_serve_is_said() {
     assert!(log.contains(&said), "{log}");
     assert_eq!(log.matches("the memory file").count(), 1, "{log}");
 }
+
+/// A memory cgroup limited to `limit` bytes, made under this process's
+/// own and removed on drop (`None` where this process cannot make one:
+/// not root, or a v2 group whose parent does not delegate the memory
+/// controller).
+struct MemCgroup(PathBuf);
+
+impl MemCgroup {
+    fn new(name: &str, limit: usize) -> Option<MemCgroup> {
+        let own = faultline_sys::cgroup::of(0, "memory").ok()??;
+        let dir = own.dir.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let g = MemCgroup(dir);
+        let file = if own.v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        std::fs::write(g.0.join(file), limit.to_string()).ok()?;
+        Some(g)
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        // Empty once its processes are gone.
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A VMM in a memory cgroup whose limit (16 MiB) is below what its
+/// restore installs (64 MiB): the pages serve installs are charged to the
+/// VMM's cgroup, whose OOM killer kills it, as the kernel's own faults
+/// would; serve, which sees only a hang-up, says what killed it.
+#[test]
+fn a_vmm_killed_by_its_memory_cgroup_during_restore_is_said() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(cg) = MemCgroup::new("faultline-serve-oom", 16 * MIB) else {
+        eprintln!("skipped: no memory cgroup can be made here");
+        return;
+    };
+    let dir = Dir::new("oom", 64 * MIB);
+    let mut s = serve(&dir, &["--peers", "1"]);
+    // The VMM joins the group before it runs (a jailer's way).
+    let procs = cg.0.join("cgroup.procs");
+    let args = testing::command(&dir, &["--threads", "2", "--working-set", "100"]);
+    let mut argv = vec![
+        "-c",
+        "echo $$ > \"$0\" && exec \"$@\"",
+        procs.to_str().unwrap(),
+        PEER[0],
+    ];
+    argv.extend(args.iter().map(String::as_str));
+    let mut p = Proc::start("vmm", &["sh"], &argv, &dir.path("vmm.err"));
+    let st = p.wait(WAIT);
+    assert_eq!(st.signal(), Some(9), "{st}: {}", dir.text("vmm.err"));
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    let group = format!("/{}", cg.0.file_name().unwrap().to_str().unwrap());
+    assert!(
+        log.lines()
+            .any(|l| l.contains("hung up (its memory cgroup ")
+                && l.contains(&group)
+                && l.contains("limit 16 MiB, OOM-killed 1 process(es)")),
+        "{log}"
+    );
+}

@@ -17,6 +17,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`cgroup`] | a process's control group for one controller (v1 or v2): its memory limit, OOM kills, any value |
 //! | [`failpoint`] | named points where a test makes the process `SIGKILL` itself (`FAULTLINE_FAILPOINT`) |
 //! | [`mem`] | mappings, protection ([`mem::Prot`]), `madvise`, memfd, file I/O, `vmsplice`, `PROCMAP_QUERY`, reading our own memory without faulting |
 //! | [`pagemap`] | `PAGEMAP_SCAN` of `/proc/PID/pagemap`: which pages of a range are written, present, swapped |
@@ -28,6 +29,7 @@
 //! | [`sock`] | descriptor passing (`SCM_RIGHTS`), `SO_PEERCRED`, receive buffers, non-blocking send/receive |
 //! | [`thread`] | ids, affinity, scheduling class, futex, eventfd, fork hooks |
 
+pub mod cgroup;
 pub mod failpoint;
 pub mod mem;
 pub mod pagemap;

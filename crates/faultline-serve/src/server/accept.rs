@@ -379,6 +379,9 @@ fn report(
     taken: bool,
 ) {
     state.served.lock().expect("served").push(served);
+    if let Some(w) = super::oom::OomWatch::of(served.pid) {
+        state.oom.lock().expect("oom").insert(served.id, w);
+    }
     if taken {
         state.taken_over.fetch_add(1, SeqCst);
         say(format_args!(

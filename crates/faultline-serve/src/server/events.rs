@@ -75,7 +75,11 @@ pub fn leave_with_keeper(state: &State, peer: &Arc<ForeignPeer>, outcome: String
     end(state, peer, outcome, false);
 }
 
-fn end(state: &State, peer: &Arc<ForeignPeer>, outcome: String, forget: bool) {
+fn end(state: &State, peer: &Arc<ForeignPeer>, mut outcome: String, forget: bool) {
+    let oom = state.oom.lock().expect("oom").remove(&peer.id());
+    if let Some(killed) = oom.and_then(|w| w.since()) {
+        outcome = format!("{outcome} ({killed})");
+    }
     let Served {
         n,
         pid,

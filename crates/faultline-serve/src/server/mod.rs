@@ -52,6 +52,7 @@ mod dirty;
 mod error;
 mod events;
 mod log;
+mod oom;
 mod receive;
 mod recording;
 mod reports;
@@ -290,6 +291,7 @@ impl Server {
             pidfds: Mutex::new(Vec::new()),
             records_written: Mutex::new(HashSet::new()),
             reports: Mutex::default(),
+            oom: Mutex::default(),
         });
         let metrics = match &state.config.metrics {
             Some(addr) => {

@@ -125,6 +125,8 @@ pub struct State {
     /// What the peers report of themselves (by engine id; see
     /// `reports.rs`).
     pub reports: Mutex<HashMap<u64, PeerReports>>,
+    /// Each peer's memory cgroup, by engine id (see `oom.rs`).
+    pub oom: Mutex<HashMap<u64, super::oom::OomWatch>>,
 }
 
 impl State {

@@ -119,6 +119,7 @@ use faultline_sys::rdtsc;
 use faultline_sys::sock;
 use faultline_sys::thread::{self, EventFd};
 use faultline_sys::uffd::{Msg, Uffd, UffdError};
+use faultline_sys::Errno;
 
 /// One handler thread's share of the peers (with `spread`: every peer).
 struct Slot {
@@ -563,7 +564,15 @@ impl Serve for Peers {
                     error,
                 });
             },
-            |e| format!("resolving the fault at {addr:#x} failed: {e}"),
+            |e| {
+                // Where the kernel's own fault would stop too (or wait,
+                // under a cgroup v1 `oom_kill_disable`).
+                let limit = match e.is(Errno::ENOMEM) {
+                    true => ": the peer is out of memory (its memory cgroup at its limit with nothing its OOM killer could free, or its huge page pool empty)",
+                    false => "",
+                };
+                format!("resolving the fault at {addr:#x} failed: {e}{limit}")
+            },
         )
     }
 
