@@ -568,7 +568,7 @@ impl Serve for Peers {
                 // Where the kernel's own fault would stop too (or wait,
                 // under a cgroup v1 `oom_kill_disable`).
                 let limit = match e.is(Errno::ENOMEM) {
-                    true => ": the peer is out of memory (its memory cgroup at its limit with nothing its OOM killer could free, or its huge page pool empty)",
+                    true => ": the peer is out of memory (its memory cgroup at its limit, its OOM killer disabled or with nothing to kill, or its huge page pool empty)",
                     false => "",
                 };
                 format!("resolving the fault at {addr:#x} failed: {e}{limit}")
