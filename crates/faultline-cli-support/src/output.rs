@@ -143,6 +143,22 @@ impl OutputPath {
         &self.target
     }
 
+    /// Refuses this output when it is `other` (what option `flag` names:
+    /// a file the command reads, or another of its outputs): the same
+    /// file however it is named (a symbolic or hard link, another
+    /// spelling of the path), so writing it never replaces what the
+    /// command was pointed at. `/dev/null` is never refused.
+    pub fn refuse_same_as(&self, other: &Path, flag: &str) -> anyhow::Result<()> {
+        if self.kind == Kind::File && same_file(&self.target, other) {
+            bail!(
+                "{}: the same file as {flag} {}: writing it would replace that",
+                self.shown.display(),
+                other.display()
+            );
+        }
+        Ok(())
+    }
+
     /// Whether the output is `/dev/null` (written in place, nothing kept).
     pub fn is_null(&self) -> bool {
         self.kind == Kind::Null
@@ -296,6 +312,26 @@ fn parent(path: &Path) -> PathBuf {
     }
 }
 
+/// Whether `a` and `b` name one file: the same device and inode when both
+/// exist (links followed), the same absolute path when neither does (two
+/// outputs not yet written).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
+        (Err(_), Err(_)) => {
+            let full = |p: &Path| {
+                let name = p.file_name().map(PathBuf::from).unwrap_or_default();
+                std::fs::canonicalize(parent(p))
+                    .map(|d| d.join(name))
+                    .unwrap_or_else(|_| p.to_path_buf())
+            };
+            full(a) == full(b)
+        }
+        _ => false,
+    }
+}
+
 /// Creates and removes a probe file in `dir`.
 fn probe(dir: &Path) -> io::Result<()> {
     let p = dir.join(format!(".faultline-probe-{}", std::process::id()));
@@ -359,6 +395,41 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn an_output_that_is_an_input_by_any_name_is_refused() {
+        let d = dir("same");
+        let mem = d.join("snapshot.mem");
+        std::fs::write(&mem, b"snapshot").unwrap();
+        symlink(&mem, d.join("link")).unwrap();
+        std::fs::hard_link(&mem, d.join("hard")).unwrap();
+        let other = d.join("other.json");
+        std::fs::write(&other, b"{}").unwrap();
+        for name in ["snapshot.mem", "link", "hard", "./snapshot.mem"] {
+            let p = match name.strip_prefix("./") {
+                Some(rest) => d.join(".").join(rest),
+                None => d.join(name),
+            };
+            let out = OutputPath::check(&p, "--json").unwrap();
+            let e = out.refuse_same_as(&mem, "--mem").unwrap_err().to_string();
+            assert!(e.contains("the same file as --mem"), "{name}: {e}");
+        }
+        let out = OutputPath::check(&other, "--json").unwrap();
+        out.refuse_same_as(&mem, "--mem").unwrap();
+        // Two outputs not yet written, spelled apart.
+        let new = OutputPath::check(&d.join("x/../new.txt"), "--json");
+        assert!(new.is_err(), "x does not exist");
+        let new = OutputPath::check(&d.join("new.txt"), "--json").unwrap();
+        let e = new.refuse_same_as(&d.join(".").join("new.txt"), "--record");
+        assert!(e.is_err());
+        new.refuse_same_as(&d.join("new2.txt"), "--record").unwrap();
+        // /dev/null is where anything may go.
+        let null = OutputPath::check(Path::new("/dev/null"), "--json").unwrap();
+        null.refuse_same_as(Path::new("/dev/null"), "--record")
+            .unwrap();
+        assert_eq!(std::fs::read(&mem).unwrap(), b"snapshot");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -728,6 +728,100 @@ fn a_live_socket_is_refused_by_pid_and_only_the_own_socket_is_removed() {
     assert!(!dir.sock().exists(), "d left its socket behind");
 }
 
+/// Outputs that name a file serve reads (the memory file by a symbolic or
+/// a hard link, the recorded set), a socket path it binds, or another
+/// output are refused at start, and the memory file is left as it was;
+/// `--record` may name the `--prefetch` set (a restore replacing it).
+#[test]
+fn outputs_that_name_what_serve_reads_or_binds_are_refused() {
+    let dir = Dir::new("same-file", MIB);
+    let mem = dir.path("mem");
+    let before = std::fs::read(&mem).unwrap();
+    std::os::unix::fs::symlink(&mem, dir.path("mem-link")).unwrap();
+    std::fs::hard_link(&mem, dir.path("mem-hard")).unwrap();
+    std::fs::write(dir.path("set.txt"), b"a set").unwrap();
+    let p = |f: &str| dir.path(f).to_str().unwrap().to_string();
+    let sock = dir.sock().to_str().unwrap().to_string();
+    let (link, hard, set, out) = (p("mem-link"), p("mem-hard"), p("set.txt"), p("out.json"));
+    let metrics = p("metrics.sock");
+    for (i, (extra, why)) in [
+        (vec!["--json", &link], "the same file as --mem"),
+        (vec!["--record", &hard], "the same file as --mem"),
+        (vec!["--track-dirty", &p("mem")], "the same file as --mem"),
+        (vec!["--json", &sock], "the same file as --socket"),
+        (
+            vec!["--metrics", &metrics, "--record", &metrics],
+            "the same file as --metrics",
+        ),
+        (
+            vec!["--prefetch", &set, "--json", &set],
+            "the same file as --prefetch",
+        ),
+        (
+            vec!["--json", &out, "--track-dirty", &out],
+            "the same file as --json",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("same-{i}");
+        let mut s = testing::start(&dir, &name, SERVE, &extra);
+        let st = s.wait(WAIT);
+        let log = dir.text(&format!("{name}.err"));
+        assert!(!st.success() && log.contains(why), "{extra:?}: {st}: {log}");
+        assert!(!dir.sock().exists(), "{extra:?}: a socket was bound");
+    }
+    assert_eq!(std::fs::read(&mem).unwrap(), before);
+    assert_eq!(std::fs::read(dir.path("set.txt")).unwrap(), b"a set");
+    assert!(!dir.path("out.json").exists());
+    // The set itself as --record's output is not refused as an output
+    // (it is read first, then fails as the record it is not).
+    let mut s = testing::start(&dir, "set", SERVE, &["--prefetch", &set, "--record", &set]);
+    assert!(!s.wait(WAIT).success());
+    let log = dir.text("set.err");
+    assert!(!log.contains("the same file"), "{log}");
+}
+
+/// `--metrics` at a socket another process listens on (here another
+/// serve's VMM socket) is refused naming its pid, and that socket stays
+/// and serves; a stale one is replaced.
+#[test]
+fn a_metrics_path_on_a_live_socket_is_refused_and_the_socket_kept() {
+    let dir = Dir::new("metrics-live", 4 * MIB);
+    let mut a = serve(&dir, &["--peers", "1"]);
+    let other = Dir::new("metrics-live-b", MIB);
+    let taken = dir.sock();
+    let mut b = testing::start(
+        &other,
+        "b",
+        SERVE,
+        &["--timeout", "5", "--metrics", taken.to_str().unwrap()],
+    );
+    assert!(!b.wait(WAIT).success());
+    let log = other.text("b.err");
+    assert!(
+        log.contains(&format!("a socket in use (pid {} listens on it)", a.pid())),
+        "{log}"
+    );
+    assert!(taken.exists(), "b removed a's socket");
+    let mut p = peer(&dir, "p", &["--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut a, &dir);
+    // A stale socket (nothing listens) is replaced.
+    let stale = other.path("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let mut c = testing::start(
+        &other,
+        "c",
+        SERVE,
+        &["--timeout", "1", "--metrics", stale.to_str().unwrap()],
+    );
+    other.wait_for("c.err", "metrics on unix:");
+    let _ = c.wait(WAIT);
+    assert!(!stale.exists(), "c left its metrics socket behind");
+}
+
 /// A file in /dev/shm (tmpfs), removed on drop.
 struct Shm(PathBuf);
 

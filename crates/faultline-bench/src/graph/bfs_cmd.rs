@@ -371,6 +371,9 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
         .map(|p| faultline_cli_support::OutputPath::check(p, "--json"))
         .transpose()?;
     let path = &args.file;
+    if let Some(out) = &json_out {
+        out.refuse_same_as(path, "the graph")?;
+    }
     let engines = selected_engines(&args);
     let budget_bytes = match args.budget {
         Some(b) => {

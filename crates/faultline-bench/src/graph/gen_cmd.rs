@@ -225,6 +225,7 @@ fn run_gen(args: GenArgs) -> anyhow::Result<()> {
 /// `faultline graph import`.
 fn run_import(args: ImportArgs) -> anyhow::Result<()> {
     let output = OutputPath::check(&args.output, "--output")?;
+    output.refuse_same_as(&args.input, "the input")?;
     let t0 = Instant::now();
     let graph = if args.input.as_os_str() == "-" {
         import::read_edge_list(std::io::stdin().lock(), !args.directed)

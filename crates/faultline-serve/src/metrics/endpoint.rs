@@ -22,8 +22,8 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -32,6 +32,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use faultline_sys::poll::{self, events, PollFd};
+use faultline_sys::sock;
 
 use super::Exposition;
 
@@ -63,6 +64,15 @@ pub enum EndpointError {
     /// The path holds something that is not a socket.
     #[error("--metrics {}: exists and is not a socket (only a stale socket is replaced)", .0.display())]
     NotASocket(PathBuf),
+    /// A process listens on the socket at the path (another serve's
+    /// metrics or its VMMs' socket): it is not replaced.
+    #[error("--metrics {}: a socket in use (pid {pid} listens on it); only a stale socket is replaced", .path.display())]
+    InUse {
+        /// The path.
+        path: PathBuf,
+        /// Who listens (0: not said).
+        pid: i32,
+    },
     /// Binding failed.
     #[error("--metrics: binding {what}")]
     Bind {
@@ -112,7 +122,8 @@ impl std::fmt::Display for MetricsAddr {
 }
 
 enum Listener {
-    Unix(UnixListener, PathBuf),
+    /// Bound at the path, whose socket was (device, inode).
+    Unix(UnixListener, PathBuf, (u64, u64)),
     Tcp(TcpListener),
 }
 
@@ -131,7 +142,8 @@ pub struct Endpoint {
     pub addr: MetricsAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
-    path: Option<PathBuf>,
+    /// The unix socket's path and its (device, inode) when bound.
+    path: Option<(PathBuf, (u64, u64))>,
 }
 
 impl Endpoint {
@@ -147,15 +159,29 @@ impl Endpoint {
                     Ok(m) if !m.file_type().is_socket() => {
                         return Err(EndpointError::NotASocket(path.clone()))
                     }
-                    Ok(_) => {
-                        let _ = std::fs::remove_file(path);
-                    }
+                    // Stale only if nothing answers on it.
+                    Ok(_) => match UnixStream::connect(path) {
+                        Ok(c) => {
+                            let pid = sock::peer_cred(c.as_fd()).map_or(0, |c| c.pid);
+                            let path = path.clone();
+                            return Err(EndpointError::InUse { path, pid });
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                            let _ = std::fs::remove_file(path);
+                        }
+                        Err(e) => return Err(bind_err(path.display().to_string())(e)),
+                    },
                     Err(_) => {}
                 }
                 let l = UnixListener::bind(path).map_err(bind_err(path.display().to_string()))?;
                 l.set_nonblocking(true)
                     .map_err(bind_err(path.display().to_string()))?;
-                (Listener::Unix(l, path.clone()), addr.clone())
+                let m = std::fs::symlink_metadata(path)
+                    .map_err(bind_err(path.display().to_string()))?;
+                (
+                    Listener::Unix(l, path.clone(), (m.dev(), m.ino())),
+                    addr.clone(),
+                )
             }
             MetricsAddr::Tcp(a) => {
                 let l = TcpListener::bind(a).map_err(bind_err(a.to_string()))?;
@@ -165,7 +191,7 @@ impl Endpoint {
             }
         };
         let path = match &listener {
-            Listener::Unix(_, p) => Some(p.clone()),
+            Listener::Unix(_, p, id) => Some((p.clone(), *id)),
             Listener::Tcp(_) => None,
         };
         let stop = Arc::new(AtomicBool::new(false));
@@ -189,8 +215,12 @@ impl Drop for Endpoint {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        if let Some(p) = &self.path {
-            let _ = std::fs::remove_file(p);
+        // Only if the path still names the socket bound (not one bound
+        // there since by another process).
+        if let Some((p, id)) = &self.path {
+            if std::fs::symlink_metadata(p).is_ok_and(|m| (m.dev(), m.ino()) == *id) {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 }
@@ -198,7 +228,7 @@ impl Drop for Endpoint {
 /// The endpoint's loop: accept, answer, close, until `stop`.
 fn serve(listener: &Listener, exposition: &Arc<Exposition>, stop: &AtomicBool) {
     let fd = match listener {
-        Listener::Unix(l, _) => l.as_raw_fd(),
+        Listener::Unix(l, ..) => l.as_raw_fd(),
         Listener::Tcp(l) => l.as_raw_fd(),
     };
     while !stop.load(Relaxed) {
@@ -211,7 +241,7 @@ fn serve(listener: &Listener, exposition: &Arc<Exposition>, stop: &AtomicBool) {
             continue;
         }
         let accepted = match listener {
-            Listener::Unix(l, _) => l.accept().map(|(c, _)| answer_unix(c, exposition)),
+            Listener::Unix(l, ..) => l.accept().map(|(c, _)| answer_unix(c, exposition)),
             Listener::Tcp(l) => l.accept().map(|(c, _)| answer_tcp(c, exposition)),
         };
         // Out of descriptors (EMFILE) the scrape stays queued and the

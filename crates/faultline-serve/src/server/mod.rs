@@ -157,16 +157,7 @@ impl Server {
         log::set_format(config.log_format);
         // Before the keeper starts: it inherits the limit.
         fd_limit(config.takeover);
-        let json = match &config.json {
-            Some(p) => Some(OutputPath::check(p, "--json").map_err(ServeError::CheckOutput)?),
-            None => None,
-        };
-        if let Some(p) = &config.record {
-            OutputPath::check(p, "--record").map_err(ServeError::CheckOutput)?;
-        }
-        if let Some(p) = &config.track_dirty {
-            OutputPath::check(p, "--track-dirty").map_err(ServeError::CheckOutput)?;
-        }
+        let json = check_outputs(&config)?;
         let joined = join_keeper(&config)?;
         let (keeper, taken, inherited, last_n) = match joined {
             Some((k, j)) => (Some(k), j.taken, j.listener, j.last_n),
@@ -551,6 +542,51 @@ fn dispatch(
             source,
         })?;
     Ok(())
+}
+
+/// Checks serve's outputs (`--json`, `--record`, `--track-dirty`) as
+/// [`OutputPath::check`] does, and refuses one that is a file serve reads
+/// (`--mem`; `--prefetch`, except for `--record`, which may replace the
+/// set it was given with the restore's own), a socket path it binds, or
+/// another output; `--json`'s, checked.
+fn check_outputs(config: &ServeConfig) -> Result<Option<OutputPath>, ServeError> {
+    let flags = [
+        (config.json.as_ref(), "--json"),
+        (config.record.as_ref(), "--record"),
+        (config.track_dirty.as_ref(), "--track-dirty"),
+    ];
+    let mut outputs = Vec::new();
+    for (path, flag) in flags {
+        if let Some(p) = path {
+            outputs.push((
+                OutputPath::check(p, flag).map_err(ServeError::CheckOutput)?,
+                flag,
+            ));
+        }
+    }
+    let mut inputs: Vec<(&std::path::Path, &str)> = vec![(&config.socket, "--socket")];
+    if let crate::config::Source::Mem(p) = &config.source {
+        inputs.push((p, "--mem"));
+    }
+    if let Some(crate::metrics::MetricsAddr::Unix(p)) = &config.metrics {
+        inputs.push((p, "--metrics"));
+    }
+    for (i, (out, flag)) in outputs.iter().enumerate() {
+        let prefetch = config.prefetch.as_deref().filter(|_| *flag != "--record");
+        let others = outputs[..i].iter().map(|(o, f)| (o.path(), *f));
+        for (other, what) in inputs
+            .iter()
+            .copied()
+            .chain(prefetch.map(|p| (p, "--prefetch")))
+            .chain(others)
+        {
+            out.refuse_same_as(other, what)
+                .map_err(ServeError::CheckOutput)?;
+        }
+    }
+    Ok(outputs
+        .into_iter()
+        .find_map(|(o, flag)| (flag == "--json").then_some(o)))
 }
 
 /// With `--fd-store`: systemd's store and what it passed; with
