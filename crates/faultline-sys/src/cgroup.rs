@@ -25,16 +25,26 @@ pub struct Group {
     pub v2: bool,
 }
 
-/// The group of process `pid` for `controller` (`"memory"`, `"pids"`);
-/// `None` when no mounted hierarchy has it.
+/// The group of process `pid` (0: this one) for `controller`
+/// (`"memory"`, `"pids"`); `None` when no mounted hierarchy has it.
 pub fn of(pid: i32, controller: &str) -> io::Result<Option<Group>> {
+    of_in(pid, controller, &mount_table()?)
+}
+
+/// This process's mount table (`/proc/self/mountinfo`), for [`of_in`].
+pub fn mount_table() -> io::Result<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+}
+
+/// [`of`] with the mount table read before ([`mount_table`]): a caller
+/// that looks up many processes reads it once.
+pub fn of_in(pid: i32, controller: &str, mount_table: &str) -> io::Result<Option<Group>> {
     let who = match pid {
         0 => "self".to_string(),
         p => p.to_string(),
     };
     let cgroups = std::fs::read_to_string(format!("/proc/{who}/cgroup"))?;
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(find(&cgroups, &mounts, controller))
+    Ok(find(&cgroups, mount_table, controller))
 }
 
 /// [`of`] over the texts of `/proc/PID/cgroup` and `/proc/self/mountinfo`.

@@ -378,10 +378,10 @@ fn report(
     bytes: u64,
     taken: bool,
 ) {
-    state.served.lock().expect("served").push(served);
     if let Some(w) = super::oom::OomWatch::of(served.pid) {
         state.oom.lock().expect("oom").insert(served.id, w);
     }
+    state.served.lock().expect("served").push(served);
     if taken {
         state.taken_over.fetch_add(1, SeqCst);
         say(format_args!(

@@ -9,6 +9,8 @@
 //! `oom_kill_disable`, an empty huge page pool) is `ENOMEM` from the
 //! ioctl, said with the fault.
 
+use std::sync::OnceLock;
+
 use faultline_sys::cgroup::{self, Group};
 
 /// A peer's memory cgroup and its OOM kills when serving it began.
@@ -24,7 +26,12 @@ impl OomWatch {
         if pid <= 0 {
             return None;
         }
-        let group = cgroup::of(pid, "memory").ok()??;
+        // Read once: the hierarchies are mounted before serve starts.
+        static MOUNTS: OnceLock<Option<String>> = OnceLock::new();
+        let mounts = MOUNTS
+            .get_or_init(|| cgroup::mount_table().ok())
+            .as_deref()?;
+        let group = cgroup::of_in(pid, "memory", mounts).ok()??;
         let kills = group.oom_kills()?;
         Some(OomWatch { group, kills })
     }
