@@ -27,9 +27,11 @@
 //!    touch. `faultline-serve record merge|inspect` runs it from the shell.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use faultline::PageStore;
+use faultline_cli_support::OutputPath;
 
 const HEADER_V1: &str = "# faultline working set v1";
 const HEADER_V2: &str = "# faultline working set v2";
@@ -113,24 +115,9 @@ impl Record {
 /// Why a record could not be written, read or merged.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    /// Creating or writing the temporary file failed.
-    #[error("writing {}: {source}", path.display())]
-    Write {
-        /// The temporary file.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Renaming the temporary file into place failed.
-    #[error("renaming to {}: {source}", path.display())]
-    Rename {
-        /// The record's path.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// Checking or writing the output failed (see [`OutputPath`]).
+    #[error("{0:#}")]
+    Output(anyhow::Error),
     /// Reading the file failed.
     #[error("reading {}: {source}", path.display())]
     Read {
@@ -236,42 +223,31 @@ impl Fnv {
     }
 }
 
-/// Writes `text` to `path` atomically (a temporary file, renamed).
-fn write_atomically(
-    path: &Path,
-    body: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
-) -> Result<(), RecordError> {
-    let tmp = path.with_extension("tmp");
-    let written = (|| {
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        body(&mut out)?;
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()
-    })();
-    written.map_err(|source| RecordError::Write {
-        path: tmp.clone(),
-        source,
-    })?;
-    std::fs::rename(&tmp, path).map_err(|source| RecordError::Rename {
-        path: path.into(),
-        source,
-    })
-}
-
 /// Writes `offsets` as a v1 record (no identity: read unchecked), for
-/// synthetic sets (every page of a file, a test's set).
+/// synthetic sets (every page of a file, a test's set), as any output is
+/// written ([`OutputPath`]: whole or not at all, links followed).
 pub fn write(path: &Path, offsets: &[u64]) -> Result<(), RecordError> {
-    write_atomically(path, |out| {
-        writeln!(out, "{HEADER_V1}")?;
-        for o in offsets {
-            writeln!(out, "{o:#x}")?;
-        }
-        Ok(())
-    })
+    output(path)?
+        .write(|out| {
+            writeln!(out, "{HEADER_V1}")?;
+            for o in offsets {
+                writeln!(out, "{o:#x}")?;
+            }
+            Ok(())
+        })
+        .map_err(RecordError::Output)
 }
 
-/// Writes `record` (v2; a record without identity as v1).
+/// Writes `record` (v2; a record without identity as v1) as [`write`]
+/// does.
 pub fn write_record(path: &Path, record: &Record) -> Result<(), RecordError> {
-    write_atomically(path, |out| encode(record, out))
+    output(path)?
+        .write(|out| encode(record, out))
+        .map_err(RecordError::Output)
+}
+
+fn output(path: &Path) -> Result<OutputPath, RecordError> {
+    OutputPath::check(path, "the record").map_err(RecordError::Output)
 }
 
 /// The text of `record` (v2; a record without identity as v1).

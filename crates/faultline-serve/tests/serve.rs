@@ -761,6 +761,14 @@ fn outputs_that_name_what_serve_reads_or_binds_are_refused() {
             vec!["--json", &out, "--track-dirty", &out],
             "the same file as --json",
         ),
+        (
+            vec!["--json", &p("r-3.txt"), "--record", &p("r-{peer}.txt")],
+            "its {peer} path can become --json",
+        ),
+        (
+            vec!["--shared", &p("copy"), "--track-dirty", &p("copy")],
+            "the same file as --shared",
+        ),
     ]
     .into_iter()
     .enumerate()
@@ -781,6 +789,120 @@ fn outputs_that_name_what_serve_reads_or_binds_are_refused() {
     assert!(!s.wait(WAIT).success());
     let log = dir.text("set.err");
     assert!(!log.contains("the same file"), "{log}");
+}
+
+/// A record's path, once its `{peer}` is a number, checked again when it is
+/// written: one that became the memory file (a hard link `m1.bin`) is not
+/// written, and said; a file beside the record named like its temporary
+/// (`rec.tmp` for `rec.txt`) is left alone.
+#[test]
+fn a_record_is_never_written_over_the_memory_file_or_a_neighbour() {
+    let dir = Dir::new("record-over-mem", 4 * MIB);
+    let mem = dir.path("mem");
+    let before = std::fs::read(&mem).unwrap();
+    std::fs::hard_link(&mem, dir.path("m1.bin")).unwrap();
+    std::fs::write(dir.path("rec.tmp"), b"precious").unwrap();
+    let template = dir.path("m{peer}.bin");
+    let mut s = serve(
+        &dir,
+        &["--peers", "1", "--record", template.to_str().unwrap()],
+    );
+    let mut p = peer(&dir, "p", &["--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains("peer 1: writing the record failed") && log.contains("the same file as --mem"),
+        "{log}"
+    );
+    assert_eq!(std::fs::read(&mem).unwrap(), before);
+    let rec = dir.path("rec.txt");
+    let mut s = serve(&dir, &["--peers", "1", "--record", rec.to_str().unwrap()]);
+    let mut p = peer(&dir, "q", &["--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    assert_eq!(std::fs::read(dir.path("rec.tmp")).unwrap(), b"precious");
+    assert!(
+        dir.text("rec.txt").starts_with("# faultline working set"),
+        "{}",
+        dir.text("rec.txt")
+    );
+}
+
+/// `--record` and `--track-dirty` without `{peer}` go to the first peer
+/// that runs to its end: one that fails (a fault in a region it did not
+/// declare: killed) writes neither, so a bad restore never empties the
+/// set or the dirty file; the next peer's are written.
+#[test]
+fn a_peer_that_fails_writes_no_record_and_leaves_it_to_the_next() {
+    let dir = Dir::new("record-failed", 4 * MIB);
+    let (rec, dirty) = (dir.path("rec.txt"), dir.path("dirty.txt"));
+    let args = [
+        "--peers",
+        "2",
+        "--record",
+        rec.to_str().unwrap(),
+        "--track-dirty",
+        dirty.to_str().unwrap(),
+    ];
+    let mut s = serve(&dir, &args);
+    let mut bad = peer(
+        &dir,
+        "bad",
+        &["--bad", "undeclared", "--working-set", "100"],
+    );
+    assert_killed(&mut bad, &dir, "serve can no longer serve it");
+    let mut good = peer(&dir, "good", &["--verify-all", "--scribble"]);
+    assert_ok(&mut good, &dir);
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains("peer 1: its restore did not run to its end: its record is not written"),
+        "{log}"
+    );
+    assert!(
+        log.contains("peer 1: it did not run to its end: its dirty set is not written"),
+        "{log}"
+    );
+    let recorded = testing::number_after(&log, "peer 2: recorded ");
+    assert!(recorded > 0, "{log}");
+    assert!(
+        testing::number_after(&log, "peer 2: hung up: ") > 0,
+        "{log}"
+    );
+}
+
+/// A client at the wrong socket (an HTTP request meant for the VMM's API
+/// socket: bytes, no descriptor) holds no userfaultfd: refused, and not
+/// killed, since nothing of it waits for serve; a VMM is served after it.
+#[test]
+fn a_client_that_holds_no_userfaultfd_is_refused_and_not_killed() {
+    let dir = Dir::new("not-a-vmm", 4 * MIB);
+    let mut s = serve(&dir, &["--peers", "2"]);
+    let script = "import socket,sys,time\n\
+        c=socket.socket(socket.AF_UNIX); c.connect(sys.argv[1])\n\
+        c.sendall(b'PUT /snapshot/load HTTP/1.1\\r\\n\\r\\n{}')\n\
+        c.recv(1); time.sleep(1)\n";
+    let sock = dir.sock();
+    let mut client = Proc::start(
+        "client",
+        &["python3"],
+        &["-c", script, sock.to_str().unwrap()],
+        &dir.path("client.err"),
+    );
+    let st = client.wait(WAIT);
+    assert!(st.success(), "{st}: {}", dir.text("client.err"));
+    let mut p = peer(&dir, "p", &["--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains(&format!(
+            "(pid {}): not killed: it holds no userfaultfd",
+            client.pid()
+        )),
+        "{log}"
+    );
 }
 
 /// `--metrics` at a socket another process listens on (here another

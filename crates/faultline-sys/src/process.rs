@@ -151,6 +151,21 @@ pub fn alive(pid: i32) -> bool {
     unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
 }
 
+/// Whether process `pid` holds a userfaultfd (one of its descriptors is
+/// `anon_inode:[userfaultfd]` in `/proc/PID/fd`): a process that holds
+/// none has no page a fault could wait on for a handler.
+pub fn holds_userfaultfd(pid: i32) -> io::Result<bool> {
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        // A descriptor closed since the listing is skipped.
+        if let Ok(target) = std::fs::read_link(e?.path()) {
+            if target.as_os_str() == "anon_inode:[userfaultfd]" {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
 /// What `getrusage(2)` says of this process or thread.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Usage {
@@ -359,6 +374,27 @@ pub fn pass_fds(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_process_holding_a_userfaultfd_is_told_from_one_that_does_not() {
+        // A child that holds none (this test process may hold others'),
+        // then this process with one of its own.
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let none = super::holds_userfaultfd(child.id() as i32);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!none.unwrap());
+        let flags = crate::uffd::open_flags(true);
+        let _uffd = crate::uffd::dev_userfaultfd(flags)
+            .or_else(|_| crate::uffd::syscall_userfaultfd(flags))
+            .unwrap();
+        assert!(super::holds_userfaultfd(std::process::id() as i32).unwrap());
+        assert!(super::holds_userfaultfd(i32::MAX).is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use faultline::{ForeignPeer, ForeignUffd};
 
-use faultline_sys::sock;
+use faultline_sys::{process, sock};
 
 use super::backing::{self, BackingError, Chosen};
 use super::build::{self, BuildError, Built, Origin};
@@ -216,10 +216,18 @@ fn refuse(
         return;
     }
     say(format_args!("peer {n} (pid {pid}): refused: {why}"));
-    let fate = if why.waits() {
-        state.kill(n, pid, "its hand-off was refused")
-    } else {
-        "not killed: it handed nothing over"
+    // A process that holds no userfaultfd (a client at the wrong socket)
+    // has no fault to hang on: only a VMM's is killed.
+    let vmm = pid <= 0 || process::holds_userfaultfd(pid).unwrap_or(true);
+    let fate = match (why.waits(), vmm) {
+        (true, true) => state.kill(n, pid, "its hand-off was refused"),
+        (true, false) => {
+            say(format_args!(
+                "peer {n} (pid {pid}): not killed: it holds no userfaultfd, so nothing of it waits for serve (not a VMM?)"
+            ));
+            "not killed: it holds no userfaultfd"
+        }
+        (false, _) => "not killed: it handed nothing over",
     };
     forget(state, n, kept);
     drop(held);

@@ -31,7 +31,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 
 use faultline::{ForeignPeer, ForeignRegionSpec};
-use faultline_cli_support::output::OutputPath;
 use faultline_sys::pagemap::{category, Pagemap};
 
 use super::log::say;
@@ -125,8 +124,10 @@ pub fn write(state: &State, peer: &ForeignPeer, n: usize, when: &str) -> Option<
     }
     drop(before);
     let file = DirtySet { identity, offsets };
-    let written =
-        OutputPath::check(&path, "--track-dirty").and_then(|o| o.write(|w| file.encode(w)));
+    let written = state
+        .protected
+        .check(&path, "--track-dirty")
+        .and_then(|o| o.write(|w| file.encode(w)));
     match written {
         Ok(()) => {
             say(format_args!(
@@ -159,6 +160,19 @@ pub fn at_end(state: &State, peer: &ForeignPeer, n: usize, outcome: &str) {
         return;
     }
     write(state, peer, n, outcome);
+}
+
+/// Tracked peer `peer` (connection `n`) failed or was killed: its dirty
+/// set is not written (the VM it describes is gone), and without
+/// `{peer}` the next peer is tracked.
+pub fn left(state: &State, peer: &ForeignPeer, n: usize) {
+    if !peer.tracks_dirty() {
+        return;
+    }
+    say(format_args!(
+        "peer {n}: it did not run to its end: its dirty set is not written"
+    ));
+    release(state);
 }
 
 /// Writes the dirty sets of every tracked peer being served (on request):

@@ -14,7 +14,7 @@ use crate::summary::{Handoff, PeerSummary, StallSummary};
 /// Handles one engine event.
 pub fn on_event(state: &State, ev: PeerEvent) {
     match ev {
-        PeerEvent::HungUp { peer } => finish(state, &peer, "hung up".into()),
+        PeerEvent::HungUp { peer } => finish(state, &peer, "hung up".into(), true),
         PeerEvent::Failed { peer, error } => {
             let Served { n, pid, .. } = state.lookup(peer.id());
             say(format_args!(
@@ -24,7 +24,7 @@ pub fn on_event(state: &State, ev: PeerEvent) {
                 m.say_if_changed();
             }
             let fate = state.kill(n, pid, "serve can no longer serve it");
-            finish(state, &peer, format!("failed ({fate}): {error}"));
+            finish(state, &peer, format!("failed ({fate}): {error}"), false);
         }
         PeerEvent::Message { peer, data, fds } => {
             let fed = state
@@ -63,19 +63,22 @@ pub fn on_event(state: &State, ev: PeerEvent) {
     }
 }
 
-/// Ends peer `peer` with `outcome`: its summary, its record, its removal
-/// from the engine (and from the keeper's peers).
-pub fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
-    end(state, peer, outcome, true);
+/// Ends peer `peer` with `outcome`: its summary, its record and dirty set
+/// when it `ran` to its own end (hung up; one that failed or was killed
+/// leaves them, and the `--record`/`--track-dirty` without `{peer}`, to
+/// the next peer), its removal from the engine (and from the keeper's
+/// peers).
+pub fn finish(state: &State, peer: &Arc<ForeignPeer>, outcome: String, ran: bool) {
+    end(state, peer, outcome, true, ran);
 }
 
 /// Ends peer `peer` here and leaves it with the keeper (the next serve
 /// takes it over): as [`finish`], the keeper not told.
 pub fn leave_with_keeper(state: &State, peer: &Arc<ForeignPeer>, outcome: String) {
-    end(state, peer, outcome, false);
+    end(state, peer, outcome, false, true);
 }
 
-fn end(state: &State, peer: &Arc<ForeignPeer>, mut outcome: String, forget: bool) {
+fn end(state: &State, peer: &Arc<ForeignPeer>, mut outcome: String, forget: bool, ran: bool) {
     let oom = state.oom.lock().expect("oom").remove(&peer.id());
     if let Some(killed) = oom.and_then(|w| w.since()) {
         outcome = format!("{outcome} ({killed})");
@@ -173,8 +176,13 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, mut outcome: String, forget: bool
             h.sum_ns as f64 / 1e6
         ));
     }
-    super::recording::at_end(state, peer, n);
-    super::dirty::at_end(state, peer, n, &outcome);
+    if ran {
+        super::recording::at_end(state, peer, n);
+        super::dirty::at_end(state, peer, n, &outcome);
+    } else {
+        super::recording::left(state, peer, n);
+        super::dirty::left(state, peer, n);
+    }
     state.engine.remove(peer.id());
     // Served no more: what serve keeps of it is at most its summary (see
     // `State::keep`).

@@ -53,6 +53,7 @@ mod error;
 mod events;
 mod log;
 mod oom;
+mod outputs;
 mod receive;
 mod recording;
 mod reports;
@@ -157,7 +158,7 @@ impl Server {
         log::set_format(config.log_format);
         // Before the keeper starts: it inherits the limit.
         fd_limit(config.takeover);
-        let json = check_outputs(&config)?;
+        let (json, protected) = check_outputs(&config)?;
         let joined = join_keeper(&config)?;
         let (keeper, taken, inherited, last_n) = match joined {
             Some((k, j)) => (Some(k), j.taken, j.listener, j.last_n),
@@ -283,6 +284,7 @@ impl Server {
             records_written: Mutex::new(HashSet::new()),
             reports: Mutex::default(),
             oom: Mutex::default(),
+            protected,
         });
         let metrics = match &state.config.metrics {
             Some(addr) => {
@@ -403,7 +405,7 @@ impl Server {
                 continue;
             }
             let fate = state.kill(served.n, served.pid, &why);
-            events::finish(&state, &peer, format!("{fate}: {why}"));
+            events::finish(&state, &peer, format!("{fate}: {why}"), false);
         }
         if let (Some(snap), 0) = (&state.config.shared, state.shared_peers.load(SeqCst)) {
             say(format_args!(
@@ -545,48 +547,43 @@ fn dispatch(
 }
 
 /// Checks serve's outputs (`--json`, `--record`, `--track-dirty`) as
-/// [`OutputPath::check`] does, and refuses one that is a file serve reads
-/// (`--mem`; `--prefetch`, except for `--record`, which may replace the
-/// set it was given with the restore's own), a socket path it binds, or
-/// another output; `--json`'s, checked.
-fn check_outputs(config: &ServeConfig) -> Result<Option<OutputPath>, ServeError> {
+/// [`OutputPath::check`] does, and refuses one that is (or whose `{peer}`
+/// template can become) a file serve reads or binds ([`outputs::Protected`]) or
+/// another output; `--json`'s, checked, and what each written output is
+/// checked against again when it is written.
+fn check_outputs(
+    config: &ServeConfig,
+) -> Result<(Option<OutputPath>, outputs::Protected), ServeError> {
+    let protected = outputs::Protected::of(config);
     let flags = [
         (config.json.as_ref(), "--json"),
         (config.record.as_ref(), "--record"),
         (config.track_dirty.as_ref(), "--track-dirty"),
     ];
-    let mut outputs = Vec::new();
+    let mut outputs: Vec<(OutputPath, &str)> = Vec::new();
     for (path, flag) in flags {
-        if let Some(p) = path {
-            outputs.push((
-                OutputPath::check(p, flag).map_err(ServeError::CheckOutput)?,
-                flag,
-            ));
-        }
-    }
-    let mut inputs: Vec<(&std::path::Path, &str)> = vec![(&config.socket, "--socket")];
-    if let crate::config::Source::Mem(p) = &config.source {
-        inputs.push((p, "--mem"));
-    }
-    if let Some(crate::metrics::MetricsAddr::Unix(p)) = &config.metrics {
-        inputs.push((p, "--metrics"));
-    }
-    for (i, (out, flag)) in outputs.iter().enumerate() {
-        let prefetch = config.prefetch.as_deref().filter(|_| *flag != "--record");
-        let others = outputs[..i].iter().map(|(o, f)| (o.path(), *f));
-        for (other, what) in inputs
-            .iter()
-            .copied()
-            .chain(prefetch.map(|p| (p, "--prefetch")))
-            .chain(others)
-        {
+        let Some(p) = path else { continue };
+        let out = OutputPath::check(p, flag).map_err(ServeError::CheckOutput)?;
+        let others = outputs.iter().map(|(o, f)| (o.path(), *f));
+        for (other, what) in protected.against(flag).chain(others) {
             out.refuse_same_as(other, what)
                 .map_err(ServeError::CheckOutput)?;
+            for (a, b, what) in [(p.as_path(), other, what), (other, p.as_path(), flag)] {
+                if outputs::template_matches(a, b) {
+                    return Err(ServeError::CheckOutput(anyhow::anyhow!(
+                        "{flag} {}: its {{peer}} path can become {what} {}: writing it would replace that",
+                        p.display(),
+                        other.display()
+                    )));
+                }
+            }
         }
+        outputs.push((out, flag));
     }
-    Ok(outputs
+    let json = outputs
         .into_iter()
-        .find_map(|(o, flag)| (flag == "--json").then_some(o)))
+        .find_map(|(o, flag)| (flag == "--json").then_some(o));
+    Ok((json, protected))
 }
 
 /// With `--fd-store`: systemd's store and what it passed; with

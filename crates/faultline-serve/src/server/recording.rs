@@ -28,7 +28,11 @@ fn write(state: &State, peer: &ForeignPeer, n: usize, why: &str) -> Option<usize
         return None;
     };
     let rec = record::Record::of_restore(id, &peer.take_record_timed());
-    match record::write_record(&path, &rec) {
+    let written = state
+        .protected
+        .check(&path, "--record")
+        .and_then(|o| o.write(|w| record::encode(&rec, w)));
+    match written {
         Ok(()) => {
             say(format_args!(
                 "peer {n}: recorded {} pages to {} ({why})",
@@ -38,7 +42,7 @@ fn write(state: &State, peer: &ForeignPeer, n: usize, why: &str) -> Option<usize
             Some(rec.pages.len())
         }
         Err(e) => {
-            say(format_args!("peer {n}: writing the record failed: {e}"));
+            say(format_args!("peer {n}: writing the record failed: {e:#}"));
             None
         }
     }
@@ -66,6 +70,21 @@ pub(super) fn at_end(state: &State, peer: &ForeignPeer, n: usize) {
             "peer {n}: its record was cut when asked and is in {}; what it touched after is not recorded",
             path.display()
         ));
+    }
+}
+
+/// Peer `peer` (connection `n`) failed or was killed: its record is not
+/// written (a partial restore's order would replace a good set), and
+/// without `{peer}` the next peer records.
+pub(super) fn left(state: &State, peer: &ForeignPeer, n: usize) {
+    if !state.records(peer.id()) || !claim(state, peer.id()) {
+        return;
+    }
+    say(format_args!(
+        "peer {n}: its restore did not run to its end: its record is not written"
+    ));
+    if !state.record_every() {
+        state.set_recorder(super::state::Recorder::Free);
     }
 }
 

@@ -127,11 +127,13 @@ pub struct State {
     pub reports: Mutex<HashMap<u64, PeerReports>>,
     /// Each peer's memory cgroup, by engine id (see `oom.rs`).
     pub oom: Mutex<HashMap<u64, super::oom::OomWatch>>,
+    /// What an output written must not be (see `outputs.rs`).
+    pub protected: super::outputs::Protected,
 }
 
 impl State {
     /// Whether every peer records (`{peer}` in the record's path).
-    fn record_every(&self) -> bool {
+    pub fn record_every(&self) -> bool {
         self.config
             .record
             .as_ref()
