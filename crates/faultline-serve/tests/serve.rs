@@ -1554,6 +1554,52 @@ fn a_keeper_that_dies_is_replaced_and_keeps_every_peer() {
     testing::wait_exited(second, "the new keeper");
 }
 
+/// `kill -9` of serve mid-restore, then a serve started on another memory
+/// file (same size, other bytes): it refuses to take the VM over (served
+/// that file's bytes its memory would be corrupt) and leaves it with the
+/// keeper; a serve started with the right file takes it over, every byte
+/// verified.
+#[test]
+fn a_serve_on_another_memory_file_refuses_to_take_over() {
+    let dir = Dir::new("takeover-other-mem", 16 * MIB);
+    let other = dir.path("other");
+    let mut bytes = std::fs::read(dir.path("mem")).unwrap();
+    bytes.iter_mut().for_each(|b| *b = !*b);
+    std::fs::write(&other, &bytes).unwrap();
+    let args = ["--takeover", "--peers", "1"];
+    let mut s = serve(&dir, &args);
+    let pause = ["--verify-all", "--pause-at", "30", "--pause-ms", "1500"];
+    let mut p = peer(&dir, "p", &pause);
+    dir.wait_for("p.err", "paused");
+    s.kill();
+    dir.wait_for("serve.err", "holding 1 peer(s) for the next serve");
+    let sock = dir.sock();
+    let wrong = [
+        "--socket",
+        sock.to_str().unwrap(),
+        "--mem",
+        other.to_str().unwrap(),
+        "--takeover",
+        "--timeout",
+        "20",
+    ];
+    let mut w = Proc::start("wrong", SERVE, &wrong, &dir.path("wrong.err"));
+    let st = w.wait(WAIT);
+    let log = dir.text("wrong.err");
+    assert!(!st.success(), "{st}: {log}");
+    assert!(log.contains("served from another memory file"), "{log}");
+    assert!(p.running(), "{}", dir.text("p.err"));
+    let mut again = testing::start(
+        &dir,
+        "again",
+        SERVE,
+        &[&["--timeout", "20"][..], &args].concat(),
+    );
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut again, &dir);
+    assert!(dir.text("again.err").contains("taken over from the keeper"));
+}
+
 /// serve's executable replaced on disk (an upgrade: the path now holds a
 /// file that cannot run) and its keeper killed: serve starts another keeper
 /// from its own running binary (`/proc/self/exe`), deposits a VMM with it,

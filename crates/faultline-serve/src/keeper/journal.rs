@@ -7,6 +7,9 @@
 //!  offset 8        flags    u64  bit 0: an entry did not fit (the journal is unusable);
 //!                                 bit 1: the peer's writes are tracked (--track-dirty)
 //!  offset 16       entries  [start u64, end u64] x CAPACITY  (the peer's addresses)
+//!  offset 1 MiB-16 identity u64 x 2  the memory file it is served from: its size and
+//!                                 fingerprint (0, 0: not said, a journal of a build
+//!                                 before it was kept)
 //!  offset 1 MiB    rcount   u64  record entries written (Release), when the memfd
 //!  offset 1 MiB+8  rfull    u64    is longer than 1 MiB: the peer records
 //!  offset 1 MiB+16 records  [store offset u64, first touch ns u64] x (the rest / 16)
@@ -29,8 +32,10 @@ use faultline_sys::mem::{self, Mapping};
 
 /// The REMOVE section's size: a header and 65 535 ranges.
 const BYTES: usize = 1 << 20;
-/// Ranges it holds.
-const CAPACITY: usize = (BYTES - 16) / 16;
+/// Ranges it holds (the header before them, the identity after).
+const CAPACITY: usize = (BYTES - 32) / 16;
+/// The identity's first word.
+const IDENTITY: usize = (BYTES - 16) / 8;
 /// The record section's first word.
 const RECORD: usize = BYTES / 8;
 /// Bit 0 of the flags word: an entry did not fit.
@@ -63,6 +68,24 @@ impl Journal {
     /// taking it over tracks it on.
     pub fn set_tracks_dirty(&self) {
         self.word(1).fetch_or(TRACKS_DIRTY, Ordering::Release);
+    }
+
+    /// Notes the memory file the peer is served from (its size and
+    /// fingerprint: [`crate::record::Identity`]), so a serve taking it over
+    /// from another file refuses to.
+    pub fn set_identity(&self, memory_bytes: u64, fingerprint: u64) {
+        self.word(IDENTITY).store(memory_bytes, Ordering::Relaxed);
+        self.word(IDENTITY + 1)
+            .store(fingerprint, Ordering::Release);
+    }
+
+    /// The memory file the peer is served from (`None`: not said).
+    pub fn identity(&self) -> Option<(u64, u64)> {
+        let fingerprint = self.word(IDENTITY + 1).load(Ordering::Acquire);
+        let bytes = self.word(IDENTITY).load(Ordering::Relaxed);
+        (bytes, fingerprint)
+            .ne(&(0, 0))
+            .then_some((bytes, fingerprint))
     }
 
     /// Whether the peer's writes are tracked.
@@ -196,6 +219,8 @@ mod tests {
             (vec![(0x1000, 0x3000), (0x8000, 0x9000)], false)
         );
         assert!(!b.tracks_dirty());
+        assert_eq!(b.identity(), None);
+        b.set_identity(1 << 20, 0xfeed);
         b.set_tracks_dirty();
         assert!(b.tracks_dirty());
         assert!(!b.entries().1, "tracking is not an overflow");
@@ -204,6 +229,11 @@ mod tests {
         }
         assert!(b.entries().1, "the overflow is recorded");
         assert!(b.tracks_dirty());
+        assert_eq!(
+            b.identity(),
+            Some((1 << 20, 0xfeed)),
+            "a full journal keeps it"
+        );
     }
 
     #[test]

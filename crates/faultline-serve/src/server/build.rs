@@ -297,6 +297,9 @@ fn journal(
             if track_dirty {
                 journal.set_tracks_dirty();
             }
+            if let Some(id) = state.identity {
+                journal.set_identity(id.memory_bytes, id.fingerprint);
+            }
             let fds = [peer.uffd().as_fd(), journal.fd()];
             keeper.hand(id, raw, fds).map_err(BuildError::Deposit)?;
             // Deposited, not yet read off nor served: the next serve

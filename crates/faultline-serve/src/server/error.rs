@@ -14,6 +14,10 @@ pub enum ServeError {
     /// The configuration cannot run.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// `--takeover`/`--fd-store`: the keeper holds VMs served from another
+    /// memory file (what and which).
+    #[error("--takeover: {0}")]
+    OtherSnapshot(String),
     /// Opening the memory file failed.
     #[error("opening the memory file {}", path.display())]
     OpenMem {

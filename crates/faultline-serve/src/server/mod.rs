@@ -172,13 +172,19 @@ impl Server {
         };
         // Records name the memory file they were made for: one made for
         // another is refused.
+        // And the peers a keeper holds: one restored from another file is
+        // never served from this one.
         let identity = match config.record.is_some()
             || config.prefetch.is_some()
             || config.track_dirty.is_some()
+            || keeper.is_some()
         {
             true => Some(record::identity(&*store)?),
             false => None,
         };
+        if let Some(id) = identity {
+            check_taken(&taken, id, &source)?;
+        }
         let prefetch = match (&config.prefetch, identity) {
             (Some(p), Some(id)) => {
                 let rec = record::read_record(p)?;
@@ -584,6 +590,31 @@ fn check_outputs(
         .into_iter()
         .find_map(|(o, flag)| (flag == "--json").then_some(o));
     Ok((json, protected))
+}
+
+/// Refuses to take over the peers a keeper holds (`taken`) when one was
+/// served from another memory file than this serve's (`ours`, read from
+/// `source`): served this file's bytes, its guest memory would be
+/// corrupt. They stay with the keeper for a serve started with theirs.
+fn check_taken(taken: &[Taken], ours: record::Identity, source: &str) -> Result<(), ServeError> {
+    let theirs: Vec<(usize, (u64, u64))> = taken
+        .iter()
+        .filter_map(|t| {
+            let fd = t.handed.as_ref()?.journal.try_clone().ok()?;
+            Some((t.n, crate::keeper::Journal::open(fd).ok()?.identity()?))
+        })
+        .filter(|(_, id)| *id != (ours.memory_bytes, ours.fingerprint))
+        .collect();
+    let Some((_, (bytes, fingerprint))) = theirs.first() else {
+        return Ok(());
+    };
+    Err(ServeError::OtherSnapshot(format!(
+        "the keeper holds {} VM(s) (peer {}) served from another memory file ({bytes} bytes, fingerprint {fingerprint:016x}) than {source} ({} bytes, fingerprint {:016x}): served from it their memory would be corrupt; start serve with the memory file they were restored from (the keeper keeps them for --keeper-wait)",
+        theirs.len(),
+        theirs.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>().join(", "),
+        ours.memory_bytes,
+        ours.fingerprint
+    )))
 }
 
 /// With `--fd-store`: systemd's store and what it passed; with
