@@ -16,8 +16,10 @@
 //! 3. On the first signal it calls the command's stop hook if it set one
 //!    ([`on_stop`]: a daemon stops accepting, writes its statistics and
 //!    returns from `main` by itself); otherwise, and on a second signal, it
-//!    removes every registered path and ends the process as the signal
-//!    would have (exit status 128 + signal number).
+//!    calls the command's last words if it set them ([`on_abort`]: a
+//!    daemon ends what would hang without it), removes every registered
+//!    path and ends the process as the signal would have (exit status
+//!    128 + signal number).
 
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
@@ -55,6 +57,7 @@ enum Owned {
 struct Registry {
     owned: Mutex<Vec<(u64, Owned)>>,
     stop: Mutex<Option<StopHook>>,
+    abort: Mutex<Option<StopHook>>,
 }
 
 fn registry() -> &'static Registry {
@@ -62,6 +65,7 @@ fn registry() -> &'static Registry {
     R.get_or_init(|| Registry {
         owned: Mutex::new(Vec::new()),
         stop: Mutex::new(None),
+        abort: Mutex::new(None),
     })
 }
 
@@ -427,6 +431,9 @@ pub fn install() -> std::io::Result<()> {
                     }
                     _ => {
                         drop(hook);
+                        if let Some(last) = &*registry().abort.lock().expect("abort hook") {
+                            last(sig);
+                        }
                         remove_all();
                         signal::die_by(sig);
                     }
@@ -442,6 +449,14 @@ pub fn install() -> std::io::Result<()> {
 /// ends the process at once.
 pub fn on_stop(stop: impl Fn(i32) + Send + 'static) {
     *registry().stop.lock().expect("stop hook") = Some(Box::new(stop));
+}
+
+/// Before a second SIGINT/SIGTERM/SIGHUP (or the first, without a stop
+/// hook) ends the process, call `last` with the signal (from the signal
+/// thread): what must not outlive the process unattended (a daemon's
+/// clients that would wait for it forever) is ended there.
+pub fn on_abort(last: impl Fn(i32) + Send + 'static) {
+    *registry().abort.lock().expect("abort hook") = Some(Box::new(last));
 }
 
 /// Removes the leftovers of killed runs in `dir`: temporary outputs

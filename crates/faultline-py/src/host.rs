@@ -319,6 +319,16 @@ impl HostStore {
     }
 }
 
+impl HostStore {
+    /// How many of `want` bytes at `offset` lie before the store's end.
+    fn inside(&self, offset: u64, want: usize) -> usize {
+        match self.len {
+            Some(n) => n.saturating_sub(offset).min(want as u64) as usize,
+            None => want,
+        }
+    }
+}
+
 impl PageStore for HostStore {
     fn describe(&self) -> &str {
         &self.what
@@ -328,7 +338,19 @@ impl PageStore for HostStore {
         self.len
     }
 
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        // Never a request past `len(store)`: what lies past it reads as
+        // zeros (a store that checks its bounds is not asked to break them).
+        let inside = self.inside(offset, buf.len());
+        let (buf, past) = buf.split_at_mut(inside);
+        past.fill(0);
+        if buf.is_empty() {
+            return Ok(());
+        }
         let len = buf.len();
         self.run(
             OP_FILL,
@@ -345,6 +367,11 @@ impl PageStore for HostStore {
                 what: self.what.clone(),
                 offset,
             });
+        }
+        // Nothing past `len(store)` is written.
+        let data = &data[..self.inside(offset, data.len())];
+        if data.is_empty() {
+            return Ok(());
         }
         self.run(
             OP_WRITE_BACK,

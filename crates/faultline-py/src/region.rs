@@ -424,7 +424,22 @@ impl Region {
         }
         let mapped = len.div_ceil(page_size) * page_size;
         let pages = mapped / page_size;
-        let inner = crate::store::ZeroTail::wrap(inner, len, mapped);
+        if mode == Mode::ReadWrite {
+            // Refused now, as numpy.memmap does, rather than at a flush.
+            if !inner.writable() {
+                return Err(PyValueError::new_err(format!(
+                    "mode=\"r+\" writes back to the store, and {} takes no writes (opened read-only, or a Python store without write_back): use mode=\"r\" or \"c\"",
+                    inner.describe()
+                )));
+            }
+            if let Some(n) = inner.len().filter(|&n| n < len as u64) {
+                return Err(PyValueError::new_err(format!(
+                    "mode=\"r+\": {} holds {n} bytes and the region is {len}: what is written past its end could not be written back (a file is never grown); extend it first (os.truncate) or make the region at most {n} bytes",
+                    inner.describe()
+                )));
+            }
+        }
+        let inner = crate::store::ZeroTail::wrap(inner, len, mapped, mode == Mode::ReadWrite);
         let policy: PolicyKind = policy.parse().map_err(|_| {
             PyValueError::new_err(format!(
                 "unknown policy {policy:?}: expected \"fifo\", \"clock\" or \"refault\""
@@ -447,10 +462,7 @@ impl Region {
                 "fault_around must be at least 1 page",
             ));
         }
-        let kind = engine::choose(
-            engine,
-            inner.signal_safe() && store.signal_refusal.is_none(),
-        )?;
+        let kind = engine::choose(engine)?;
         if kind == EngineKind::Signal {
             if let Some(why) = store.signal_refusal {
                 return Err(PyValueError::new_err(why));

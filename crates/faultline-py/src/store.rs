@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use faultline::store::Tail;
+use faultline::store::{FillRange, PageCacheFile, Tail, WriteRange};
 use faultline::{PageStore, StoreError};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
@@ -258,32 +258,59 @@ fn redis_error(e: faultline_redis::RedisStoreError) -> PyErr {
     crate::error::os_error(errno, e.to_string())
 }
 
-/// A store that refuses regions longer than its data ([`Tail::Refuse`],
-/// e.g. a `MemoryStore`), as seen by a region whose *length* fits in it but
-/// whose last page passes its end (the length is not a multiple of the
-/// page size): the bytes past the end read as zeros and are not written
-/// back. Everything else is the store's.
+/// A store as a region of `len` bytes mapped as whole pages sees it,
+/// where the last page passes an end:
+///
+/// * the store's end, for a store that refuses regions longer than its
+///   data ([`Tail::Refuse`], e.g. a `MemoryStore`) but whose data the
+///   region's length fits in: the bytes past it read as zeros and are not
+///   written back;
+/// * the region's end, for a region that writes back (`mode="r+"`): the
+///   bytes of its last page past its length are not written back (they
+///   are the file's, as `numpy.memmap` leaves them; written back they
+///   would overwrite what another writer put there).
+///
+/// Everything else is the store's, batches included.
 pub struct ZeroTail {
     store: Arc<dyn PageStore>,
-    len: u64,
+    /// Bytes read from the store (zeros past).
+    data: u64,
+    /// Bytes written back.
+    writes: u64,
 }
 
 impl ZeroTail {
-    /// `store` for a region of `len` bytes mapped as `mapped` bytes:
-    /// wrapped when its tail page needs it, else unchanged.
-    pub fn wrap(store: Arc<dyn PageStore>, len: usize, mapped: usize) -> Arc<dyn PageStore> {
-        match store.len() {
-            Some(n) if store.tail() == Tail::Refuse && len as u64 <= n && n < mapped as u64 => {
-                Arc::new(ZeroTail { store, len: n })
-            }
-            _ => store,
+    /// `store` for a region of `len` bytes mapped as `mapped` bytes that
+    /// `writes` back: wrapped when its last page passes an end, else
+    /// unchanged.
+    pub fn wrap(
+        store: Arc<dyn PageStore>,
+        len: usize,
+        mapped: usize,
+        writes: bool,
+    ) -> Arc<dyn PageStore> {
+        let data = match store.len() {
+            Some(n) if store.tail() == Tail::Refuse && len as u64 <= n && n < mapped as u64 => n,
+            _ => u64::MAX,
+        };
+        let writes = match writes && len < mapped {
+            true => len as u64,
+            false => u64::MAX,
+        };
+        match (data, writes) {
+            (u64::MAX, u64::MAX) => store,
+            _ => Arc::new(ZeroTail {
+                store,
+                data,
+                writes: writes.min(data),
+            }),
         }
     }
+}
 
-    /// How many of `want` bytes at `offset` lie inside the data.
-    fn inside(&self, offset: u64, want: usize) -> usize {
-        self.len.saturating_sub(offset).min(want as u64) as usize
-    }
+/// How many of `want` bytes at `offset` lie before `end`.
+fn inside(end: u64, offset: u64, want: usize) -> usize {
+    end.saturating_sub(offset).min(want as u64) as usize
 }
 
 impl PageStore for ZeroTail {
@@ -291,10 +318,17 @@ impl PageStore for ZeroTail {
         self.store.describe()
     }
     fn len(&self) -> Option<u64> {
-        Some(self.len)
+        self.store.len()
+    }
+    fn tail(&self) -> Tail {
+        // Past the data it gives zeros itself.
+        match self.data {
+            u64::MAX => self.store.tail(),
+            _ => Tail::ZeroFill,
+        }
     }
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let n = self.inside(offset, buf.len());
+        let n = inside(self.data, offset, buf.len());
         let (data, tail) = buf.split_at_mut(n);
         tail.fill(0);
         if n > 0 {
@@ -302,14 +336,42 @@ impl PageStore for ZeroTail {
         }
         Ok(())
     }
+    fn fill_batch(&self, ranges: &mut [FillRange<'_>], out: &mut [Result<(), StoreError>]) {
+        let whole = |r: &FillRange<'_>| inside(self.data, r.offset, r.buf.len()) == r.buf.len();
+        if ranges.iter().all(whole) {
+            return self.store.fill_batch(ranges, out);
+        }
+        for (r, res) in ranges.iter_mut().zip(out.iter_mut()) {
+            *res = self.fill(r.offset, r.buf);
+        }
+    }
+    fn batched(&self) -> bool {
+        self.store.batched()
+    }
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        match self.inside(offset, data.len()) {
+        match inside(self.writes, offset, data.len()) {
             0 => Ok(()),
             n => self.store.write_back(offset, &data[..n]),
         }
     }
+    fn write_back_batch(&self, ranges: &[WriteRange<'_>], out: &mut [Result<(), StoreError>]) {
+        let clipped: Vec<WriteRange<'_>> = ranges
+            .iter()
+            .map(|r| WriteRange {
+                offset: r.offset,
+                data: &r.data[..inside(self.writes, r.offset, r.data.len())],
+            })
+            .collect();
+        self.store.write_back_batch(&clipped, out);
+    }
+    fn writable(&self) -> bool {
+        self.store.writable()
+    }
     fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
         self.store.view(offset, len)
+    }
+    fn page_cache(&self) -> Option<PageCacheFile<'_>> {
+        self.store.page_cache()
     }
     fn will_need(&self, offset: u64, len: usize) {
         self.store.will_need(offset, len)

@@ -84,3 +84,23 @@ class NoLength:
 
     def fill(self, offset: int, buf: memoryview) -> None:
         buf[:] = b"\x07" * len(buf)
+
+
+class Bounded:
+    """`n` bytes of value 7 that refuse any request past their end, as a
+    store checking its bounds does."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def fill(self, offset: int, buf: memoryview) -> None:
+        if offset + len(buf) > self.n:
+            raise ValueError(f"read past the end: {offset}+{len(buf)} > {self.n}")
+        buf[:] = b"\x07" * len(buf)
+
+    def write_back(self, offset: int, data: memoryview) -> None:
+        if offset + len(data) > self.n:
+            raise ValueError(f"write past the end: {offset}+{len(data)} > {self.n}")

@@ -178,7 +178,7 @@ def test_info_names_engines_and_capabilities():
     assert i["userfaultfd"] is not None
     assert "SIGBUS" in i["features"]
     assert "redis" in i["stores"] and "python" in i["stores"]
-    assert i["default_engine"]["local stores"] == "signal"
+    assert i["default_engine"] == "poll"
     assert i["version"] == faultline.__version__
 
 

@@ -218,3 +218,84 @@ def test_missing_file_is_file_not_found(tmp_path):
         faultline.FileStore(tmp_path / "absent.bin")
     assert e.value.errno == errno.ENOENT
     assert e.value.filename == str(tmp_path / "absent.bin")
+
+
+def test_arrays_go_to_the_kernel_with_the_default_engine(f64_file, tmp_path):
+    """numpy.save, tofile, file.write and os.write of an array whose pages
+    are not loaded yet: the kernel's own access is served (with the signal
+    engine it would fail with EFAULT or write short)."""
+    want = np.fromfile(f64_file, np.float64)
+    out = tmp_path / "out"
+    for write in (
+        lambda a, r: a.tofile(out),
+        lambda a, r: np.save(out, a),
+        lambda a, r: open(out, "wb").write(memoryview(r)),
+        lambda a, r: os.write(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), memoryview(r)),
+    ):
+        with faultline.Region(store=faultline.FileStore(f64_file)) as r:
+            assert r.engine == "poll"
+            a = r.as_array(np.float64)
+            n = write(a, r)
+            assert n in (None, len(r)), n
+            del a
+        if out.with_suffix(".npy").exists():
+            got = np.load(out.with_suffix(".npy"))
+            out.with_suffix(".npy").unlink()
+        else:
+            got = np.fromfile(out, np.float64)
+        assert np.array_equal(got, want)
+    # read(2) into a region's pages.
+    with faultline.Region(len(want) * 8, mode="c") as r, open(f64_file, "rb") as f:
+        assert f.readinto(memoryview(r)) == len(r)
+        assert np.array_equal(r.as_array(np.float64), want)
+
+
+def test_r_plus_never_grows_the_file_nor_writes_past_the_region(tmp_path):
+    """A file of 5000 bytes: its last page is written back up to its end
+    only; a region of 100 bytes over a page of a file writes back those
+    100 bytes, not what another writer put past them."""
+    p = tmp_path / "w.bin"
+    np.arange(5000, dtype=np.uint8).tofile(p)
+    with faultline.Region(store=faultline.FileStore(p), mode="r+") as r:
+        a = r.as_array(np.uint8)
+        a[4999] = 77
+        r.flush()
+        del a
+    got = np.fromfile(p, np.uint8)
+    assert len(got) == 5000
+    assert got[4999] == 77 and got[4998] == 4998 % 256
+    q = tmp_path / "share.bin"
+    np.zeros(8192, np.uint8).tofile(q)
+    with faultline.Region(100, store=faultline.FileStore(q), mode="r+") as r:
+        a = r.as_array(np.uint8)
+        a[0] = 1
+        with open(q, "r+b") as f:
+            f.seek(200)
+            f.write(b"\x07")
+        r.flush()
+        del a
+    got = np.fromfile(q, np.uint8)
+    assert (got[0], got[200], len(got)) == (1, 7, 8192)
+
+
+def test_r_plus_is_refused_where_writes_could_not_go_back(tmp_path):
+    p = tmp_path / "short.bin"
+    np.zeros(5000, np.uint8).tofile(p)
+    with pytest.raises(ValueError, match="holds 5000 bytes and the region is 10000"):
+        faultline.Region(10000, store=faultline.FileStore(p), mode="r+")
+    assert os.path.getsize(p) == 5000
+    from stores_for_tests import Arange
+
+    with pytest.raises(ValueError, match="takes no writes"):
+        faultline.Region(store=Arange(1024), mode="r+")
+
+
+def test_a_python_store_is_never_asked_past_its_length(tmp_path):
+    from stores_for_tests import Bounded
+
+    with faultline.Region(store=Bounded(5000), mode="r+", fault_around=4) as r:
+        a = r.as_array(np.uint8)
+        assert len(a) == 5000 and (a == 7).all()
+        a[4999] = 1
+        assert r.flush() == 1
+        del a

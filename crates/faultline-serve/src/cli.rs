@@ -513,6 +513,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let stop = server.stop_handle();
     faultline_cli_support::cleanup::on_stop(move |sig| stop.stop(sig));
+    let abort = server.abort_handle();
+    faultline_cli_support::cleanup::on_abort(move |sig| abort.abort(sig));
     server.run()?;
     Ok(())
 }

@@ -61,5 +61,5 @@ pub mod summary;
 pub mod testing;
 
 pub use config::{ConfigError, LogFormat, ServeConfig, Source};
-pub use server::{RequestHandle, ServeError, Server, StopHandle};
+pub use server::{AbortHandle, RequestHandle, ServeError, Server, StopHandle};
 pub use summary::{Handoff, PeerSummary};

@@ -647,6 +647,51 @@ fn sigterm_stops_accepting_serves_the_live_peer_to_its_end_and_writes_json() {
     assert!(sums[0]["faults"].as_u64().unwrap() > 0, "{sums:?}");
 }
 
+/// A second stop signal ends serve at once (Ctrl-C twice): the VMM it
+/// served is killed, with the reason, not left waiting forever for pages
+/// no one will serve.
+#[test]
+fn a_second_signal_ends_serve_at_once_and_kills_the_vmms_it_served() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = Dir::new("second-signal", 4 * MIB);
+    let paused = ["--pause-at", "30", "--pause-ms", "30000", "--threads", "2"];
+    let mut s = serve(&dir, &["--grace", "20"]);
+    let mut p = peer(&dir, "p", &paused);
+    dir.wait_for("p.err", "paused");
+    term(&s);
+    dir.wait_for("serve.err", "SIGTERM: stopping");
+    faultline_sys::process::kill(s.pid() as i32, faultline_sys::process::SIGINT).unwrap();
+    let st = s.wait(WAIT);
+    assert_eq!(st.signal(), Some(2), "{st}: {}", dir.text("serve.err"));
+    assert_killed(&mut p, &dir, "serve ended at once (SIGINT again)");
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains("ending at once (SIGINT again): 1 VMM(s) still served"),
+        "{log}"
+    );
+    assert!(!dir.sock().exists());
+}
+
+/// A new snapshot renamed over the memory file while serve runs: a VMM
+/// that comes after is refused (served the old file's bytes its memory
+/// would be wrong) and killed, with the reason.
+#[test]
+fn a_vmm_after_the_memory_file_was_replaced_is_refused() {
+    let dir = Dir::new("mem-replaced", 4 * MIB);
+    let mut s = serve(&dir, &["--peers", "1"]);
+    let new = dir.path("mem.new");
+    std::fs::copy(dir.path("mem"), &new).unwrap();
+    std::fs::rename(&new, dir.path("mem")).unwrap();
+    let mut p = peer(&dir, "p", &["--verify-all"]);
+    assert_killed(&mut p, &dir, "its hand-off was refused");
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains("is another file now (replaced while serve ran)"),
+        "{log}"
+    );
+}
+
 #[test]
 fn a_peer_still_served_when_the_grace_period_ends_is_killed_or_left() {
     let dir = Dir::new("grace", 4 * MIB);

@@ -46,6 +46,10 @@ pub enum Refusal {
     /// Building the peer.
     #[error(transparent)]
     Build(#[from] BuildError),
+    /// The memory file's path names another file than serve opened (why):
+    /// a VMM restored from it would be served the old one's bytes.
+    #[error("{0}")]
+    MemReplaced(String),
 }
 
 impl Refusal {
@@ -91,6 +95,7 @@ impl Refusal {
                 BackingError::NoSnapshot => "no_snapshot",
             },
             Refusal::Build(_) => "regions",
+            Refusal::MemReplaced(_) => "memory_file_replaced",
         }
     }
 }
@@ -310,6 +315,9 @@ fn accept(
     // Peeked, not yet deposited with the keeper: the next serve reads it
     // again off the connection the keeper holds.
     faultline_sys::failpoint::hit("handoff-received");
+    if let Some(why) = state.mem.as_ref().and_then(|m| m.replaced()) {
+        return Err(Refusal::MemReplaced(why));
+    }
     let raw = std::mem::take(&mut received.raw);
     let origin = Origin::Handed {
         raw: &raw,

@@ -126,6 +126,37 @@ impl StopHandle {
     }
 }
 
+/// Ends serve's VMMs at once, for a second stop signal that ends serve
+/// before its grace period (see [`Server::abort_handle`]).
+pub struct AbortHandle(Arc<State>);
+
+impl AbortHandle {
+    /// Serve ends now (signal `sig`): the VMMs still served are killed
+    /// (their vCPUs would wait at their next missing page forever) unless
+    /// `--leave-peer-on-error`; with a keeper they stay with it for the
+    /// next serve. Says so.
+    pub fn abort(&self, sig: i32) {
+        let state = &self.0;
+        let peers = state.engine.peers();
+        let cause = stop_cause(sig);
+        if state.keeper.is_some() {
+            say(format_args!(
+                "ending at once ({cause} again): the {} VMM(s) still served stay with the keeper; the next serve takes them over",
+                peers.len()
+            ));
+            return;
+        }
+        say(format_args!(
+            "ending at once ({cause} again): {} VMM(s) still served",
+            peers.len()
+        ));
+        for p in peers {
+            let s = state.lookup(p.id());
+            state.kill(s.n, s.pid, &format!("serve ended at once ({cause} again)"));
+        }
+    }
+}
+
 /// What asked a stop, in words.
 fn stop_cause(sig: i32) -> String {
     match sig {
@@ -354,6 +385,12 @@ impl Server {
     /// A handle that stops this server (from another thread).
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
+    }
+
+    /// What a second stop signal runs before the process ends (see
+    /// [`AbortHandle`]).
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(self.state.clone())
     }
 
     /// Serves until the configured peers have come and gone, no peer was

@@ -177,6 +177,20 @@ impl MemFile {
         })
     }
 
+    /// Why a new VMM is not served, when the path names another file than
+    /// the one serve opened (a new snapshot renamed over it): VMMs
+    /// restored from that one would be served this one's bytes.
+    pub fn replaced(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&self.path).ok()?;
+        ((m.dev(), m.ino()) != self.id).then(|| {
+            format!(
+                "the memory file {} is another file now (replaced while serve ran): a VMM restored from it would be served the bytes of the one serve opened; start a serve on it for new VMMs (the VMMs served already are served on)",
+                self.path.display()
+            )
+        })
+    }
+
     /// Says (once) what changed in the file since serve opened it, if
     /// anything did: a truncation makes the pages past its new end
     /// unreadable (the `UFFDIO_COPY` from them fails, `EFAULT`), which

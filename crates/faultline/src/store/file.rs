@@ -133,6 +133,10 @@ impl FileStore {
 }
 
 impl PageStore for FileStore {
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
     fn describe(&self) -> &str {
         &self.what
     }

@@ -90,6 +90,14 @@ pub trait PageStore: Send + Sync + 'static {
     /// Writes `data` back at `offset`.
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError>;
 
+    /// Whether [`write_back`](Self::write_back) can succeed at all: `false`
+    /// for a store that refuses every write (a file it could open only
+    /// read-only), so that a region meant to write back can be refused
+    /// when it is made rather than at its first flush.
+    fn writable(&self) -> bool {
+        true
+    }
+
     /// Writes every range back, each with its own result (`out[i]` for
     /// `ranges[i]`, same lengths). A store that pays per request (a
     /// [`batched`](Self::batched) one) does all of them in one round
