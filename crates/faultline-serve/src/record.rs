@@ -100,14 +100,31 @@ impl Record {
 
     /// Refuses the record (read from `path`) unless it was made for the
     /// memory file `memory` is; a v1 record passes (it names none).
+    /// Its pages must lie in the memory file, on page boundaries (a v1
+    /// record is checked for that too).
     pub fn check(&self, path: &Path, memory: Identity) -> Result<(), RecordError> {
-        match self.identity {
-            Some(id) if id != memory => Err(RecordError::OtherMemory {
+        if let Some(id) = self.identity.filter(|&id| id != memory) {
+            return Err(RecordError::OtherMemory {
                 path: path.into(),
                 made_for: id,
                 memory,
+            });
+        }
+        let bad = |o: u64| o % PAGE != 0 || o >= memory.memory_bytes;
+        match self
+            .pages
+            .iter()
+            .map(|p| p.offset)
+            .filter(|&o| bad(o))
+            .collect::<Vec<_>>()[..]
+        {
+            [] => Ok(()),
+            [first, ..] => Err(RecordError::Offsets {
+                path: path.into(),
+                bad: self.pages.iter().filter(|p| bad(p.offset)).count(),
+                first,
+                memory_bytes: memory.memory_bytes,
             }),
-            _ => Ok(()),
         }
     }
 }
@@ -126,6 +143,18 @@ pub enum RecordError {
         /// The error.
         #[source]
         source: std::io::Error,
+    },
+    /// Pages outside the memory file or off page boundaries.
+    #[error("{}: {bad} page offset(s) outside the memory file ({memory_bytes} bytes) or not on a 4 KiB boundary, the first {first:#x}", path.display())]
+    Offsets {
+        /// The file.
+        path: PathBuf,
+        /// How many.
+        bad: usize,
+        /// The first.
+        first: u64,
+        /// The memory file's size.
+        memory_bytes: u64,
     },
     /// The first line is not a header this build reads.
     #[error("{} is not a faultline working-set record (v1 or v2)", path.display())]
@@ -479,6 +508,22 @@ mod tests {
             back.check(&path, other),
             Err(RecordError::OtherMemory { .. })
         ));
+        // A v1 record's pages past the file or off page boundaries (an
+        // offset near 2^64 once aborted serve allocating its bitmap).
+        let v1 = dir.join("v1.txt");
+        write(&v1, &[0x1000, 0xffff_ffff_ffff_f000, 0x1001, 63 * 4096]).unwrap();
+        let e = read_record(&v1).unwrap().check(&v1, id).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                RecordError::Offsets {
+                    bad: 2,
+                    first: 0xffff_ffff_ffff_f000,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -603,6 +603,51 @@ fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
     assert_eq!(std::fs::read(dir.sock()).unwrap(), b"not a socket");
 }
 
+/// A memory file that is a FIFO (opening it would wait for a writer
+/// forever), a directory, a character device or empty is refused at
+/// start, before the socket is bound; a `--prefetch` record with pages
+/// past the file is refused too (one near 2^64 once aborted serve).
+#[test]
+fn a_memory_file_that_is_no_snapshot_is_refused_at_start() {
+    let dir = Dir::new("mem-kinds", MIB);
+    let fifo = dir.path("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    std::fs::write(dir.path("empty"), b"").unwrap();
+    std::fs::create_dir(dir.path("dir")).unwrap();
+    let sock = dir.sock();
+    for (mem, why) in [
+        (fifo.clone(), "not a regular file"),
+        (dir.path("dir"), "not a regular file"),
+        (PathBuf::from("/dev/zero"), "not a regular file"),
+        (dir.path("empty"), "empty: there is nothing to serve"),
+    ] {
+        let args = [
+            "--socket",
+            sock.to_str().unwrap(),
+            "--mem",
+            mem.to_str().unwrap(),
+        ];
+        let mut s = Proc::start("serve", SERVE, &args, &dir.path("kinds.err"));
+        let st = s.wait(WAIT);
+        let log = dir.text("kinds.err");
+        assert!(!st.success() && log.contains(why), "{mem:?}: {st}: {log}");
+        assert!(!sock.exists());
+    }
+    let rec = dir.path("far.txt");
+    faultline_serve::record::write(&rec, &[0x1000, 0xffff_ffff_ffff_f000]).unwrap();
+    let mut s = testing::start(&dir, "far", SERVE, &["--prefetch", rec.to_str().unwrap()]);
+    let st = s.wait(WAIT);
+    let log = dir.text("far.err");
+    assert!(
+        !st.success() && log.contains("outside the memory file"),
+        "{st}: {log}"
+    );
+}
+
 /// Sends SIGTERM to `p`.
 fn term(p: &Proc) {
     faultline_sys::process::kill(p.pid() as i32, faultline_sys::process::SIGTERM).unwrap();

@@ -17,6 +17,26 @@ use crate::config::Source;
 pub fn open_store(source: &Source) -> Result<(Arc<dyn PageStore>, String), ServeError> {
     match source {
         Source::Mem(mem) => {
+            let refused = |what: &str| ServeError::OpenMem {
+                path: mem.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_string()),
+            };
+            // Looked at before it is opened: opening a FIFO would wait for a
+            // writer forever.
+            let m = std::fs::metadata(mem).map_err(|source| ServeError::OpenMem {
+                path: mem.clone(),
+                source,
+            })?;
+            use std::os::unix::fs::FileTypeExt;
+            let block = m.file_type().is_block_device();
+            if !m.is_file() && !block {
+                return Err(refused(
+                    "not a regular file nor a block device (a directory, a FIFO, a character device is not a snapshot's memory)",
+                ));
+            }
+            if m.len() == 0 && !block {
+                return Err(refused("empty: there is nothing to serve"));
+            }
             // Read-only: serve never writes the snapshot it serves.
             let store = std::fs::File::open(mem)
                 .and_then(|f| FileStore::from_file(f, mem, 0, FileAccess::Mmap, false))
