@@ -12,7 +12,7 @@
 //! assert!(config.check().is_err());
 //! ```
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use faultline::{HandlerWait, ReadaheadConfig};
@@ -184,6 +184,9 @@ pub struct ServeConfig {
 /// Why a [`ServeConfig`] cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// `--metrics` names the socket VMMs connect to.
+    #[error("--metrics {}: the path of --socket (the VMMs' socket): give the metrics another", .0.display())]
+    MetricsAtSocket(PathBuf),
     /// No handler thread.
     #[error("the number of handler threads must be at least 1")]
     Threads,
@@ -317,6 +320,12 @@ impl ServeConfig {
         ] {
             if d.is_zero() {
                 return Err(ConfigError::ZeroTime { what });
+            }
+        }
+        if let Some(MetricsAddr::Unix(p)) = &self.metrics {
+            let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+            if abs(p) == abs(&self.socket) {
+                return Err(ConfigError::MetricsAtSocket(p.clone()));
             }
         }
         if let Source::Store(url) = &self.source {

@@ -835,6 +835,7 @@ fn outputs_that_name_what_serve_reads_or_binds_are_refused() {
     let (link, hard, set, out) = (p("mem-link"), p("mem-hard"), p("set.txt"), p("out.json"));
     let metrics = p("metrics.sock");
     for (i, (extra, why)) in [
+        (vec!["--metrics", &sock], "the path of --socket"),
         (vec!["--json", &link], "the same file as --mem"),
         (vec!["--record", &hard], "the same file as --mem"),
         (vec!["--track-dirty", &p("mem")], "the same file as --mem"),
@@ -991,6 +992,10 @@ fn a_client_that_holds_no_userfaultfd_is_refused_and_not_killed() {
             "(pid {}): not killed: it holds no userfaultfd",
             client.pid()
         )),
+        "{log}"
+    );
+    assert!(
+        log.contains("all 2 peers done with: 1 served to their end, 1 refused, 0 failed"),
         "{log}"
     );
 }

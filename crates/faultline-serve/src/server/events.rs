@@ -23,6 +23,7 @@ pub fn on_event(state: &State, ev: PeerEvent) {
             if let Some(m) = &state.mem {
                 m.say_if_changed();
             }
+            state.failed.fetch_add(1, SeqCst);
             let fate = state.kill(n, pid, "serve can no longer serve it");
             finish(state, &peer, format!("failed ({fate}): {error}"), false);
         }

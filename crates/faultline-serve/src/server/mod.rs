@@ -322,6 +322,7 @@ impl Server {
             reports: Mutex::default(),
             oom: Mutex::default(),
             protected,
+            failed: AtomicUsize::new(0),
         });
         let metrics = match &state.config.metrics {
             Some(addr) => {
@@ -550,7 +551,15 @@ fn serve(
             continue;
         }
         if state.config.peers.is_some_and(|n| c >= n && f >= c) {
-            say(format_args!("all {c} peers served; exiting"));
+            let refused: u64 = state.counters.refusals().values().sum();
+            let failed = state.failed.load(SeqCst) as u64;
+            match refused + failed {
+                0 => say(format_args!("all {c} peers served; exiting")),
+                _ => say(format_args!(
+                    "all {c} peers done with: {} served to their end, {refused} refused, {failed} failed; exiting",
+                    (c as u64).saturating_sub(refused + failed)
+                )),
+            }
             return Ok(End::Served);
         }
         if c > f {

@@ -129,6 +129,8 @@ pub struct State {
     pub oom: Mutex<HashMap<u64, super::oom::OomWatch>>,
     /// What an output written must not be (see `outputs.rs`).
     pub protected: super::outputs::Protected,
+    /// Peers whose serving failed (they were killed, or left).
+    pub failed: AtomicUsize,
 }
 
 impl State {
