@@ -1668,6 +1668,11 @@ fn a_serve_on_another_memory_file_refuses_to_take_over() {
     dir.wait_for("p.err", "paused");
     s.kill();
     dir.wait_for("serve.err", "holding 1 peer(s) for the next serve");
+    // Without --takeover: told who holds the socket, and how to go on.
+    let mut plain = testing::start(&dir, "plain", SERVE, &["--timeout", "5"]);
+    assert!(!plain.wait(WAIT).success());
+    let log = dir.text("plain.err");
+    assert!(log.contains("a keeper of a serve started with --takeover"), "{log}");
     let sock = dir.sock();
     let wrong = [
         "--socket",

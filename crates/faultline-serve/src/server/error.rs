@@ -68,7 +68,7 @@ pub enum ServeError {
         path: PathBuf,
     },
     /// A server answers on the socket path.
-    #[error("{}: in use by {} (a server answers on it); stop it or choose another --socket", path.display(), if *pid > 0 { format!("pid {pid}") } else { "a process in another pid namespace".to_string() })]
+    #[error("{}: in use by {}; stop it or choose another --socket", path.display(), in_use_by(*pid))]
     InUse {
         /// The path.
         path: PathBuf,
@@ -118,4 +118,17 @@ pub enum ServeError {
     /// Writing the peers' summaries failed.
     #[error("writing the summaries (--json): {0:#}")]
     WriteJson(anyhow::Error),
+}
+
+/// Who answers on a socket whose listener was bound by `pid`
+/// (`SO_PEERCRED` of a connection to it: the process that called
+/// `listen`, which may be gone while another holds the listener).
+fn in_use_by(pid: i32) -> String {
+    match pid {
+        0 => "a process in another pid namespace (a server answers on it)".into(),
+        p if faultline_sys::process::alive(p) => format!("pid {p} (a server answers on it)"),
+        p => format!(
+            "a process that holds the listener pid {p} bound and is gone: a keeper of a serve started with --takeover (start serve with --takeover on the same --socket to take its VMMs over), or a child it passed the listener to"
+        ),
+    }
 }
