@@ -431,6 +431,8 @@ fn a_keeper_no_serve_comes_back_to_kills_its_peers_and_exits() {
         assert!(Instant::now() < deadline, "the keeper is still there");
         std::thread::sleep(Duration::from_millis(10));
     }
+    // No serve listens on the path any more: the keeper removed it.
+    assert!(!dir.sock().exists(), "the socket was left behind");
 }
 
 /// The pages of the record at `path`, sorted.

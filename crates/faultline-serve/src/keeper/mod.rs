@@ -1036,6 +1036,7 @@ pub fn run(spec: &Spec) -> Result<(), KeeperError> {
         let waiting = k.listener.as_ref().is_some_and(|(l, _)| queued(l));
         if k.serve.is_none() && k.held.is_empty() && !waiting {
             say(format_args!("no peer and no serve: exiting"));
+            remove_socket(spec, &k);
             return Ok(());
         }
         if k.serve.is_none() && alone_since.elapsed() > wait {
@@ -1054,8 +1055,20 @@ pub fn run(spec: &Spec) -> Result<(), KeeperError> {
             if let Some((l, _)) = &k.listener {
                 drain(l, leave);
             }
+            remove_socket(spec, &k);
             return Ok(());
         }
+    }
+}
+
+/// Removes serve's socket path, as the serve that bound it would have, if
+/// it still names the listener the keeper holds (no serve listens on it
+/// once the keeper is gone; a path bound again since is another's).
+fn remove_socket(spec: &Spec, k: &Kept) {
+    use std::os::unix::fs::MetadataExt;
+    let Some((_, id)) = &k.listener else { return };
+    if std::fs::symlink_metadata(&spec.socket).is_ok_and(|m| (m.dev(), m.ino()) == *id) {
+        let _ = std::fs::remove_file(&spec.socket);
     }
 }
 
