@@ -303,6 +303,16 @@ pub fn read(path: &Path) -> Result<Vec<u64>, RecordError> {
     Ok(read_record(path)?.offsets())
 }
 
+/// Whether the file at `path` begins as a record does (its first bytes
+/// are a record's header; nothing else of it is read).
+pub fn is_record(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 32];
+    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head));
+    let prefix = &HEADER_V1.as_bytes()[..HEADER_V1.len() - 1];
+    n.is_ok_and(|n| head[..n].starts_with(prefix))
+}
+
 /// Reads a record written by [`write()`] (v1) or [`write_record`] (v2).
 pub fn read_record(path: &Path) -> Result<Record, RecordError> {
     let text = std::fs::read_to_string(path).map_err(|source| RecordError::Read {
@@ -512,6 +522,10 @@ mod tests {
         // offset near 2^64 once aborted serve allocating its bitmap).
         let v1 = dir.join("v1.txt");
         write(&v1, &[0x1000, 0xffff_ffff_ffff_f000, 0x1001, 63 * 4096]).unwrap();
+        assert!(is_record(&v1) && is_record(&path));
+        assert!(!is_record(&dir.join("nothing")));
+        std::fs::write(dir.join("mem"), &bytes).unwrap();
+        assert!(!is_record(&dir.join("mem")));
         let e = read_record(&v1).unwrap().check(&v1, id).unwrap_err();
         assert!(
             matches!(

@@ -166,6 +166,15 @@ pub fn run(cmd: RecordCmd) -> anyhow::Result<()> {
         }
         RecordCmd::Merge(a) => {
             let out = OutputPath::check(&a.output, "--output")?;
+            // A record it replaces, yes (a set merged with what came
+            // after it); any other file, never (a memory file named by
+            // mistake).
+            if !out.is_null() && out.target().exists() && !record::is_record(out.target()) {
+                anyhow::bail!(
+                    "--output {}: exists and is not a working-set record: not replaced; remove it first or give another path",
+                    a.output.display()
+                );
+            }
             let records = a
                 .files
                 .iter()

@@ -1672,7 +1672,10 @@ fn a_serve_on_another_memory_file_refuses_to_take_over() {
     let mut plain = testing::start(&dir, "plain", SERVE, &["--timeout", "5"]);
     assert!(!plain.wait(WAIT).success());
     let log = dir.text("plain.err");
-    assert!(log.contains("a keeper of a serve started with --takeover"), "{log}");
+    assert!(
+        log.contains("a keeper of a serve started with --takeover"),
+        "{log}"
+    );
     let sock = dir.sock();
     let wrong = [
         "--socket",

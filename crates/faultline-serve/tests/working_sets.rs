@@ -80,6 +80,19 @@ fn a_set_merged_from_five_restores_covers_a_sixth() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Merged again over itself (a record it may replace), but never over
+    // a file that is not a record (the memory file named by mistake).
+    let mem = dir.path("mem");
+    let before = std::fs::read(&mem).unwrap();
+    let mut again = vec!["merge", "-k", "1", "-o", mem.to_str().unwrap()];
+    again.extend(files.iter().map(String::as_str));
+    let out = tool(&again);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is not a working-set record"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&mem).unwrap(), before);
     let m = record::read_record(&merged).unwrap();
     assert_eq!(m.recordings, 5);
     assert_eq!(m.identity, recs[0].identity);
