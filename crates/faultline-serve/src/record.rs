@@ -110,7 +110,7 @@ impl Record {
                 memory,
             });
         }
-        let bad = |o: u64| o % PAGE != 0 || o >= memory.memory_bytes;
+        let bad = |o: u64| !o.is_multiple_of(PAGE) || o >= memory.memory_bytes;
         match self
             .pages
             .iter()
