@@ -391,6 +391,14 @@ fn a_shared_snapshot_is_served_with_continue_zero_copy() {
     let (snap, done) = SharedSnapshot::create(&path.0, &*store, |_, _| {}).unwrap();
     assert_eq!((snap.len(), done.bytes), (2 * len as u64, 2 * len as u64));
     assert_eq!(std::fs::read(&path.0).unwrap(), data);
+    // Written under a temporary name, linked whole: nothing else is left.
+    let name = path.0.file_name().unwrap().to_string_lossy().into_owned();
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.contains(&name) && *n != name)
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     // What it refuses: an existing path; reusing it for other bytes.
     let e = SharedSnapshot::create(&path.0, &*store, |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("creating"), "{e}");

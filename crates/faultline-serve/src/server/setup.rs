@@ -118,6 +118,10 @@ pub fn shared_snapshot(
         ));
         return Ok(snap);
     }
+    // The partial copies a killed serve left beside it (tmpfs memory).
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        faultline_cli_support::cleanup::sweep(dir);
+    }
     let mut next = 0u64;
     let (snap, done) = SharedSnapshot::create(path, store, |d, total| {
         if d >= next || d == total {

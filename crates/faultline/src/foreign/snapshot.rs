@@ -257,7 +257,11 @@ impl SharedSnapshot {
     /// on tmpfs, or hugetlbfs with 2 MiB pages and a free pool as large as
     /// the store, and must not exist), mode 0444. `progress(done, total)` is
     /// called after each 2 MiB chunk. This is the one-time population cost
-    /// of the shared page cache.
+    /// of the shared page cache. The file is written as `.NAME.partial-PID`
+    /// beside `path` and linked at `path` only once whole, so `path` never
+    /// names a partial copy (a process killed while writing leaves the
+    /// temporary, which `faultline_cli_support::cleanup::sweep` removes
+    /// once the PID is gone).
     pub fn create(
         path: &Path,
         store: &dyn PageStore,
@@ -265,16 +269,25 @@ impl SharedSnapshot {
     ) -> Result<(SharedSnapshot, Populated), SnapshotError> {
         let t = Instant::now();
         let len = store.len().ok_or(SnapshotError::StoreLength)?;
+        let exists = |source| SnapshotError::Create {
+            path: path.to_owned(),
+            source,
+        };
+        if path.symlink_metadata().is_ok() {
+            return Err(exists(std::io::ErrorKind::AlreadyExists.into()));
+        }
+        let tmp = path.with_file_name(format!(
+            ".{}.partial-{}",
+            path.file_name().unwrap_or_default().to_string_lossy(),
+            std::process::id()
+        ));
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .mode(0o444)
-            .open(path)
-            .map_err(|source| SnapshotError::Create {
-                path: path.to_owned(),
-                source,
-            })?;
+            .open(&tmp)
+            .map_err(exists)?;
         let made = (|| {
             let map_err = |source| SnapshotError::Map {
                 path: path.to_owned(),
@@ -323,10 +336,10 @@ impl SharedSnapshot {
             }
             Ok(())
         })();
-        if let Err(e) = made {
-            let _ = std::fs::remove_file(path);
-            return Err(e);
-        }
+        // Whole: linked at `path`, which fails if another made it meanwhile.
+        let made = made.and_then(|()| std::fs::hard_link(&tmp, path).map_err(exists));
+        let _ = std::fs::remove_file(&tmp);
+        made?;
         drop(file);
         let snap = Self::map(path)?;
         Ok((
