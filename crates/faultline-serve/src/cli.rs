@@ -478,12 +478,24 @@ pub fn main_if_keeper() {
     let Some(spec) = crate::keeper::Spec::of_this_process() else {
         return;
     };
+    crate::server::log::format_from_env();
     let done = block_signals().and_then(|()| Ok(crate::keeper::run(&spec?)?));
     if let Err(e) = done {
-        faultline_cli_support::print_error(&e);
-        std::process::exit(1);
+        end_with(&e, "faultline serve keeper");
     }
     std::process::exit(0);
+}
+
+/// Ends the process on `e`, said as `--log-format` says (an `error`
+/// object in JSON) by `source`.
+fn end_with(e: &anyhow::Error, source: &str) -> ! {
+    if crate::server::log::is_json() {
+        let text = faultline_cli_support::error_lines(e).join(": ");
+        crate::server::log::say_as(source, Some("error"), format_args!("{text}"));
+    } else {
+        faultline_cli_support::print_error(e);
+    }
+    std::process::exit(1);
 }
 
 /// Runs `faultline-serve ARGS` (`faultline serve ARGS`): SIGINT, SIGTERM
@@ -499,7 +511,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The stop signals too (faultline_cli_support::cleanup).
     faultline_cli_support::cleanup::install().context("taking SIGINT, SIGTERM and SIGHUP")?;
     end_on_panic();
-    let server = Server::start(args.config()?)?;
+    let config = args.config()?;
+    crate::server::log::set_format(config.log_format);
+    let server = Server::start(config).unwrap_or_else(|e| end_with(&e.into(), "faultline serve"));
     for (sig, name, ask) in REQUESTS {
         let handle = server.request_handle();
         std::thread::Builder::new()
@@ -515,7 +529,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     faultline_cli_support::cleanup::on_stop(move |sig| stop.stop(sig));
     let abort = server.abort_handle();
     faultline_cli_support::cleanup::on_abort(move |sig| abort.abort(sig));
-    server.run()?;
+    if let Err(e) = server.run() {
+        end_with(&e.into(), "faultline serve");
+    }
     Ok(())
 }
 

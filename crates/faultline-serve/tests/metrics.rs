@@ -226,6 +226,42 @@ fn a_scrape_mid_restore_matches_the_peers_report_and_parses() {
     }
     assert!(log.contains("metrics on unix:"), "{log}");
     assert!(!msock.exists(), "the metrics socket outlived serve");
+    // The line that ends serve is one too (an error object), and with
+    // --takeover the keeper's lines, on the same stderr.
+    let mut s = testing::start(
+        &dir,
+        "ends",
+        SERVE,
+        &[
+            "--timeout",
+            "1",
+            "--takeover",
+            "--keeper-wait",
+            "1",
+            "--log-format",
+            "json",
+        ],
+    );
+    assert!(!s.wait(testing::WAIT).success());
+    dir.wait_for("ends.err", "no peer and no serve: exiting");
+    let log = dir.text("ends.err");
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|v| v["level"] == "error"
+                && v["msg"].as_str().unwrap().contains("no peer connected")),
+        "{log}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|v| v["source"] == "faultline serve keeper"),
+        "{log}"
+    );
 }
 
 /// A handler thread held on one fault (its store read not returning: a

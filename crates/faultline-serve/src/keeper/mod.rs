@@ -594,6 +594,14 @@ fn spawn(spec: &Spec) -> Result<std::process::Child, KeeperError> {
     std::process::Command::new(own_exe()?)
         .arg0(KEEPER_ARG0)
         .env(KEEPER_ENV, spec.to_env())
+        .env(
+            crate::server::log::ENV,
+            if crate::server::log::is_json() {
+                "json"
+            } else {
+                "text"
+            },
+        )
         .env_remove(faultline_sys::failpoint::ENV)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -885,7 +893,7 @@ impl Linked {
 
 /// The keeper's lines on stderr.
 fn say(msg: std::fmt::Arguments<'_>) {
-    eprintln!("faultline serve keeper: {msg}");
+    crate::server::log::say_as("faultline serve keeper", None, msg);
 }
 
 /// A peer the keeper holds.

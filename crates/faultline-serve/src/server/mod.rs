@@ -51,7 +51,7 @@ mod build;
 mod dirty;
 mod error;
 mod events;
-mod log;
+pub(crate) mod log;
 mod oom;
 mod outputs;
 mod receive;
