@@ -71,7 +71,7 @@ pub struct ServeArgs {
     /// first did and when, to FILE when it hangs up (one page per fault:
     /// fault-around is off for a peer that records). With `{peer}` in FILE
     /// every peer records, each to FILE with `{peer}` replaced by its
-    /// connection number (merge them: `faultline-serve record merge`).
+    /// connection number (merge them: `faultline record merge`, or `faultline-serve record merge`).
     /// The record names the memory file it was made for. SIGUSR2 (or
     /// `POST /record` on --metrics) cuts every recording peer's record:
     /// written then, not at its hang-up (the last cycle: what the VM

@@ -187,7 +187,7 @@ pub fn run(cmd: RecordCmd) -> anyhow::Result<()> {
             let union: std::collections::HashSet<u64> =
                 records.iter().flat_map(|(_, r)| r.offsets()).collect();
             eprintln!(
-                "faultline-serve record: {} pages touched in at least {k} of {n} recordings (of {} touched in any) -> {}",
+                "record merge: {} pages touched in at least {k} of {n} recordings (of {} touched in any) -> {}",
                 merged.pages.len(),
                 union.len(),
                 a.output.display()

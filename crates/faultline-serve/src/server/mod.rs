@@ -529,11 +529,17 @@ fn serve(
                 accept_all(state, &mut sock)?;
             }
             let (c, f) = state.counts();
+            let until = match state.keeper {
+                Some(_) => ": they stay with the keeper for the next serve".to_string(),
+                None => format!(
+                    ", for at most {}s until they hang up",
+                    state.config.grace.as_secs_f64()
+                ),
+            };
             say(format_args!(
-                "{}: stopping: the socket is removed (no new peers); {} peer(s) still served, for at most {}s until they hang up",
+                "{}: stopping: the socket is removed (no new peers); {} peer(s) still served{until}",
                 stop_cause(sig),
                 c.saturating_sub(f),
-                state.config.grace.as_secs_f64()
             ));
             stopping = Some((sig, Instant::now()));
         }
