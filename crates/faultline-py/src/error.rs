@@ -45,6 +45,30 @@ pub fn os_error(errno: i32, message: String) -> PyErr {
 
 /// `OSError(errno, strerror, filename)` for an I/O error on `path`.
 pub fn io_error(e: std::io::Error, path: &std::path::Path) -> PyErr {
-    let errno = e.raw_os_error().unwrap_or(faultline::error::Errno::EIO.0);
+    let errno = errno_in(&e).unwrap_or(faultline::error::Errno::EIO.0);
     PyOSError::new_err((errno, e.to_string(), path.display().to_string()))
+}
+
+/// The errno of `e` or of the first error in its chain that has one (an
+/// `io::Error` wrapping a mapping's error keeps the kernel's errno there).
+fn errno_in(e: &std::io::Error) -> Option<i32> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if let Some(n) = io.raw_os_error() {
+                return Some(n);
+            }
+            if let Some(inner) = io.get_ref() {
+                cur = Some(inner);
+                continue;
+            }
+        }
+        if let Some(m) = c.downcast_ref::<faultline::error::MemError>() {
+            if let Some(n) = m.source.raw_os_error() {
+                return Some(n);
+            }
+        }
+        cur = c.source();
+    }
+    None
 }

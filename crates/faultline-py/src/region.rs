@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use faultline::policy::PolicyKind;
 use faultline::{EngineKind, EvictionConfig, MemoryKind, PageState, RunAheadConfig};
-use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict, PyRange};
@@ -174,6 +174,17 @@ fn resolve_store<'py>(
 fn parse_budget(b: &Bound<'_, PyAny>, region_bytes: usize, page_size: usize) -> PyResult<usize> {
     let bytes: f64 = if let Ok(n) = b.extract::<u64>() {
         n as f64
+    } else if b.is_instance_of::<pyo3::types::PyInt>() {
+        // Past u64 (a budget larger than any region: the whole region) or
+        // negative.
+        match b.lt(0)? {
+            true => {
+                return Err(PyValueError::new_err(format!(
+                    "budget {b}: a number of bytes is at least 0"
+                )))
+            }
+            false => f64::MAX,
+        }
     } else if let Ok(s) = b.extract::<String>() {
         let t = s.trim();
         let split = t
@@ -313,6 +324,10 @@ impl Region {
     /// region.
     fn pages_of(&self, start: usize, len: usize) -> PyResult<std::ops::Range<usize>> {
         match start.checked_add(len) {
+            // No byte, no page (the empty range at `start`).
+            Some(end) if end <= self.len && len == 0 => {
+                Ok(start / self.page_size..start / self.page_size)
+            }
             Some(end) if end <= self.len => {
                 Ok(start / self.page_size..end.div_ceil(self.page_size))
             }
@@ -422,7 +437,15 @@ impl Region {
                 "page_size must be a power of two of at least 4096 bytes, not {page_size}"
             )));
         }
-        let mapped = len.div_ceil(page_size) * page_size;
+        let mapped = len
+            .div_ceil(page_size)
+            .checked_mul(page_size)
+            .filter(|&m| m <= isize::MAX as usize)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "a region of {len} bytes is longer than an address space holds"
+                ))
+            })?;
         let pages = mapped / page_size;
         if mode == Mode::ReadWrite {
             // Refused now, as numpy.memmap does, rather than at a flush.
@@ -698,15 +721,33 @@ impl Region {
             Some(d) => d,
             None => "uint8".into_pyobject(py)?.into_any(),
         },))?;
+        // As numpy's reshape: one dimension may be -1 (the rest of the
+        // buffer), and then every element from `offset` on is taken.
         let count: isize = match &shape {
             None => -1,
             Some(s) => {
-                let dims: Vec<usize> = if let Ok(n) = s.extract::<usize>() {
-                    vec![n]
-                } else {
-                    s.extract()?
+                let dims: Vec<isize> = match s.extract::<isize>() {
+                    Ok(n) => vec![n],
+                    Err(_) => s.extract().map_err(|_| {
+                        PyTypeError::new_err("shape must be an int or a sequence of ints")
+                    })?,
                 };
-                dims.iter().product::<usize>() as isize
+                match dims.iter().filter(|&&d| d == -1).count() {
+                    0 if dims.iter().all(|&d| d >= 0) => dims
+                        .iter()
+                        .try_fold(1isize, |p, &d| p.checked_mul(d))
+                        .ok_or_else(|| {
+                            PyValueError::new_err(format!(
+                                "shape {dims:?}: more elements than a buffer can hold"
+                            ))
+                        })?,
+                    1 if dims.iter().all(|&d| d >= -1) => -1,
+                    _ => {
+                        return Err(PyValueError::new_err(format!(
+                            "shape {dims:?}: dimensions are sizes of at least 0, and at most one may be -1"
+                        )))
+                    }
+                }
             }
         };
         let kwargs = PyDict::new(py);

@@ -246,9 +246,14 @@ impl RedisStore {
 #[cfg(feature = "redis")]
 fn redis_error(e: faultline_redis::RedisStoreError) -> PyErr {
     let errno = match &e {
-        faultline_redis::RedisStoreError::Url { .. } => {
+        // Arguments: the caller's to mend.
+        faultline_redis::RedisStoreError::Url { .. }
+        | faultline_redis::RedisStoreError::Config { .. } => {
             return PyValueError::new_err(e.to_string());
         }
+        faultline_redis::RedisStoreError::Request {
+            errno: Some(errno), ..
+        } => *errno,
         faultline_redis::RedisStoreError::NoStore { .. } => faultline::error::Errno::ENOENT.0,
         faultline_redis::RedisStoreError::Io { source, .. } => source
             .raw_os_error()

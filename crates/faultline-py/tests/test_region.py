@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import gc
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -193,3 +195,51 @@ def test_spin_engine_serves_and_stops(f64_file):
     want = np.fromfile(f64_file, np.float64)
     with faultline.Region(store=faultline.FileStore(f64_file), engine="spin") as r:
         assert np.array_equal(r.as_array(np.float64), want)
+
+
+def test_as_array_takes_numpy_shapes(tmp_path):
+    f64_file = tmp_path / "t.f64"
+    want = write_f64(f64_file, 1 << 16)
+    with faultline.Region(store=faultline.FileStore(f64_file)) as r:
+        a = r.as_array(np.float64, shape=(-1, 128))
+        assert a.shape == (len(want) // 128, 128)
+        assert np.array_equal(a.ravel(), want)
+        assert r.as_array(np.float64, shape=-1).shape == want.shape
+        with pytest.raises(ValueError, match="more elements than a buffer"):
+            r.as_array(np.float64, shape=(2**32, 2**32))
+        with pytest.raises(ValueError, match="at most one may be -1"):
+            r.as_array(np.float64, shape=(-1, -1))
+        with pytest.raises(TypeError, match="shape must be"):
+            r.as_array(np.float64, shape="x")
+        # An empty range has no page, however it is given.
+        assert len(r.resident(range(10, 10))) == 0
+        assert len(r.resident(0, 0)) == 0
+
+
+def test_sizes_past_the_address_space_are_said_so(f64_file):
+    with pytest.raises(ValueError, match="longer than an address space"):
+        faultline.Region(2**64 - 1)
+    # A budget larger than any region is the whole region.
+    with faultline.Region(store=faultline.FileStore(f64_file), budget=2**70) as r:
+        assert r.stats()["budget_pages"] == r.pages
+
+
+def test_an_os_error_keeps_the_kernels_errno(tmp_path):
+    with pytest.raises(OSError) as e:
+        faultline.FileStore(tmp_path)  # a directory: mmap says ENODEV
+    assert e.value.errno == errno.ENODEV, e.value
+
+
+def test_a_store_class_of_an_interactive_main_is_refused_with_what_to_do():
+    code = (
+        "import faultline\n"
+        "class Sq:\n"
+        "    def __len__(self): return 4096\n"
+        "    def fill(self, off, buf): buf[:] = b'x' * len(buf)\n"
+        "try:\n"
+        "    faultline.Region(store=Sq())\n"
+        "except TypeError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "define it in a module" in out.stdout, (out.stdout, out.stderr)

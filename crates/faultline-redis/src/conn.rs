@@ -76,6 +76,7 @@ impl Single {
 pub(crate) struct Failure {
     pub(crate) key: String,
     pub(crate) cause: String,
+    pub(crate) errno: Option<i32>,
 }
 
 /// A store's server (or cluster) and its connections; see the module docs.
@@ -172,6 +173,7 @@ impl Client {
                 return Err(Failure {
                     key: key.to_string(),
                     cause: format!("{err} ({tries} tries over {:.1} s)", elapsed.as_secs_f64()),
+                    errno: crate::error::errno_of(&err),
                 });
             }
             std::thread::sleep(backoff);
@@ -200,6 +202,7 @@ impl Client {
             what: self.what.to_string(),
             op: format!("{op} ({})", f.key),
             cause: f.cause,
+            errno: f.errno,
         }
     }
 
@@ -265,6 +268,7 @@ impl Client {
                         what: self.what.to_string(),
                         op: format!("listing keys on master {addr} ({pattern})"),
                         cause: e.to_string(),
+                        errno: crate::error::errno_of(&e),
                     };
                     let mut c = redis::Client::open(format!("redis://{addr}"))
                         .and_then(|c| c.get_connection_with_timeout(self.cfg.connect_timeout))

@@ -16,6 +16,9 @@ pub enum RedisStoreError {
         what: String,
         op: String,
         cause: String,
+        /// The errno behind it, when the cause is a system call's
+        /// (`ECONNREFUSED`, `ETIMEDOUT`, ...: [`errno_of`]).
+        errno: Option<i32>,
     },
     /// No metadata key: nothing was put under this name.
     #[error("{what}: no store named {name:?} (key {key} is missing; write one with `faultline store put`)")]
@@ -62,4 +65,26 @@ pub enum RedisStoreError {
         cleanup: String,
         source: Box<RedisStoreError>,
     },
+}
+
+/// The errno behind a Redis error: an `io::Error`'s in its chain, else
+/// the one its kind names (a refused connection, a timeout).
+pub fn errno_of(e: &redis::RedisError) -> Option<i32> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(n) = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.raw_os_error())
+        {
+            return Some(n);
+        }
+        cur = c.source();
+    }
+    if e.is_connection_refusal() {
+        Some(faultline::error::Errno::ECONNREFUSED.0)
+    } else if e.is_timeout() {
+        Some(faultline::error::Errno::ETIMEDOUT.0)
+    } else {
+        None
+    }
 }

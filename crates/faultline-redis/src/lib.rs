@@ -324,6 +324,7 @@ impl RedisStore {
                     what: self.client.what.to_string(),
                     op: "reading chunks".into(),
                     cause: e.to_string(),
+                    errno: None,
                 })?;
             h = checksum(h, &buf[..n]);
             dst.write_all(&buf[..n])

@@ -91,6 +91,8 @@ impl Errno {
     pub const ELOOP: Errno = Errno(libc::ELOOP);
     /// `ETIMEDOUT`.
     pub const ETIMEDOUT: Errno = Errno(libc::ETIMEDOUT);
+    /// `ECONNREFUSED`.
+    pub const ECONNREFUSED: Errno = Errno(libc::ECONNREFUSED);
 
     /// The errno behind an `io::Error`, if it came from the kernel.
     pub fn of(e: &std::io::Error) -> Option<Errno> {

@@ -91,6 +91,24 @@ def _preparation(with_main: bool) -> dict[str, Any]:
     return d
 
 
+def _check_importable(cls: type) -> None:
+    """Refuses, with what to do, a store class the store process could not
+    import: one defined in the ``__main__`` of ``python -c``, of a script
+    read from stdin, of the interactive interpreter or of a notebook (it
+    has no file to run again)."""
+    if cls.__module__ != "__main__":
+        return
+    main = sys.modules.get("__main__")
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = getattr(main, "__file__", None)
+    if spec_name is None and (path is None or not os.path.isfile(path)):
+        raise TypeError(
+            f"the store class {cls.__qualname__} is defined in an interactive __main__ "
+            "(python -c, a script on stdin, the REPL or a notebook), which the store process "
+            "cannot import: define it in a module (a .py file on sys.path) and import it from there"
+        )
+
+
 def _recv_frame(sock: socket.socket) -> bytes:
     (n,) = FRAME.unpack(_recv_exact(sock, FRAME.size))
     return _recv_exact(sock, n)
@@ -153,6 +171,7 @@ class PythonStore:
                 f"{type(obj).__name__} is not a store: it needs a fill(offset, buffer) method "
                 "(and write_back(offset, data) to take writes)"
             )
+        _check_importable(type(obj))
         writable = callable(getattr(obj, "write_back", None))
         if length is None:
             try:

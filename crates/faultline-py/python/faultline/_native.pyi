@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 from typing import Any, Literal
 
 import numpy as np
@@ -37,7 +38,7 @@ class FileStore(Store):
 
     def __init__(self, path: str | os.PathLike[str], *, access: Literal["mmap", "pread"] = "mmap") -> None: ...
     @property
-    def path(self) -> str: ...
+    def path(self) -> pathlib.Path: ...
 
 class MemoryStore(Store):
     """A copy of a bytes-like object (bytes, bytearray, a contiguous NumPy

@@ -85,7 +85,8 @@ impl FileStore {
         let map = match access {
             FileAccess::Mmap if len > 0 && PageSize::BASE.is_aligned(base) => Some(
                 Mapping::file_readonly(&fd, len as usize, base).map_err(|e| {
-                    std::io::Error::new(e.source.kind(), format!("{}: {}", path.display(), e))
+                    let kind = e.source.kind();
+                    std::io::Error::new(kind, OnPath(path.clone(), e))
                 })?,
             ),
             _ => None,
@@ -306,5 +307,22 @@ mod tests {
         let e = store.fill(12 * 1024, &mut two).unwrap_err();
         assert_eq!(e.offset(), 16 * 1024);
         std::fs::remove_file(&path).unwrap();
+    }
+}
+
+/// An error of the mapping of `.0`: said with the path, its errno kept in
+/// its source (the `MemError`).
+#[derive(Debug)]
+struct OnPath(PathBuf, crate::error::MemError);
+
+impl std::fmt::Display for OnPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.0.display(), self.1)
+    }
+}
+
+impl std::error::Error for OnPath {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.1)
     }
 }
