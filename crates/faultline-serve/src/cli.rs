@@ -478,7 +478,7 @@ pub fn main_if_keeper() {
     let Some(spec) = crate::keeper::Spec::of_this_process() else {
         return;
     };
-    crate::server::log::format_from_env();
+    crate::log::format_from_env();
     let done = block_signals().and_then(|()| Ok(crate::keeper::run(&spec?)?));
     if let Err(e) = done {
         end_with(&e, "faultline serve keeper");
@@ -489,9 +489,9 @@ pub fn main_if_keeper() {
 /// Ends the process on `e`, said as `--log-format` says (an `error`
 /// object in JSON) by `source`.
 fn end_with(e: &anyhow::Error, source: &str) -> ! {
-    if crate::server::log::is_json() {
+    if crate::log::is_json() {
         let text = faultline_cli_support::error_lines(e).join(": ");
-        crate::server::log::say_as(source, Some("error"), format_args!("{text}"));
+        crate::log::say_as(source, Some("error"), format_args!("{text}"));
     } else {
         faultline_cli_support::print_error(e);
     }
@@ -512,7 +512,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     faultline_cli_support::cleanup::install().context("taking SIGINT, SIGTERM and SIGHUP")?;
     end_on_panic();
     let config = args.config()?;
-    crate::server::log::set_format(config.log_format);
+    crate::log::set_format(config.log_format);
     let server = Server::start(config).unwrap_or_else(|e| end_with(&e.into(), "faultline serve"));
     for (sig, name, ask) in REQUESTS {
         let handle = server.request_handle();

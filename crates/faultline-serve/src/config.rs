@@ -29,16 +29,7 @@ pub const MAX_THREADS: usize = 1024;
 pub const MAX_FAULT_AROUND: usize = 1024;
 pub use crate::metrics::MetricsAddr;
 
-/// How serve's lines on stderr are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LogFormat {
-    /// `faultline serve: MESSAGE`.
-    #[default]
-    Text,
-    /// One JSON object a line: `{"time":SECONDS,"source":"faultline serve","msg":MESSAGE}`
-    /// (`time`: seconds since the epoch).
-    Json,
-}
+pub use crate::log::LogFormat;
 
 /// The default cap of a fault's window: 512 pages, 2 MiB of 4 KiB pages.
 pub const FAULT_AROUND: usize = 512;

@@ -52,6 +52,7 @@ pub mod config;
 pub mod dirty_set;
 pub mod handshake;
 pub mod keeper;
+mod log;
 pub mod metrics;
 pub mod peer;
 pub mod record;

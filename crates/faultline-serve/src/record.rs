@@ -267,7 +267,7 @@ pub fn write(path: &Path, offsets: &[u64]) -> Result<(), RecordError> {
         .map_err(RecordError::Output)
 }
 
-/// Writes `record` (v2; a record without identity as v1) as [`write`]
+/// Writes `record` (v2; a record without identity as v1) as [`write()`]
 /// does.
 pub fn write_record(path: &Path, record: &Record) -> Result<(), RecordError> {
     output(path)?

@@ -244,7 +244,12 @@ impl FdStore {
         let mut held = self.held.lock().expect("held");
         if let (Some(max), Some(room)) = (self.max, self.room()) {
             if held.len() >= room {
-                return Err(KeeperError::Full { max, peers: room });
+                return Err(KeeperError::Full {
+                    max,
+                    peers: room,
+                    own: OWN,
+                    per: PER_PEER,
+                });
             }
         }
         // Deposits come from the listener's thread, in number order.

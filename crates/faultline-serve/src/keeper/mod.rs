@@ -595,8 +595,8 @@ fn spawn(spec: &Spec) -> Result<std::process::Child, KeeperError> {
         .arg0(KEEPER_ARG0)
         .env(KEEPER_ENV, spec.to_env())
         .env(
-            crate::server::log::ENV,
-            if crate::server::log::is_json() {
+            crate::log::ENV,
+            if crate::log::is_json() {
                 "json"
             } else {
                 "text"
@@ -893,7 +893,7 @@ impl Linked {
 
 /// The keeper's lines on stderr.
 fn say(msg: std::fmt::Arguments<'_>) {
-    crate::server::log::say_as("faultline serve keeper", None, msg);
+    crate::log::say_as("faultline serve keeper", None, msg);
 }
 
 /// A peer the keeper holds.

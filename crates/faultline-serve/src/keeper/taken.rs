@@ -63,11 +63,15 @@ pub enum KeeperError {
     #[error("no keeper ({0})")]
     Down(String),
     /// systemd's store has no room for another peer's descriptors.
-    #[error("the service manager's store is full: FileDescriptorStoreMax={max} holds {peers} VMM(s) at once (serve keeps {own} descriptors there, each VMM {per}); raise it", own = super::fdstore::OWN, per = super::fdstore::PER_PEER)]
+    #[error("the service manager's store is full: FileDescriptorStoreMax={max} holds {peers} VMM(s) at once (serve keeps {own} descriptors there, each VMM {per}); raise it")]
     Full {
         /// `FileDescriptorStoreMax=` (`$FDSTORE`).
         max: usize,
         /// The peers it holds.
         peers: usize,
+        /// The descriptors serve keeps there itself.
+        own: usize,
+        /// The descriptors a peer takes there.
+        per: usize,
     },
 }

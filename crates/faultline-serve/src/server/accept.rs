@@ -27,11 +27,11 @@ use faultline_sys::{process, sock};
 
 use super::backing::{self, BackingError, Chosen};
 use super::build::{self, BuildError, Built, Origin};
-use super::log::say;
 use super::receive::{self, ReceiveError, Received};
 use super::state::{Served, State};
 use crate::handshake;
 use crate::keeper::{Journal, KeeperError, Taken};
+use crate::log::say;
 use crate::summary::{Handoff, PeerSummary};
 
 /// Why a connection serves no peer: the step that refused it.

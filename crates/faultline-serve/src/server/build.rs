@@ -28,11 +28,11 @@ use faultline::{
 };
 
 use super::dirty;
-use super::log::say;
 use super::receive;
 use super::setup::prepare;
 use super::state::{Recorder, State};
 use crate::keeper::{Journal, KeeperError};
+use crate::log::say;
 use crate::summary::Handoff;
 
 /// Where a peer comes from.

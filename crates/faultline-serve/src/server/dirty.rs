@@ -33,9 +33,9 @@ use std::sync::atomic::Ordering::SeqCst;
 use faultline::{ForeignPeer, ForeignRegionSpec};
 use faultline_sys::pagemap::{category, Pagemap};
 
-use super::log::say;
 use super::state::State;
 use crate::dirty_set::{DirtySet, PAGE};
+use crate::log::say;
 
 /// Whether every peer is tracked (`{peer}` in the path).
 fn every(state: &State) -> bool {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use faultline::{ForeignPeer, PeerEvent};
 
-use super::log::say;
 use super::state::{Served, State};
+use crate::log::say;
 use crate::summary::{Handoff, PeerSummary, StallSummary};
 
 /// Handles one engine event.

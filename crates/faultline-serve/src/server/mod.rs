@@ -51,7 +51,6 @@ mod build;
 mod dirty;
 mod error;
 mod events;
-pub(crate) mod log;
 mod oom;
 mod outputs;
 mod receive;
@@ -78,10 +77,10 @@ pub use error::ServeError;
 
 use crate::config::ServeConfig;
 use crate::keeper::{Joined, Keeper, KeeperError, Spec, Taken};
+pub(crate) use crate::log::say;
 use crate::metrics::{Endpoint, Exposition, ServerCounters};
 use crate::record;
 use crate::summary::PeerSummary;
-pub(crate) use log::say;
 use socket::Socket;
 use state::{Recorder, State};
 
@@ -186,7 +185,7 @@ impl Server {
     /// stderr.
     pub fn start(config: ServeConfig) -> Result<Server, ServeError> {
         config.check()?;
-        log::set_format(config.log_format);
+        crate::log::set_format(config.log_format);
         // Before the keeper starts: it inherits the limit.
         fd_limit(config.takeover);
         let (json, protected) = check_outputs(&config)?;

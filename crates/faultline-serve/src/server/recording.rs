@@ -16,8 +16,8 @@
 
 use faultline::ForeignPeer;
 
-use super::log::say;
 use super::state::State;
+use crate::log::say;
 use crate::record;
 
 /// Writes recording peer `peer`'s (connection `n`) record so far,

@@ -10,8 +10,8 @@ use faultline::store::FileAccess;
 use faultline::{FileStore, PageStore, SharedSnapshot, Verify};
 
 use super::error::ServeError;
-use super::log::say;
 use crate::config::Source;
+use crate::log::say;
 
 /// Opens the pages' source; gives it with its name for messages.
 pub fn open_store(source: &Source) -> Result<(Arc<dyn PageStore>, String), ServeError> {

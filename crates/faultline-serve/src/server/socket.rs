@@ -32,7 +32,7 @@ use faultline_cli_support::cleanup;
 use faultline_sys::sock;
 
 use super::error::ServeError;
-use super::log::say;
+use crate::log::say;
 
 /// The socket a server bound, and owns.
 pub struct Socket {

@@ -18,10 +18,10 @@ use std::os::fd::BorrowedFd;
 use faultline_sys::process::{self, Pidfd};
 use faultline_sys::sock;
 
-use super::log::say;
 use super::reports::PeerReports;
 use crate::config::{ServeConfig, Source};
 use crate::keeper::Keeper;
+use crate::log::say;
 use crate::metrics::{PeerSample, Sample, ServerCounters};
 use crate::record::Identity;
 use crate::summary::{Handoff, PeerSummary};

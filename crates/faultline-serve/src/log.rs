@@ -4,7 +4,16 @@
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use crate::config::LogFormat;
+/// How serve's lines on stderr are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// `faultline serve: MESSAGE`.
+    #[default]
+    Text,
+    /// One JSON object a line: `{"time":SECONDS,"source":"faultline serve","msg":MESSAGE}`
+    /// (`time`: seconds since the epoch).
+    Json,
+}
 
 /// Lines are JSON objects (`--log-format json`).
 static JSON: AtomicBool = AtomicBool::new(false);
