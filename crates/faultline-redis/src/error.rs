@@ -17,7 +17,7 @@ pub enum RedisStoreError {
         op: String,
         cause: String,
         /// The errno behind it, when the cause is a system call's
-        /// (`ECONNREFUSED`, `ETIMEDOUT`, ...: [`errno_of`]).
+        /// (`ECONNREFUSED`, `ETIMEDOUT`, ...).
         errno: Option<i32>,
     },
     /// No metadata key: nothing was put under this name.
