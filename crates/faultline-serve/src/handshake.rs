@@ -56,6 +56,10 @@ pub enum HandshakeError {
     /// Not valid JSON for the message.
     #[error("malformed handshake: {0}")]
     Json(String),
+    /// The JSON ends before the message does (the rest may still be on
+    /// its way).
+    #[error("the handshake ends early: {0}")]
+    Incomplete(String),
     /// No region at all.
     #[error("the handshake lists no region")]
     Empty,
@@ -101,8 +105,10 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<ForeignRegionSpec>, HandshakeError> {
 /// Parses the message: the regions and their declared backing. Never
 /// panics, whatever the bytes.
 pub fn parse_handshake(bytes: &[u8]) -> Result<Handshake, HandshakeError> {
-    let wire: Vec<WireRegion> =
-        serde_json::from_slice(bytes).map_err(|e| HandshakeError::Json(e.to_string()))?;
+    let wire: Vec<WireRegion> = serde_json::from_slice(bytes).map_err(|e| match e.is_eof() {
+        true => HandshakeError::Incomplete(e.to_string()),
+        false => HandshakeError::Json(e.to_string()),
+    })?;
     if wire.is_empty() {
         return Err(HandshakeError::Empty);
     }

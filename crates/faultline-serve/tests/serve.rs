@@ -1891,6 +1891,43 @@ fn kill_9_of_serve_then_the_same_command_takes_the_peer_over() {
     }
 }
 
+/// A handshake longer than one read (1,000 regions: about 90 KB of JSON,
+/// where a stream read stops about 36 KiB in, at the end of the data the
+/// descriptor came with) is read whole: served and every byte verified,
+/// without `--takeover` and with it, through a `kill -9` of serve (the
+/// keeper keeps it and hands it back whole, and the next serve peeks it
+/// in pieces before it reads it off).
+#[test]
+fn a_handshake_longer_than_one_read_is_read_whole() {
+    let regions = vec!["4096"; 1000].join(",");
+    let args = [
+        "--regions",
+        &regions,
+        "--gap",
+        "4096",
+        "--threads",
+        "2",
+        "--working-set",
+        "100",
+        "--verify-all",
+    ];
+    let dir = Dir::new("long-handshake", 4 * MIB);
+    let mut s = serve(&dir, &["--peers", "1"]);
+    let mut p = peer(&dir, "p", &args);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    assert!(dir.text("serve.err").contains("serving 1000 region(s)"));
+    let paused = [&args[..], &["--pause-at", "30", "--pause-ms", "400"]].concat();
+    let log = kill_and_take_over(
+        "long-handshake-takeover",
+        &paused,
+        "paused",
+        Duration::ZERO,
+        Proc::kill,
+    );
+    assert!(log.contains("serving 1000 region(s)"), "{log}");
+}
+
 /// With `--takeover`, SIGTERM leaves the peers with the keeper (no grace
 /// period, no kill): the next serve takes them over.
 #[test]

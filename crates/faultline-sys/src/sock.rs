@@ -119,6 +119,33 @@ fn recvmsg_fds(
     }
 }
 
+/// Sets `SO_PEEK_OFF` of `fd`: `Some(n)`: the next `MSG_PEEK` read starts
+/// `n` bytes into the queue and each peek moves it on by what it read;
+/// `None`: peeks start at the head (the default). A stream read stops at
+/// the end of the data a descriptor was attached to, so a long message
+/// sent with one is peeked in pieces this way.
+pub fn set_peek_offset(fd: BorrowedFd<'_>, off: Option<usize>) -> io::Result<()> {
+    let v: i32 = match off {
+        Some(n) => i32::try_from(n).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
+        None => -1,
+    };
+    // SAFETY: setsockopt with a valid int option on a live fd; the value
+    // pointer and length describe `v`.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEEK_OFF,
+            (&v as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    match r {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 /// `sendmsg(2)`: `data` with `fds` attached as `SCM_RIGHTS`.
 pub fn send_with_fds(fd: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
     if fds.len() > MAX_FDS {

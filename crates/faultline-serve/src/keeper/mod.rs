@@ -167,8 +167,8 @@ const RETRY: Duration = Duration::from_secs(1);
 /// The longest wait between two tries to start a keeper.
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
-/// The largest message (a handshake is at most 64 KiB).
-const MAX_MESSAGE: usize = 1 << 18;
+/// The largest message (a handshake is at most 1 MiB).
+const MAX_MESSAGE: usize = 1 << 21;
 
 /// How long a request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -234,14 +234,42 @@ fn exchange(
     conn.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     let text = serde_json::to_vec(req)?;
     sock::send_with_fds(conn.as_fd(), &text, fds)?;
-    let mut buf = vec![0u8; MAX_MESSAGE];
-    let got = sock::recv_with_fds(conn.as_fd(), &mut buf, false)?;
-    if got.bytes == 0 {
+    match recv_message(conn)? {
+        Some(reply) => Ok(reply),
         // Closed without a reply: the keeper died mid-request.
-        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        None => Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into()),
     }
-    let reply: Reply = serde_json::from_slice(&buf[..got.bytes])?;
-    Ok((reply, got.fds))
+}
+
+/// Reads one message from `conn` (blocking, within its read timeout):
+/// its descriptors come with its first bytes, and a message longer than
+/// one read (a stream read stops where descriptors were attached, about
+/// 36 KiB in) is read on until its JSON is whole. `None`: closed first.
+fn recv_message<T: serde::de::DeserializeOwned>(
+    conn: &UnixStream,
+) -> Result<Option<(T, Vec<OwnedFd>)>, KeeperError> {
+    let mut buf = vec![0u8; 1 << 16];
+    let first = sock::recv_with_fds(conn.as_fd(), &mut buf, false)?;
+    if first.bytes == 0 {
+        return Ok(None);
+    }
+    let mut len = first.bytes;
+    loop {
+        match serde_json::from_slice(&buf[..len]) {
+            Ok(m) => return Ok(Some((m, first.fds))),
+            Err(e) if e.is_eof() && len < MAX_MESSAGE => {
+                if buf.len() == len {
+                    buf.resize((2 * len).min(MAX_MESSAGE), 0);
+                }
+                let more = sock::recv_with_fds(conn.as_fd(), &mut buf[len..], false)?;
+                if more.bytes == 0 {
+                    return Err(e.into());
+                }
+                len += more.bytes;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// A serve's side of its keeper: the keeper process or systemd's
@@ -1116,15 +1144,15 @@ fn drain(listener: &UnixListener, leave: bool) {
 fn serve_request(conn: UnixStream, k: &mut Kept) -> Result<(), KeeperError> {
     conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    let mut buf = vec![0u8; MAX_MESSAGE];
-    let got = sock::recv_with_fds(conn.as_fd(), &mut buf, false)?;
-    let req: Request = serde_json::from_slice(&buf[..got.bytes])?;
+    let Some((req, fds)) = recv_message::<Request>(&conn)? else {
+        return Ok(());
+    };
     let mut reply = Reply {
         ok: true,
         ..Default::default()
     };
     let mut send: Vec<BorrowedFd<'_>> = Vec::new();
-    let mut fds = got.fds.into_iter();
+    let mut fds = fds.into_iter();
     match req {
         Request::Attach { pid } => {
             if let Some((c, old)) = &k.serve {

@@ -1,8 +1,10 @@
 //! Step 1 of a connection: receive the hand-off.
 //!
 //! 1. Wait (at most the handshake timeout) for the peer's one message.
-//! 2. `recvmsg` it: up to 64 KiB of JSON and exactly one descriptor
-//!    attached with `SCM_RIGHTS`. With `--takeover` it is *peeked*
+//! 2. `recvmsg` it: up to 1 MiB of JSON and exactly one descriptor
+//!    attached with `SCM_RIGHTS` (a stream read stops where the
+//!    descriptor was attached, about 36 KiB in: a longer handshake is read
+//!    on until its JSON is whole). With `--takeover` it is *peeked*
 //!    (`MSG_PEEK`: Linux installs duplicates of the descriptors and leaves
 //!    the message queued), deposited with the keeper, and only then read
 //!    off ([`consume`]): a serve that dies before leaves it on the
@@ -21,9 +23,14 @@ use faultline_sys::sock;
 use crate::handshake::{self, HandshakeError};
 use crate::summary::Handoff;
 
-/// The largest handshake read (Firecracker's is a few hundred bytes per
+/// The largest handshake read (Firecracker's is about 100 bytes a
 /// region).
-const MAX_HANDSHAKE: usize = 1 << 16;
+const MAX_HANDSHAKE: usize = 1 << 20;
+
+/// What the first read of a hand-off takes (a stream read ends where the
+/// descriptor was attached anyway: at most about 36 KiB of it; the rest
+/// of a longer handshake is read after, see [`receive`]).
+const FIRST_READ: usize = 1 << 16;
 
 /// A hand-off received.
 pub struct Received {
@@ -121,7 +128,7 @@ pub enum ReceiveError {
     #[error("it hung up without a handshake")]
     HungUp,
     /// The message did not fit.
-    #[error("the handshake is longer than 64 KiB")]
+    #[error("the handshake is longer than 1 MiB")]
     TooLong,
     /// More descriptors than the ancillary buffer holds.
     #[error("it attached more descriptors than one (some were lost)")]
@@ -155,12 +162,14 @@ pub fn receive(
     if !readable_within(conn, ms) {
         return Err(ReceiveError::Silent(wait));
     }
-    let mut buf = vec![0u8; MAX_HANDSHAKE];
-    let got = match peek {
-        true => sock::peek_with_fds(conn.as_fd(), &mut buf, true),
-        false => sock::recv_with_fds(conn.as_fd(), &mut buf, true),
-    }
-    .map_err(ReceiveError::Recv)?;
+    let deadline = Instant::now() + wait;
+    let mut buf = vec![0u8; FIRST_READ];
+    // Peeks move on through the message (see `more`).
+    let _peeking = match peek {
+        true => Some(PeekFrom::start(conn).map_err(ReceiveError::Recv)?),
+        false => None,
+    };
+    let got = read(conn, &mut buf, peek).map_err(ReceiveError::Recv)?;
     let at = Instant::now();
     handoff.received_ns = faultline_sys::monotonic_ns();
     if got.bytes == 0 && got.fds.is_empty() {
@@ -181,7 +190,34 @@ pub fn receive(
         Ok([fd]) => fd,
         Err(fds) => return Err(ReceiveError::Descriptors(fds.len())),
     };
-    let hs = handshake::parse_handshake(&buf[..got.bytes])?;
+    let mut len = got.bytes;
+    // A handshake longer than the first read: the rest follows (a stream
+    // read stops where the descriptor was attached).
+    let hs = loop {
+        match handshake::parse_handshake(&buf[..len]) {
+            Err(e @ HandshakeError::Incomplete(_)) if len < MAX_HANDSHAKE => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+                if !readable_within(conn, ms) {
+                    return Err(ReceiveError::Silent(wait));
+                }
+                if buf.len() == len {
+                    buf.resize((2 * len).min(MAX_HANDSHAKE), 0);
+                }
+                let more = read(conn, &mut buf[len..], peek).map_err(ReceiveError::Recv)?;
+                if !more.fds.is_empty() {
+                    return Err(ReceiveError::Descriptors(1 + more.fds.len()));
+                }
+                if more.bytes == 0 {
+                    // Hung up part way.
+                    return Err(e.into());
+                }
+                len += more.bytes;
+            }
+            Err(HandshakeError::Incomplete(_)) => return Err(ReceiveError::TooLong),
+            done => break done?,
+        }
+    };
     let uffd = ForeignUffd::adopt(fd).map_err(ReceiveError::Adopt)?;
     handoff.adopted_ns = faultline_sys::monotonic_ns();
     Ok(Received {
@@ -189,15 +225,49 @@ pub fn receive(
         declared: hs.backing,
         uffd,
         at,
-        raw: String::from_utf8_lossy(&buf[..got.bytes]).into_owned(),
+        raw: String::from_utf8_lossy(&buf[..len]).into_owned(),
     })
 }
 
+/// One read of a hand-off (`peek`: left queued) into `buf`, not waiting.
+fn read(conn: &UnixStream, buf: &mut [u8], peek: bool) -> std::io::Result<sock::Received> {
+    match peek {
+        true => sock::peek_with_fds(conn.as_fd(), buf, true),
+        false => sock::recv_with_fds(conn.as_fd(), buf, true),
+    }
+}
+
+/// Peeks of a connection that move on through its queue (`SO_PEEK_OFF`
+/// from 0), while it lives: a message longer than one read is peeked in
+/// pieces; dropped, peeks start at the head again.
+struct PeekFrom<'a>(&'a UnixStream);
+
+impl<'a> PeekFrom<'a> {
+    fn start(conn: &'a UnixStream) -> std::io::Result<PeekFrom<'a>> {
+        sock::set_peek_offset(conn.as_fd(), Some(0))?;
+        Ok(PeekFrom(conn))
+    }
+}
+
+impl Drop for PeekFrom<'_> {
+    fn drop(&mut self) {
+        let _ = sock::set_peek_offset(self.0.as_fd(), None);
+    }
+}
+
 /// Reads the hand-off peeked (`bytes` of it) off `conn`, closing the
-/// descriptors this second read installs.
+/// descriptors this read installs (in as many reads as it takes).
 pub fn consume(conn: &UnixStream, bytes: usize) -> std::io::Result<()> {
     let mut buf = vec![0u8; bytes];
-    sock::recv_with_fds(conn.as_fd(), &mut buf, true).map(drop)
+    let mut done = 0;
+    while done < bytes {
+        let n = sock::recv_with_fds(conn.as_fd(), &mut buf[done..], true)?.bytes;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        done += n;
+    }
+    Ok(())
 }
 
 /// Reads `handshake` off `conn` if it is what is queued there (a hand-off
@@ -205,13 +275,20 @@ pub fn consume(conn: &UnixStream, bytes: usize) -> std::io::Result<()> {
 /// is left.
 pub fn consume_if(conn: &UnixStream, handshake: &[u8]) -> std::io::Result<()> {
     let mut buf = vec![0u8; handshake.len()];
-    match sock::peek_with_fds(conn.as_fd(), &mut buf, true) {
-        Ok(got) if got.bytes == handshake.len() && buf == handshake => {
-            consume(conn, handshake.len())
+    let peeking = PeekFrom::start(conn)?;
+    let mut len = 0;
+    while len < buf.len() {
+        match sock::peek_with_fds(conn.as_fd(), &mut buf[len..], true) {
+            Ok(got) if got.bytes > 0 => len += got.bytes,
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
         }
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
-        Err(e) => Err(e),
+    }
+    drop(peeking);
+    match len == handshake.len() && buf == handshake {
+        true => consume(conn, handshake.len()),
+        false => Ok(()),
     }
 }
 
