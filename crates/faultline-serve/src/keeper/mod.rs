@@ -28,7 +28,7 @@
 //! ```
 //!
 //! Each request is one connection and one message each way (the replies
-//! to `attach` and `take` carry the descriptors), so no framing is needed.
+//! to `attach` and `take` carry the descriptors), so no framing is needed (a message is read until its JSON is whole: a stream read stops where descriptors were attached).
 //! A message sent survives its sender: a serve killed after its `sendmsg`
 //! still deposits. The keeper never touches a peer's memory, reads no
 //! store, never accepts on serve's listener while a serve is attached, and
