@@ -75,6 +75,32 @@ struct Life {
     region: Option<Arc<faultline::Region>>,
     closed: bool,
     exports: usize,
+    /// The `PythonStore` the region made for a plain object (its store
+    /// process, a whole interpreter): stopped once the region is gone.
+    own_store: Option<Py<PyAny>>,
+}
+
+impl Life {
+    /// Takes the region (and the store it made) to drop, once closed and
+    /// with no view left.
+    fn take_if_done(&mut self) -> Option<(Arc<faultline::Region>, Option<Py<PyAny>>)> {
+        match self.closed && self.exports == 0 {
+            true => Some((self.region.take()?, self.own_store.take())),
+            false => None,
+        }
+    }
+}
+
+/// Drops a region taken by [`Life::take_if_done`] (without the GIL: its
+/// engine may be resolving a fault that needs it), then stops the store
+/// process it made.
+fn drop_region(py: Python<'_>, (region, own_store): (Arc<faultline::Region>, Option<Py<PyAny>>)) {
+    py.detach(move || drop(region));
+    if let Some(s) = own_store {
+        if let Err(e) = s.call_method0(py, "close") {
+            e.print(py);
+        }
+    }
 }
 
 type Shared = Arc<Mutex<Life>>;
@@ -145,28 +171,31 @@ pub struct Region {
 }
 
 /// The `Store` behind `obj`: a store, a `PythonStore` (its
-/// `_faultline_store`), or any other object, made a `PythonStore`.
+/// `_faultline_store`), or any other object, made a `PythonStore`
+/// (`true`: made here, the region's to stop).
 fn resolve_store<'py>(
     py: Python<'py>,
     obj: Option<Bound<'py, PyAny>>,
-) -> PyResult<(Bound<'py, PyAny>, Bound<'py, Store>)> {
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, Store>, bool)> {
     let obj = match obj {
         None => Bound::new(py, crate::store::ZeroStore::new_init())?.into_any(),
         Some(o) => o,
     };
     if let Ok(s) = obj.cast::<Store>() {
-        return Ok((obj.clone(), s.clone()));
+        return Ok((obj.clone(), s.clone(), false));
     }
-    let wrapper = if obj.hasattr("_faultline_store")? {
-        obj
+    let (wrapper, made) = if obj.hasattr("_faultline_store")? {
+        (obj, false)
     } else {
-        py.import("faultline._host")?
+        let made = py
+            .import("faultline._host")?
             .getattr("PythonStore")?
-            .call1((obj,))?
+            .call1((obj,))?;
+        (made, true)
     };
     let inner = wrapper.getattr("_faultline_store")?;
     let store = inner.cast::<Store>()?.clone();
-    Ok((wrapper, store))
+    Ok((wrapper, store, made))
 }
 
 /// Parses a budget: an int of bytes, or a string: `"512MiB"`, `"1.5 GB"`,
@@ -248,18 +277,11 @@ fn close(py: Python<'_>, life: &Mutex<Life>) -> PyResult<()> {
         return Ok(());
     };
     let flushed = py.detach(|| region.flush());
-    let last = {
-        let mut l = lock(life);
-        if l.exports == 0 {
-            l.region.take()
-        } else {
-            None
-        }
-    };
-    py.detach(move || {
-        drop(region);
-        drop(last);
-    });
+    drop(region);
+    let last = lock(life).take_if_done();
+    if let Some(last) = last {
+        drop_region(py, last);
+    }
     flushed.map(|_| ()).map_err(region_error)
 }
 
@@ -389,7 +411,7 @@ impl Region {
                     })
             })
             .transpose()?;
-        let (store_obj, store) = resolve_store(py, store)?;
+        let (store_obj, store, made_store) = resolve_store(py, store)?;
         let store = store.get();
         let inner = store.inner.clone();
         let mode = match mode {
@@ -520,6 +542,7 @@ impl Region {
             region: Some(Arc::new(region)),
             closed: false,
             exports: 0,
+            own_store: made_store.then(|| store_obj.clone().unbind()),
         }));
         {
             let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
@@ -587,14 +610,10 @@ impl Region {
         let last = {
             let mut l = lock(&self.life);
             l.exports -= 1;
-            if l.closed && l.exports == 0 {
-                l.region.take()
-            } else {
-                None
-            }
+            l.take_if_done()
         };
-        if let Some(r) = last {
-            py.detach(move || drop(r));
+        if let Some(last) = last {
+            drop_region(py, last);
         }
     }
 
@@ -888,9 +907,12 @@ impl Drop for Region {
     fn drop(&mut self) {
         // Views hold references to the region, so none is left here: the
         // region (if not unmapped yet) goes now, without the GIL.
-        let last = lock(&self.life).region.take();
-        if let Some(r) = last {
-            Python::attach(|py| py.detach(move || drop(r)));
+        let last = {
+            let mut l = lock(&self.life);
+            l.region.take().map(|r| (r, l.own_store.take()))
+        };
+        if let Some(last) = last {
+            Python::attach(|py| drop_region(py, last));
         }
     }
 }

@@ -8,6 +8,7 @@ import errno
 import os
 import signal
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -121,6 +122,30 @@ def test_the_store_process_is_stopped_by_close():
     assert store.closed
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_store_process_a_region_made_stops_with_the_region():
+    """Given a plain object, a region makes its PythonStore (a store
+    process) and stops it when it is closed (after its last view), not
+    when the Region object is collected."""
+    r = faultline.Region(store=Arange(1024))
+    store = r.store
+    pid = store.pid
+    a = r.as_array(np.float64)
+    assert a[5] == 5.0
+    r.close()
+    os.kill(pid, 0)  # a view is left: still served
+    assert a[700] == 700.0
+    del a
+    assert store.closed
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the store process outlived its region"
+        time.sleep(0.01)
 
 
 def test_an_unpicklable_store_is_refused():
