@@ -1600,6 +1600,15 @@ fn kill_and_take_over(
     assert!(st.success(), "{st}: {log}\nkeeper:\n{keeper_log}");
     assert!(log.contains("taken over from the keeper"), "{log}");
     assert!(log.contains("all 1 peers served"), "{log}");
+    // Its counters are of what this serve did: pages around faulting
+    // pages are among those installed (pages already there are not).
+    let line = log
+        .lines()
+        .find(|l| l.contains("hung up;"))
+        .expect("its end");
+    let installed = testing::number_after(line, "reads, ");
+    let around = testing::number_after(line, "installed (");
+    assert!(around <= installed, "{line}");
     dir.wait_for("serve.err", "no peer and no serve: exiting");
     testing::wait_exited(keeper, "the keeper");
     log

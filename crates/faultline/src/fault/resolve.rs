@@ -355,6 +355,7 @@ pub(crate) fn resolve(
         let ahead = matches!(origin, Origin::RunAhead(_));
         let run_pages = run.len();
         let installed = &mut charge.installed;
+        let before = *installed;
         let gate = hold();
         let mut step = install(
             r,
@@ -382,6 +383,9 @@ pub(crate) fn resolve(
             );
         }
         drop(gate);
+        // What the run's copies installed (a copy stops at a page that
+        // exists: not always the whole run).
+        let run_installed = *installed - before;
         if matches!(step, Step::Done) && access.write && r.write_protects() {
             if r.residency.get(page) == PageState::ReadOnly {
                 // Installed clean (with its read-ahead window); this fault
@@ -423,7 +427,9 @@ pub(crate) fn resolve(
         rest_installed += install_parts(r, rest, placed, piece, scratch, installed);
         let hole_state = r.clean_state();
         let mut around = match step {
-            Step::Done if matches!(origin, Origin::Fault) => run.len() - 1 + rest_installed,
+            Step::Done if matches!(origin, Origin::Fault) => {
+                run_installed.saturating_sub(1) + rest_installed
+            }
             _ => 0,
         };
         for (hole, at) in holes.filled(run_pages, ps) {
