@@ -1712,6 +1712,63 @@ fn a_serve_on_another_memory_file_refuses_to_take_over() {
     assert!(dir.text("again.err").contains("taken over from the keeper"));
 }
 
+/// A keeper that does not answer (stopped) when a VMM connects: its
+/// deposit times out and the VMM is served without takeover, said and
+/// shown (`faultline_peers_unprotected 1`); once the keeper answers again
+/// serve deposits it, hand-off and journal, and a `kill -9` of serve is
+/// survived: the same command takes it over, every byte verified.
+#[test]
+fn a_vmm_served_unprotected_is_deposited_once_the_keeper_answers() {
+    use faultline_sys::process::{kill, SIGCONT, SIGSTOP};
+    let dir = Dir::new("keeper-late", 16 * MIB);
+    let metrics = dir.path("metrics.sock");
+    let args = [
+        "--takeover",
+        "--peers",
+        "1",
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ];
+    let mut s = serve(&dir, &args);
+    let keeper = testing::keeper_pid(&dir);
+    kill(keeper, SIGSTOP).unwrap();
+    let pause = ["--verify-all", "--pause-at", "30", "--pause-ms", "12000"];
+    let mut p = peer(&dir, "p", &pause);
+    dir.wait_for("serve.err", "served without takeover for now");
+    dir.wait_for("p.err", "paused");
+    let unprotected = || {
+        let text = scrape(&MetricsAddr::Unix(metrics.clone())).expect("a scrape");
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("faultline_peers_unprotected ")?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no faultline_peers_unprotected in\n{text}"))
+    };
+    assert_eq!(unprotected(), 1.0);
+    kill(keeper, SIGCONT).unwrap();
+    dir.wait_for("serve.err", "deposited with the keeper at last");
+    assert_eq!(unprotected(), 0.0);
+    s.kill();
+    let metrics2 = dir.path("metrics2.sock");
+    let again_args = [
+        "--takeover",
+        "--peers",
+        "1",
+        "--metrics",
+        metrics2.to_str().unwrap(),
+    ];
+    let mut again = testing::serve_again(&dir, SERVE, &again_args, 1);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut again, &dir);
+    let log = dir.text("again.err");
+    assert!(
+        log.contains("taking 1 peer(s) over from the keeper"),
+        "{log}"
+    );
+}
+
 /// serve's executable replaced on disk (an upgrade: the path now holds a
 /// file that cannot run) and its keeper killed: serve starts another keeper
 /// from its own running binary (`/proc/self/exe`), deposits a VMM with it,

@@ -321,6 +321,8 @@ pub struct Linked {
     spec: Spec,
     notice: fn(std::fmt::Arguments<'_>),
     link: Mutex<Link>,
+    /// What [`Keeper::status`] last read of the link.
+    last_status: Mutex<KeeperStatus>,
     /// Ends the watcher thread when the link is dropped (so the attach
     /// connection it polls closes with the link).
     stop: Arc<EventFd>,
@@ -378,6 +380,7 @@ impl Linked {
             spec,
             notice,
             stop: Arc::new(EventFd::new()?),
+            last_status: Mutex::default(),
             link: Mutex::new(Link {
                 _attached: attached,
                 child,
@@ -844,13 +847,19 @@ impl Keeper {
                 ..Default::default()
             },
             Keeper::Process(l) => {
-                let link = l.link.lock().expect("keeper link");
-                KeeperStatus {
-                    down: link.down.is_some(),
-                    replaced: link.replaced,
-                    peers: link.deposited.len(),
-                    room: None,
+                // A request holds the link for as long as the keeper takes
+                // to answer (a stopped keeper: its timeout): a scrape
+                // reads what the link was when last free, not waiting.
+                let mut last = l.last_status.lock().expect("keeper status");
+                if let Ok(link) = l.link.try_lock() {
+                    *last = KeeperStatus {
+                        down: link.down.is_some(),
+                        replaced: link.replaced,
+                        peers: link.deposited.len(),
+                        room: None,
+                    };
                 }
+                *last
             }
         }
     }
@@ -1182,6 +1191,9 @@ fn serve_request(conn: UnixStream, k: &mut Kept) -> Result<(), KeeperError> {
             k.next_id += 1;
             k.last_n = k.last_n.max(n);
             let pidfd = sock::peer_pidfd(conn_fd.as_fd()).ok();
+            // A connection deposited again (its first deposit timed out
+            // at serve, which deposits it anew) replaces the first.
+            k.held.retain(|h| h.n != n);
             k.held.push(Held {
                 id: reply.id,
                 n,

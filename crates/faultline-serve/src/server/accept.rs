@@ -144,7 +144,8 @@ pub fn handle(
         // this serve dies.
         Err(e) => {
             say(format_args!(
-                "peer {n} (pid {pid}): depositing it with the keeper failed ({e}): served without takeover (should this serve die, it hangs at its next missing page)"
+                "peer {n} (pid {pid}): depositing it with the keeper failed ({e}): served without takeover for now (should this serve die before, it hangs at its next missing page); deposited again every {}s until the keeper takes it",
+                super::unprotected::RETRY.as_secs()
             ));
             None
         }

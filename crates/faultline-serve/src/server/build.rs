@@ -284,6 +284,16 @@ fn journal(
     record: Option<usize>,
     track_dirty: bool,
 ) -> Result<Journaled, BuildError> {
+    let new_journal = || -> Result<Journal, BuildError> {
+        let journal = Journal::create(record.unwrap_or(0)).map_err(BuildError::Journal)?;
+        if track_dirty {
+            journal.set_tracks_dirty();
+        }
+        if let Some(id) = state.identity {
+            journal.set_identity(id.memory_bytes, id.fingerprint);
+        }
+        Ok(journal)
+    };
     let (journal, id, replayed) = match (origin, &state.keeper) {
         (
             Origin::Handed {
@@ -293,22 +303,45 @@ fn journal(
             },
             Some(keeper),
         ) => {
-            let journal = Journal::create(record.unwrap_or(0)).map_err(BuildError::Journal)?;
-            if track_dirty {
-                journal.set_tracks_dirty();
-            }
-            if let Some(id) = state.identity {
-                journal.set_identity(id.memory_bytes, id.fingerprint);
-            }
+            let journal = new_journal()?;
             let fds = [peer.uffd().as_fd(), journal.fd()];
             keeper.hand(id, raw, fds).map_err(BuildError::Deposit)?;
             // Deposited, not yet read off nor served: the next serve
             // takes it over.
             faultline_sys::failpoint::hit("handoff-deposited");
             receive::consume(conn, raw.len()).map_err(BuildError::Consume)?;
-            (journal, id, (0, 0))
+            (Arc::new(journal), Some(id), (0, 0))
         }
-        (Origin::Handed { .. }, _) => return Ok((peer, None, (0, 0))),
+        // Its deposit failed: journaled all the same, and deposited again
+        // later (see `unprotected.rs`).
+        (
+            Origin::Handed {
+                raw,
+                kept: None,
+                pid,
+            },
+            Some(_),
+        ) => {
+            let journal = Arc::new(new_journal()?);
+            let dup = |fd: std::os::fd::BorrowedFd<'_>| {
+                fd.try_clone_to_owned().map_err(BuildError::Consume)
+            };
+            let waiting = super::unprotected::Unprotected {
+                n,
+                pid,
+                raw: raw.to_string(),
+                conn: dup(conn.as_fd())?,
+                uffd: dup(peer.uffd().as_fd())?,
+                journal: journal.clone(),
+            };
+            state
+                .unprotected
+                .lock()
+                .expect("unprotected")
+                .add(peer.id(), waiting);
+            (journal, None, (0, 0))
+        }
+        (Origin::Handed { .. }, None) => return Ok((peer, None, (0, 0))),
         (Origin::Adopted { journal, id, .. }, _) => {
             let (ranges, full) = journal.entries();
             if full {
@@ -324,10 +357,9 @@ fn journal(
                 ));
             }
             let recorded = peer.replay_record(&entries);
-            (journal, id, (ranges.len(), recorded))
+            (Arc::new(journal), Some(id), (ranges.len(), recorded))
         }
     };
-    let journal = Arc::new(journal);
     let peer = match record.is_some() && journal.records() {
         true => {
             let j = journal.clone();
@@ -340,5 +372,5 @@ fn journal(
         // Journaled, not yet acted on.
         faultline_sys::failpoint::hit("remove-journaled");
     }));
-    Ok((peer, Some(id), replayed))
+    Ok((peer, id, replayed))
 }

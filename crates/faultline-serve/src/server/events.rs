@@ -81,6 +81,11 @@ pub fn leave_with_keeper(state: &State, peer: &Arc<ForeignPeer>, outcome: String
 
 fn end(state: &State, peer: &Arc<ForeignPeer>, mut outcome: String, forget: bool, ran: bool) {
     let oom = state.oom.lock().expect("oom").remove(&peer.id());
+    state
+        .unprotected
+        .lock()
+        .expect("unprotected")
+        .forget(peer.id());
     if let Some(killed) = oom.and_then(|w| w.since()) {
         outcome = format!("{outcome} ({killed})");
     }

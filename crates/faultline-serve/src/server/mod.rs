@@ -59,6 +59,7 @@ mod reports;
 mod setup;
 mod socket;
 mod state;
+mod unprotected;
 
 use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd};
@@ -322,6 +323,7 @@ impl Server {
             oom: Mutex::default(),
             protected,
             failed: AtomicUsize::new(0),
+            unprotected: Mutex::default(),
         });
         let metrics = match &state.config.metrics {
             Some(addr) => {
@@ -520,6 +522,7 @@ fn serve(
         // Before any way out below: a thread back just before its peer
         // ended is said too.
         stuck.look(state);
+        unprotected::retry(state);
         if let (None, Some(sig)) = (stopping, stop.asked()) {
             // Steps 1 and 2 of a stop: no new connection, the queued ones
             // accepted.

@@ -131,6 +131,9 @@ pub struct State {
     pub protected: super::outputs::Protected,
     /// Peers whose serving failed (they were killed, or left).
     pub failed: AtomicUsize,
+    /// Peers served that the keeper does not hold yet (see
+    /// `unprotected.rs`).
+    pub unprotected: Mutex<super::unprotected::Waiting>,
 }
 
 impl State {
@@ -179,6 +182,14 @@ impl State {
     /// then finds nothing).
     pub fn forget(&self, id: u64) {
         self.served.lock().expect("served").retain(|p| p.id != id);
+    }
+
+    /// Peer `id` is held by the keeper now, under `kept`.
+    pub fn set_kept(&self, id: u64, kept: u64) {
+        let mut served = self.served.lock().expect("served");
+        if let Some(p) = served.iter_mut().find(|p| p.id == id) {
+            p.kept = Some(kept);
+        }
     }
 
     /// Peer `id` as it was when its serving started, while it is served.
