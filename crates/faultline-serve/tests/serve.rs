@@ -1721,45 +1721,21 @@ fn a_serve_on_another_memory_file_refuses_to_take_over() {
 fn a_vmm_served_unprotected_is_deposited_once_the_keeper_answers() {
     use faultline_sys::process::{kill, SIGCONT, SIGSTOP};
     let dir = Dir::new("keeper-late", 16 * MIB);
-    let metrics = dir.path("metrics.sock");
-    let args = [
-        "--takeover",
-        "--peers",
-        "1",
-        "--metrics",
-        metrics.to_str().unwrap(),
-    ];
-    let mut s = serve(&dir, &args);
+    let (mut s, args, metrics) = takeover_with_metrics(&dir);
     let keeper = testing::keeper_pid(&dir);
     kill(keeper, SIGSTOP).unwrap();
     let pause = ["--verify-all", "--pause-at", "30", "--pause-ms", "12000"];
     let mut p = peer(&dir, "p", &pause);
     dir.wait_for("serve.err", "served without takeover for now");
     dir.wait_for("p.err", "paused");
-    let unprotected = || {
-        let text = scrape(&MetricsAddr::Unix(metrics.clone())).expect("a scrape");
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix("faultline_peers_unprotected ")?
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("no faultline_peers_unprotected in\n{text}"))
-    };
-    assert_eq!(unprotected(), 1.0);
+    let unprotected = || metrics_now(&metrics, &["faultline_peers_unprotected"]);
+    assert_eq!(unprotected(), [1.0]);
     kill(keeper, SIGCONT).unwrap();
     dir.wait_for("serve.err", "deposited with the keeper at last");
-    assert_eq!(unprotected(), 0.0);
+    assert_eq!(unprotected(), [0.0]);
     s.kill();
-    let metrics2 = dir.path("metrics2.sock");
-    let again_args = [
-        "--takeover",
-        "--peers",
-        "1",
-        "--metrics",
-        metrics2.to_str().unwrap(),
-    ];
-    let mut again = testing::serve_again(&dir, SERVE, &again_args, 1);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut again = testing::serve_again(&dir, SERVE, &args, 1);
     assert_ok(&mut p, &dir);
     assert_ok(&mut again, &dir);
     let log = dir.text("again.err");
@@ -1767,6 +1743,32 @@ fn a_vmm_served_unprotected_is_deposited_once_the_keeper_answers() {
         log.contains("taking 1 peer(s) over from the keeper"),
         "{log}"
     );
+}
+
+/// Serve on `dir` with `--takeover --peers 1 --metrics DIR/metrics.sock`:
+/// the process, those arguments and the metrics socket's path.
+fn takeover_with_metrics(dir: &Dir) -> (Proc, Vec<String>, PathBuf) {
+    let metrics = dir.path("metrics.sock");
+    let args: Vec<String> = ["--takeover", "--peers", "1", "--metrics"]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([metrics.to_str().unwrap().to_string()])
+        .collect();
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    (serve(dir, &argv), args, metrics)
+}
+
+/// The values of `names` in a scrape of the metrics socket `sock`.
+fn metrics_now(sock: &std::path::Path, names: &[&str]) -> Vec<f64> {
+    let text = scrape(&MetricsAddr::Unix(sock.to_path_buf())).expect("a scrape");
+    names
+        .iter()
+        .map(|name| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        })
+        .collect()
 }
 
 /// serve's executable replaced on disk (an upgrade: the path now holds a
@@ -1815,30 +1817,20 @@ fn a_vmm_served_while_no_keeper_can_start_goes_to_the_next_keeper() {
     use faultline_sys::process::{kill, SIGCONT, SIGKILL, SIGSTOP};
     use std::os::linux::net::SocketAddrExt;
     let dir = Dir::new("keeper-unstartable", 16 * MIB);
-    let metrics = dir.path("metrics.sock");
-    let args = [
-        "--takeover",
-        "--peers",
-        "1",
-        "--metrics",
-        metrics.to_str().unwrap(),
-    ];
-    let mut s = serve(&dir, &args);
+    let (mut s, args, metrics) = takeover_with_metrics(&dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // What a scrape says of the keeper now: down, peers deposited,
     // keepers replaced, peers taken over.
     let keeper_metrics = || {
-        let text = scrape(&MetricsAddr::Unix(metrics.clone())).expect("a scrape");
-        let at = |name: &str| -> f64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-        };
-        [
-            at("faultline_keeper_down"),
-            at("faultline_keeper_peers"),
-            at("faultline_keepers_replaced_total"),
-            at("faultline_peers_taken_over_total"),
-        ]
+        metrics_now(
+            &metrics,
+            &[
+                "faultline_keeper_down",
+                "faultline_keeper_peers",
+                "faultline_keepers_replaced_total",
+                "faultline_peers_taken_over_total",
+            ],
+        )
     };
     assert_eq!(keeper_metrics(), [0.0, 0.0, 0.0, 0.0]);
     let keeper = testing::keeper_pid(&dir);

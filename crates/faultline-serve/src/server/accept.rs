@@ -155,6 +155,40 @@ pub fn handle(
     }
 }
 
+/// Tries again, every [`super::unprotected::RETRY`], to deposit each VMM served
+/// unprotected (see `unprotected.rs`); one deposited is protected from
+/// then on (said, and its keeper id kept for its end).
+pub fn deposit_again(state: &State) {
+    let Some(keeper) = &state.keeper else { return };
+    // Out of the lock while the keeper is asked (a request may take its
+    // timeout): a peer set up meanwhile is added beside them.
+    let due = state.unprotected.lock().expect("unprotected").take_due();
+    let mut left = Vec::new();
+    for (id, u) in due {
+        let fds = [u.uffd.as_fd(), u.journal.fd()];
+        let done = keeper
+            .deposit(u.n, u.pid, u.conn.as_fd())
+            .and_then(|kept| keeper.hand(kept, &u.raw, fds).map(|()| kept));
+        match done {
+            Ok(kept) => {
+                say(format_args!(
+                    "peer {} (pid {}): deposited with the keeper at last: a kill of this serve no longer loses it",
+                    u.n, u.pid
+                ));
+                state.set_kept(id, kept);
+            }
+            // Still served: tried again later.
+            Err(_) if state.find(id).is_some() => left.push((id, u)),
+            Err(_) => {}
+        }
+    }
+    state
+        .unprotected
+        .lock()
+        .expect("unprotected")
+        .give_back(left);
+}
+
 /// How long a connection serve cannot take a hand-off from may take to
 /// show whether it handed something over.
 const SHED_WAIT_MS: i32 = 100;

@@ -522,7 +522,7 @@ fn serve(
         // Before any way out below: a thread back just before its peer
         // ended is said too.
         stuck.look(state);
-        unprotected::retry(state);
+        accept::deposit_again(state);
         if let (None, Some(sig)) = (stopping, stop.asked()) {
             // Steps 1 and 2 of a stop: no new connection, the queued ones
             // accepted.
