@@ -166,9 +166,15 @@ pub fn deposit_again(state: &State) {
     let mut left = Vec::new();
     for (id, u) in due {
         let fds = [u.uffd.as_fd(), u.journal.fd()];
-        let done = keeper
-            .deposit(u.n, u.pid, u.conn.as_fd())
-            .and_then(|kept| keeper.hand(kept, &u.raw, fds).map(|()| kept));
+        let done = keeper.deposit(u.n, u.pid, u.conn.as_fd()).and_then(|kept| {
+            keeper
+                .hand(kept, &u.raw, fds)
+                .map(|()| kept)
+                .inspect_err(|_| {
+                    // Not held half: the next try deposits it anew.
+                    let _ = keeper.forget(kept);
+                })
+        });
         match done {
             Ok(kept) => {
                 say(format_args!(
