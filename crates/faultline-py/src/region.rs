@@ -78,6 +78,8 @@ struct Life {
     /// The `PythonStore` the region made for a plain object (its store
     /// process, a whole interpreter): stopped once the region is gone.
     own_store: Option<Py<PyAny>>,
+    /// The process that made it (a forked child's copy is its parent's).
+    pid: u32,
 }
 
 impl Life {
@@ -285,15 +287,20 @@ fn close(py: Python<'_>, life: &Mutex<Life>) -> PyResult<()> {
     flushed.map(|_| ()).map_err(region_error)
 }
 
-/// Closes every live region (at interpreter exit: dirty pages of `r+`
-/// regions reach their stores even when nobody closed them). Returns the
+/// Closes every live region this process made (at interpreter exit:
+/// dirty pages of `r+` regions reach their stores even when nobody closed
+/// them; a forked child leaves its parent's to the parent). Returns the
 /// errors' texts.
 #[pyfunction]
 pub fn _close_all(py: Python<'_>) -> Vec<String> {
+    let me = std::process::id();
     let live: Vec<Shared> = {
         let mut l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
         l.retain(|w| w.strong_count() > 0);
-        l.iter().filter_map(|w| w.upgrade()).collect()
+        l.iter()
+            .filter_map(|w| w.upgrade())
+            .filter(|life| lock(life).pid == me)
+            .collect()
     };
     live.iter()
         .filter_map(|life| close(py, life).err().map(|e| e.to_string()))
@@ -543,6 +550,7 @@ impl Region {
             closed: false,
             exports: 0,
             own_store: made_store.then(|| store_obj.clone().unbind()),
+            pid: std::process::id(),
         }));
         {
             let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());

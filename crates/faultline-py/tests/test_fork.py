@@ -69,3 +69,36 @@ def test_a_forked_child_never_reads_its_parents_region(tmp_path, engine):
     assert "own region 0" in lines, out
     assert "parent after True" in lines, out
     assert "touch 11" in lines, out  # SIGSEGV
+
+
+CHILD_EXIT = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    import faultline
+
+    r = faultline.Region(store=faultline.FileStore(sys.argv[1]), mode="r+")
+    a = r.as_array(np.float64)
+    a[0] = 42.0
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # atexit runs in the child: the parent's region is not its
+    os.waitpid(pid, 0)
+    del a
+    r.close()
+    print("first", np.fromfile(sys.argv[1], np.float64)[0], flush=True)
+    """
+)
+
+
+def test_a_forked_child_that_exits_leaves_its_parents_regions_alone(tmp_path):
+    p = tmp_path / "w.f64"
+    write_f64(p, 1 << 12)
+    script = tmp_path / "child_exit.py"
+    script.write_text(CHILD_EXIT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(p)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "first 42.0" in out.stdout, out
+    assert "closing a region at exit" not in out.stderr, out.stderr
