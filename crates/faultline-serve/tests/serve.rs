@@ -1700,6 +1700,16 @@ fn a_serve_on_another_memory_file_refuses_to_take_over() {
     let log = dir.text("wrong.err");
     assert!(!st.success(), "{st}: {log}");
     assert!(log.contains("served from another memory file"), "{log}");
+    // A copy with one byte changed where the fingerprint does not sample
+    // (page 1 of 4,096): another file all the same.
+    let mut near = std::fs::read(dir.path("mem")).unwrap();
+    near[4096 + 1] ^= 1;
+    std::fs::write(&other, &near).unwrap();
+    let mut w = Proc::start("near", SERVE, &wrong, &dir.path("near.err"));
+    let st = w.wait(WAIT);
+    let log = dir.text("near.err");
+    assert!(!st.success(), "{st}: {log}");
+    assert!(log.contains("served from another memory file"), "{log}");
     assert!(p.running(), "{}", dir.text("p.err"));
     let mut again = testing::start(
         &dir,

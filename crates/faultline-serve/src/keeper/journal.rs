@@ -7,9 +7,10 @@
 //!  offset 8        flags    u64  bit 0: an entry did not fit (the journal is unusable);
 //!                                 bit 1: the peer's writes are tracked (--track-dirty)
 //!  offset 16       entries  [start u64, end u64] x CAPACITY  (the peer's addresses)
-//!  offset 1 MiB-16 identity u64 x 2  the memory file it is served from: its size and
-//!                                 fingerprint (0, 0: not said, a journal of a build
-//!                                 before it was kept)
+//!  offset 1 MiB-48 identity u64 x 6  the memory file it is served from: its size,
+//!                                 fingerprint, device, inode, mtime (ns), and a
+//!                                 spare word (all 0: not said; the last three 0:
+//!                                 no file, a remote store)
 //!  offset 1 MiB    rcount   u64  record entries written (Release), when the memfd
 //!  offset 1 MiB+8  rfull    u64    is longer than 1 MiB: the peer records
 //!  offset 1 MiB+16 records  [store offset u64, first touch ns u64] x (the rest / 16)
@@ -33,9 +34,15 @@ use faultline_sys::mem::{self, Mapping};
 /// The REMOVE section's size: a header and 65 535 ranges.
 const BYTES: usize = 1 << 20;
 /// Ranges it holds (the header before them, the identity after).
-const CAPACITY: usize = (BYTES - 32) / 16;
+const CAPACITY: usize = (BYTES - 16 - 48) / 16;
 /// The identity's first word.
-const IDENTITY: usize = (BYTES - 16) / 8;
+const IDENTITY: usize = (BYTES - 48) / 8;
+
+/// The memory file a peer is served from, as its journal names it: the
+/// store's size and fingerprint ([`crate::record::Identity`]) and, for a
+/// file, its device, inode and modification time (`[0; 3]` for a store
+/// that is no file).
+pub type Served = [u64; 5];
 /// The record section's first word.
 const RECORD: usize = BYTES / 8;
 /// Bit 0 of the flags word: an entry did not fit.
@@ -70,22 +77,23 @@ impl Journal {
         self.word(1).fetch_or(TRACKS_DIRTY, Ordering::Release);
     }
 
-    /// Notes the memory file the peer is served from (its size and
-    /// fingerprint: [`crate::record::Identity`]), so a serve taking it over
-    /// from another file refuses to.
-    pub fn set_identity(&self, memory_bytes: u64, fingerprint: u64) {
-        self.word(IDENTITY).store(memory_bytes, Ordering::Relaxed);
-        self.word(IDENTITY + 1)
-            .store(fingerprint, Ordering::Release);
+    /// Notes the memory file the peer is served from ([`Served`]), so a
+    /// serve taking it over from another file refuses to.
+    pub fn set_identity(&self, id: Served) {
+        for (i, w) in id.iter().enumerate().skip(1) {
+            self.word(IDENTITY + i).store(*w, Ordering::Relaxed);
+        }
+        // The size last: a reader that sees it sees the rest.
+        self.word(IDENTITY).store(id[0], Ordering::Release);
     }
 
     /// The memory file the peer is served from (`None`: not said).
-    pub fn identity(&self) -> Option<(u64, u64)> {
-        let fingerprint = self.word(IDENTITY + 1).load(Ordering::Acquire);
-        let bytes = self.word(IDENTITY).load(Ordering::Relaxed);
-        (bytes, fingerprint)
-            .ne(&(0, 0))
-            .then_some((bytes, fingerprint))
+    pub fn identity(&self) -> Option<Served> {
+        let mut id = [self.word(IDENTITY).load(Ordering::Acquire), 0, 0, 0, 0];
+        for (i, w) in id.iter_mut().enumerate().skip(1) {
+            *w = self.word(IDENTITY + i).load(Ordering::Relaxed);
+        }
+        (id != [0; 5]).then_some(id)
     }
 
     /// Whether the peer's writes are tracked.
@@ -220,7 +228,7 @@ mod tests {
         );
         assert!(!b.tracks_dirty());
         assert_eq!(b.identity(), None);
-        b.set_identity(1 << 20, 0xfeed);
+        b.set_identity([1 << 20, 0xfeed, 3, 4, 5]);
         b.set_tracks_dirty();
         assert!(b.tracks_dirty());
         assert!(!b.entries().1, "tracking is not an overflow");

@@ -289,8 +289,8 @@ fn journal(
         if track_dirty {
             journal.set_tracks_dirty();
         }
-        if let Some(id) = state.identity {
-            journal.set_identity(id.memory_bytes, id.fingerprint);
+        if let Some(id) = state.served_from {
+            journal.set_identity(id);
         }
         Ok(journal)
     };

@@ -213,8 +213,9 @@ impl Server {
             true => Some(record::identity(&*store)?),
             false => None,
         };
-        if let Some(id) = identity {
-            check_taken(&taken, id, &source)?;
+        let served_from = identity.map(|id| served_from(&config.source, id));
+        if let Some(ours) = served_from {
+            check_taken(&taken, ours, &source)?;
         }
         let prefetch = match (&config.prefetch, identity) {
             (Some(p), Some(id)) => {
@@ -314,6 +315,7 @@ impl Server {
             summaries: Mutex::new(Vec::new()),
             counters: ServerCounters::default(),
             identity,
+            served_from,
             dirty_claimed: AtomicBool::new(false),
             last_n: AtomicUsize::new(last_n),
             dirty_before: Mutex::new(Vec::new()),
@@ -646,28 +648,60 @@ fn check_outputs(
     Ok((json, protected))
 }
 
+/// What a peer's journal says it is served from ([`crate::keeper::journal::Served`]):
+/// the store's identity and, for a memory file, its device, inode and
+/// modification time.
+fn served_from(
+    source: &crate::config::Source,
+    id: record::Identity,
+) -> crate::keeper::journal::Served {
+    use std::os::unix::fs::MetadataExt;
+    let file = match source {
+        crate::config::Source::Mem(p) => std::fs::metadata(p).ok().map(|m| {
+            let mtime = (m.mtime() as u64).wrapping_mul(1_000_000_000) + m.mtime_nsec() as u64;
+            [m.dev(), m.ino(), mtime]
+        }),
+        crate::config::Source::Store(_) => None,
+    };
+    let [dev, ino, mtime] = file.unwrap_or([0; 3]);
+    [id.memory_bytes, id.fingerprint, dev, ino, mtime]
+}
+
 /// Refuses to take over the peers a keeper holds (`taken`) when one was
 /// served from another memory file than this serve's (`ours`, read from
-/// `source`): served this file's bytes, its guest memory would be
-/// corrupt. They stay with the keeper for a serve started with theirs.
-fn check_taken(taken: &[Taken], ours: record::Identity, source: &str) -> Result<(), ServeError> {
-    let theirs: Vec<(usize, (u64, u64))> = taken
+/// `source`): another file (device, inode, modification time), or a
+/// store whose size or sampled pages differ. Served this file's bytes,
+/// its guest memory would be corrupt. They stay with the keeper for a
+/// serve started with theirs.
+fn check_taken(
+    taken: &[Taken],
+    ours: crate::keeper::journal::Served,
+    source: &str,
+) -> Result<(), ServeError> {
+    let other = |theirs: &crate::keeper::journal::Served| match theirs[2..] {
+        // A remote store's: its size and sampled pages.
+        [0, 0, 0] => theirs[..2] != ours[..2],
+        _ => *theirs != ours,
+    };
+    let theirs: Vec<(usize, crate::keeper::journal::Served)> = taken
         .iter()
         .filter_map(|t| {
             let fd = t.handed.as_ref()?.journal.try_clone().ok()?;
             Some((t.n, crate::keeper::Journal::open(fd).ok()?.identity()?))
         })
-        .filter(|(_, id)| *id != (ours.memory_bytes, ours.fingerprint))
+        .filter(|(_, id)| other(id))
         .collect();
-    let Some((_, (bytes, fingerprint))) = theirs.first() else {
+    let Some((_, [bytes, fingerprint, dev, ino, _])) = theirs.first() else {
         return Ok(());
     };
     Err(ServeError::OtherSnapshot(format!(
-        "the keeper holds {} VM(s) (peer {}) served from another memory file ({bytes} bytes, fingerprint {fingerprint:016x}) than {source} ({} bytes, fingerprint {:016x}): served from it their memory would be corrupt; start serve with the memory file they were restored from (the keeper keeps them for --keeper-wait)",
+        "the keeper holds {} VM(s) (peer {}) served from another memory file ({bytes} bytes, fingerprint {fingerprint:016x}, inode {dev}:{ino}) than {source} ({} bytes, fingerprint {:016x}, inode {}:{}; a file's inode and modification time name it, even a copy with the same bytes is another): served from it their memory could be corrupt; start serve with the memory file they were restored from (the keeper keeps them for --keeper-wait)",
         theirs.len(),
         theirs.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>().join(", "),
-        ours.memory_bytes,
-        ours.fingerprint
+        ours[0],
+        ours[1],
+        ours[2],
+        ours[3]
     )))
 }
 

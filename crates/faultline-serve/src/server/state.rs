@@ -106,6 +106,9 @@ pub struct State {
     /// The memory file records are made for and checked against (with
     /// `--record` or `--prefetch`), and dirty sets name (`--track-dirty`).
     pub identity: Option<Identity>,
+    /// What a peer's journal names as the file it is served from
+    /// (`--takeover`, `--fd-store`).
+    pub served_from: Option<crate::keeper::journal::Served>,
     /// The first peer claimed dirty tracking (`--track-dirty` without
     /// `{peer}`: the first peer only).
     pub dirty_claimed: AtomicBool,
