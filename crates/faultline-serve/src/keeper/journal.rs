@@ -239,7 +239,7 @@ mod tests {
         assert!(b.tracks_dirty());
         assert_eq!(
             b.identity(),
-            Some((1 << 20, 0xfeed)),
+            Some([1 << 20, 0xfeed, 3, 4, 5]),
             "a full journal keeps it"
         );
     }
