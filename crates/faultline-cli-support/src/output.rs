@@ -320,9 +320,11 @@ fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
         (Err(_), Err(_)) => {
+            // Links followed, dangling ones too: what would be written.
             let full = |p: &Path| {
+                let p = resolve(p).unwrap_or_else(|_| p.to_path_buf());
                 let name = p.file_name().map(PathBuf::from).unwrap_or_default();
-                std::fs::canonicalize(parent(p))
+                std::fs::canonicalize(parent(&p))
                     .map(|d| d.join(name))
                     .unwrap_or_else(|_| p.to_path_buf())
             };
@@ -424,6 +426,10 @@ mod tests {
         let e = new.refuse_same_as(&d.join(".").join("new.txt"), "--record");
         assert!(e.is_err());
         new.refuse_same_as(&d.join("new2.txt"), "--record").unwrap();
+        // A dangling link names what it would create.
+        symlink(d.join("new.txt"), d.join("dangling")).unwrap();
+        let e = new.refuse_same_as(&d.join("dangling"), "--json");
+        assert!(e.is_err(), "a dangling link to it");
         // /dev/null is where anything may go.
         let null = OutputPath::check(Path::new("/dev/null"), "--json").unwrap();
         null.refuse_same_as(Path::new("/dev/null"), "--record")

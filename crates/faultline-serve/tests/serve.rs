@@ -617,6 +617,7 @@ fn a_memory_file_that_is_no_snapshot_is_refused_at_start() {
         .unwrap();
     assert!(made.success());
     std::fs::write(dir.path("empty"), b"").unwrap();
+    std::fs::write(dir.path("tiny"), b"ab").unwrap();
     std::fs::create_dir(dir.path("dir")).unwrap();
     let sock = dir.sock();
     for (mem, why) in [
@@ -624,6 +625,7 @@ fn a_memory_file_that_is_no_snapshot_is_refused_at_start() {
         (dir.path("dir"), "not a regular file"),
         (PathBuf::from("/dev/zero"), "not a regular file"),
         (dir.path("empty"), "empty: there is nothing to serve"),
+        (dir.path("tiny"), "smaller than one page"),
     ] {
         let args = [
             "--socket",
@@ -830,6 +832,7 @@ fn outputs_that_name_what_serve_reads_or_binds_are_refused() {
     std::os::unix::fs::symlink(&mem, dir.path("mem-link")).unwrap();
     std::fs::hard_link(&mem, dir.path("mem-hard")).unwrap();
     std::fs::write(dir.path("set.txt"), b"a set").unwrap();
+    std::os::unix::fs::symlink(dir.path("later.txt"), dir.path("dangling")).unwrap();
     let p = |f: &str| dir.path(f).to_str().unwrap().to_string();
     let sock = dir.sock().to_str().unwrap().to_string();
     let (link, hard, set, out) = (p("mem-link"), p("mem-hard"), p("set.txt"), p("out.json"));
@@ -859,6 +862,14 @@ fn outputs_that_name_what_serve_reads_or_binds_are_refused() {
         (
             vec!["--shared", &p("copy"), "--track-dirty", &p("copy")],
             "the same file as --shared",
+        ),
+        (
+            vec!["--record", &p("o{peer}1"), "--track-dirty", &p("o1{peer}")],
+            "become the same file for one peer",
+        ),
+        (
+            vec!["--json", &p("dangling"), "--record", &p("later.txt")],
+            "the same file as --json",
         ),
     ]
     .into_iter()

@@ -626,6 +626,15 @@ fn check_outputs(
     for (path, flag) in flags {
         let Some(p) = path else { continue };
         let out = OutputPath::check(p, flag).map_err(ServeError::CheckOutput)?;
+        for (o, f) in &outputs {
+            if outputs::templates_meet(p, o.path()) {
+                return Err(ServeError::CheckOutput(anyhow::anyhow!(
+                    "{flag} {} and {f} {} become the same file for one peer: one would replace the other",
+                    p.display(),
+                    o.path().display()
+                )));
+            }
+        }
         let others = outputs.iter().map(|(o, f)| (o.path(), *f));
         for (other, what) in protected.against(flag).chain(others) {
             out.refuse_same_as(other, what)

@@ -84,14 +84,29 @@ fn resolved(p: &Path) -> PathBuf {
         .unwrap_or(p.clone())
 }
 
-/// Whether `template` with each `{peer}` replaced by one number is `s`.
+/// Whether `template` with each `{peer}` replaced by one number is `s`
+/// (any leading run of the digits there may be the number: `m{peer}1`
+/// becomes `m11`).
 fn becomes(template: &str, s: &str) -> bool {
     let (first, _) = template.split_once("{peer}").expect("a template");
     let Some(rest) = s.strip_prefix(first) else {
         return false;
     };
     let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-    digits > 0 && template.replace("{peer}", &rest[..digits]) == s
+    (1..=digits).any(|d| template.replace("{peer}", &rest[..d]) == s)
+}
+
+/// Whether two `{peer}` templates become the same path for one peer
+/// number (the record and the dirty set of a peer written to one file):
+/// tried for the first numbers, where the digits can line up.
+pub fn templates_meet(a: &Path, b: &Path) -> bool {
+    let (a, b) = (a.to_string_lossy(), b.to_string_lossy());
+    a.contains("{peer}")
+        && b.contains("{peer}")
+        && (1..=100_000u32).any(|n| {
+            let n = n.to_string();
+            a.replace("{peer}", &n) == b.replace("{peer}", &n)
+        })
 }
 
 #[cfg(test)]
@@ -107,6 +122,9 @@ mod tests {
         assert!(!becomes("/d/m{peer}.bin", "/d/m.bin"));
         assert!(!becomes("/d/m{peer}.bin", "/d/mx.bin"));
         assert!(!becomes("/d/m{peer}.bin", "/e/m1.bin"));
+        assert!(becomes("/d/m{peer}1", "/d/m11"));
+        assert!(templates_meet(Path::new("o{peer}1"), Path::new("o1{peer}")));
+        assert!(!templates_meet(Path::new("r{peer}"), Path::new("d{peer}")));
         assert!(!template_matches(
             Path::new("/d/m.bin"),
             Path::new("/d/m.bin")

@@ -37,6 +37,12 @@ pub fn open_store(source: &Source) -> Result<(Arc<dyn PageStore>, String), Serve
             if m.len() == 0 && !block {
                 return Err(refused("empty: there is nothing to serve"));
             }
+            if m.len() < 4096 && !block {
+                return Err(refused(&format!(
+                    "{} bytes: smaller than one page (a snapshot's memory is whole pages)",
+                    m.len()
+                )));
+            }
             // Read-only: serve never writes the snapshot it serves.
             let store = std::fs::File::open(mem)
                 .and_then(|f| FileStore::from_file(f, mem, 0, FileAccess::Mmap, false))
