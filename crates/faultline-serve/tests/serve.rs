@@ -1743,6 +1743,8 @@ fn a_vmm_served_unprotected_is_deposited_once_the_keeper_answers() {
     use faultline_sys::process::{kill, SIGCONT, SIGSTOP};
     let dir = Dir::new("keeper-late", 16 * MIB);
     let (mut s, args, metrics) = takeover_with_metrics(&dir);
+    // Up: its listener is with the keeper (the socket appears just before).
+    dir.wait_for("serve.err", "listening on");
     let keeper = testing::keeper_pid(&dir);
     kill(keeper, SIGSTOP).unwrap();
     let pause = ["--verify-all", "--pause-at", "30", "--pause-ms", "12000"];
