@@ -58,6 +58,7 @@ pub mod peer;
 pub mod record;
 pub mod record_tool;
 mod server;
+mod sockpath;
 pub mod summary;
 pub mod testing;
 

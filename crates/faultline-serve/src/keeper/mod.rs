@@ -1110,10 +1110,8 @@ pub fn run(spec: &Spec) -> Result<(), KeeperError> {
 /// it still names the listener the keeper holds (no serve listens on it
 /// once the keeper is gone; a path bound again since is another's).
 fn remove_socket(spec: &Spec, k: &Kept) {
-    use std::os::unix::fs::MetadataExt;
-    let Some((_, id)) = &k.listener else { return };
-    if std::fs::symlink_metadata(&spec.socket).is_ok_and(|m| (m.dev(), m.ino()) == *id) {
-        let _ = std::fs::remove_file(&spec.socket);
+    if let Some((_, id)) = &k.listener {
+        let _ = crate::sockpath::remove_if_ours(&spec.socket, *id);
     }
 }
 

@@ -22,8 +22,7 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -32,9 +31,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use faultline_sys::poll::{self, events, PollFd};
-use faultline_sys::sock;
 
 use super::Exposition;
+use crate::sockpath::{self, Taken};
 
 /// Where `--metrics` listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,33 +154,24 @@ impl Endpoint {
         let bind_err = |what: String| move |source| EndpointError::Bind { what, source };
         let (listener, addr) = match addr {
             MetricsAddr::Unix(path) => {
-                match std::fs::symlink_metadata(path) {
-                    Ok(m) if !m.file_type().is_socket() => {
-                        return Err(EndpointError::NotASocket(path.clone()))
+                // Only a stale socket (nothing answers on it) is replaced.
+                match sockpath::probe(path) {
+                    Ok(true) => {
+                        let _ = std::fs::remove_file(path);
                     }
-                    // Stale only if nothing answers on it.
-                    Ok(_) => match UnixStream::connect(path) {
-                        Ok(c) => {
-                            let pid = sock::peer_cred(c.as_fd()).map_or(0, |c| c.pid);
-                            let path = path.clone();
-                            return Err(EndpointError::InUse { path, pid });
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                            let _ = std::fs::remove_file(path);
-                        }
-                        Err(e) => return Err(bind_err(path.display().to_string())(e)),
-                    },
-                    Err(_) => {}
+                    Ok(false) => {}
+                    Err(Taken::NotASocket) => return Err(EndpointError::NotASocket(path.clone())),
+                    Err(Taken::InUse(pid)) => {
+                        let path = path.clone();
+                        return Err(EndpointError::InUse { path, pid });
+                    }
+                    Err(Taken::Probe(e)) => return Err(bind_err(path.display().to_string())(e)),
                 }
                 let l = UnixListener::bind(path).map_err(bind_err(path.display().to_string()))?;
                 l.set_nonblocking(true)
                     .map_err(bind_err(path.display().to_string()))?;
-                let m = std::fs::symlink_metadata(path)
-                    .map_err(bind_err(path.display().to_string()))?;
-                (
-                    Listener::Unix(l, path.clone(), (m.dev(), m.ino())),
-                    addr.clone(),
-                )
+                let id = sockpath::identity(path).map_err(bind_err(path.display().to_string()))?;
+                (Listener::Unix(l, path.clone(), id), addr.clone())
             }
             MetricsAddr::Tcp(a) => {
                 let l = TcpListener::bind(a).map_err(bind_err(a.to_string()))?;
@@ -218,9 +208,7 @@ impl Drop for Endpoint {
         // Only if the path still names the socket bound (not one bound
         // there since by another process).
         if let Some((p, id)) = &self.path {
-            if std::fs::symlink_metadata(p).is_ok_and(|m| (m.dev(), m.ino()) == *id) {
-                let _ = std::fs::remove_file(p);
-            }
+            let _ = sockpath::remove_if_ours(p, *id);
         }
     }
 }

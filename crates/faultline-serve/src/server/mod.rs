@@ -213,7 +213,12 @@ impl Server {
             true => Some(record::identity(&*store)?),
             false => None,
         };
-        let served_from = identity.map(|id| served_from(&config.source, id));
+        // A file's journal names it by device, inode and modification time
+        // too (a remote store's by its identity only).
+        let served_from = identity.map(|id| {
+            let [dev, ino, mtime] = mem.as_ref().map_or([0; 3], setup::MemFile::identity);
+            [id.memory_bytes, id.fingerprint, dev, ino, mtime]
+        });
         if let Some(ours) = served_from {
             check_taken(&taken, ours, &source)?;
         }
@@ -655,25 +660,6 @@ fn check_outputs(
         .into_iter()
         .find_map(|(o, flag)| (flag == "--json").then_some(o));
     Ok((json, protected))
-}
-
-/// What a peer's journal says it is served from ([`crate::keeper::journal::Served`]):
-/// the store's identity and, for a memory file, its device, inode and
-/// modification time.
-fn served_from(
-    source: &crate::config::Source,
-    id: record::Identity,
-) -> crate::keeper::journal::Served {
-    use std::os::unix::fs::MetadataExt;
-    let file = match source {
-        crate::config::Source::Mem(p) => std::fs::metadata(p).ok().map(|m| {
-            let mtime = (m.mtime() as u64).wrapping_mul(1_000_000_000) + m.mtime_nsec() as u64;
-            [m.dev(), m.ino(), mtime]
-        }),
-        crate::config::Source::Store(_) => None,
-    };
-    let [dev, ino, mtime] = file.unwrap_or([0; 3]);
-    [id.memory_bytes, id.fingerprint, dev, ino, mtime]
 }
 
 /// Refuses to take over the peers a keeper holds (`taken`) when one was

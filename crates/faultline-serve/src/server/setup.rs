@@ -190,6 +190,8 @@ fn shmem_thp_forced() -> bool {
 pub struct MemFile {
     path: std::path::PathBuf,
     id: (u64, u64),
+    /// Its modification time, ns.
+    mtime: u64,
     len: u64,
     said: std::sync::atomic::AtomicBool,
 }
@@ -202,9 +204,16 @@ impl MemFile {
         Some(MemFile {
             path: path.into(),
             id: (m.dev(), m.ino()),
+            mtime: (m.mtime() as u64).wrapping_mul(1_000_000_000) + m.mtime_nsec() as u64,
             len: m.len(),
             said: Default::default(),
         })
+    }
+
+    /// The file as a peer's journal names it: device, inode, modification
+    /// time (see `keeper::journal::Served`).
+    pub fn identity(&self) -> [u64; 3] {
+        [self.id.0, self.id.1, self.mtime]
     }
 
     /// Why a new VMM is not served, when the path names another file than

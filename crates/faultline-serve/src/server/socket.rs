@@ -23,16 +23,16 @@
 //!    ([`Socket::accept_with_reserve`]), the peer is refused, and the
 //!    reserve taken back ([`Socket::restock`]).
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 use faultline_cli_support::cleanup;
-use faultline_sys::sock;
 
 use super::error::ServeError;
 use crate::log::say;
+use crate::sockpath::{self, Removed, Taken};
 
 /// The socket a server bound, and owns.
 pub struct Socket {
@@ -52,26 +52,17 @@ impl Socket {
     /// Checks what is at `path` (step 1 of the module docs) without
     /// changing anything: whether a stale socket is there to replace.
     pub fn check(path: &Path) -> Result<bool, ServeError> {
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if !m.file_type().is_socket() => {
-                Err(ServeError::NotASocket { path: path.into() })
-            }
-            Ok(_) => match UnixStream::connect(path) {
-                Ok(conn) => {
-                    let pid = sock::peer_cred(conn.as_fd()).map_or(0, |c| c.pid);
-                    Err(ServeError::InUse {
-                        path: path.into(),
-                        pid,
-                    })
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(true),
-                Err(source) => Err(ServeError::Probe {
-                    path: path.into(),
-                    source,
-                }),
+        sockpath::probe(path).map_err(|t| match t {
+            Taken::NotASocket => ServeError::NotASocket { path: path.into() },
+            Taken::InUse(pid) => ServeError::InUse {
+                path: path.into(),
+                pid,
             },
-            Err(_) => Ok(false),
-        }
+            Taken::Probe(source) => ServeError::Probe {
+                path: path.into(),
+                source,
+            },
+        })
     }
 
     /// Binds `path` (non-blocking) as the module docs say.
@@ -93,11 +84,11 @@ impl Socket {
         let listener = UnixListener::bind(path).map_err(bind_err)?;
         let guard = cleanup::register(path);
         listener.set_nonblocking(true).map_err(bind_err)?;
-        let m = std::fs::symlink_metadata(path).map_err(bind_err)?;
+        let id = sockpath::identity(path).map_err(bind_err)?;
         Ok(Socket {
             listener,
             path: path.into(),
-            id: (m.dev(), m.ino()),
+            id,
             guard: Some(guard),
             reserve: reserve(),
             short: false,
@@ -169,20 +160,16 @@ impl Socket {
             return;
         };
         guard.disarm();
-        match std::fs::symlink_metadata(&self.path) {
-            Ok(m) if (m.dev(), m.ino()) == self.id => {
-                if let Err(e) = std::fs::remove_file(&self.path) {
-                    say(format_args!(
-                        "removing the socket {} failed: {e}",
-                        self.path.display()
-                    ));
-                }
-            }
-            Ok(_) => say(format_args!(
+        match sockpath::remove_if_ours(&self.path, self.id) {
+            Removed::Failed(e) => say(format_args!(
+                "removing the socket {} failed: {e}",
+                self.path.display()
+            )),
+            Removed::Another => say(format_args!(
                 "{}: no longer the socket this serve bound (replaced by another); left in place",
                 self.path.display()
             )),
-            Err(_) => {}
+            Removed::Yes | Removed::Gone => {}
         }
     }
 }
