@@ -319,16 +319,6 @@ impl HostStore {
     }
 }
 
-impl HostStore {
-    /// How many of `want` bytes at `offset` lie before the store's end.
-    fn inside(&self, offset: u64, want: usize) -> usize {
-        match self.len {
-            Some(n) => n.saturating_sub(offset).min(want as u64) as usize,
-            None => want,
-        }
-    }
-}
-
 impl PageStore for HostStore {
     fn describe(&self) -> &str {
         &self.what
@@ -343,14 +333,7 @@ impl PageStore for HostStore {
     }
 
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        // Never a request past `len(store)`: what lies past it reads as
-        // zeros (a store that checks its bounds is not asked to break them).
-        let inside = self.inside(offset, buf.len());
-        let (buf, past) = buf.split_at_mut(inside);
-        past.fill(0);
-        if buf.is_empty() {
-            return Ok(());
-        }
+        // Never past `len(store)`: a region's `ZeroTail` clips its requests.
         let len = buf.len();
         self.run(
             OP_FILL,
@@ -367,11 +350,6 @@ impl PageStore for HostStore {
                 what: self.what.clone(),
                 offset,
             });
-        }
-        // Nothing past `len(store)` is written.
-        let data = &data[..self.inside(offset, data.len())];
-        if data.is_empty() {
-            return Ok(());
         }
         self.run(
             OP_WRITE_BACK,

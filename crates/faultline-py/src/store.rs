@@ -266,10 +266,10 @@ fn redis_error(e: faultline_redis::RedisStoreError) -> PyErr {
 /// A store as a region of `len` bytes mapped as whole pages sees it,
 /// where the last page passes an end:
 ///
-/// * the store's end, for a store that refuses regions longer than its
-///   data ([`Tail::Refuse`], e.g. a `MemoryStore`) but whose data the
-///   region's length fits in: the bytes past it read as zeros and are not
-///   written back;
+/// * the store's end: the bytes past it read as zeros and are not written
+///   back, so a store is never asked for bytes it does not hold (a
+///   `MemoryStore`, which refuses regions longer than its data, when the
+///   region's length fits in it; a Python store that checks its bounds);
 /// * the region's end, for a region that writes back (`mode="r+"`): the
 ///   bytes of its last page past its length are not written back (they
 ///   are the file's, as `numpy.memmap` leaves them; written back they
@@ -294,8 +294,10 @@ impl ZeroTail {
         mapped: usize,
         writes: bool,
     ) -> Arc<dyn PageStore> {
+        // (A store that refuses a region longer than its data is refused
+        // by the region, not wrapped.)
         let data = match store.len() {
-            Some(n) if store.tail() == Tail::Refuse && len as u64 <= n && n < mapped as u64 => n,
+            Some(n) if n < mapped as u64 && (store.tail() != Tail::Refuse || len as u64 <= n) => n,
             _ => u64::MAX,
         };
         let writes = match writes && len < mapped {
