@@ -568,10 +568,12 @@ pub(crate) struct BudgetFeed {
     pub evictor_wakeups: AtomicU64,
     pub zap_calls: AtomicU64,
     pub overruns: AtomicU64,
-    /// The page the evictor is zapping, plus one (0: none), and whether an
-    /// engine has handled the REMOVE event of that zap (see [`Self::zap`]).
-    zapping: AtomicUsize,
-    zap_handled: AtomicBool,
+    /// The run of pages the evictor is zapping, its first page plus one
+    /// (0: none) and its end, and how many of its pages engines have
+    /// handled REMOVE events for (see [`Self::zap`]).
+    zap_start: AtomicUsize,
+    zap_end: AtomicUsize,
+    zap_handled: AtomicUsize,
     /// Access hints for the policy, lossy (eviction drains it).
     hints: PageRing,
     /// Rings of [`crate::evict::ReclaimWatch`]es: every evicted page is
@@ -624,8 +626,9 @@ impl BudgetFeed {
             evictor_wakeups: AtomicU64::new(0),
             zap_calls: AtomicU64::new(0),
             overruns: AtomicU64::new(0),
-            zapping: AtomicUsize::new(0),
-            zap_handled: AtomicBool::new(false),
+            zap_start: AtomicUsize::new(0),
+            zap_end: AtomicUsize::new(0),
+            zap_handled: AtomicUsize::new(0),
             hints: PageRing::new(HINT_SLOTS),
             reclaim_watchers: Mutex::new(Vec::new()),
             reclaim_watching: AtomicUsize::new(0),
@@ -640,6 +643,11 @@ impl BudgetFeed {
             Some(s) => &s.core,
             None => &self.own,
         }
+    }
+
+    /// The high-water mark of the region's own budget.
+    pub fn own_high(&self) -> usize {
+        self.own.high()
     }
 
     /// Sets the region's own low-water mark (no effect on a shared
@@ -723,42 +731,54 @@ impl BudgetFeed {
         self.log[i].store(page as u64 + 1, SeqCst);
     }
 
-    /// Zaps `page` for eviction, which holds its claim, and records it
-    /// absent. When an engine reads the region's events (`events`), waits
-    /// (at most [`ZAP_ACK_WAIT`]) until a handler has *handled* the REMOVE
-    /// event the zap posts, not merely read it: `madvise` returns once the
-    /// event is read, and with several handler threads the one that read
-    /// it may run its `on_remove` only later. Had the claim been released
-    /// before that, a fault could re-install the page and the late
-    /// `on_remove` mark it absent while mapped, losing it from the map
-    /// (and its dirty data from write-back). One page at a time: only the
-    /// evictor thread zaps when events are read. Returns whether the wait
-    /// timed out.
-    pub fn zap(&self, r: &super::RegionState, page: usize, events: bool) -> bool {
-        self.zap_handled.store(false, SeqCst);
-        self.zapping.store(page + 1, SeqCst);
-        let _ = mem::madvise(r.pages.addr(page), r.pages.size().bytes(), Advice::DontNeed);
+    /// Zaps the run `pages` for eviction (the caller holds their claims)
+    /// and records them absent. When an engine reads the region's events
+    /// (`events`), waits (at most [`ZAP_ACK_WAIT`]) until handlers have
+    /// *handled* the REMOVE events the zap posts for every page of the
+    /// run, not merely read them: `madvise` returns once an event is
+    /// read, and with several handler threads the one that read it may
+    /// run its `on_remove` only later. Had the claims been released before
+    /// that, a fault could re-install a page and the late `on_remove` mark
+    /// it absent while mapped, losing it from the map (and its dirty data
+    /// from write-back). One run at a time (only the evictor thread zaps
+    /// when events are read), one `madvise` and so one REMOVE round trip
+    /// with the handler per run: a sequential scan's victims are one run
+    /// per batch. Returns whether the wait timed out.
+    pub fn zap(&self, r: &super::RegionState, pages: Range<usize>, events: bool) -> bool {
+        let len = pages.len();
+        self.zap_handled.store(0, SeqCst);
+        self.zap_end.store(pages.end, SeqCst);
+        // Last: `removed` reads the start first and counts nothing while
+        // it is 0.
+        self.zap_start.store(pages.start + 1, SeqCst);
+        let ps = r.pages.size().bytes();
+        let _ = mem::madvise(r.pages.addr(pages.start), len * ps, Advice::DontNeed);
         self.zap_calls.fetch_add(1, Relaxed);
         let deadline = Instant::now() + ZAP_ACK_WAIT;
         let mut timed_out = false;
-        while events && !self.zap_handled.load(SeqCst) {
+        while events && self.zap_handled.load(SeqCst) < len {
             if Instant::now() > deadline {
                 timed_out = true;
                 break;
             }
             std::thread::yield_now();
         }
-        self.zapping.store(0, SeqCst);
-        r.residency.set(page, PageState::Absent);
+        self.zap_start.store(0, SeqCst);
+        r.residency.set_range(pages, PageState::Absent);
         timed_out
     }
 
     /// An engine has handled a REMOVE event for `pages` (and marked them
-    /// absent): acknowledges the evictor's zap if it is among them.
+    /// absent): counts the pages of the evictor's zap among them.
     pub fn removed(&self, pages: Range<usize>) {
-        let z = self.zapping.load(SeqCst);
-        if z != 0 && pages.contains(&(z - 1)) {
-            self.zap_handled.store(true, SeqCst);
+        let start = self.zap_start.load(SeqCst);
+        if start == 0 {
+            return;
+        }
+        let (start, end) = (start - 1, self.zap_end.load(SeqCst));
+        let overlap = pages.end.min(end).saturating_sub(pages.start.max(start));
+        if overlap > 0 {
+            self.zap_handled.fetch_add(overlap, SeqCst);
         }
     }
 

@@ -31,8 +31,8 @@
 //!    [`PageStore::write_back_batch`](crate::PageStore::write_back_batch).
 //! 3. Every victim is dropped: one `process_madvise(MADV_DONTNEED)` for
 //!    the whole batch (one TLB flush instead of one per page), or, when
-//!    handler threads read the region's events, one `madvise` per page
-//!    with the REMOVE handshake of [`BudgetFeed::zap`].
+//!    handler threads read the region's events, one `madvise` per run of
+//!    contiguous pages with the REMOVE handshake of [`BudgetFeed::zap`].
 //! 4. Each is recorded absent and uncharged (waking faults that wait for
 //!    room) and its claim released. A dirty page whose write-back failed
 //!    stays resident and dirty and is held for a retry (the evictor's
@@ -323,7 +323,7 @@ fn evict_batch(
     // Drop every victim but the failed ones, runs of contiguous pages as
     // one range.
     let ps = r.pages.size().bytes();
-    let mut ranges = [(0u64, 0usize); BATCH];
+    let mut runs = [const { 0..0 }; BATCH];
     let mut nr = 0;
     let mut prev: Option<usize> = None;
     for (i, &p) in victims.iter().enumerate() {
@@ -332,22 +332,24 @@ fn evict_batch(
             continue;
         }
         if prev == Some(p.wrapping_sub(1)) {
-            ranges[nr - 1].1 += ps;
+            runs[nr - 1].end = p + 1;
         } else {
-            ranges[nr] = (r.pages.addr(p), ps);
+            runs[nr] = p..p + 1;
             nr += 1;
         }
         prev = Some(p);
     }
     if r.delivery.reads_events {
-        // Handler threads read the REMOVE events: one page at a time, with
+        // Handler threads read the REMOVE events: one run at a time, with
         // the handshake (only the evictor thread gets here).
-        for (i, &p) in victims.iter().enumerate() {
-            if failed[i].is_none() {
-                feed.zap(r, p, true);
-            }
+        for run in &runs[..nr] {
+            feed.zap(r, run.clone(), true);
         }
     } else if nr > 0 {
+        let mut ranges = [(0u64, 0usize); BATCH];
+        for (range, run) in ranges.iter_mut().zip(&runs[..nr]) {
+            *range = (r.pages.addr(run.start), run.len() * ps);
+        }
         feed.zap_calls.fetch_add(1, Relaxed);
         if madvise_ranges(&ranges[..nr], Advice::DontNeed).is_err() {
             // Not expected (the ranges are mapped and ours); make sure
