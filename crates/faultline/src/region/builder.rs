@@ -191,7 +191,9 @@ impl RegionBuilder {
     /// With a [`budget`](Self::budget): once the region goes past it, the
     /// evictor evicts down to `pages` (at most the budget; UMap's low-water
     /// mark) before it rests, instead of stopping just under the budget.
-    /// Default: the budget.
+    /// Default: the budget on the signal engine, an eighth below it under
+    /// handler threads (whose faults wait for the evictor when they find
+    /// the budget full; see [`crate::evict`]).
     pub fn budget_low_water(mut self, pages: usize) -> Self {
         self.low_water = Some(pages);
         self
@@ -201,7 +203,7 @@ impl RegionBuilder {
     /// lock only to pick victims, so their write-backs and zaps run in
     /// parallel (UMap's `UMAP_PAGE_EVICTORS` evict workers). A region
     /// whose events handler threads read (the thread engines) runs one:
-    /// its zaps wait for their REMOVE events one page at a time.
+    /// its zaps wait for their REMOVE events one run of pages at a time.
     pub fn evictors(mut self, n: usize) -> Self {
         self.evictors = n.max(1);
         self
