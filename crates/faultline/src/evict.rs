@@ -172,9 +172,13 @@ pub(crate) fn start(
         .budget
         .as_ref()
         .expect("budget regions have a budget feed");
-    feed.set_low_water(
-        low_water.unwrap_or_else(|| default_low_water(feed.own_high(), state.delivery.reads_events)),
-    );
+    feed.set_low_water(low_water.unwrap_or_else(|| {
+        default_low_water(
+            feed.own_high(),
+            state.pages.count(),
+            state.delivery.reads_events,
+        )
+    }));
     // The policy holds at most the budget's pages (plus held ones).
     let capacity = feed.core().max() + reclaim::BATCH;
     reclaim::init(state, cfg.policy, capacity);
@@ -191,22 +195,25 @@ pub(crate) fn start(
         .collect()
 }
 
-/// The low-water mark of a budget of `high` pages when none is given.
+/// The low-water mark of a budget of `high` pages, in a region of `pages`,
+/// when none is given.
 ///
-/// Where faults are resolved on the faulting thread (the signal engine),
-/// the budget itself: a fault that finds the budget full evicts a batch
-/// for itself, at no more cost than the evictor's, and nothing is evicted
-/// that no fault needed room for. Where handler threads resolve them
-/// (`handler_threads`: the thread engines), an eighth below it: a handler
-/// must not evict (its zaps would wait for REMOVE events only it reads),
-/// so a fault that finds the budget full is put aside until the evictor
-/// has made room, a round trip of wake-ups per fault once the budget is
-/// reached; draining an eighth ahead makes those rare. Measured
-/// (RESULTS.md, "A budget under handler threads"): a sequential scan of
-/// 16x its budget with the poll engine took 3.1-3.8x less time with the
-/// mark an eighth down than at the budget.
-pub(crate) fn default_low_water(high: usize, handler_threads: bool) -> usize {
-    if handler_threads {
+/// A budget that holds the whole region (one that only tracks dirty
+/// pages, as `mode="r+"` without a budget does in Python) evicts nothing:
+/// the budget itself. Where faults are resolved on the faulting thread
+/// (the signal engine), the budget itself too: a fault that finds the
+/// budget full evicts a batch for itself, at no more cost than the
+/// evictor's, and nothing is evicted that no fault needed room for. Where
+/// handler threads resolve them (`handler_threads`: the thread engines),
+/// an eighth below it: a handler must not evict (its zaps would wait for
+/// REMOVE events only it reads), so a fault that finds the budget full is
+/// put aside until the evictor has made room, a round trip of wake-ups
+/// per fault once the budget is reached; draining an eighth ahead makes
+/// those rare. Measured (RESULTS.md, "A budget under handler threads"): a
+/// sequential scan of 4x its budget with the poll engine took 3.5-4.2x
+/// less time with the mark an eighth down than at the budget.
+pub(crate) fn default_low_water(high: usize, pages: usize, handler_threads: bool) -> usize {
+    if handler_threads && high < pages {
         high - high / 8
     } else {
         high

@@ -383,6 +383,31 @@ fn eviction_with_a_handler_thread_zaps_runs_not_pages() {
     );
 }
 
+/// A budget that holds the whole region only tracks dirty pages (Python's
+/// `mode="r+"` without a budget): it evicts nothing, with handler threads
+/// too, whose default low-water mark is otherwise below the budget.
+#[test]
+fn a_budget_of_the_whole_region_evicts_nothing() {
+    let _deadline = deadline(60);
+    let pages = 256;
+    let len = pages * 4096;
+    let r = Region::builder(len)
+        .shared_store(Arc::new(MemoryStore::new(pattern(len))))
+        .budget(EvictionConfig {
+            budget_pages: pages,
+            policy: faultline::policy::PolicyKind::Clock,
+        })
+        .build_dyn(engine_of(EngineKind::Poll))
+        .unwrap();
+    for off in (0..len).step_by(4096) {
+        assert_eq!(read(r.as_ptr(), off), pat(off));
+    }
+    // Give an evictor woken at the budget time to act.
+    std::thread::sleep(Duration::from_millis(200));
+    let es = r.eviction_stats().unwrap();
+    assert_eq!((es.evicted, es.resident), (0, pages as u64), "{es:?}");
+}
+
 #[test]
 fn eviction_region_drop_writes_dirty_pages_back() {
     let _deadline = deadline(120);
