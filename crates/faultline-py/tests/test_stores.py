@@ -49,6 +49,27 @@ def test_run_ahead_installs_pages_ahead_of_a_stream(tmp_path):
         assert r.stats()["run_ahead"]["pages_populated"] > 0
 
 
+def test_run_ahead_is_on_by_default_only_where_it_pays(tmp_path):
+    # On by default with a handler thread and no budget (4 MiB ahead); off
+    # on the signal engine, under a budget, and with run_ahead=0.
+    p = tmp_path / "stream.f64"
+    want = write_f64(p, (64 << 20) // 8)
+    for kwargs, on in [
+        (dict(), True),
+        (dict(engine="per-cpu"), True),
+        (dict(engine="signal"), False),
+        (dict(budget="16MiB"), False),
+        (dict(run_ahead=0), False),
+    ]:
+        with faultline.Region(store=faultline.FileStore(p), **kwargs) as r:
+            assert np.array_equal(r.as_array(np.float64), want), kwargs
+            ra = r.stats().get("run_ahead")
+            if on:
+                assert ra is not None and ra["pages_populated"] > 0, (kwargs, ra)
+            else:
+                assert ra is None, (kwargs, ra)
+
+
 @pytest.mark.parametrize("page_size", [8192, 65536])
 def test_file_store_with_larger_pages(f64_file, page_size):
     want = np.fromfile(f64_file, np.float64)

@@ -102,7 +102,9 @@ class Region:
     ``mode`` is ``"r"`` (read-only views; the default), ``"r+"`` (writes go
     back to the store: ``flush()``, eviction, ``close()``) or ``"c"``
     (private writes; the default for a ``ZeroStore``); ``run_ahead`` pages
-    are installed ahead of a sequential stream by a background thread;
+    are installed ahead of a sequential or strided stream by a background
+    thread (0: none; default 4 MiB worth when a handler thread serves the
+    faults and there is no budget, none otherwise);
     ``memory`` is ``"private-anon"`` (the default), ``"shmem"`` or
     ``"hugetlb"`` (2 MiB pages from the system's pool: one fault and one
     copy per 2 MiB; budgets and ``"r+"`` need private-anon).

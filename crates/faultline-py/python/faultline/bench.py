@@ -13,13 +13,17 @@ seq-sum warm          ``a.sum()`` over the whole array, the file's pages in
                       the page cache; beside it the floors of copying the
                       data in: the region with every page installed first
                       (``Region.prefetch``, no fault) and ``numpy.fromfile``
-                      (``read(2)`` into fresh memory); and, when the
+                      (``read(2)`` into fresh memory); the region without
+                      its populator (``run_ahead=0``; not with
+                      ``--engine signal``, which runs none); and, when the
                       system's huge page pool has room for the array, the
                       region over 2 MiB pages (``memory="hugetlb"``)
 seq-sum resident      a second ``a.sum()`` on the same mapping (every page
                       already mapped)
 gather warm           ``a[idx].sum()`` for random indices (one page in
-                      ``--gather-every`` pages touched), page cache warm
+                      ``--gather-every`` pages touched, in order: a strided
+                      stream), page cache warm; with ``fault_around=1``,
+                      and without the populator
 seq-sum cold          as "seq-sum warm" after dropping the file's page cache
                       (``posix_fadvise(DONTNEED)``): the disk read is timed
 gather cold           as "gather warm", page cache dropped
@@ -278,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         warm_runs = {"memmap": memmap_run(path, seq), "faultline": region_run(file_store, seq, eng),
                      "installed first": installed_run(file_store, seq, eng),
                      "numpy.fromfile": fromfile_run(path, seq)}
+        if eng != "signal":
+            # The default runs a populator ahead of a stream (run_ahead):
+            # the same region without it.
+            warm_runs["run_ahead=0"] = region_run(file_store, seq, eng, run_ahead=0)
         huge_needed = -(-args.size // (2 << 20))
         if huge_pages_free() >= huge_needed:
             warm_runs["hugetlb"] = region_run(file_store, seq, eng, memory="hugetlb")
@@ -288,8 +296,11 @@ def main(argv: list[str] | None = None) -> int:
                                   "faultline": region_run(file_store, seq, eng, second_pass=True)})
         # Random access with the default fault-around (16 pages copied per
         # fault) and with one page per fault.
-        case("gather warm", {"memmap": memmap_run(path, gather), "faultline": region_run(file_store, gather, eng),
-                             "fault_around=1": region_run(file_store, gather, eng, fault_around=1)})
+        gather_runs = {"memmap": memmap_run(path, gather), "faultline": region_run(file_store, gather, eng),
+                       "fault_around=1": region_run(file_store, gather, eng, fault_around=1)}
+        if eng != "signal":
+            gather_runs["run_ahead=0"] = region_run(file_store, gather, eng, run_ahead=0)
+        case("gather warm", gather_runs)
         if not args.no_cold:
             drop = lambda: drop_page_cache(path)  # noqa: E731
             case("seq-sum cold", {"memmap": memmap_run(path, seq), "faultline": region_run(file_store, seq, eng)}, before=drop)
