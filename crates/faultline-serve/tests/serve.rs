@@ -335,6 +335,47 @@ fn four_vcpus_on_two_regions_with_a_gap() {
     assert_ok(&mut s, &dir);
 }
 
+/// A guest on KVM reads its memory: the faults come from KVM in the
+/// kernel (an EPT violation, then `get_user_pages` on the VMM's mapping,
+/// waiting in `handle_userfault`), as a real VMM's guest's do, not from
+/// the peer's own loads. Each vCPU's sum of its pages' first words is
+/// checked against the file by the peer, then every byte. Needs
+/// `/dev/kvm` (this machine's kind has it, nested); skipped, and says
+/// so, where there is none.
+#[test]
+fn a_kvm_guest_reads_its_memory_through_serve() {
+    if !std::path::Path::new("/dev/kvm").exists() {
+        eprintln!("skipped: no /dev/kvm on this machine");
+        return;
+    }
+    let dir = Dir::new("kvm", 16 * MIB);
+    let mut s = serve(&dir, &["--peers", "2"]);
+    for pattern in ["sweep", "clustered"] {
+        let mut p = peer(
+            &dir,
+            pattern,
+            &[
+                "--kvm",
+                "--threads",
+                "2",
+                "--working-set",
+                "50",
+                "--pattern",
+                pattern,
+                "--regions",
+                "6291456,10485760",
+                "--verify-all",
+            ],
+        );
+        assert_ok(&mut p, &dir);
+        let out = dir.text(&format!("{pattern}.err"));
+        assert!(out.contains("16777216 bytes verified"), "{out}");
+    }
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert_eq!(log.matches("hung up;").count(), 2, "{log}");
+}
+
 #[test]
 fn hugetlb_regions_are_served_and_prefetched() {
     // Two 4 MiB regions of 2 MiB hugetlb pages: on demand, then a record

@@ -198,6 +198,13 @@ pub struct PeerArgs {
     /// the vCPU sees it. Default 0: off.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1 << 20))]
     pub stamps: u32,
+    /// The vCPU threads are KVM vCPUs (`/dev/kvm`): a guest reads the
+    /// first word of each working-set page, so the faults come from KVM
+    /// in the kernel, as a real VMM's guest's do, and its sums are checked
+    /// against the file (then the pages byte for byte). Guest memory is
+    /// the regions back to back from guest-physical 0, under 4 GiB.
+    #[arg(long, conflicts_with_all = ["huge", "pause_at", "stall_ns", "stamps", "compute_us", "storm", "write_pause_after"])]
+    pub kvm: bool,
     /// After the hand-off, wait (at most 60 s) for this file to exist
     /// before the vCPUs start (tests start several peers' faults at once,
     /// after every hand-off; the wait counts in the restore's time).

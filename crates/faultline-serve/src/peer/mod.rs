@@ -11,13 +11,16 @@
 //! `--balloon` drops a range with `MADV_DONTNEED` and expects zeros there;
 //! `--storm` does so repeatedly while the vCPUs fault (the EAGAIN path).
 //! `--backend file` maps the file `MAP_PRIVATE` instead (Firecracker's
-//! `File` backend: the kernel baseline).
+//! `File` backend: the kernel baseline). `--kvm` makes the vCPU threads
+//! KVM vCPUs whose guest reads the working set, so the faults come from
+//! the kernel (KVM's `get_user_pages`), as a real VMM's do.
 //!
 //! | module | what |
 //! |---|---|
 //! | [`args`] | what it is asked to do (`PeerArgs`) |
 //! | [`layout`] | its guest memory, mapped as a VMM maps it |
 //! | [`workload`] | the working set, the vCPU threads, the byte checks |
+//! | `kvm` | `--kvm`: the vCPUs as KVM vCPUs running a tiny guest |
 //! | [`procfs`] | what the kernel counts of it (faults, context switches, RSS) |
 //! | [`report`] | what it measured (`--json`) |
 //!
@@ -25,6 +28,7 @@
 //! and `faultline peer`'s), kept in the library so both can run it.
 
 pub mod args;
+mod kvm;
 pub mod layout;
 pub mod procfs;
 pub mod report;

@@ -170,7 +170,7 @@ fn compute(d: Duration) {
 
 /// Whether vCPU `t` of `n` touches page `i` of a `len`-page working set:
 /// every `n`-th page (clustered), or its contiguous share (sweep).
-fn mine(pattern: Pattern, i: usize, t: usize, n: usize, len: usize) -> bool {
+pub(super) fn mine(pattern: Pattern, i: usize, t: usize, n: usize, len: usize) -> bool {
     match pattern {
         Pattern::Clustered => i % n == t,
         Pattern::Sweep => i * n / len.max(1) == t,
@@ -607,7 +607,11 @@ pub fn touch_and_check(
     let ws = Arc::new(ws);
     let minflt0 = procfs::minor_faults();
     let storm = storm_range(layout, args.page_size());
-    let t = touch(args, layout, &ws, storm, stalls);
+    let t = if args.kvm {
+        super::kvm::touch(args, file, layout, &ws)?
+    } else {
+        touch(args, layout, &ws, storm, stalls)
+    };
     let seconds = t.end.max(t0).duration_since(t0).as_secs_f64();
     let minor_faults = procfs::minor_faults() - minflt0;
     let mut resident_pages = 0;
