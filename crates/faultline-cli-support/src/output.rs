@@ -334,10 +334,16 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Creates and removes a probe file in `dir`.
+/// Creates and removes a probe file in `dir`, of a name no other probe
+/// uses at the same time: two threads checking one directory at once
+/// (serve writing a record cut and a dirty set on two signals) each
+/// removed the other's probe and failed with `ENOENT`.
 fn probe(dir: &Path) -> io::Result<()> {
-    let p = dir.join(format!(".faultline-probe-{}", std::process::id()));
-    File::create(&p)?;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Relaxed);
+    let p = dir.join(format!(".faultline-probe-{}-{n}", std::process::id()));
+    File::options().write(true).create_new(true).open(&p)?;
     std::fs::remove_file(&p)
 }
 
@@ -397,6 +403,23 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// Threads checking one directory at once (serve's signal threads
+    /// writing a record cut and a dirty set) never fail each other.
+    #[test]
+    fn probes_of_one_directory_from_many_threads_at_once_all_pass() {
+        let d = dir("probes");
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..500 {
+                        probe(&d).unwrap();
+                    }
+                });
+            }
+        });
+        assert!(entries(&d).is_empty(), "{:?}", entries(&d));
     }
 
     #[test]
