@@ -326,6 +326,7 @@ impl Server {
             dirty_before: Mutex::new(Vec::new()),
             pidfds: Mutex::new(Vec::new()),
             records_written: Mutex::new(HashSet::new()),
+            records_lost: Mutex::new(HashSet::new()),
             reports: Mutex::default(),
             oom: Mutex::default(),
             protected,
@@ -364,12 +365,15 @@ impl Server {
         let config = &state.config;
         let socket = listen(config, state.keeper.as_ref(), inherited)?;
         if let Some(k) = &state.keeper {
-            k.ready().map_err(ServeError::Keeper)?;
+            k.ready().map_err(|e| keeper_error(config, e))?;
         }
         say(format_args!(
-            "listening on {} for peers of {source} ({store_len} bytes); timeout {}s",
+            "listening on {} for peers of {source} ({store_len} bytes); {}",
             config.socket.display(),
-            config.timeout.as_secs_f64()
+            match config.timeout {
+                Some(t) => format!("timeout {}s", t.as_secs_f64()),
+                None => "no timeout".into(),
+            }
         ));
         if config.pin {
             say_per_cpu(config.threads);
@@ -579,8 +583,10 @@ fn serve(
         }
         if c > f {
             idle_since = None;
-        } else if idle_since.get_or_insert_with(Instant::now).elapsed() > timeout {
-            return Err(ServeError::Timeout(timeout));
+        } else if let Some(t) = timeout {
+            if idle_since.get_or_insert_with(Instant::now).elapsed() > t {
+                return Err(ServeError::Timeout(t));
+            }
         }
     }
 }
@@ -700,12 +706,21 @@ fn check_taken(
     )))
 }
 
+/// A keeper's error, named by the flag that asked for the keeper.
+fn keeper_error(config: &ServeConfig, e: KeeperError) -> ServeError {
+    if config.fd_store {
+        ServeError::FdStore(e)
+    } else {
+        ServeError::Keeper(e)
+    }
+}
+
 /// With `--fd-store`: systemd's store and what it passed; with
 /// `--takeover`: attaches to the keeper of the socket, or (none
 /// answers: checks the socket path first) starts one.
 fn join_keeper(config: &ServeConfig) -> Result<Option<(Keeper, Joined)>, ServeError> {
     if config.fd_store {
-        let (keeper, joined) = Keeper::fd_store(&config.socket).map_err(ServeError::Keeper)?;
+        let (keeper, joined) = Keeper::fd_store(&config.socket).map_err(ServeError::FdStore)?;
         if let Keeper::FdStore(s) = &keeper {
             say(format_args!("{}", s.describe()));
         }
@@ -755,7 +770,7 @@ fn listen(
     let socket = Socket::bind(&config.socket)?;
     if let Some(k) = keeper {
         k.listen(socket.listener().as_fd(), socket.id())
-            .map_err(ServeError::Keeper)?;
+            .map_err(|e| keeper_error(config, e))?;
     }
     Ok(socket)
 }

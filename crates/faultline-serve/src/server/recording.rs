@@ -65,6 +65,15 @@ pub(super) fn at_end(state: &State, peer: &ForeignPeer, n: usize) {
     }
     if claim(state, peer.id()) {
         write(state, peer, n, "at its hang-up");
+    } else if state
+        .records_lost
+        .lock()
+        .expect("records lost")
+        .contains(&peer.id())
+    {
+        say(format_args!(
+            "peer {n}: its record was cut when asked and could not be written (said then): nothing is recorded for it"
+        ));
     } else if let Some(path) = state.record_path(n) {
         say(format_args!(
             "peer {n}: its record was cut when asked and is in {}; what it touched after is not recorded",
@@ -97,6 +106,16 @@ pub fn cut_all(state: &State) -> usize {
         .peers()
         .iter()
         .filter(|p| state.records(p.id()) && claim(state, p.id()))
-        .filter_map(|p| write(state, p, state.find(p.id())?.n, "cut when asked"))
+        .filter_map(|p| {
+            let written = write(state, p, state.find(p.id())?.n, "cut when asked");
+            if written.is_none() {
+                state
+                    .records_lost
+                    .lock()
+                    .expect("records lost")
+                    .insert(p.id());
+            }
+            written
+        })
         .count()
 }

@@ -125,6 +125,9 @@ pub struct State {
     /// on request, or at their hang-up; never written twice (see
     /// `recording.rs`; a peer leaves the set once the engine dropped it).
     pub records_written: Mutex<HashSet<u64>>,
+    /// Of those, the peers whose cut record could not be written (said
+    /// then; their hang-up says nothing was recorded).
+    pub records_lost: Mutex<HashSet<u64>>,
     /// What the peers report of themselves (by engine id; see
     /// `reports.rs`).
     pub reports: Mutex<HashMap<u64, PeerReports>>,
