@@ -33,9 +33,10 @@ pub struct ServeArgs {
     #[arg(long, conflicts_with = "mem")]
     pub store: Option<String>,
     /// Exit with an error when no peer is connected for this many seconds
-    /// (at start, and whenever every peer has gone). Default 30.
-    #[arg(long, default_value = "30", value_parser = seconds)]
-    pub timeout: Duration,
+    /// (at start, and whenever every peer has gone), or `none`: serve
+    /// until stopped (a daemon under systemd). Default 30.
+    #[arg(long, default_value = "30", value_parser = seconds_or_none)]
+    pub timeout: IdleTimeout,
     /// Exit once this many peers have connected and all of them have gone.
     /// Default: serve until killed (or the timeout).
     #[arg(long, value_parser = faultline_cli_support::at_least_one)]
@@ -110,7 +111,7 @@ pub struct ServeArgs {
     /// missing page, forever.
     #[arg(long)]
     pub leave_peer_on_error: bool,
-    /// On SIGTERM or SIGINT serve stops accepting (its socket is removed)
+    /// On SIGTERM, SIGINT or SIGHUP serve stops accepting (its socket is removed)
     /// and serves the peers it has until they hang up, for at most this
     /// many seconds; then kills those left (see --leave-peer-on-error),
     /// writes --json and exits. A second signal ends it at once. Default 30.
@@ -174,7 +175,8 @@ pub struct ServeArgs {
     pub fd_store: bool,
     /// With --takeover: how long the keeper holds the peers of a dead serve
     /// for a new one (more than 0 seconds, finite) before it kills them
-    /// (see --leave-peer-on-error). Default: --timeout.
+    /// (see --leave-peer-on-error). Default: --timeout (30 with
+    /// `--timeout none`).
     #[arg(long, requires = "takeover", value_parser = positive_seconds)]
     pub keeper_wait: Option<Duration>,
     /// Serve live metrics (OpenMetrics text, `GET /metrics`) on ADDR: a
@@ -363,6 +365,23 @@ fn seconds(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(v).map_err(|e| format!("{s:?}: {e}"))
 }
 
+/// How long the keeper holds a dead serve's peers when neither
+/// `--keeper-wait` nor a `--timeout` says: a keeper never holds a VM for
+/// ever.
+const DEFAULT_KEEPER_WAIT: Duration = Duration::from_secs(30);
+
+/// `--timeout`: a time, or none (no limit).
+#[derive(Debug, Clone, Copy)]
+pub struct IdleTimeout(pub Option<Duration>);
+
+/// [`seconds`] (more than 0), or `none` (no limit).
+fn seconds_or_none(s: &str) -> Result<IdleTimeout, String> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        return Ok(IdleTimeout(None));
+    }
+    positive_seconds(s).map(|d| IdleTimeout(Some(d)))
+}
+
 /// [`seconds`], more than 0.
 fn positive_seconds(s: &str) -> Result<Duration, String> {
     let d = seconds(s)?;
@@ -395,7 +414,7 @@ impl ServeArgs {
             );
         }
         Ok(ServeConfig {
-            timeout: self.timeout,
+            timeout: self.timeout.0,
             peers: self.peers,
             threads: self.engine.threads(self.threads),
             engine: self.engine.wait(),
@@ -405,7 +424,9 @@ impl ServeArgs {
             prefetch_helpers: self.prefetch_helpers,
             prefetch_chunk: self.prefetch_chunk,
             leave_peer_on_error: self.leave_peer_on_error,
-            keeper_wait: self.keeper_wait.unwrap_or(self.timeout),
+            keeper_wait: self
+                .keeper_wait
+                .unwrap_or(self.timeout.0.unwrap_or(DEFAULT_KEEPER_WAIT)),
             grace: self.grace,
             prefetch_idle: self.prefetch_idle,
             handshake_timeout: self.handshake_timeout,

@@ -65,8 +65,8 @@ pub struct ServeConfig {
     pub source: Source,
     /// Stop with [`ServeError::Timeout`](crate::ServeError::Timeout) when no
     /// peer is connected for this long (at start, and whenever every peer
-    /// has gone). Default 30 s.
-    pub timeout: Duration,
+    /// has gone); `None`: never. Default 30 s.
+    pub timeout: Option<Duration>,
     /// Stop once this many peers have connected and all have gone (`None`:
     /// serve until the timeout).
     pub peers: Option<usize>,
@@ -218,7 +218,7 @@ impl ServeConfig {
         ServeConfig {
             socket: socket.into(),
             source,
-            timeout: Duration::from_secs(30),
+            timeout: Some(Duration::from_secs(30)),
             peers: None,
             threads: 1,
             engine: HandlerWait::ADAPTIVE,
@@ -306,7 +306,7 @@ impl ServeConfig {
             MAX_FAULT_AROUND,
         )?;
         for (what, d) in [
-            ("--timeout", self.timeout),
+            ("--timeout", self.timeout.unwrap_or(Duration::MAX)),
             ("--handshake-timeout", self.handshake_timeout),
         ] {
             if d.is_zero() {

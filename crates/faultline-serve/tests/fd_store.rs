@@ -301,8 +301,32 @@ fn fd_store_without_a_service_manager_is_refused() {
     let st = p.wait(WAIT);
     let err = dir.text("serve.err");
     assert!(!st.success(), "{err}");
-    assert!(err.contains("NOTIFY_SOCKET"), "{err}");
+    assert!(
+        err.contains("--fd-store: ") && err.contains("$NOTIFY_SOCKET is not set"),
+        "{err}"
+    );
     assert!(!dir.sock().exists());
+    // A $NOTIFY_SOCKET that names no socket: named, with the flag.
+    let gone = dir.path("no-manager.sock");
+    let gone_s = gone.display().to_string();
+    let mut p = Proc::start_with_env(
+        "gone",
+        &[SERVE],
+        &testing::command(&dir, &["--fd-store"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        &[("NOTIFY_SOCKET", gone_s.as_str())],
+        &dir.path("gone.err"),
+    );
+    let st = p.wait(WAIT);
+    let err = dir.text("gone.err");
+    assert!(!st.success(), "{err}");
+    assert!(
+        err.contains("--fd-store: ")
+            && err.contains(&format!("$NOTIFY_SOCKET ({})", gone.display())),
+        "{err}"
+    );
 }
 
 /// A unit whose store has room for 2 VMMs (`FileDescriptorStoreMax=13`:

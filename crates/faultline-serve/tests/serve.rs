@@ -691,6 +691,35 @@ fn a_memory_file_that_is_no_snapshot_is_refused_at_start() {
     );
 }
 
+/// `--timeout none` serves until stopped (a daemon under systemd): it
+/// outlives an idle `--timeout 1`, which exits with its error, and then
+/// serves a VMM that comes later.
+#[test]
+fn timeout_none_serves_until_stopped() {
+    let idle = Dir::new("idle", MIB);
+    let mut quick = testing::start(&idle, "quick", SERVE, &["--timeout", "1"]);
+    let dir = Dir::new("notimeout", 4 * MIB);
+    let mut s = testing::start(&dir, "serve", SERVE, &["--timeout", "none", "--peers", "1"]);
+    let st = quick.wait(WAIT);
+    let log = idle.text("quick.err");
+    assert!(
+        !st.success() && log.contains("no peer connected for"),
+        "{st}: {log}"
+    );
+    dir.wait_for("serve.err", "no timeout");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(s.running(), "{}", dir.text("serve.err"));
+    let mut p = peer(&dir, "p", &["--verify-all"]);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    for bad in ["0", "never"] {
+        let mut b = testing::start(&dir, "bad", SERVE, &["--timeout", bad]);
+        assert!(!b.wait(WAIT).success());
+        let log = dir.text("bad.err");
+        assert!(log.contains("--timeout"), "{bad}: {log}");
+    }
+}
+
 /// Sends SIGTERM to `p`.
 fn term(p: &Proc) {
     faultline_sys::process::kill(p.pid() as i32, faultline_sys::process::SIGTERM).unwrap();
@@ -2474,7 +2503,7 @@ fn summaries_are_kept_only_when_asked_for() {
         let dir = Dir::new(&format!("summaries-{keep}"), 8 * MIB);
         let mut config = ServeConfig::new(dir.sock(), Source::Mem(dir.path("mem")));
         config.peers = Some(2);
-        config.timeout = Duration::from_secs(20);
+        config.timeout = Some(Duration::from_secs(20));
         config.summaries = keep;
         let server = Server::start(config).expect("starting serve in process");
         let run = std::thread::spawn(move || server.run());

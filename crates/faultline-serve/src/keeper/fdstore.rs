@@ -89,7 +89,7 @@ impl FdStore {
     pub fn join(socket: &Path) -> Result<(FdStore, Joined), KeeperError> {
         let notify = std::env::var(NOTIFY_SOCKET).map_err(|_| {
             KeeperError::Start(format!(
-                "--fd-store: ${NOTIFY_SOCKET} is not set (serve {} is not run by a service manager)",
+                "${NOTIFY_SOCKET} is not set (serve {} is not run by a service manager)",
                 socket.display()
             ))
         })?;
@@ -186,7 +186,10 @@ impl FdStore {
     }
 
     fn send(&self, state: &str, fds: &[BorrowedFd<'_>]) -> Result<(), KeeperError> {
-        sock::notify(&self.notify, state, fds).map_err(KeeperError::Io)
+        sock::notify(&self.notify, state, fds).map_err(|source| KeeperError::Notify {
+            socket: self.notify.clone(),
+            source,
+        })
     }
 
     fn store(&self, name: &str, fd: BorrowedFd<'_>) -> Result<(), KeeperError> {

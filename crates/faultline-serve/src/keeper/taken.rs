@@ -46,6 +46,14 @@ pub enum KeeperError {
     /// Connecting, sending or receiving failed.
     #[error("talking to the keeper: {0}")]
     Io(#[from] std::io::Error),
+    /// Sending to the service manager (`--fd-store`) failed.
+    #[error("sending to the service manager at $NOTIFY_SOCKET ({socket}): {source}")]
+    Notify {
+        /// `$NOTIFY_SOCKET`.
+        socket: String,
+        /// What the send said.
+        source: std::io::Error,
+    },
     /// Its reply was not one.
     #[error("the keeper's reply: {0}")]
     Reply(#[from] serde_json::Error),

@@ -199,7 +199,14 @@ pub fn touch(
                     let (end, end_ns) = (Instant::now(), faultline_sys::monotonic_ns());
                     let after = procfs::thread_switches();
                     let sum = sum.with_context(|| format!("vCPU {t} halted without its sum"))?;
-                    Ok((t, sum, end, first_ns, end_ns, (after.0 - switches.0, after.1 - switches.1)))
+                    Ok((
+                        t,
+                        sum,
+                        end,
+                        first_ns,
+                        end_ns,
+                        (after.0 - switches.0, after.1 - switches.1),
+                    ))
                 })
         })
         .collect::<Result<_, _>>()?;

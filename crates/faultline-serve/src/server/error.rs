@@ -91,6 +91,10 @@ pub enum ServeError {
     /// The keeper (`--takeover`) could not be joined or started.
     #[error("--takeover: {0}")]
     Keeper(#[source] crate::keeper::KeeperError),
+    /// The service manager's store (`--fd-store`) could not be joined or
+    /// used.
+    #[error("--fd-store: {0}")]
+    FdStore(#[source] crate::keeper::KeeperError),
     /// Binding or setting up the listening socket failed.
     #[error("binding {}", path.display())]
     Bind {
