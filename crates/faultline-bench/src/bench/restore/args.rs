@@ -31,7 +31,8 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Configurations to run (the ratios need kernel, baseline and
-    /// on-demand). Default: all but on-demand-poll (serve's handler
+    /// on-demand). Default: the eight below; the others are asked for by
+    /// name: on-demand-poll (serve's handler
     /// sleeping in poll(2) between faults, as before the adaptive engine),
     /// on-demand-workers (serve --engine workers --threads 2: one peer's
     /// faults on two handler threads), on-demand-per-cpu (serve --engine
@@ -42,12 +43,13 @@ pub struct RestoreArgs {
     /// --wake-first), on-demand-single (serve --fault-around-initial 1:
     /// an isolated fault installs its page alone), on-demand-wN (serve
     /// --fault-around-initial N, N 4, 8 or 32), on-demand-wN-shared (the same
-    /// in shared mode, N 32, 64 or 128), on-demand-adaptive and
+    /// in shared mode, N 16, 32 or 64), on-demand-adaptive and
     /// on-demand-adaptive-shared (serve --adaptive-window: the isolated
     /// window sized from the evidence), on-demand-workers-adaptive (both:
-    /// --engine workers --threads 2 --adaptive-window), on-demand-huge and
-    /// prefetch-huge
-    /// (they reserve 2 MiB pages for the peer: ask for them), and the
+    /// --engine workers --threads 2 --adaptive-window), prefetch-idle
+    /// (prefetch in SCHED_IDLE), on-demand-huge, prefetch-huge,
+    /// kernel-hugetlbfs, on-demand-shared-huge and prefetch-shared-huge
+    /// (they reserve 2 MiB pages for the peer), and the
     /// dirty-tracked on-demand-tracked, on-demand-tracked-async and
     /// prefetch-tracked (serve --track-dirty; see --write-set), and
     /// hand-back-shared, hand-back-shared-huge (serve --shared

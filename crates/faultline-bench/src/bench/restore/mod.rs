@@ -71,7 +71,7 @@
 //! of its window); `on-demand-single` (asked for by name) is `on-demand`
 //! with `--fault-around-initial 1` (an isolated fault installs its page
 //! alone; streams still grow); `on-demand-wN` (N 4, 8, 32) and
-//! `on-demand-wN-shared` (N 32, 64, 128) are `on-demand` and
+//! `on-demand-wN-shared` (N 16, 32, 64) are `on-demand` and
 //! `on-demand-shared` with `--fault-around-initial N`;
 //! `on-demand-adaptive`, `on-demand-adaptive-shared` and
 //! `on-demand-workers-adaptive` add `--adaptive-window` (the isolated
