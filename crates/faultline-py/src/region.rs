@@ -553,7 +553,8 @@ impl Region {
         if let Some(n) = fault_around {
             builder = builder.fault_around(n);
         }
-        let run_ahead = run_ahead.unwrap_or_else(|| default_run_ahead(kind, budget_pages, page_size));
+        let run_ahead =
+            run_ahead.unwrap_or_else(|| default_run_ahead(kind, budget_pages, page_size));
         if run_ahead > 0 {
             builder = builder.run_ahead(RunAheadConfig {
                 budget_pages: run_ahead,

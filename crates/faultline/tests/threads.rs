@@ -471,7 +471,10 @@ fn eviction_past_the_budget_drains_to_the_low_water_mark() {
         if mark == budget {
             assert_eq!(s.evicted, 1, "one page of room: {s:?}");
         } else {
-            assert!(s.resident >= mark as u64, "low water {low:?}: not past the mark: {s:?}");
+            assert!(
+                s.resident >= mark as u64,
+                "low water {low:?}: not past the mark: {s:?}"
+            );
         }
         assert!(s.max_resident <= budget as u64, "a bound: {s:?}");
     }
