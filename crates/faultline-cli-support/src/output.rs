@@ -46,6 +46,8 @@ enum Kind {
 pub struct OutputPath {
     /// As the user wrote it (for messages).
     shown: PathBuf,
+    /// The option that named it (for messages).
+    flag: String,
     /// What is written: the path with symlinks resolved.
     target: PathBuf,
     kind: Kind,
@@ -73,6 +75,7 @@ impl OutputPath {
                 if t.is_char_device() && target == Path::new("/dev/null") {
                     return Ok(OutputPath {
                         shown,
+                        flag: flag.into(),
                         target,
                         kind: Kind::Null,
                         mode: None,
@@ -127,6 +130,7 @@ impl OutputPath {
         cleanup::sweep(&dir);
         Ok(OutputPath {
             shown,
+            flag: flag.into(),
             target,
             kind: Kind::File,
             mode,
@@ -151,7 +155,8 @@ impl OutputPath {
     pub fn refuse_same_as(&self, other: &Path, flag: &str) -> anyhow::Result<()> {
         if self.kind == Kind::File && same_file(&self.target, other) {
             bail!(
-                "{}: the same file as {flag} {}: writing it would replace that",
+                "{} {}: the same file as {flag} {}: writing it would replace that",
+                self.flag,
                 self.shown.display(),
                 other.display()
             );
@@ -438,7 +443,10 @@ mod tests {
             };
             let out = OutputPath::check(&p, "--json").unwrap();
             let e = out.refuse_same_as(&mem, "--mem").unwrap_err().to_string();
-            assert!(e.contains("the same file as --mem"), "{name}: {e}");
+            assert!(
+                e.starts_with("--json ") && e.contains("the same file as --mem"),
+                "{name}: {e}"
+            );
         }
         let out = OutputPath::check(&other, "--json").unwrap();
         out.refuse_same_as(&mem, "--mem").unwrap();

@@ -438,7 +438,7 @@ fn headline(records: &[Record]) {
         .min_by(|a, b| a.1.total_cmp(&b.1));
     if let Some((e, m)) = best {
         println!(
-            "best engine, 4 KiB write fault resolved with data: {e} {} = {} x kernel anon write ({}) [target <= 1.8x]",
+            "best engine, 4 KiB write fault resolved with data: {e} {} = {} the kernel anon write ({}) [target <= 1.8x]",
             fmt_ns(m),
             fmt_ratio(m / k),
             fmt_ns(k)
@@ -553,7 +553,7 @@ pub fn run_seq(ctx: &mut BenchCtx, args: &SeqArgs) -> anyhow::Result<()> {
     let engines = parse_engines(&args.engines)?;
     let bytes = args.mib.max(1) << 20;
     let mut progress = ctx.progress(
-        (3 + engines.len() * (args.depths.len() * 2 + 1)) as u64,
+        (3 + engines.len() * (args.depths.len() * 2 + 2)) as u64,
         "seq",
     );
     // Back the guest memory once so no mechanism pays the first-use cost.

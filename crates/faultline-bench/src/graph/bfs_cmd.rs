@@ -442,7 +442,7 @@ pub fn run_bfs(args: BfsArgs) -> anyhow::Result<()> {
     }
     println!(
         "handler: mmap = system CPU time of the process; signal = SIGBUS handler time on the \
-         BFS threads (inside the run's time); poll/spin/workers = resolve time on the handler \
+         BFS threads (inside the run's time); poll/spin/workers/per-cpu = resolve time on the handler \
          threads (overlaps the run, extra CPU). faults: kernel minor+major for mmap, faults \
          handled by faultline otherwise; read = region pages filled from the file x page size."
     );

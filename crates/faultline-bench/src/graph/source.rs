@@ -283,7 +283,7 @@ impl FaultlineSource {
         }
         let region = builder.build_dyn(engine).with_context(|| {
             format!(
-                "creating a {} faultline region ({} engine, {ps}-byte pages) over {}",
+                "creating a {}-byte faultline region ({} engine, {ps}-byte pages) over {}",
                 region_len,
                 opts.engine.name(),
                 path.display()
