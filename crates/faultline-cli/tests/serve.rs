@@ -166,6 +166,31 @@ fn bench_restore_serves_from_redis() {
     );
 }
 
+/// `bench restore --kvm`: the peer's vCPUs are KVM vCPUs whose guest
+/// reads the working set (its faults are KVM's, in the kernel), for the
+/// kernel's mapping and for serve alike; a row has its restore time and
+/// no per-touch latency. Skipped, and said, without `/dev/kvm`.
+#[test]
+#[cfg(feature = "bench")]
+fn bench_restore_kvm_rows_are_a_kvm_guests() {
+    if !std::path::Path::new("/dev/kvm").exists() {
+        eprintln!("skipped: no /dev/kvm on this machine");
+        return;
+    }
+    let dir = Dir::new("bench-kvm", MIB);
+    let (out, _) = bench_restore(&dir, "kernel,on-demand", &["--kvm"]);
+    let rows = restore_rows(&out);
+    assert_eq!(rows.len(), 2, "{out}");
+    for r in &rows {
+        assert!(r["seconds"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["vcpu_median_ns"].as_f64(), Some(0.0), "{r}");
+    }
+    let served = rows.iter().find(|r| r["mechanism"] == "on-demand").unwrap();
+    assert!(served["demand_faults"].as_f64().unwrap() > 0.0, "{served}");
+    let log = dir.text("bench.err");
+    assert!(log.matches("read by the KVM guest").count() >= 2, "{log}");
+}
+
 /// `bench restore`'s sweep rows: serve's windows grow on the vCPUs'
 /// sweeps (far fewer faults than pages), and each row says its faults per
 /// page, per read(2), the handler's and the helpers' CPU time and the

@@ -104,6 +104,14 @@ pub struct RestoreArgs {
     /// peer --compute-us`). Default 0: touch only.
     #[arg(long, default_value_t = 0)]
     pub compute_us: u64,
+    /// The peer's vCPUs are KVM vCPUs (`faultline peer --kvm`, needs
+    /// /dev/kvm): a guest reads the working set, so every fault is KVM's
+    /// (an EPT violation resolved by `get_user_pages` in the kernel), as a
+    /// real VMM's guest's is. No per-touch latencies or phases then (the
+    /// guest is not timed page by page); not with --compute-us or the
+    /// huge-page configurations.
+    #[arg(long, conflicts_with = "compute_us")]
+    pub kvm: bool,
     /// Do not evict the CPU caches before each run (by default a buffer
     /// twice the last-level cache is read first, so no configuration's
     /// vCPUs find their lines cached by an earlier run or by the memory

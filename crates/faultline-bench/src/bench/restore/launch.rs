@@ -97,6 +97,8 @@ pub struct Launcher<'a> {
     pub serve_lead: Duration,
     /// `peer --compute-us N`.
     pub compute_us: u64,
+    /// `peer --kvm` (then no --compute-us, no --stamps).
+    pub kvm: bool,
     /// `peer --stamps N` and `serve --phase-samples N` (0: off).
     pub stamps: usize,
     /// `peer --write-set PCT` (`--write-set`; not while recording).
@@ -139,12 +141,18 @@ impl Launcher<'_> {
             &self.vcpus.to_string(),
             "--working-set",
             &ws.to_string(),
-            "--compute-us",
-            &self.compute_us.to_string(),
             "--pattern",
             self.pattern,
         ]);
-        if self.stamps > 0 && !matches!(backing, Backing::File(_) | Backing::FileHuge(_)) {
+        if self.kvm {
+            cmd.arg("--kvm");
+        } else {
+            cmd.args(["--compute-us", &self.compute_us.to_string()]);
+        }
+        if self.stamps > 0
+            && !self.kvm
+            && !matches!(backing, Backing::File(_) | Backing::FileHuge(_))
+        {
             cmd.args(["--stamps", &self.stamps.to_string()]);
         }
         if let Some(pct) = self.write_set {

@@ -188,7 +188,12 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
         prefetch_idle: a.prefetch_idle,
         serve_lead: Duration::from_millis(a.serve_lead_ms),
         compute_us: a.compute_us,
-        stamps: if a.no_phases { 0 } else { phases::SAMPLES },
+        kvm: a.kvm,
+        stamps: if a.no_phases || a.kvm {
+            0
+        } else {
+            phases::SAMPLES
+        },
         write_set: a
             .write_set
             .or_else(|| a.configs.iter().any(|c| tracks_dirty(c)).then_some(2.0)),

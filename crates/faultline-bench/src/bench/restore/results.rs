@@ -229,8 +229,17 @@ impl Results {
                 cache.to_string(),
                 cfg.clone(),
                 format!("{:.1}", m.seconds * 1e3),
-                format!("{:.1}", m.median_ns / 1e3),
-                format!("{:.1}", m.p99_ns / 1e3),
+                // No touch timed (a KVM guest's, --kvm): no latency.
+                if m.median_ns > 0.0 {
+                    format!("{:.1}", m.median_ns / 1e3)
+                } else {
+                    "-".into()
+                },
+                if m.p99_ns > 0.0 {
+                    format!("{:.1}", m.p99_ns / 1e3)
+                } else {
+                    "-".into()
+                },
                 m.faults.to_string(),
                 format!("{:.3}", per_page(m)),
                 if m.reads > 0 {
