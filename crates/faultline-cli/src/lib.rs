@@ -32,7 +32,8 @@ pub struct Cli {
 pub enum Command {
     /// Print the kernel's userfaultfd capabilities and what each memory kind supports.
     Info,
-    /// Fault latency and throughput benchmarks, side by side with the kernel's own fault path.
+    /// Fault latency and throughput benchmarks, side by side with the kernel's own fault path
+    /// (without a command: the quick suite of latency, seq, scale, offload, watch and notify).
     #[cfg(feature = "bench")]
     Bench(faultline_bench::bench::BenchArgs),
     /// Graph files: generate (R-MAT) or import (edge list) a binary CSR graph.

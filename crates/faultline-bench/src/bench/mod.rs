@@ -47,7 +47,8 @@ use notify::NotifyArgs;
 /// Arguments of `faultline bench`.
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Which bench to run (all of them if omitted).
+    /// Which bench to run. Omitted: the quick suite (latency, seq, scale,
+    /// offload, watch and notify at small sizes, about two minutes).
     #[command(subcommand)]
     pub cmd: Option<BenchCmd>,
     /// Write every record as JSON to this file.
