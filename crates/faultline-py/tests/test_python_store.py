@@ -86,6 +86,34 @@ def test_touching_a_poisoned_page_is_sigbus_with_the_message():
     assert "Bus error" in out.stderr  # faulthandler's report of the Python line
 
 
+@pytest.mark.parametrize("store", ["python", "file"])
+def test_a_failure_run_ahead_met_is_said_when_the_page_is_touched(store, tmp_path):
+    # A sequential sum: the populator (on by default) reaches the bad page
+    # before the sum does. It leaves the page for the sum's own fault,
+    # which reports why; poisoned by the populator, it was a bare SIGBUS.
+    # The file store's bad page: past the end of a file truncated since.
+    if store == "python":
+        make, why = f"Poisoned({N}, bad=1500)", "ValueError: page 1500 is corrupt"
+    else:
+        path = tmp_path / "t.f64"
+        np.arange(N, dtype=np.float64).tofile(path)
+        make, why = f"faultline.FileStore({str(path)!r}, access='pread')", "truncated since"
+    out = run_script(textwrap.dedent(f"""
+        import os, numpy as np, faultline
+        from stores_for_tests import Poisoned
+        with faultline.Region(store={make}) as r:
+            assert r.stats().get("run_ahead") is not None
+            if {store == "file"}:
+                os.truncate({str(tmp_path / "t.f64")!r}, 1500 * 4096)
+            print("summing", flush=True)
+            print("sum", r.as_array(np.float64).sum(), flush=True)
+    """), timeout=60)
+    assert out.returncode == -signal.SIGBUS, (out.returncode, out.stdout, out.stderr)
+    assert "summing" in out.stdout and "sum" not in out.stdout.replace("summing", "")
+    assert why in out.stderr, out.stderr
+    assert "poisoned" in out.stderr, out.stderr
+
+
 def test_the_signal_engine_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="SIGBUS handler"):
         faultline.Region(store=Arange(1024), engine="signal")

@@ -835,7 +835,7 @@ fn install(
         }
         (ResolveOp::Continue, None) => {
             if let Err(e) = fill_page_cache(r, run.clone()) {
-                return fail_store(r, run, page, e);
+                return fail_store(r, run, page, e, ahead);
             }
             stamp_filled(r);
             if continue_wp != 0 {
@@ -869,7 +869,7 @@ fn install(
                             r.residency.release(moved_run);
                             return Step::Again;
                         }
-                        return fail_store(r, moved_run, page, e);
+                        return fail_store(r, moved_run, page, e, ahead);
                     }
                 }
                 // SAFETY: the source slots were prepared for this move and
@@ -912,7 +912,7 @@ fn install(
                                 ahead,
                                 installed,
                             ),
-                            Err(CopyErr::Store(e)) => fail_store(r, moved_run, page, e),
+                            Err(CopyErr::Store(e)) => fail_store(r, moved_run, page, e, ahead),
                         };
                     }
                     out => {
@@ -955,7 +955,7 @@ fn install(
     match outcome {
         Ok(out) => finish(r, run, page, Ok(out), state, ahead, installed),
         Err(CopyErr::Uffd(e)) => finish(r, run, page, Err(e), state, ahead, installed),
-        Err(CopyErr::Store(e)) => fail_store(r, run, page, e),
+        Err(CopyErr::Store(e)) => fail_store(r, run, page, e, ahead),
     }
 }
 
@@ -1136,8 +1136,21 @@ fn finish(
 /// faulting page and let the caller try that page alone (a read-ahead
 /// window must not turn a neighbour's failure into this page's). For the
 /// faulting page alone: poison it so its thread gets SIGBUS, not a zero
-/// page.
-fn fail_store(r: &RegionState, run: Range<usize>, page: usize, err: StoreError) -> Step {
+/// page. A run-ahead install (`ahead`) is a guess with no thread waiting:
+/// it leaves the run absent, so the application's own fault asks the
+/// store again and reports what fails (poisoned here, with no one to say
+/// why, the access was a bare SIGBUS).
+fn fail_store(
+    r: &RegionState,
+    run: Range<usize>,
+    page: usize,
+    err: StoreError,
+    ahead: bool,
+) -> Step {
+    if ahead {
+        r.residency.release(run);
+        return Step::Out(Resolution::StoreFailed(err));
+    }
     if run.len() > 1 {
         r.residency.release(run.start..page);
         r.residency.release(page + 1..run.end);
