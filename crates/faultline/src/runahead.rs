@@ -74,8 +74,9 @@ fn run(r: &RegionState, cfg: RunAheadConfig, stop: &StopFlag, scratch_bytes: usi
     let feed = r.runahead.as_ref().expect("run-ahead regions have a feed");
     // Predict in windows of the largest read-ahead window: what one fault
     // of a sequential stream installs.
-    let window = r.readahead.config().max;
-    let mut predictor = StreamPredictor::new(window, cfg.budget_pages);
+    let ra = r.readahead.config();
+    let mut predictor = StreamPredictor::new(ra.max, ra.initial, cfg.budget_pages);
+    let window = ra.max.clamp(1, cfg.budget_pages.max(1));
     // A store that pays per request gets contiguous predicted windows
     // merged into spans of up to SPAN_WINDOWS, each one batched fill.
     let span = if r.batches_fills() {
@@ -89,7 +90,8 @@ fn run(r: &RegionState, cfg: RunAheadConfig, stop: &StopFlag, scratch_bytes: usi
         let Some(page) = feed.next_fault(&mut seen, Duration::from_millis(50)) else {
             continue;
         };
-        let windows = predictor.on_fault(page, r.pages.count());
+        let follows = predictor.follows(page, |p| r.residency.get(p) != PageState::Absent);
+        let windows = predictor.on_fault(page, r.pages.count(), follows);
         feed.windows
             .fetch_add(windows.len() as u64, std::sync::atomic::Ordering::Relaxed);
         for w in merge(windows, span) {
