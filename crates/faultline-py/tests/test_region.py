@@ -127,7 +127,8 @@ def test_stats_of_a_budget_region(f64_file):
         (dict(length=4096, engine="turbo"), "unknown engine"),
         (dict(length=4096, mode="w"), "mode must be"),
         (dict(length=4096, mode="r+"), "discards writes"),
-        (dict(length=4096, budget=100, mode="r"), "less than one"),
+        (dict(length=4096, budget=100, mode="r"), "less than 4"),
+        (dict(length=1 << 20, budget=3 * 4096, mode="r"), "less than 4"),
         (dict(length=4096, budget="12 parsecs", mode="r"), "unknown unit"),
         (dict(length=4096, budget="12", mode="r"), "no unit"),
         (dict(length=4096, budget=1 << 20), 'mode="c"'),
@@ -162,7 +163,7 @@ def test_a_hugetlb_region_pages_a_file_2mib_a_fault(f64_file, engine):
 
 def test_budget_units(f64_file):
     size = 3 << 20
-    for budget, pages in [("1MiB", 256), ("10%", int(0.1 * (size + 4096)) // 4096), (8192, 2), ("0.5 MB", 128)]:
+    for budget, pages in [("1MiB", 256), ("10%", int(0.1 * (size + 4096)) // 4096), (16384, 4), ("0.5 MB", 128)]:
         with faultline.Region(store=faultline.FileStore(f64_file), budget=budget) as r:
             assert r.budget_pages == pages, budget
 
@@ -225,9 +226,12 @@ def test_sizes_past_the_address_space_are_said_so(f64_file):
 
 
 def test_an_os_error_keeps_the_kernels_errno(tmp_path):
-    with pytest.raises(OSError) as e:
-        faultline.FileStore(tmp_path)  # a directory: mmap says ENODEV
-    assert e.value.errno == errno.ENODEV, e.value
+    with pytest.raises(IsADirectoryError) as e:
+        faultline.FileStore(tmp_path)  # a directory (mmap would say ENODEV)
+    assert e.value.errno == errno.EISDIR, e.value
+    with pytest.raises(FileNotFoundError) as e:
+        faultline.FileStore(tmp_path / "absent")
+    assert e.value.errno == errno.ENOENT, e.value
 
 
 def test_a_store_class_of_an_interactive_main_is_refused_with_what_to_do():

@@ -75,6 +75,8 @@ impl Errno {
     pub const EEXIST: Errno = Errno(libc::EEXIST);
     /// `ENODEV`.
     pub const ENODEV: Errno = Errno(libc::ENODEV);
+    /// `EISDIR`.
+    pub const EISDIR: Errno = Errno(libc::EISDIR);
     /// `EINVAL`.
     pub const EINVAL: Errno = Errno(libc::EINVAL);
     /// `ENOSPC`.

@@ -141,7 +141,9 @@ class Region:
     def resident(self, offset: int | range | None = None, length: int | None = None) -> npt.NDArray[np.bool_]:
         """Per page overlapping the byte range: whether it is resident."""
     def page_states(self, offset: int | range | None = None, length: int | None = None) -> npt.NDArray[np.uint8]:
-        """Per page: 0 absent, 1 clean, 2 writable/dirty, 3 poisoned."""
+        """Per page: 0 absent, 1 clean, 2 writable (dirty where writes are
+        tracked: with a budget or ``mode="r+"``; without, every installed
+        page is writable), 3 poisoned."""
     def as_array(
         self, dtype: npt.DTypeLike = None, shape: int | tuple[int, ...] | None = None, offset: int = 0
     ) -> np.ndarray[Any, Any]:

@@ -79,7 +79,14 @@ impl FileStore {
         writable: bool,
     ) -> std::io::Result<FileStore> {
         let path = path.as_ref().to_path_buf();
-        let size = file.metadata()?.len();
+        let meta = file.metadata()?;
+        if meta.is_dir() {
+            // Mapping it would say ENODEV ("No such device").
+            return Err(std::io::Error::from_raw_os_error(
+                faultline_sys::Errno::EISDIR.0,
+            ));
+        }
+        let size = meta.len();
         let len = size.saturating_sub(base);
         let fd: OwnedFd = file.into();
         let map = match access {
