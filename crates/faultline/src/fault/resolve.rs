@@ -988,6 +988,7 @@ fn copy_run(
     prefilled: Option<Result<(), StoreError>>,
     clean: bool,
 ) -> Result<Outcome, CopyErr> {
+    let mut viewed = false;
     let src: *const u8 = if let Some(filled) = prefilled {
         filled.map_err(CopyErr::Store)?;
         scratch.as_ptr()
@@ -995,6 +996,7 @@ fn copy_run(
         zero::source(bytes as usize)
     } else if let Some(v) = r.store.view(offset, bytes as usize) {
         r.stats.zero_copy_fills.fetch_add(run.len() as u64, Relaxed);
+        viewed = true;
         v.as_ptr()
     } else {
         let buf = &mut scratch[..bytes as usize];
@@ -1009,7 +1011,25 @@ fn copy_run(
     // SAFETY: `src` points at `bytes` readable bytes: the zero buffer is at
     // least `bytes` long (max_run_pages caps runs), the view and the
     // scratch slice were checked to be that long.
-    Ok(unsafe { r.uffd.copy(dst, src, bytes, mode::COPY_DONTWAKE | wp) }?)
+    match unsafe { r.uffd.copy(dst, src, bytes, mode::COPY_DONTWAKE | wp) } {
+        // The store's view could not be read (a file mapping whose file
+        // was truncated since: past its end the mapping faults): ask the
+        // store, whose fill says why; a failure of its own to explain
+        // stays the ioctl's.
+        Err(e) if viewed && e.is(Errno::EFAULT) && !scratch.is_empty() => {
+            let step = scratch.len();
+            let mut at = 0;
+            while at < bytes as usize {
+                let n = step.min(bytes as usize - at);
+                r.store
+                    .fill(offset + at as u64, &mut scratch[..n])
+                    .map_err(CopyErr::Store)?;
+                at += n;
+            }
+            Err(CopyErr::Uffd(e))
+        }
+        out => Ok(out?),
+    }
 }
 
 /// Makes sure every page of `run` is in the shmem/hugetlb page cache,
