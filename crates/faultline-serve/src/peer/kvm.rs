@@ -32,7 +32,7 @@ use kvm_ioctls::{Kvm, VcpuExit};
 use super::args::PeerArgs;
 use super::layout::{Layout, PAGE};
 use super::procfs;
-use super::workload::{mine, Touched};
+use super::vcpu::{mine, Thread, Touched};
 
 /// The port the guest writes its sum to.
 const PORT: u16 = 0x3f0;
@@ -199,30 +199,20 @@ pub fn touch(
                     let (end, end_ns) = (Instant::now(), faultline_sys::monotonic_ns());
                     let after = procfs::thread_switches();
                     let sum = sum.with_context(|| format!("vCPU {t} halted without its sum"))?;
-                    Ok((
-                        t,
-                        sum,
+                    let thread = Thread {
                         end,
-                        first_ns,
-                        end_ns,
-                        (after.0 - switches.0, after.1 - switches.1),
-                    ))
+                        span_ns: (first_ns, end_ns),
+                        switches: (after.0 - switches.0, after.1 - switches.1),
+                        latencies: Vec::new(),
+                        stamps: Vec::new(),
+                    };
+                    Ok((t, sum, thread))
                 })
         })
         .collect::<Result<_, _>>()?;
-    let mut out = Touched {
-        latencies: Vec::new(),
-        end: Instant::now(),
-        vcpus_ns,
-        first_touch_ns: u64::MAX,
-        last_touch_ns: 0,
-        slept: 0,
-        preempted: 0,
-        stamps: Vec::new(),
-    };
-    let mut end = None;
+    let mut threads = Vec::with_capacity(handles.len());
     for h in handles {
-        let (t, sum, e, first, last, (slept, preempted)) = h.join().expect("vCPU thread")?;
+        let (t, sum, thread) = h.join().expect("vCPU thread")?;
         if sum != want[t] {
             bail!(
                 "vCPU {t} read pages whose first words sum to {sum:#x}; in {} they sum to {:#x}",
@@ -230,14 +220,9 @@ pub fn touch(
                 want[t]
             );
         }
-        end = end.max(Some(e));
-        out.first_touch_ns = out.first_touch_ns.min(first);
-        out.last_touch_ns = out.last_touch_ns.max(last);
-        out.slept += slept;
-        out.preempted += preempted;
+        threads.push(thread);
     }
-    out.end = end.unwrap_or(out.end);
     drop(vm);
     drop(ctl);
-    Ok(out)
+    Ok(Touched::of(vcpus_ns, threads))
 }

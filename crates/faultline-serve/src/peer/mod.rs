@@ -21,6 +21,7 @@
 //! | [`layout`] | its guest memory, mapped as a VMM maps it |
 //! | [`workload`] | the working set, the vCPU threads, the byte checks |
 //! | `kvm` | `--kvm`: the vCPUs as KVM vCPUs running a tiny guest |
+//! | [`vcpu`] | what the vCPU threads share: who touches what, what they measured |
 //! | [`procfs`] | what the kernel counts of it (faults, context switches, RSS) |
 //! | [`report`] | what it measured (`--json`) |
 //!
@@ -32,6 +33,7 @@ mod kvm;
 pub mod layout;
 pub mod procfs;
 pub mod report;
+pub mod vcpu;
 pub mod workload;
 
 use std::io::Read as _;

@@ -28,6 +28,7 @@ use super::args::{Backend, Pattern, PeerArgs};
 use super::layout::{Layout, PAGE};
 use super::procfs;
 use super::report::{say, PeerReport};
+use super::vcpu::{mine, Thread, Touched};
 
 /// xorshift64* (Vigna): the working set's few random numbers, reproducible
 /// from the seed whatever the dependencies' versions.
@@ -168,15 +169,6 @@ fn compute(d: Duration) {
     }
 }
 
-/// Whether vCPU `t` of `n` touches page `i` of a `len`-page working set:
-/// every `n`-th page (clustered), or its contiguous share (sweep).
-pub(super) fn mine(pattern: Pattern, i: usize, t: usize, n: usize, len: usize) -> bool {
-    match pattern {
-        Pattern::Clustered => i % n == t,
-        Pattern::Sweep => i * n / len.max(1) == t,
-    }
-}
-
 /// An address range `(start, bytes)` of the peer's memory.
 type Range = (u64, usize);
 
@@ -186,27 +178,6 @@ pub fn storm_range(layout: &Layout, ps: usize) -> Range {
     let last = *layout.regions.last().expect("a region");
     let len = (last.1 / 4).next_multiple_of(ps).min(last.1);
     (last.0 + (last.1 - len) as u64, len)
-}
-
-/// What the vCPU threads measured.
-pub struct Touched {
-    /// First-touch latencies, ns, sorted.
-    pub latencies: Vec<u64>,
-    /// When the last thread finished.
-    pub end: Instant,
-    /// `CLOCK_MONOTONIC` ns when the threads were about to start.
-    pub vcpus_ns: u64,
-    /// ... when the first touch began.
-    pub first_touch_ns: u64,
-    /// ... when the last touch ended.
-    pub last_touch_ns: u64,
-    /// Voluntary context switches of the threads, summed.
-    pub slept: u64,
-    /// Nonvoluntary ones.
-    pub preempted: u64,
-    /// `--stamps`: the threads' last slow touches (page, TSC before, TSC
-    /// after).
-    pub stamps: Vec<(u64, u64, u64)>,
 }
 
 /// A touch slower than this waited for a fault to be served (a touch of
@@ -335,44 +306,24 @@ pub fn touch(
             }
             let (end, end_ns) = (Instant::now(), faultline_sys::monotonic_ns());
             let after = procfs::thread_switches();
-            (
-                lat,
+            Thread {
                 end,
-                first_ns,
-                end_ns,
-                (after.0 - switches.0, after.1 - switches.1),
-                ring.into_vec(),
-            )
+                span_ns: (first_ns, end_ns),
+                switches: (after.0 - switches.0, after.1 - switches.1),
+                latencies: lat,
+                stamps: ring.into_vec(),
+            }
         }));
     }
-    let mut out = Touched {
-        latencies: Vec::new(),
-        end: Instant::now(),
-        vcpus_ns,
-        first_touch_ns: u64::MAX,
-        last_touch_ns: 0,
-        slept: 0,
-        preempted: 0,
-        stamps: Vec::new(),
-    };
-    let mut end = None;
-    for h in handles {
-        let (l, e, first, last, (slept, preempted), stamps) = h.join().expect("vCPU thread");
-        out.stamps.extend(stamps);
-        out.slept += slept;
-        out.preempted += preempted;
-        out.latencies.extend(l);
-        end = end.max(Some(e));
-        out.first_touch_ns = out.first_touch_ns.min(first);
-        out.last_touch_ns = out.last_touch_ns.max(last);
-    }
-    out.end = end.unwrap_or(out.end);
+    let threads: Vec<Thread> = handles
+        .into_iter()
+        .map(|h| h.join().expect("vCPU thread"))
+        .collect();
     vcpus_done.store(true, Relaxed);
     if let Some(s) = stormer {
         s.join().expect("storm thread");
     }
-    out.latencies.sort_unstable();
-    out
+    Touched::of(vcpus_ns, threads)
 }
 
 /// The ranges the peer dropped, which must read zeros.
