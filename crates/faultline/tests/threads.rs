@@ -366,7 +366,7 @@ fn eviction_with_a_handler_thread_zaps_runs_not_pages() {
         })
         .build_dyn(engine_of(EngineKind::Poll))
         .unwrap();
-    let p = r.as_ptr() as *mut u8;
+    let p = r.as_ptr();
     for pass in 0..2 {
         for off in (0..len).step_by(1024) {
             assert_eq!(read(p, off), pat(off), "pass {pass} offset {off:#x}");
