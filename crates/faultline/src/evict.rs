@@ -53,7 +53,7 @@
 //! default the mark is the budget itself on the signal engine (only faults
 //! that find no room make it evict; they mostly evict for themselves) and
 //! an eighth below it under handler threads, whose faults cannot evict and
-//! would each wait for the evictor ([`default_low_water`]).
+//! would each wait for the evictor (`default_low_water`).
 //!
 //! The drain is the budget's, not each evictor's: a charge that takes the
 //! count to the high-water mark counts a crossing, and the evictors drain
