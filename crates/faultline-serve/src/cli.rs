@@ -379,7 +379,9 @@ fn seconds_or_none(s: &str) -> Result<IdleTimeout, String> {
     if s.trim().eq_ignore_ascii_case("none") {
         return Ok(IdleTimeout(None));
     }
-    positive_seconds(s).map(|d| IdleTimeout(Some(d)))
+    positive_seconds(s)
+        .map(|d| IdleTimeout(Some(d)))
+        .map_err(|e| format!("{e} (or `none`: no timeout)"))
 }
 
 /// [`seconds`], more than 0.

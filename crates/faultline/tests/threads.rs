@@ -315,11 +315,27 @@ fn stores_report_errors_with_path_and_offset() {
     assert!(buf[4096..].iter().all(|&b| b == 0));
     let ro = Arc::new(faultline::MemoryStore::new(vec![0; 10]));
     assert!(ro.write_back(8, &[1, 2, 3]).is_err());
-    // A directory cannot be read: the error names the path and offset.
-    let dir = FileStore::open_with(std::env::temp_dir(), 0, FileAccess::Pread).unwrap();
-    let err = dir.fill(4096, &mut buf).unwrap_err().to_string();
+    // A directory is refused at open (EISDIR, where mapping it said
+    // ENODEV).
+    let dir = FileStore::open_with(std::env::temp_dir(), 0, FileAccess::Pread).unwrap_err();
+    assert_eq!(
+        dir.raw_os_error(),
+        Some(faultline_sys::Errno::EISDIR.0),
+        "{dir}"
+    );
+    // A file truncated since it was opened cannot be read: the error names
+    // the path and offset.
+    let g = TempFile::with(&[2u8; 4 * 4096]);
+    let s = FileStore::open_with(&g.0, 0, FileAccess::Pread).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&g.0)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let err = s.fill(4096, &mut buf).unwrap_err().to_string();
     assert!(
-        err.contains(&std::env::temp_dir().display().to_string()) && err.contains("0x1000"),
+        err.contains(&g.0.display().to_string()) && err.contains("0x1000"),
         "{err}"
     );
 }
