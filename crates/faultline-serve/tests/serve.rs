@@ -604,7 +604,7 @@ fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
         ),
         (
             &["--timeout", "0"][..],
-            "--timeout must be more than 0 seconds",
+            "must be more than 0 seconds (or `none`: no timeout)",
         ),
         (&["--timeout", "1e30"][..], "--timeout"),
         (&["--handshake-timeout", "inf"][..], "--handshake-timeout"),

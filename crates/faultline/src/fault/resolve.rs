@@ -1014,9 +1014,13 @@ fn copy_run(
     match unsafe { r.uffd.copy(dst, src, bytes, mode::COPY_DONTWAKE | wp) } {
         // The store's view could not be read (a file mapping whose file
         // was truncated since: past its end the mapping faults): ask the
-        // store, whose fill says why; a failure of its own to explain
-        // stays the ioctl's.
-        Err(e) if viewed && e.is(Errno::EFAULT) && !scratch.is_empty() => {
+        // store, whose fill says why, and the page is poisoned with that;
+        // a failure of its own to explain stays the ioctl's. Not for a
+        // peer's memory: serve kills a VM whose memory file shrank, saying
+        // so, where a poisoned page would SIGBUS it first.
+        Err(e)
+            if viewed && e.is(Errno::EFAULT) && r.delivery.memory_here && !scratch.is_empty() =>
+        {
             let step = scratch.len();
             let mut at = 0;
             while at < bytes as usize {
