@@ -1645,6 +1645,28 @@ fn shared_mode_on_hugetlbfs_maps_a_block_of_huge_pages_a_fault() {
     drop(huge);
 }
 
+/// Kills serve `s` (started with `args` on `dir`, `--takeover`), starts it
+/// again once its keeper holds all of `peers`, and checks that every peer
+/// finishes, the new serve too, and that it says it took them over.
+/// Returns the new serve's log.
+fn killed_then_taken_over(
+    dir: &Dir,
+    s: &mut Proc,
+    args: &[&str],
+    peers: &mut [&mut Proc],
+) -> String {
+    s.kill();
+    let mut again = testing::serve_again(dir, SERVE, args, peers.len());
+    for p in peers.iter_mut() {
+        assert_ok(p, dir);
+    }
+    assert_ok(&mut again, dir);
+    let log = dir.text("again.err");
+    let said = format!("taking {} peer(s) over from the keeper", peers.len());
+    assert!(log.contains(&said), "{log}");
+    log
+}
+
 /// `kill -9` of serve with `--takeover` when `kill_at` appears in the
 /// peer's stderr (plus `delay`), then the same command again: the peer
 /// (`peer_args`) is taken over from the keeper and verifies every byte,
@@ -1726,16 +1748,7 @@ fn a_keeper_that_dies_is_replaced_and_keeps_every_peer() {
         .parse()
         .unwrap_or_else(|_| panic!("no pid of the new keeper: {log}"));
     dir.wait_for("b.err", "paused");
-    s.kill();
-    let mut again = testing::serve_again(&dir, SERVE, &args, 2);
-    assert_ok(&mut a, &dir);
-    assert_ok(&mut b, &dir);
-    assert_ok(&mut again, &dir);
-    let log = dir.text("again.err");
-    assert!(
-        log.contains("taking 2 peer(s) over from the keeper"),
-        "{log}"
-    );
+    killed_then_taken_over(&dir, &mut s, &args, &mut [&mut a, &mut b]);
     testing::wait_exited(second, "the new keeper");
 }
 
@@ -1826,16 +1839,8 @@ fn a_vmm_served_unprotected_is_deposited_once_the_keeper_answers() {
     kill(keeper, SIGCONT).unwrap();
     dir.wait_for("serve.err", "deposited with the keeper at last");
     assert_eq!(unprotected(), [0.0]);
-    s.kill();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut again = testing::serve_again(&dir, SERVE, &args, 1);
-    assert_ok(&mut p, &dir);
-    assert_ok(&mut again, &dir);
-    let log = dir.text("again.err");
-    assert!(
-        log.contains("taking 1 peer(s) over from the keeper"),
-        "{log}"
-    );
+    killed_then_taken_over(&dir, &mut s, &args, &mut [&mut p]);
 }
 
 /// Serve on `dir` with `--takeover --peers 1 --metrics DIR/metrics.sock`:
@@ -1888,15 +1893,7 @@ fn a_serve_whose_executable_was_replaced_still_replaces_its_keeper() {
     let pause = ["--verify-all", "--pause-at", "30", "--pause-ms", "600"];
     let mut p = peer(&dir, "p", &pause);
     dir.wait_for("p.err", "paused");
-    s.kill();
-    let mut again = testing::serve_again(&dir, SERVE, &args, 1);
-    assert_ok(&mut p, &dir);
-    assert_ok(&mut again, &dir);
-    let log = dir.text("again.err");
-    assert!(
-        log.contains("taking 1 peer(s) over from the keeper"),
-        "{log}"
-    );
+    killed_then_taken_over(&dir, &mut s, &args, &mut [&mut p]);
 }
 
 /// No keeper can be started (its name is taken by something that answers
