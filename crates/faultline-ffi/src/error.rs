@@ -54,6 +54,7 @@ pub fn errno_of(e: &Error) -> i32 {
         | Error::ZeroLength
         | Error::LengthNotPageMultiple { .. }
         | Error::BadPageSize { .. }
+        | Error::BudgetTooSmall { .. }
         | Error::OutOfRange { .. }
         | Error::StoreTooShort { .. }
         | Error::StoreNotSignalSafe { .. } => Errno::EINVAL.0,

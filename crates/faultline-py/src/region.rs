@@ -173,11 +173,6 @@ pub struct Region {
     store: Py<PyAny>,
 }
 
-/// The smallest budget, in pages: what one instruction may need resident
-/// at once (`a[0:4096] = a[4096:8192]` under a one-page budget evicted
-/// each page for the other and never finished).
-const MIN_BUDGET_PAGES: usize = 4;
-
 /// Bytes a region's populator runs ahead of a sequential stream by
 /// default.
 const RUN_AHEAD_BYTES: usize = 4 << 20;
@@ -285,11 +280,12 @@ fn parse_budget(b: &Bound<'_, PyAny>, region_bytes: usize, page_size: usize) -> 
         ));
     };
     let pages = (bytes / page_size as f64).floor() as usize;
-    if pages < MIN_BUDGET_PAGES {
+    if pages == 0 {
         return Err(PyValueError::new_err(format!(
-            "budget of {bytes} bytes is less than {MIN_BUDGET_PAGES} {page_size}-byte pages: one instruction may need that many resident at once (a copy's source and destination, each across a page boundary), and with fewer it would wait for ever"
+            "budget of {bytes} bytes is less than one {page_size}-byte page"
         )));
     }
+    // Fewer than faultline::MIN_BUDGET_PAGES: refused by the region.
     Ok(pages)
 }
 

@@ -127,7 +127,7 @@ def test_stats_of_a_budget_region(f64_file):
         (dict(length=4096, engine="turbo"), "unknown engine"),
         (dict(length=4096, mode="w"), "mode must be"),
         (dict(length=4096, mode="r+"), "discards writes"),
-        (dict(length=4096, budget=100, mode="r"), "less than 4"),
+        (dict(length=4096, budget=100, mode="r"), "less than one"),
         (dict(length=1 << 20, budget=3 * 4096, mode="r"), "less than 4"),
         (dict(length=4096, budget="12 parsecs", mode="r"), "unknown unit"),
         (dict(length=4096, budget="12", mode="r"), "no unit"),

@@ -32,6 +32,12 @@ pub enum Error {
         page_size: usize,
         reason: &'static str,
     },
+    /// A memory budget too small to run: one instruction may need up to
+    /// `min` pages resident at once (a copy's source and destination, each
+    /// across a page boundary); with fewer, eviction takes each page for
+    /// the other and the access never finishes.
+    #[error("a budget of {pages} page(s) is less than {min}: one instruction may need that many resident at once (a copy's source and destination, each across a page boundary), and with fewer it would wait for ever")]
+    BudgetTooSmall { pages: usize, min: usize },
     /// A range outside the region.
     #[error(
         "range [{start:#x}, {end:#x}) is outside the region [{region_start:#x}, {region_end:#x})"

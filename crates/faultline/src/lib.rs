@@ -121,7 +121,7 @@ pub use foreign::{
 pub use page::{MemoryKind, PageSize, ResolveOp};
 pub use policy::ReadaheadConfig;
 pub use pool::{FramePoolConfig, FramePoolStats};
-pub use region::{Region, RegionBuilder};
+pub use region::{Region, RegionBuilder, MIN_BUDGET_PAGES};
 pub use residency::PageState;
 pub use runahead::{RunAheadConfig, RunAheadStats};
 pub use store::{

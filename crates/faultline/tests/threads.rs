@@ -424,6 +424,28 @@ fn a_budget_of_the_whole_region_evicts_nothing() {
     assert_eq!((es.evicted, es.resident), (0, pages as u64), "{es:?}");
 }
 
+/// A budget under `MIN_BUDGET_PAGES` could never finish an instruction
+/// that needs more pages at once (a copy within the region): refused,
+/// unless it holds the whole region.
+#[test]
+fn a_budget_too_small_to_run_is_refused() {
+    let build = |pages: usize, budget: usize| {
+        Region::builder(pages * 4096)
+            .shared_store(Arc::new(MemoryStore::new(vec![1; pages * 4096])))
+            .budget(EvictionConfig {
+                budget_pages: budget,
+                policy: faultline::policy::PolicyKind::Fifo,
+            })
+            .build_dyn(engine_of(EngineKind::Poll))
+    };
+    for budget in 1..faultline::MIN_BUDGET_PAGES {
+        let err = build(16, budget).err().expect("refused");
+        assert!(matches!(err, Error::BudgetTooSmall { .. }), "{err}");
+    }
+    build(16, faultline::MIN_BUDGET_PAGES).unwrap();
+    build(2, 2).unwrap();
+}
+
 #[test]
 fn eviction_region_drop_writes_dirty_pages_back() {
     let _deadline = deadline(120);

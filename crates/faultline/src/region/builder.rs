@@ -87,6 +87,11 @@ impl Region {
     }
 }
 
+/// The smallest budget of a region's own (see [`Error::BudgetTooSmall`]):
+/// `a[0:4096] = a[4096:8192]` in Python under a one-page budget never
+/// finished.
+pub const MIN_BUDGET_PAGES: usize = 4;
+
 impl RegionBuilder {
     /// A region of `len` bytes: private anonymous memory (or the store's
     /// tmpfs file), pages of the memory kind's size, a zero store,
@@ -399,6 +404,18 @@ impl RegionBuilder {
             }
             if b.budget_pages == 0 {
                 return Err(Error::ZeroLength);
+            }
+            // A budget of the whole region evicts nothing, however small;
+            // a shared one (UMap's buffer) takes what UMap takes.
+            let region_pages = self.len / page_size.bytes();
+            if b.budget_pages < MIN_BUDGET_PAGES
+                && b.budget_pages < region_pages
+                && self.shared_budget.is_none()
+            {
+                return Err(Error::BudgetTooSmall {
+                    pages: b.budget_pages,
+                    min: MIN_BUDGET_PAGES,
+                });
             }
             if !capabilities().has(feature::PAGEFAULT_FLAG_WP) {
                 return Err(Error::Unsupported {

@@ -42,5 +42,5 @@ mod builder;
 mod handle;
 mod io;
 
-pub use builder::RegionBuilder;
+pub use builder::{RegionBuilder, MIN_BUDGET_PAGES};
 pub use handle::Region;
