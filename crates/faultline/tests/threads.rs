@@ -439,7 +439,9 @@ fn a_budget_too_small_to_run_is_refused() {
             .build_dyn(engine_of(EngineKind::Poll))
     };
     for budget in 1..faultline::MIN_BUDGET_PAGES {
-        let err = build(16, budget).err().expect("refused");
+        let Err(err) = build(16, budget) else {
+            panic!("a budget of {budget} pages was taken")
+        };
         assert!(matches!(err, Error::BudgetTooSmall { .. }), "{err}");
     }
     build(16, faultline::MIN_BUDGET_PAGES).unwrap();

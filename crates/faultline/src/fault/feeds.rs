@@ -732,8 +732,8 @@ impl BudgetFeed {
     }
 
     /// Zaps the run `pages` for eviction (the caller holds their claims)
-    /// and records them absent. When an engine reads the region's events
-    /// (`events`), waits (at most [`ZAP_ACK_WAIT`]) until handlers have
+    /// of a region whose engine reads its events, and records them absent.
+    /// Waits (at most [`ZAP_ACK_WAIT`]) until handlers have
     /// *handled* the REMOVE events the zap posts for every page of the
     /// run, not merely read them: `madvise` returns once an event is
     /// read, and with several handler threads the one that read it may
@@ -743,8 +743,8 @@ impl BudgetFeed {
     /// from write-back). One run at a time (only the evictor thread zaps
     /// when events are read), one `madvise` and so one REMOVE round trip
     /// with the handler per run: a sequential scan's victims are one run
-    /// per batch. Returns whether the wait timed out.
-    pub fn zap(&self, r: &super::RegionState, pages: Range<usize>, events: bool) -> bool {
+    /// per batch.
+    pub fn zap(&self, r: &super::RegionState, pages: Range<usize>) {
         let len = pages.len();
         self.zap_handled.store(0, SeqCst);
         self.zap_end.store(pages.end, SeqCst);
@@ -755,17 +755,11 @@ impl BudgetFeed {
         let _ = mem::madvise(r.pages.addr(pages.start), len * ps, Advice::DontNeed);
         self.zap_calls.fetch_add(1, Relaxed);
         let deadline = Instant::now() + ZAP_ACK_WAIT;
-        let mut timed_out = false;
-        while events && self.zap_handled.load(SeqCst) < len {
-            if Instant::now() > deadline {
-                timed_out = true;
-                break;
-            }
+        while self.zap_handled.load(SeqCst) < len && Instant::now() <= deadline {
             std::thread::yield_now();
         }
         self.zap_start.store(0, SeqCst);
         r.residency.set_range(pages, PageState::Absent);
-        timed_out
     }
 
     /// An engine has handled a REMOVE event for `pages` (and marked them

@@ -343,7 +343,7 @@ fn evict_batch(
         // Handler threads read the REMOVE events: one run at a time, with
         // the handshake (only the evictor thread gets here).
         for run in &runs[..nr] {
-            feed.zap(r, run.clone(), true);
+            feed.zap(r, run.clone());
         }
     } else if nr > 0 {
         let mut ranges = [(0u64, 0usize); BATCH];

@@ -224,22 +224,21 @@ impl Results {
                     "-".to_string()
                 }
             };
+            // No touch timed (a KVM guest's, --kvm): no latency.
+            let us = |ns: f64| {
+                if ns > 0.0 {
+                    format!("{:.1}", ns / 1e3)
+                } else {
+                    "-".to_string()
+                }
+            };
             self.rows.push(vec![
                 label.clone(),
                 cache.to_string(),
                 cfg.clone(),
                 format!("{:.1}", m.seconds * 1e3),
-                // No touch timed (a KVM guest's, --kvm): no latency.
-                if m.median_ns > 0.0 {
-                    format!("{:.1}", m.median_ns / 1e3)
-                } else {
-                    "-".into()
-                },
-                if m.p99_ns > 0.0 {
-                    format!("{:.1}", m.p99_ns / 1e3)
-                } else {
-                    "-".into()
-                },
+                us(m.median_ns),
+                us(m.p99_ns),
                 m.faults.to_string(),
                 format!("{:.3}", per_page(m)),
                 if m.reads > 0 {
