@@ -244,6 +244,14 @@ pub struct ServeArgs {
     /// --fault-around-initial pages.
     #[arg(long)]
     pub adaptive_window: bool,
+    /// Run a populator thread per region of each peer that installs this
+    /// many bytes ahead of its sequential and strided fault streams
+    /// (the library's run-ahead, seed 004: the next window is in place
+    /// before the vCPU reaches it, at the cost of a thread and of pages
+    /// the stream may not reach). 0 to 256M, a multiple of 4 KiB; off
+    /// while recording. Default 0: none.
+    #[arg(long, default_value = "0", value_parser = faultline_cli_support::flags::byte_size(0, 256 << 20, 4096))]
+    pub run_ahead: usize,
 }
 
 /// Parses `--fault-around-initial`: 1 to 1024 pages.
@@ -459,6 +467,7 @@ impl ServeArgs {
                 .fault_around_initial
                 .unwrap_or(crate::config::FAULT_AROUND_INITIAL_SHARED),
             fault_around_huge: self.fault_around_huge,
+            run_ahead: self.run_ahead,
             track_dirty: self.track_dirty.clone(),
             ..ServeConfig::new(self.socket.clone(), source)
         })

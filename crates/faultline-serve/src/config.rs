@@ -165,6 +165,11 @@ pub struct ServeConfig {
     /// ([`faultline::ForeignOptions::huge_window`]). Default
     /// [`faultline::HUGE_WINDOW`].
     pub fault_around_huge: usize,
+    /// Bytes a run-ahead populator installs ahead of each sequential or
+    /// strided stream of a peer's faults (seed 004: the next window is
+    /// there before the vCPU reaches it); 0, the default, runs none. Off
+    /// while recording (the record is the order of the peer's own faults).
+    pub run_ahead: usize,
     /// Dirty tracking: write each tracked peer's dirty set (the pages it
     /// wrote or dropped since it was served) here, at its hang-up and on
     /// request; `{peer}` is replaced by its connection number (without
@@ -249,6 +254,7 @@ impl ServeConfig {
             adaptive_window: false,
             fault_around_initial_shared: FAULT_AROUND_INITIAL_SHARED,
             fault_around_huge: faultline::HUGE_WINDOW,
+            run_ahead: 0,
             track_dirty: None,
         }
     }

@@ -61,6 +61,9 @@ pub struct PeerSummary {
     pub exists: u64,
     /// Pages installed by prefetch.
     pub prefetched: u64,
+    /// Pages installed by its run-ahead populators (`--run-ahead`).
+    #[serde(default)]
+    pub run_ahead: u64,
     /// Bytes of the handler's bookkeeping for this peer (residency map,
     /// removed bits, record log, prefetch queue).
     #[serde(default)]

@@ -625,6 +625,7 @@ fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
             &["--fault-around-initial", "0"][..],
             "--fault-around-initial",
         ),
+        (&["--run-ahead", "1000"][..], "a multiple of 4096"),
     ]
     .into_iter()
     .enumerate()
@@ -2228,6 +2229,38 @@ fn served_once(
     assert_ok(&mut s, &dir);
     let report = serde_json::from_str(&dir.text("peer.json")).unwrap();
     (summaries(&dir, "serve.json").remove(0), report)
+}
+
+#[test]
+fn run_ahead_installs_ahead_of_sweeping_vcpus_and_every_byte_is_right() {
+    // --run-ahead: a populator per region installs ahead of each vCPU's
+    // sweep (its pages counted apart), in copy and in shared mode; off by
+    // default and while recording.
+    let sweep = ["--pattern", "sweep", "--working-set", "60", "--verify-all"];
+    let (s, _) = served_once("run-ahead", &["--run-ahead", "1M"], &sweep);
+    assert!(s["run_ahead"].as_u64().unwrap() > 0, "{s}");
+    let dir = Dir::new("run-ahead-shared", 16 * MIB);
+    let snap = Shm::new("run-ahead-shared");
+    let mut serve = serve_shared_one(&dir, &snap, &["--run-ahead", "1M"]);
+    let mut p = shared_peer(&dir, "p", &snap, &sweep);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut serve, &dir);
+    let s = summaries(&dir, "serve.json").remove(0);
+    assert_eq!(s["mode"], "shared", "{s}");
+    assert!(s["run_ahead"].as_u64().unwrap() > 0, "{s}");
+    let (s, _) = served_once("no-run-ahead", &[], &sweep);
+    assert_eq!(s["run_ahead"], 0, "{s}");
+    let dir = Dir::new("run-ahead-record", 16 * MIB);
+    let rec = dir.path("ws.rec");
+    let mut serve = serve_one(
+        &dir,
+        &["--run-ahead", "1M", "--record", rec.to_str().unwrap()],
+    );
+    let mut p = peer(&dir, "p", &sweep);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut serve, &dir);
+    let s = summaries(&dir, "serve.json").remove(0);
+    assert_eq!(s["run_ahead"], 0, "{s}");
 }
 
 #[test]

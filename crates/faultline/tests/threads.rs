@@ -594,7 +594,11 @@ fn regions_of_a_shared_budget_stay_within_it_together() {
 #[test]
 fn adaptive_readahead_grows_on_streams_only() {
     let _deadline = deadline(120);
-    adaptive_readahead(EngineKind::Poll);
+    // Every engine whose handler threads read the application's faults:
+    // `workers` and `per-cpu` resolve one stream on several threads.
+    for e in THREAD_ENGINES {
+        adaptive_readahead(e);
+    }
 }
 
 /// A store that pays per request (as a network store does): counts

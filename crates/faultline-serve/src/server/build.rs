@@ -24,7 +24,7 @@ use std::sync::Arc;
 use faultline::policy::WindowTuning;
 use faultline::{
     ForeignError, ForeignOptions, ForeignPeer, ForeignRegionSpec, ForeignUffd, ReadaheadConfig,
-    SharedSnapshot,
+    RunAheadConfig, SharedSnapshot,
 };
 
 use super::dirty;
@@ -164,6 +164,9 @@ pub fn build(
             1
         } else {
             state.config.fault_around_huge
+        }),
+        run_ahead: (!record && state.config.run_ahead > 0).then_some(RunAheadConfig {
+            budget_pages: state.config.run_ahead / 4096,
         }),
         record,
         shared: snapshot,

@@ -146,6 +146,7 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, mut outcome: String, forget: bool
         deferred: s.deferred,
         exists: s.regions.exists,
         prefetched: s.prefetched,
+        run_ahead: s.run_ahead_pages,
         bookkeeping_bytes: peer.bookkeeping_bytes() as u64,
         seconds: received.elapsed().as_secs_f64(),
         handoff: Handoff {

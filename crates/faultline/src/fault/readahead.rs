@@ -3,14 +3,17 @@
 //! The algorithm is the pure [`ReadaheadConfig::on_fault`]; this file only
 //! keeps each stream's [`Stream`] in an atomic slot, found one of two ways:
 //!
-//! 1. **By thread** ([`Streams::new`], local regions): a thread gets its
+//! 1. **By thread** ([`Streams::new`], local regions of the signal engine,
+//!    whose faults are resolved on the faulting thread): a thread gets its
 //!    slot at its first fault (a const-initialised thread-local index,
 //!    safe to read in a signal handler) and keeps it: threads scanning
 //!    different parts of a region do not reset each other's windows.
 //!    Threads that share a slot (more threads than slots) race benignly: a
 //!    window may start over.
-//! 2. **By address** ([`Streams::by_address`], a peer's regions): one
-//!    handler thread reads the faults of all the peer's threads, so the
+//! 2. **By address** ([`Streams::by_address`], a peer's regions and local
+//!    regions of the handler-thread engines): one handler thread reads
+//!    the faults of all the application's (or the peer's) threads, and
+//!    `workers` spreads one thread's over several handlers, so the
 //!    reading thread says nothing of the faulting one. A fault continues
 //!    the stream whose window ended at its page, or a few pages before it
 //!    ([`STRIDE_SLACK`](crate::policy::STRIDE_SLACK); any slot); a fault

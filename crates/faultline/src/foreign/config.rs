@@ -77,7 +77,9 @@ pub struct ForeignOptions {
     /// bounds and `readahead.max` ([`IsolatedWindows`](crate::policy::IsolatedWindows)).
     /// Default none: always `readahead.initial`.
     pub window_tuning: Option<WindowTuning>,
-    /// A run-ahead populator per region (default: none).
+    /// A run-ahead populator per region (default: none). Its budget is in
+    /// base (4 KiB) pages: a region of huge pages runs the same bytes
+    /// ahead (at least one of its pages).
     pub run_ahead: Option<RunAheadConfig>,
     /// A resident budget: refused (see [the foreign path's docs](super)).
     pub budget: Option<EvictionConfig>,

@@ -57,6 +57,7 @@ use crate::fault::{Delivery, RegionState, RegionStats};
 use crate::page::{MemoryKind, PageSize, ResolveOp};
 use crate::policy::ReadaheadConfig;
 use crate::residency::{PageBits, PageState, Residency};
+use crate::runahead::RunAheadConfig;
 use crate::store::PageStore;
 use faultline_sys::pagemap::Pagemap;
 use faultline_sys::uffd::{feature, pagefault_flag};
@@ -428,6 +429,10 @@ impl ForeignPeer {
         if let Some(cfg) = opts.run_ahead {
             let mut pop = peer.populators.lock().expect("populators");
             for r in &peer.regions {
+                let per_page = r.state.pages.size().bytes() / PageSize::BASE.bytes();
+                let cfg = RunAheadConfig {
+                    budget_pages: (cfg.budget_pages / per_page).max(1),
+                };
                 pop.push(
                     crate::runahead::start(&r.state, cfg, RUN_AHEAD_SCRATCH).map_err(|source| {
                         ForeignError::Spawn {

@@ -533,7 +533,15 @@ impl RegionBuilder {
                 && self.op == ResolveOp::Auto
                 && self.budget.is_none()
                 && alias.is_none(),
-            readahead: Streams::new(plan.readahead),
+            // A handler thread reads every application thread's faults:
+            // streams are told apart by where they are, not by who
+            // resolves them (the `workers` engine splits one stream over
+            // its threads).
+            readahead: if engine.delivery().on_faulting_thread {
+                Streams::new(plan.readahead)
+            } else {
+                Streams::by_address(plan.readahead)
+            },
             // Runs COPY'd from the shared zero buffer are capped by its
             // size; CONTINUE copies nothing.
             max_run_pages: if copies_zeros {

@@ -693,11 +693,9 @@ pub fn adaptive_readahead(e: EngineKind) {
     let pages = 2048;
     let len = pages * 4096;
     let (store, expect, _t) = StoreKind::Memory.make(len);
-    let ra = faultline::policy::ReadaheadConfig {
-        initial: 1,
-        max: 64,
-        streams: 1,
-    };
+    // 64 stream slots (the default): a handler thread must not take each
+    // engine thread for a stream of its own.
+    let ra = faultline::policy::ReadaheadConfig::adaptive(1, 64);
     let r = Region::builder(len)
         .shared_store(store.clone())
         .readahead(ra)

@@ -46,7 +46,9 @@ pub struct RestoreArgs {
     /// in shared mode, N 16, 32 or 64), on-demand-adaptive and
     /// on-demand-adaptive-shared (serve --adaptive-window: the isolated
     /// window sized from the evidence), on-demand-workers-adaptive (both:
-    /// --engine workers --threads 2 --adaptive-window), prefetch-idle
+    /// --engine workers --threads 2 --adaptive-window),
+    /// on-demand-run-ahead and on-demand-run-ahead-shared (serve
+    /// --run-ahead 4M: a populator 4 MiB ahead of each stream), prefetch-idle
     /// (prefetch in SCHED_IDLE), on-demand-huge, prefetch-huge,
     /// kernel-hugetlbfs, on-demand-shared-huge and prefetch-shared-huge
     /// (they reserve 2 MiB pages for the peer), and the
@@ -142,7 +144,7 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 35] = [
+pub const CONFIGS: [&str; 37] = [
     "kernel",
     "baseline",
     "on-demand",
@@ -162,6 +164,8 @@ pub const CONFIGS: [&str; 35] = [
     "on-demand-w64-shared",
     "on-demand-adaptive-shared",
     "on-demand-workers-adaptive",
+    "on-demand-run-ahead",
+    "on-demand-run-ahead-shared",
     "prefetch",
     "prefetch-idle",
     "eager",

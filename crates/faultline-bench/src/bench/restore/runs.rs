@@ -193,6 +193,8 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         | "on-demand-w16-shared"
         | "on-demand-adaptive-shared"
         | "on-demand-workers-adaptive"
+        | "on-demand-run-ahead"
+        | "on-demand-run-ahead-shared"
         | "on-demand-shared"
         | "on-demand-huge"
         | "on-demand-shared-huge"
@@ -216,6 +218,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
                 "on-demand-workers-adaptive" => {
                     &["--engine", "workers", "--threads", "2", "--adaptive-window"]
                 }
+                "on-demand-run-ahead" | "on-demand-run-ahead-shared" => &["--run-ahead", "4M"],
                 "hand-back-shared" | "hand-back-shared-huge" => &["--hand-back"],
                 _ => &[],
             };
