@@ -18,6 +18,16 @@ fn main() {
     // it, and its default action ends the process), and SIGINT, SIGTERM
     // and SIGHUP remove what the command registered (temporaries, partial
     // outputs) before the process ends as the signal would.
+    #[cfg(feature = "bench")]
+    {
+        let args: Vec<_> = std::env::args_os().collect();
+        if args.get(1).is_some_and(|a| a == "bench") {
+            if let Err(e) = faultline_bench::bench::refuse_repeated_outputs(&args[2..]) {
+                faultline_cli_support::print_error(&e);
+                std::process::exit(2);
+            }
+        }
+    }
     let cli = faultline_cli::Cli::parse();
     if let Err(e) = faultline_cli::block_signals(&cli) {
         faultline_cli_support::print_error(&e);

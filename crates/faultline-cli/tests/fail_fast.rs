@@ -175,3 +175,24 @@ fn bench_rows_are_reported_on_piped_stderr() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn bench_refuses_an_output_given_twice_before_it_runs() {
+    // --json is global: before and after the sub-bench both parse; the
+    // second took the first's place silently.
+    let d = tempdir("json-twice");
+    let o = faultline(
+        &d,
+        &["bench", "--json", "a.json", "notify", "--json", "b.json"],
+        QUICK,
+    );
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("--json given 2 times (a.json, b.json)"),
+        "{}",
+        o.stderr
+    );
+    let left: Vec<_> = std::fs::read_dir(&d).unwrap().collect();
+    assert!(left.is_empty(), "nothing ran: {left:?}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -14,6 +14,7 @@ use faultline_sys::signal;
 
 /// `faultline serve` arguments.
 #[derive(Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["mem", "store"])))]
 pub struct ServeArgs {
     /// UNIX socket to bind (give its path to Firecracker as `backend_path`).
     /// A stale socket file (no server answers on it) is replaced; a live
@@ -22,7 +23,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub socket: PathBuf,
     /// The snapshot's memory file (the regions' bytes, back to back).
-    #[arg(long, required_unless_present = "store")]
+    #[arg(long)]
     pub mem: Option<PathBuf>,
     /// Read the snapshot's bytes from a remote store instead of --mem:
     /// `redis://HOST:PORT#NAME`, `redis+unix:///PATH#NAME` or
@@ -30,7 +31,7 @@ pub struct ServeArgs {
     /// store put MEMFILE URL`. The handler threads read it in batches;
     /// a page the store fails to give is never zeros (the peer's fault is
     /// not resolved and the peer is killed, see --leave-peer-on-error).
-    #[arg(long, conflicts_with = "mem")]
+    #[arg(long)]
     pub store: Option<String>,
     /// Exit with an error when no peer is connected for this many seconds
     /// (at start, and whenever every peer has gone), or `none`: serve
@@ -70,8 +71,8 @@ pub struct ServeArgs {
     pub fault_around: usize,
     /// Write the pages the first peer's restore touched, in the order it
     /// first did and when, to FILE when it hangs up (one page per fault:
-    /// fault-around is off for a peer that records). With `{peer}` in FILE
-    /// every peer records, each to FILE with `{peer}` replaced by its
+    /// fault-around is off for a peer that records). With `{peer}` in FILE's
+    /// name (not its directory) every peer records, each to FILE with `{peer}` replaced by its
     /// connection number (merge them: `faultline record merge`, or `faultline-serve record merge`).
     /// The record names the memory file it was made for. SIGUSR2 (or
     /// `POST /record` on --metrics) cuts every recording peer's record:
@@ -198,7 +199,8 @@ pub struct ServeArgs {
     /// (balloon, MADV_DONTNEED) count too, they read zeros now. The set
     /// (bitmap and page list, naming the memory file) is written to FILE at
     /// the peer's hang-up and, for every tracked peer, on SIGUSR1 or `POST
-    /// /dirty` to --metrics. With `{peer}` in FILE every peer is tracked,
+    /// /dirty` to --metrics. With `{peer}` in FILE's name (not its
+    /// directory) every peer is tracked,
     /// each to its own file; without, the first. A peer whose userfaultfd
     /// has UFFD_FEATURE_WP_ASYNC (the kernel un-protects written pages
     /// itself) is read from its page tables (PAGEMAP_SCAN of

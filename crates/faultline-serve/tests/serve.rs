@@ -567,6 +567,30 @@ fn a_store_without_the_redis_feature_is_refused_by_name() {
 /// output paths it could not write and a record it cannot read, and a
 /// socket path that holds a file of someone's (which is left as it was).
 #[test]
+fn a_missing_source_names_both_flags() {
+    // Neither --mem nor --store: the error names both; both: refused.
+    for (extra, why) in [
+        (&[][..], "<--mem <MEM>|--store <STORE>>"),
+        (
+            &["--mem", "m", "--store", "unix:///s#n"][..],
+            "cannot be used with",
+        ),
+    ] {
+        let out = Command::new(SERVE[0])
+            .args(["--socket", "/nonexistent/serve.sock"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(why),
+            "{extra:?}: {err}"
+        );
+    }
+}
+
+#[test]
 fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
     let dir = Dir::new("flags", MIB);
     let no_dir = dir.path("no/such/dir/out.json");
@@ -626,6 +650,10 @@ fn bad_flags_and_a_taken_socket_path_are_refused_at_start() {
             "--fault-around-initial",
         ),
         (&["--run-ahead", "1000"][..], "a multiple of 4096"),
+        (
+            &["--record", "/tmp/{peer}/rec.txt"][..],
+            "{peer} is replaced in the file's name only",
+        ),
     ]
     .into_iter()
     .enumerate()

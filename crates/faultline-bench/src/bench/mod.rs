@@ -143,6 +143,35 @@ impl BenchCmd {
     }
 }
 
+/// Refuses `--json` or `--plot` given twice in `bench`'s arguments
+/// (`args`: those after the word `bench`). Both are global, so one given
+/// before the sub-bench and one after would both parse, the second
+/// silently taking the place of the first.
+pub fn refuse_repeated_outputs<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> anyhow::Result<()> {
+    for flag in ["--json", "--plot"] {
+        let mut given = Vec::new();
+        let mut it = args.iter().map(|a| a.as_ref().to_string_lossy());
+        while let Some(a) = it.next() {
+            if a == "--" {
+                break;
+            }
+            if a == flag {
+                given.push(it.next().map(|v| v.into_owned()).unwrap_or_default());
+            } else if let Some(v) = a.strip_prefix(flag).and_then(|v| v.strip_prefix('=')) {
+                given.push(v.to_string());
+            }
+        }
+        if given.len() > 1 {
+            anyhow::bail!(
+                "{flag} given {} times ({}): give it once, before or after the bench's name",
+                given.len(),
+                given.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Entry point of `faultline bench`.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let cmds = match args.cmd {
@@ -170,4 +199,26 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     ctx.finish()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refuse_repeated_outputs;
+
+    #[test]
+    fn an_output_flag_given_twice_is_refused() {
+        let ok: [&[&str]; 3] = [
+            &["--json", "a.json", "latency"],
+            &["latency", "--json=a.json", "--plot", "figs"],
+            &["latency", "--", "--json", "x", "--json", "y"],
+        ];
+        for args in ok {
+            refuse_repeated_outputs(args).unwrap();
+        }
+        let e = refuse_repeated_outputs(&["--json", "a.json", "latency", "--json=b.json"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--json given 2 times (a.json, b.json)"), "{e}");
+        assert!(refuse_repeated_outputs(&["--plot", "a", "seq", "--plot", "b"]).is_err());
+    }
 }

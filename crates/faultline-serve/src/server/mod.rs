@@ -636,6 +636,14 @@ fn check_outputs(
     let mut outputs: Vec<(OutputPath, &str)> = Vec::new();
     for (path, flag) in flags {
         let Some(p) = path else { continue };
+        if p.parent()
+            .is_some_and(|d| d.to_string_lossy().contains("{peer}"))
+        {
+            return Err(ServeError::CheckOutput(anyhow::anyhow!(
+                "{flag} {}: {{peer}} is replaced in the file's name only, not in its directory (e.g. DIR/rec-{{peer}}.txt)",
+                p.display()
+            )));
+        }
         let out = OutputPath::check(p, flag).map_err(ServeError::CheckOutput)?;
         for (o, f) in &outputs {
             if outputs::templates_meet(p, o.path()) {
