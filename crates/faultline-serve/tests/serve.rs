@@ -377,6 +377,45 @@ fn a_kvm_guest_reads_its_memory_through_serve() {
 }
 
 #[test]
+fn a_kvm_guest_in_huge_pages_reads_its_memory_through_serve() {
+    // --kvm --huge: the guest's memory is 2 MiB hugetlb pages (KVM maps
+    // them whole), each fault a huge page copied in; sums and bytes checked.
+    if !std::path::Path::new("/dev/kvm").exists() {
+        eprintln!("skipped: no /dev/kvm on this machine");
+        return;
+    }
+    let _pool = match faultline::testing::HugePool::get(8) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("SKIPPED: hugetlb guest memory: {why}");
+            return;
+        }
+    };
+    let dir = Dir::new("kvm-huge", 8 * MIB);
+    let mut s = serve(&dir, &["--peers", "1"]);
+    let args = [
+        "--kvm",
+        "--huge",
+        "--threads",
+        "2",
+        "--working-set",
+        "60",
+        "--verify-all",
+    ];
+    let mut p = peer(&dir, "p", &args);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let out = dir.text("p.err");
+    assert!(
+        out.contains("read by the KVM guest") && out.contains("8388608 bytes verified"),
+        "{out}"
+    );
+    let log = dir.text("serve.err");
+    // Every huge page once: 4 pages, 8 MiB.
+    assert!(log.contains("4 pages installed"), "{log}");
+}
+
+#[test]
 fn hugetlb_regions_are_served_and_prefetched() {
     // Two 4 MiB regions of 2 MiB hugetlb pages: on demand, then a record
     // and a prefetch of it; every byte compared each time.

@@ -202,8 +202,9 @@ pub struct PeerArgs {
     /// first word of each working-set page, so the faults come from KVM
     /// in the kernel, as a real VMM's guest's do, and its sums are checked
     /// against the file (then the pages byte for byte). Guest memory is
-    /// the regions back to back from guest-physical 0, under 4 GiB.
-    #[arg(long, conflicts_with_all = ["huge", "pause_at", "stall_ns", "stamps", "compute_us", "storm", "write_pause_after"])]
+    /// the regions back to back from guest-physical 0, under 4 GiB (with
+    /// --huge, 2 MiB hugetlb pages, which KVM maps 2 MiB at a time).
+    #[arg(long, conflicts_with_all = ["pause_at", "stall_ns", "stamps", "compute_us", "storm", "write_pause_after"])]
     pub kvm: bool,
     /// After the hand-off, wait (at most 60 s) for this file to exist
     /// before the vCPUs start (tests start several peers' faults at once,

@@ -64,10 +64,9 @@ pub fn touch(
     layout: &Layout,
     ws: &[(usize, usize)],
 ) -> anyhow::Result<Touched> {
-    if args.huge {
-        bail!("--kvm maps 4 KiB guest pages; not with --huge");
-    }
-    // Guest-physical addresses: the regions back to back from 0.
+    // Guest-physical addresses: the regions back to back from 0 (each a
+    // multiple of the page size: 2 MiB aligned with --huge, so KVM can
+    // map the guest's huge pages whole).
     let mut gpa = Vec::with_capacity(layout.regions.len());
     let mut total = 0u64;
     for &(_, len, _) in &layout.regions {

@@ -39,7 +39,9 @@ pub struct RestoreArgs {
     /// per-cpu: a handler thread asleep on each CPU, the faulting vCPU's
     /// own reads its fault), on-demand-per-cpu-w4 and
     /// on-demand-per-cpu-adaptive (per-cpu with --fault-around-initial 4,
-    /// or with --adaptive-window), on-demand-wake-first (serve
+    /// or with --adaptive-window), on-demand-per-cpu-shared and
+    /// on-demand-per-cpu-shared-huge (per-cpu in shared mode, on tmpfs or
+    /// hugetlbfs), on-demand-wake-first (serve
     /// --wake-first), on-demand-single (serve --fault-around-initial 1:
     /// an isolated fault installs its page alone), on-demand-wN (serve
     /// --fault-around-initial N, N 4, 8 or 32), on-demand-wN-shared (the same
@@ -144,7 +146,7 @@ pub struct RestoreArgs {
 }
 
 /// Every configuration `--configs` accepts.
-pub const CONFIGS: [&str; 37] = [
+pub const CONFIGS: [&str; 39] = [
     "kernel",
     "baseline",
     "on-demand",
@@ -153,6 +155,8 @@ pub const CONFIGS: [&str; 37] = [
     "on-demand-per-cpu",
     "on-demand-per-cpu-w4",
     "on-demand-per-cpu-adaptive",
+    "on-demand-per-cpu-shared",
+    "on-demand-per-cpu-shared-huge",
     "on-demand-wake-first",
     "on-demand-single",
     "on-demand-w4",

@@ -23,8 +23,8 @@
 //!   `--configs`): the peer's memory is 2 MiB hugetlb pages (`--huge`),
 //!   copied 2 MiB per fault or prefetch run; a pool of 2 MiB pages is
 //!   reserved for the run (`vm.nr_hugepages` grown as root and given back);
-//! * `kernel-hugetlbfs`, `on-demand-shared-huge`, `prefetch-shared-huge`
-//!   (only when asked for): the shared copy on a hugetlbfs mount the bench
+//! * `kernel-hugetlbfs`, `on-demand-shared-huge`, `prefetch-shared-huge`,
+//!   `on-demand-per-cpu-shared-huge` (only when asked for): the shared copy on a hugetlbfs mount the bench
 //!   makes (2 MiB pages, root), mapped by the kernel, or served with
 //!   `UFFDIO_CONTINUE` of 2 MiB pages; its population (warm) is reported.
 //! * `on-demand-tracked`, `prefetch-tracked`, `on-demand-tracked-async`

@@ -182,6 +182,8 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         | "on-demand-per-cpu"
         | "on-demand-per-cpu-w4"
         | "on-demand-per-cpu-adaptive"
+        | "on-demand-per-cpu-shared"
+        | "on-demand-per-cpu-shared-huge"
         | "on-demand-wake-first"
         | "on-demand-single"
         | "on-demand-w4"
@@ -203,7 +205,9 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
             let extra: &[&str] = match cfg {
                 "on-demand-poll" => &["--engine", "poll"],
                 "on-demand-workers" => &["--engine", "workers", "--threads", "2"],
-                "on-demand-per-cpu" => &["--engine", "per-cpu"],
+                "on-demand-per-cpu"
+                | "on-demand-per-cpu-shared"
+                | "on-demand-per-cpu-shared-huge" => &["--engine", "per-cpu"],
                 "on-demand-per-cpu-w4" => &["--engine", "per-cpu", "--fault-around-initial", "4"],
                 "on-demand-per-cpu-adaptive" => &["--engine", "per-cpu", "--adaptive-window"],
                 "on-demand-wake-first" => &["--wake-first"],
