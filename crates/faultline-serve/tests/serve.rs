@@ -384,12 +384,8 @@ fn a_kvm_guest_in_huge_pages_reads_its_memory_through_serve() {
         eprintln!("skipped: no /dev/kvm on this machine");
         return;
     }
-    let _pool = match faultline::testing::HugePool::get(8) {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("SKIPPED: hugetlb guest memory: {why}");
-            return;
-        }
+    let Some(_pool) = huge_pool(8, "hugetlb guest memory") else {
+        return;
     };
     let dir = Dir::new("kvm-huge", 8 * MIB);
     let mut s = serve(&dir, &["--peers", "1"]);
@@ -419,12 +415,8 @@ fn a_kvm_guest_in_huge_pages_reads_its_memory_through_serve() {
 fn hugetlb_regions_are_served_and_prefetched() {
     // Two 4 MiB regions of 2 MiB hugetlb pages: on demand, then a record
     // and a prefetch of it; every byte compared each time.
-    let pool = match faultline::testing::HugePool::get(8) {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("SKIPPED: hugetlb rows: {why}");
-            return;
-        }
+    let Some(pool) = huge_pool(8, "hugetlb rows") else {
+        return;
     };
     let dir = Dir::new("huge", 8 * MIB);
     let rec = dir.path("ws.txt");
@@ -1583,6 +1575,14 @@ impl HugeMount {
         }
         Ok(HugeMount(at))
     }
+}
+
+/// A pool of at least `pages` free huge pages; `None` (said, skipping
+/// `what`) where the machine cannot have one.
+fn huge_pool(pages: u64, what: &str) -> Option<faultline::testing::HugePool> {
+    faultline::testing::HugePool::get(pages)
+        .map_err(|why| eprintln!("SKIPPED: {what}: {why}"))
+        .ok()
 }
 
 /// A hugetlbfs mount in `dir` and a pool of at least `pages` free huge
