@@ -485,6 +485,7 @@ fn serve_from_redis(
     dir: &Dir,
     server: &faultline_redis::server::RedisServer,
     bytes: usize,
+    extra: &[&str],
 ) -> (Proc, String) {
     use faultline_redis::{RedisConfig, RedisStore};
     let url = server.store_url("snap");
@@ -496,7 +497,7 @@ fn serve_from_redis(
     let s = Proc::start(
         "serve",
         SERVE,
-        &[&args[..], &["--timeout", "20", "--peers", "1"]].concat(),
+        &[&args[..], &["--timeout", "20", "--peers", "1"], extra].concat(),
         &dir.path("serve.err"),
     );
     dir.wait_for("serve.err", "listening on");
@@ -515,7 +516,7 @@ fn a_store_that_stops_answering_is_said_and_the_vm_served_when_it_answers() {
     let dir = Dir::new("redis-stopped", 16 * MIB);
     let server = faultline_redis::server::RedisServer::start().unwrap();
     let pid = server.pid().expect("redis-server's pid") as i32;
-    let (mut s, _) = serve_from_redis(&dir, &server, 16 * MIB);
+    let (mut s, _) = serve_from_redis(&dir, &server, 16 * MIB, &[]);
     let args = [
         "--verify-all",
         "--threads",
@@ -547,7 +548,7 @@ fn a_store_that_stops_answering_is_said_and_the_vm_served_when_it_answers() {
 fn a_snapshot_in_redis_is_served_byte_for_byte() {
     let dir = Dir::new("redis", 8 * MIB);
     let server = faultline_redis::server::RedisServer::start().unwrap();
-    let (mut s, url) = serve_from_redis(&dir, &server, 8 * MIB);
+    let (mut s, url) = serve_from_redis(&dir, &server, 8 * MIB, &[]);
     let mut p = peer(&dir, "peer", &["--verify-all", "--threads", "2"]);
     assert_ok(&mut p, &dir);
     assert_ok(&mut s, &dir);
@@ -2298,6 +2299,49 @@ fn served_once(
     (summaries(&dir, "serve.json").remove(0), report)
 }
 
+/// Every page a summary says installed is counted once: a fault's own
+/// (at most one a fault), its window's (`around`) or run-ahead's (each
+/// piece of a long run-ahead window counted too: only the first was).
+fn run_ahead_counted(s: &serde_json::Value) {
+    let n = |k: &str| s[k].as_u64().unwrap();
+    let (installed, faults) = (n("installed"), n("faults"));
+    let others = n("around") + n("run_ahead");
+    assert!(
+        others <= installed && installed <= others + faults,
+        "installed pages in no counter: {s}"
+    );
+}
+
+/// A Redis store with --run-ahead: what the populator read is counted
+/// in `bytes_read` (a batched fill's own run was not), every byte right.
+#[cfg(feature = "redis")]
+#[test]
+fn run_ahead_from_a_redis_store_counts_what_it_read() {
+    let dir = Dir::new("redis-run-ahead", 16 * MIB);
+    let server = faultline_redis::server::RedisServer::start().unwrap();
+    let json = dir.path("serve.json");
+    let extra = ["--run-ahead", "64K", "--json", json.to_str().unwrap()];
+    let (mut s, _) = serve_from_redis(&dir, &server, 16 * MIB, &extra);
+    let sweep = [
+        "--pattern",
+        "clustered",
+        "--working-set",
+        "60",
+        "--verify-all",
+    ];
+    let mut p = peer(&dir, "peer", &sweep);
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let sum = summaries(&dir, "serve.json").remove(0);
+    assert!(sum["run_ahead"].as_u64().unwrap() > 0, "{sum}");
+    run_ahead_counted(&sum);
+    assert_eq!(
+        sum["bytes_read"].as_u64().unwrap(),
+        sum["installed"].as_u64().unwrap() * 4096,
+        "{sum}"
+    );
+}
+
 #[test]
 fn run_ahead_installs_ahead_of_sweeping_vcpus_and_every_byte_is_right() {
     // --run-ahead: a populator per region installs ahead of each vCPU's
@@ -2306,6 +2350,7 @@ fn run_ahead_installs_ahead_of_sweeping_vcpus_and_every_byte_is_right() {
     let sweep = ["--pattern", "sweep", "--working-set", "60", "--verify-all"];
     let (s, _) = served_once("run-ahead", &["--run-ahead", "1M"], &sweep);
     assert!(s["run_ahead"].as_u64().unwrap() > 0, "{s}");
+    run_ahead_counted(&s);
     let dir = Dir::new("run-ahead-shared", 16 * MIB);
     let snap = Shm::new("run-ahead-shared");
     let mut serve = serve_shared_one(&dir, &snap, &["--run-ahead", "1M"]);

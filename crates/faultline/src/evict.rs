@@ -191,7 +191,7 @@ pub(crate) fn start(
         threads.max(1)
     };
     (0..threads)
-        .map(|_| state.spawn_worker("faultline-evictor", run))
+        .map(|_| state.spawn_worker("fl-evictor", run))
         .collect()
 }
 

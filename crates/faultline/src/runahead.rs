@@ -49,7 +49,7 @@ pub(crate) fn start(
     cfg: RunAheadConfig,
     scratch_bytes: usize,
 ) -> std::io::Result<Background> {
-    state.spawn_worker("faultline-runahead", move |r, stop| {
+    state.spawn_worker("fl-run-ahead", move |r, stop| {
         run(r, cfg, stop, scratch_bytes)
     })
 }

@@ -156,7 +156,8 @@ pub fn refuse_repeated_outputs<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> anyhow:
                 break;
             }
             if a == flag {
-                given.push(it.next().map(|v| v.into_owned()).unwrap_or_default());
+                // Without a value, clap says so.
+                given.extend(it.next().map(|v| v.into_owned()));
             } else if let Some(v) = a.strip_prefix(flag).and_then(|v| v.strip_prefix('=')) {
                 given.push(v.to_string());
             }
@@ -207,10 +208,12 @@ mod tests {
 
     #[test]
     fn an_output_flag_given_twice_is_refused() {
-        let ok: [&[&str]; 3] = [
+        let ok: [&[&str]; 4] = [
             &["--json", "a.json", "latency"],
             &["latency", "--json=a.json", "--plot", "figs"],
             &["latency", "--", "--json", "x", "--json", "y"],
+            // A --json without its value is clap's to refuse, as such.
+            &["--json", "a.json", "latency", "--json"],
         ];
         for args in ok {
             refuse_repeated_outputs(args).unwrap();

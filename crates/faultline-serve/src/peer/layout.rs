@@ -56,7 +56,12 @@ pub fn map_anon(sizes: &[usize], gap: usize, huge: bool) -> anyhow::Result<Layou
                 // probe again. Any other hugetlb failure (a short pool) is
                 // final.
                 Err(e) if huge && e.source.kind() != std::io::ErrorKind::AlreadyExists => {
-                    bail!("mapping {len} bytes of 2 MiB hugetlb memory: {e}")
+                    bail!(
+                        "mapping {len} bytes of 2 MiB hugetlb memory: {e} (the memory needs {} \
+                         huge pages in all: grow vm.nr_hugepages; HugePages_Free less \
+                         HugePages_Rsvd in /proc/meminfo is what is left)",
+                        sizes.iter().sum::<usize>() >> 21
+                    )
                 }
                 Err(_) => {
                     ok = false;

@@ -640,8 +640,10 @@ fn check_outputs(
             .is_some_and(|d| d.to_string_lossy().contains("{peer}"))
         {
             return Err(ServeError::CheckOutput(anyhow::anyhow!(
-                "{flag} {}: {{peer}} is replaced in the file's name only, not in its directory (e.g. DIR/rec-{{peer}}.txt)",
-                p.display()
+                "{flag} {}: {{peer}} is replaced in the file's name only, not in its directory (e.g. {}/{{peer}}-{})",
+                p.display(),
+                p.parent().and_then(|d| d.parent()).unwrap_or(std::path::Path::new(".")).display(),
+                p.file_name().map_or("out".into(), |f| f.to_string_lossy())
             )));
         }
         let out = OutputPath::check(p, flag).map_err(ServeError::CheckOutput)?;

@@ -95,6 +95,11 @@ impl Holes {
         let mut out = [const { Ok(()) }; MAX_HOLES + 1];
         r.store.fill_batch(&mut list[..n], &mut out[..n]);
         let [first, holes @ ..] = out;
+        if first.is_ok() {
+            // Installed from the scratch (`copy_run`'s prefilled source,
+            // which counts nothing itself).
+            r.stats.store_fills.fetch_add(run.len() as u64, Relaxed);
+        }
         for (i, res) in holes[..self.n].iter().enumerate() {
             if res.is_ok() {
                 self.filled |= 1 << i;

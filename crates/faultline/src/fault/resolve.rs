@@ -400,7 +400,8 @@ pub(crate) fn resolve(
         let placed = matches!(step, Step::Done | Step::Exists);
         let mut rest_installed = 0;
         if !wake_first {
-            rest_installed = install_parts(r, rest.take(), placed, piece, scratch, installed);
+            rest_installed =
+                install_parts(r, rest.take(), placed, piece, ahead, scratch, installed);
         }
         if wake {
             let woken = match &step {
@@ -424,7 +425,7 @@ pub(crate) fn resolve(
                 }
             }
         }
-        rest_installed += install_parts(r, rest, placed, piece, scratch, installed);
+        rest_installed += install_parts(r, rest, placed, piece, ahead, scratch, installed);
         let hole_state = r.clean_state();
         let mut around = match step {
             Step::Done if matches!(origin, Origin::Fault) => {
@@ -488,6 +489,7 @@ fn install_parts(
     rest: Option<[Range<usize>; 2]>,
     placed: bool,
     piece: usize,
+    ahead: bool,
     scratch: &mut [u8],
     installed: &mut usize,
 ) -> usize {
@@ -508,23 +510,31 @@ fn install_parts(
     let crew = r.copy_gate.as_ref().and_then(|g| g.crew.get());
     if let Some(crew) = crew.filter(|_| count > 1) {
         let pieces: Vec<Range<usize>> = pieces.collect();
-        let ctx = (r as *const RegionState).cast::<()>();
+        let target = Target { r, ahead };
+        let ctx = (&target as *const Target<'_>).cast::<()>();
         let n = crew.install(ctx, crew_piece, pieces, scratch);
         *installed += n;
         return n;
     }
     pieces
-        .map(|p| install_piece(r, p, scratch, installed))
+        .map(|p| install_piece(r, p, ahead, scratch, installed))
         .sum()
 }
 
-/// A crew's install of one piece of the `RegionState` at `ctx` (the
-/// crew's [`Run`](super::crew::Run)); a member's pieces are counted in
-/// the region's `helped`.
+/// What a crew member installs into: the region, and whether the window
+/// is run-ahead's (its pages counted as such: `finish`).
+struct Target<'a> {
+    r: &'a RegionState,
+    ahead: bool,
+}
+
+/// A crew's install of one piece of the [`Target`] at `ctx` (the crew's
+/// [`Run`](super::crew::Run)); a member's pieces are counted in the
+/// region's `helped`.
 ///
 /// # Safety
 ///
-/// `ctx` points at a live `RegionState` (the poster's, which waits).
+/// `ctx` points at a live `Target` (the poster's, which waits).
 unsafe fn crew_piece(
     ctx: *const (),
     piece: Range<usize>,
@@ -533,11 +543,11 @@ unsafe fn crew_piece(
 ) -> usize {
     // SAFETY: the caller's contract (`Crew::install` calls it only while
     // the poster, which borrows the region, waits).
-    let r = unsafe { &*ctx.cast::<RegionState>() };
+    let t = unsafe { &*ctx.cast::<Target<'_>>() };
     let mut n = 0;
-    install_piece(r, piece, scratch, &mut n);
+    install_piece(t.r, piece, t.ahead, scratch, &mut n);
     if member {
-        r.stats.helped.fetch_add(1, Relaxed);
+        t.r.stats.helped.fetch_add(1, Relaxed);
     }
     n
 }
@@ -548,21 +558,24 @@ unsafe fn crew_piece(
 fn install_piece(
     r: &RegionState,
     piece: Range<usize>,
+    ahead: bool,
     scratch: &mut [u8],
     installed: &mut usize,
 ) -> usize {
     let _gate = r.copy_gate.as_ref().map(CopyGate::hold);
-    install_rest(r, piece, scratch, installed)
+    install_rest(r, piece, ahead, scratch, installed)
 }
 
 /// Installs `part` of a fault's window after its faulting page (wake
 /// first, or a piece under a copy gate): its pages are claimed and absent; whatever fails (a store
 /// error, EAGAIN, EEXIST part-way) only releases the claims of what was
 /// not installed, leaving those pages to their own faults (a neighbour's
-/// failure never poisons a page). Returns the pages installed.
+/// failure never poisons a page). `ahead`: the window is run-ahead's,
+/// its pages counted as populated ahead. Returns the pages installed.
 fn install_rest(
     r: &RegionState,
     part: Range<usize>,
+    ahead: bool,
     scratch: &mut [u8],
     installed: &mut usize,
 ) -> usize {
@@ -582,7 +595,7 @@ fn install_rest(
             return 0;
         }
     };
-    let _ = finish(r, part.clone(), part.start, out, state, false, installed);
+    let _ = finish(r, part.clone(), part.start, out, state, ahead, installed);
     *installed - before
 }
 

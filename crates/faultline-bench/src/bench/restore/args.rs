@@ -112,8 +112,9 @@ pub struct RestoreArgs {
     /// /dev/kvm): a guest reads the working set, so every fault is KVM's
     /// (an EPT violation resolved by `get_user_pages` in the kernel), as a
     /// real VMM's guest's is. No per-touch latencies or phases then (the
-    /// guest is not timed page by page); not with --compute-us or the
-    /// huge-page configurations.
+    /// guest is not timed page by page); not with --compute-us. In the
+    /// huge-page configurations the guest's memory is 2 MiB hugetlb
+    /// pages, which KVM maps 2 MiB at a time.
     #[arg(long, conflicts_with = "compute_us")]
     pub kvm: bool,
     /// Do not evict the CPU caches before each run (by default a buffer

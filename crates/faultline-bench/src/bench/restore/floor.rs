@@ -408,8 +408,14 @@ pub fn print(ctx: &mut BenchCtx, floors: &[(f64, String, Floor)]) {
         }
         for (what, bps) in cases.into_iter().filter(|c| c.1 > 0.0) {
             let s = Summary::from_ns(&mut [f.bytes as f64 / bps * 1e9]);
+            let op = match what.split_whitespace().next() {
+                Some("memcpy") => "memcpy",
+                Some("MADV_POPULATE_READ") => "POPULATE",
+                Some("UFFDIO_CONTINUE") => "CONTINUE",
+                _ => "COPY",
+            };
             ctx.report.push(
-                Record::new("restore-floor", what, "COPY", "read", &s)
+                Record::new("restore-floor", what, op, "read", &s)
                     .with("working_set_pct", *ws)
                     .with("working_set", label.as_str())
                     .with("bytes", f.bytes as u64)

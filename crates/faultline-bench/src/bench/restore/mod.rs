@@ -246,8 +246,9 @@ fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()>
     results.print(ctx, a, &copies.populated, &floors)
 }
 
-/// Refuses unknown configurations, patterns and cache states before any
-/// work.
+/// Refuses unknown configurations, patterns and cache states, and any
+/// of them named twice (two rows of one name: which one would a ratio
+/// use?), before any work.
 fn check_names(a: &RestoreArgs) -> anyhow::Result<()> {
     for p in &a.pattern {
         if !PATTERNS.contains(&p.as_str()) {
@@ -265,6 +266,21 @@ fn check_names(a: &RestoreArgs) -> anyhow::Result<()> {
     for c in &a.cache {
         if c != "warm" && c != "cold" {
             bail!("unknown cache state {c:?} (warm, cold)");
+        }
+    }
+    for (flag, names) in [
+        ("--pattern", &a.pattern),
+        ("--configs", &a.configs),
+        ("--cache", &a.cache),
+    ] {
+        for (i, n) in names.iter().enumerate() {
+            if let Some(first) = names[..i].iter().position(|m| m == n) {
+                bail!(
+                    "{flag}: {n:?} is named twice (entries {} and {})",
+                    first + 1,
+                    i + 1
+                );
+            }
         }
     }
     Ok(())
@@ -427,5 +443,47 @@ impl Session<'_> {
             .zip(all_runs)
             .map(|(cfg, runs)| (cfg.to_string(), Run::median(&runs)))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        a: super::RestoreArgs,
+    }
+
+    fn check(args: &[&str]) -> anyhow::Result<()> {
+        let cmd = Cmd::try_parse_from(std::iter::once("restore").chain(args.iter().copied()))?;
+        super::check_names(&cmd.a)
+    }
+
+    #[test]
+    fn names_unknown_or_given_twice_are_refused() {
+        check(&["--configs", "kernel,on-demand-per-cpu-shared-huge"]).unwrap();
+        for (args, why) in [
+            (
+                &["--configs", "kernel,nope"][..],
+                "unknown configuration \"nope\"",
+            ),
+            (
+                &["--configs", "kernel,on-demand,kernel"][..],
+                "--configs: \"kernel\" is named twice (entries 1 and 3)",
+            ),
+            (
+                &["--cache", "warm,warm"][..],
+                "--cache: \"warm\" is named twice",
+            ),
+            (
+                &["--pattern", "sweep,sweep"][..],
+                "--pattern: \"sweep\" is named twice",
+            ),
+        ] {
+            let e = check(args).unwrap_err().to_string();
+            assert!(e.contains(why), "{args:?}: {e}");
+        }
     }
 }
