@@ -162,11 +162,12 @@ fn end(state: &State, peer: &Arc<ForeignPeer>, mut outcome: String, forget: bool
         }),
     };
     say(format_args!(
-        "peer {n} (pid {pid}): {outcome}; {} faults in {} reads, {} pages installed ({} around faulting pages), {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched; handler threads' CPU so far {:.1} ms ({} sleeps), prefetch helpers' {:.1} ms",
+        "peer {n} (pid {pid}): {outcome}; {} faults in {} reads, {} pages installed ({} around faulting pages, {} run ahead), {} REMOVE events ({} pages), {} deferred (EAGAIN), {} EEXIST, {} prefetched; handler threads' CPU so far {:.1} ms ({} sleeps), prefetch helpers' {:.1} ms",
         s.faults,
         s.reads,
         s.regions.installed,
         s.regions.around,
+        s.run_ahead_pages,
         s.removes,
         s.removed_pages,
         s.deferred,
