@@ -233,12 +233,18 @@ pub fn start(dir: &Dir, name: &str, cmd: &[&str], extra: &[&str]) -> Proc {
     Proc::start(name, cmd, &args, &dir.path(&format!("{name}.err")))
 }
 
-/// Starts serve (`cmd`) on `dir` with `--timeout 20 EXTRA` as `serve`;
-/// returns once its socket is bound.
+/// Starts serve (`cmd`) on `dir` with `--timeout 20 EXTRA` (`EXTRA`
+/// alone when it gives its own `--timeout`) as `serve`; returns once its
+/// socket is bound.
 pub fn serve(dir: &Dir, cmd: &[&str], extra: &[&str]) -> Proc {
-    let mut args = vec!["--timeout", "20"];
-    args.extend_from_slice(extra);
-    bound(dir, start(dir, "serve", cmd, &args))
+    bound(dir, start(dir, "serve", cmd, &with_timeout(extra)))
+}
+
+/// `--timeout 20 EXTRA`, or `EXTRA` when it has a `--timeout` of its own.
+fn with_timeout<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let own = extra.contains(&"--timeout");
+    let default: &[&str] = if own { &[] } else { &["--timeout", "20"] };
+    [default, extra].concat()
 }
 
 /// [`serve`] started with its descriptor limit set to `limit`.
@@ -248,7 +254,7 @@ pub fn serve_with_fd_limit(
     extra: &[&str],
     limit: faultline_sys::process::FdLimit,
 ) -> Proc {
-    let args = command(dir, &[&["--timeout", "20"][..], extra].concat());
+    let args = command(dir, &with_timeout(extra));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let p = Proc::start_with_fd_limit("serve", cmd, &args, limit, &dir.path("serve.err"));
     bound(dir, p)
@@ -277,12 +283,7 @@ pub fn serve_again(dir: &Dir, cmd: &[&str], args: &[&str], held: usize) -> Proc 
         "serve.err",
         &format!("holding {held} peer(s) for the next serve"),
     );
-    start(
-        dir,
-        "again",
-        cmd,
-        &[&["--timeout", "20"][..], args].concat(),
-    )
+    start(dir, "again", cmd, &with_timeout(args))
 }
 
 /// The pid of the keeper of `dir`'s serve (`--takeover`), from serve's

@@ -412,6 +412,29 @@ fn a_kvm_guest_in_huge_pages_reads_its_memory_through_serve() {
 }
 
 #[test]
+fn a_handshake_whose_page_size_is_not_its_mappings_is_refused() {
+    // Hugetlb memory declared with 4 KiB pages (a handshake without a
+    // page size): refused at the hand-off, saying both sizes (every
+    // install would fail with EINVAL at the VM's first fault).
+    let Some(_pool) = huge_pool(8, "hugetlb regions") else {
+        return;
+    };
+    let dir = Dir::new("huge-said-4k", 8 * MIB);
+    let mut s = serve(&dir, &["--peers", "1"]);
+    let mut p = peer(&dir, "p", &["--huge", "--variant", "none"]);
+    let st = p.wait(WAIT);
+    assert!(!st.success(), "{st}");
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains(
+            "refused: region 0: the handshake says 4096-byte pages, the peer's mapping at"
+        ) && log.contains("has 2097152-byte pages"),
+        "{log}"
+    );
+}
+
+#[test]
 fn hugetlb_regions_are_served_and_prefetched() {
     // Two 4 MiB regions of 2 MiB hugetlb pages: on demand, then a record
     // and a prefetch of it; every byte compared each time.
@@ -1916,7 +1939,11 @@ fn a_vmm_served_unprotected_is_deposited_once_the_keeper_answers() {
 /// the process, those arguments and the metrics socket's path.
 fn takeover_with_metrics(dir: &Dir) -> (Proc, Vec<String>, PathBuf) {
     let metrics = dir.path("metrics.sock");
-    let args: Vec<String> = ["--takeover", "--peers", "1", "--metrics"]
+    // Its keeper is killed and replaced before any peer comes: the
+    // replacement's waits (the dead keeper's name freed, up to 10 s; a
+    // keeper's start, up to 5 s) must not run into the idle timeout on a
+    // loaded machine (20 s: seen once in CI, serve gone before the peer).
+    let args: Vec<String> = ["--timeout", "60", "--takeover", "--peers", "1", "--metrics"]
         .iter()
         .map(|a| a.to_string())
         .chain([metrics.to_str().unwrap().to_string()])

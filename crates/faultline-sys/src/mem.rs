@@ -757,6 +757,8 @@ pub struct VmaInfo {
     pub inode: u64,
     /// The mapped file's device, (major, minor).
     pub dev: (u32, u32),
+    /// Its page size (2 MiB for hugetlb memory of that size).
+    pub page_size: u64,
 }
 
 /// `struct procmap_query` (`include/uapi/linux/fs.h`, Linux 6.11).
@@ -815,6 +817,7 @@ pub fn procmap_query(maps: &impl AsRawFd, addr: u64) -> Result<Option<VmaInfo>, 
         offset: q.vma_offset,
         inode: q.inode,
         dev: (q.dev_major, q.dev_minor),
+        page_size: q.vma_page_size,
     }))
 }
 

@@ -30,6 +30,22 @@ pub enum ForeignError {
         /// The size asked for.
         bytes: u64,
     },
+    /// The handshake's page size of a region is not its mapping's (a
+    /// hugetlb region declared with 4 KiB pages: every install would fail
+    /// with EINVAL, the VM killed at its first fault).
+    #[error(
+        "region {index}: the handshake says {said}-byte pages, the peer's mapping at {addr:#x} has {mapped}-byte pages"
+    )]
+    PageSizeMismatch {
+        /// Region index.
+        index: usize,
+        /// Its base address.
+        addr: u64,
+        /// The page size the handshake gave.
+        said: u64,
+        /// The page size of the peer's mapping there.
+        mapped: u64,
+    },
     /// A region's geometry is invalid.
     #[error("region {index}: {source}")]
     Geometry {

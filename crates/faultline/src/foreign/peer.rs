@@ -268,6 +268,30 @@ impl ForeignRegion {
     }
 }
 
+/// Refuses a region whose handshake page size is not the page size of
+/// process `pid`'s mapping there (`PROCMAP_QUERY`). Where the peer's maps
+/// cannot be read (another user, a kernel before 6.11, the peer gone) the
+/// installs say it instead.
+fn check_page_sizes(pid: i32, specs: &[ForeignRegionSpec]) -> Result<(), ForeignError> {
+    let Ok(maps) = std::fs::File::open(format!("/proc/{pid}/maps")) else {
+        return Ok(());
+    };
+    for (index, s) in specs.iter().enumerate() {
+        let Ok(Some(v)) = faultline_sys::mem::procmap_query(&maps, s.base) else {
+            continue;
+        };
+        if v.start <= s.base && v.page_size != 0 && v.page_size != s.page_size {
+            return Err(ForeignError::PageSizeMismatch {
+                index,
+                addr: s.base,
+                said: s.page_size,
+                mapped: v.page_size,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A peer: its userfaultfd, its regions and what it asked for. Built with
 /// [`ForeignPeer::new`], served once added to a
 /// [`ForeignEngine`](super::ForeignEngine). See the module docs.
@@ -361,6 +385,9 @@ impl ForeignPeer {
             });
         }
         check_layout(specs, store.len())?;
+        if let Some(pid) = opts.pid {
+            check_page_sizes(pid, specs)?;
+        }
         let mut armed = dirty::Armed::default();
         if let Some(snap) = &opts.shared {
             let minor = if snap.page_size() == PageSize::BASE {
