@@ -268,8 +268,12 @@ fn killed_mid_prefetch_every_peer_finishes() {
             .map(|i| peer(&dir, i, &["--go-file", go_arg]))
             .collect();
         assert_died_at(&mut s, &dir, "prefetch-run");
-        let served = dir.text("serve.err").matches("): serving ").count();
-        assert_eq!(served, 4, "{}", dir.text("serve.err"));
+        // The kill at run 3 x 1366 + 600 means a 4th peer was prefetching;
+        // its "serving" line may not be out yet (said after its prefetch
+        // is queued: seen once in CI under load, 3 lines). The keeper's
+        // count of the peers it holds (4) is waited for below.
+        let log = dir.text("serve.err");
+        assert!(log.matches("): serving ").count() >= 3, "{log}");
         take_over_and_finish(&dir, &keeper, 4, peers, &[], &serve_extra, Some(&go));
     }
 }
