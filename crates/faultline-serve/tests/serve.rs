@@ -2355,6 +2355,8 @@ fn run_ahead_from_a_redis_store_counts_what_it_read() {
         "--working-set",
         "60",
         "--verify-all",
+        "--compute-us",
+        "20",
     ];
     let mut p = peer(&dir, "peer", &sweep);
     assert_ok(&mut p, &dir);
@@ -2373,14 +2375,27 @@ fn run_ahead_from_a_redis_store_counts_what_it_read() {
 fn run_ahead_installs_ahead_of_sweeping_vcpus_and_every_byte_is_right() {
     // --run-ahead: a populator per region installs ahead of each vCPU's
     // sweep (its pages counted apart), in copy and in shared mode; off by
-    // default and while recording.
-    let sweep = ["--pattern", "sweep", "--working-set", "60", "--verify-all"];
+    // default and while recording. The vCPUs compute 20 us a page, as a
+    // guest does between touches: the populator gets a CPU beside them
+    // (touch-only sweeps on a loaded 2-CPU machine can finish before it
+    // runs: seen once in CI, 0 pages ahead in shared mode).
+    let sweep = [
+        "--pattern",
+        "sweep",
+        "--working-set",
+        "60",
+        "--verify-all",
+        "--compute-us",
+        "20",
+    ];
     let (s, _) = served_once("run-ahead", &["--run-ahead", "1M"], &sweep);
     assert!(s["run_ahead"].as_u64().unwrap() > 0, "{s}");
     run_ahead_counted(&s);
     let dir = Dir::new("run-ahead-shared", 16 * MIB);
     let snap = Shm::new("run-ahead-shared");
-    let mut serve = serve_shared_one(&dir, &snap, &["--run-ahead", "1M"]);
+    // More than shared mode's largest window (2 MiB), which would leave
+    // a populator 1 MiB ahead nothing to install.
+    let mut serve = serve_shared_one(&dir, &snap, &["--run-ahead", "8M"]);
     let mut p = shared_peer(&dir, "p", &snap, &sweep);
     assert_ok(&mut p, &dir);
     assert_ok(&mut serve, &dir);
