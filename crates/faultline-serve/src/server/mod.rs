@@ -636,14 +636,16 @@ fn check_outputs(
     let mut outputs: Vec<(OutputPath, &str)> = Vec::new();
     for (path, flag) in flags {
         let Some(p) = path else { continue };
-        if p.parent()
-            .is_some_and(|d| d.to_string_lossy().contains("{peer}"))
+        if let Some(dir) = p
+            .parent()
+            .filter(|d| d.to_string_lossy().contains("{peer}"))
         {
+            let above = dir.parent().unwrap_or(std::path::Path::new("."));
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
             return Err(ServeError::CheckOutput(anyhow::anyhow!(
-                "{flag} {}: {{peer}} is replaced in the file's name only, not in its directory (e.g. {}/{{peer}}-{})",
+                "{flag} {}: {{peer}} is replaced in the file's name only, not in its directory (e.g. {}/{{peer}}-{name})",
                 p.display(),
-                p.parent().and_then(|d| d.parent()).unwrap_or(std::path::Path::new(".")).display(),
-                p.file_name().map_or("out".into(), |f| f.to_string_lossy())
+                above.display(),
             )));
         }
         let out = OutputPath::check(p, flag).map_err(ServeError::CheckOutput)?;

@@ -339,15 +339,43 @@ pub fn print(ctx: &mut BenchCtx, floors: &[(f64, String, Floor)]) {
     let mut rows = Vec::new();
     for (ws, label, f) in floors {
         let cases = [
-            ("memcpy", f.memcpy_bps),
-            ("MADV_POPULATE_READ of the source", f.populate_bps),
-            ("UFFDIO_COPY, source populated", f.copy_populated_bps),
-            ("UFFDIO_COPY, source not populated", f.copy_unpopulated_bps),
-            ("UFFDIO_COPY, populated, 2 threads", f.copy_populated_2t_bps),
-            ("UFFDIO_COPY, populated, 4 KiB per ioctl", f.copy_page_bps),
-            ("UFFDIO_CONTINUE (shared tmpfs copy)", f.continue_bps),
-            ("UFFDIO_CONTINUE, 2 threads", f.continue_2t_bps),
-            ("UFFDIO_CONTINUE, 4 KiB per ioctl", f.continue_page_bps),
+            ("memcpy", "memcpy", f.memcpy_bps),
+            (
+                "MADV_POPULATE_READ of the source",
+                "POPULATE",
+                f.populate_bps,
+            ),
+            (
+                "UFFDIO_COPY, source populated",
+                "COPY",
+                f.copy_populated_bps,
+            ),
+            (
+                "UFFDIO_COPY, source not populated",
+                "COPY",
+                f.copy_unpopulated_bps,
+            ),
+            (
+                "UFFDIO_COPY, populated, 2 threads",
+                "COPY",
+                f.copy_populated_2t_bps,
+            ),
+            (
+                "UFFDIO_COPY, populated, 4 KiB per ioctl",
+                "COPY",
+                f.copy_page_bps,
+            ),
+            (
+                "UFFDIO_CONTINUE (shared tmpfs copy)",
+                "CONTINUE",
+                f.continue_bps,
+            ),
+            ("UFFDIO_CONTINUE, 2 threads", "CONTINUE", f.continue_2t_bps),
+            (
+                "UFFDIO_CONTINUE, 4 KiB per ioctl",
+                "CONTINUE",
+                f.continue_page_bps,
+            ),
         ];
         let set = [
             (
@@ -406,14 +434,8 @@ pub fn print(ctx: &mut BenchCtx, floors: &[(f64, String, Floor)]) {
                 format!("{:.2}", secs * 1e3),
             ]);
         }
-        for (what, bps) in cases.into_iter().filter(|c| c.1 > 0.0) {
+        for (what, op, bps) in cases.into_iter().filter(|c| c.2 > 0.0) {
             let s = Summary::from_ns(&mut [f.bytes as f64 / bps * 1e9]);
-            let op = match what.split_whitespace().next() {
-                Some("memcpy") => "memcpy",
-                Some("MADV_POPULATE_READ") => "POPULATE",
-                Some("UFFDIO_CONTINUE") => "CONTINUE",
-                _ => "COPY",
-            };
             ctx.report.push(
                 Record::new("restore-floor", what, op, "read", &s)
                     .with("working_set_pct", *ws)
