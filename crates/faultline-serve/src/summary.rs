@@ -114,7 +114,8 @@ pub struct Handoff {
     pub built_ns: u64,
     /// Its prefetch was queued.
     pub queued_ns: u64,
-    /// It was handed to the handler threads.
+    /// It was listed as served and said so, and is handed to the handler
+    /// threads next.
     pub serving_ns: u64,
     /// The first fault message was read.
     pub first_fault_ns: u64,

@@ -247,6 +247,15 @@ fn with_timeout<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     [default, extra].concat()
 }
 
+/// [`serve`] started with `env` added to its environment (a failpoint,
+/// say).
+pub fn serve_with_env(dir: &Dir, cmd: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Proc {
+    let args = command(dir, &with_timeout(extra));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let p = Proc::start_with_env("serve", cmd, &args, env, &dir.path("serve.err"));
+    bound(dir, p)
+}
+
 /// [`serve`] started with its descriptor limit set to `limit`.
 pub fn serve_with_fd_limit(
     dir: &Dir,
@@ -261,10 +270,14 @@ pub fn serve_with_fd_limit(
 }
 
 /// `p`, once `dir`'s serve socket is bound.
-fn bound(dir: &Dir, p: Proc) -> Proc {
+fn bound(dir: &Dir, mut p: Proc) -> Proc {
     let deadline = Instant::now() + WAIT;
     while !dir.sock().exists() {
-        assert!(Instant::now() < deadline, "serve never bound its socket");
+        assert!(
+            Instant::now() < deadline && p.running(),
+            "serve never bound its socket: {}",
+            dir.text("serve.err")
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     p

@@ -501,6 +501,44 @@ fn record_then_prefetch_gives_identical_bytes() {
     assert!(!log.contains(" 0 prefetched"), "{log}");
 }
 
+/// A peer is named in serve's log before anything else is said of it:
+/// its prefetch starts once it is listed and its "serving" line is out.
+/// The peer's handshake comes late, so serve sets it up on a thread of
+/// its own while the listener says events; serve is held 300 ms just
+/// after it built the peer (a failpoint). When the engine had the peer
+/// before it was listed, its prefetch of 16 pages ended meanwhile and was
+/// said of "peer 0 (pid 0)", before its "serving" line.
+#[test]
+fn a_peer_is_named_before_its_prefetch_can_end() {
+    let dir = Dir::new("named-first", 4 * MIB);
+    let rec = dir.path("set.txt");
+    let offsets: Vec<u64> = (0..16).map(|i| i * 4096).collect();
+    faultline_serve::record::write(&rec, &offsets).unwrap();
+    let args = ["--peers", "1", "--prefetch", rec.to_str().unwrap()];
+    let env = [(faultline_sys::failpoint::ENV, "peer-built!sleep=300")];
+    let mut s = testing::serve_with_env(&dir, SERVE, &args, &env);
+    let peer_args = [
+        "--working-set",
+        "25",
+        "--compute-us",
+        "200",
+        "--verify-all",
+        "--handshake-delay-ms",
+        "50",
+    ];
+    let mut p = peer(&dir, "p", &peer_args);
+    let pid = p.pid();
+    assert_ok(&mut p, &dir);
+    assert_ok(&mut s, &dir);
+    let log = dir.text("serve.err");
+    let serving = log.find(&format!("peer 1 (pid {pid}): serving "));
+    let done = log.find(&format!("peer 1 (pid {pid}): prefetch done: 16 pages"));
+    assert!(
+        matches!((serving, done), (Some(s), Some(d)) if s < d),
+        "{log}"
+    );
+}
+
 /// `dir`'s memory file (`bytes` long) put in `server` as "snap", and
 /// serve started on it (`--store`, one peer); its URL.
 #[cfg(feature = "redis")]

@@ -191,6 +191,10 @@ pub struct PeerArgs {
     /// Seconds to wait for the socket to appear. Default 10.
     #[arg(long, default_value_t = 10.0)]
     pub connect_timeout: f64,
+    /// Milliseconds between connecting and sending the handshake (a slow
+    /// VMM: serve then sets it up on a thread of its own).
+    #[arg(long, default_value_t = 0)]
+    pub handshake_delay_ms: u64,
     /// Keep TSC stamps (before, after) of each vCPU thread's last N slow
     /// touches (over 1 us: the ones that waited for a fault) and write
     /// them to --json (`touch_stamps`): joined by page with serve's

@@ -110,6 +110,7 @@ pub fn run(args: PeerArgs) -> anyhow::Result<()> {
             u.register(base, len as u64, mode)?;
         }
         let conn = connect(&args)?;
+        std::thread::sleep(Duration::from_millis(args.handshake_delay_ms));
         t0 = (Instant::now(), faultline_sys::monotonic_ns());
         if send_handshake(&args, &conn, &u, &layout, ps as u64, file_len as u64)? {
             return Ok(());

@@ -410,9 +410,14 @@ fn set_up(
     let Chosen { snapshot, .. } = chosen;
     let taken = matches!(origin, Origin::Adopted { .. });
     let built = build::build(state, n, conn, uffd, &specs, snapshot, &mut handoff, origin)?;
+    faultline_sys::failpoint::hit("peer-built");
     if built.peer.is_shared() {
         state.shared_peers.fetch_add(1, SeqCst);
     }
+    // Listed and said before the engine has it: from then on its events
+    // (its prefetch's end, its hang-up) can come at any moment, and they
+    // name it from the list.
+    handoff.serving_ns = faultline_sys::monotonic_ns();
     let served = Served {
         id: built.peer.id(),
         n,
@@ -422,10 +427,11 @@ fn set_up(
         kept: built.kept,
     };
     report(state, served, &built, mode, specs.len(), total, taken);
-    Ok(built.peer)
+    Ok(state.engine.add(built.peer))
 }
 
-/// Step 4: the peer joins the served list, and the operator is told.
+/// Step 4: the peer joins the served list, and the operator is told; the
+/// engine gets it next.
 fn report(
     state: &State,
     served: Served,

@@ -58,10 +58,12 @@ pub enum Origin<'a> {
     },
 }
 
-/// A peer being served.
+/// A peer ready to be served, not yet handed to the engine.
 pub struct Built {
-    /// The peer, as the engine holds it.
-    pub peer: Arc<ForeignPeer>,
+    /// The peer, not yet the engine's: its queued prefetch starts when
+    /// it is (the served list must hold it by then, or events about it,
+    /// such as its prefetch's end, find no name).
+    pub peer: ForeignPeer,
     /// Whether it records its touches.
     pub record: bool,
     /// Pages of the recorded set queued for it.
@@ -99,8 +101,8 @@ pub enum BuildError {
 }
 
 /// Builds peer `n` on `uffd` with `specs` (from `snapshot` in shared mode)
-/// and hands it to the engine; stamps `built_ns`, `queued_ns` and
-/// `serving_ns` of `handoff`.
+/// and queues its prefetch; stamps `built_ns` and `queued_ns` of
+/// `handoff`.
 #[allow(
     clippy::too_many_arguments,
     reason = "the steps' inputs, each used once"
@@ -230,8 +232,6 @@ pub fn build(
         .as_ref()
         .map(|plan| peer.prefetch_plan(plan, false));
     handoff.queued_ns = faultline_sys::monotonic_ns();
-    let peer = state.engine.add(peer);
-    handoff.serving_ns = faultline_sys::monotonic_ns();
     state.served_one.store(true, SeqCst);
     if record {
         state.set_recorder(Recorder::Peer(peer.id()));
