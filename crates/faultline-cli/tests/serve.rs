@@ -214,6 +214,14 @@ fn bench_restore_sweep_rows_count_faults_per_page_and_wasted_pages() {
     // The set is the first 10% of memory: a window may run past its end,
     // by less than the largest window (512 pages) per vCPU.
     assert!(row["wasted_pages"].as_f64().unwrap() < 2.0 * 512.0, "{row}");
+    // Serve's run-ahead column: none ran (off by default); the kernel's
+    // row has no such column.
+    assert_eq!(row["run_ahead_pages"].as_f64(), Some(0.0), "{row}");
+    let kernel = records
+        .iter()
+        .find(|r| r["bench"] == "restore" && r["mechanism"] == "kernel")
+        .unwrap_or_else(|| panic!("no kernel row: {out}"));
+    assert!(kernel.get("run_ahead_pages").is_none(), "{kernel}");
 }
 
 /// `bench restore`'s dirty-tracked rows: the peer writes the same seeded

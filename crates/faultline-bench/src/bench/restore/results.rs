@@ -20,7 +20,7 @@ use super::takeover::{self, Gap};
 use super::tracked;
 
 /// The main table's columns.
-const COLUMNS: [&str; 19] = [
+const COLUMNS: [&str; 20] = [
     "ws",
     "cache",
     "config",
@@ -33,6 +33,7 @@ const COLUMNS: [&str; 19] = [
     "handler CPU ms",
     "helpers CPU ms",
     "wasted pages",
+    "run ahead",
     "window",
     "MiB read",
     "peer anon MiB",
@@ -176,6 +177,9 @@ impl Results {
             if m.wasted.is_finite() {
                 rec = rec.with("wasted_pages", m.wasted);
             }
+            if m.run_ahead.is_finite() {
+                rec = rec.with("run_ahead_pages", m.run_ahead);
+            }
             if m.window.is_finite() {
                 rec = rec.with("isolated_window_final", m.window);
             }
@@ -249,6 +253,7 @@ impl Results {
                 finite(m.handler_cpu_ms, &|v| format!("{v:.1}")),
                 finite(m.helpers_cpu_ms, &|v| format!("{v:.1}")),
                 finite(m.wasted, &|v| format!("{v:.0}")),
+                finite(m.run_ahead, &|v| format!("{v:.0}")),
                 finite(m.window, &|v| format!("{v:.0}")),
                 format!("{}", m.bytes_read >> 20),
                 // A hugetlbfs page-cache page mapped by one process
@@ -305,7 +310,7 @@ impl Results {
     ) -> anyhow::Result<()> {
         print_table(&COLUMNS, &self.rows);
         println!(
-            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages), per working-set page, and per read(2) of the userfaultfd; handler CPU: serve's handler threads (their wait: --engine); helpers CPU: serve's prefetch helpers (prefetch, and the pieces of long fault windows they copy beside the handler thread); wasted: pages installed that no vCPU touched (copy mode: the peer's resident pages beyond its set; shared mode: the pages serve installed beyond it); window: --adaptive-window's isolated window when the VM ended, pages (median of the runs); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
+            "(ms: handshake to last working-set page; vs X: X's time / this time, higher is faster; faults: demand faults the handler read (kernel rows: the peer's minor faults, each mapping one or more pages), per working-set page, and per read(2) of the userfaultfd; handler CPU: serve's handler threads (their wait: --engine); helpers CPU: serve's prefetch helpers (prefetch, and the pieces of long fault windows they copy beside the handler thread); wasted: pages installed that no vCPU touched (copy mode: the peer's resident pages beyond its set; shared mode: the pages serve installed beyond it); run ahead: pages serve's run-ahead populators installed (--run-ahead, the on-demand-run-ahead rows); window: --adaptive-window's isolated window when the VM ended, pages (median of the runs); peer anon: the VM's private memory after the restore (RssAnon + private hugetlb), shared mode maps the one shared page cache instead)"
         );
         timeline::print(&self.handoff);
         phases::print(&self.phases);

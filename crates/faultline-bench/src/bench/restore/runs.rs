@@ -45,6 +45,9 @@ pub struct Run {
     /// Pages installed that no vCPU touched (the peer's resident pages
     /// beyond its working set; anonymous copy mode only, else NaN).
     pub wasted: f64,
+    /// Pages serve's run-ahead populators installed (`--run-ahead`; NaN:
+    /// not serve).
+    pub run_ahead: f64,
     /// serve's reading and mapping of the recorded set (prefetch), ms.
     pub prepare_ms: f64,
     /// The peer's private memory after the working set (anonymous and
@@ -90,6 +93,7 @@ impl Run {
             handler_cpu_ms: med(&|r| r.handler_cpu_ms),
             helpers_cpu_ms: med(&|r| r.helpers_cpu_ms),
             wasted: med(&|r| r.wasted),
+            run_ahead: med(&|r| r.run_ahead),
             prepare_ms: med(&|r| r.prepare_ms),
             peer_anon_kib: med(&|r| r.peer_anon_kib as f64) as u64,
             preempted: med(&|r| r.preempted as f64) as u64,
@@ -142,6 +146,7 @@ pub fn one(l: &Launcher<'_>, ws: f64, cfg: &str, inputs: &Inputs<'_>) -> anyhow:
         handler_cpu_ms: f64::NAN,
         helpers_cpu_ms: f64::NAN,
         wasted: f64::NAN,
+        run_ahead: f64::NAN,
         prepare_ms: f64::NAN,
         peer_anon_kib: p.rss_anon_kib + p.hugetlb_kib,
         phases: Phases::default(),
@@ -281,6 +286,7 @@ pub(super) fn served(p: PeerReport, s: PeerSummary, prepare_ms: f64, mode: Mode<
         handler_cpu_ms: s.handler_cpu_ms,
         helpers_cpu_ms: s.helpers_cpu_ms,
         wasted,
+        run_ahead: s.run_ahead as f64,
         pages: p.pages as u64,
         seconds: p.seconds,
         median_ns: p.median_ns as f64,
