@@ -2453,6 +2453,11 @@ fn run_ahead_installs_ahead_of_sweeping_vcpus_and_every_byte_is_right() {
     assert_ok(&mut serve, &dir);
     let s = summaries(&dir, "serve.json").remove(0);
     assert_eq!(s["run_ahead"], 0, "{s}");
+    let log = dir.text("serve.err");
+    assert!(
+        log.contains("--run-ahead: off for a peer while it is recorded"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -252,6 +252,18 @@ impl Server {
                 ));
             }
         }
+        if config.run_ahead > 0 {
+            if config.record.is_some() {
+                say(format_args!(
+                    "--run-ahead: off for a peer while it is recorded (the record is the order the VM touched its pages in, not what ran ahead of it)"
+                ));
+            }
+            if config.hand_back {
+                say(format_args!(
+                    "--run-ahead: for peers served by copy only: a peer handed back (--hand-back) takes its faults in the kernel"
+                ));
+            }
+        }
         // The foreign engine serves with handler threads reading the
         // peers' userfaultfds (the only kind that can serve another
         // process: `signal` is refused), waiting as --engine says.
