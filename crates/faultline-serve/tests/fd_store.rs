@@ -392,17 +392,19 @@ fn a_store_with_room_for_two_vmms_keeps_two_whole_and_says_the_others_are_unprot
     assert_eq!(at("faultline_keeper_room_peers"), 2.0, "{text}");
     // Each peer stored, stored whole; nothing of the others.
     let stored = manager.drained();
-    let conns: Vec<&str> = stored
-        .iter()
-        .filter_map(|n| n.strip_prefix("faultline-conn-"))
-        .collect();
-    assert_eq!(conns.len(), 2, "{stored:?}");
-    for kind in ["uffd", "journal", "handshake"] {
-        let of: Vec<&str> = stored
+    // (In any order: two hand-offs may be deposited in either order.)
+    let of = |kind: &str| -> Vec<&str> {
+        let mut v: Vec<&str> = stored
             .iter()
             .filter_map(|n| n.strip_prefix(&format!("faultline-{kind}-")))
             .collect();
-        assert_eq!(of, conns, "{kind}: {stored:?}");
+        v.sort_unstable();
+        v
+    };
+    let conns = of("conn");
+    assert_eq!(conns.len(), 2, "{stored:?}");
+    for kind in ["uffd", "journal", "handshake"] {
+        assert_eq!(of(kind), conns, "{kind}: {stored:?}");
     }
     assert_eq!(stored.len(), 10, "{stored:?}");
     s.kill();
