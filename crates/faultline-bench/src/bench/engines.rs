@@ -307,9 +307,8 @@ pub fn run_latency(ctx: &mut BenchCtx, args: &LatencyArgs) -> anyhow::Result<()>
                 };
                 let (tr, rs, rt) = (mean(|p| p.0), mean(|p| p.1), mean(|p| p.2));
                 let med = |f: fn(&(u64, u64, u64)) -> u64| {
-                    let mut v: Vec<u64> = run.phases.iter().map(f).collect();
-                    v.sort_unstable();
-                    v[v.len() / 2] as f64
+                    let mut v: Vec<f64> = run.phases.iter().map(|p| f(p) as f64).collect();
+                    crate::harness::stats::median(&mut v)
                 };
                 rec = rec
                     .with("trigger_cycles_mean", tr)

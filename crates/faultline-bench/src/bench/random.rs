@@ -45,6 +45,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use crate::harness::report::{fmt_ns, fmt_ratio, print_table, Record};
+use crate::harness::stats::median;
 use crate::harness::stats::Summary;
 use crate::harness::tsc::{rdtsc, tsc};
 use crate::harness::BenchCtx;
@@ -415,11 +416,6 @@ fn run_libumap(path: &Path, shape: &Shape, seed: u64) -> anyhow::Result<Phases> 
         .last()
         .context("the libumap child printed nothing")?;
     serde_json::from_str(last).with_context(|| format!("the libumap child printed {last:?}"))
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_unstable_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// What `bench random` needs, checked before any bench runs: its most

@@ -44,6 +44,7 @@ use crate::graph::csr::read_layout;
 use crate::graph::rmat::{generate, GenOptions, RmatParams};
 use crate::graph::source::{FaultlineOptions, FaultlineSource, GraphSource};
 use crate::harness::report::Record;
+use crate::harness::stats::median;
 use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
 
@@ -134,11 +135,6 @@ fn first_touch(r: &Region, threads: usize) -> f64 {
         }
     });
     t.elapsed().as_secs_f64()
-}
-
-/// Median of `v` (sorts it).
-fn median(v: &mut [f64]) -> f64 {
-    Summary::from_ns(v).median
 }
 
 fn record(bench: &str, mechanism: &str, ns: &mut [f64]) -> Record {

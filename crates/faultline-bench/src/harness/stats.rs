@@ -2,8 +2,10 @@
 //!
 //! Percentiles use the nearest-rank method on the sorted samples: the p-th
 //! percentile is the smallest sample such that at least p % of the samples are
-//! less than or equal to it (rank `ceil(p/100 * n)`, 1-based). The standard
-//! deviation is the sample (n - 1) deviation.
+//! less than or equal to it (rank `ceil(p/100 * n)`, 1-based). The median is
+//! the middle sample, or the mean of the two middle ones for an even count
+//! ([`median_sorted`]: two runs' median is neither the faster nor the
+//! slower). The standard deviation is the sample (n - 1) deviation.
 
 use super::tsc::Tsc;
 
@@ -14,7 +16,7 @@ pub struct Summary {
     pub n: usize,
     /// Arithmetic mean.
     pub mean: f64,
-    /// 50th percentile (nearest rank).
+    /// The median ([`median_sorted`]).
     pub median: f64,
     /// 99th percentile (nearest rank).
     pub p99: f64,
@@ -56,7 +58,7 @@ impl Summary {
         Summary {
             n,
             mean,
-            median: percentile_sorted(ns, 50.0),
+            median: median_sorted(ns),
             p99: percentile_sorted(ns, 99.0),
             p999: percentile_sorted(ns, 99.9),
             max: ns[n - 1],
@@ -64,6 +66,23 @@ impl Summary {
             std,
         }
     }
+}
+
+/// The median of already sorted samples: the middle one, or the mean of
+/// the two middle ones; NaN if empty.
+pub fn median_sorted(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// The median of `v` ([`median_sorted`]); sorts `v` (NaNs last).
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_unstable_by(f64::total_cmp);
+    median_sorted(v)
 }
 
 /// Nearest-rank percentile `p` (0..=100) of already sorted samples; 0 if empty.
@@ -108,12 +127,19 @@ mod tests {
         assert_eq!(s.n, 1000);
         assert_eq!(s.min, 1.0);
         assert_eq!(s.max, 1000.0);
-        assert_eq!(s.median, 500.0);
+        assert_eq!(s.median, 500.5);
         assert_eq!(s.p99, 990.0);
         assert_eq!(s.p999, 999.0);
         assert!((s.mean - 500.5).abs() < 1e-9);
         // Sample std of 1..=n is sqrt(n(n+1)/12).
         assert!((s.std - (1000.0f64 * 1001.0 / 12.0).sqrt()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(&mut [0.23, 7.93]), (0.23 + 7.93) / 2.0);
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert!(median(&mut []).is_nan());
     }
 
     #[test]

@@ -319,8 +319,7 @@ fn report(ctx: &mut BenchCtx, ws: f64, rounds: &[PeersRound]) -> anyhow::Result<
     let mut rows = Vec::new();
     for r in rounds {
         let mut secs = r.seconds.clone();
-        secs.sort_by(f64::total_cmp);
-        let med = secs[secs.len() / 2];
+        let med = crate::harness::stats::median(&mut secs);
         let slowest = secs.last().copied().unwrap_or(0.0);
         let anon_growth = r.peak_anon_kib.saturating_sub(r.idle_anon_kib);
         let s = Summary::from_ns(&mut [med * 1e9]);

@@ -79,8 +79,7 @@ impl Run {
     pub fn median(runs: &[Run]) -> Run {
         let med = |f: &dyn Fn(&Run) -> f64| {
             let mut v: Vec<f64> = runs.iter().map(f).collect();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
+            crate::harness::stats::median(&mut v)
         };
         Run {
             seconds: med(&|r| r.seconds),

@@ -172,7 +172,7 @@ fn median_p99(v: &mut [f64]) -> (f64, f64) {
         return (f64::NAN, f64::NAN);
     }
     let p99 = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
-    (v[v.len() / 2], v[p99])
+    (crate::harness::stats::median_sorted(v), v[p99])
 }
 
 /// The medians (and 99th percentiles) of one (working set, cache)'s gaps.

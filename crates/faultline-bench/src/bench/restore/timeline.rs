@@ -102,8 +102,7 @@ pub fn steps(p: &PeerReport, s: Option<&PeerSummary>) -> Vec<f64> {
 /// The median of the finite values (NaN when none).
 pub fn median_finite(mut v: Vec<f64>) -> f64 {
     v.retain(|x| x.is_finite());
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    crate::harness::stats::median(&mut v)
 }
 
 /// The table row of a configuration's median steps, with the vCPU

@@ -339,8 +339,7 @@ pub(crate) fn run(ctx: &mut BenchCtx, cfg: &B8) -> anyhow::Result<()> {
             .iter()
             .map(|rs| {
                 let mut v: Vec<f64> = rs.iter().map(|r| r.ios as f64 / r.secs).collect();
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
+                crate::harness::stats::median(&mut v)
             })
             .collect();
         let off = iops[0].max(1e-9);

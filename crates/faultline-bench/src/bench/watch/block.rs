@@ -67,9 +67,3 @@ pub fn write_all(p: *mut u8, len: usize) {
         unsafe { std::ptr::write_volatile(p.add(i), i as u8) };
     }
 }
-
-/// The median (upper for an even count); sorts `v`.
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}

@@ -106,9 +106,3 @@ pub fn get_u64(kv: &BTreeMap<String, String>, key: &str, what: &str) -> anyhow::
     v.parse()
         .with_context(|| format!("{what}: `{key}={v}` is not a number"))
 }
-
-/// The nearest-rank median; sorts `v`.
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_unstable_by(f64::total_cmp);
-    crate::harness::stats::percentile_sorted(v, 50.0)
-}

@@ -32,7 +32,8 @@ use faultline_sys::process;
 use serde::Serialize;
 
 use super::block::PAGE;
-use super::cprog::{self, compile, get_u64, median, parse_kv, TempDir};
+use super::cprog::{self, compile, get_u64, parse_kv, TempDir};
+use crate::harness::stats::median;
 
 /// Source of the `-O0` microbenchmark run under GDB (Table 4.6).
 pub const GDBTARGET_C: &str = include_str!("../../../../../tools/watchbench/gdbtarget.c");

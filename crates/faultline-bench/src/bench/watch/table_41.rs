@@ -9,10 +9,10 @@
 use anyhow::Context;
 
 use super::args::WatchArgs;
-use super::block::{block, median, watcher, PAGE};
+use super::block::{block, watcher, PAGE};
 use super::sigwatch;
 use crate::harness::report::{print_table, Record};
-use crate::harness::stats::Summary;
+use crate::harness::stats::{median, Summary};
 use crate::harness::tsc::{rdtsc, tsc};
 use crate::harness::BenchCtx;
 

@@ -8,11 +8,11 @@
 use std::time::Instant;
 
 use super::args::WatchArgs;
-use super::block::{block, median, watcher, write_all, PAGE};
+use super::block::{block, watcher, write_all, PAGE};
 use super::gdb;
 use crate::harness::plot;
 use crate::harness::report::{print_table, Record};
-use crate::harness::stats::Summary;
+use crate::harness::stats::{median, Summary};
 use crate::harness::BenchCtx;
 
 /// Thesis Table 4.3 (sparse): (WPs, pages spanned, FPs, slowdown lookup, no lookup).

@@ -7,11 +7,11 @@
 use std::time::{Duration, Instant};
 
 use super::args::WatchArgs;
-use super::block::{block, median, watcher, write_all, PAGE};
+use super::block::{block, watcher, write_all, PAGE};
 use super::{cprog, gdb};
 use crate::harness::plot;
 use crate::harness::report::{fmt_ratio, print_table, Record};
-use crate::harness::stats::Summary;
+use crate::harness::stats::{median, Summary};
 use crate::harness::tsc::tsc;
 use crate::harness::BenchCtx;
 

@@ -287,8 +287,8 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
     );
     let spread = |r: &[f64]| {
         let mut r = r.to_vec();
-        r.sort_by(f64::total_cmp);
-        (r[r.len() / 2], r[0], r[r.len() - 1])
+        let med = crate::harness::stats::median(&mut r);
+        (med, r[0], r[r.len() - 1])
     };
     let names = modes
         .iter()
