@@ -60,7 +60,7 @@ impl PageStore for MemoryStore {
         Tail::Refuse
     }
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let off = offset as usize;
+        let off = usize::try_from(offset).unwrap_or(usize::MAX);
         let avail = self.len.saturating_sub(off).min(buf.len());
         // SAFETY: `off + avail <= len`; the source is our buffer and does
         // not overlap `buf` (a caller's scratch buffer).
@@ -69,20 +69,29 @@ impl PageStore for MemoryStore {
         Ok(())
     }
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        let off = offset as usize;
-        if off + data.len() > self.len {
+        let end = usize::try_from(offset)
+            .ok()
+            .and_then(|off| off.checked_add(data.len()));
+        if end.is_none_or(|end| end > self.len) {
             return Err(StoreError::Failed {
                 offset,
                 reason: "write-back past the end of the memory store".into(),
             });
         }
-        // SAFETY: in bounds (checked); pages are written back by one thread
-        // at a time (type docs).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.bytes().add(off), data.len()) };
+        // SAFETY: in bounds (checked: `offset + data.len() <= len`, without
+        // overflow); pages are written back by one thread at a time (type
+        // docs).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.bytes().add(offset as usize),
+                data.len(),
+            )
+        };
         Ok(())
     }
     fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
-        let off = offset as usize;
+        let off = usize::try_from(offset).ok()?;
         if off.checked_add(len)? > self.len {
             return None;
         }
@@ -91,5 +100,24 @@ impl PageStore for MemoryStore {
     }
     fn signal_safe(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_back_whose_end_overflows_is_refused() {
+        let s = MemoryStore::new(vec![1; 8192]);
+        // offset + len wraps around: it was accepted, and wrote before
+        // the buffer in a release build.
+        assert!(s.write_back(u64::MAX - 63, &[0xee; 128]).is_err());
+        assert!(s.write_back(8192 - 64, &[0xee; 128]).is_err());
+        assert!(s.write_back(8192 - 128, &[0xee; 128]).is_ok());
+        assert!(s.view(u64::MAX - 63, 128).is_none());
+        let mut buf = [7u8; 16];
+        s.fill(u64::MAX - 8, &mut buf).unwrap();
+        assert_eq!(buf, [0; 16]);
     }
 }
