@@ -389,6 +389,87 @@ fn drop_with_faults_in_flight_never_hands_out_zero_pages_signal() {
     );
 }
 
+/// A region dropped while its store still reads a page leaks its state
+/// (the drain timeout ran out); the next region of the same length on the
+/// same engine must not receive that read's bytes when the store answers.
+/// The leaked range stayed unmapped before, so the next region was mapped
+/// at the same address and the late `UFFDIO_COPY` installed the dropped
+/// region's page in it.
+fn drop_leaked_then_new_region_child(kind: EngineKind) {
+    install_fixup();
+    let len = 16 * 4096;
+    let store = Arc::new(SlowStore {
+        inner: MemoryStore::new(pattern(len)),
+        delay: Duration::from_millis(1000),
+        entered: AtomicUsize::new(0),
+    });
+    let engine = engine_of(kind);
+    let old = Region::builder(len)
+        .shared_store(store.clone())
+        .fault_around(1)
+        .drain_timeout(Duration::from_millis(50))
+        .build_dyn(engine.clone())
+        .unwrap();
+    DROPPED_BASE.store(old.addr(), SeqCst);
+    DROPPED_LEN.store(len as u64, SeqCst);
+    let base = old.as_ptr() as usize;
+    let reader = std::thread::spawn(move || read(base as *const u8, 0));
+    assert!(wait_until(Duration::from_secs(5), || store
+        .entered
+        .load(SeqCst)
+        >= 1));
+    drop(old);
+    let new = Region::builder(len)
+        .store(MemoryStore::new(vec![0x77; len]))
+        .build_dyn(engine)
+        .unwrap();
+    say(&format!(
+        "OLD {base:#x} NEW {:#x} READER {:#x}",
+        new.addr(),
+        reader.join().unwrap()
+    ));
+    // The slow read ends, and its copy is tried.
+    std::thread::sleep(Duration::from_millis(1500));
+    let p = new.as_ptr();
+    say(&format!("NEW BYTES {:#x} {:#x}", read(p, 0), read(p, 4096)));
+}
+
+fn check_drop_leaked(name: &str, kind: EngineKind) {
+    if let Some(s) = child_scenario() {
+        if s == name {
+            drop_leaked_then_new_region_child(kind);
+        }
+        return;
+    }
+    let r = run_child(name, name, CHILD_TIMEOUT);
+    assert!(!r.timed_out, "{name}: hung\n{}\n{}", r.stdout, r.stderr);
+    assert!(
+        r.status.is_some_and(|s| s.success()),
+        "{name}: {:?}\n{}\n{}",
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+    assert!(r.stderr.contains("leaking its state"), "{}", r.stderr);
+    assert!(r.stdout.contains("NEW BYTES 0x77 0x77"), "{}", r.stdout);
+}
+
+#[test]
+fn a_dropped_regions_late_fill_never_lands_in_the_next_region_poll() {
+    check_drop_leaked(
+        "a_dropped_regions_late_fill_never_lands_in_the_next_region_poll",
+        EngineKind::Poll,
+    );
+}
+
+#[test]
+fn a_dropped_regions_late_fill_never_lands_in_the_next_region_workers() {
+    check_drop_leaked(
+        "a_dropped_regions_late_fill_never_lands_in_the_next_region_workers",
+        EngineKind::Workers,
+    );
+}
+
 // ---------------------------------------------------------------- chaining
 
 static FOREIGN: AtomicUsize = AtomicUsize::new(0);

@@ -117,8 +117,11 @@ pub(crate) fn publish(state: &RegionState) -> Result<()> {
 /// Takes a published region out of the table and fails its remaining
 /// faults closed (see the module docs), then frees the state — or, when a
 /// resolution is still in flight after `drain_timeout`, leaks it with a
-/// message (a stuck store must not become a use-after-free).
-pub(crate) fn retire(state: Box<RegionState>, drain_timeout: Duration) {
+/// message (a stuck store must not become a use-after-free) and returns
+/// `false`: the caller must then keep the region's address range mapped
+/// (never reused: the resolution's copy, once its store answers, would
+/// land in whatever was mapped there next).
+pub(crate) fn retire(state: Box<RegionState>, drain_timeout: Duration) -> bool {
     if state.uffd.inherited() {
         // A forked child's copy of a parent's region: its userfaultfd
         // acts on the parent's memory (a poison or unregister from here
@@ -127,7 +130,7 @@ pub(crate) fn retire(state: Box<RegionState>, drain_timeout: Duration) {
         // its entry may already stand for a region of this process (see
         // `publish`), so it stays (and is skipped) rather than removed.
         std::mem::forget(state);
-        return;
+        return true;
     }
     let p = state.pages;
     TABLE.remove(p.base(), p.end());
@@ -147,12 +150,13 @@ pub(crate) fn retire(state: Box<RegionState>, drain_timeout: Duration) {
         let mut w = StackWriter::new();
         let _ = writeln!(
             w,
-            "faultline: region #{} dropped with a resolution still in flight after {:?}; leaking its state",
+            "faultline: region #{} dropped with a resolution still in flight after {:?}; leaking its state and its address range",
             state.id, drain_timeout
         );
         faultline_sys::write_stderr(w.as_bytes());
         std::mem::forget(state);
     }
+    drained
 }
 
 /// Poisons every absent page of the region (runs of absent pages in one

@@ -320,12 +320,22 @@ impl Drop for Region {
             }
         }
         let state = self.state.take().expect("live region");
-        table::retire(state, self.drain_timeout);
+        let drained = table::retire(state, self.drain_timeout);
         self.engine.region_removed();
         if inherited {
             // Not mapped in this forked child (`MADV_DONTFORK`): the range
             // may hold a region of the child's own by now.
             std::mem::forget(self.map.take());
+        } else if !drained {
+            // A resolution still runs (its store has not answered): the
+            // range stays mapped, unregistered and inaccessible, so its
+            // copy fails (no userfaultfd range there) instead of landing
+            // in a region mapped at the same address next.
+            if let Some(m) = self.map.take() {
+                let _ = m.protect(faultline_sys::mem::Prot::NONE);
+                std::mem::forget(m);
+            }
+            std::mem::forget(self._memfd.take());
         } else {
             drop(self.map.take());
         }
