@@ -402,6 +402,34 @@ fn thread_engine_io_is_parked_not_blocked() {
     }
 }
 
+/// A page poisoned by a store error is never "resolved": `populate`
+/// says so for it (it returned Ok when asked for that page alone), and an
+/// I/O into it completes with the error (it was reissued forever: the
+/// presence check missed, the fault path called the page resolved).
+#[test]
+fn io_into_a_poisoned_page_completes_with_the_error() {
+    use faultline::testing::{Action, Fault, FaultyStore};
+    let engine = PollEngine::new().unwrap();
+    let store = FaultyStore::builder(MemoryStore::new(vec![3u8; 16 * PS]))
+        .rule(Fault::fill(Action::Fail).pages(9..10))
+        .build();
+    let region = lazy_region(16 * PS, store, &engine);
+    assert!(region.populate(0, 16 * PS).is_err());
+    assert_eq!(region.page_state(9), faultline::PageState::Poisoned);
+    let again = region.populate(9 * PS, PS);
+    assert!(again.is_err(), "{again:?}");
+    let tmp = Temp::new("poisoned", &vec![9u8; PS]);
+    let f = Arc::new(File::open(&tmp.0).unwrap());
+    let t = tenant();
+    let dev = device(region.clone(), &t, Ordering::Unordered);
+    for backend in [Backend::Syscall, Backend::Uring { depth: 8 }] {
+        let mut q = dev.queue(backend).unwrap();
+        q.read_at(&f, 0, 9 * PS + 100, 16, 1).unwrap();
+        let c = q.complete(WAIT).expect("completes: the page is poisoned");
+        assert!(c.result.is_err(), "{backend:?}: {:?}", c.result);
+    }
+}
+
 fn resident_and_gated(engine: &Arc<SignalEngine>) -> (Arc<Region>, Arc<GateStore>) {
     let store = GateStore::new(64 * PS);
     let region = lazy_region(64 * PS, Shared(store.clone()), engine);

@@ -626,9 +626,21 @@ pub(crate) fn populate_where(
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let origin = Origin::Populate(pages.clone());
+    let poisoned = |p: usize| {
+        Err(Error::Store(StoreError::Failed {
+            offset: r.pages.offset(p),
+            reason: "page was poisoned by an earlier store error".into(),
+        }))
+    };
     let mut p = pages.start;
     while p < pages.end {
-        if !needs(r.residency.get(p)) {
+        let state = r.residency.get(p);
+        // Poisoned earlier: never data (an access gets SIGBUS, a system
+        // call EFAULT), so never "populated".
+        if state == PageState::Poisoned {
+            return poisoned(p);
+        }
+        if !needs(state) {
             p += 1;
             continue;
         }
@@ -646,12 +658,7 @@ pub(crate) fn populate_where(
             Resolution::Gone => {
                 return Err(Error::Uffd(UffdError::gone("populate")));
             }
-            Resolution::Poisoned => {
-                return Err(Error::Store(StoreError::Failed {
-                    offset: r.pages.offset(p),
-                    reason: "page was poisoned by an earlier store error".into(),
-                }))
-            }
+            Resolution::Poisoned => return poisoned(p),
             Resolution::StoreFailed(e) => return Err(Error::Store(e)),
             Resolution::Failed(e) => return Err(Error::Uffd(e)),
         }
