@@ -514,10 +514,16 @@ impl Mapping {
                 source: io::Error::from_raw_os_error(libc::EEXIST),
             });
         }
-        Ok(Mapping {
-            ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
-            len,
-        })
+        let Some(ptr) = NonNull::new(p.cast()) else {
+            // Address 0 (root may map it): not a mapping a pointer can hold.
+            // SAFETY: unmapping what we just mapped.
+            unsafe { libc::munmap(p, len) };
+            return Err(MemError {
+                op: "mmap(MAP_FIXED_NOREPLACE)",
+                source: io::Error::from_raw_os_error(libc::EINVAL),
+            });
+        };
+        Ok(Mapping { ptr, len })
     }
 }
 

@@ -180,7 +180,12 @@ pub(crate) fn start(
         )
     }));
     // The policy holds at most the budget's pages (plus held ones).
-    let capacity = feed.core().max() + reclaim::BATCH;
+    // (A shared budget may be larger than this region.)
+    let capacity = feed
+        .core()
+        .max()
+        .min(state.pages.count())
+        .saturating_add(reclaim::BATCH);
     reclaim::init(state, cfg.policy, capacity);
     // When handler threads read the region's events, a zap waits for its
     // REMOVE events to be handled, one run at a time through one slot

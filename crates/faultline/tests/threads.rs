@@ -235,6 +235,38 @@ fn bad_input_gets_typed_errors() {
             align: 4096
         })
     ));
+    // Address 0 is the null pointer (root may map it: it panicked).
+    assert!(matches!(
+        Region::builder(4096).at(0).build_dyn(e.clone()),
+        Err(Error::Unsupported { .. })
+    ));
+    // Budgets of 0 pages (it said "length must be non-zero") and of more
+    // pages than exist (an overflow panic).
+    let budget = |pages| EvictionConfig {
+        budget_pages: pages,
+        policy: policy::PolicyKind::Clock,
+    };
+    assert!(matches!(
+        Region::builder(16 * 4096)
+            .store(MemoryStore::new(vec![1; 16 * 4096]))
+            .budget(budget(0))
+            .build_dyn(e.clone()),
+        Err(Error::BudgetTooSmall { pages: 0, .. })
+    ));
+    let big = Region::builder(16 * 4096)
+        .store(MemoryStore::new(vec![1; 16 * 4096]))
+        .budget(budget(usize::MAX))
+        .build_dyn(e.clone())
+        .unwrap();
+    // SAFETY: inside the region.
+    assert_eq!(unsafe { big.as_ptr().add(5 * 4096).read_volatile() }, 1);
+    // A range whose end overflows is out of range (it panicked building
+    // the error).
+    assert!(matches!(
+        big.populate(4096, usize::MAX),
+        Err(Error::OutOfRange { .. })
+    ));
+    drop(big);
     let r = Region::builder(16 * 4096).build_dyn(e.clone()).unwrap();
     assert!(matches!(
         Region::builder(16 * 4096)

@@ -319,6 +319,12 @@ impl RegionBuilder {
             });
         }
         if let Some(a) = self.at {
+            if a == 0 {
+                return Err(Error::Unsupported {
+                    what: "a region at address 0",
+                    reason: "the null pointer: an access to it must stay a crash".into(),
+                });
+            }
             if !a.is_multiple_of(page_size.bytes() as u64) {
                 return Err(Error::Unaligned {
                     addr: a,
@@ -403,7 +409,10 @@ impl RegionBuilder {
                 });
             }
             if b.budget_pages == 0 {
-                return Err(Error::ZeroLength);
+                return Err(Error::BudgetTooSmall {
+                    pages: 0,
+                    min: MIN_BUDGET_PAGES,
+                });
             }
             // A budget of the whole region evicts nothing, however small;
             // a shared one (UMap's buffer) takes what UMap takes.

@@ -124,8 +124,17 @@ impl Region {
     }
 
     /// State of region page `page`.
+    ///
+    /// # Panics
+    /// If `page` is not a page of the region (`page >= pages()`).
     pub fn page_state(&self, page: usize) -> PageState {
-        self.state().residency.get(page)
+        let s = self.state();
+        assert!(
+            page < s.pages.count(),
+            "page {page} of a region of {} pages",
+            s.pages.count()
+        );
+        s.residency.get(page)
     }
 
     /// Whether every page overlapping the byte range `[offset, offset+len)`
@@ -270,7 +279,7 @@ impl Region {
         let Some(range) = s.pages.covering(offset, len) else {
             return Err(Error::OutOfRange {
                 start: s.pages.base() + offset as u64,
-                end: s.pages.base() + (offset + len) as u64,
+                end: (s.pages.base() + offset as u64).saturating_add(len as u64),
                 region_start: s.pages.base(),
                 region_end: s.pages.end(),
             });

@@ -41,6 +41,9 @@ impl Region {
     /// kernel can read (`write == false`) or write every page of `pages`
     /// without a fault. Returns the first page that is not ready. See
     /// [`Residency::io_ready`](crate::residency::Residency::io_ready).
+    ///
+    /// # Panics
+    /// If `pages` runs past the region's last page.
     #[inline]
     pub fn io_ready(
         &self,
@@ -56,6 +59,9 @@ impl Region {
     /// not evict them until [`io_release`](Self::io_release). Take it
     /// *before* checking [`io_ready`](Self::io_ready). A reference held
     /// for long is a pin.
+    ///
+    /// # Panics
+    /// If `pages` runs past the region's last page.
     pub fn io_acquire(&self, pages: std::ops::Range<usize>) {
         let s = self.state();
         assert!(pages.end <= s.pages.count(), "page range past the region");
@@ -73,6 +79,9 @@ impl Region {
     }
 
     /// Drops the references [`io_acquire`](Self::io_acquire) took.
+    ///
+    /// # Panics
+    /// If `pages` runs past the region's last page.
     pub fn io_release(&self, pages: std::ops::Range<usize>) {
         let s = self.state();
         assert!(pages.end <= s.pages.count(), "page range past the region");
