@@ -189,6 +189,14 @@ impl RegionBuilder {
     /// A resident-memory budget: past it, an evictor thread writes dirty
     /// pages back to the store and drops pages the policy picks (see
     /// [`crate::evict`]). Private anonymous regions resolved with COPY.
+    ///
+    /// An evicted page reads what its store holds: over the default
+    /// [`ZeroStore`], which discards writes, a page written and evicted
+    /// reads zeros again (scratch memory with a cap); give a store that
+    /// keeps writes (a [`FileStore`](crate::FileStore) opened read-write,
+    /// a [`MemoryStore`](crate::MemoryStore)) for data that must survive
+    /// eviction. A store that refuses writes ([`PageStore::writable`]
+    /// false) keeps its dirty pages resident and `flush` says why.
     pub fn budget(mut self, cfg: EvictionConfig) -> Self {
         self.budget = Some(cfg);
         self
