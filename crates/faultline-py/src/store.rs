@@ -374,7 +374,7 @@ impl PageStore for ZeroTail {
     fn writable(&self) -> bool {
         self.store.writable()
     }
-    fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
+    fn view(&self, offset: u64, len: usize) -> Option<faultline::StoreView<'_>> {
         self.store.view(offset, len)
     }
     fn page_cache(&self) -> Option<PageCacheFile<'_>> {

@@ -125,5 +125,6 @@ pub use region::{Region, RegionBuilder, MIN_BUDGET_PAGES};
 pub use residency::PageState;
 pub use runahead::{RunAheadConfig, RunAheadStats};
 pub use store::{
-    FileAccess, FileStore, FillRange, MemoryStore, PageStore, StoreError, WriteRange, ZeroStore,
+    FileAccess, FileStore, FillRange, MemoryStore, PageStore, StoreError, StoreView, WriteRange,
+    ZeroStore,
 };

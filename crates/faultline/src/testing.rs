@@ -483,7 +483,7 @@ impl<S: PageStore> PageStore for FaultyStore<S> {
         self.inner.write_back(offset, data)
     }
 
-    fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
+    fn view(&self, offset: u64, len: usize) -> Option<crate::StoreView<'_>> {
         // A zero-copy view would bypass `fill` and its rules.
         if self.has_rules(Op::Fill) {
             None

@@ -61,7 +61,7 @@ impl CachedOrDirect {
 }
 
 /// Whether every base page of `view` is in the page cache.
-fn cached(view: &[u8]) -> bool {
+fn cached(view: &faultline::StoreView<'_>) -> bool {
     let start = view.as_ptr() as u64;
     (0..view.len())
         .step_by(PROBE)
@@ -78,7 +78,7 @@ impl PageStore for CachedOrDirect {
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         match self.view(offset, buf.len()) {
             Some(v) => {
-                buf.copy_from_slice(v);
+                v.copy_to(buf);
                 Ok(())
             }
             None => self.direct.fill(offset, buf),
@@ -93,8 +93,8 @@ impl PageStore for CachedOrDirect {
     /// The page-cache view, only when the page cache holds all of the
     /// range (else the fault path calls [`Self::fill`], which reads it
     /// directly).
-    fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
-        self.buffered.view(offset, len).filter(|v| cached(v))
+    fn view(&self, offset: u64, len: usize) -> Option<faultline::StoreView<'_>> {
+        self.buffered.view(offset, len).filter(cached)
     }
     fn will_need(&self, offset: u64, len: usize) {
         self.buffered.will_need(offset, len)

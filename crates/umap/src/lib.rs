@@ -171,7 +171,7 @@ impl<S: PageStore> PageStore for ReadOnly<S> {
             errno: Errno::EBADF,
         })
     }
-    fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
+    fn view(&self, offset: u64, len: usize) -> Option<faultline::StoreView<'_>> {
         self.0.view(offset, len)
     }
     fn page_cache(&self) -> Option<PageCacheFile<'_>> {

@@ -145,7 +145,7 @@ impl PageStore for RegionStore {
             reason: "a peer's memory is never written back".into(),
         })
     }
-    fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
+    fn view(&self, offset: u64, len: usize) -> Option<crate::StoreView<'_>> {
         if self.removed_in(offset, len).is_some() {
             return None;
         }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use super::{PageCacheFile, PageStore, StoreError, WriteRange};
+use super::{PageCacheFile, PageStore, StoreError, StoreView, WriteRange};
 use crate::page::PageSize;
 use faultline_sys::mem::{
     file_len, is_tmpfs, pread_full, pwrite_all, pwritev_all, willneed, Advice, Mapping, PWRITEV_MAX,
@@ -162,7 +162,7 @@ impl PageStore for FileStore {
     fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         if let Some(v) = self.view(offset, buf.len()) {
             if self.holds(self.base + offset + buf.len() as u64) {
-                buf.copy_from_slice(v);
+                v.copy_to(buf);
                 return Ok(());
             }
         }
@@ -241,13 +241,14 @@ impl PageStore for FileStore {
         }
     }
 
-    fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
+    fn view(&self, offset: u64, len: usize) -> Option<StoreView<'_>> {
         let m = self.map.as_ref()?;
         if offset.checked_add(len as u64)? > self.len {
             return None;
         }
-        // SAFETY: in bounds of a live read-only mapping owned by `self`.
-        Some(unsafe { std::slice::from_raw_parts(m.as_ptr().add(offset as usize), len) })
+        // SAFETY: in bounds of a live read-only mapping owned by `self`
+        // (whose file others may write: a view allows that).
+        unsafe { StoreView::new(m.as_ptr().add(offset as usize), len) }
     }
     fn will_need(&self, offset: u64, len: usize) {
         let Some(m) = self.map.as_ref() else { return };

@@ -1,6 +1,6 @@
 use std::cell::UnsafeCell;
 
-use super::{PageStore, StoreError, Tail};
+use super::{PageStore, StoreError, StoreView, Tail};
 
 /// An in-process byte buffer, e.g. a snapshot. A region longer than the
 /// buffer is refused ([`Tail::Refuse`]).
@@ -90,13 +90,15 @@ impl PageStore for MemoryStore {
         };
         Ok(())
     }
-    fn view(&self, offset: u64, len: usize) -> Option<&[u8]> {
+    fn view(&self, offset: u64, len: usize) -> Option<StoreView<'_>> {
         let off = usize::try_from(offset).ok()?;
         if off.checked_add(len)? > self.len {
             return None;
         }
-        // SAFETY: in bounds; the buffer lives as long as `self`.
-        Some(unsafe { std::slice::from_raw_parts(self.bytes().add(off), len) })
+        // SAFETY: in bounds of the buffer, which lives (unmoved) as long
+        // as `self`; a write-back may change the bytes, which a view
+        // allows.
+        unsafe { StoreView::new(self.bytes().add(off), len) }
     }
     fn signal_safe(&self) -> bool {
         true
@@ -119,5 +121,18 @@ mod tests {
         let mut buf = [7u8; 16];
         s.fill(u64::MAX - 8, &mut buf).unwrap();
         assert_eq!(buf, [0; 16]);
+    }
+
+    #[test]
+    fn a_view_lends_an_address_that_a_write_back_may_change() {
+        let s = MemoryStore::new(vec![1; 8192]);
+        let v = s.view(4096, 8).unwrap();
+        assert_eq!(v.len(), 8);
+        // No `&[u8]` is held across the write-back (it was: a shared
+        // reference to bytes that changed).
+        s.write_back(4096, &[9; 8]).unwrap();
+        let mut out = [0u8; 8];
+        v.copy_to(&mut out);
+        assert_eq!(out, [9; 8]);
     }
 }

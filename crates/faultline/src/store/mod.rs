@@ -25,10 +25,12 @@
 
 mod file;
 mod memory;
+mod view;
 mod zero;
 
 pub use file::{FileAccess, FileStore};
 pub use memory::MemoryStore;
+pub use view::StoreView;
 pub use zero::ZeroStore;
 
 use std::os::fd::BorrowedFd;
@@ -110,8 +112,9 @@ pub trait PageStore: Send + Sync + 'static {
     }
 
     /// A zero-copy view of `len` bytes at `offset`, if the store holds them
-    /// in memory that stays mapped while the store lives.
-    fn view(&self, _offset: u64, _len: usize) -> Option<&[u8]> {
+    /// in memory that stays mapped while the store lives ([`StoreView`]:
+    /// an address, not a `&[u8]`, since the bytes may change meanwhile).
+    fn view(&self, _offset: u64, _len: usize) -> Option<StoreView<'_>> {
         None
     }
 
