@@ -866,3 +866,45 @@ fn remove_storm_racing_windowed_faults() {
         eprintln!("{kind:?}: {} reads, {:?}", reads.load(Relaxed), r.stats());
     }
 }
+
+/// Pages of 64 KiB (16 base pages) over a file on tmpfs, under a budget,
+/// handler threads resolving: a copy the kernel stops inside a region
+/// page (EAGAIN: the evictor's REMOVE event pending) left that page half
+/// mapped; the next try found its first base page there (EEXIST) and
+/// called the whole page resident, so its missing base pages faulted for
+/// ever (the handler woke the thread again and again) and the evictor's
+/// write-back of it, faulting on them too, hung holding the file's lock
+/// (UMap's own programs hung so with `UMAP_PAGESIZE=65536` on tmpfs).
+#[test]
+fn large_pages_stopped_inside_are_completed_not_half_mapped() {
+    let _dl = deadline(120);
+    let (ps, pages) = (64 << 10, 1000);
+    let words = ps / 8;
+    let mut data = Vec::with_capacity(ps * pages);
+    for w in 0..(ps * pages / 8) as u64 {
+        data.extend_from_slice(&w.to_le_bytes());
+    }
+    let path = std::path::PathBuf::from(format!("/dev/shm/faultline-half-{}", std::process::id()));
+    std::fs::write(&path, &data).unwrap();
+    for kind in [EngineKind::Workers, EngineKind::Poll] {
+        for round in 0..3 {
+            let region = Region::builder(ps * pages)
+                .page_size(ps)
+                .store(FileStore::open(&path).unwrap())
+                .budget(EvictionConfig {
+                    budget_pages: 64,
+                    policy: policy::PolicyKind::Clock,
+                })
+                .build_dyn(engine_of(kind))
+                .unwrap();
+            let base = region.as_ptr() as *const u64;
+            for p in 0..pages {
+                let i = p * words + p % words;
+                // SAFETY: inside the region.
+                let v = unsafe { base.add(i).read_volatile() };
+                assert_eq!(v, i as u64, "{kind:?} round {round} page {p}");
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}

@@ -53,7 +53,7 @@ use super::holes::Holes;
 use super::state::CopyGate;
 use super::{reclaim, zero, RegionState};
 use crate::error::{Error, Result};
-use crate::page::{MemoryKind, ResolveOp};
+use crate::page::{MemoryKind, PageSize, ResolveOp};
 use crate::residency::PageState;
 use crate::store::StoreError;
 use faultline_sys::mem::Advice;
@@ -1052,8 +1052,41 @@ fn copy_run(
             }
             Err(CopyErr::Uffd(e))
         }
+        // The run's first page has a first base page mapped: a region page
+        // larger than 4 KiB that an earlier copy stopped inside (a pending
+        // event, EAGAIN after some base pages): map the rest of it, or it
+        // would stay half mapped for good, its missing base pages faulting
+        // for a page the map says is there.
+        Ok(Outcome::Exists) if r.pages.size().bytes() > PageSize::BASE.bytes() => {
+            Ok(complete_page(r, dst, src, wp)?)
+        }
         out => Ok(out?),
     }
+}
+
+/// Maps every base page of the region page at `dst` that is not mapped
+/// yet, from `src` (`wp`: write-protected). `Exists` once the whole page
+/// is mapped; `Retry` when an event is pending (the next attempt goes on
+/// from there).
+fn complete_page(r: &RegionState, dst: u64, src: *const u8, wp: u64) -> Result<Outcome, UffdError> {
+    let base = PageSize::BASE.bytes();
+    for at in (0..r.pages.size().bytes()).step_by(base) {
+        // SAFETY: `src` holds the run's bytes, at least one region page
+        // (`copy_run`'s contract), so `src + at` has `base` readable bytes.
+        let out = unsafe {
+            r.uffd.copy(
+                dst + at as u64,
+                src.add(at),
+                base as u64,
+                mode::COPY_DONTWAKE | wp,
+            )
+        }?;
+        match out {
+            Outcome::Done(_) | Outcome::Partial { .. } | Outcome::Exists => {}
+            Outcome::Retry | Outcome::Gone(_) => return Ok(out),
+        }
+    }
+    Ok(Outcome::Exists)
 }
 
 /// Makes sure every page of `run` is in the shmem/hugetlb page cache,
