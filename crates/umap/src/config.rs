@@ -14,11 +14,13 @@
 //! | `FAULTLINE_UMAP_FILE_IO` | (faultline's) | `cached` | how a descriptor's file is read and written: `cached`, ranges the page cache holds copied from it and, with UMap pages of 64 KiB or more, the others read with `O_DIRECT`, written back through the page cache; `buffered`, all through the page cache of a fresh open without `O_DIRECT`; `direct`, with `O_DIRECT` and aligned I/O (see the crate docs) |
 //! | `UMAP_LOG_LEVEL` | log verbosity | `INFO` when built with logging, on stdout | `ERROR` (default), `WARNING`, `INFO`, `DEBUG` (or 0-3), on stderr; an unknown level is warned about and ignored, as UMap does |
 //!
-//! As in UMap, a numeric variable set to 0 counts as unset (with a
-//! warning here). A value that is not a number makes every `umap()` fail
-//! with `EINVAL` (UMap reads an uninitialised value), and so do
-//! thresholds with `LOW > HIGH` (UMap would then never evict and its
-//! faults would wait for ever).
+//! Numbers are read as UMap reads them (`std::stringstream >> uint64_t`):
+//! leading blanks skipped, the leading digits taken, the rest ignored
+//! (`65536k` is 65536), and a value with no leading digit (empty, `abc`)
+//! reads 0; a variable that reads 0 counts as unset. Each of these is
+//! warned about here. A number too large for 64 bits makes every
+//! `umap()` fail with `EINVAL`, and so do thresholds with `LOW > HIGH`
+//! (UMap would then never evict and its faults would wait for ever).
 
 use std::sync::OnceLock;
 
@@ -102,21 +104,34 @@ struct Problems {
     warnings: Vec<String>,
 }
 
-/// A numeric `UMAP_*` variable; 0 counts as unset, as in UMap.
+/// A numeric `UMAP_*` variable, read as UMap reads it (see the module
+/// docs); one that reads 0 counts as unset.
 fn var(name: &str, p: &mut Problems) -> Option<u64> {
     let v = std::env::var(name).ok()?;
-    match v.trim().parse::<u64>() {
-        Ok(0) => {
-            p.warnings
-                .push(format!("{name}=0 is treated as unset, as UMap does"));
-            None
-        }
-        Ok(n) => Some(n),
-        Err(_) => {
-            p.invalid.push(format!("{name}={v:?} is not a number"));
-            None
-        }
+    let t = v.trim_start();
+    let digits = &t[..t.len() - t.trim_start_matches(|c: char| c.is_ascii_digit()).len()];
+    if digits.is_empty() {
+        p.warnings.push(format!(
+            "{name}={v:?} is not a number: treated as unset, as UMap does"
+        ));
+        return None;
     }
+    let Ok(n) = digits.parse::<u64>() else {
+        p.invalid
+            .push(format!("{name}={v:?} does not fit in 64 bits"));
+        return None;
+    };
+    if n == 0 {
+        p.warnings
+            .push(format!("{name}={v:?} is treated as unset, as UMap does"));
+        return None;
+    }
+    if digits.len() < t.trim_end().len() {
+        p.warnings.push(format!(
+            "{name}={v:?} is read as {n}, as UMap does (what follows the digits is ignored)"
+        ));
+    }
+    Some(n)
 }
 
 /// Bytes of `MemFree` in `/proc/meminfo` (UMap sizes its default buffer

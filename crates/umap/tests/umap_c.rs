@@ -338,9 +338,27 @@ fn a_variable_set_to_zero_is_unset() {
     assert_eq!(num(&kv, "low"), 70);
     assert_eq!(num(&kv, "fillers"), num(&defaults, "fillers"));
     assert!(
-        stderr.contains("UMAP_BUFSIZE=0 is treated as unset"),
+        stderr.contains("UMAP_BUFSIZE=\"0\" is treated as unset"),
         "{stderr}"
     );
+    // What UMap's `stringstream >> uint64_t` reads: no digit is 0 (unset),
+    // the leading digits of the rest. Every umap() failed with EINVAL.
+    let (kv, stderr) = config_run(
+        "not-numbers",
+        &[
+            ("UMAP_BUFSIZE", ""),
+            ("UMAP_PAGE_FILLERS", "abc"),
+            ("UMAP_PAGESIZE", "65536k"),
+        ],
+    );
+    assert!(!kv.contains_key("umap_errno"), "{kv:?}\n{stderr}");
+    assert_eq!(num(&kv, "fillers"), num(&defaults, "fillers"));
+    assert_eq!(num(&kv, "page_size"), 65536, "{kv:?}");
+    assert!(
+        stderr.contains("UMAP_PAGE_FILLERS=\"abc\" is not a number"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("is read as 65536"), "{stderr}");
 }
 
 #[test]
