@@ -217,9 +217,10 @@ pub unsafe extern "C" fn fl_region_new(
 }
 
 /// Unmaps the region after writing its dirty pages back (budget regions),
-/// and frees the handle (NULL is ignored). Returns 0, or `-EIO` if dirty
-/// pages could not be written back (the message names them; the region is
-/// freed anyway). No thread may access the region's memory or call
+/// and frees the handle (NULL is ignored). Returns 0, or, if dirty pages
+/// could not be written back, the negative errno of the store's failure
+/// (a callback's own, e.g. `-ENOSPC`; `-EIO` where there is none); the
+/// message names the pages, and the region is freed anyway. No thread may access the region's memory or call
 /// another function on it meanwhile or afterwards.
 ///
 /// # Safety

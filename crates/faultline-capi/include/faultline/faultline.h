@@ -28,6 +28,18 @@
  * A FAILED PAGE. When a store fails, the page is poisoned: the accessing
  * thread gets SIGBUS (with a message on stderr naming the region, offset
  * and cause), never a page of zeros.
+ *
+ * SIGNALS. The signal engine takes SIGBUS when it is made,
+ * and passes on every signal that is not one of its faults to the handler
+ * installed before it: install your own SIGBUS handler BEFORE
+ * fl_engine_new; one installed after replaces the engine's, and every
+ * fault of its regions then reaches your handler instead.
+ *
+ * FORK. Region memory is not inherited (MADV_DONTFORK): in a child of
+ * fork(), an access to a parent's region, even to a page that was
+ * resident, is a SIGSEGV, and the parent's handles must not be used
+ * (they fail with -EOPNOTSUPP where they can tell); the child makes
+ * regions of its own.
  */
 
 #ifndef FAULTLINE_H
@@ -271,9 +283,10 @@ int fl_region_new(const struct fl_engine *engine,
                   struct fl_region **out);
 
 // Unmaps the region after writing its dirty pages back (budget regions),
-// and frees the handle (NULL is ignored). Returns 0, or `-EIO` if dirty
-// pages could not be written back (the message names them; the region is
-// freed anyway). No thread may access the region's memory or call
+// and frees the handle (NULL is ignored). Returns 0, or, if dirty pages
+// could not be written back, the negative errno of the store's failure
+// (a callback's own, e.g. `-ENOSPC`; `-EIO` where there is none); the
+// message names the pages, and the region is freed anyway. No thread may access the region's memory or call
 // another function on it meanwhile or afterwards.
 //
 // # Safety

@@ -31,6 +31,14 @@
  *    but eviction and write-back go by region page.
  *  - umap_fetch_and_pin() pins until uunmap() (UMap has no unpin call);
  *    pinned pages count against the budget.
+ *  - Umapped memory is not inherited by fork() (MADV_DONTFORK): in the
+ *    child an access to it is a SIGSEGV; umap() again there.
+ *  - Without UMAP_PAGE_FILLERS, faults are handled in a SIGBUS handler
+ *    installed at the first umap(); a SIGBUS handler of the program's own
+ *    must be installed before that (it is chained to), not after (it
+ *    would take every fault).
+ *  - UMAP_* numbers are read as UMap reads them: leading digits, the rest
+ *    ignored; no digit or 0 is unset (each said on stderr).
  */
 #ifndef _UMAP_H_
 #define _UMAP_H_
