@@ -610,7 +610,7 @@ impl BudgetFeed {
         BudgetFeed {
             own: BudgetCore::new(budget, budget, budget),
             shared,
-            log: (0..cap).map(|_| AtomicU64::new(0)).collect(),
+            log: crate::residency::zeroed_words(cap),
             tail: AtomicU64::new(0),
             head: AtomicU64::new(0),
             resident: AtomicUsize::new(0),
