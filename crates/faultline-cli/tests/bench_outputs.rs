@@ -1,0 +1,114 @@
+//! What `faultline bench` writes and reports, run as a user would: its
+//! outputs never replace each other nor a user's file, conflicts are
+//! refused before any work, and what it reports is true.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use support::{finish, spawn, Out};
+
+/// Runs `faultline args...` in `dir`, killing it after `timeout`.
+fn faultline(dir: &Path, args: &[&str], timeout: Duration) -> Out {
+    finish(spawn(dir, args), timeout, &format!("faultline {args:?}"))
+}
+
+/// A scratch directory, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!(
+            "faultline-bench-outputs-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.0.join(p)
+    }
+
+    /// The names in `sub` (`""`: the directory itself), sorted.
+    fn names(&self, sub: &str) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.0.join(sub))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const QUICK: Duration = Duration::from_secs(60);
+
+/// A notify run of a few hundred microseconds of work (what an old build
+/// would run before failing at the end).
+const NOTIFY: [&str; 6] = ["notify", "-n", "10", "--warmup", "0", "--settle-us"];
+
+fn notify_with(outputs: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = ["bench"].iter().map(|s| s.to_string()).collect();
+    v.extend(outputs.iter().map(|s| s.to_string()));
+    v.extend(NOTIFY.iter().map(|s| s.to_string()));
+    v.push("0".into());
+    v.extend(["--mechanisms", "futex"].map(String::from));
+    v
+}
+
+/// `--json` where `--plot` writes (its directory, or a file in it, even
+/// one named as a figure), or a path ending in `/`, is refused before any
+/// work: before, the JSON replaced a figure the summary still listed, or
+/// the run failed only at its end ("is a directory", a failed rename).
+#[test]
+fn output_conflicts_are_refused_before_any_work() {
+    let d = Scratch::new("conflicts");
+    std::fs::create_dir(d.path("figs")).unwrap();
+    let cases: [(&[&str], i32, &str); 5] = [
+        (
+            &["--json", "p2/notify_latency.png", "--plot", "p2"],
+            2,
+            "is in the directory of --plot p2",
+        ),
+        (
+            &["--json", "figs/out.json", "--plot", "./figs"],
+            2,
+            "is in the directory of --plot ./figs",
+        ),
+        (
+            &["--json", "same", "--plot", "same"],
+            2,
+            "the same path as --plot same",
+        ),
+        (&["--json", "x.json/"], 1, "names a directory"),
+        (&["--json", "x.json/."], 1, "names a directory"),
+    ];
+    for (outputs, code, want) in cases {
+        let args = notify_with(outputs);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = faultline(&d.0, &args, QUICK);
+        assert_eq!(o.code, Some(code), "{outputs:?}: {}", o.stderr);
+        assert!(o.stderr.contains(want), "{outputs:?}: {}", o.stderr);
+        assert!(
+            !o.stdout.contains("machine:"),
+            "{outputs:?} started working: {}",
+            o.stdout
+        );
+        assert_eq!(d.names(""), ["figs"], "{outputs:?}: nothing made");
+        assert!(d.names("figs").is_empty(), "{outputs:?}");
+    }
+    // Beside the figures' directory is fine.
+    let args = notify_with(&["--json", "out.json", "--plot", "figs"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = faultline(&d.0, &args, QUICK);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(d.path("out.json").is_file());
+}
