@@ -112,3 +112,33 @@ fn output_conflicts_are_refused_before_any_work() {
     assert_eq!(o.code, Some(0), "{}", o.stderr);
     assert!(d.path("out.json").is_file());
 }
+
+/// Every bench run ends with a line of the machine's load averages, at
+/// the start and at the end, and its CPUs; the JSON's machine block has
+/// them.
+#[test]
+fn every_run_reports_the_machine_load() {
+    let d = Scratch::new("load");
+    let args = notify_with(&["--json", "out.json"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = faultline(&d.0, &args, QUICK);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("load average (1/5/15 min): "))
+        .unwrap_or_else(|| panic!("no load line: {}", o.stdout));
+    assert!(
+        line.contains(" at the start, ")
+            && line.contains(" at the end; ")
+            && line.ends_with("CPUs online"),
+        "{line}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path("out.json")).unwrap()).unwrap();
+    let m = &v["machine"];
+    for field in ["loadavg_start", "loadavg_end"] {
+        assert_eq!(m[field].as_array().map(Vec::len), Some(3), "{field}: {m}");
+    }
+    assert!(m["online_cpus"].as_u64().is_some_and(|n| n >= 1), "{m}");
+}

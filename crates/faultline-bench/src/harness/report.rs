@@ -108,6 +108,18 @@ pub struct Machine {
     /// per page, seen as its own system time. None: no balloon device.
     #[serde(default)]
     pub free_page_reporting: Option<bool>,
+    /// CPUs online (the load averages count runnable threads against
+    /// these; `nproc` is those this process may run on).
+    #[serde(default)]
+    pub online_cpus: Option<usize>,
+    /// The 1, 5 and 15-minute load averages when the run started
+    /// (`/proc/loadavg`): other work on the machine, sharing its CPUs
+    /// with the bench.
+    #[serde(default)]
+    pub loadavg_start: Option<[f64; 3]>,
+    /// ... and when it ended (set by `BenchCtx::finish`).
+    #[serde(default)]
+    pub loadavg_end: Option<[f64; 3]>,
 }
 
 impl Machine {
@@ -125,8 +137,45 @@ impl Machine {
                     .map_or(0, |d| d.as_secs()),
             ),
             free_page_reporting: free_page_reporting(),
+            online_cpus: Some(faultline_sys::thread::online_cpus()),
+            loadavg_start: loadavg(),
+            loadavg_end: None,
         }
     }
+
+    /// The line that says how loaded the machine was: the load averages
+    /// at the start and the end of the run, against its CPUs.
+    pub fn load_line(&self) -> String {
+        let show = |l: Option<[f64; 3]>| {
+            l.map_or("unknown".into(), |[a, b, c]| {
+                format!("{a:.2} {b:.2} {c:.2}")
+            })
+        };
+        format!(
+            "load average (1/5/15 min): {} at the start, {} at the end; {} CPUs online",
+            show(self.loadavg_start),
+            show(self.loadavg_end),
+            self.online_cpus
+                .map_or_else(|| "?".to_string(), |n| n.to_string())
+        )
+    }
+}
+
+/// The 1, 5 and 15-minute load averages of this machine, if
+/// `/proc/loadavg` reads.
+pub fn loadavg() -> Option<[f64; 3]> {
+    parse_loadavg(&std::fs::read_to_string("/proc/loadavg").ok()?)
+}
+
+/// The three load averages of a `/proc/loadavg` line
+/// (`0.52 0.58 0.59 1/467 12345`).
+fn parse_loadavg(s: &str) -> Option<[f64; 3]> {
+    let mut it = s.split_whitespace().map(str::parse::<f64>);
+    let mut v = [0.0; 3];
+    for x in &mut v {
+        *x = it.next()?.ok().filter(|x| x.is_finite() && *x >= 0.0)?;
+    }
+    Some(v)
 }
 
 /// `VIRTIO_BALLOON_F_REPORTING` of this machine's virtio-balloon devices
@@ -389,6 +438,27 @@ mod tests {
     }
 
     #[test]
+    fn load_averages_are_read_and_shown() {
+        assert_eq!(
+            parse_loadavg("0.52 0.58 1.59 1/467 12345\n"),
+            Some([0.52, 0.58, 1.59])
+        );
+        assert_eq!(parse_loadavg("0.52 x 1.59"), None);
+        assert_eq!(parse_loadavg(""), None);
+        let l = loadavg().expect("/proc/loadavg reads");
+        assert!(l.iter().all(|x| *x >= 0.0), "{l:?}");
+        let mut m = Machine::detect(&Tsc::from_ghz(2.0));
+        assert!(m.loadavg_start.is_some() && m.online_cpus.unwrap() >= 1);
+        m.loadavg_start = Some([1.0, 2.5, 3.25]);
+        m.loadavg_end = Some([2.0, 2.0, 3.0]);
+        m.online_cpus = Some(2);
+        assert_eq!(
+            m.load_line(),
+            "load average (1/5/15 min): 1.00 2.50 3.25 at the start, 2.00 2.00 3.00 at the end; 2 CPUs online"
+        );
+    }
+
+    #[test]
     fn formatting() {
         assert_eq!(fmt_ns(850.4), "850 ns");
         assert_eq!(fmt_ns(3050.0), "3.05 us");
@@ -443,10 +513,14 @@ mod tests {
         assert!(v["machine"]["tsc_ghz"].as_f64().unwrap() == 2.0);
         let mut v = v;
         // Reports written before the field existed still read.
-        v["machine"]
-            .as_object_mut()
-            .unwrap()
-            .remove("free_page_reporting");
+        for field in [
+            "free_page_reporting",
+            "online_cpus",
+            "loadavg_start",
+            "loadavg_end",
+        ] {
+            v["machine"].as_object_mut().unwrap().remove(field);
+        }
         let back: Report = serde_json::from_value(v).unwrap();
         assert_eq!(back.records[1].extra_f64("threads"), Some(1.0));
         assert_eq!(back.machine.free_page_reporting, None);
