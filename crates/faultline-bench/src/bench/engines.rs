@@ -27,6 +27,7 @@ use faultline::{
 };
 
 use super::kernel::{self, Access, KernelPath, PAGE};
+use crate::harness::parallel;
 use crate::harness::report::{
     fmt_count, fmt_ns, fmt_ratio, print_latency_table, print_table, Record,
 };
@@ -761,6 +762,10 @@ impl ScaleArgs {
     }
 }
 
+/// Faults per second of `threads` threads first-writing their own
+/// `pages` pages each of one region served by `engine`, over the time
+/// from the first thread's first write to the last one's last
+/// ([`parallel::timed`]: each thread stamps its own).
 fn scale_engine(
     engine: &Arc<dyn faultline::Engine>,
     threads: usize,
@@ -771,27 +776,14 @@ fn scale_engine(
         .fault_around(1)
         .build_dyn(engine.clone())?;
     let base = r.as_ptr() as usize;
-    let barrier = std::sync::Barrier::new(threads + 1);
-    let secs = std::thread::scope(|s| {
-        for t in 0..threads {
-            let barrier = &barrier;
-            s.spawn(move || {
-                barrier.wait();
-                for i in 0..pages {
-                    // SAFETY: thread `t`'s slice of the live region.
-                    unsafe {
-                        std::ptr::write_volatile((base as *mut u8).add((t * pages + i) * PAGE), 1)
-                    };
-                }
-                barrier.wait();
-            });
+    let secs = parallel::timed(threads, |t| {
+        for i in 0..pages {
+            // SAFETY: thread `t`'s slice of the live region.
+            unsafe { std::ptr::write_volatile((base as *mut u8).add((t * pages + i) * PAGE), 1) };
         }
-        barrier.wait();
-        let t0 = Instant::now();
-        barrier.wait();
-        t0.elapsed().as_secs_f64()
-    });
-    Ok((threads * pages) as f64 / secs)
+    })
+    .as_secs_f64();
+    Ok((threads * pages) as f64 / secs.max(1e-9))
 }
 
 /// A zero store: the scale bench measures fault delivery, not copying.
