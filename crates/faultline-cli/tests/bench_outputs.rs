@@ -142,3 +142,135 @@ fn every_run_reports_the_machine_load() {
     }
     assert!(m["online_cpus"].as_u64().is_some_and(|n| n >= 1), "{m}");
 }
+
+/// The rows of `stdout`'s table whose first cells are `lead`, split on
+/// whitespace.
+fn rows<'a>(stdout: &'a str, lead: &[&str]) -> Vec<Vec<&'a str>> {
+    stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|r| r.len() > lead.len() && r[..lead.len()] == *lead)
+        .collect()
+}
+
+fn records(path: &Path) -> Vec<serde_json::Value> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["records"].as_array().unwrap().clone()
+}
+
+/// Speedups are against one thread wherever it stands in --threads (it
+/// was the first count listed: `--threads 2,1` gave 2 threads "1.00x vs 1
+/// thread"), and without a 1-thread run they say what they are against.
+#[test]
+fn scaling_speedups_are_against_one_thread() {
+    let d = Scratch::new("speedup");
+    let o = faultline(
+        &d.0,
+        &[
+            "bench",
+            "scale",
+            "--pages",
+            "256",
+            "--threads",
+            "2,1",
+            "--engines",
+            "signal",
+            "--json",
+            "a.json",
+        ],
+        QUICK,
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let header = rows(&o.stdout, &["mechanism", "threads"]);
+    assert!(
+        header.iter().any(|h| h.ends_with(&["vs", "1", "thread"])),
+        "{}",
+        o.stdout
+    );
+    for mech in ["signal", "kernel-anon-write"] {
+        let one = rows(&o.stdout, &[mech, "1"]);
+        assert_eq!(one.len(), 1, "{}", o.stdout);
+        assert_eq!(one[0].last(), Some(&"1.00x"), "{mech}: {}", o.stdout);
+    }
+    for r in records(&d.path("a.json")) {
+        let one = r["threads"] == 1;
+        let s = r["speedup_vs_1_thread"].as_f64().unwrap();
+        assert_eq!(one, s == 1.0, "{r}");
+    }
+
+    // Without one thread: against the fewest, named so.
+    let o = faultline(
+        &d.0,
+        &[
+            "bench",
+            "scale",
+            "--pages",
+            "256",
+            "--threads",
+            "3,2",
+            "--engines",
+            "signal",
+            "--json",
+            "b.json",
+        ],
+        QUICK,
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let header = rows(&o.stdout, &["mechanism", "threads"]);
+    assert!(
+        header.iter().any(|h| h.ends_with(&["vs", "2", "threads"])),
+        "{}",
+        o.stdout
+    );
+    assert!(!o.stdout.contains("vs 1 thread"), "{}", o.stdout);
+    for r in records(&d.path("b.json")) {
+        assert!(r.get("speedup_vs_1_thread").is_none(), "{r}");
+        let s = r["speedup_vs_2_threads"].as_f64().unwrap();
+        assert_eq!(r["threads"] == 2, s == 1.0, "{r}");
+    }
+
+    // bench kernel's scaling table, the same.
+    let o = faultline(
+        &d.0,
+        &[
+            "bench",
+            "kernel",
+            "-n",
+            "100",
+            "--seq-mib",
+            "1",
+            "--scale-pages",
+            "256",
+            "--threads",
+            "2,1",
+            "--reps",
+            "1",
+            "--json",
+            "c.json",
+        ],
+        QUICK,
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let header = rows(&o.stdout, &["threads", "faults"]);
+    assert!(
+        header.iter().any(|h| h.ends_with(&["vs", "1", "thread"])),
+        "{}",
+        o.stdout
+    );
+    let one: Vec<_> = rows(&o.stdout, &["1"])
+        .into_iter()
+        .filter(|r| r.len() == 6)
+        .collect();
+    assert_eq!(one.len(), 1, "{}", o.stdout);
+    assert_eq!(one[0].last(), Some(&"1.00x"), "{}", o.stdout);
+    let scale: Vec<_> = records(&d.path("c.json"))
+        .into_iter()
+        .filter(|r| r["bench"] == "scale")
+        .collect();
+    assert_eq!(scale.len(), 2);
+    for r in scale {
+        let s = r["speedup_vs_1_thread"].as_f64().unwrap();
+        assert_eq!(r["threads"] == 1, s == 1.0, "{r}");
+    }
+}

@@ -31,7 +31,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use crate::harness::report::{fmt_count, fmt_ns, print_latency_table, print_table, Record};
+use crate::harness::report::{
+    fmt_count, fmt_ns, print_latency_table, print_table, Record, SpeedupBase,
+};
 use crate::harness::stats::{cycles_to_ns_vec, Summary};
 use crate::harness::tsc::{rdtsc, tsc};
 use crate::harness::BenchCtx;
@@ -525,10 +527,7 @@ pub fn run(ctx: &mut BenchCtx, args: &KernelArgs) -> anyhow::Result<()> {
         );
     }
 
-    let mut scale_rows = Vec::new();
-    let mut scale_records = Vec::new();
-    let mut scale_points = Vec::new();
-    let mut base = None;
+    let mut scale = Vec::new();
     for &t in &args.threads {
         let mut rates = Vec::new();
         for _ in 0..reps {
@@ -538,9 +537,17 @@ pub fn run(ctx: &mut BenchCtx, args: &KernelArgs) -> anyhow::Result<()> {
         // Summary over ns per fault (the inverse of the rate).
         let mut ns: Vec<f64> = rates.iter().map(|r| 1e9 / r).collect();
         let s = Summary::from_ns(&mut ns);
-        let fps = 1e9 / s.median;
-        let base_fps = *base.get_or_insert(fps);
-        scale_points.push((t as f64, fps));
+        scale.push((t, s, 1e9 / s.median));
+    }
+    // Speedups against one thread (or the fewest measured), wherever it
+    // stands in --threads.
+    let points: Vec<(usize, f64)> = scale.iter().map(|p| (p.0, p.2)).collect();
+    let base = SpeedupBase::of(&args.threads).context("no thread counts")?;
+    let base_fps = base.rate(&points).unwrap_or(f64::NAN);
+    let scale_points: Vec<(f64, f64)> = points.iter().map(|p| (p.0 as f64, p.1)).collect();
+    let mut scale_rows = Vec::new();
+    let mut scale_records = Vec::new();
+    for (t, s, fps) in &scale {
         scale_rows.push(vec![
             t.to_string(),
             fmt_count((t * args.scale_pages) as u64),
@@ -549,10 +556,11 @@ pub fn run(ctx: &mut BenchCtx, args: &KernelArgs) -> anyhow::Result<()> {
             format!("{:.2}x", fps / base_fps),
         ]);
         scale_records.push(
-            Record::new("scale", "kernel-anon-write", "-", "write", &s)
-                .with("threads", t)
+            Record::new("scale", "kernel-anon-write", "-", "write", s)
+                .with("threads", *t)
                 .with("pages_per_thread", args.scale_pages)
-                .with("faults_per_sec", fps)
+                .with("faults_per_sec", *fps)
+                .with(&base.json_key(), fps / base_fps)
                 .with("reps", reps),
         );
     }
@@ -604,7 +612,7 @@ pub fn run(ctx: &mut BenchCtx, args: &KernelArgs) -> anyhow::Result<()> {
         fmt_count(args.scale_pages as u64)
     );
     print_table(
-        &["threads", "faults", "faults/s", "ns/fault", "speedup"],
+        &["threads", "faults", "faults/s", "ns/fault", &base.column()],
         &scale_rows,
     );
 

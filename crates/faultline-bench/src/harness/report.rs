@@ -331,6 +331,45 @@ pub fn fmt_ratio(r: f64) -> String {
     }
 }
 
+/// The thread count a scaling table's speedups are taken against: one
+/// thread when it was measured, else the fewest threads measured (named
+/// in the column and the JSON key, so a speedup never claims a base it
+/// does not have). Not the first count listed: `--threads 2,1` made the
+/// 2-thread row "1.00x vs 1 thread".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpeedupBase(pub usize);
+
+impl SpeedupBase {
+    /// The base of thread counts `counts` (None: no counts).
+    pub fn of(counts: &[usize]) -> Option<SpeedupBase> {
+        counts.iter().copied().min().map(SpeedupBase)
+    }
+
+    /// `1 thread`, `2 threads`.
+    fn threads(self) -> String {
+        match self.0 {
+            1 => "1 thread".into(),
+            n => format!("{n} threads"),
+        }
+    }
+
+    /// The table column: `vs 1 thread`, `vs 2 threads`.
+    pub fn column(self) -> String {
+        format!("vs {}", self.threads())
+    }
+
+    /// The JSON key: `speedup_vs_1_thread`, `speedup_vs_2_threads`.
+    pub fn json_key(self) -> String {
+        format!("speedup_vs_{}", self.threads().replace(' ', "_"))
+    }
+
+    /// The rate measured at the base count in `(threads, rate)` points
+    /// (the first, if a count was measured twice).
+    pub fn rate(self, points: &[(usize, f64)]) -> Option<f64> {
+        points.iter().find(|p| p.0 == self.0).map(|p| p.1)
+    }
+}
+
 /// Render an aligned table: first column left-aligned, the others right-aligned.
 pub fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let cols = headers.len();
@@ -456,6 +495,20 @@ mod tests {
             m.load_line(),
             "load average (1/5/15 min): 1.00 2.50 3.25 at the start, 2.00 2.00 3.00 at the end; 2 CPUs online"
         );
+    }
+
+    #[test]
+    fn speedups_are_against_one_thread_or_say_what_they_are_against() {
+        let b = SpeedupBase::of(&[2, 1, 4]).unwrap();
+        assert_eq!(b, SpeedupBase(1));
+        assert_eq!(b.column(), "vs 1 thread");
+        assert_eq!(b.json_key(), "speedup_vs_1_thread");
+        assert_eq!(b.rate(&[(2, 300.0), (1, 100.0), (4, 500.0)]), Some(100.0));
+        let b = SpeedupBase::of(&[4, 2, 8]).unwrap();
+        assert_eq!(b.column(), "vs 2 threads");
+        assert_eq!(b.json_key(), "speedup_vs_2_threads");
+        assert_eq!(b.rate(&[(4, 3.0)]), None);
+        assert_eq!(SpeedupBase::of(&[]), None);
     }
 
     #[test]
