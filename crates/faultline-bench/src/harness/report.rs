@@ -32,25 +32,40 @@ pub struct Record {
     pub access: String,
     /// Number of samples.
     pub n: usize,
-    /// Mean, ns.
+    /// Mean, ns. This and the other figures below are NaN where nothing
+    /// was measured (the record's summary has no such figure): `null` in
+    /// the JSON, `-` in tables.
+    #[serde(deserialize_with = "nan_if_null")]
     pub mean_ns: f64,
     /// Median, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub median_ns: f64,
     /// 99th percentile, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub p99_ns: f64,
     /// 99.9th percentile, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub p999_ns: f64,
     /// Maximum, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub max_ns: f64,
     /// Minimum, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub min_ns: f64,
     /// Sample standard deviation, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub std_ns: f64,
     /// `median_ns` / median of the `kernel-anon-write` record of the same report.
     pub ratio_to_kernel: Option<f64>,
     /// Bench-specific figures, flattened into the JSON object.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// A figure of a record: `null` (what serde_json writes for NaN) reads
+/// back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 impl Record {
@@ -577,5 +592,33 @@ mod tests {
         let back: Report = serde_json::from_value(v).unwrap();
         assert_eq!(back.records[1].extra_f64("threads"), Some(1.0));
         assert_eq!(back.machine.free_page_reporting, None);
+    }
+
+    /// Figures that were not measured are NaN in a record: `null` in the
+    /// JSON (never a number standing for nothing), read back as NaN, `-`
+    /// in a table.
+    #[test]
+    fn unmeasured_figures_are_null() {
+        let s = Summary {
+            n: 5,
+            median: 100.0,
+            p99: 900.0,
+            ..Summary::NONE
+        };
+        let mut rep = Report::new(&Tsc::from_ghz(2.0));
+        rep.push(Record::new("restore", "kernel", "kernel", "read", &s));
+        let text = serde_json::to_string(&rep).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let r = &v["records"][0];
+        assert_eq!(r["median_ns"], 100.0);
+        assert_eq!(r["p99_ns"], 900.0);
+        for f in ["mean_ns", "p999_ns", "max_ns", "min_ns", "std_ns"] {
+            assert!(r[f].is_null(), "{f}: {r}");
+        }
+        let back: Report = serde_json::from_str(&text).unwrap();
+        assert!(back.records[0].max_ns.is_nan());
+        assert_eq!(back.records[0].p99_ns, 900.0);
+        let row = latency_row(&back.records[0]);
+        assert_eq!(row[8], "-", "max: {row:?}");
     }
 }
