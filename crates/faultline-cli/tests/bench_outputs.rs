@@ -274,3 +274,76 @@ fn scaling_speedups_are_against_one_thread() {
         assert_eq!(r["threads"] == 1, s == 1.0, "{r}");
     }
 }
+
+/// `bench restore --dir d` made its files in d itself: a user's `mem`,
+/// `all.txt` or `ws10-clustered.txt` there was replaced without a word,
+/// its memory file and a socket were left behind, and a missing d was
+/// made. Now d must exist, the bench works in a new directory of its own
+/// inside it, removed at the end, and nothing else in d is touched.
+#[test]
+fn bench_restore_touches_nothing_in_its_dir() {
+    let d = Scratch::new("restore-dir");
+    std::fs::create_dir(d.path("d")).unwrap();
+    let mine = [
+        ("mem", "precious"),
+        ("all.txt", "notes"),
+        ("ws10-clustered.txt", "mine"),
+        ("base.sock", "not a socket"),
+        ("serve.json", "{}"),
+    ];
+    for (name, text) in mine {
+        std::fs::write(d.path("d").join(name), text).unwrap();
+    }
+    let o = faultline(
+        &d.0,
+        &[
+            "bench",
+            "restore",
+            "--size",
+            "8M",
+            "--reps",
+            "1",
+            "--working-set",
+            "10",
+            "--pattern",
+            "clustered",
+            "--cache",
+            "warm",
+            "--configs",
+            "kernel,baseline,on-demand",
+            "--dir",
+            "d",
+            "--json",
+            "out.json",
+        ],
+        Duration::from_secs(180),
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    for (name, text) in mine {
+        let now = std::fs::read(d.path("d").join(name)).unwrap();
+        assert!(now == text.as_bytes(), "{name} was replaced");
+    }
+    let mut want: Vec<&str> = mine.iter().map(|m| m.0).collect();
+    want.sort();
+    assert_eq!(d.names("d"), want, "nothing left behind in d");
+    let recs = records(&d.path("out.json"));
+    assert!(recs.iter().any(|r| r["mechanism"] == "on-demand"), "ran");
+
+    // A missing --dir is refused, not made; so is a file.
+    for dir in ["nodir", "d/mem", "nodir/deeper"] {
+        let o = faultline(
+            &d.0,
+            &[
+                "bench", "restore", "--size", "8M", "--reps", "1", "--dir", dir,
+            ],
+            QUICK,
+        );
+        assert_eq!(o.code, Some(1), "--dir {dir}: {}", o.stderr);
+        assert!(o.stderr.contains(&format!("--dir {dir}")), "{}", o.stderr);
+    }
+    assert!(!d.path("nodir").exists(), "a missing --dir was made");
+    assert_eq!(
+        std::fs::read_to_string(d.path("d/mem")).unwrap(),
+        "precious"
+    );
+}
