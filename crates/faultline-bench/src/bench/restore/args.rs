@@ -5,9 +5,9 @@ use std::path::PathBuf;
 /// Options of `faultline bench restore`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct RestoreArgs {
-    /// Bytes of the memory file (created in --dir; `256M`, `1GiB` also
-    /// read): a multiple of 4 MiB from 8 MiB to what MemAvailable holds.
-    /// Default 1 GiB.
+    /// Bytes of the memory file (made in the bench's directory, see
+    /// --dir; `256M`, `1GiB` also read): a multiple of 4 MiB from 8 MiB
+    /// to what MemAvailable holds. Default 1 GiB.
     #[arg(long, default_value_t = 1 << 30, value_parser = memory_size)]
     pub size: usize,
     /// Working sets, percent of memory (each more than 0, at most 100).
