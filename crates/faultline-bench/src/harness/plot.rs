@@ -151,7 +151,7 @@ fn color(i: usize) -> RGBColor {
         Some(c) => *c,
         None => {
             let hue = (i as f64 * 0.381_966_011_250_105).fract();
-            let l = if i % 2 == 0 { 0.35 } else { 0.6 };
+            let l = if i.is_multiple_of(2) { 0.35 } else { 0.6 };
             let (r, g, b) = HSLColor(hue, 0.8, l).rgb();
             RGBColor(r, g, b)
         }
