@@ -64,12 +64,6 @@ impl OutputPath {
         if path.as_os_str().is_empty() {
             bail!("{flag}: an empty path");
         }
-        if names_a_directory(path) {
-            bail!(
-                "{}",
-                say("names a directory (it ends in '/', '.' or '..'), not a file")
-            );
-        }
         let target = resolve(path).with_context(|| say("cannot follow the symbolic link"))?;
         let mut mode = None;
         match std::fs::metadata(&target) {
@@ -118,6 +112,14 @@ impl OutputPath {
                 if e.kind() == io::ErrorKind::NotFound
                     || e.raw_os_error() == Some(faultline_sys::Errno::ENOTDIR.0) => {}
             Err(e) => return Err(e).with_context(|| say("cannot read what is there")),
+        }
+        // Nothing there yet (or a file below a file): a name that can
+        // only be a directory's is not a file to write.
+        if names_a_directory(path) {
+            bail!(
+                "{}",
+                say("names a directory (it ends in '/', '.' or '..'), not a file")
+            );
         }
         let dir = parent(&target);
         match std::fs::metadata(&dir) {
