@@ -24,7 +24,7 @@ pub mod output;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 
-pub use output::{output_dir, temp_sibling, OutputPath, PendingOutput};
+pub use output::{output_dir, refuse_file_in_dir, temp_sibling, OutputPath, PendingOutput};
 
 /// Checks `path` as an output file named by `flag` (see [`OutputPath`]):
 /// for callers that write it later through [`OutputPath::check`] again.

@@ -113,6 +113,14 @@ impl OutputPath {
                     || e.raw_os_error() == Some(faultline_sys::Errno::ENOTDIR.0) => {}
             Err(e) => return Err(e).with_context(|| say("cannot read what is there")),
         }
+        // Nothing there yet (or a file below a file): a name that can
+        // only be a directory's is not a file to write.
+        if names_a_directory(path) {
+            bail!(
+                "{}",
+                say("names a directory (it ends in '/', '.' or '..'), not a file")
+            );
+        }
         let dir = parent(&target);
         match std::fs::metadata(&dir) {
             Ok(m) if m.is_dir() => {}
@@ -286,6 +294,64 @@ impl PendingOutput {
         })?;
         guard.disarm();
         Ok(())
+    }
+}
+
+/// Whether `path` as written can only name a directory: it ends in `/`,
+/// or its last component is `.` or `..` (`Path` drops a trailing `/` and
+/// `.`, so `x.json/` would otherwise pass as the file `x.json` and fail
+/// only at the rename, after the work).
+fn names_a_directory(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let b = path.as_os_str().as_bytes();
+    let last = b.rsplit(|&c| c == b'/').next().unwrap_or(b);
+    b.ends_with(b"/") || last == b"." || last == b".."
+}
+
+/// Refuses output file `file` (named by option `file_flag`) where output
+/// directory `dir` (option `dir_flag`, e.g. `--plot`) writes: `dir`
+/// itself, or a file directly in it (where the directory's own files go,
+/// under names the command chooses, so one may replace it, or it one of
+/// them). Any spelling counts: links are followed, relative paths made
+/// absolute; neither needs to exist yet. Check before any work (and
+/// before `dir` is created).
+pub fn refuse_file_in_dir(
+    file: &Path,
+    file_flag: &str,
+    dir: &Path,
+    dir_flag: &str,
+) -> anyhow::Result<()> {
+    let say = |what: &str| {
+        format!(
+            "{file_flag} {}: {what} {dir_flag} {}",
+            file.display(),
+            dir.display()
+        )
+    };
+    if same_file(file, dir) || full_path(file) == full_path(dir) {
+        bail!("{}", say("the same path as"));
+    }
+    let target = resolve(file).unwrap_or_else(|_| file.to_path_buf());
+    let holder = parent(&target);
+    if same_file(&holder, dir) || full_path(&holder) == full_path(dir) {
+        bail!(
+            "{}; put it outside that directory",
+            say("is in the directory of")
+        );
+    }
+    Ok(())
+}
+
+/// `path` absolute with links followed as far as it exists: the
+/// canonical path of what exists, the rest appended as written.
+fn full_path(path: &Path) -> PathBuf {
+    let p = resolve(path).unwrap_or_else(|_| path.to_path_buf());
+    if let Ok(c) = std::fs::canonicalize(&p) {
+        return c;
+    }
+    match p.file_name() {
+        Some(name) => full_path(&parent(&p)).join(name),
+        None => std::path::absolute(&p).unwrap_or(p),
     }
 }
 
@@ -548,6 +614,52 @@ mod tests {
             .unwrap()
             .file_type()
             .is_char_device());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_path_ending_as_a_directory_is_refused_before_any_work() {
+        let d = dir("slash");
+        for name in ["x.json/", "x.json/.", "x.json/.."] {
+            let e = OutputPath::check(&d.join(name), "--json").unwrap_err();
+            assert!(e.to_string().contains("names a directory"), "{name}: {e}");
+        }
+        assert!(entries(&d).is_empty(), "{:?}", entries(&d));
+        OutputPath::check(&d.join("x.json"), "--json").unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_file_in_or_at_an_output_directory_is_refused() {
+        let d = dir("indir");
+        let plots = d.join("plots");
+        // Neither exists yet: by their absolute spelling.
+        for (file, why) in [
+            (plots.clone(), "the same path as --plot"),
+            (d.join("plots/."), "the same path as --plot"),
+            (
+                plots.join("notify_latency.png"),
+                "is in the directory of --plot",
+            ),
+            (d.join("./plots/x.json"), "is in the directory of --plot"),
+        ] {
+            let e = refuse_file_in_dir(&file, "--json", &plots, "--plot").unwrap_err();
+            assert!(e.to_string().contains(why), "{}: {e}", file.display());
+        }
+        // Once they exist, through a link too.
+        std::fs::create_dir(&plots).unwrap();
+        symlink(&plots, d.join("link")).unwrap();
+        for file in [d.join("link/a.json"), plots.join("a.png")] {
+            let e = refuse_file_in_dir(&file, "--json", &d.join("plots"), "--plot").unwrap_err();
+            assert!(e.to_string().contains("in the directory of"), "{e}");
+        }
+        let e = refuse_file_in_dir(&d.join("link"), "--json", &plots, "--plot").unwrap_err();
+        assert!(e.to_string().contains("the same path"), "{e}");
+        // Beside it, or below it, is not where its files go.
+        refuse_file_in_dir(&d.join("a.json"), "--json", &plots, "--plot").unwrap();
+        refuse_file_in_dir(&d.join("plots2/a.json"), "--json", &plots, "--plot").unwrap();
+        std::fs::create_dir(plots.join("sub")).unwrap();
+        refuse_file_in_dir(&plots.join("sub/a.json"), "--json", &plots, "--plot").unwrap();
         std::fs::remove_dir_all(&d).unwrap();
     }
 

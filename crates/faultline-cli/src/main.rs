@@ -29,6 +29,20 @@ fn main() {
         }
     }
     let cli = faultline_cli::Cli::parse();
+    // Before any work, and before --plot's directory is made: --json is
+    // not --plot's directory, nor a file in it (where the figures go, under
+    // names the bench picks: one would replace the other after the run).
+    #[cfg(feature = "bench")]
+    if let faultline_cli::Command::Bench(b) = &cli.command {
+        if let (Some(json), Some(plot)) = (&b.json, &b.plot) {
+            if let Err(e) =
+                faultline_cli_support::refuse_file_in_dir(json, "--json", plot, "--plot")
+            {
+                faultline_cli_support::print_error(&e);
+                std::process::exit(2);
+            }
+        }
+    }
     if let Err(e) = faultline_cli::block_signals(&cli) {
         faultline_cli_support::print_error(&e);
         std::process::exit(1);

@@ -27,8 +27,9 @@ use faultline::{
 };
 
 use super::kernel::{self, Access, KernelPath, PAGE};
+use crate::harness::parallel;
 use crate::harness::report::{
-    fmt_count, fmt_ns, fmt_ratio, print_latency_table, print_table, Record,
+    fmt_count, fmt_ns, fmt_ratio, print_latency_table, print_table, Record, SpeedupBase,
 };
 use crate::harness::stats::{cycles_to_ns_vec, Summary};
 use crate::harness::tsc::{rdtsc, tsc};
@@ -761,6 +762,10 @@ impl ScaleArgs {
     }
 }
 
+/// Faults per second of `threads` threads first-writing their own
+/// `pages` pages each of one region served by `engine`, over the time
+/// from the first thread's first write to the last one's last
+/// ([`parallel::timed`]: each thread stamps its own).
 fn scale_engine(
     engine: &Arc<dyn faultline::Engine>,
     threads: usize,
@@ -771,27 +776,14 @@ fn scale_engine(
         .fault_around(1)
         .build_dyn(engine.clone())?;
     let base = r.as_ptr() as usize;
-    let barrier = std::sync::Barrier::new(threads + 1);
-    let secs = std::thread::scope(|s| {
-        for t in 0..threads {
-            let barrier = &barrier;
-            s.spawn(move || {
-                barrier.wait();
-                for i in 0..pages {
-                    // SAFETY: thread `t`'s slice of the live region.
-                    unsafe {
-                        std::ptr::write_volatile((base as *mut u8).add((t * pages + i) * PAGE), 1)
-                    };
-                }
-                barrier.wait();
-            });
+    let secs = parallel::timed(threads, |t| {
+        for i in 0..pages {
+            // SAFETY: thread `t`'s slice of the live region.
+            unsafe { std::ptr::write_volatile((base as *mut u8).add((t * pages + i) * PAGE), 1) };
         }
-        barrier.wait();
-        let t0 = Instant::now();
-        barrier.wait();
-        t0.elapsed().as_secs_f64()
-    });
-    Ok((threads * pages) as f64 / secs)
+    })
+    .as_secs_f64();
+    Ok((threads * pages) as f64 / secs.max(1e-9))
 }
 
 /// A zero store: the scale bench measures fault delivery, not copying.
@@ -824,13 +816,21 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
         kernel_at.insert(t, fps);
     }
     series.push(("kernel anon write".to_string(), kernel_pts.clone()));
+    // Speedups against one thread (or the fewest measured), wherever it
+    // stands in --threads.
+    let base = SpeedupBase::of(&args.threads).context("no thread counts")?;
+    let at = |pts: &[(f64, f64)]| {
+        let pts: Vec<(usize, f64)> = pts.iter().map(|p| (p.0 as usize, p.1)).collect();
+        base.rate(&pts).unwrap_or(f64::NAN)
+    };
+    let kernel_base = at(&kernel_pts);
     for (t, fps) in &kernel_pts {
         rows.push(vec![
             "kernel-anon-write".into(),
             format!("{t}"),
             fmt_count(*fps as u64),
             "1.00x".into(),
-            "-".into(),
+            format!("{:.2}x", fps / kernel_base),
         ]);
         ctx.report.push(
             Record::new(
@@ -841,23 +841,25 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
                 &Summary::from_ns(&mut [1e9 / fps]),
             )
             .with("threads", *t as u64)
-            .with("faults_per_sec", *fps),
+            .with("faults_per_sec", *fps)
+            .with(&base.json_key(), fps / kernel_base),
         );
     }
     for &e in &engines {
         let engine = make_engine(e)?;
         let mut pts = Vec::new();
-        let mut one = None;
         for &t in &args.threads {
             progress.step(&format!("{} {t} threads", e.name()));
-            let fps = scale_engine(&engine, t, args.pages)?;
-            let base = *one.get_or_insert(fps);
+            pts.push((t as f64, scale_engine(&engine, t, args.pages)?));
+        }
+        let one = at(&pts);
+        for &(t, fps) in &pts {
             rows.push(vec![
                 e.name().into(),
                 t.to_string(),
                 fmt_count(fps as u64),
-                fmt_ratio(fps / kernel_at[&t]),
-                format!("{:.2}x", fps / base),
+                fmt_ratio(fps / kernel_at[&(t as usize)]),
+                format!("{:.2}x", fps / one),
             ]);
             ctx.report.push(
                 Record::new(
@@ -869,9 +871,8 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
                 )
                 .with("threads", t as u64)
                 .with("faults_per_sec", fps)
-                .with("speedup_vs_1_thread", fps / base),
+                .with(&base.json_key(), fps / one),
             );
-            pts.push((t as f64, fps));
         }
         series.push((e.name().to_string(), pts));
     }
@@ -881,14 +882,9 @@ pub fn run_scale(ctx: &mut BenchCtx, args: &ScaleArgs) -> anyhow::Result<()> {
         args.pages,
         faultline_sys::thread::online_cpus()
     );
+    let vs = base.column();
     print_table(
-        &[
-            "mechanism",
-            "threads",
-            "faults/s",
-            "vs kernel",
-            "vs 1 thread",
-        ],
+        &["mechanism", "threads", "faults/s", "vs kernel", &vs],
         &rows,
     );
     ctx.figure("scale", |d, n| {

@@ -5,8 +5,9 @@
 //! 2. A sub-bench measures, prints its tables, draws its figures with
 //!    [`BenchCtx::figure`] (only under `--plot`) and pushes its
 //!    [`Record`](super::report::Record)s onto [`BenchCtx::report`].
-//! 3. [`BenchCtx::finish`] fills in `ratio_to_kernel`, writes `--json` and
-//!    lists the figures written.
+//! 3. [`BenchCtx::finish`] fills in `ratio_to_kernel` and the load
+//!    average at the end, writes `--json`, lists the figures written and
+//!    prints the machine's load at the start and the end of the run.
 
 use std::path::{Path, PathBuf};
 
@@ -79,9 +80,11 @@ impl BenchCtx {
         self.plots.push(dir.join(name));
     }
 
-    /// Fill in ratios to the kernel, write the JSON file, list the outputs.
+    /// Fill in ratios to the kernel and the load at the end, write the
+    /// JSON file, list the outputs, say how loaded the machine was.
     pub fn finish(mut self) -> anyhow::Result<Report> {
         self.report.apply_kernel_ratios(&RATIO_BENCHES);
+        self.report.machine.loadavg_end = super::report::loadavg();
         if let Some(path) = &self.json {
             self.report.write_json(path)?;
             println!(
@@ -101,6 +104,37 @@ impl BenchCtx {
                 );
             }
         }
+        println!("{}", self.report.machine.load_line());
         Ok(self.report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The JSON's machine block says how loaded the machine was when the
+    /// run started and when it ended, and on how many CPUs.
+    #[test]
+    fn the_json_records_the_load_at_start_and_end() {
+        let d = std::env::temp_dir().join(format!("faultline-ctx-load-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        let json = d.join("r.json");
+        let ctx = BenchCtx::new(Some(json.clone()), None);
+        let rep = ctx.finish().unwrap();
+        assert!(rep.machine.loadavg_end.is_some());
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let m = &v["machine"];
+        for field in ["loadavg_start", "loadavg_end"] {
+            let l = m[field]
+                .as_array()
+                .unwrap_or_else(|| panic!("{field}: {m}"));
+            assert_eq!(l.len(), 3, "{field}: {m}");
+            assert!(l.iter().all(|x| x.as_f64().unwrap() >= 0.0), "{m}");
+        }
+        assert!(m["online_cpus"].as_u64().unwrap() >= 1, "{m}");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

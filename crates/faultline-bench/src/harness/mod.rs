@@ -16,6 +16,7 @@
 //! | [`report`] | JSON records, the machine description, text tables |
 //! | [`plot`] | figures as SVG and PNG |
 //! | [`paper`] | a figure measured next to the paper's, printed and recorded |
+//! | [`parallel`] | work on several threads at once, timed from the first start to the last end |
 //! | [`progress`] | a step counter on stderr |
 //!
 //! Nothing here knows a particular bench: the benches import the harness,
@@ -23,6 +24,7 @@
 
 pub mod context;
 pub mod paper;
+pub mod parallel;
 pub mod plot;
 pub mod progress;
 pub mod report;

@@ -121,8 +121,11 @@ fn write_figure<F: Figure>(dir: &Path, name: &str, fig: &F, text: bool) -> anyho
     })
 }
 
+/// Series `i`'s colour: twenty distinct ones (a figure of a full `bench
+/// restore` run has more than twelve series: the thirteenth took the
+/// first's colour), then hues a golden angle apart.
 fn color(i: usize) -> RGBColor {
-    const C: [RGBColor; 12] = [
+    const C: [RGBColor; 20] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
         RGBColor(44, 160, 44),
@@ -135,8 +138,24 @@ fn color(i: usize) -> RGBColor {
         RGBColor(23, 190, 207),
         RGBColor(0, 0, 128),
         RGBColor(0, 0, 0),
+        RGBColor(128, 0, 0),
+        RGBColor(0, 128, 128),
+        RGBColor(128, 128, 0),
+        RGBColor(255, 200, 0),
+        RGBColor(199, 21, 133),
+        RGBColor(255, 0, 255),
+        RGBColor(140, 190, 240),
+        RGBColor(210, 180, 140),
     ];
-    C[i % C.len()]
+    match C.get(i) {
+        Some(c) => *c,
+        None => {
+            let hue = (i as f64 * 0.381_966_011_250_105).fract();
+            let l = if i.is_multiple_of(2) { 0.35 } else { 0.6 };
+            let (r, g, b) = HSLColor(hue, 0.8, l).rgb();
+            RGBColor(r, g, b)
+        }
+    }
 }
 
 /// Pad a range so a zero-width one still draws.
@@ -651,12 +670,55 @@ struct GroupBars<'a> {
     series: &'a [(String, Vec<f64>)],
 }
 
+/// [`GroupBars`]' legend: below the chart, never over a bar, in columns
+/// of this width (a floor's label is some 60 characters), rows this tall.
+const KEY_COLUMN: u32 = 480;
+const KEY_ROW: u32 = 20;
+
+impl GroupBars<'_> {
+    /// Rows of the legend.
+    fn key_rows(&self) -> u32 {
+        let cols = ((SIZE.0 - 40) / KEY_COLUMN).max(1) as usize;
+        self.series.len().div_ceil(cols) as u32
+    }
+
+    /// The legend: a swatch and the name of every series, in columns,
+    /// left to right then down.
+    fn key<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> anyhow::Result<()> {
+        let cols = ((SIZE.0 - 40) / KEY_COLUMN).max(1) as usize;
+        let font = ("sans-serif", 13).into_font().color(&BLACK);
+        for (i, (label, _)) in self.series.iter().enumerate() {
+            let x = 40 + (i % cols) as i32 * KEY_COLUMN as i32;
+            let y = 8 + (i / cols) as i32 * KEY_ROW as i32;
+            area.draw(&Rectangle::new(
+                [(x, y), (x + 14, y + 10)],
+                color(i).filled(),
+            ))
+            .map_err(perr)?;
+            area.draw(&Text::new(label.as_str(), (x + 20, y - 1), font.clone()))
+                .map_err(perr)?;
+        }
+        Ok(())
+    }
+}
+
 impl Figure for GroupBars<'_> {
+    fn size(&self) -> (u32, u32) {
+        (SIZE.0, SIZE.1 + self.key_rows() * KEY_ROW + 16)
+    }
+
     fn draw<DB: DrawingBackend>(
         &self,
         root: &DrawingArea<DB, Shift>,
         text: bool,
     ) -> anyhow::Result<()> {
+        // The chart above, the legend below it: a legend inside the chart
+        // covered the bars of its first groups.
+        let (root, below) = root.split_vertically(SIZE.1);
+        if text {
+            self.key(&below)?;
+        }
+        let root = &root;
         let vals = || {
             self.series
                 .iter()
@@ -706,7 +768,7 @@ impl Figure for GroupBars<'_> {
         }
         let k = self.series.len().max(1) as f64;
         let width = 0.8 / k;
-        for (si, (label, values)) in self.series.iter().enumerate() {
+        for (si, (_, values)) in self.series.iter().enumerate() {
             let c = color(si);
             let bars = values
                 .iter()
@@ -716,15 +778,7 @@ impl Figure for GroupBars<'_> {
                     let x0 = g as f64 + 0.1 + si as f64 * width;
                     Rectangle::new([(x0, ylo), (x0 + width * 0.9, v.log10())], c.filled())
                 });
-            let s = chart.draw_series(bars).map_err(perr)?;
-            if text {
-                s.label(label.as_str()).legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled())
-                });
-            }
-        }
-        if text {
-            legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+            chart.draw_series(bars).map_err(perr)?;
         }
         Ok(())
     }
@@ -903,6 +957,106 @@ mod tests {
         }
     }
 
+    /// Every `<text x=".." y=".." ...>CONTENT</text>` of an SVG.
+    fn svg_texts(svg: &str) -> Vec<(f64, f64, &str)> {
+        svg.split("<text")
+            .skip(1)
+            .map(|t| {
+                let attr = |name: &str| -> f64 {
+                    let v = &t[t.find(&format!(" {name}=\"")).unwrap() + name.len() + 3..];
+                    v[..v.find('"').unwrap()].parse().unwrap()
+                };
+                let body = &t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()];
+                (attr("x"), attr("y"), body.trim())
+            })
+            .collect()
+    }
+
+    /// Every `<rect>` of an SVG: x, y, width, height, fill.
+    fn svg_rects(svg: &str) -> Vec<(f64, f64, f64, f64, &str)> {
+        svg.split("<rect")
+            .skip(1)
+            .map(|t| {
+                let raw = |name: &str| {
+                    let v = &t[t.find(&format!(" {name}=\"")).unwrap() + name.len() + 3..];
+                    &v[..v.find('"').unwrap()]
+                };
+                let num = |name: &str| raw(name).parse::<f64>().unwrap();
+                (num("x"), num("y"), num("width"), num("height"), raw("fill"))
+            })
+            .collect()
+    }
+
+    /// The restore figure's legend hid the bars of its first groups (the
+    /// tallest: baseline, on-demand, eager), and its thirteenth series took
+    /// the first's colour: now every series is a bar of its own colour,
+    /// named in a legend below the chart that covers none of them.
+    #[test]
+    fn every_bar_series_is_visible_and_labelled() {
+        if !font_available() {
+            return;
+        }
+        let groups: Vec<String> = ["10% warm", "10% cold", "30% warm"]
+            .map(String::from)
+            .to_vec();
+        // Tall bars in the first group, where the legend was.
+        let series: Vec<(String, Vec<f64>)> = (0..14)
+            .map(|i| {
+                let name = if i < 8 {
+                    format!("config-{i}")
+                } else {
+                    format!("floor: UFFDIO_CONTINUE of the recorded set runs, 1 thread, case {i}")
+                };
+                (name, vec![40.0 - i as f64, 1.0 + i as f64, 5.0])
+            })
+            .collect();
+        let fig = GroupBars {
+            title: "t",
+            y_label: "ms (log scale)",
+            groups: &groups,
+            series: &series,
+        };
+        let (w, h) = fig.size();
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (w, h)).into_drawing_area();
+            fig.draw(&root, true).unwrap();
+            root.present().unwrap();
+        }
+        let texts = svg_texts(&svg);
+        let rects = svg_rects(&svg);
+        // The bars: rects of a series' colour taller than a swatch.
+        let colors: Vec<String> = (0..series.len())
+            .map(|i| {
+                let c = color(i);
+                format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
+            })
+            .collect();
+        let mut distinct = colors.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), series.len(), "a colour per series");
+        let bars: Vec<_> = rects
+            .iter()
+            .filter(|r| colors.iter().any(|c| c == r.4) && r.3 > 12.0)
+            .collect();
+        assert_eq!(bars.len(), 3 * series.len(), "every bar drawn");
+        let bottom = bars.iter().map(|r| r.1 + r.3).fold(0.0, f64::max);
+        for (name, _) in &series {
+            let at: Vec<_> = texts.iter().filter(|t| t.2 == name).collect();
+            assert_eq!(at.len(), 1, "{name} labelled once");
+            let (x, y) = (at[0].0, at[0].1);
+            assert!(
+                y > bottom,
+                "{name}'s label at y {y}, over the bars (down to {bottom})"
+            );
+            assert!(
+                x >= 0.0 && x < w as f64 && y < h as f64,
+                "{name} at {x},{y} in {w}x{h}"
+            );
+        }
+    }
+
     #[test]
     fn figures_with_and_without_text() {
         for text in [true, false] {
@@ -940,6 +1094,20 @@ mod tests {
             };
             write_figure(&dir, "lines", &fig, text).unwrap();
             check(&dir, "lines");
+            let groups = vec!["a".to_string(), "b".into()];
+            let bars = GroupBars {
+                title: "t",
+                y_label: "ms",
+                groups: &groups,
+                series: &[
+                    ("x".to_string(), vec![1.0, 20.0]),
+                    ("y".to_string(), vec![3.0, 0.5]),
+                    ("z".to_string(), vec![7.0, 9.0]),
+                    ("w".to_string(), vec![2.0, 4.0]),
+                ],
+            };
+            write_figure(&dir, "bars", &bars, text).unwrap();
+            check(&dir, "bars");
             // FAULTLINE_KEEP_TEST_PLOTS=1 keeps the figures for a look.
             if std::env::var_os("FAULTLINE_KEEP_TEST_PLOTS").is_none() {
                 std::fs::remove_dir_all(&dir).unwrap();

@@ -32,25 +32,40 @@ pub struct Record {
     pub access: String,
     /// Number of samples.
     pub n: usize,
-    /// Mean, ns.
+    /// Mean, ns. This and the other figures below are NaN where nothing
+    /// was measured (the record's summary has no such figure): `null` in
+    /// the JSON, `-` in tables.
+    #[serde(deserialize_with = "nan_if_null")]
     pub mean_ns: f64,
     /// Median, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub median_ns: f64,
     /// 99th percentile, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub p99_ns: f64,
     /// 99.9th percentile, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub p999_ns: f64,
     /// Maximum, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub max_ns: f64,
     /// Minimum, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub min_ns: f64,
     /// Sample standard deviation, ns.
+    #[serde(deserialize_with = "nan_if_null")]
     pub std_ns: f64,
     /// `median_ns` / median of the `kernel-anon-write` record of the same report.
     pub ratio_to_kernel: Option<f64>,
     /// Bench-specific figures, flattened into the JSON object.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// A figure of a record: `null` (what serde_json writes for NaN) reads
+/// back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 impl Record {
@@ -108,6 +123,18 @@ pub struct Machine {
     /// per page, seen as its own system time. None: no balloon device.
     #[serde(default)]
     pub free_page_reporting: Option<bool>,
+    /// CPUs online (the load averages count runnable threads against
+    /// these; `nproc` is those this process may run on).
+    #[serde(default)]
+    pub online_cpus: Option<usize>,
+    /// The 1, 5 and 15-minute load averages when the run started
+    /// (`/proc/loadavg`): other work on the machine, sharing its CPUs
+    /// with the bench.
+    #[serde(default)]
+    pub loadavg_start: Option<[f64; 3]>,
+    /// ... and when it ended (set by `BenchCtx::finish`).
+    #[serde(default)]
+    pub loadavg_end: Option<[f64; 3]>,
 }
 
 impl Machine {
@@ -125,8 +152,45 @@ impl Machine {
                     .map_or(0, |d| d.as_secs()),
             ),
             free_page_reporting: free_page_reporting(),
+            online_cpus: Some(faultline_sys::thread::online_cpus()),
+            loadavg_start: loadavg(),
+            loadavg_end: None,
         }
     }
+
+    /// The line that says how loaded the machine was: the load averages
+    /// at the start and the end of the run, against its CPUs.
+    pub fn load_line(&self) -> String {
+        let show = |l: Option<[f64; 3]>| {
+            l.map_or("unknown".into(), |[a, b, c]| {
+                format!("{a:.2} {b:.2} {c:.2}")
+            })
+        };
+        format!(
+            "load average (1/5/15 min): {} at the start, {} at the end; {} CPUs online",
+            show(self.loadavg_start),
+            show(self.loadavg_end),
+            self.online_cpus
+                .map_or_else(|| "?".to_string(), |n| n.to_string())
+        )
+    }
+}
+
+/// The 1, 5 and 15-minute load averages of this machine, if
+/// `/proc/loadavg` reads.
+pub fn loadavg() -> Option<[f64; 3]> {
+    parse_loadavg(&std::fs::read_to_string("/proc/loadavg").ok()?)
+}
+
+/// The three load averages of a `/proc/loadavg` line
+/// (`0.52 0.58 0.59 1/467 12345`).
+fn parse_loadavg(s: &str) -> Option<[f64; 3]> {
+    let mut it = s.split_whitespace().map(str::parse::<f64>);
+    let mut v = [0.0; 3];
+    for x in &mut v {
+        *x = it.next()?.ok().filter(|x| x.is_finite() && *x >= 0.0)?;
+    }
+    Some(v)
 }
 
 /// `VIRTIO_BALLOON_F_REPORTING` of this machine's virtio-balloon devices
@@ -282,6 +346,45 @@ pub fn fmt_ratio(r: f64) -> String {
     }
 }
 
+/// The thread count a scaling table's speedups are taken against: one
+/// thread when it was measured, else the fewest threads measured (named
+/// in the column and the JSON key, so a speedup never claims a base it
+/// does not have). Not the first count listed: `--threads 2,1` made the
+/// 2-thread row "1.00x vs 1 thread".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpeedupBase(pub usize);
+
+impl SpeedupBase {
+    /// The base of thread counts `counts` (None: no counts).
+    pub fn of(counts: &[usize]) -> Option<SpeedupBase> {
+        counts.iter().copied().min().map(SpeedupBase)
+    }
+
+    /// `1 thread`, `2 threads`.
+    fn threads(self) -> String {
+        match self.0 {
+            1 => "1 thread".into(),
+            n => format!("{n} threads"),
+        }
+    }
+
+    /// The table column: `vs 1 thread`, `vs 2 threads`.
+    pub fn column(self) -> String {
+        format!("vs {}", self.threads())
+    }
+
+    /// The JSON key: `speedup_vs_1_thread`, `speedup_vs_2_threads`.
+    pub fn json_key(self) -> String {
+        format!("speedup_vs_{}", self.threads().replace(' ', "_"))
+    }
+
+    /// The rate measured at the base count in `(threads, rate)` points
+    /// (the first, if a count was measured twice).
+    pub fn rate(self, points: &[(usize, f64)]) -> Option<f64> {
+        points.iter().find(|p| p.0 == self.0).map(|p| p.1)
+    }
+}
+
 /// Render an aligned table: first column left-aligned, the others right-aligned.
 pub fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let cols = headers.len();
@@ -389,6 +492,41 @@ mod tests {
     }
 
     #[test]
+    fn load_averages_are_read_and_shown() {
+        assert_eq!(
+            parse_loadavg("0.52 0.58 1.59 1/467 12345\n"),
+            Some([0.52, 0.58, 1.59])
+        );
+        assert_eq!(parse_loadavg("0.52 x 1.59"), None);
+        assert_eq!(parse_loadavg(""), None);
+        let l = loadavg().expect("/proc/loadavg reads");
+        assert!(l.iter().all(|x| *x >= 0.0), "{l:?}");
+        let mut m = Machine::detect(&Tsc::from_ghz(2.0));
+        assert!(m.loadavg_start.is_some() && m.online_cpus.unwrap() >= 1);
+        m.loadavg_start = Some([1.0, 2.5, 3.25]);
+        m.loadavg_end = Some([2.0, 2.0, 3.0]);
+        m.online_cpus = Some(2);
+        assert_eq!(
+            m.load_line(),
+            "load average (1/5/15 min): 1.00 2.50 3.25 at the start, 2.00 2.00 3.00 at the end; 2 CPUs online"
+        );
+    }
+
+    #[test]
+    fn speedups_are_against_one_thread_or_say_what_they_are_against() {
+        let b = SpeedupBase::of(&[2, 1, 4]).unwrap();
+        assert_eq!(b, SpeedupBase(1));
+        assert_eq!(b.column(), "vs 1 thread");
+        assert_eq!(b.json_key(), "speedup_vs_1_thread");
+        assert_eq!(b.rate(&[(2, 300.0), (1, 100.0), (4, 500.0)]), Some(100.0));
+        let b = SpeedupBase::of(&[4, 2, 8]).unwrap();
+        assert_eq!(b.column(), "vs 2 threads");
+        assert_eq!(b.json_key(), "speedup_vs_2_threads");
+        assert_eq!(b.rate(&[(4, 3.0)]), None);
+        assert_eq!(SpeedupBase::of(&[]), None);
+    }
+
+    #[test]
     fn formatting() {
         assert_eq!(fmt_ns(850.4), "850 ns");
         assert_eq!(fmt_ns(3050.0), "3.05 us");
@@ -443,12 +581,44 @@ mod tests {
         assert!(v["machine"]["tsc_ghz"].as_f64().unwrap() == 2.0);
         let mut v = v;
         // Reports written before the field existed still read.
-        v["machine"]
-            .as_object_mut()
-            .unwrap()
-            .remove("free_page_reporting");
+        for field in [
+            "free_page_reporting",
+            "online_cpus",
+            "loadavg_start",
+            "loadavg_end",
+        ] {
+            v["machine"].as_object_mut().unwrap().remove(field);
+        }
         let back: Report = serde_json::from_value(v).unwrap();
         assert_eq!(back.records[1].extra_f64("threads"), Some(1.0));
         assert_eq!(back.machine.free_page_reporting, None);
+    }
+
+    /// Figures that were not measured are NaN in a record: `null` in the
+    /// JSON (never a number standing for nothing), read back as NaN, `-`
+    /// in a table.
+    #[test]
+    fn unmeasured_figures_are_null() {
+        let s = Summary {
+            n: 5,
+            median: 100.0,
+            p99: 900.0,
+            ..Summary::NONE
+        };
+        let mut rep = Report::new(&Tsc::from_ghz(2.0));
+        rep.push(Record::new("restore", "kernel", "kernel", "read", &s));
+        let text = serde_json::to_string(&rep).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let r = &v["records"][0];
+        assert_eq!(r["median_ns"], 100.0);
+        assert_eq!(r["p99_ns"], 900.0);
+        for f in ["mean_ns", "p999_ns", "max_ns", "min_ns", "std_ns"] {
+            assert!(r[f].is_null(), "{f}: {r}");
+        }
+        let back: Report = serde_json::from_str(&text).unwrap();
+        assert!(back.records[0].max_ns.is_nan());
+        assert_eq!(back.records[0].p99_ns, 900.0);
+        let row = latency_row(&back.records[0]);
+        assert_eq!(row[8], "-", "max: {row:?}");
     }
 }

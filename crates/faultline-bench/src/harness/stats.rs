@@ -31,6 +31,20 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// Nothing measured: every figure NaN (written as `null` in the
+    /// JSON, `-` in tables), no samples. Fill in what was measured:
+    /// `Summary { n, median, p99, ..Summary::NONE }`.
+    pub const NONE: Summary = Summary {
+        n: 0,
+        mean: f64::NAN,
+        median: f64::NAN,
+        p99: f64::NAN,
+        p999: f64::NAN,
+        max: f64::NAN,
+        min: f64::NAN,
+        std: f64::NAN,
+    };
+
     /// Summarise TSC cycle samples, converted to ns with `tsc`. Sorts `cycles`.
     pub fn from_cycles(cycles: &mut [u64], tsc: &Tsc) -> Summary {
         cycles.sort_unstable();

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 /// Options of `faultline bench restore`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct RestoreArgs {
-    /// Bytes of the memory file (created in --dir; `256M`, `1GiB` also
-    /// read): a multiple of 4 MiB from 8 MiB to what MemAvailable holds.
-    /// Default 1 GiB.
+    /// Bytes of the memory file (made in the bench's directory, see
+    /// --dir; `256M`, `1GiB` also read): a multiple of 4 MiB from 8 MiB
+    /// to what MemAvailable holds. Default 1 GiB.
     #[arg(long, default_value_t = 1 << 30, value_parser = memory_size)]
     pub size: usize,
     /// Working sets, percent of memory (each more than 0, at most 100).
@@ -26,8 +26,12 @@ pub struct RestoreArgs {
     /// Repetitions per configuration (medians are reported; 1 to 1000).
     #[arg(long, default_value_t = 3, value_parser = faultline_cli_support::flags::reps())]
     pub reps: usize,
-    /// Directory for the memory file, sockets and records. Default: a
-    /// temporary directory in /tmp, removed afterwards.
+    /// An existing directory on the file system to measure: the bench
+    /// makes its files (the memory file, sockets, records) in a new
+    /// subdirectory of it, faultline-restore-PID, removed afterwards (and
+    /// on SIGINT, SIGTERM or SIGHUP; a killed run's by the next run), and
+    /// touches nothing else in it. Default: the system's temporary
+    /// directory ($TMPDIR, else /tmp).
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Configurations to run (the ratios need kernel, baseline and

@@ -144,25 +144,31 @@ pub fn run(ctx: &mut BenchCtx, a: &RestoreArgs) -> anyhow::Result<()> {
     if a.size < 8 << 20 || !a.size.is_multiple_of(4 << 20) {
         bail!("--size must be a multiple of 4 MiB, at least 8 MiB");
     }
-    // The default directory is a temporary: `/tmp/faultline-restore-PID`,
-    // removed on return, on SIGINT/SIGTERM/SIGHUP, and by a later run
-    // once PID is gone (a killed run's memory file is --size bytes). A
-    // killed run's hugetlbfs mount is unmounted first, wherever it was.
+    // The bench's files (the memory file, --size bytes; sockets, records,
+    // logs) go in a directory of its own, made new in --dir (which must
+    // exist: it chooses the file system) or in the system's temporary
+    // directory: `faultline-restore-PID`, removed on return, on
+    // SIGINT/SIGTERM/SIGHUP, and by a later run once PID is gone. Nothing
+    // else in --dir is read, written or removed (it was the directory
+    // itself: a user's `mem` or `all.txt` there was replaced). A killed
+    // run's hugetlbfs mount is unmounted first, wherever it was.
     cleanup::sweep_mounts(memory::HugeMount::SWEEP);
-    let (dir, _guard) = match &a.dir {
+    let parent = match &a.dir {
         Some(d) => {
-            faultline_cli_support::output_dir(d, "--dir")?;
-            (d.clone(), None)
+            existing_dir(d)?;
+            d.clone()
         }
-        None => {
-            let tmp = std::env::temp_dir();
-            cleanup::sweep_pid_named(&tmp, "faultline-restore-", "");
-            let guard = cleanup::temp(&tmp, "faultline-restore-", "");
-            let dir = guard.path().to_path_buf();
-            std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            (dir, Some(guard))
-        }
+        None => std::env::temp_dir(),
     };
+    cleanup::sweep_pid_named(&parent, "faultline-restore-", "");
+    let guard = cleanup::temp(&parent, "faultline-restore-", "");
+    let dir = guard.path().to_path_buf();
+    // create_dir, not create_dir_all: never into something already there.
+    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    eprintln!(
+        "restore: the bench's files in {} (removed at the end)",
+        dir.display()
+    );
     faultline_cli_support::flags::check_disk(
         &dir,
         a.size as u64,
@@ -171,7 +177,22 @@ pub fn run(ctx: &mut BenchCtx, a: &RestoreArgs) -> anyhow::Result<()> {
     run_in(ctx, a, &dir)
 }
 
-/// The bench in `dir`: its files, then `--peers` or the configurations.
+/// Refuses `--dir` unless it is an existing directory (a typo must not
+/// make a tree, as `bench random --dir` refuses it too).
+fn existing_dir(d: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(d) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => bail!("--dir {}: not a directory", d.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "--dir {}: does not exist (create it first: the bench makes its own directory in it)",
+            d.display()
+        ),
+        Err(e) => Err(e).with_context(|| format!("--dir {}", d.display())),
+    }
+}
+
+/// The bench in `dir` (its own, new): its files, then `--peers` or the
+/// configurations.
 fn run_in(ctx: &mut BenchCtx, a: &RestoreArgs, dir: &Path) -> anyhow::Result<()> {
     check_names(a)?;
     let mem = dir.join("mem");

@@ -43,6 +43,27 @@ const COLUMNS: [&str; 20] = [
     "vs on-demand",
 ];
 
+/// The record's summary of a configuration's medians `m`: the vCPUs'
+/// first-touch latency as the peer measured it, over the working set's
+/// touches of a run (`n`), the median and the p99 (medians of the reps).
+/// The peer reports no other figure (mean, p99.9, extremes, deviation):
+/// those are NaN (`null` in the JSON), and so are the median and the p99
+/// where no touch was timed (`--kvm`: 0 in [`Run`]).
+fn vcpu_summary(m: &Run) -> Summary {
+    let measured = |ns: f64| if ns > 0.0 { ns } else { f64::NAN };
+    let median = measured(m.median_ns);
+    Summary {
+        n: if median.is_finite() {
+            m.pages as usize
+        } else {
+            0
+        },
+        median,
+        p99: measured(m.p99_ns),
+        ..Summary::NONE
+    }
+}
+
 /// Demand faults per working-set page.
 fn per_page(m: &Run) -> f64 {
     m.faults as f64 / m.pages.max(1) as f64
@@ -133,7 +154,7 @@ impl Results {
         let (base, kern, dem) = (get("baseline"), get("kernel"), get("on-demand"));
         let ktmp = get("kernel-tmpfs");
         for (cfg, m) in medians {
-            let s = Summary::from_ns(&mut [m.median_ns]);
+            let s = vcpu_summary(m);
             let op = if cfg.starts_with("hand-back") {
                 "kernel (handed back)"
             } else if cfg.contains("-shared") {
@@ -159,12 +180,18 @@ impl Results {
                 .with("reps", a.reps as u64)
                 .with("serve_lead_ms", a.serve_lead_ms)
                 .with("seconds", m.seconds)
-                .with("vcpu_median_ns", m.median_ns)
-                .with("vcpu_p99_ns", m.p99_ns)
                 .with("demand_faults", m.faults)
                 .with("working_set_pages", m.pages)
                 .with("faults_per_page", per_page(m))
                 .with("bytes_read", m.bytes_read);
+            // No touch timed (a KVM guest's, --kvm): no latency, as the
+            // table's "-".
+            if s.median.is_finite() {
+                rec = rec.with("vcpu_median_ns", s.median);
+            }
+            if s.p99.is_finite() {
+                rec = rec.with("vcpu_p99_ns", s.p99);
+            }
             if m.reads > 0 {
                 rec = rec.with("faults_per_read", m.faults as f64 / m.reads as f64);
             }
@@ -355,5 +382,95 @@ impl Results {
             a.reps
         );
         ctx.ms_bars("restore_ms", &title, &self.groups)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::bench::restore::phases::Phases;
+    use crate::bench::restore::timeline::STEPS;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        a: RestoreArgs,
+    }
+
+    /// A run's medians as the peer reports them: `median_ns` and `p99_ns`
+    /// of its vCPUs' touches (0: none timed, a KVM guest).
+    fn run(median_ns: f64, p99_ns: f64) -> Run {
+        Run {
+            seconds: 0.004,
+            median_ns,
+            p99_ns,
+            faults: 204,
+            bytes_read: 0,
+            pages: 204,
+            reads: 0,
+            handler_cpu_ms: f64::NAN,
+            helpers_cpu_ms: f64::NAN,
+            wasted: f64::NAN,
+            run_ahead: f64::NAN,
+            prepare_ms: f64::NAN,
+            peer_anon_kib: 1024,
+            steps: vec![f64::NAN; STEPS.len()],
+            preempted: 0,
+            slept: 0,
+            phases: Phases::default(),
+            write_ns: (f64::NAN, f64::NAN),
+            dirty_pages: f64::NAN,
+            window: f64::NAN,
+        }
+    }
+
+    /// The record's summary says what the table says: the p99 is the
+    /// vCPUs' p99 (it was their median, from a summary of one value, as
+    /// were the maximum and the minimum); what the peer does not report
+    /// is null, and with no touch timed (--kvm) so are the median and the
+    /// p99, never 0.
+    #[test]
+    fn records_say_what_the_table_says() {
+        let a = Cmd::try_parse_from(["restore", "--configs", "kernel,baseline"])
+            .unwrap()
+            .a;
+        let mut ctx = BenchCtx::new(None, None);
+        let mut results = Results::default();
+        let medians = vec![
+            ("kernel".to_string(), run(78.0, 385_702.0)),
+            ("baseline".to_string(), run(0.0, 0.0)),
+        ];
+        results.add(
+            &mut ctx,
+            &a,
+            ((10.0, "clustered"), "warm"),
+            &medians,
+            &Floor::default(),
+        );
+        let json = serde_json::to_value(&ctx.report.records).unwrap();
+        let (timed, kvm) = (&json[0], &json[1]);
+        assert_eq!(timed["median_ns"], 78.0, "{timed}");
+        assert_eq!(timed["p99_ns"], 385_702.0, "{timed}");
+        assert_eq!(timed["vcpu_median_ns"], 78.0, "{timed}");
+        assert_eq!(timed["vcpu_p99_ns"], 385_702.0, "{timed}");
+        assert_eq!(timed["n"], 204, "{timed}");
+        for f in ["mean_ns", "p999_ns", "max_ns", "min_ns", "std_ns"] {
+            assert!(timed[f].is_null(), "{f}: {timed}");
+        }
+        for f in ["median_ns", "p99_ns", "max_ns"] {
+            assert!(kvm[f].is_null(), "{f}: {kvm}");
+        }
+        assert_eq!(kvm["n"], 0, "{kvm}");
+        for f in ["vcpu_median_ns", "vcpu_p99_ns"] {
+            assert!(kvm.get(f).is_none(), "{f}: {kvm}");
+        }
+        // The table: the same figures, "-" where none.
+        let us = |row: &[String], col: &str| {
+            row[COLUMNS.iter().position(|c| *c == col).unwrap()].clone()
+        };
+        assert_eq!(us(&results.rows[0], "p99 us"), "385.7");
+        assert_eq!(us(&results.rows[1], "vCPU med us"), "-");
     }
 }

@@ -142,7 +142,12 @@ impl Table {
             let ratio = |a: f64, b: Option<f64>| b.map(|b| a / b).filter(|r| r.is_finite());
             let restore = ratio(m.seconds, twin.map(|t| t.seconds));
             let write = ratio(m.write_ns.0, twin.map(|t| t.write_ns.0.max(1.0)));
-            let s = Summary::from_ns(&mut [m.write_ns.0]);
+            // The peer reports medians only: no other figure.
+            let s = Summary {
+                n: 1,
+                median: m.write_ns.0,
+                ..Summary::NONE
+            };
             let mut rec = Record::new("restore-write", cfg, "write", "write", &s)
                 .with("working_set_pct", set.0)
                 .with("pattern", set.1)
