@@ -909,19 +909,7 @@ mod tests {
             fig.draw(&root, true).unwrap();
             root.present().unwrap();
         }
-        // Every <text x=".." y=".." ...>CONTENT</text> of the SVG.
-        let texts: Vec<(f64, f64, &str)> = svg
-            .split("<text")
-            .skip(1)
-            .map(|t| {
-                let attr = |name: &str| -> f64 {
-                    let v = &t[t.find(&format!(" {name}=\"")).unwrap() + name.len() + 3..];
-                    v[..v.find('"').unwrap()].parse().unwrap()
-                };
-                let body = &t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()];
-                (attr("x"), attr("y"), body.trim())
-            })
-            .collect();
+        let texts = svg_texts(&svg);
         // Each bar's total beside it in the cycles panel.
         for b in &bars {
             let total = fmt_axis((b.1 + b.2 + b.3).round());
