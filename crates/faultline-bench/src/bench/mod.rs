@@ -195,12 +195,45 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "machine: {} | kernel {} | {} CPUs | TSC {:.3} GHz | {}",
         m.cpu, m.kernel, m.nproc, m.tsc_ghz, m.date
     );
+    // A sub-bench that failed after its results (FailedAfterResults)
+    // leaves them in the report: the others run, the JSON is written,
+    // then the run fails.
+    let mut failed = Vec::new();
     for c in &cmds {
-        c.run(&mut ctx)?;
+        match c.run(&mut ctx) {
+            Ok(()) => {}
+            Err(e) if e.downcast_ref::<FailedAfterResults>().is_some() => failed.push(e),
+            Err(e) => return Err(e),
+        }
     }
     ctx.finish()?;
-    Ok(())
+    match failed.len() {
+        0 => Ok(()),
+        1 => Err(failed.remove(0)),
+        n => Err(anyhow::anyhow!(
+            "{n} benches failed: {}",
+            failed
+                .iter()
+                .map(|e| format!("{e:#}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+    }
 }
+
+/// A sub-bench's failure found once its results were out: its rows are
+/// printed and its records pushed, so `run` writes `--json` (and runs the
+/// other sub-benches) before failing with it.
+#[derive(Debug)]
+pub(crate) struct FailedAfterResults(pub String);
+
+impl std::fmt::Display for FailedAfterResults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FailedAfterResults {}
 
 #[cfg(test)]
 mod tests {
