@@ -82,3 +82,67 @@ fn notify_reports_timed_out_samples_and_fails_a_mechanism_with_none() {
         assert!(records(&json).is_empty(), "written, without a record");
     }
 }
+
+#[test]
+fn notify_refuses_a_mechanism_named_twice() {
+    let d = Dir::new("audit-notify-twice");
+    let o = run(
+        &d,
+        &["bench", "notify", "--mechanisms", "signal,futex,signal"],
+    );
+    assert_eq!(o.code, Some(1), "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("--mechanisms: \"signal\" is named twice (entries 1 and 3)"),
+        "{}",
+        o.stderr
+    );
+    assert!(o.stdout.is_empty(), "nothing run: {}", o.stdout);
+}
+
+/// A list flag naming a value twice ran it twice (two rows, two records
+/// of one name); a flag the other makes meaningless was accepted. Both
+/// are refused before any work.
+#[test]
+fn values_named_twice_and_flags_that_conflict_are_refused() {
+    let d = Dir::new("audit-twice");
+    let cases: &[(&str, i32, &str)] = &[
+        (
+            "bench seq --engines signal,poll,signal",
+            1,
+            "--engines: \"signal\" is named twice (entries 1 and 3)",
+        ),
+        (
+            "bench latency --engines poll,poll",
+            1,
+            "--engines: \"poll\" is named twice (entries 1 and 2)",
+        ),
+        (
+            "bench scale --engines spin,spin",
+            1,
+            "--engines: \"spin\" is named twice",
+        ),
+        (
+            "bench seq --mib 1 --depths 1,1",
+            1,
+            "--depths: 1 is named twice (entries 1 and 2)",
+        ),
+        (
+            "bench scale --threads 2,1,2",
+            1,
+            "--threads: 2 is named twice (entries 1 and 3)",
+        ),
+        (
+            "bench watch --no-gdb --gdb-bytes 5",
+            2,
+            "cannot be used with",
+        ),
+    ];
+    for (line, code, want) in cases {
+        let args: Vec<&str> = line.split(' ').collect();
+        let o = run(&d, &args);
+        assert_eq!(o.code, Some(*code), "{line}: {}{}", o.stdout, o.stderr);
+        assert!(o.stderr.contains(want), "{line}: {}", o.stderr);
+        assert!(o.stdout.is_empty(), "{line}: nothing run: {}", o.stdout);
+    }
+}

@@ -121,7 +121,10 @@ impl BenchCmd {
             BenchCmd::Scale(a) => engines::check_scale(a).context("bench scale"),
             BenchCmd::Offload(a) => offload::check(a).context("bench offload"),
             BenchCmd::Random(a) => random::check(a).context("bench random"),
-            _ => Ok(()),
+            BenchCmd::Notify(a) => notify::check(a).context("bench notify"),
+            BenchCmd::Watch(_) | BenchCmd::Store(_) | BenchCmd::Restore(_) | BenchCmd::Vpri(_) => {
+                Ok(())
+            }
         }
     }
 
@@ -235,9 +238,42 @@ impl std::fmt::Display for FailedAfterResults {
 
 impl std::error::Error for FailedAfterResults {}
 
+/// Refuses a list flag naming a value twice (it would run twice: two rows
+/// and two records of one name), as `bench restore` refuses its
+/// configurations: `{flag}: "x" is named twice (entries i and j)`.
+pub(crate) fn named_once<T: PartialEq + std::fmt::Debug>(
+    flag: &str,
+    values: &[T],
+) -> anyhow::Result<()> {
+    for (i, v) in values.iter().enumerate() {
+        if let Some(first) = values[..i].iter().position(|w| w == v) {
+            anyhow::bail!(
+                "{flag}: {v:?} is named twice (entries {} and {})",
+                first + 1,
+                i + 1
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::refuse_repeated_outputs;
+    use super::{named_once, refuse_repeated_outputs};
+
+    #[test]
+    fn a_value_named_twice_is_refused() {
+        named_once("--depths", &[1usize, 2, 4]).unwrap();
+        named_once::<usize>("--depths", &[]).unwrap();
+        let e = named_once("--depths", &[1usize, 2, 1])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "--depths: 1 is named twice (entries 1 and 3)");
+        let e = named_once("--engines", &["signal", "signal"])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "--engines: \"signal\" is named twice (entries 1 and 2)");
+    }
 
     #[test]
     fn an_output_flag_given_twice_is_refused() {

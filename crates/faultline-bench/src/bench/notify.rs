@@ -49,7 +49,7 @@ use crate::harness::stats::{cycles_to_ns_vec, Summary};
 use crate::harness::tsc::{rdtsc, tsc, Tsc};
 use crate::harness::BenchCtx;
 
-use super::FailedAfterResults;
+use super::{named_once, FailedAfterResults};
 
 /// A notification mechanism.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -610,6 +610,14 @@ pub fn measure(
         negative,
         timed_out_at,
     })
+}
+
+/// What `bench notify` needs, checked before any bench runs: each
+/// mechanism named once (twice would measure it twice, two rows and two
+/// records of one name).
+pub fn check(args: &NotifyArgs) -> anyhow::Result<()> {
+    let names: Vec<&str> = args.mechanisms.iter().map(|m| m.name()).collect();
+    named_once("--mechanisms", &names)
 }
 
 fn ns0(v: f64) -> String {
