@@ -146,3 +146,20 @@ fn values_named_twice_and_flags_that_conflict_are_refused() {
         assert!(o.stdout.is_empty(), "{line}: nothing run: {}", o.stdout);
     }
 }
+
+/// `--help` of the engine benches names every engine the default runs
+/// (`bench seq`'s said "signal, spin, poll, workers"; per-cpu ran too).
+#[test]
+fn engine_benches_help_names_the_engines_they_run_by_default() {
+    let d = Dir::new("audit-help");
+    for bench in ["latency", "seq", "scale"] {
+        let o = run(&d, &["bench", bench, "--help"]);
+        assert_eq!(o.code, Some(0), "{}", o.stderr);
+        // The --engines paragraph: from its flag to the next flag.
+        let help = o.stdout.split("--engines").nth(1).unwrap_or("");
+        let help = help.split("\n  -").next().unwrap_or("");
+        for e in ["signal", "spin", "poll", "workers", "per-cpu"] {
+            assert!(help.contains(e), "bench {bench} --help, --engines: {help}");
+        }
+    }
+}

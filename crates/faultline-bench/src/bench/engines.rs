@@ -156,7 +156,8 @@ pub struct LatencyArgs {
     /// pages and a MOVE pool take 3 pages each).
     #[arg(short = 'n', long, default_value_t = 100_000, value_parser = faultline_cli_support::flags::fits_memory(100, 3 * PAGE as u64, "pages of 4 KiB, 3 copies each"))]
     pub pages: usize,
-    /// Engines to measure (default: all five).
+    /// Engines to measure (default: all five, signal, spin, poll, workers,
+    /// per-cpu).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
     /// Only the headline configurations (COPY write/read, ZEROPAGE read).
@@ -466,7 +467,7 @@ pub struct SeqArgs {
     /// MiB touched per pass (1 to what MemAvailable holds).
     #[arg(long, default_value_t = 256, value_parser = faultline_cli_support::flags::mib())]
     pub mib: usize,
-    /// Engines (default: signal, spin, poll, workers).
+    /// Engines (default: all five, signal, spin, poll, workers, per-cpu).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
     /// Fault-around depths (region pages per fault, each 1 to 512 and at
@@ -757,7 +758,7 @@ pub struct ScaleArgs {
     /// Thread counts (each 1 to the threads this machine can still start).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: Vec<usize>,
-    /// Engines (default: all five).
+    /// Engines (default: all five, signal, spin, poll, workers, per-cpu).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
 }

@@ -67,16 +67,44 @@ impl B5Model {
         }
     }
 
+    /// The model as `--b5-reclaim`/`--b5-compare` name it (what [`parse`]
+    /// reads back), for tables and `--json` labels.
+    ///
+    /// [`parse`]: B5Model::parse
     fn name(&self) -> String {
         match *self {
             B5Model::Static => "static".into(),
-            B5Model::Redraw(s) => format!("redraw-{s}s"),
-            B5Model::Psi(window, target) => PsiCfg {
-                r: 0.0,
-                window,
-                target,
+            B5Model::Redraw(_) => "redraw".into(),
+            B5Model::Psi(window, target) => {
+                let w = match window {
+                    Window::Senpai => String::new(),
+                    Window::Avg(w) => format!("-avg{w}"),
+                };
+                let t = match target {
+                    Target::ServerMean => "",
+                    Target::Senpai => "-abs",
+                };
+                format!("psi{w}{t}")
             }
-            .name(),
+        }
+    }
+
+    /// What the model does, for the heading.
+    fn describe(&self) -> String {
+        match *self {
+            B5Model::Static => "every VM at r all hour".into(),
+            B5Model::Redraw(s) => format!("each VM's ratio redrawn every {s} s"),
+            B5Model::Psi(window, target) => {
+                let w = match window {
+                    Window::Senpai => "over Senpai's 6 s interval".to_string(),
+                    Window::Avg(w) => format!("the kernel's avg{w}"),
+                };
+                let t = match target {
+                    Target::ServerMean => "towards the server's mean pressure",
+                    Target::Senpai => "towards Senpai's absolute 10 ms / 6 s",
+                };
+                format!("a server of 1 - r, each VM moved by its pressure (PSI {w}) {t}")
+            }
         }
     }
 }
@@ -251,8 +279,9 @@ fn b5_model(
         return Ok(out);
     }
     println!(
-        "\n== B5: the ADP mix of Fig 16 (simulated hour, paper constants, S = 1 in simulated time), reclaim model: {} ==",
-        out.name
+        "\n== B5: the ADP mix of Fig 16 (simulated hour, paper constants, S = 1 in simulated time), reclaim model: {} ({}) ==",
+        out.name,
+        model.describe()
     );
     print_table(
         &[
@@ -620,4 +649,32 @@ fn print_accounting(ctx: &mut BenchCtx, acct: &HashMap<(&str, &str), PinLedger>)
         ],
         &rows,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model is printed and labelled as its flag names it (`psi`, not
+    /// a name of its own).
+    #[test]
+    fn models_are_named_as_their_flag_value() {
+        for v in [
+            "static",
+            "redraw",
+            "psi",
+            "psi-avg10",
+            "psi-avg60",
+            "psi-avg300",
+            "psi-abs",
+        ] {
+            let m = B5Model::parse(v, 600).unwrap();
+            assert_eq!(m.name(), v);
+            assert_eq!(B5Model::parse(&m.name(), 600).unwrap(), m);
+        }
+        assert!(B5Model::parse("redraw", 600)
+            .unwrap()
+            .describe()
+            .contains("600 s"));
+    }
 }
