@@ -163,3 +163,61 @@ fn engine_benches_help_names_the_engines_they_run_by_default() {
         }
     }
 }
+
+/// Values only a late part of a bench used were checked when it got
+/// there: `bench vpri --b5-compare foo` ran B1, B3, B4 and B2 (minutes)
+/// and then failed without its JSON; `bench store --server-cpus` naming
+/// a CPU the machine lacks failed in `taskset` after redis-server had
+/// started. Both are refused before any work now.
+#[test]
+fn late_values_are_refused_before_any_work() {
+    let d = Dir::new("audit-late");
+    let cases: &[(&str, i32, &str)] = &[
+        (
+            "bench vpri --b5-compare foo",
+            2,
+            "unknown reclaim model \"foo\"",
+        ),
+        (
+            "bench vpri --b5-compare static,foo",
+            2,
+            "unknown reclaim model \"foo\"",
+        ),
+        (
+            "bench vpri --b5-reclaim foo",
+            2,
+            "unknown reclaim model \"foo\"",
+        ),
+        ("bench vpri --b9-reclaim foo", 2, "possible values"),
+        ("bench vpri --only b1,b6", 2, "possible values"),
+        (
+            "bench vpri --only b5 --b5-compare static,redraw,static",
+            1,
+            "--b5-compare: \"static\" is named twice (entries 1 and 3)",
+        ),
+        (
+            "bench vpri --only b9,b9",
+            1,
+            "--only: \"b9\" is named twice",
+        ),
+        (
+            "bench store --server-cpus 4096",
+            1,
+            "--server-cpus 4096: CPU 4096 is not one this process may run on",
+        ),
+        ("bench store --server-cpus 1-x", 1, "not a CPU list"),
+        (
+            "bench store --chunk 4096,4096",
+            1,
+            "--chunk: 4096 is named twice",
+        ),
+    ];
+    for (line, code, want) in cases {
+        let args: Vec<&str> = line.split(' ').collect();
+        let o = run(&d, &args);
+        assert_eq!(o.code, Some(*code), "{line}: {}{}", o.stdout, o.stderr);
+        assert!(o.stderr.contains(want), "{line}: {}", o.stderr);
+        assert!(o.stdout.is_empty(), "{line}: nothing run: {}", o.stdout);
+    }
+    assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
+}

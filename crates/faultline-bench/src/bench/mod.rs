@@ -122,9 +122,9 @@ impl BenchCmd {
             BenchCmd::Offload(a) => offload::check(a).context("bench offload"),
             BenchCmd::Random(a) => random::check(a).context("bench random"),
             BenchCmd::Notify(a) => notify::check(a).context("bench notify"),
-            BenchCmd::Watch(_) | BenchCmd::Store(_) | BenchCmd::Restore(_) | BenchCmd::Vpri(_) => {
-                Ok(())
-            }
+            BenchCmd::Store(a) => store::check(a).context("bench store"),
+            BenchCmd::Vpri(a) => vpri::check(a).context("bench vpri"),
+            BenchCmd::Watch(_) | BenchCmd::Restore(_) => Ok(()),
         }
     }
 
