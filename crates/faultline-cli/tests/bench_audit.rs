@@ -221,3 +221,108 @@ fn late_values_are_refused_before_any_work() {
     }
     assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
 }
+
+/// The `measured` of the record labelled `label`.
+fn measured(records: &[serde_json::Value], label: &str) -> serde_json::Value {
+    records
+        .iter()
+        .find(|r| r["label"] == label)
+        .unwrap_or_else(|| panic!("no record {label}"))["measured"]
+        .clone()
+}
+
+/// The `label measured=... ` line of stdout, its value.
+fn printed<'a>(stdout: &'a str, label: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(label) && l[label.len()..].starts_with(' '))
+        .and_then(|l| l.split("measured=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no line {label}: {stdout}"))
+}
+
+/// A ratio whose denominator is 0 was shown as a result: B9 with 2 VMs
+/// (no block device) printed a block I/O-fault reduction of 100% and a
+/// p99/avg of 0.00x; B5 a 100% reduction of "0 -> 0" I/O faults; B2
+/// without a single I/O ratios of 0.00 and a round "< 1.5x" (a target
+/// met without data). Each is `-` now, and null in the JSON.
+#[test]
+fn ratios_of_nothing_are_no_results() {
+    let d = Dir::new("audit-ratios");
+    let json = d.path("v.json");
+    let j = json.to_str().unwrap();
+
+    let o = run(
+        &d,
+        &[
+            "bench", "vpri", "--only", "b9", "--b9-vms", "2", "--json", j,
+        ],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let r = records(&json);
+    for label in [
+        "fig7.block.p99_over_avg",
+        "fig7.block.iopf_per_device_day.avg",
+        "fig18.adp.block.iopf_reduction_pct",
+        "fig18.adp_derived.block.iopf_reduction_pct",
+    ] {
+        assert_eq!(printed(&o.stdout, label), "-", "{label}: {}", o.stdout);
+        assert!(measured(&r, label).is_null(), "{label}");
+    }
+    // The NIC devices had days: those are numbers.
+    assert!(measured(&r, "fig7.nic.iopf_per_device_day.avg").is_number());
+
+    let o = run(
+        &d,
+        &["bench", "vpri", "--only", "b5", "--b5-compare", "none"],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    // B5's rows: r, policy, class, IOPF none, IOPF, reduction %, pinned, RPR, ...
+    let rows: Vec<Vec<&str>> = o
+        .stdout
+        .lines()
+        .filter(|l| l.ends_with(']') && l.contains('%'))
+        .map(|l| l.split_whitespace().collect())
+        .filter(|c: &Vec<&str>| c.len() > 7 && (c[2] == "nic" || c[2] == "block"))
+        .collect();
+    assert!(!rows.is_empty(), "B5's table: {}", o.stdout);
+    let nothing: Vec<_> = rows.iter().filter(|c| c[3] == "0").collect();
+    assert!(
+        !nothing.is_empty(),
+        "a round with no I/O faults without pinning (r=10%, NIC)"
+    );
+    for c in nothing {
+        assert_eq!((c[5], c[7]), ("-", "-"), "no reduction of nothing: {c:?}");
+    }
+
+    let o = run(
+        &d,
+        &[
+            "bench",
+            "vpri",
+            "--only",
+            "b2",
+            "--b2-reps",
+            "1",
+            "--b2-secs",
+            "1e-12",
+            "--json",
+            j,
+        ],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let r = records(&json);
+    for label in [
+        "fig6.blocking.p999_ratio_vs_no_iopf",
+        "fig6.vpri_unordered.p999_ratio_vs_no_iopf",
+    ] {
+        assert_eq!(printed(&o.stdout, label), "-", "{label}: {}", o.stdout);
+        assert!(measured(&r, label).is_null(), "{label}");
+    }
+    assert!(
+        !o.stdout.contains("1/1") && o.stdout.contains("0/1 (1 without data)"),
+        "no round without data meets a target: {}",
+        o.stdout
+    );
+    assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
+}
