@@ -326,3 +326,241 @@ fn ratios_of_nothing_are_no_results() {
     );
     assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
 }
+
+/// A pid that no longer runs (a child that has exited and been reaped).
+fn dead_pid() -> u32 {
+    let mut c = std::process::Command::new("true").spawn().unwrap();
+    let pid = c.id();
+    c.wait().unwrap();
+    pid
+}
+
+/// The children of `pid` (from each process's `stat`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut kids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let after = &stat[stat.rfind(')').unwrap() + 1..];
+        if after.split_whitespace().nth(1) == Some(&pid.to_string()) {
+            kids.push(p);
+        }
+    }
+    kids
+}
+
+/// Whether `pid` runs (exists and is not a zombie).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        let after = &s[s.rfind(')').unwrap() + 1..];
+        after.split_whitespace().next() != Some("Z")
+    })
+}
+
+/// SIGKILLs the processes still running among its pids when dropped (by
+/// pid: the test may fail with them running).
+struct KillOnDrop(Vec<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &p in self.0.iter().filter(|&&p| running(p)) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &p.to_string()])
+                .status();
+        }
+    }
+}
+
+/// Polls `ready` every 10 ms until it holds or `secs` pass.
+fn wait_for(secs: u64, what: &str, mut ready: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + Duration::from_secs(secs);
+    while !ready() {
+        assert!(
+            std::time::Instant::now() < end,
+            "{what}: not after {secs} s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Starts `args` in `d` (TMPDIR its `tmp/`), waits for `ready(pid)`,
+/// sends SIGINT by pid, and returns once the bench has ended (its exit
+/// status) with what `ready` returned.
+fn interrupt<T>(
+    d: &Dir,
+    args: &[&str],
+    secs: u64,
+    mut ready: impl FnMut(u32) -> Option<T>,
+) -> (std::process::ExitStatus, T) {
+    let tmp = d.path("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let log = std::fs::File::create(d.path("bench.log")).unwrap();
+    // Output to a file, not a pipe nobody reads once the test waits.
+    let mut child = std::process::Command::new(support::bin())
+        .args(args)
+        .current_dir(&d.0)
+        .env("TMPDIR", &tmp)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let _bench = KillOnDrop(vec![pid]);
+    let mut got = None;
+    wait_for(secs, &format!("{args:?} getting ready"), || {
+        got = ready(pid);
+        got.is_some() || child.try_wait().unwrap().is_some()
+    });
+    let got = got.unwrap_or_else(|| {
+        panic!(
+            "{args:?} ended first: {}",
+            std::fs::read_to_string(d.path("bench.log")).unwrap_or_default()
+        )
+    });
+    support::signal(&child, "INT");
+    let mut status = None;
+    wait_for(20, &format!("{args:?} ending on SIGINT"), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    (status.unwrap(), got)
+}
+
+/// SIGINT in `bench watch`'s GDB phase left gdb and the program it
+/// traced running (orphans) and the directory of the compiled program
+/// behind, which no later run removed. The bench's children are its own
+/// now (killed by pid), its directory a cleanup temporary, and a killed
+/// run's directory goes with the next run.
+#[test]
+fn an_interrupted_bench_watch_leaves_no_gdb_and_no_directory() {
+    if std::process::Command::new("gdb")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no gdb");
+        return;
+    }
+    let d = Dir::new("audit-watch");
+    let tmp = d.path("tmp");
+    let (status, (gdb, traced)) = interrupt(
+        &d,
+        &[
+            "bench",
+            "watch",
+            "--tables",
+            "4.6",
+            "--reps",
+            "3",
+            "--gdb-bytes",
+            "20000",
+        ],
+        180,
+        |pid| {
+            // gdb running a software-watchpoint run (seconds long: it
+            // single-steps the program), and the program under it.
+            let gdb = children_of(pid).into_iter().find(|&k| {
+                let comm = std::fs::read_to_string(format!("/proc/{k}/comm"));
+                let cmd = std::fs::read(format!("/proc/{k}/cmdline"));
+                comm.is_ok_and(|c| c.trim() == "gdb")
+                    && cmd.is_ok_and(|c| String::from_utf8_lossy(&c).contains("/sw-"))
+            })?;
+            let traced = children_of(gdb);
+            (!traced.is_empty()).then_some((gdb, traced))
+        },
+    );
+    let mut all = traced.clone();
+    all.push(gdb);
+    let _kids = KillOnDrop(all.clone());
+    // Ended by the signal; or, when the main thread trips over a
+    // temporary the signal thread has just removed, by that error (exit
+    // 1): either way not a success.
+    assert!(!status.success(), "ended by the signal: {status}");
+    // Killed with the bench, not left to finish their run.
+    wait_for(
+        2,
+        &format!("gdb {gdb} and its program {traced:?} ending"),
+        || !all.iter().any(|&p| running(p)),
+    );
+    assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
+
+    // What a SIGKILLed run left (no handler runs) goes with the next run.
+    let left = tmp.join(format!("faultline-watchbench-{}-0", dead_pid()));
+    std::fs::create_dir(&left).unwrap();
+    std::fs::write(left.join("gdbtarget"), b"left by a killed run").unwrap();
+    let o = run_for(
+        &d,
+        120,
+        &[
+            "bench", "watch", "--tables", "4.1", "--reps", "1", "--events", "100",
+        ],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
+}
+
+/// SIGINT in `bench vpri`'s B2 left its 64 MiB disk image in
+/// `$TMPDIR/faultline-b2-PID` (and B3's and B8's directories were no
+/// better off). Each is a cleanup temporary now; a killed run's goes
+/// with the next run.
+#[test]
+fn an_interrupted_bench_vpri_leaves_no_disk_image() {
+    let d = Dir::new("audit-vpri");
+    let tmp = d.path("tmp");
+    let (status, ()) = interrupt(
+        &d,
+        &[
+            "bench",
+            "vpri",
+            "--only",
+            "b2,b3",
+            "--b3-packets",
+            "2000",
+            "--b2-reps",
+            "100",
+        ],
+        120,
+        |_| {
+            let img = std::fs::read_dir(&tmp)
+                .unwrap()
+                .flatten()
+                .find(|e| e.file_name().to_string_lossy().starts_with("faultline-b2-"))?
+                .path()
+                .join("disk.img");
+            (std::fs::metadata(img).ok()?.len() == 64 << 20).then_some(())
+        },
+    );
+    let log = std::fs::read_to_string(d.path("bench.log")).unwrap_or_default();
+    // See the watch case.
+    assert!(!status.success(), "ended by the signal: {status}: {log}");
+    assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
+
+    let dead = dead_pid();
+    for part in ["b2", "b3"] {
+        let left = tmp.join(format!("faultline-{part}-{dead}"));
+        std::fs::create_dir(&left).unwrap();
+        std::fs::write(left.join("disk.img"), b"left by a killed run").unwrap();
+    }
+    let o = run(
+        &d,
+        &[
+            "bench",
+            "vpri",
+            "--only",
+            "b2,b3",
+            "--b3-packets",
+            "100",
+            "--b2-reps",
+            "1",
+            "--b2-secs",
+            "0.01",
+        ],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
+}

@@ -184,20 +184,23 @@ fn thread_engine(kind: EngineKind, workers: usize) -> anyhow::Result<Arc<dyn Eng
     .with_context(|| format!("creating the {} engine", kind.name()))
 }
 
-/// A temporary file removed on drop.
-struct Temp(PathBuf);
+/// What the bench's temporary files are named:
+/// `faultline-bench-store-PID-TAG`.
+const TEMP_PREFIX: &str = "faultline-bench-store-";
 
-impl Drop for Temp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+/// A temporary file, `$TMPDIR/faultline-bench-store-PID-TAG`: a cleanup
+/// temporary, removed when dropped (an error included), on SIGINT,
+/// SIGTERM and SIGHUP, and by a later run once PID is gone.
+struct Temp(
+    PathBuf,
+    #[allow(dead_code, reason = "removes the file when dropped")] cleanup::Guard,
+);
+
+impl Temp {
+    fn new(tag: &str) -> Temp {
+        let guard = cleanup::temp(&std::env::temp_dir(), TEMP_PREFIX, &format!("-{tag}"));
+        Temp(guard.path().to_path_buf(), guard)
     }
-}
-
-fn temp_path(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "faultline-bench-store-{tag}-{}",
-        std::process::id()
-    ))
 }
 
 /// Seconds to read one byte of every page of `r` from `threads` threads,
@@ -230,6 +233,8 @@ fn record(bench: &str, mechanism: &str, ns: &mut [f64]) -> Record {
 /// Runs `faultline bench store`.
 pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     let reps = args.reps.max(1);
+    // The files killed runs left (the data, the graph).
+    cleanup::sweep_prefixed(&std::env::temp_dir(), TEMP_PREFIX);
     let server = match &args.url {
         Some(_) => None,
         None => Some(RedisServer::start().context("starting redis-server")?),
@@ -274,7 +279,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     let data: Vec<u8> = (0..len)
         .map(|i| (i as u64).wrapping_mul(0x9e37_79b9) as u8 ^ (i >> 12) as u8)
         .collect();
-    let file = Temp(temp_path("seq"));
+    let file = Temp::new("seq");
     File::create(&file.0)
         .and_then(|mut f| f.write_all(&data))
         .with_context(|| format!("writing {}", file.0.display()))?;
@@ -468,7 +473,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     let mut bfs_ratio = None;
     if args.scale > 0 {
         progress.step("bfs");
-        let graph = Temp(temp_path("graph"));
+        let graph = Temp::new("graph");
         let params = RmatParams {
             scale: args.scale,
             edge_factor: 16,

@@ -23,7 +23,10 @@ mod b3;
 mod b4;
 mod b8;
 
+use std::path::PathBuf;
+
 use anyhow::Context;
+use faultline_cli_support::cleanup;
 
 use crate::harness::paper::line;
 use crate::harness::BenchCtx;
@@ -123,6 +126,20 @@ pub struct VpriArgs {
     /// B1: samples per measurement (default 1,000,000 hot, 1/10 of it cold; 1 to 100,000,000).
     #[arg(long, default_value_t = 1_000_000, value_parser = faultline_cli_support::flags::range(1, 100_000_000))]
     pub b1_samples: usize,
+}
+
+/// A part's temporary directory, `$TMPDIR/faultline-{part}-PID`, made
+/// anew: a cleanup temporary (removed when the guard drops, an error
+/// included, on SIGINT, SIGTERM and SIGHUP, and by a later run once PID
+/// is gone); the directories killed runs left are removed first.
+fn temp_dir(part: &str) -> anyhow::Result<(PathBuf, cleanup::Guard)> {
+    let tmp = std::env::temp_dir();
+    let prefix = format!("faultline-{part}-");
+    cleanup::sweep_prefixed(&tmp, &prefix);
+    let guard = cleanup::temp(&tmp, &prefix, "");
+    let dir = guard.path().to_path_buf();
+    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok((dir, guard))
 }
 
 /// The parts, as `--only` names them.

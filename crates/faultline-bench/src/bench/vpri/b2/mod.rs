@@ -150,8 +150,9 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
     let hot = 1024usize; // buffer pages in the hot set
     let fresh = ((a.rate * a.secs * 2.0) as usize + 64).max(64);
     let pages = hot + fresh;
-    let dir = std::env::temp_dir().join(format!("faultline-b2-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    // Its file (64 MiB) goes with the guard, on a signal, or with the
+    // next run if this one is killed.
+    let (dir, _dir) = super::temp_dir("b2")?;
     let file_blocks = 16384usize;
     let path = dir.join("disk.img");
     std::fs::write(&path, vec![0x42u8; file_blocks * PS])?;
@@ -425,6 +426,5 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
             false,
         )
     })?;
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
