@@ -564,3 +564,30 @@ fn an_interrupted_bench_vpri_leaves_no_disk_image() {
     assert_eq!(o.code, Some(0), "{}", o.stderr);
     assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
 }
+
+/// `bench offload --plot DIR` made the directory and drew nothing: it
+/// draws the latency it measures now, mean and p99 per workload and
+/// configuration.
+#[test]
+fn bench_offload_draws_its_figures() {
+    let d = Dir::new("audit-offload");
+    let o = run(
+        &d,
+        &[
+            "bench", "offload", "--mib", "4", "--pool", "1024", "--plot", "figs",
+        ],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let names = d.names("figs");
+    for f in [
+        "offload_mean.png",
+        "offload_mean.svg",
+        "offload_p99.png",
+        "offload_p99.svg",
+    ] {
+        assert!(names.iter().any(|n| n == f), "{f} in {names:?}");
+        let len = std::fs::metadata(d.path("figs").join(f)).unwrap().len();
+        assert!(len > 1000, "{f}: {len} bytes");
+    }
+    assert!(o.stdout.contains("offload_mean"), "listed: {}", o.stdout);
+}
