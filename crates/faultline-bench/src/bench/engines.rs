@@ -59,6 +59,13 @@ fn parse_engines(names: &[String]) -> anyhow::Result<Vec<EngineKind>> {
         .collect()
 }
 
+/// `--engines` checked before any bench runs: every name known, none
+/// named twice (as `bench restore` refuses its configurations).
+fn check_engines(names: &[String]) -> anyhow::Result<()> {
+    let kinds: Vec<&str> = parse_engines(names)?.iter().map(|k| k.name()).collect();
+    super::named_once("--engines", &kinds)
+}
+
 fn make_engine(kind: EngineKind) -> anyhow::Result<Arc<dyn faultline::Engine>> {
     // One worker per CPU but never more than 2 here; pinning on.
     let cfg = EngineConfig::default();
@@ -150,7 +157,8 @@ pub struct LatencyArgs {
     /// pages and a MOVE pool take 3 pages each).
     #[arg(short = 'n', long, default_value_t = 100_000, value_parser = faultline_cli_support::flags::fits_memory(100, 3 * PAGE as u64, "pages of 4 KiB, 3 copies each"))]
     pub pages: usize,
-    /// Engines to measure (default: all five).
+    /// Engines to measure (default: all five, signal, spin, poll, workers,
+    /// per-cpu).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
     /// Only the headline configurations (COPY write/read, ZEROPAGE read).
@@ -226,9 +234,11 @@ fn measure(
     })
 }
 
-/// What `bench latency` needs, checked before any bench runs: a region,
-/// its source pages and a MOVE pool of `-n` pages each.
+/// What `bench latency` needs, checked before any bench runs: its engines
+/// known and each named once, and memory for a region, its source pages
+/// and a MOVE pool of `-n` pages each.
 pub fn check_latency(args: &LatencyArgs) -> anyhow::Result<()> {
+    check_engines(&args.engines)?;
     let n = args.pages;
     faultline_cli_support::flags::check_memory(
         (n as u64).saturating_mul(3 * PAGE as u64 + 32),
@@ -458,7 +468,7 @@ pub struct SeqArgs {
     /// MiB touched per pass (1 to what MemAvailable holds).
     #[arg(long, default_value_t = 256, value_parser = faultline_cli_support::flags::mib())]
     pub mib: usize,
-    /// Engines (default: signal, spin, poll, workers).
+    /// Engines (default: all five, signal, spin, poll, workers, per-cpu).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
     /// Fault-around depths (region pages per fault, each 1 to 512 and at
@@ -526,11 +536,14 @@ fn kernel_seq_thp(bytes: usize) -> anyhow::Result<f64> {
 /// Pages of the frame pool of the `MOVE-huge` rows (32 MiB).
 const SEQ_POOL_PAGES: usize = 8192;
 
-/// What `bench seq` needs, checked before any bench runs: every window
+/// What `bench seq` needs, checked before any bench runs: its engines
+/// known, engines and depths each named once, every window
 /// within the region (a larger one would fault a region rounded up to it:
 /// more memory than --mib says, a table about another size), and memory
 /// for the region and the kernel's mapping.
 pub fn check_seq(args: &SeqArgs) -> anyhow::Result<()> {
+    check_engines(&args.engines)?;
+    super::named_once("--depths", &args.depths)?;
     let bytes = args.mib.max(1) << 20;
     if let Some(&d) = args.depths.iter().find(|&&d| d * PAGE > bytes) {
         anyhow::bail!(
@@ -746,7 +759,7 @@ pub struct ScaleArgs {
     /// Thread counts (each 1 to the threads this machine can still start).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8], value_parser = faultline_cli_support::flags::threads(1))]
     pub threads: Vec<usize>,
-    /// Engines (default: all five).
+    /// Engines (default: all five, signal, spin, poll, workers, per-cpu).
     #[arg(long, value_delimiter = ',')]
     pub engines: Vec<String>,
 }
@@ -791,9 +804,12 @@ fn data_store_small() -> Arc<dyn PageStore> {
     Arc::new(ZeroStore)
 }
 
-/// What `bench scale` needs, checked before any bench runs: its most
+/// What `bench scale` needs, checked before any bench runs: its engines
+/// known, engines and thread counts each named once, and its most
 /// threads, each with its pages.
 pub fn check_scale(args: &ScaleArgs) -> anyhow::Result<()> {
+    check_engines(&args.engines)?;
+    super::named_once("--threads", &args.threads)?;
     let most = faultline_cli_support::flags::most_threads(&args.threads, "bench scale")?;
     faultline_cli_support::flags::check_memory(
         (most as u64).saturating_mul(args.pages as u64 * PAGE as u64),

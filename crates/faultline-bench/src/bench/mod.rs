@@ -121,7 +121,10 @@ impl BenchCmd {
             BenchCmd::Scale(a) => engines::check_scale(a).context("bench scale"),
             BenchCmd::Offload(a) => offload::check(a).context("bench offload"),
             BenchCmd::Random(a) => random::check(a).context("bench random"),
-            _ => Ok(()),
+            BenchCmd::Notify(a) => notify::check(a).context("bench notify"),
+            BenchCmd::Store(a) => store::check(a).context("bench store"),
+            BenchCmd::Vpri(a) => vpri::check(a).context("bench vpri"),
+            BenchCmd::Watch(_) | BenchCmd::Restore(_) => Ok(()),
         }
     }
 
@@ -195,16 +198,82 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "machine: {} | kernel {} | {} CPUs | TSC {:.3} GHz | {}",
         m.cpu, m.kernel, m.nproc, m.tsc_ghz, m.date
     );
+    // A sub-bench that failed after its results (FailedAfterResults)
+    // leaves them in the report: the others run, the JSON is written,
+    // then the run fails.
+    let mut failed = Vec::new();
     for c in &cmds {
-        c.run(&mut ctx)?;
+        match c.run(&mut ctx) {
+            Ok(()) => {}
+            Err(e) if e.downcast_ref::<FailedAfterResults>().is_some() => failed.push(e),
+            Err(e) => return Err(e),
+        }
     }
     ctx.finish()?;
+    match failed.len() {
+        0 => Ok(()),
+        1 => Err(failed.remove(0)),
+        n => Err(anyhow::anyhow!(
+            "{n} benches failed: {}",
+            failed
+                .iter()
+                .map(|e| format!("{e:#}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+    }
+}
+
+/// A sub-bench's failure found once its results were out: its rows are
+/// printed and its records pushed, so `run` writes `--json` (and runs the
+/// other sub-benches) before failing with it.
+#[derive(Debug)]
+pub(crate) struct FailedAfterResults(pub String);
+
+impl std::fmt::Display for FailedAfterResults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FailedAfterResults {}
+
+/// Refuses a list flag naming a value twice (it would run twice: two rows
+/// and two records of one name), as `bench restore` refuses its
+/// configurations: `{flag}: "x" is named twice (entries i and j)`.
+pub(crate) fn named_once<T: PartialEq + std::fmt::Debug>(
+    flag: &str,
+    values: &[T],
+) -> anyhow::Result<()> {
+    for (i, v) in values.iter().enumerate() {
+        if let Some(first) = values[..i].iter().position(|w| w == v) {
+            anyhow::bail!(
+                "{flag}: {v:?} is named twice (entries {} and {})",
+                first + 1,
+                i + 1
+            );
+        }
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::refuse_repeated_outputs;
+    use super::{named_once, refuse_repeated_outputs};
+
+    #[test]
+    fn a_value_named_twice_is_refused() {
+        named_once("--depths", &[1usize, 2, 4]).unwrap();
+        named_once::<usize>("--depths", &[]).unwrap();
+        let e = named_once("--depths", &[1usize, 2, 1])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "--depths: 1 is named twice (entries 1 and 3)");
+        let e = named_once("--engines", &["signal", "signal"])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "--engines: \"signal\" is named twice (entries 1 and 2)");
+    }
 
     #[test]
     fn an_output_flag_given_twice_is_refused() {

@@ -49,6 +49,8 @@ use crate::harness::stats::{cycles_to_ns_vec, Summary};
 use crate::harness::tsc::{rdtsc, tsc, Tsc};
 use crate::harness::BenchCtx;
 
+use super::{named_once, FailedAfterResults};
+
 /// A notification mechanism.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mechanism {
@@ -229,6 +231,10 @@ struct Shared {
     /// Set with `abort` when the failure was a missed deadline: the other
     /// side ends without an error.
     timed_out: AtomicBool,
+    /// Set once the sender's loop has ended: the receiver thread lives
+    /// until then, so a signal sent after the receiver gave up (its wait
+    /// timed out while the sender was settling) still finds its thread.
+    sender_done: AtomicBool,
     /// Pin to CPUs (receiver, sender), or spin politely on one CPU.
     cpus: Option<(usize, usize)>,
     settle: u64,
@@ -373,8 +379,8 @@ impl Shared {
                 } else {
                     SIGUSR2
                 };
-                // The receiver, alive until it has received every notification
-                // (it cannot exit before `done == seq`).
+                // The receiver, alive until the sender's loop has ended
+                // (`sender_done`), even when it stopped waiting first.
                 let tid = self.receiver.load(Ordering::Acquire) as i32;
                 signal::tgkill(tid, sig).context("tgkill")?;
             }
@@ -448,7 +454,12 @@ impl Shared {
             }
             let t = rdtsc();
             self.send_tsc.store(t, Ordering::Release);
-            self.notify(seq)?;
+            if let Err(e) = self.notify(seq) {
+                // After the receiver gave up (a missed deadline), ends
+                // quietly like the waits do; otherwise fails.
+                self.stop_at(e)?;
+                break;
+            }
             if let Err(e) = self.spin_until("the receiver to finish", || {
                 self.done.load(Ordering::Acquire) >= seq
             }) {
@@ -458,6 +469,15 @@ impl Shared {
             rtt.push(rdtsc() - t);
         }
         Ok(rtt)
+    }
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -520,6 +540,7 @@ pub fn measure(
         receiver: AtomicU64::new(0),
         abort: AtomicBool::new(false),
         timed_out: AtomicBool::new(false),
+        sender_done: AtomicBool::new(false),
         cpus,
         settle: t.ns_to_cycles(settle_us as f64 * 1e3),
         timeout: t.ns_to_cycles(timeout_ms as f64 * 1e6),
@@ -540,9 +561,19 @@ pub fn measure(
             if r.is_err() {
                 sh.abort.store(true, Ordering::Relaxed);
             }
+            // The sender may still signal this thread (it was settling
+            // when this side stopped): the thread, and its id, must
+            // outlive the sender's loop. That loop ends soon: every wait
+            // in it has a deadline and sees `abort`.
+            while !sh.sender_done.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_micros(100));
+            }
             r
         });
         let w = s.spawn(move || {
+            // Set however the loop ends (a panic included), so the
+            // receiver never waits for it in vain.
+            let _done = SetOnDrop(&sh.sender_done);
             let r = sh.sender_thread(total);
             if r.is_err() {
                 sh.abort.store(true, Ordering::Relaxed);
@@ -581,6 +612,14 @@ pub fn measure(
     })
 }
 
+/// What `bench notify` needs, checked before any bench runs: each
+/// mechanism named once (twice would measure it twice, two rows and two
+/// records of one name).
+pub fn check(args: &NotifyArgs) -> anyhow::Result<()> {
+    let names: Vec<&str> = args.mechanisms.iter().map(|m| m.name()).collect();
+    named_once("--mechanisms", &names)
+}
+
 fn ns0(v: f64) -> String {
     fmt_count(v.round().max(0.0) as u64)
 }
@@ -599,6 +638,9 @@ pub fn run(ctx: &mut BenchCtx, args: &NotifyArgs) -> anyhow::Result<()> {
     let mut records = Vec::new();
     let mut spin_check = None;
     let mut timeouts = Vec::new();
+    // Mechanisms none of whose measured samples arrived: the run fails
+    // for them, once the others' rows and records are out.
+    let mut none_arrived = Vec::new();
     for &m in &args.mechanisms {
         progress.step(m.name());
         let mut run = measure(
@@ -612,7 +654,10 @@ pub fn run(ctx: &mut BenchCtx, args: &NotifyArgs) -> anyhow::Result<()> {
         .with_context(|| format!("mechanism {}", m.name()))?;
         let timed_out = run.timed_out_at.map(|k| {
             timeouts.push(m.name());
-            format!(" (timed out at sample {k})")
+            match k {
+                0 => " (timed out in the warm-up)".to_string(),
+                k => format!(" (timed out at sample {k})"),
+            }
         });
         if run.latency.is_empty() {
             let mut row = vec![
@@ -621,6 +666,7 @@ pub fn run(ctx: &mut BenchCtx, args: &NotifyArgs) -> anyhow::Result<()> {
             ];
             row.extend(std::iter::repeat_n("-".to_string(), 6));
             rows.push(row);
+            none_arrived.push(m.name());
             continue;
         }
         samples.push((m.name().to_string(), cycles_to_ns_vec(&run.latency, t)));
@@ -704,9 +750,17 @@ pub fn run(ctx: &mut BenchCtx, args: &NotifyArgs) -> anyhow::Result<()> {
         &rows,
     );
     if !timeouts.is_empty() {
+        let why = if args.settle_us >= args.timeout_ms * 1000 {
+            format!(
+                "every wait includes the sender's --settle-us {}, longer than the deadline",
+                args.settle_us
+            )
+        } else {
+            "the other thread was not scheduled in time, a loaded machine".to_string()
+        };
         println!(
-            "timed out: {} (a wait passed --timeout-ms {}: the other thread was not \
-             scheduled in time, a loaded machine; the row keeps the samples before it)",
+            "timed out: {} (a wait passed --timeout-ms {}: {why}; the row keeps the samples \
+             before it)",
             timeouts.join(", "),
             args.timeout_ms
         );
@@ -725,6 +779,17 @@ pub fn run(ctx: &mut BenchCtx, args: &NotifyArgs) -> anyhow::Result<()> {
     for r in records {
         ctx.report.push(r);
     }
+    if !none_arrived.is_empty() {
+        return Err(FailedAfterResults(format!(
+            "no sample of {} arrived: a wait passed --timeout-ms {} before the first measured \
+             one (a wait includes the sender's --settle-us {} us and the other thread's \
+             scheduling: raise --timeout-ms)",
+            none_arrived.join(", "),
+            args.timeout_ms,
+            args.settle_us
+        ))
+        .into());
+    }
     Ok(())
 }
 
@@ -732,8 +797,14 @@ pub fn run(ctx: &mut BenchCtx, args: &NotifyArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// Taken by the tests that measure the signal mechanisms: one SIGUSR1
+    /// handler at a time (a test putting back the default action while
+    /// another's signal is on its way would end the test process).
+    static SIGNALS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn every_mechanism_delivers() {
+        let _one = SIGNALS.lock().unwrap_or_else(|e| e.into_inner());
         let cpus = allowed_cpus().unwrap();
         let pin = (cpus.len() >= 2).then(|| (cpus[1], cpus[0]));
         for m in Mechanism::ALL {
@@ -745,10 +816,23 @@ mod tests {
 
     #[test]
     fn a_missed_deadline_is_a_table_entry_not_an_error() {
+        let _one = SIGNALS.lock().unwrap_or_else(|e| e.into_inner());
         // Settling 50 ms before each notification with a 10 ms deadline:
         // the receiver's first wait passes its deadline.
-        for m in [Mechanism::Futex, Mechanism::Pipe] {
-            let r = measure(m, 5, 0, 50_000, 10, None).unwrap();
+        // The signal mechanisms too: the sender signals a receiver that
+        // has stopped waiting (tgkill to an exited thread failed the bench
+        // with ESRCH).
+        let cpus = allowed_cpus().unwrap();
+        let pin = (cpus.len() >= 2).then(|| (cpus[1], cpus[0]));
+        for (m, pin) in [
+            (Mechanism::Futex, None),
+            (Mechanism::Pipe, None),
+            (Mechanism::Signal, pin),
+            (Mechanism::Sigwait, pin),
+            (Mechanism::Signal, None),
+            (Mechanism::Sigwait, None),
+        ] {
+            let r = measure(m, 5, 0, 50_000, 10, pin).unwrap();
             assert_eq!(r.timed_out_at, Some(1), "{m:?}");
             assert!(r.latency.is_empty() && r.rtt.is_empty(), "{m:?}");
         }

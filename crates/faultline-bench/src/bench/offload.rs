@@ -7,7 +7,9 @@
 //! insert for the hash map) with the TSC: an access that no longer faults
 //! because its page was prepared counts at its real, small cost, so the
 //! distribution shows both how many faults were avoided and what the
-//! remaining ones cost.
+//! remaining ones cost. With `--plot`: its mean and p99 per workload and
+//! configuration, the kernel's beside them (`offload_mean`,
+//! `offload_p99`).
 
 use std::time::Instant;
 
@@ -19,6 +21,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::kernel::{minor_faults, PAGE};
+use crate::harness::plot;
 use crate::harness::report::{fmt_count, fmt_ns, fmt_ratio, print_table, Record};
 use crate::harness::stats::Summary;
 use crate::harness::tsc::{rdtsc, tsc};
@@ -203,6 +206,9 @@ pub fn check(args: &OffloadArgs) -> anyhow::Result<()> {
     )
 }
 
+/// A configuration's latency per access: (config, mean ns, p99 ns).
+type ConfigLatency = (String, f64, f64);
+
 /// `faultline bench offload`.
 pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
     let kind = EngineKind::from_name(&args.engine)
@@ -217,6 +223,8 @@ pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
     let t = tsc();
     let mut rows = Vec::new();
     let mut gains = Vec::new();
+    // Per workload: (config, mean ns, p99 ns), for the figures.
+    let mut bars: Vec<(String, Vec<ConfigLatency>)> = Vec::new();
     // Back guest memory once so no configuration pays its first use.
     {
         let m = faultline_sys::mem::Mapping::anon(len)?;
@@ -232,6 +240,7 @@ pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
         drop(m);
         let ks = Summary::from_cycles(&mut tr.cycles, t);
         let kernel_secs = tr.seconds;
+        let mut group = Vec::new();
         let mut add = |ctx: &mut BenchCtx,
                        config: &str,
                        s: &Summary,
@@ -239,6 +248,7 @@ pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
                        secs: f64,
                        wasted: u64,
                        avoided: u64| {
+            group.push((config.to_string(), s.mean, s.p99));
             rows.push(vec![
                 w.name().to_string(),
                 config.to_string(),
@@ -309,6 +319,7 @@ pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
             }
             add(ctx, config, &s, faults, tr.seconds, wasted, avoided);
         }
+        bars.push((w.name().to_string(), group));
     }
     progress.finish();
     println!(
@@ -333,5 +344,34 @@ pub fn run(ctx: &mut BenchCtx, args: &OffloadArgs) -> anyhow::Result<()> {
     println!("(latency per access, per insert for the hash map; wasted = pages populated ahead and never touched)");
     println!("\n== critical-path gain over no offload (seed 004 reports {SEED_MEAN_X}x mean, {SEED_TAIL_X}x tail with hardware) ==");
     print_table(&["workload", "config", "mean", "p99", "p99.9"], &gains);
+    // The critical-path latency per access of each workload, per
+    // configuration (the kernel's first touch beside them): mean and p99.
+    for (name, what, pick) in [("offload_mean", "mean", 0usize), ("offload_p99", "p99", 1)] {
+        let groups: Vec<(String, Vec<(String, f64)>)> = bars
+            .iter()
+            .map(|(w, g)| {
+                let vals = g
+                    .iter()
+                    .map(|(c, mean, p99)| (c.clone(), [*mean, *p99][pick]))
+                    .collect();
+                (w.clone(), vals)
+            })
+            .collect();
+        let title = format!(
+            "offload: {what} latency per access, {} MiB, {} engine, fault-around {}",
+            args.mib, args.engine, args.fault_around
+        );
+        ctx.figure(name, |dir, name| {
+            let (names, series) = plot::bar_groups(&groups);
+            plot::group_bars(
+                dir,
+                name,
+                &title,
+                &format!("{what} ns per access (log scale)"),
+                &names,
+                &series,
+            )
+        })?;
+    }
     Ok(())
 }

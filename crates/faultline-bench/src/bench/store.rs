@@ -72,12 +72,98 @@ pub struct StoreArgs {
     /// runs use). Each a power of two from 512 to 536870912 (512 MiB).
     #[arg(long, value_delimiter = ',', default_value = "65536", value_parser = faultline_cli_support::flags::power_of_two(faultline_redis::MIN_CHUNK, faultline_redis::MAX_CHUNK))]
     pub chunk: Vec<usize>,
-    /// CPUs of the bench's own redis-server (a `taskset` list, e.g. `1`
-    /// or `0-1`); `last` (the default) is the last CPU, where the poll
-    /// engine pins its handler thread, so a request and its reply switch
-    /// threads on one CPU instead of waking the other. Ignored with --url.
+    /// CPUs of the bench's own redis-server (a `taskset` list, e.g. `1`,
+    /// `0-1` or `0,2`, of CPUs this process may run on); `last` (the
+    /// default) is the last of those, where the poll engine pins its
+    /// handler thread, so a request and its reply switch threads on one
+    /// CPU instead of waking the other. Ignored with --url.
     #[arg(long, default_value = "last")]
     pub server_cpus: String,
+}
+
+/// What `bench store` needs, checked before any bench runs (before
+/// redis-server starts): each --chunk named once, and (without --url)
+/// --server-cpus a list of CPUs this process may run on.
+pub fn check(args: &StoreArgs) -> anyhow::Result<()> {
+    super::named_once("--chunk", &args.chunk)?;
+    if args.url.is_none() {
+        server_cpus(&args.server_cpus)?;
+    }
+    Ok(())
+}
+
+/// `--server-cpus` as the `taskset` list to pin redis-server to: `last`
+/// resolved to the last CPU this process may run on (the one the poll
+/// engine pins its handler to), any other list checked to be a `taskset`
+/// list (`N`, `N-M`, `N-M:S`, comma-separated) of CPUs this process may
+/// run on.
+fn server_cpus(arg: &str) -> anyhow::Result<String> {
+    let allowed = faultline_sys::thread::allowed_cpus().context("sched_getaffinity")?;
+    if arg == "last" {
+        let last = allowed.last().context("this process may run on no CPU")?;
+        return Ok(last.to_string());
+    }
+    let cpus = cpu_list(arg).with_context(|| {
+        format!("--server-cpus {arg:?}: not a CPU list (`1`, `0-1`, `0,2`, `0-6:2`) or `last`")
+    })?;
+    if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
+        anyhow::bail!(
+            "--server-cpus {arg}: CPU {c} is not one this process may run on ({})",
+            fmt_cpus(&allowed)
+        );
+    }
+    Ok(arg.to_string())
+}
+
+/// The CPUs of a `taskset -c` list: `N`, `N-M` or `N-M:S`, comma-separated.
+fn cpu_list(s: &str) -> anyhow::Result<Vec<usize>> {
+    let num = |t: &str| -> anyhow::Result<usize> {
+        t.trim()
+            .parse::<usize>()
+            .with_context(|| format!("{t:?} is not a CPU number"))
+    };
+    let mut cpus = Vec::new();
+    for item in s.split(',') {
+        let (range, stride) = match item.split_once(':') {
+            Some((r, st)) => (r, num(st)?),
+            None => (item, 1),
+        };
+        anyhow::ensure!(stride >= 1, "{item:?}: a stride of 0");
+        let (lo, hi) = match range.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => (num(range)?, num(range)?),
+        };
+        anyhow::ensure!(lo <= hi, "{item:?}: a range from {lo} down to {hi}");
+        anyhow::ensure!(
+            hi < 1 << 16,
+            "{item:?}: CPU {hi} is past any machine's (at most 65535)"
+        );
+        cpus.extend((lo..=hi).step_by(stride));
+    }
+    Ok(cpus)
+}
+
+/// CPUs as a compact list: `0-3,6`.
+fn fmt_cpus(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    if out.is_empty() {
+        "none".to_string()
+    } else {
+        format!("CPUs {}", out.join(","))
+    }
 }
 
 /// The 1, 5 and 15 minute load averages.
@@ -98,20 +184,23 @@ fn thread_engine(kind: EngineKind, workers: usize) -> anyhow::Result<Arc<dyn Eng
     .with_context(|| format!("creating the {} engine", kind.name()))
 }
 
-/// A temporary file removed on drop.
-struct Temp(PathBuf);
+/// What the bench's temporary files are named:
+/// `faultline-bench-store-PID-TAG`.
+const TEMP_PREFIX: &str = "faultline-bench-store-";
 
-impl Drop for Temp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+/// A temporary file, `$TMPDIR/faultline-bench-store-PID-TAG`: a cleanup
+/// temporary, removed when dropped (an error included), on SIGINT,
+/// SIGTERM and SIGHUP, and by a later run once PID is gone.
+struct Temp(
+    PathBuf,
+    #[allow(dead_code, reason = "removes the file when dropped")] cleanup::Guard,
+);
+
+impl Temp {
+    fn new(tag: &str) -> Temp {
+        let guard = cleanup::temp(&std::env::temp_dir(), TEMP_PREFIX, &format!("-{tag}"));
+        Temp(guard.path().to_path_buf(), guard)
     }
-}
-
-fn temp_path(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "faultline-bench-store-{tag}-{}",
-        std::process::id()
-    ))
 }
 
 /// Seconds to read one byte of every page of `r` from `threads` threads,
@@ -144,6 +233,8 @@ fn record(bench: &str, mechanism: &str, ns: &mut [f64]) -> Record {
 /// Runs `faultline bench store`.
 pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     let reps = args.reps.max(1);
+    // The files killed runs left (the data, the graph).
+    cleanup::sweep_prefixed(&std::env::temp_dir(), TEMP_PREFIX);
     let server = match &args.url {
         Some(_) => None,
         None => Some(RedisServer::start().context("starting redis-server")?),
@@ -163,13 +254,8 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
         .collect();
     let placement = match &server {
         Some(s) => {
-            let cpus = match args.server_cpus.as_str() {
-                "last" => {
-                    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-                    (n - 1).to_string()
-                }
-                other => other.to_string(),
-            };
+            // Checked before the server started (`check`).
+            let cpus = server_cpus(&args.server_cpus)?;
             s.pin(&cpus).context("pinning redis-server")?;
             format!("redis-server on CPUs {cpus}")
         }
@@ -193,7 +279,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     let data: Vec<u8> = (0..len)
         .map(|i| (i as u64).wrapping_mul(0x9e37_79b9) as u8 ^ (i >> 12) as u8)
         .collect();
-    let file = Temp(temp_path("seq"));
+    let file = Temp::new("seq");
     File::create(&file.0)
         .and_then(|mut f| f.write_all(&data))
         .with_context(|| format!("writing {}", file.0.display()))?;
@@ -387,7 +473,7 @@ pub fn run(ctx: &mut BenchCtx, args: &StoreArgs) -> anyhow::Result<()> {
     let mut bfs_ratio = None;
     if args.scale > 0 {
         progress.step("bfs");
-        let graph = Temp(temp_path("graph"));
+        let graph = Temp::new("graph");
         let params = RmatParams {
             scale: args.scale,
             edge_factor: 16,
@@ -590,4 +676,36 @@ fn bfs_once(
     let secs = t.elapsed().as_secs_f64();
     anyhow::ensure!(r.reached() > 1, "the BFS went nowhere");
     Ok((secs, r.reached()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_are_read_as_taskset_reads_them() {
+        assert_eq!(cpu_list("1").unwrap(), [1]);
+        assert_eq!(cpu_list("0-2,5").unwrap(), [0, 1, 2, 5]);
+        assert_eq!(cpu_list("0-6:2").unwrap(), [0, 2, 4, 6]);
+        for bad in ["", "x", "1-", "3-1", "0-4:0", "1,,2", "-1", "99999999"] {
+            assert!(cpu_list(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(fmt_cpus(&[0, 1, 2, 3, 6]), "CPUs 0-3,6");
+        assert_eq!(fmt_cpus(&[1]), "CPUs 1");
+    }
+
+    #[test]
+    fn server_cpus_must_be_cpus_this_process_may_run_on() {
+        let allowed = faultline_sys::thread::allowed_cpus().unwrap();
+        let last = *allowed.last().unwrap();
+        assert_eq!(server_cpus("last").unwrap(), last.to_string());
+        assert_eq!(server_cpus(&last.to_string()).unwrap(), last.to_string());
+        let e = server_cpus("4096").unwrap_err().to_string();
+        assert!(
+            e.contains("CPU 4096 is not one this process may run on"),
+            "{e}"
+        );
+        let e = format!("{:#}", server_cpus("a-b").unwrap_err());
+        assert!(e.contains("not a CPU list"), "{e}");
+    }
 }

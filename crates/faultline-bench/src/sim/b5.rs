@@ -16,7 +16,8 @@ use super::ledger::{PinLedger, PinUse};
 use super::psi::{PsiCfg, Target, Window};
 use super::round::{fleet, round, Reclaim, RoundCfg};
 use super::trace::Class;
-use crate::harness::paper::{line, line_quiet};
+use super::{fmt_opt, line_opt, line_quiet_opt, ratio, reduction_pct};
+use crate::harness::paper::line_quiet;
 use crate::harness::progress::Progress;
 use crate::harness::report::print_table;
 use crate::harness::BenchCtx;
@@ -67,25 +68,97 @@ impl B5Model {
         }
     }
 
+    /// The model as `--b5-reclaim`/`--b5-compare` name it (what [`parse`]
+    /// reads back), for tables and `--json` labels.
+    ///
+    /// [`parse`]: B5Model::parse
     fn name(&self) -> String {
         match *self {
             B5Model::Static => "static".into(),
-            B5Model::Redraw(s) => format!("redraw-{s}s"),
-            B5Model::Psi(window, target) => PsiCfg {
-                r: 0.0,
-                window,
-                target,
+            B5Model::Redraw(_) => "redraw".into(),
+            B5Model::Psi(window, target) => {
+                let w = match window {
+                    Window::Senpai => String::new(),
+                    Window::Avg(w) => format!("-avg{w}"),
+                };
+                let t = match target {
+                    Target::ServerMean => "",
+                    Target::Senpai => "-abs",
+                };
+                format!("psi{w}{t}")
             }
-            .name(),
         }
+    }
+
+    /// What the model does, for the heading.
+    fn describe(&self) -> String {
+        match *self {
+            B5Model::Static => "every VM at r all hour".into(),
+            B5Model::Redraw(s) => format!("each VM's ratio redrawn every {s} s"),
+            B5Model::Psi(window, target) => {
+                let w = match window {
+                    Window::Senpai => "over Senpai's 6 s interval".to_string(),
+                    Window::Avg(w) => format!("the kernel's avg{w}"),
+                };
+                let t = match target {
+                    Target::ServerMean => "towards the server's mean pressure",
+                    Target::Senpai => "towards Senpai's absolute 10 ms / 6 s",
+                };
+                format!("a server of 1 - r, each VM moved by its pressure (PSI {w}) {t}")
+            }
+        }
+    }
+}
+
+/// A policy's results in a class over the rounds of r: the I/O-fault
+/// reductions of the rounds that had I/O faults to reduce, and the pinned
+/// memory of every round.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Sums {
+    /// Sum of the reductions, % (rounds with I/O faults without pinning).
+    red: f64,
+    /// How many rounds `red` sums.
+    red_n: usize,
+    /// Sum of the pinned memory, % per VM (every round).
+    pin: f64,
+    /// How many rounds `pin` sums.
+    pin_n: usize,
+}
+
+impl Sums {
+    /// Adds a round: its reduction (`None`: no I/O faults without
+    /// pinning, nothing to reduce) and pinned memory.
+    fn add(&mut self, red: Option<f64>, pin: f64) {
+        if let Some(r) = red {
+            self.red += r;
+            self.red_n += 1;
+        }
+        self.pin += pin;
+        self.pin_n += 1;
+    }
+
+    /// Mean reduction over the rounds that had I/O faults, %.
+    fn red(&self) -> Option<f64> {
+        ratio(self.red, self.red_n as f64)
+    }
+
+    /// Mean pinned memory, % per VM.
+    fn pin(&self) -> f64 {
+        ratio(self.pin, self.pin_n as f64).unwrap_or(0.0)
+    }
+
+    /// Reduction per pinned memory (RPR): `None` without a reduction or
+    /// without pinned memory.
+    fn rpr(&self) -> Option<f64> {
+        ratio(self.red()?, self.pin())
     }
 }
 
 /// One reclaim model's B5 results.
 struct ModelOut {
     name: String,
-    /// (policy, class) -> (IOPF reduction %, pinned %/VM), mean over r.
-    sums: HashMap<(&'static str, &'static str), (f64, f64)>,
+    /// (policy, class) -> reductions and pinned memory over r.
+    sums: HashMap<(&'static str, &'static str), Sums>,
     /// Per r, no pinning: the reclaimer's horizon (P10, P50 s) and the VMs'
     /// reclaim ratios (mean, min, max %), NIC then block.
     horizon: Vec<[(u64, u64); 2]>,
@@ -98,13 +171,20 @@ struct ModelOut {
 }
 
 impl ModelOut {
-    fn rpr_ratio(&self, kind: &str, class: &str) -> f64 {
-        let rpr = |k: &str| {
-            let (red, pin) = self.sums[&(k, class)];
-            red / pin.max(1e-9)
-        };
-        rpr(kind) / rpr("lru10").max(1e-9)
+    /// `kind`'s RPR over simple LRU's, `None` where either has none.
+    fn rpr_ratio(&self, kind: &str, class: &str) -> Option<f64> {
+        rpr_ratio(&self.sums, kind, class)
     }
+}
+
+/// `kind`'s RPR over simple LRU's in `class`: `None` where either has no
+/// RPR, or LRU's is 0.
+fn rpr_ratio(
+    sums: &HashMap<(&'static str, &'static str), Sums>,
+    kind: &str,
+    class: &str,
+) -> Option<f64> {
+    ratio(sums[&(kind, class)].rpr()?, sums[&("lru10", class)].rpr()?)
 }
 
 const B5_RS: [f64; 3] = [0.1, 0.2, 0.3];
@@ -151,7 +231,7 @@ fn b5_model(
 ) -> anyhow::Result<ModelOut> {
     let name = model.name();
     let mut rows = Vec::new();
-    let mut sums: HashMap<(&str, &str), (f64, f64)> = HashMap::new();
+    let mut sums: HashMap<(&str, &str), Sums> = HashMap::new();
     let mut fig17 = Vec::new();
     let mut acct: HashMap<(&str, &str), PinLedger> = HashMap::new();
     let mut horizon = Vec::new();
@@ -196,12 +276,11 @@ fn b5_model(
                     .collect();
             }
             for class in ["nic", "block"] {
-                let base = none[class].iopfs.max(1) as f64;
-                let red = (1.0 - res[class].iopfs as f64 / base) * 100.0;
+                // No I/O faults without pinning: nothing to reduce, no
+                // reduction (not 100%).
+                let red = reduction_pct(res[class].iopfs as f64, none[class].iopfs as f64);
                 let pin = res[class].pinned_pct;
-                let e = sums.entry((kind, class)).or_default();
-                e.0 += red / 3.0;
-                e.1 += pin / 3.0;
+                sums.entry((kind, class)).or_default().add(red, pin);
                 let a = acct.entry((kind, class)).or_default();
                 let l = &res[class].ledger;
                 for (&k, &x) in &l.secs {
@@ -221,9 +300,9 @@ fn b5_model(
                     class.into(),
                     none[class].iopfs.to_string(),
                     res[class].iopfs.to_string(),
-                    format!("{red:.1}"),
+                    fmt_opt(red, 1),
                     format!("{pin:.2}"),
-                    format!("{:.1}", red / pin.max(1e-9)),
+                    fmt_opt(red.and_then(|red| ratio(red, pin)), 1),
                     res[class].pin_fetches.to_string(),
                     if kind.starts_with("adp") {
                         format!("{:.0}", res[class].threshold_s)
@@ -251,8 +330,9 @@ fn b5_model(
         return Ok(out);
     }
     println!(
-        "\n== B5: the ADP mix of Fig 16 (simulated hour, paper constants, S = 1 in simulated time), reclaim model: {} ==",
-        out.name
+        "\n== B5: the ADP mix of Fig 16 (simulated hour, paper constants, S = 1 in simulated time), reclaim model: {} ({}) ==",
+        out.name,
+        model.describe()
     );
     print_table(
         &[
@@ -274,133 +354,124 @@ fn b5_model(
     print_accounting(ctx, &acct);
     let sums = &out.sums;
     let g = |k: &str, c: &str| sums[&(k, c)];
-    let rpr = |k: &str, c: &str| g(k, c).0 / g(k, c).1.max(1e-9);
-    line(
-        ctx,
-        "fig16.adp.nic.iopf_reduction_pct",
-        g("adp", "nic").0,
-        "%",
-        "95-97 (target >= 90)",
-    );
-    line(
-        ctx,
-        "fig16.adp.nic.pinned_pct",
-        g("adp", "nic").1,
-        "%",
-        "~4.3 per VM (target <= 6)",
-    );
-    line(
-        ctx,
-        "fig16.lru.nic.iopf_reduction_pct",
-        g("lru10", "nic").0,
-        "%",
-        "similar to ADP",
-    );
-    line(
-        ctx,
-        "fig16.lru.nic.pinned_pct",
-        g("lru10", "nic").1,
-        "%",
-        "~12 per VM",
-    );
-    line(
-        ctx,
-        "fig16.adp.block.iopf_reduction_pct",
-        g("adp", "block").0,
-        "%",
-        "36-49",
-    );
-    line(
-        ctx,
-        "fig16.adp.block.pinned_pct",
-        g("adp", "block").1,
-        "%",
-        "~4.3 per VM",
-    );
-    line(
-        ctx,
-        "fig16.lru.block.iopf_reduction_pct",
-        g("lru10", "block").0,
-        "%",
-        "12-15",
-    );
-    line(
-        ctx,
-        "fig16.lru.block.pinned_pct",
-        g("lru10", "block").1,
-        "%",
-        "~12 per VM",
-    );
-    line(
-        ctx,
-        "fig16.pin_all.nic.iopf_reduction_pct",
-        g("pin-all", "nic").0,
-        "%",
-        "100 (static pinning)",
-    );
-    line(
-        ctx,
-        "fig16.rpr_ratio.nic",
-        rpr("adp", "nic") / rpr("lru10", "nic").max(1e-9),
-        "x",
-        "6.28 (~2.8 from per-VM averages; target >= 2)",
-    );
-    line(
-        ctx,
-        "fig16.rpr_ratio.block",
-        rpr("adp", "block") / rpr("lru10", "block").max(1e-9),
-        "x",
-        "10.56 (target >= 3)",
-    );
+    let red = |k: &str, c: &str| g(k, c).red();
+    let pin = |k: &str, c: &str| Some(g(k, c).pin());
+    let rpr = |k: &str, c: &str| rpr_ratio(sums, k, c);
     for (label, v, unit, paper) in [
         (
+            "fig16.adp.nic.iopf_reduction_pct",
+            red("adp", "nic"),
+            "%",
+            "95-97 (target >= 90)",
+        ),
+        (
+            "fig16.adp.nic.pinned_pct",
+            pin("adp", "nic"),
+            "%",
+            "~4.3 per VM (target <= 6)",
+        ),
+        (
+            "fig16.lru.nic.iopf_reduction_pct",
+            red("lru10", "nic"),
+            "%",
+            "similar to ADP",
+        ),
+        (
+            "fig16.lru.nic.pinned_pct",
+            pin("lru10", "nic"),
+            "%",
+            "~12 per VM",
+        ),
+        (
+            "fig16.adp.block.iopf_reduction_pct",
+            red("adp", "block"),
+            "%",
+            "36-49",
+        ),
+        (
+            "fig16.adp.block.pinned_pct",
+            pin("adp", "block"),
+            "%",
+            "~4.3 per VM",
+        ),
+        (
+            "fig16.lru.block.iopf_reduction_pct",
+            red("lru10", "block"),
+            "%",
+            "12-15",
+        ),
+        (
+            "fig16.lru.block.pinned_pct",
+            pin("lru10", "block"),
+            "%",
+            "~12 per VM",
+        ),
+        (
+            "fig16.pin_all.nic.iopf_reduction_pct",
+            red("pin-all", "nic"),
+            "%",
+            "100 (static pinning)",
+        ),
+        (
+            "fig16.rpr_ratio.nic",
+            rpr("adp", "nic"),
+            "x",
+            "6.28 (~2.8 from per-VM averages; target >= 2)",
+        ),
+        (
+            "fig16.rpr_ratio.block",
+            rpr("adp", "block"),
+            "x",
+            "10.56 (target >= 3)",
+        ),
+        (
             "fig16.adp_derived.block.iopf_reduction_pct",
-            g("adp-derived", "block").0,
+            red("adp-derived", "block"),
             "%",
             "36-49 (target >= LRU's)",
         ),
         (
             "fig16.adp_derived.block.pinned_pct",
-            g("adp-derived", "block").1,
+            pin("adp-derived", "block"),
             "%",
             "~4.3 (target <= half of LRU's)",
         ),
         (
             "fig16.adp_derived.nic.iopf_reduction_pct",
-            g("adp-derived", "nic").0,
+            red("adp-derived", "nic"),
             "%",
             "95-97 (target >= 90)",
         ),
         (
             "fig16.adp_derived.nic.pinned_pct",
-            g("adp-derived", "nic").1,
+            pin("adp-derived", "nic"),
             "%",
             "~4.3 (target <= 6)",
         ),
         (
             "fig16.adp_derived.rpr_ratio.block",
-            rpr("adp-derived", "block") / rpr("lru10", "block").max(1e-9),
+            rpr("adp-derived", "block"),
             "x",
             "10.56 (target >= 3)",
         ),
         (
             "fig16.adp_derived.rpr_ratio.nic",
-            rpr("adp-derived", "nic") / rpr("lru10", "nic").max(1e-9),
+            rpr("adp-derived", "nic"),
             "x",
             "6.28 (target >= 2)",
         ),
+        (
+            "fig16.pinned_reduction_adp_vs_lru_pct",
+            reduction_pct(
+                g("adp", "nic").pin() + g("adp", "block").pin(),
+                g("lru10", "nic").pin() + g("lru10", "block").pin(),
+            ),
+            "%",
+            "up to 81",
+        ),
     ] {
-        line(ctx, label, v, unit, paper);
+        line_opt(ctx, label, v, unit, paper);
     }
-    line(
-        ctx,
-        "fig16.pinned_reduction_adp_vs_lru_pct",
-        (1.0 - (g("adp", "nic").1 + g("adp", "block").1)
-            / (g("lru10", "nic").1 + g("lru10", "block").1).max(1e-9))
-            * 100.0,
-        "%",
-        "up to 81",
-    );
     let title = format!(
         "B5, {}: each VM's reclaim ratio per minute (r = 20%, ADP)",
         out.name
@@ -454,8 +525,8 @@ fn print_models(ctx: &mut BenchCtx, outs: &[ModelOut]) {
         for class in ["nic", "block"] {
             let c = usize::from(class == "block");
             let cell = |k: &str| {
-                let (red, pin) = o.sums[&(k, class)];
-                format!("{red:.1} / {pin:.2}")
+                let x = o.sums[&(k, class)];
+                format!("{} / {:.2}", fmt_opt(x.red(), 1), x.pin())
             };
             let per_r = |f: &dyn Fn(usize) -> String| {
                 (0..B5_RS.len()).map(f).collect::<Vec<_>>().join(", ")
@@ -466,8 +537,8 @@ fn print_models(ctx: &mut BenchCtx, outs: &[ModelOut]) {
                 cell("lru10"),
                 cell("adp"),
                 cell("adp-derived"),
-                format!("{:.2}", o.rpr_ratio("adp", class)),
-                format!("{:.2}", o.rpr_ratio("adp-derived", class)),
+                fmt_opt(o.rpr_ratio("adp", class), 2),
+                fmt_opt(o.rpr_ratio("adp-derived", class), 2),
                 per_r(&|i| format!("{}/{}", o.horizon[i][c].0, o.horizon[i][c].1)),
                 per_r(&|i| {
                     let (m, lo, hi) = o.ratios[i][c];
@@ -476,11 +547,11 @@ fn print_models(ctx: &mut BenchCtx, outs: &[ModelOut]) {
                 per_r(&|i| format!("{:.2}", o.psi[i][c])),
             ]);
             for kind in ["lru10", "adp", "adp-derived"] {
-                let (red, pin) = o.sums[&(kind, class)];
+                let x = o.sums[&(kind, class)];
                 let k = kind.replace('-', "_");
                 let base = format!("fig16.model.{}.{k}.{class}", o.name);
-                line_quiet(ctx, &format!("{base}.iopf_reduction_pct"), red, "%");
-                line_quiet(ctx, &format!("{base}.pinned_pct"), pin, "%");
+                line_quiet_opt(ctx, &format!("{base}.iopf_reduction_pct"), x.red(), "%");
+                line_quiet(ctx, &format!("{base}.pinned_pct"), x.pin(), "%");
             }
             for kind in ["adp", "adp-derived"] {
                 let label = format!(
@@ -488,7 +559,7 @@ fn print_models(ctx: &mut BenchCtx, outs: &[ModelOut]) {
                     o.name,
                     kind.replace('-', "_")
                 );
-                line_quiet(ctx, &label, o.rpr_ratio(kind, class), "x");
+                line_quiet_opt(ctx, &label, o.rpr_ratio(kind, class), "x");
             }
             for (i, r) in B5_RS.iter().enumerate() {
                 let base = format!("fig16.model.{}.r{:.0}.{class}", o.name, r * 100.0);
@@ -620,4 +691,51 @@ fn print_accounting(ctx: &mut BenchCtx, acct: &HashMap<(&str, &str), PinLedger>)
         ],
         &rows,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A round without I/O faults to reduce (none without pinning either:
+    /// "IOPF none 0 -> 0") has no reduction, not 100%, and is left out of
+    /// the mean over r; no pinned memory, no RPR.
+    #[test]
+    fn a_round_without_io_faults_has_no_reduction() {
+        let mut s = Sums::default();
+        s.add(reduction_pct(0.0, 0.0), 0.0);
+        assert_eq!((s.red(), s.pin(), s.rpr()), (None, 0.0, None));
+        s.add(reduction_pct(1.0, 10.0), 3.0);
+        s.add(reduction_pct(4.0, 10.0), 3.0);
+        assert_eq!(s.red(), Some(75.0));
+        assert_eq!(s.pin(), 2.0);
+        assert_eq!(s.rpr(), Some(37.5));
+        let mut sums = HashMap::new();
+        sums.insert(("adp", "nic"), s);
+        sums.insert(("lru10", "nic"), Sums::default());
+        assert_eq!(rpr_ratio(&sums, "adp", "nic"), None);
+    }
+
+    /// A model is printed and labelled as its flag names it (`psi`, not
+    /// a name of its own).
+    #[test]
+    fn models_are_named_as_their_flag_value() {
+        for v in [
+            "static",
+            "redraw",
+            "psi",
+            "psi-avg10",
+            "psi-avg60",
+            "psi-avg300",
+            "psi-abs",
+        ] {
+            let m = B5Model::parse(v, 600).unwrap();
+            assert_eq!(m.name(), v);
+            assert_eq!(B5Model::parse(&m.name(), 600).unwrap(), m);
+        }
+        assert!(B5Model::parse("redraw", 600)
+            .unwrap()
+            .describe()
+            .contains("600 s"));
+    }
 }

@@ -19,6 +19,7 @@ use super::psi::PsiCfg;
 use super::rate::{DayRate, DAY_S};
 use super::round::{fleet, round, Reclaim, RoundCfg};
 use super::trace::Class;
+use super::{fmt_opt, line_opt, ratio, reduction_pct};
 use crate::harness::paper::line;
 use crate::harness::report::print_table;
 use crate::harness::BenchCtx;
@@ -74,6 +75,8 @@ pub(crate) struct DayStats {
     pub per_day: Dist,
     /// Device-days with at least one burst second, %.
     pub burst_days_pct: f64,
+    /// Device-days with at least one burst second.
+    pub burst_days: usize,
     /// Peak I/O faults per second over the burst device-days.
     pub peak: Dist,
     /// Every device-day's count, sorted (the CDF).
@@ -92,6 +95,7 @@ pub(crate) fn day_stats(days: &[DayRate]) -> DayStats {
     DayStats {
         per_day,
         burst_days_pct: peaks.len() as f64 / days.len().max(1) as f64 * 100.0,
+        burst_days: peaks.len(),
         peak: dist(&mut peaks),
         sorted: counts,
     }
@@ -140,10 +144,11 @@ pub(crate) fn run(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
             let v: Vec<_> = out.vms.iter().filter(|v| v.class == class).collect();
             let d: Vec<DayRate> = v.iter().flat_map(|v| v.rate.days.clone()).collect();
             stats.push((kind, class, day_stats(&d)));
+            // None: no VM of the class (a fleet of fewer than 14).
             pinned.push((
                 kind,
                 class,
-                v.iter().map(|v| v.pinned_pct).sum::<f64>() / v.len().max(1) as f64,
+                ratio(v.iter().map(|v| v.pinned_pct).sum::<f64>(), v.len() as f64),
             ));
         }
     }
@@ -160,19 +165,24 @@ pub(crate) fn run(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
         let pin = pinned
             .iter()
             .find(|(kk, cc, _)| kk == k && cc == c)
-            .map_or(0.0, |p| p.2);
+            .and_then(|p| p.2);
+        // A class without device-days (no VM of it) has no statistics,
+        // and one without burst days no peak: "-", not 0.
+        let days = !s.sorted.is_empty();
+        let bursts = s.burst_days > 0;
+        let n = |has: bool, v: u64| if has { v.to_string() } else { "-".into() };
         rows.push(vec![
             k.to_string(),
             format!("{c:?}").to_lowercase(),
             s.sorted.len().to_string(),
-            format!("{:.1}", s.per_day.avg),
-            s.per_day.p50.to_string(),
-            s.per_day.p99.to_string(),
-            s.per_day.max.to_string(),
-            format!("{:.1}", s.burst_days_pct),
-            s.peak.p50.to_string(),
-            s.peak.max.to_string(),
-            format!("{pin:.2}"),
+            fmt_opt(days.then_some(s.per_day.avg), 1),
+            n(days, s.per_day.p50),
+            n(days, s.per_day.p99),
+            n(days, s.per_day.max),
+            fmt_opt(days.then_some(s.burst_days_pct), 1),
+            n(bursts, s.peak.p50),
+            n(bursts, s.peak.max),
+            fmt_opt(pin, 2),
         ]);
     }
     print_table(
@@ -196,47 +206,50 @@ pub(crate) fn run(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
         (Class::Block, "block", "66", "983"),
     ] {
         let s = get("none", c);
-        line(
+        // Without device-days (no VM of the class) or without a burst day,
+        // these have no value; nor has a ratio to an average of 0.
+        let days = !s.sorted.is_empty();
+        line_opt(
             ctx,
             &format!("fig7.{name}.iopf_per_device_day.avg"),
-            s.per_day.avg,
+            days.then_some(s.per_day.avg),
             "",
             avg,
         );
-        line(
+        line_opt(
             ctx,
             &format!("fig7.{name}.iopf_per_device_day.p99"),
-            s.per_day.p99 as f64,
+            days.then_some(s.per_day.p99 as f64),
             "",
             p99,
         );
-        line(
+        line_opt(
             ctx,
             &format!("fig7.{name}.p99_over_avg"),
-            s.per_day.p99 as f64 / s.per_day.avg.max(1e-9),
+            ratio(s.per_day.p99 as f64, s.per_day.avg),
             "x",
             if name == "nic" { "15.2" } else { "14.9" },
         );
-        line(
+        line_opt(
             ctx,
             &format!("fig7.{name}.device_days_with_bursts_pct"),
-            s.burst_days_pct,
+            days.then_some(s.burst_days_pct),
             "%",
             ">10 of VMs (bursts > 5 IOPF/s)",
         );
-        line(
+        line_opt(
             ctx,
             &format!("fig7.{name}.peak_iopf_per_s.max"),
-            s.peak.max as f64,
+            (s.burst_days > 0).then_some(s.peak.max as f64),
             "/s",
             "23-40",
         );
         let tot = |s: &DayStats| s.sorted.iter().sum::<u64>() as f64;
         for kind in ["adp", "adp-derived"] {
-            line(
+            line_opt(
                 ctx,
                 &format!("fig18.{}.{name}.iopf_reduction_pct", kind.replace('-', "_")),
-                (1.0 - tot(get(kind, c)) / tot(s).max(1.0)) * 100.0,
+                reduction_pct(tot(get(kind, c)), tot(s)),
                 "%",
                 if name == "nic" { ">99" } else { "51" },
             );
@@ -248,7 +261,7 @@ pub(crate) fn run(ctx: &mut BenchCtx, cfg: &B9) -> anyhow::Result<()> {
             .filter(|p| p.0 == kind)
             .map(|p| {
                 let n = sizes.iter().filter(|s| s.0 == p.1).count() as f64;
-                p.2 * n
+                p.2.unwrap_or(0.0) * n
             })
             .sum::<f64>()
             / vms as f64;

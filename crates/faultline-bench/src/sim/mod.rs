@@ -77,6 +77,10 @@
 //!
 //! B8's simulated half (ADP behind a lossy access log) runs [`round`] from
 //! `bench/vpri/b8.rs`.
+//!
+//! A figure whose denominator is 0 (a reduction of no I/O faults, a ratio
+//! to an empty run) has no value: [`ratio`] gives `None`, printed `-` and
+//! recorded as `measured: null` ([`line_opt`]), never a number.
 
 pub mod b5;
 pub mod b7;
@@ -86,3 +90,104 @@ pub mod psi;
 pub mod rate;
 pub mod round;
 pub mod trace;
+
+use crate::harness::paper::{line, line_quiet};
+use crate::harness::report::Record;
+use crate::harness::stats::Summary;
+use crate::harness::BenchCtx;
+
+/// `num / den`, or `None` when `den` is 0 (or not a number): a ratio of
+/// nothing is no result.
+pub(crate) fn ratio(num: f64, den: f64) -> Option<f64> {
+    (den != 0.0 && den.is_finite() && num.is_finite()).then(|| num / den)
+}
+
+/// The reduction from `before` to `after`, %: `None` when there was
+/// nothing to reduce.
+pub(crate) fn reduction_pct(after: f64, before: f64) -> Option<f64> {
+    ratio(after, before).map(|x| (1.0 - x) * 100.0)
+}
+
+/// `v` with `decimals`, or `-` without a value.
+pub(crate) fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
+}
+
+/// [`line`] for a figure that may have no value: `None` is printed as
+/// `measured=-` and recorded with `measured: null`.
+pub(crate) fn line_opt(
+    ctx: &mut BenchCtx,
+    label: &str,
+    measured: Option<f64>,
+    unit: &str,
+    paper: &str,
+) {
+    match measured {
+        Some(v) => line(ctx, label, v, unit, paper),
+        None => {
+            println!("{label:<44} measured={:>10} {unit:<4} paper={paper}", "-");
+            push_none(ctx, label, unit, paper);
+        }
+    }
+}
+
+/// [`line_quiet`] for a figure that may have no value (see [`line_opt`]).
+pub(crate) fn line_quiet_opt(ctx: &mut BenchCtx, label: &str, measured: Option<f64>, unit: &str) {
+    match measured {
+        Some(v) => line_quiet(ctx, label, v, unit),
+        None => push_none(ctx, label, unit, "-"),
+    }
+}
+
+/// The record of a figure without a value: no samples, every number null.
+fn push_none(ctx: &mut BenchCtx, label: &str, unit: &str, paper: &str) {
+    let s = Summary {
+        n: 0,
+        mean: f64::NAN,
+        median: f64::NAN,
+        p99: f64::NAN,
+        p999: f64::NAN,
+        max: f64::NAN,
+        min: f64::NAN,
+        std: f64::NAN,
+    };
+    ctx.report.push(
+        Record::new("vpri", label, "-", "-", &s)
+            .with("label", label)
+            .with("measured", serde_json::Value::Null)
+            .with("unit", unit)
+            .with("paper_value", paper),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_of_nothing_have_no_value() {
+        assert_eq!(ratio(3.0, 2.0), Some(1.5));
+        assert_eq!(ratio(0.0, 0.0), None);
+        assert_eq!(ratio(1.0, f64::NAN), None);
+        assert_eq!(reduction_pct(0.0, 0.0), None);
+        assert_eq!(reduction_pct(1.0, 4.0), Some(75.0));
+        assert_eq!(fmt_opt(None, 2), "-");
+        assert_eq!(fmt_opt(Some(1.0), 2), "1.00");
+    }
+
+    /// A figure without a value is written to JSON as null, not as 0.
+    #[test]
+    fn a_figure_without_a_value_is_null_in_the_json() {
+        let mut ctx = BenchCtx::new(None, None);
+        line_opt(&mut ctx, "x.none", None, "%", "51");
+        line_quiet_opt(&mut ctx, "x.quiet", None, "x");
+        line_opt(&mut ctx, "x.some", Some(2.0), "x", "-");
+        let j = serde_json::to_value(&ctx.report.records).unwrap();
+        assert!(
+            j[0]["measured"].is_null() && j[0]["median_ns"].is_null(),
+            "{j}"
+        );
+        assert!(j[1]["measured"].is_null(), "{j}");
+        assert_eq!(j[2]["measured"], 2.0);
+    }
+}

@@ -99,18 +99,6 @@ impl PsiCfg {
             target: Target::ServerMean,
         }
     }
-
-    /// A short name for tables and `--json` labels.
-    pub fn name(&self) -> String {
-        let w = match self.window {
-            Window::Senpai => "senpai6s".to_string(),
-            Window::Avg(w) => format!("avg{w}"),
-        };
-        match self.target {
-            Target::ServerMean => format!("psi-{w}"),
-            Target::Senpai => format!("psi-{w}-abs10ms"),
-        }
-    }
 }
 
 /// The server: each VM's limit, fitted to the server's memory, moved by

@@ -41,8 +41,7 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B3) -> anyhow::Result<()> {
     let slots = 256;
     let slot = 2048;
     let pages = slots * slot / PS;
-    let dir = std::env::temp_dir().join(format!("faultline-b3-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let (dir, _dir) = super::temp_dir("b3")?;
     let store_path = dir.join("ring.store");
     std::fs::write(&store_path, vec![0u8; pages * PS])?;
     let mut rows = Vec::new();
@@ -213,7 +212,6 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B3) -> anyhow::Result<()> {
         "",
         "0 (target)",
     );
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -171,11 +171,14 @@ pub(crate) fn run(ctx: &mut BenchCtx, a: &B4) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A one-page file in the temp dir to read from (unlinked at once).
+/// A one-page file in the temp dir to read from (unlinked at once; a
+/// cleanup temporary until then).
 fn tempfile_one_page() -> anyhow::Result<std::fs::File> {
-    let path = std::env::temp_dir().join(format!("faultline-b4-{}", std::process::id()));
-    std::fs::write(&path, vec![7u8; PS])?;
-    let f = std::fs::File::open(&path)?;
-    std::fs::remove_file(&path)?;
+    let tmp = std::env::temp_dir();
+    faultline_cli_support::cleanup::sweep_prefixed(&tmp, "faultline-b4-");
+    let guard = faultline_cli_support::cleanup::temp(&tmp, "faultline-b4-", "");
+    std::fs::write(guard.path(), vec![7u8; PS])?;
+    let f = std::fs::File::open(guard.path())?;
+    drop(guard);
     Ok(f)
 }

@@ -299,8 +299,7 @@ pub(crate) fn run(ctx: &mut BenchCtx, cfg: &B8) -> anyhow::Result<()> {
     );
     let engine = PollEngine::new()?;
     let tenant = Arc::new(Tenant::new(Default::default())?);
-    let dir = std::env::temp_dir().join(format!("faultline-b8-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let (dir, dir_guard) = super::temp_dir("b8")?;
     let blocks = 4096usize;
     let path = dir.join("disk.img");
     std::fs::write(&path, vec![0x42u8; blocks * PS])?;
@@ -330,7 +329,7 @@ pub(crate) fn run(ctx: &mut BenchCtx, cfg: &B8) -> anyhow::Result<()> {
         }
     }
     progress.finish();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir_guard);
     let mut rows = Vec::new();
     let mut drop_series = Vec::new();
     let mut delta_series = Vec::new();

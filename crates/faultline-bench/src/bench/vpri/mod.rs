@@ -23,7 +23,10 @@ mod b3;
 mod b4;
 mod b8;
 
+use std::path::PathBuf;
+
 use anyhow::Context;
+use faultline_cli_support::cleanup;
 
 use crate::harness::paper::line;
 use crate::harness::BenchCtx;
@@ -33,8 +36,8 @@ use crate::harness::BenchCtx;
 pub struct VpriArgs {
     /// Which parts, comma-separated: b1,b2,b3,b4,b5,b7,b8,b9 (default
     /// b1,b2,b3,b4,b5,b7; b8 and b9 take about half a minute each).
-    #[arg(long, default_value = "b1,b2,b3,b4,b5,b7")]
-    pub only: String,
+    #[arg(long, value_delimiter = ',', default_value = "b1,b2,b3,b4,b5,b7", value_parser = PARTS)]
+    pub only: Vec<String>,
     /// Time-scaling factor S applied to the paper's constants (default 1/100; more than 0, at most 1).
     #[arg(long, default_value_t = 0.01, value_parser = faultline_cli_support::flags::float(0.0, 1.0, true))]
     pub scale: f64,
@@ -92,12 +95,12 @@ pub struct VpriArgs {
     /// random redraws, see --b5-reclaim-every; psi-avg10/psi-avg60/
     /// psi-avg300: the kernel's PSI averages as the pressure; psi-abs:
     /// Senpai's absolute 10 ms / 6 s target).
-    #[arg(long, default_value = "psi")]
+    #[arg(long, default_value = "psi", value_parser = b5_model)]
     pub b5_reclaim: String,
     /// B5: further reclaim models printed beside it, comma-separated, or
     /// "none" (default static).
-    #[arg(long, default_value = "static")]
-    pub b5_compare: String,
+    #[arg(long, value_delimiter = ',', default_value = "static", value_parser = b5_model_or_none)]
+    pub b5_compare: Vec<String>,
     /// B5: the redraw model's period, simulated seconds: each VM's ratio
     /// redrawn within 0-50% with mean r (default 600; 1 to 31,536,000: a year).
     #[arg(long, default_value_t = 600, value_parser = faultline_cli_support::flags::range_u64(1, 31_536_000))]
@@ -118,21 +121,57 @@ pub struct VpriArgs {
     /// B9: the host's reclaim (default psi: a server of 12.5% overcommit,
     /// the middle of the paper's 10-15%, balanced by pressure; drift: each
     /// VM's ratio redrawn hourly as 0.5 U^3).
-    #[arg(long, default_value = "psi")]
+    #[arg(long, default_value = "psi", value_parser = ["psi", "drift"])]
     pub b9_reclaim: String,
     /// B1: samples per measurement (default 1,000,000 hot, 1/10 of it cold; 1 to 100,000,000).
     #[arg(long, default_value_t = 1_000_000, value_parser = faultline_cli_support::flags::range(1, 100_000_000))]
     pub b1_samples: usize,
 }
 
+/// A part's temporary directory, `$TMPDIR/faultline-{part}-PID`, made
+/// anew: a cleanup temporary (removed when the guard drops, an error
+/// included, on SIGINT, SIGTERM and SIGHUP, and by a later run once PID
+/// is gone); the directories killed runs left are removed first.
+fn temp_dir(part: &str) -> anyhow::Result<(PathBuf, cleanup::Guard)> {
+    let tmp = std::env::temp_dir();
+    let prefix = format!("faultline-{part}-");
+    cleanup::sweep_prefixed(&tmp, &prefix);
+    let guard = cleanup::temp(&tmp, &prefix, "");
+    let dir = guard.path().to_path_buf();
+    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok((dir, guard))
+}
+
+/// The parts, as `--only` names them.
+const PARTS: [&str; 8] = ["b1", "b2", "b3", "b4", "b5", "b7", "b8", "b9"];
+
+/// `--b5-reclaim`'s value parser: a reclaim model B5 knows, refused at
+/// once otherwise (not after the parts before B5 have run).
+fn b5_model(s: &str) -> Result<String, String> {
+    crate::sim::b5::B5Model::parse(s, 1)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// `--b5-compare`'s value parser: a model, or `none`.
+fn b5_model_or_none(s: &str) -> Result<String, String> {
+    match s {
+        "none" => Ok(s.to_string()),
+        _ => b5_model(s),
+    }
+}
+
+/// What `bench vpri` needs, checked before any bench runs (the values
+/// themselves are checked by their parsers): each part and each compared
+/// model named once.
+pub fn check(a: &VpriArgs) -> anyhow::Result<()> {
+    crate::bench::named_once("--only", &a.only)?;
+    crate::bench::named_once("--b5-compare", &a.b5_compare)
+}
+
 /// Entry point.
 pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
-    let parts: Vec<&str> = a.only.split(',').map(str::trim).collect();
-    for p in &parts {
-        if !["b1", "b2", "b3", "b4", "b5", "b7", "b8", "b9"].contains(p) {
-            anyhow::bail!("unknown part {p:?} (b1, b2, b3, b4, b5, b7, b8, b9)");
-        }
-    }
+    let parts: Vec<&str> = a.only.iter().map(String::as_str).collect();
     println!(
         "Table 1 analogue: {} | S (time scale) = {} (paper 20 s scan -> {:.2} s, 180 s threshold -> {:.2} s, 30 min trace -> {:.1} s)",
         ctx.report.machine.kernel,
@@ -184,9 +223,9 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
         let model = |m: &str| crate::sim::b5::B5Model::parse(m.trim(), a.b5_reclaim_every);
         let compare = a
             .b5_compare
-            .split(',')
-            .filter(|m| !m.trim().is_empty() && m.trim() != "none")
-            .map(model)
+            .iter()
+            .filter(|m| *m != "none")
+            .map(|m| model(m))
             .collect::<anyhow::Result<Vec<_>>>()?;
         crate::sim::b5::run(
             ctx,
@@ -213,11 +252,8 @@ pub fn run(ctx: &mut BenchCtx, a: &VpriArgs) -> anyhow::Result<()> {
             &crate::sim::day::B9 {
                 vms: a.b9_vms,
                 days: a.b9_days,
-                psi: match a.b9_reclaim.as_str() {
-                    "psi" => true,
-                    "drift" => false,
-                    m => anyhow::bail!("unknown B9 reclaim {m:?} (psi, drift)"),
-                },
+                // The parser admits only these two.
+                psi: a.b9_reclaim == "psi",
             },
         )
         .context("B9")?;

@@ -17,8 +17,8 @@ pub struct WatchArgs {
     /// instruction: ~60 us each here), per configuration (1 to 1,048,576).
     #[arg(long, default_value_t = 2048, value_parser = faultline_cli_support::flags::range(1, 1 << 20))]
     pub gdb_bytes: usize,
-    /// Skip the GDB columns.
-    #[arg(long)]
+    /// Skip the GDB columns (so --gdb-bytes is refused with it).
+    #[arg(long, conflicts_with = "gdb_bytes")]
     pub no_gdb: bool,
     /// Watches set and cleared in the scale test (1 to 100,000,000).
     #[arg(long, default_value_t = 100_000, value_parser = faultline_cli_support::flags::range(1, 100_000_000))]

@@ -1,15 +1,17 @@
 //! The C baselines of `bench watch`, built at run time: their sources are
 //! embedded in the binary (`tools/watchbench/`), written to a temporary
-//! directory and compiled with `cc`; each prints `key=value` lines the
-//! bench parses. [`available`] says whether `cc` and `gdb` are there, so
+//! directory ([`TempDir`]) and compiled with `cc`; each prints `key=value`
+//! lines the bench parses. Every program the bench runs (`cc`, `gdb`, the
+//! baselines) is a child it owns ([`cleanup::spawn`]): killed on SIGINT,
+//! SIGTERM and SIGHUP and when the bench dies. [`available`] says whether `cc` and `gdb` are there, so
 //! callers can skip the columns that need them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::Command;
 
 use anyhow::{bail, Context};
+use faultline_cli_support::cleanup::{self, Guard};
 
 /// Ok if both `cc` and `gdb` can be run, else why not.
 pub fn available() -> Result<(), String> {
@@ -27,39 +29,36 @@ pub fn cc_available() -> Result<(), String> {
 
 /// Ok if `tool --version` runs, else why not (with `why` it is needed).
 fn tool_runs(tool: &str, why: &str) -> Result<(), String> {
-    match Command::new(tool)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-    {
+    match cleanup::output(Command::new(tool).arg("--version")) {
         Ok(o) if o.status.success() => Ok(()),
         Ok(o) => Err(format!("`{tool} --version` failed ({}): {why}", o.status)),
         Err(e) => Err(format!("cannot run `{tool}` ({e}): {why}")),
     }
 }
 
-/// A temporary directory, removed with its contents on drop.
-pub struct TempDir(pub PathBuf);
+/// What the temporary directories are named: `faultline-watchbench-PID`,
+/// then `faultline-watchbench-PID-N`.
+const TEMP_PREFIX: &str = "faultline-watchbench-";
+
+/// A temporary directory (in the temporary directory, `$TMPDIR`), a
+/// cleanup temporary: removed with its contents when dropped (an error
+/// included), on SIGINT, SIGTERM and SIGHUP, and by a later run once its
+/// PID is gone (what a killed run left).
+pub struct TempDir(
+    pub PathBuf,
+    #[allow(dead_code, reason = "removes the directory when dropped")] Guard,
+);
 
 impl TempDir {
-    /// A fresh directory under the temporary directory.
+    /// A fresh directory under the temporary directory; the leftovers of
+    /// killed runs there are removed first.
     pub fn new() -> anyhow::Result<TempDir> {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "faultline-watchbench-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = std::env::temp_dir();
+        cleanup::sweep_prefixed(&tmp, TEMP_PREFIX);
+        let guard = cleanup::temp(&tmp, TEMP_PREFIX, "");
+        let p = guard.path().to_path_buf();
         std::fs::create_dir(&p).with_context(|| format!("creating {}", p.display()))?;
-        Ok(TempDir(p))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            eprintln!("faultline bench: removing {}: {e}", self.0.display());
-        }
+        Ok(TempDir(p, guard))
     }
 }
 
@@ -68,13 +67,7 @@ pub fn compile(dir: &Path, name: &str, src: &str, flags: &[&str]) -> anyhow::Res
     let c = dir.join(format!("{name}.c"));
     let exe = dir.join(name);
     std::fs::write(&c, src).with_context(|| format!("writing {}", c.display()))?;
-    let out = Command::new("cc")
-        .args(flags)
-        .arg("-o")
-        .arg(&exe)
-        .arg(&c)
-        .stdin(Stdio::null())
-        .output()
+    let out = cleanup::output(Command::new("cc").args(flags).arg("-o").arg(&exe).arg(&c))
         .with_context(|| {
             format!("running `cc` to build {name}.c: the external baselines compile C at run time (install gcc)")
         })?;

@@ -28,6 +28,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use faultline_cli_support::cleanup::{self, OwnedChild};
 use faultline_sys::process;
 use serde::Serialize;
 
@@ -100,6 +101,36 @@ pub struct TargetRun {
     pub wall_s: f64,
 }
 
+/// A `gdb` child (started in a process group of its own): its group is
+/// killed when dropped, gdb and the program it traces. A signal ending
+/// the bench kills gdb itself ([`cleanup`]), and gdb traces the program
+/// with `PTRACE_O_EXITKILL`, so the program dies with it.
+struct GdbChild(OwnedChild);
+
+impl std::ops::Deref for GdbChild {
+    type Target = OwnedChild;
+    fn deref(&self) -> &OwnedChild {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for GdbChild {
+    fn deref_mut(&mut self) -> &mut OwnedChild {
+        &mut self.0
+    }
+}
+
+impl Drop for GdbChild {
+    fn drop(&mut self) {
+        // Unless reaped already: its pid (the group's id) may name
+        // another process's group once reaped.
+        if let Ok(None) = self.0.try_wait() {
+            let _ = process::kill_group(self.0.id() as i32, process::SIGKILL);
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// `gdbtarget.c` compiled `-O0 -g` in a temporary directory.
 pub struct GdbTarget {
     dir: TempDir,
@@ -144,10 +175,7 @@ impl GdbTarget {
     pub fn native(&self, pages: usize, bytes: usize) -> anyhow::Result<TargetRun> {
         let args = Self::args(pages, 0, 0, bytes)?;
         let t = Instant::now();
-        let out = Command::new(&self.exe)
-            .args(&args)
-            .stdin(Stdio::null())
-            .output()
+        let out = cleanup::output(Command::new(&self.exe).args(&args))
             .with_context(|| format!("running {}", self.exe.display()))?;
         let wall = t.elapsed();
         if !out.status.success() {
@@ -203,21 +231,27 @@ impl GdbTarget {
             args.join(" ")
         );
         let t = Instant::now();
+        // A child the bench owns: killed on SIGINT/SIGTERM/SIGHUP, when
+        // dropped (an error), and when this thread dies; the program it
+        // traces dies with it (see `GdbChild`).
         let mut child = {
             use std::os::unix::process::CommandExt;
-            Command::new("gdb")
-                .args(["-nx", "-batch", "-x"])
-                .arg(&script)
-                .arg("--args")
-                .arg(&self.exe)
-                .args(&args)
-                .stdin(Stdio::null())
-                .stdout(file)
-                .stderr(err)
-                // Own process group, so a timeout can kill everything gdb started.
-                .process_group(0)
-                .spawn()
-                .context("running `gdb`: the GDB watchpoint baselines need it (install gdb)")?
+            GdbChild(
+                cleanup::spawn(
+                    Command::new("gdb")
+                        .args(["-nx", "-batch", "-x"])
+                        .arg(&script)
+                        .arg("--args")
+                        .arg(&self.exe)
+                        .args(&args)
+                        .stdin(Stdio::null())
+                        .stdout(file)
+                        .stderr(err)
+                        // Own process group, so a timeout can kill everything gdb started.
+                        .process_group(0),
+                )
+                .context("running `gdb`: the GDB watchpoint baselines need it (install gdb)")?,
+            )
         };
         let status = loop {
             if let Some(s) = child
@@ -227,10 +261,8 @@ impl GdbTarget {
                 break s;
             }
             if t.elapsed() > timeout {
-                // The group is gdb's own (process_group(0) above). gdb traces the
-                // program with PTRACE_O_EXITKILL, so it dies with gdb.
-                let _ = process::kill_group(child.id() as i32, process::SIGKILL);
-                let _ = child.wait();
+                // Dropping the child kills gdb's group (see `GdbChild`).
+                drop(child);
                 bail!(
                     "{what}: no result after {:.0} s, killed (lower the written bytes or raise the timeout)",
                     timeout.as_secs_f64()

@@ -27,9 +27,10 @@
 //! (`tools/watchbench/floor.c`): the handler only steps over the store.
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use anyhow::{bail, Context};
+use faultline_cli_support::cleanup;
 use serde::Serialize;
 
 use super::cprog::{compile, get_u64, parse_kv, TempDir};
@@ -158,10 +159,7 @@ impl SigBreakdown {
 pub fn signal_floor(writes: usize) -> anyhow::Result<(f64, f64)> {
     let dir = TempDir::new()?;
     let exe = compile(&dir.0, "floor", FLOOR_C, &["-O2"])?;
-    let out = Command::new(&exe)
-        .arg(writes.max(1).to_string())
-        .stdin(Stdio::null())
-        .output()
+    let out = cleanup::output(Command::new(&exe).arg(writes.max(1).to_string()))
         .with_context(|| format!("running {}", exe.display()))?;
     if !out.status.success() {
         bail!("floor failed ({})", out.status);
@@ -181,12 +179,12 @@ pub fn sigsegv_breakdown(writes: usize) -> anyhow::Result<SigBreakdown> {
     }
     let dir = TempDir::new()?;
     let exe = compile(&dir.0, "sigwatch", SIGWATCH_C, &["-O2"])?;
-    let out = Command::new(&exe)
-        .arg(writes.to_string())
-        .arg(SIG_WATCHED.to_string())
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {}", exe.display()))?;
+    let out = cleanup::output(
+        Command::new(&exe)
+            .arg(writes.to_string())
+            .arg(SIG_WATCHED.to_string()),
+    )
+    .with_context(|| format!("running {}", exe.display()))?;
     if !out.status.success() {
         bail!(
             "sigwatch {writes} failed ({}): {}",

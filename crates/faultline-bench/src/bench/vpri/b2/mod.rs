@@ -26,12 +26,12 @@ use faultline_io::Ordering;
 use faultline_sys::BASE_PAGE as PS;
 use rand::{Rng, SeedableRng};
 
-use crate::harness::paper::line;
 use crate::harness::plot;
 use crate::harness::progress::Progress;
 use crate::harness::report::{print_table, Record};
 use crate::harness::stats::Summary;
 use crate::harness::BenchCtx;
+use crate::sim::{fmt_opt, line_opt, ratio};
 use load::{Fifo, Load};
 
 /// B2's modes, in the order of the tables: name, injected faults/s
@@ -150,8 +150,9 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
     let hot = 1024usize; // buffer pages in the hot set
     let fresh = ((a.rate * a.secs * 2.0) as usize + 64).max(64);
     let pages = hot + fresh;
-    let dir = std::env::temp_dir().join(format!("faultline-b2-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    // Its file (64 MiB) goes with the guard, on a signal, or with the
+    // next run if this one is killed.
+    let (dir, _dir) = super::temp_dir("b2")?;
     let file_blocks = 16384usize;
     let path = dir.join("disk.img");
     std::fs::write(&path, vec![0x42u8; file_blocks * PS])?;
@@ -171,12 +172,15 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
         .iter()
         .map(|(mode, _, _)| (mode.to_string(), Vec::new()))
         .collect();
+    // A mode's p99.9, None without an I/O (--b2-secs too short to issue one).
+    let p999 = |v: &[f64]| (!v.is_empty()).then(|| Summary::from_ns(&mut v.to_vec()).p999);
     let mut progress = Progress::new((reps * modes.len()) as u64, "B2");
     for round in 0..reps {
         let mut order: Vec<usize> = (0..modes.len()).collect();
         rand::seq::SliceRandom::shuffle(&mut order[..], &mut order_rng);
         let (mut round_steal, mut round_others, mut round_iops) = (0.0, 0.0f64, f64::MAX);
-        let mut p999_row = vec![0.0; modes.len()];
+        // None: the mode issued no I/O this round (no p99.9 to show).
+        let mut p999_row: Vec<Option<f64>> = vec![None; modes.len()];
         for &m in &order {
             let (mode, rate, ordering) = modes[m];
             // A random pause, so that no periodic noise of the machine
@@ -218,7 +222,7 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
             round_steal += steal_ms;
             round_others = round_others.max(others);
             round_iops = round_iops.min(lat.len() as f64 / a.secs);
-            p999_row[m] = Summary::from_ns(&mut lat.clone()).p999;
+            p999_row[m] = p999(&lat);
             lat_by[m][round] = lat;
             faults_by[m][round] = faults;
             // A mode's rounds end to end.
@@ -235,9 +239,12 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
                 .collect::<String>(),
             format!("{round_iops:.0}"),
         ];
-        row.extend(p999_row.iter().map(|p| format!("{:.1}", p / 1e3)));
+        row.extend(p999_row.iter().map(|p| fmt_opt(p.map(|p| p / 1e3), 1)));
         row.extend([
-            format!("{:.2}", p999_row[4] / p999_row[0].max(1.0)),
+            fmt_opt(
+                p999_row[4].zip(p999_row[0]).and_then(|(u, f)| ratio(u, f)),
+                2,
+            ),
             format!("{round_steal:.0}"),
             format!("{round_others:.1}"),
         ]);
@@ -260,35 +267,47 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
         ],
         &rows,
     );
-    let p999 = |v: &[f64]| Summary::from_ns(&mut v.to_vec()).p999;
     // What the unordered queue's p99.9 would be if a fault delayed only
     // the I/O into its page: the fault-free I/Os plus as many parked ones
-    // per I/O as the unordered run had, each slower than all.
+    // per I/O as the unordered run had, each slower than all. None
+    // without fault-free or unordered I/Os to take it from.
     let floor_of = |ff: &[f64], faults: u64, n_un: usize| {
-        let parked = (faults as f64 * ff.len() as f64 / n_un.max(1) as f64).round() as usize;
+        if ff.is_empty() || n_un == 0 {
+            return None;
+        }
+        let parked = (faults as f64 * ff.len() as f64 / n_un as f64).round() as usize;
         let mut v = ff.to_vec();
         v.extend(std::iter::repeat_n(f64::MAX, parked));
         p999(&v)
     };
     let pooled: Vec<Vec<f64>> = lat_by.iter().map(|r| r.concat()).collect();
-    let base = p999(&pooled[0]).max(1.0);
+    let base = p999(&pooled[0]);
     let pooled_floor = floor_of(&pooled[0], faults_by[4].iter().sum(), pooled[4].len());
     // Each round's ratios to the same round's plain fault-free p99.9; the
-    // last row is the floor.
-    let ff_round: Vec<f64> = lat_by[0].iter().map(|v| p999(v).max(1.0)).collect();
-    let mut ratios: Vec<Vec<f64>> = lat_by
+    // last row is the floor. None: a round without the I/Os of either.
+    let ff_round: Vec<Option<f64>> = lat_by[0].iter().map(|v| p999(v)).collect();
+    let mut ratios: Vec<Vec<Option<f64>>> = lat_by
         .iter()
-        .map(|r| r.iter().zip(&ff_round).map(|(v, b)| p999(v) / b).collect())
+        .map(|r| {
+            r.iter()
+                .zip(&ff_round)
+                .map(|(v, b)| ratio(p999(v)?, (*b)?))
+                .collect()
+        })
         .collect();
     ratios.push(
         (0..reps)
-            .map(|i| floor_of(&lat_by[0][i], faults_by[4][i], lat_by[4][i].len()) / ff_round[i])
+            .map(|i| {
+                let floor = floor_of(&lat_by[0][i], faults_by[4][i], lat_by[4][i].len());
+                ratio(floor?, ff_round[i]?)
+            })
             .collect(),
     );
-    let spread = |r: &[f64]| {
-        let mut r = r.to_vec();
+    // The median, least and most of the rounds with a ratio (None: none had).
+    let spread = |r: &[Option<f64>]| {
+        let mut r: Vec<f64> = r.iter().flatten().copied().collect();
         let med = crate::harness::stats::median(&mut r);
-        (med, r[0], r[r.len() - 1])
+        (!r.is_empty()).then(|| (med, r[0], r[r.len() - 1]))
     };
     let names = modes
         .iter()
@@ -296,26 +315,35 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
         .chain(["floor: fault-free + the parked I/Os only"]);
     let mut summary = Vec::new();
     for (m, name) in names.enumerate() {
-        let (med, lo, hi) = spread(&ratios[m]);
         let (p50, p99, p999_ns) = match pooled.get(m) {
+            Some(v) if v.is_empty() => ("-".into(), "-".into(), None),
             Some(v) => {
                 let s = Summary::from_ns(&mut v.clone());
                 (
                     format!("{:.1}", s.median / 1e3),
                     format!("{:.1}", s.p99 / 1e3),
-                    s.p999,
+                    Some(s.p999),
                 )
             }
             None => ("-".into(), "-".into(), pooled_floor),
         };
+        let pooled_ratio = p999_ns.zip(base).and_then(|(p, b)| ratio(p, b));
+        // A round without data meets no target.
+        let met = ratios[m].iter().flatten().filter(|&&x| x < 1.5).count();
+        let no_data = ratios[m].iter().filter(|x| x.is_none()).count();
         summary.push(vec![
             name.to_string(),
             p50,
             p99,
-            format!("{:.1}", p999_ns / 1e3),
-            format!("{:.2}", p999_ns / base),
-            format!("{med:.2} [{lo:.2}-{hi:.2}]"),
-            format!("{}/{reps}", ratios[m].iter().filter(|&&x| x < 1.5).count()),
+            fmt_opt(p999_ns.map(|p| p / 1e3), 1),
+            fmt_opt(pooled_ratio, 2),
+            spread(&ratios[m]).map_or("-".into(), |(med, lo, hi)| {
+                format!("{med:.2} [{lo:.2}-{hi:.2}]")
+            }),
+            match no_data {
+                0 => format!("{met}/{reps}"),
+                k => format!("{met}/{reps} ({k} without data)"),
+            },
         ]);
         if m > 0 {
             let key = [
@@ -328,14 +356,14 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
             ][m];
             let label = format!("fig6.{key}.p999_ratio_pooled");
             let s = Summary {
-                n: 1,
-                median: p999_ns / base,
+                n: usize::from(pooled_ratio.is_some()),
+                median: pooled_ratio.unwrap_or(f64::NAN),
                 ..Summary::default()
             };
             ctx.report.push(
                 Record::new("vpri", &label, "-", "-", &s)
                     .with("label", label.as_str())
-                    .with("measured", p999_ns / base)
+                    .with("measured", pooled_ratio)
                     .with("unit", "x")
                     .with("round_ratios", serde_json::json!(ratios[m])),
             );
@@ -357,42 +385,36 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
         ],
         &summary,
     );
-    let ratio = |m: usize| spread(&ratios[m]).0;
-    line(
-        ctx,
-        "fig6.api_fault_free.p999_ratio_vs_no_iopf",
-        ratio(1),
-        "x",
-        "(the API's own tail, no faults)",
-    );
-    line(
-        ctx,
-        "fig6.blocking.p999_ratio_vs_no_iopf",
-        ratio(2),
-        "x",
-        "2-11x at 10/s (target > 2)",
-    );
-    line(
-        ctx,
-        "fig6.vpri_ordered.p999_ratio_vs_no_iopf",
-        ratio(3),
-        "x",
-        "(paper: the paused queue = blocking)",
-    );
-    line(
-        ctx,
-        "fig6.vpri_unordered.p999_ratio_vs_no_iopf",
-        ratio(4),
-        "x",
-        "(target < 1.5; §8 future work)",
-    );
-    line(
-        ctx,
-        "fig6.vpri_unordered.p999_ratio_floor",
-        ratio(5),
-        "x",
-        "(the parked I/Os alone, nothing else delayed)",
-    );
+    let median_ratio = |m: usize| spread(&ratios[m]).map(|s| s.0);
+    for (label, m, paper) in [
+        (
+            "fig6.api_fault_free.p999_ratio_vs_no_iopf",
+            1,
+            "(the API's own tail, no faults)",
+        ),
+        (
+            "fig6.blocking.p999_ratio_vs_no_iopf",
+            2,
+            "2-11x at 10/s (target > 2)",
+        ),
+        (
+            "fig6.vpri_ordered.p999_ratio_vs_no_iopf",
+            3,
+            "(paper: the paused queue = blocking)",
+        ),
+        (
+            "fig6.vpri_unordered.p999_ratio_vs_no_iopf",
+            4,
+            "(target < 1.5; §8 future work)",
+        ),
+        (
+            "fig6.vpri_unordered.p999_ratio_floor",
+            5,
+            "(the parked I/Os alone, nothing else delayed)",
+        ),
+    ] {
+        line_opt(ctx, label, median_ratio(m), "x", paper);
+    }
     ctx.figure("vpri_b2_p99", |d, nm| {
         plot::line_chart(
             d,
@@ -404,6 +426,5 @@ pub(super) fn run(ctx: &mut BenchCtx, a: &B2) -> anyhow::Result<()> {
             false,
         )
     })?;
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
