@@ -1053,11 +1053,14 @@ fn copy_run(
             Err(CopyErr::Uffd(e))
         }
         // The run's first page has a first base page mapped: a region page
-        // larger than 4 KiB that an earlier copy stopped inside (a pending
-        // event, EAGAIN after some base pages): map the rest of it, or it
-        // would stay half mapped for good, its missing base pages faulting
-        // for a page the map says is there.
-        Ok(Outcome::Exists) if r.pages.size().bytes() > PageSize::BASE.bytes() => {
+        // of several base pages that an earlier copy stopped inside (a
+        // pending event, EAGAIN after some base pages): map the rest of
+        // it, or it would stay half mapped for good, its missing base
+        // pages faulting for a page the map says is there. (A hugetlb page
+        // is mapped whole or not at all.)
+        Ok(Outcome::Exists)
+            if r.pages.size().bytes() > PageSize::BASE.bytes() && r.kind != MemoryKind::Hugetlb =>
+        {
             Ok(complete_page(r, dst, src, wp)?)
         }
         out => Ok(out?),
