@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{finish, spawn_with, Dir, Out};
+use support::{children_of, dead_pid, finish, running, spawn_with, Dir, KillOnDrop, Out};
 
 /// `faultline args...` in `d`, with TMPDIR its `tmp/`, under `secs`.
 fn run_for(d: &Dir, secs: u64, args: &[&str]) -> Out {
@@ -325,54 +325,6 @@ fn ratios_of_nothing_are_no_results() {
         o.stdout
     );
     assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
-}
-
-/// A pid that no longer runs (a child that has exited and been reaped).
-fn dead_pid() -> u32 {
-    let mut c = std::process::Command::new("true").spawn().unwrap();
-    let pid = c.id();
-    c.wait().unwrap();
-    pid
-}
-
-/// The children of `pid` (from each process's `stat`).
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut kids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        let after = &stat[stat.rfind(')').unwrap() + 1..];
-        if after.split_whitespace().nth(1) == Some(&pid.to_string()) {
-            kids.push(p);
-        }
-    }
-    kids
-}
-
-/// Whether `pid` runs (exists and is not a zombie).
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        let after = &s[s.rfind(')').unwrap() + 1..];
-        after.split_whitespace().next() != Some("Z")
-    })
-}
-
-/// SIGKILLs the processes still running among its pids when dropped (by
-/// pid: the test may fail with them running).
-struct KillOnDrop(Vec<u32>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for &p in self.0.iter().filter(|&&p| running(p)) {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &p.to_string()])
-                .status();
-        }
-    }
 }
 
 /// Polls `ready` every 10 ms until it holds or `secs` pass.

@@ -17,7 +17,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{finish, signal, spawn_with, Dir, Out};
+use support::{children_of, dead_pid, finish, running, signal, spawn_with, Dir, KillOnDrop, Out};
 
 /// `faultline args...` in `d`, with TMPDIR its `tmp/` (so the temporaries
 /// a bench makes land where the test looks).
@@ -59,14 +59,6 @@ fn term_when(child: std::process::Child, secs: u64, what: &str, ready: impl Fn()
     }
     signal(&child, "TERM");
     finish(child, Duration::from_secs(20), what)
-}
-
-/// A pid that no process has now: a child that ran and was reaped.
-fn dead_pid() -> u32 {
-    let mut c = Command::new("true").spawn().unwrap();
-    let pid = c.id();
-    c.wait().unwrap();
-    pid
 }
 
 /// (type, device number) of a node, to see it is the same node after.
@@ -325,45 +317,6 @@ fn bench_random_removes_its_file_and_a_killed_runs() {
         std::fs::metadata(&file).is_ok_and(|m| m.len() == 64 << 20)
     });
     assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
-}
-
-/// The children of `pid` (from each process's `stat`).
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut kids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        let after = &stat[stat.rfind(')').unwrap() + 1..];
-        if after.split_whitespace().nth(1) == Some(&pid.to_string()) {
-            kids.push(p);
-        }
-    }
-    kids
-}
-
-/// Whether `pid` runs (exists and is not a zombie).
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        let after = &s[s.rfind(')').unwrap() + 1..];
-        after.split_whitespace().next() != Some("Z")
-    })
-}
-
-/// SIGKILLs the processes still running among its pids when dropped.
-struct KillOnDrop(Vec<u32>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for &p in self.0.iter().filter(|&&p| running(p)) {
-            let _ = Command::new("kill")
-                .args(["-KILL", &p.to_string()])
-                .status();
-        }
-    }
 }
 
 /// The hugetlbfs mounts under `dir`.

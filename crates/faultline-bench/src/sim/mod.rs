@@ -141,18 +141,8 @@ pub(crate) fn line_quiet_opt(ctx: &mut BenchCtx, label: &str, measured: Option<f
 
 /// The record of a figure without a value: no samples, every number null.
 fn push_none(ctx: &mut BenchCtx, label: &str, unit: &str, paper: &str) {
-    let s = Summary {
-        n: 0,
-        mean: f64::NAN,
-        median: f64::NAN,
-        p99: f64::NAN,
-        p999: f64::NAN,
-        max: f64::NAN,
-        min: f64::NAN,
-        std: f64::NAN,
-    };
     ctx.report.push(
-        Record::new("vpri", label, "-", "-", &s)
+        Record::new("vpri", label, "-", "-", &Summary::NONE)
             .with("label", label)
             .with("measured", serde_json::Value::Null)
             .with("unit", unit)

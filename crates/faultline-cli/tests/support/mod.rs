@@ -133,3 +133,51 @@ impl Drop for Dir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A pid that no process has now: a child that ran and was reaped.
+pub fn dead_pid() -> u32 {
+    let mut c = Command::new("true").spawn().unwrap();
+    let pid = c.id();
+    c.wait().unwrap();
+    pid
+}
+
+/// The children of `pid` (from each process's `stat`).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut kids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let after = &stat[stat.rfind(')').unwrap() + 1..];
+        if after.split_whitespace().nth(1) == Some(&pid.to_string()) {
+            kids.push(p);
+        }
+    }
+    kids
+}
+
+/// Whether `pid` runs (exists and is not a zombie).
+pub fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        let after = &s[s.rfind(')').unwrap() + 1..];
+        after.split_whitespace().next() != Some("Z")
+    })
+}
+
+/// SIGKILLs the processes still running among its pids when dropped (by
+/// pid: a test may fail with them running).
+pub struct KillOnDrop(pub Vec<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &p in self.0.iter().filter(|&&p| running(p)) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &p.to_string()])
+                .status();
+        }
+    }
+}
