@@ -902,13 +902,8 @@ mod tests {
             .map(|(i, l)| (l.clone(), 1000.0 + i as f64, 5000.0, 800.0))
             .collect();
         let fig = PhaseBars { bars: &bars };
-        let (w, h) = fig.size();
-        let mut svg = String::new();
-        {
-            let root = SVGBackend::with_string(&mut svg, (w, h)).into_drawing_area();
-            fig.draw(&root, true).unwrap();
-            root.present().unwrap();
-        }
+        let (w, _) = fig.size();
+        let svg = svg_of(&fig);
         let texts = svg_texts(&svg);
         // Each bar's total beside it in the cycles panel.
         for b in &bars {
@@ -943,6 +938,18 @@ mod tests {
             // 14 px text: rows at least 18 px apart.
             assert!(gap >= 18.0, "labels {gap} px apart");
         }
+    }
+
+    /// `fig` drawn as SVG, its texts included.
+    fn svg_of<F: Figure>(fig: &F) -> String {
+        let (w, h) = fig.size();
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (w, h)).into_drawing_area();
+            fig.draw(&root, true).unwrap();
+            root.present().unwrap();
+        }
+        svg
     }
 
     /// Every `<text x=".." y=".." ...>CONTENT</text>` of an SVG.
@@ -1005,12 +1012,7 @@ mod tests {
             series: &series,
         };
         let (w, h) = fig.size();
-        let mut svg = String::new();
-        {
-            let root = SVGBackend::with_string(&mut svg, (w, h)).into_drawing_area();
-            fig.draw(&root, true).unwrap();
-            root.present().unwrap();
-        }
+        let svg = svg_of(&fig);
         let texts = svg_texts(&svg);
         let rects = svg_rects(&svg);
         // The bars: rects of a series' colour taller than a swatch.
