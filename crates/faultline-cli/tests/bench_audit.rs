@@ -7,18 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{children_of, dead_pid, finish, running, spawn_with, Dir, KillOnDrop, Out};
-
-/// `faultline args...` in `d`, with TMPDIR its `tmp/`, under `secs`.
-fn run_for(d: &Dir, secs: u64, args: &[&str]) -> Out {
-    let tmp = d.path("tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
-    finish(
-        spawn_with(&d.0, &[("TMPDIR", &tmp)], args),
-        Duration::from_secs(secs),
-        &format!("{args:?}"),
-    )
-}
+use support::{children_of, dead_pid, refused, run_for, running, Dir, KillOnDrop, Out};
 
 fn run(d: &Dir, args: &[&str]) -> Out {
     run_for(d, 60, args)
@@ -140,10 +129,7 @@ fn values_named_twice_and_flags_that_conflict_are_refused() {
     ];
     for (line, code, want) in cases {
         let args: Vec<&str> = line.split(' ').collect();
-        let o = run(&d, &args);
-        assert_eq!(o.code, Some(*code), "{line}: {}{}", o.stdout, o.stderr);
-        assert!(o.stderr.contains(want), "{line}: {}", o.stderr);
-        assert!(o.stdout.is_empty(), "{line}: nothing run: {}", o.stdout);
+        refused(&d, &args, *code, want);
     }
 }
 
@@ -214,10 +200,7 @@ fn late_values_are_refused_before_any_work() {
     ];
     for (line, code, want) in cases {
         let args: Vec<&str> = line.split(' ').collect();
-        let o = run(&d, &args);
-        assert_eq!(o.code, Some(*code), "{line}: {}{}", o.stdout, o.stderr);
-        assert!(o.stderr.contains(want), "{line}: {}", o.stderr);
-        assert!(o.stdout.is_empty(), "{line}: nothing run: {}", o.stdout);
+        refused(&d, &args, *code, want);
     }
     assert!(d.names("tmp").is_empty(), "{:?}", d.names("tmp"));
 }

@@ -17,36 +17,12 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{children_of, dead_pid, finish, running, signal, spawn_with, Dir, KillOnDrop, Out};
-
-/// `faultline args...` in `d`, with TMPDIR its `tmp/` (so the temporaries
-/// a bench makes land where the test looks).
-fn start(d: &Dir, args: &[&str]) -> std::process::Child {
-    let tmp = d.path("tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
-    spawn_with(&d.0, &[("TMPDIR", &tmp)], args)
-}
+use support::{
+    children_of, dead_pid, finish, refused, run_for, running, signal, start, Dir, KillOnDrop, Out,
+};
 
 fn run(d: &Dir, args: &[&str]) -> Out {
-    finish(
-        start(d, args),
-        Duration::from_secs(30),
-        &format!("{args:?}"),
-    )
-}
-
-/// Runs `args`, which must fail with `code` and say `want` in one
-/// `error:` line, having done no work (nothing on stdout).
-fn refused(d: &Dir, args: &[&str], code: i32, want: &str) {
-    let o = run(d, args);
-    assert_eq!(o.code, Some(code), "{args:?}: {}", o.stderr);
-    assert_eq!(o.errors().len(), 1, "{args:?}: {}", o.stderr);
-    assert!(o.stderr.contains(want), "{args:?}: {}", o.stderr);
-    assert!(
-        o.stdout.is_empty(),
-        "{args:?} started working: {}",
-        o.stdout
-    );
+    run_for(d, 30, args)
 }
 
 /// Waits until `ready` holds (at most `secs`), then SIGTERMs `child` and

@@ -181,3 +181,34 @@ impl Drop for KillOnDrop {
         }
     }
 }
+
+/// `faultline args...` in `d`, with TMPDIR its `tmp/` (so the temporaries
+/// a bench makes land where the test looks).
+pub fn start(d: &Dir, args: &[&str]) -> Child {
+    let tmp = d.path("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    spawn_with(&d.0, &[("TMPDIR", &tmp)], args)
+}
+
+/// [`start`], waited for at most `secs`.
+pub fn run_for(d: &Dir, secs: u64, args: &[&str]) -> Out {
+    finish(
+        start(d, args),
+        Duration::from_secs(secs),
+        &format!("{args:?}"),
+    )
+}
+
+/// Runs `args`, which must fail with `code` and say `want` in one
+/// `error:` line, having done no work (nothing on stdout).
+pub fn refused(d: &Dir, args: &[&str], code: i32, want: &str) {
+    let o = run_for(d, 30, args);
+    assert_eq!(o.code, Some(code), "{args:?}: {}", o.stderr);
+    assert_eq!(o.errors().len(), 1, "{args:?}: {}", o.stderr);
+    assert!(o.stderr.contains(want), "{args:?}: {}", o.stderr);
+    assert!(
+        o.stdout.is_empty(),
+        "{args:?} started working: {}",
+        o.stdout
+    );
+}
